@@ -1,0 +1,121 @@
+"""The learner's HTTP endpoint: `GET /progress` (JSON, the contract's ProgressReport) and `GET /metrics`.
+
+Torch-free: it only reads a snapshot function, so the metrics are a pure rendering of the same report the operator
+reads and the termination message carries, and the two can never disagree. A custom collector (rather than gauges
+updated by the trainer) means a scrape always sees one consistent snapshot, and the counters are real counters
+(`_total`, monotonic because the report's numbers are).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from . import contract as c
+
+logger = logging.getLogger(__name__)
+
+ReportFn = Callable[[], c.ProgressReport]
+
+
+def _without_total(name: str) -> str:
+    # prometheus_client appends `_total` to counter families itself.
+    return name.removesuffix("_total")
+
+
+class ProgressCollector:
+    def __init__(self, report_fn: ReportFn):
+        self._report_fn = report_fn
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._report_fn()
+
+        def gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily | None:
+            return None if value is None else GaugeMetricFamily(name, doc, value=value)
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(_without_total(name), doc, value=value)
+
+        dropped = CounterMetricFamily(
+            _without_total(c.METRIC_GROUPS_DROPPED), "Prompt groups consumed without training, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in report.dropped.items():
+            dropped.add_metric([reason], count)
+        families = [
+            gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
+            counter(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
+            counter(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
+            dropped,
+            gauge(c.METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
+            gauge(c.METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
+            gauge(c.METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),
+            gauge(c.METRIC_STALL_LIMIT, "Stall streak at which the run fails as stalled.", report.stall_limit),
+            gauge(c.METRIC_GLOBAL_STEP, "Optimizer steps taken.", report.global_step),
+            gauge(c.METRIC_LAST_TRAINED, "Unix time the last group trained.", report.last_trained_time),
+            gauge(c.METRIC_STALLED, "1 when the learner stopped as stalled.", float(report.phase == c.LearnerPhase.STALLED)),
+            gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
+            counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
+        ]
+        yield from (family for family in families if family is not None)
+
+
+def render_metrics(report_fn: ReportFn) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProgressCollector(report_fn))
+    return generate_latest(registry)
+
+
+class ProgressServer:
+    """Serves /progress and /metrics from `report_fn` on a daemon thread (rank 0 only)."""
+
+    def __init__(self, report_fn: ReportFn, port: int = c.LEARNER_HTTP_PORT, host: str = "0.0.0.0"):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ProgressCollector(report_fn))
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0]
+                if path == c.PROGRESS_PATH:
+                    body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
+                elif path == c.METRICS_PATH:
+                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+                elif path in ("/healthz", "/readyz"):
+                    body, ctype = b"ok", "text/plain"
+                else:
+                    self.send_error(404, "try /progress or /metrics")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args) -> None:
+                logger.debug("progress server: " + fmt, *args)
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="grpo-progress-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ProgressServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
