@@ -1,0 +1,252 @@
+"""Typed models of a GRPORun's spec and status (`crds/grporun.yaml` is the wire schema; these mirror it).
+
+The spec reuses the contract's models wherever the manifest and the resolved run config have the same shape
+(dataset, rewards, training, filter), so a field and its default are spelled once; the Kubernetes-only parts
+(images, resources, volumes, run policy) live here. The CRD's defaults are checked against these models by
+`tests/test_spec.py`, so the two cannot drift apart.
+
+Cross-field rules (maxModelLen vs maxCompletionLength, weight-sync mode vs device, ...) are the CRD's CEL rules;
+`grpo_operator.manifest.validate_manifest` evaluates them outside a cluster. `parse_spec` checks types, ranges and
+the contract's own exactly-one rules, which is what the operator needs once the API server has admitted a run.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from grpo_trainer.contract import (
+    DatasetConfig,
+    FilterConfig,
+    ProgressConfig,
+    RewardConfig,
+    TrainingConfig,
+    _Model,
+)
+from pydantic import ConfigDict, Field, ValidationError
+
+Device = Literal["cuda", "cpu"]
+ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class SpecError(ValueError):
+    """A user mistake in a GRPORun spec: one line, naming the field (`spec.training.epochs: must be > 0`)."""
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"{field_path}: {message}")
+        self.field_path = field_path
+        self.message = message
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Spec
+# --------------------------------------------------------------------------------------------------------------------
+class ProgressSpec(ProgressConfig):
+    # 3600 s: pulling a multi-GB vLLM image and downloading a model routinely takes 10-30 minutes on a cold node.
+    startup_deadline_seconds: int | None = Field(
+        3600, ge=1, description="Fail the run if it has not trained a group this long after its pods were created."
+    )
+
+
+class VllmSpec(_Model):
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int = Field(4096, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class WeightSyncSpec(_Model):
+    mode: Literal["nccl", "filesystem"] = "nccl"
+    # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "x"}}) both roles mount for
+    # filesystem mode; left free-form because the CRD keeps it as x-kubernetes-preserve-unknown-fields.
+    volume: dict[str, Any] | None = None
+
+
+class RolloutSpec(_Model):
+    replicas: int = Field(1, ge=1)
+    image: str | None = None
+    image_pull_policy: ImagePullPolicy | None = None
+    resources: dict[str, Any] | None = None
+    device: Device = "cuda"
+    vllm: VllmSpec = Field(default_factory=VllmSpec)
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+
+
+class LearnerSpec(_Model):
+    nodes: int = Field(1, ge=1)
+    processes_per_node: int = Field(1, ge=1)
+    image: str | None = None
+    image_pull_policy: ImagePullPolicy | None = None
+    resources: dict[str, Any] | None = None
+    device: Device = "cuda"
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+
+
+class CheckpointSpec(_Model):
+    volume: dict[str, Any] | None = None
+    save_steps: int = Field(100, ge=1)
+
+
+class RunPolicySpec(_Model):
+    suspend: bool = False
+    backoff_limit: int = Field(3, ge=0)
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    clean_pod_policy: Literal["Running", "All", "None"] = "Running"
+
+
+class GRPORunSpec(_Model):
+    model: str = Field(min_length=1)
+    dataset: DatasetConfig
+    rewards: list[RewardConfig] = Field(min_length=1)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    progress: ProgressSpec = Field(default_factory=ProgressSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    learner: LearnerSpec = Field(default_factory=LearnerSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+
+    @property
+    def learner_world_size(self) -> int:
+        return self.learner.nodes * self.learner.processes_per_node
+
+
+def _field_path(prefix: str, loc: tuple[int | str, ...]) -> str:
+    path = prefix
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _one_line(error: dict[str, Any]) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "required field is missing"
+    message = " ".join(message.split())
+    return message[:1].lower() + message[1:]
+
+
+def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
+    """The first pydantic error as a SpecError naming the field on the wire (camelCase, `rewards[0]`)."""
+    first = error.errors()[0]
+    return SpecError(_field_path(prefix, first["loc"]), _one_line(first))
+
+
+def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
+    """Validate a GRPORun's `.spec` (camelCase, as stored) into the typed model; raises SpecError."""
+    if not isinstance(spec, dict):
+        raise SpecError("spec", f"must be a mapping, not {type(spec).__name__}")
+    try:
+        return GRPORunSpec.model_validate(spec)
+    except ValidationError as error:
+        raise spec_error_from(error) from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Status. Every field here is declared in the CRD's status schema (tests/test_crd_schema.py walks both): the API
+# server silently prunes undeclared status fields.
+# --------------------------------------------------------------------------------------------------------------------
+class Phase(str, Enum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class ConditionType(str, Enum):
+    ROLLOUT_READY = "RolloutReady"
+    PROGRESSING = "Progressing"
+    STALLED = "Stalled"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class _StatusModel(_Model):
+    # Reading status must survive a field written by a newer operator version; writing still uses these fields only.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(_StatusModel):
+    """metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class ProgressClock(_StatusModel):
+    """Anchors of the stall clock, kept in status so an operator restart does not reset it."""
+
+    anchor_time: str | None = None  # when the clock last restarted: a trained group, or the start of running
+    paused_seconds: float = 0.0  # seconds since anchor_time spent suspended or pending, not counted as stalled
+    paused_since: str | None = None  # set while the clock is paused
+
+
+class ProgressStatus(_StatusModel):
+    epoch: int = 0
+    epochs: float = 1
+    groups_consumed: int = 0
+    groups_total: int = 0
+    groups_trained: int = 0
+    groups_dropped: int = 0
+    # Keys are grpo_trainer.contract.DROP_REASONS (snake_case on the wire, like the learner's /progress).
+    dropped: dict[str, int] = Field(default_factory=dict)
+    stall_streak: int = 0
+    stall_limit: int = 0
+    global_step: int = 0
+    percent: float = 0.0
+    reward_mean: float | None = None
+
+
+class RolloutStatus(_StatusModel):
+    replicas: int = 0
+    ready: int = 0
+
+
+class LearnerStatus(_StatusModel):
+    nodes: int = 0
+    ready: int = 0
+    restarts: int = 0
+
+
+class FailureStatus(_StatusModel):
+    role: Literal["rollout", "learner", "operator"] | None = None
+    pod: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class GRPORunStatus(_StatusModel):
+    phase: Phase | None = None
+    observed_generation: int | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    last_progress_time: str | None = None
+    progress_clock: ProgressClock | None = None
+    restarts: int = 0
+    conditions: list[Condition] = Field(default_factory=list)
+    progress: ProgressStatus | None = None
+    rollout: RolloutStatus | None = None
+    learner: LearnerStatus | None = None
+    failure: FailureStatus | None = None
+    message: str | None = None
+
+
+def parse_status(status: dict[str, Any] | None) -> GRPORunStatus:
+    return GRPORunStatus.model_validate(status or {})
