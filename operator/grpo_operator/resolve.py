@@ -1,0 +1,70 @@
+"""Spec -> the learner's resolved run config: what the operator renders into the ConfigMap and `grporun local`
+writes to disk. Pure; the caller supplies what only it knows (server addresses, paths inside the pods).
+
+Built-in reward names are not checked here: the registry lives with the learner (grpo_trainer.rewards), which
+imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
+"""
+
+from __future__ import annotations
+
+from grpo_trainer.contract import (
+    CheckpointConfig,
+    LearnerConfig,
+    ProgressConfig,
+    RolloutConfig,
+    RunConfig,
+    WeightSyncConfig,
+)
+
+from grpo_operator.spec import GRPORunSpec
+
+
+def resolve_run_config(
+    name: str,
+    namespace: str,
+    spec: GRPORunSpec,
+    *,
+    rollout_urls: list[str],
+    output_dir: str,
+    checkpoint_dir: str | None,
+    weight_sync_dir: str | None,
+    termination_message_path: str,
+) -> RunConfig:
+    """Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
+    filesystem mode): a bug in the caller, not a user mistake."""
+    if not rollout_urls:
+        raise ValueError("rollout_urls: at least one rollout server URL is needed")
+    weight_sync = spec.rollout.weight_sync
+    if weight_sync.mode == "filesystem" and not weight_sync_dir:
+        raise ValueError("weight_sync_dir: filesystem weight sync needs a directory both roles see")
+    vllm = spec.rollout.vllm
+    training = spec.training.model_copy(deep=True)
+    if training.token_budget is None:
+        training.token_budget = vllm.max_model_len  # the contract's documented default, made explicit
+    return RunConfig(
+        run_name=name,
+        namespace=namespace,
+        model=spec.model,
+        dataset=spec.dataset.model_copy(deep=True),
+        rewards=[reward.model_copy(deep=True) for reward in spec.rewards],
+        training=training,
+        filter=spec.filter.model_copy(deep=True),
+        progress=ProgressConfig(**spec.progress.model_dump(include=set(ProgressConfig.model_fields))),
+        rollout=RolloutConfig(
+            urls=list(rollout_urls),
+            max_model_len=vllm.max_model_len,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            device=spec.rollout.device,
+            weight_sync=WeightSyncConfig(mode=weight_sync.mode, directory=weight_sync_dir),
+            extra_args=list(vllm.extra_args),
+        ),
+        learner=LearnerConfig(
+            nodes=spec.learner.nodes,
+            processes_per_node=spec.learner.processes_per_node,
+            device=spec.learner.device,
+        ),
+        checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
+        output_dir=output_dir,
+        termination_message_path=termination_message_path,
+    )
