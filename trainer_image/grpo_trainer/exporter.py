@@ -119,3 +119,15 @@ class ProgressServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def write_termination_message(report: c.ProgressReport, path: str = c.DEFAULT_TERMINATION_MESSAGE_PATH) -> bool:
+    """Write the final progress where Kubernetes reads the termination message; False if the path is unwritable
+    (a local run without /dev/termination-log), which must not turn a finished run into a crash."""
+    try:
+        with open(path, "w") as f:
+            f.write(report.termination_message())
+        return True
+    except OSError as error:
+        logger.warning(f"could not write the termination message to {path}: {error}")
+        return False

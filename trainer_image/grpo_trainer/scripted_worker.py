@@ -1,0 +1,153 @@
+"""A rollout worker that needs no inference server: scripted rewards, real RolloutSamples.
+
+Implements TRL's `RolloutWorkerProtocol`, so the real trainer consumes it exactly as it consumes TRL's
+AsyncRolloutWorker: same sample type, same advantage formula (W:1026-1124), same group ids growing across passes,
+same `_loop_kwargs["dataset_start_index"]` for resume. Tests and benchmarks use it to script drops (no-signal groups,
+stale or lost groups) deterministically; users can use it to dry-run a learner configuration on CPU.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+#: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began.
+RewardScript = Callable[[int, int], float]
+
+
+def varied_rewards(position: int, generation: int) -> float:
+    return float(generation % 2)
+
+
+class ScriptedRolloutWorker:
+    def __init__(
+        self,
+        *,
+        dataset_size: int,
+        num_generations: int,
+        reward: RewardScript = varied_rewards,
+        vocab_size: int = 256,
+        prompt_tokens: int = 8,
+        completion_tokens: int = 8,
+        eos_token_id: int = 1,
+        lost: Callable[[int], bool] | None = None,
+        queue_maxsize: int = 64,
+        seed: int = 0,
+        delay_s: float = 0.0,
+    ):
+        self.dataset_size = dataset_size
+        self.num_generations = num_generations
+        self.reward = reward
+        self.vocab_size = vocab_size
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.eos_token_id = eos_token_id
+        self.lost = lost or (lambda position: False)
+        self.seed = seed
+        self.delay_s = delay_s
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self._loop_kwargs = {"dataset_start_index": 0}
+        self.model_version = 0
+        self.groups_generated = 0
+        self.samples_generated = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # RolloutWorkerProtocol ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scripted-rollout-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"scripted rollout worker died: {self._error!r}") from self._error
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError("scripted rollout worker stopped")
+
+    # generation ----------------------------------------------------------------------------------------------------
+    def group_samples(self, group_id: int, position: int) -> list[RolloutSample]:
+        """The samples of one group, deterministic in (seed, position)."""
+        rng = np.random.default_rng([self.seed, position % self.dataset_size])
+        prompt = rng.integers(2, self.vocab_size, self.prompt_tokens)
+        rewards = np.array([self.reward(position, k) for k in range(self.num_generations)], dtype=float)
+        std = float(rewards.std())
+        advantages = (rewards - rewards.mean()) / (std + 1e-8)
+        samples = []
+        for k in range(self.num_generations):
+            completion = rng.integers(2, self.vocab_size, self.completion_tokens)
+            completion[-1] = self.eos_token_id
+            input_ids = np.concatenate([prompt, completion]).astype(np.int64)
+            mask = np.concatenate([np.zeros(len(prompt)), np.ones(len(completion))]).astype(np.int64)
+            samples.append(
+                RolloutSample(
+                    prompt=[{"role": "user", "content": f"prompt {position % self.dataset_size}"}],
+                    completion=[{"role": "assistant", "content": f"completion {k}"}],
+                    input_ids=input_ids,
+                    completion_mask=mask,
+                    old_log_probs=np.full(len(input_ids), -np.log(self.vocab_size), dtype=np.float32),
+                    advantage=float(advantages[k]),
+                    model_version=self.model_version,
+                    group_id=group_id,
+                    metrics={"reward": float(rewards[k]), "reward_std": std},
+                    enqueued_at=time.time(),
+                )
+            )
+        return samples
+
+    def _run(self) -> None:
+        try:
+            start = self._loop_kwargs["dataset_start_index"]
+            group_id = 0
+            while not self._stop.is_set():
+                position = start + group_id
+                if not self.lost(position):
+                    for sample in self.group_samples(group_id, position):
+                        if not self._put(sample):
+                            return
+                        self.samples_generated += 1
+                self.groups_generated += 1
+                group_id += 1
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+        except BaseException as error:  # noqa: BLE001 - surfaced through check_health, like TRL's worker
+            self._error = error
+
+    def _put(self, sample: RolloutSample) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.rollout_buffer.put(sample, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class NoWeightTransfer:
+    """TRL's `WeightTransferProtocol` for a worker with no inference server to update (scripted rewards)."""
+
+    def init_weight_transfer(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def send_weights(self, iterator) -> None:
+        for _ in iterator:  # drain: on FSDP the iterator drives collectives every rank must join
+            pass
+
+    def resume(self) -> None: ...
+
+    def destroy(self) -> None: ...

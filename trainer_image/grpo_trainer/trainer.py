@@ -1,0 +1,284 @@
+"""GRPOLearner: TRL 1.16's AsyncGRPOTrainer with progress accounting and a run that always ends.
+
+Hooks (subclass only; TRL is not patched): the data pipeline is rebuilt with SampleFilterQueue, StopAwareDataset and
+ProgressCollator; `training_step` handles the stop micro-batch the same way on every rank; TRL's count-based
+`_EpochStopCallback` is removed (the stream now decides, and counts drops too); checkpoints carry the consumed
+groups. See progress.py for the rules and LEARNER.md for the TRL line numbers each hook rests on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
+from trl.experimental.async_grpo.async_grpo_trainer import (
+    AsyncGRPOTrainer,
+    FixedCountBatcher,
+    RolloutQueueDataset,
+    TokenBudgetBatcher,
+    _EmptyIterableDataset,
+    _EpochStopCallback,
+)
+
+from .contract import FilterConfig, LearnerPhase, ProgressReport
+from .progress import (
+    ProgressCollator,
+    RolloutPipelineError,
+    RolloutProgress,
+    SampleFilterQueue,
+    StallError,
+    StopAwareDataset,
+    StopCode,
+    stop_from_batch,
+)
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_STATE_FILE = "grpo_progress.json"
+ROLLOUT_STATE_FILE = "rollout_state.json"  # TRL's own (T:1860-1901)
+
+
+class GRPOLearner(AsyncGRPOTrainer):
+    """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing.
+
+    Extra keyword-only arguments:
+        filter_config: which rollouts to drop before training (contract.FilterConfig).
+        stall_groups: groups consumed in a row without one training before the run stalls; 0 = one pass.
+        progress_server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
+        lost_after_groups: a group not seen while this many later groups were is counted as lost (default: twice
+            the in-flight window, `2 * max_inflight_tasks`).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        filter_config: FilterConfig | None = None,
+        stall_groups: int = 0,
+        progress_server_port: int | None = None,
+        lost_after_groups: int | None = None,
+        **kwargs: Any,
+    ):
+        training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
+        if training_args is not None and training_args.use_cpu:
+            from .cpu import enable_cpu_support
+
+            enable_cpu_support()
+        super().__init__(*args, **kwargs)
+        # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
+        # as TRL's safety ceiling.
+        self.remove_callback(_EpochStopCallback)
+        train_dataset = self.train_dataset
+        groups_per_epoch = len(train_dataset) if hasattr(train_dataset, "__len__") else None
+        self.filter_config = filter_config or FilterConfig()
+        self.stall_groups = stall_groups
+        self.progress = RolloutProgress(
+            self._trained_groups,
+            epochs_done=0,
+            stall_groups=stall_groups,
+            groups_per_epoch=groups_per_epoch,
+            epochs=self.args.num_train_epochs if groups_per_epoch else None,
+        )
+        self.lost_after_groups = lost_after_groups or 2 * max(self.args.max_inflight_tasks, 1)
+        self.phase = LearnerPhase.STARTING
+        self.message = ""
+        self.weight_syncs = 0
+        self._collator: ProgressCollator | None = None
+        self._train_stream: StopAwareDataset | None = None
+        # Groups of micro-batches that reached training_step (rank 0), against those only collated so far.
+        self._applied_groups: set[int] = set()
+        self._progress_server = None
+        if progress_server_port is not None and self.accelerator.is_main_process:
+            from .exporter import ProgressServer
+
+            self._progress_server = ProgressServer(self.progress_report, port=progress_server_port).start()
+            logger.info(f"progress: {self._progress_server.url}/progress and /metrics")
+
+    # ------------------------------------------------------------------------------------------------ observability
+    def progress_report(self) -> ProgressReport:
+        return self.progress.report(
+            phase=self.phase, global_step=self.state.global_step, weight_syncs=self.weight_syncs, message=self.message
+        )
+
+    @property
+    def progress_url(self) -> str | None:
+        return self._progress_server.url if self._progress_server else None
+
+    def _sync_weight(self) -> None:
+        super()._sync_weight()
+        self.weight_syncs += 1
+
+    # ------------------------------------------------------------------------------------------------ pipeline
+    def get_train_dataloader(self) -> DataLoader:
+        """TRL's pipeline (T:1419-1473) with the three wrappers; TRL offers no seam, so it is rebuilt here."""
+        num_processes = self.accelerator.num_processes
+        main = self.accelerator.is_main_process
+        if main:
+            if self.args.token_budget is None:
+                self.vllm_client.wait_for_server_ready()
+                self.args.token_budget = self.vllm_client.get_max_model_len()
+                logger.info(f"token_budget unset; defaulting to vLLM max_model_len={self.args.token_budget}")
+            source = SampleFilterQueue(
+                self.rollout_queue,
+                self.progress,
+                model_version_fn=lambda: self.model_version,
+                max_staleness=self.args.max_staleness,
+                num_generations=self.args.num_generations,
+                token_budget=max(self.args.token_budget, 0),
+                drop_no_signal=self.filter_config.drop_no_signal,
+                drop_truncated=self.filter_config.drop_truncated,
+                no_signal_epsilon=self.filter_config.no_signal_epsilon,
+                end_token_ids={*self.eos_token_ids, self.processing_class.pad_token_id},
+                lost_after_groups=self.lost_after_groups,
+            )
+            dataset = RolloutQueueDataset(
+                rollout_queue=source,
+                model_version_fn=lambda: self.model_version,
+                check_health_fn=self.rollout_worker.check_health,
+                stale_after_s=self.args.heartbeat_stale_after_s,
+                metrics=self._metrics["train"],
+                max_staleness=self.args.max_staleness,
+                report_to=self.args.report_to,
+            )
+            self._rollout_dataset = dataset
+            if self.args.token_budget > 0:
+                batcher = TokenBudgetBatcher(dataset, num_processes, self.args.token_budget, self._metrics["train"])
+            else:
+                batcher = FixedCountBatcher(dataset, num_processes, self.args.per_device_train_batch_size * num_processes)
+            stream = StopAwareDataset(batcher, self.progress)
+            self._train_stream = stream
+        else:
+            stream = _EmptyIterableDataset()
+        self._collator = ProgressCollator(
+            self.processing_class.pad_token_id,
+            num_processes,
+            groups_trained=set(),  # throw-away: `progress.train` fills TRL's consumed set, drops included
+            metrics=self._metrics["train"],
+            token_budget=max(self.args.token_budget or 0, 0),
+            progress=self.progress if main else None,
+        )
+        if main and self.phase == LearnerPhase.STARTING:
+            self.phase = LearnerPhase.RUNNING
+        return self.accelerator.prepare(DataLoader(stream, batch_size=1, collate_fn=self._collator, num_workers=0))
+
+    # ------------------------------------------------------------------------------------------------ stopping
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        stop = stop_from_batch(inputs)
+        if stop is None:
+            if self._collator is not None and self._collator.in_flight:
+                self._applied_groups.update(self._collator.in_flight.popleft())
+            return super().training_step(model, inputs, num_items_in_batch)
+        code, streak, limit = stop
+        # The stop can close a gradient-accumulation window whose earlier micro-batches were backpropagated under
+        # no_sync: stepping on those unreduced gradients made DDP replicas diverge (checksums 155.98 vs 155.81).
+        # Every rank drops them, so any optimizer step that still follows is a no-op everywhere. compute_loss is
+        # never called here: it runs collectives the other ranks would not join in the same order.
+        model.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if code == StopCode.DONE:
+            self.control.should_training_stop = True
+            if self.args.save_strategy == SaveStrategy.STEPS:
+                self.control.should_save = True
+            return torch.tensor(0.0, device=self.args.device)
+        stream_stop = self._stream_stop()
+        if code == StopCode.STALLED:
+            message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
+            self.phase, self.message = LearnerPhase.STALLED, message
+            raise StallError(message)
+        message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
+        self.phase, self.message = LearnerPhase.FAILED, message
+        raise RolloutPipelineError(message) from (stream_stop.__cause__ if stream_stop else None)
+
+    def _stream_stop(self):
+        """Rank 0's RolloutStop, with the full message and the original exception; None on other ranks."""
+        return self._train_stream.stop if self._train_stream is not None else None
+
+    def train(self, *args: Any, **kwargs: Any):
+        try:
+            output = super().train(*args, **kwargs)
+        except StallError:
+            raise
+        except Exception as error:
+            if self.phase not in (LearnerPhase.STALLED, LearnerPhase.FAILED):
+                self.phase, self.message = LearnerPhase.FAILED, f"{type(error).__name__}: {error}"
+            raise
+        self.phase = LearnerPhase.SUCCEEDED
+        return output
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if not self.accelerator.is_main_process:
+            return
+        checkpoint_dir = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        # Collated is not trained: groups only in micro-batches still waiting for training_step are left out, so a
+        # resumed run generates them again instead of losing them.
+        in_flight = set().union(*self._collator.in_flight) if self._collator else set()
+        state = self.progress.state_dict(exclude=in_flight - self._applied_groups)
+        state["model_version"] = self.model_version
+        state["global_step"] = self.state.global_step
+        with open(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), "w") as f:
+            json.dump(state, f)
+        # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
+        # resume path (AsyncRolloutWorker) agrees with ours.
+        start = _first_gap(state["consumed"])
+        with open(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE), "w") as f:
+            json.dump({"prompt_index": start, "model_version": self.model_version}, f)
+
+    def _inner_training_loop(self, *args: Any, **kwargs: Any):
+        checkpoint = kwargs.get("resume_from_checkpoint")
+        state_file = os.path.join(checkpoint, PROGRESS_STATE_FILE) if checkpoint else None
+        if state_file and os.path.isfile(state_file):
+            with open(state_file) as f:
+                state = json.load(f)
+            self.progress = RolloutProgress.from_state(
+                state,
+                self._trained_groups,
+                stall_groups=self.stall_groups,
+                groups_per_epoch=self.progress.groups_per_epoch,
+                epochs=self.progress.epochs,
+            )
+            start = self.progress.start_group
+            self._groups_before_resume = start
+            if self.accelerator.is_main_process and self.rollout_worker is not None:
+                # TRL repositions only its own AsyncRolloutWorker (and does so again from rollout_state.json, which
+                # we wrote to agree); any worker with the same `_loop_kwargs` is repositioned here.
+                loop_kwargs = getattr(self.rollout_worker, "_loop_kwargs", None)
+                if loop_kwargs is not None:
+                    loop_kwargs["dataset_start_index"] = start
+                self.model_version = state.get("model_version", 0)
+                self.rollout_worker.update_model_version(self.model_version)
+            logger.info(f"resumed: {len(state['consumed'])} groups consumed, restarting at group {start}")
+        return super()._inner_training_loop(*args, **kwargs)
+
+    def close(self) -> None:
+        if self._progress_server is not None:
+            self._progress_server.stop()
+            self._progress_server = None
+
+
+def _first_gap(sorted_ids: list[int]) -> int:
+    expected = 0
+    for group_id in sorted_ids:
+        if group_id != expected:
+            break
+        expected += 1
+    return expected
+
+
+def newest_checkpoint(directory: str | None) -> str | None:
+    """The checkpoint a restarted learner resumes from, or None for a fresh run."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    return get_last_checkpoint(directory)
+
+
+__all__ = ["GRPOLearner", "StallError", "RolloutPipelineError", "newest_checkpoint"]
