@@ -144,7 +144,9 @@ class TrainingConfig(_Model):
     weight_sync_steps: int = Field(1, ge=1)
     temperature: float = Field(1.0, gt=0)
     seed: int = 42
-    token_budget: int | None = Field(None, description="Tokens per row; default: the rollout server's maxModelLen.")
+    token_budget: int | None = Field(
+        None, ge=1, description="Tokens per row; default: the rollout server's maxModelLen."
+    )
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
 
