@@ -68,8 +68,11 @@ def good() -> dict[str, Any]:
          "{path}: kind: must be GRPORun, not 'GrpoRun'"),
         ("apiVersion: grpo.dev/v1alpha1\nkind: GRPORun\nmetadata: {namespace: x}\n",
          "{path}: metadata.name: required field is missing"),
+        ("apiVersion: grpo.dev/v1alpha1\nkind: GRPORun\nmetadata: {name: 7}\n",
+         "{path}: metadata.name: must be a non-empty string, not 7"),
     ],
-    ids=["missing-file", "not-yaml", "empty", "two-documents", "not-a-mapping", "api-version", "kind", "no-name"],
+    ids=["missing-file", "not-yaml", "empty", "two-documents", "not-a-mapping", "api-version", "kind", "no-name",
+         "name-type"],
 )
 def test_manifest_load_errors_are_one_line_naming_the_file(tmp_path, content, expected):
     path = tmp_path / "run.yaml"

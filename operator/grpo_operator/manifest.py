@@ -114,8 +114,11 @@ def header_errors(manifest: dict[str, Any]) -> list[str]:
     if manifest.get("kind") != crd.kind:
         errors.append(f"kind: must be {crd.kind}, not {manifest.get('kind')!r}")
     metadata = manifest.get("metadata")
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str) or not metadata["name"]:
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if name is None:
         errors.append("metadata.name: required field is missing")
+    elif not isinstance(name, str) or not name:
+        errors.append(f"metadata.name: must be a non-empty string, not {name!r}")
     return errors
 
 
