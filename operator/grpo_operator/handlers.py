@@ -1,0 +1,100 @@
+"""kopf wiring, nothing else: which events reach which function. The logic is in reconcile.py (I/O) and
+status.py (decisions); the operator's configuration comes in as `memo.context` (reconcile.OperatorContext).
+
+One daemon per run does every pass for that run, so passes of one run never overlap (kopf runs timers and
+change handlers of one object concurrently, which would race on the status). Pods reach it through an in-memory
+index fed by one pod watch, so a pass costs no API list.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from . import builders
+from .pods import observe_pod, pod_facts
+from .reconcile import OperatorContext, reconcile_run
+
+GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grporuns"
+FINALIZER = "grpo.dev/finalizer"
+
+
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    """kopf settings that differ from its defaults, and why."""
+    # Our own prefixes, not kopf.zalando.org, on everything kopf writes onto a GRPORun.
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="grpo.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="grpo.dev", key="last-handled-configuration")
+    settings.posting.reporting_component = "grpo-operator"
+    settings.posting.event_name_prefix = "grpo-operator-"
+    settings.posting.loggers = False  # events are the transitions status.py emits, not log lines
+    # The 300 s default holds a reconcile pass hostage to one hung request.
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    # The API server ends each watch after server_timeout; a stream that went silent without closing (a dead
+    # load-balancer connection) is abandoned after inactivity_timeout and resumed from its last resourceVersion.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.inactivity_timeout = 330
+
+
+def _context(memo: Any) -> OperatorContext:
+    return memo.context
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure_settings(settings)
+    _context(memo).settings = settings
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    context = _context(memo)
+    if context.session is not None:
+        await context.session.close()
+        context.session = None
+
+
+@kopf.index("v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT})
+def run_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[builders.RUN_LABEL]): (observe_pod(dict(body)), pod_facts(dict(body)))}
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def lifecycle(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                    run_pods: kopf.Index, logger: logging.Logger, **_: Any) -> None:
+    context = _context(memo)
+    while not stopped:
+        started = time.monotonic()
+        try:
+            keep_going = await reconcile_run(context, body, list(run_pods.get((namespace, name), [])), logger)
+        except kopf.PermanentError:
+            context.metrics.reconcile_errors.labels("lifecycle").inc()
+            raise
+        except Exception:  # a failed pass is retried on the next tick, never in a tight loop
+            logger.exception("reconcile pass failed; retrying in %.1f s", context.reconcile_interval)
+            context.metrics.reconcile_errors.labels("lifecycle").inc()
+            keep_going = True
+        finally:
+            context.metrics.reconcile_seconds.labels("lifecycle").observe(time.monotonic() - started)
+        if not keep_going:
+            return
+        await stopped.wait(context.reconcile_interval)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def forget_deleted(type: str, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        context = _context(memo)
+        context.metrics.forget_run(namespace, name)
+        context.runs.pop(uid, None)
+
+
+@kopf.on.probe(id="runs")
+def runs_known(memo: kopf.Memo, **_: Any) -> int:
+    return len(_context(memo).runs)

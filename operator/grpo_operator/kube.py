@@ -1,0 +1,87 @@
+"""The one small Kubernetes API helper: create tolerant of 409, delete and get tolerant of 404, status patches.
+
+It rides on kopf's own client (kopf 1.45.2 is pinned) so every call uses the credentials kopf logged in with, its
+re-authentication on 401, `settings.networking.request_timeout` and its retry backoffs; no second client library
+to configure (kubernetes==37 reads $KUBECONFIG once at import, which bites in tests and in-cluster alike).
+tests/test_operator_emulator.py checks the kopf internals used here still exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kopf._cogs.clients import api, errors
+from kopf._cogs.configs.configuration import OperatorSettings
+
+APIError = errors.APIError
+APIConflictError = errors.APIConflictError
+APINotFoundError = errors.APINotFoundError
+APIClientError = errors.APIClientError
+
+_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", "GRPORun": "grporuns",
+            "Event": "events"}
+
+
+def object_url(api_version: str, kind: str, namespace: str, name: str | None = None,
+               subresource: str | None = None) -> str:
+    base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+    url = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}"
+    url += f"/{name}" if name else ""
+    url += f"/{subresource}" if subresource else ""
+    return url
+
+
+class Kube:
+    def __init__(self, settings: OperatorSettings, logger: logging.Logger | logging.LoggerAdapter):
+        self.settings, self.logger = settings, logger
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        """Create `obj`; False when it exists already (deterministic names make that "done", not an error)."""
+        metadata = obj["metadata"]
+        url = object_url(obj["apiVersion"], obj["kind"], metadata["namespace"])
+        try:
+            await api.post(url, payload=obj, settings=self.settings, logger=self.logger)
+        except errors.APIConflictError:
+            return False
+        return True
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete with background propagation; False when it is gone already."""
+        url = object_url(api_version, kind, namespace, name)
+        try:
+            await api.delete(url, payload={"propagationPolicy": "Background"}, settings=self.settings,
+                             logger=self.logger)
+        except errors.APINotFoundError:
+            return False
+        return True
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await api.get(object_url(api_version, kind, namespace, name), settings=self.settings,
+                                 logger=self.logger)
+        except errors.APINotFoundError:
+            return None
+
+    async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
+                           patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch `/status`; None when the object is gone."""
+        url = object_url(api_version, kind, namespace, name, "status")
+        try:
+            return await api.patch(url, payload={"status": patch}, settings=self.settings, logger=self.logger,
+                                   headers={"Content-Type": "application/merge-patch+json"})
+        except errors.APINotFoundError:
+            return None
+
+
+def merge_patch_between(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns `old` into `new` (removed keys become null; lists are replaced)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_patch_between(old[key], value)
+    return patch

@@ -1,0 +1,39 @@
+"""Read the learner's `GET /progress` (rank 0 serves it on contract.LEARNER_HTTP_PORT).
+
+Called once per reconcile pass of a running run; a short timeout because 50 runs share one event loop and a
+learner busy in an optimizer step must not hold the operator up. A failed read returns None: the status keeps the
+last report and the stall clock keeps running, which is the point (a learner that stops answering is not
+progressing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+from grpo_trainer.contract import LEARNER_HTTP_PORT, PROGRESS_PATH, ProgressReport, parse_progress
+from pydantic import ValidationError
+
+#: (namespace, pod name, pod IP) -> the URL of that pod's /progress. Tests swap in 127.0.0.1 and a local port.
+ProgressUrlFn = Callable[[str, str, str], str]
+DEFAULT_TIMEOUT_SECONDS = 3.0
+
+
+def pod_progress_url(namespace: str, pod: str, ip: str) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{LEARNER_HTTP_PORT}{PROGRESS_PATH}"
+
+
+async def fetch_progress(session: aiohttp.ClientSession, url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                         logger: logging.Logger | logging.LoggerAdapter | None = None) -> ProgressReport | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}")
+            return parse_progress(await response.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValidationError, ValueError) as error:
+        if logger is not None:
+            logger.debug(f"no progress from {url}: {error}")
+        return None
