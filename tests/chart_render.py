@@ -32,7 +32,7 @@ VALUE_SETS = {
         "image": {"repository": "registry.example.com/ml/grpo-operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
-        "operator": {"logLevel": "debug", "extraArgs": ["--verbose"]},
+        "operator": {"logLevel": "DEBUG", "extraArgs": ["--reconcile-interval=10"]},
         "serviceAccount": {"create": False, "name": "existing-sa"},
         "rbac": {"clusterDiscovery": False},
         "nodeSelector": {"kubernetes.io/os": "linux"},

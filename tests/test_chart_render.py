@@ -132,8 +132,6 @@ def test_operator_accepts_the_rendered_flags(monkeypatch):
 
     for name in ("defaults", "namespaced", "custom"):
         args = _operator_container(render_objects(VALUE_SETS[name]))["args"]
-        if name == "custom":
-            args = [a for a in args if a not in VALUE_SETS["custom"]["operator"]["extraArgs"]]
         # cli.build_parser adds a subcommand's flags only for the subcommand named in sys.argv[1].
         monkeypatch.setattr(sys, "argv", ["grporun", *args])
         stderr = io.StringIO()
@@ -151,7 +149,7 @@ def test_custom_values_reach_the_objects():
     assert container["image"] == "registry.example.com/ml/grpo-operator:0.1.0-rc1"
     assert container["imagePullPolicy"] == "Always"
     assert container["resources"] == VALUE_SETS["custom"]["resources"]
-    assert "--log-level=debug" in container["args"] and container["args"][-1] == "--verbose"
+    assert "--log-level=DEBUG" in container["args"] and container["args"][-1] == "--reconcile-interval=10"
     assert pod["serviceAccountName"] == "existing-sa" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert not objects_of_kind(objects, "ServiceAccount")

@@ -36,7 +36,7 @@ BAD_VALUES = [
     ({"ports": {"metrics": 70000}}, "/ports/metrics", "want 65,535"),
     ({"metrics": {"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval", "'30 seconds'"),
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard", "got number, want string"),
-    ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel", "value must be one of"),
+    ({"operator": {"logLevel": "info"}}, "/operator/logLevel", "value must be one of"),
 ]
 
 
