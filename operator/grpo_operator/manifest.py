@@ -298,15 +298,20 @@ def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any], path
     return RuleResult(where, rule["rule"], message, bool(outcome))
 
 
-def cel_results(value: Any, schema: dict[str, Any], path: str = "") -> list[RuleResult]:
-    """Every x-kubernetes-validations rule that applies to the (defaulted) value, evaluated."""
+def rule_sites(value: Any, schema: dict[str, Any], path: str = "") -> Iterator[tuple[dict, Any, dict, str]]:
+    """(rule, self, schema of self, path of self) for every x-kubernetes-validations rule that applies to the value."""
     if value is None:
-        return []
-    results = [evaluate_rule(rule, value, schema, path) for rule in schema.get("x-kubernetes-validations", [])]
+        return
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield rule, value, schema, path
     if not _preserves_unknown(schema):
         for child, child_schema, child_path in _children(value, schema, path):
-            results.extend(cel_results(child, child_schema, child_path))
-    return results
+            yield from rule_sites(child, child_schema, child_path)
+
+
+def cel_results(value: Any, schema: dict[str, Any], path: str = "") -> list[RuleResult]:
+    """Every x-kubernetes-validations rule that applies to the (defaulted) value, evaluated."""
+    return [evaluate_rule(*site) for site in rule_sites(value, schema, path)]
 
 
 # --------------------------------------------------------------------------------------------------------------------
