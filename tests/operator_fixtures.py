@@ -1,6 +1,7 @@
 """Fixtures for running the real kopf operator against the API emulator, and a kubelet stand-in to drive pods.
 
-Use with `pytest_plugins = ["operator_fixtures"]` in a test module.
+Import the fixtures a test module uses by name (`from operator_fixtures import cluster`); importing the module
+and also naming it in `pytest_plugins` makes pytest warn that it cannot rewrite its asserts.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class FakeLearner:
         self.server = ProgressServer(lambda: self.report, port=0, host="127.0.0.1").start()
 
     def update(self, **changes: Any) -> None:
-        self.report = self.report.model_copy(update=changes)
+        self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
 
     def url(self) -> str:
         return f"{self.server.url}/progress"
