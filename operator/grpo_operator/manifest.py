@@ -133,18 +133,19 @@ def _preserves_unknown(schema: dict[str, Any]) -> bool:
     return bool(schema.get("x-kubernetes-preserve-unknown-fields")) and "properties" not in schema
 
 
-def _children(value: Any, schema: dict[str, Any], path: str) -> Iterator[tuple[Any, dict[str, Any], str]]:
-    """(child value, child schema, child path) for the declared children of a node, as the API server walks them."""
+def _children(value: Any, schema: dict[str, Any], path: str) -> Iterator[tuple[Any, dict[str, Any], str, str | int]]:
+    """(child value, child schema, child path, key or index) for the declared children of a node, as the API server
+    walks them."""
     if isinstance(value, dict) and "properties" in schema:
         for key, child_schema in schema["properties"].items():
             if key in value:
-                yield value[key], child_schema, _join(path, key)
+                yield value[key], child_schema, _join(path, key), key
     elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
         for key, child in value.items():
-            yield child, schema["additionalProperties"], _join(path, str(key))
+            yield child, schema["additionalProperties"], _join(path, str(key)), key
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, child in enumerate(value):
-            yield child, schema["items"], f"{path}[{index}]"
+            yield child, schema["items"], f"{path}[{index}]", index
 
 
 def unknown_field_errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
@@ -158,7 +159,7 @@ def unknown_field_errors(value: Any, schema: dict[str, Any], path: str = "") -> 
                 guess = difflib.get_close_matches(str(key), known, n=1)
                 hint = f" (did you mean {guess[0]}?)" if guess else f" (known: {', '.join(known)})"
                 errors.append(f"{_join(path, str(key))}: unknown field{hint}")
-    for child, child_schema, child_path in _children(value, schema, path):
+    for child, child_schema, child_path, _ in _children(value, schema, path):
         errors.extend(unknown_field_errors(child, child_schema, child_path))
     return errors
 
@@ -173,7 +174,7 @@ def _drop_nulls_and_default(value: Any, schema: dict[str, Any]) -> None:
                 del value[key]
             if key not in value and "default" in child_schema:
                 value[key] = copy.deepcopy(child_schema["default"])
-    for child, child_schema, _ in _children(value, schema, ""):
+    for child, child_schema, _, _ in _children(value, schema, ""):
         _drop_nulls_and_default(child, child_schema)
 
 
@@ -286,11 +287,24 @@ class RuleResult:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any], path: str) -> RuleResult:
+_ABSENT = object()
+_OLD_SELF = re.compile(r"\boldSelf\b")
+
+
+def is_transition_rule(rule: dict[str, Any]) -> bool:
+    """A rule reading `oldSelf` judges an update; the API server skips it on create and where no old value exists."""
+    return bool(_OLD_SELF.search(rule["rule"]))
+
+
+def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any], path: str,
+                  old: Any = _ABSENT) -> RuleResult:
     where = path + rule.get("fieldPath", "")
     message = rule.get("message") or f"failed rule: {rule['rule']}"
+    activation = {"self": to_cel(value, schema)}
+    if old is not _ABSENT:
+        activation["oldSelf"] = to_cel(old, schema)
     try:
-        outcome = _cel_program(rule["rule"]).evaluate({"self": to_cel(value, schema)})
+        outcome = _cel_program(rule["rule"]).evaluate(activation)
     except celpy.CELEvalError as error:
         outcome = error
     if isinstance(outcome, celpy.CELEvalError):
@@ -298,29 +312,57 @@ def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any], path
     return RuleResult(where, rule["rule"], message, bool(outcome))
 
 
-def rule_sites(value: Any, schema: dict[str, Any], path: str = "") -> Iterator[tuple[dict, Any, dict, str]]:
-    """(rule, self, schema of self, path of self) for every x-kubernetes-validations rule that applies to the value."""
+@dataclass(frozen=True)
+class RuleSite:
+    rule: dict[str, Any]
+    value: Any  # what `self` is bound to
+    schema: dict[str, Any]
+    path: str
+    keys: tuple[str | int, ...]  # from the root, to find the old value of an update at the same place
+
+
+def rule_sites(value: Any, schema: dict[str, Any], path: str = "", keys: tuple = ()) -> Iterator[RuleSite]:
+    """Every x-kubernetes-validations rule that applies to the value, with what `self` is there."""
     if value is None:
         return
     for rule in schema.get("x-kubernetes-validations", []):
-        yield rule, value, schema, path
+        yield RuleSite(rule, value, schema, path, keys)
     if not _preserves_unknown(schema):
-        for child, child_schema, child_path in _children(value, schema, path):
-            yield from rule_sites(child, child_schema, child_path)
+        for child, child_schema, child_path, key in _children(value, schema, path):
+            yield from rule_sites(child, child_schema, child_path, (*keys, key))
 
 
-def cel_results(value: Any, schema: dict[str, Any], path: str = "") -> list[RuleResult]:
-    """Every x-kubernetes-validations rule that applies to the (defaulted) value, evaluated."""
-    return [evaluate_rule(*site) for site in rule_sites(value, schema, path)]
+def old_value(old_root: Any, keys: tuple[str | int, ...]) -> Any:
+    """The old object's value at `keys`, or _ABSENT. Only object fields correlate: as in the API server, a list
+    item has no old self (the lists here are atomic)."""
+    node = old_root
+    for key in keys:
+        if isinstance(key, int) or not isinstance(node, dict) or key not in node:
+            return _ABSENT
+        node = node[key]
+    return node
+
+
+def cel_results(value: Any, schema: dict[str, Any], old: Any = _ABSENT) -> list[RuleResult]:
+    """Every rule that applies to the (defaulted) value, evaluated; transition rules only for an update (`old` is
+    the stored object) and only where the old object has a value."""
+    results = []
+    for site in rule_sites(value, schema):
+        if not is_transition_rule(site.rule):
+            results.append(evaluate_rule(site.rule, site.value, site.schema, site.path))
+        elif (previous := old_value(old, site.keys) if old is not _ABSENT else _ABSENT) is not _ABSENT:
+            results.append(evaluate_rule(site.rule, site.value, site.schema, site.path, previous))
+    return results
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # The whole check
 # --------------------------------------------------------------------------------------------------------------------
-def validate_manifest(manifest: dict[str, Any]) -> list[str]:
+def validate_manifest(manifest: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     """All problems with a GRPORun manifest, one line each, naming the field; [] when the API server would admit it.
 
-    Validates the defaulted form (see `with_defaults`), as the API server does; the manifest is not modified.
+    Validates the defaulted form (see `with_defaults`), as the API server does; the manifest is not modified. With
+    `old` (the run as stored), it is judged as an update of it: transition rules (immutable fields) apply too.
     """
     if not isinstance(manifest, dict):
         return [f"<manifest>: must be a mapping (a GRPORun), not {_got(manifest)}"]
@@ -328,7 +370,7 @@ def validate_manifest(manifest: dict[str, Any]) -> list[str]:
     errors = header_errors(manifest) + unknown_field_errors(manifest, schema)
     defaulted = with_defaults(manifest)
     errors += _schema_errors(defaulted)
-    for result in cel_results(defaulted, schema):
+    for result in cel_results(defaulted, schema, _ABSENT if old is None else with_defaults(old)):
         # A rule that cannot be evaluated on a value of the wrong type is noise next to the type error itself; with
         # a schema-valid manifest it would be a bug in the CRD, so it is reported then.
         if not result.passed and (result.evaluation_error is None or not errors):
