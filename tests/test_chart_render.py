@@ -175,6 +175,9 @@ def test_monitoring_objects():
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # The operator's series carry the run's `namespace`; without honorLabels Prometheus would rename it to
+    # exported_namespace and put the operator's own namespace there, and every alert would join on the wrong one.
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     # The operator's scrape job is named after this Service: GRPOOperatorDown matches job=~".*grpo-operator.*".
     assert "grpo-operator" in service["metadata"]["name"]
 
