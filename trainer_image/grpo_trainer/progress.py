@@ -214,6 +214,11 @@ class RolloutProgress:
         return ", ".join(f"{reason} {count}" for reason, count in self.dropped.items() if count) or "none"
 
     # ---------------------------------------------------------------------------------------------------- snapshots
+    def consumed_positions(self) -> list[int]:
+        """Absolute positions (prompts x passes) consumed within the run's bound, before a resume included."""
+        relative = (g for g in self.consumed if self.needs(g))
+        return [*range(self.start_group), *sorted(self.start_group + g for g in relative)]
+
     @property
     def groups_consumed(self) -> int:
         if self.needed_end is None:

@@ -1,0 +1,18 @@
+"""Fixtures shared across areas. Area-specific fixtures live beside their tests (operator_fixtures.py, ...)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The tiny example's model and tokenizer, built offline once per session (grpo_trainer.tiny_assets)."""
+    from grpo_trainer.tiny_assets import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))

@@ -1,0 +1,357 @@
+"""Unit tests of the seed's five classes (trainer_image/grpo_trainer/progress.py), no trainer involved."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+import pytest
+import torch
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+from trl.experimental.async_grpo.packing import TreeRow
+
+from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.progress import (
+    STOP_KEY,
+    ProgressCollator,
+    RolloutProgress,
+    RolloutStop,
+    SampleFilterQueue,
+    StopAwareDataset,
+    StopCode,
+    stop_from_batch,
+)
+
+
+def make_progress(n=6, epochs=1, stall_groups=0, **kwargs) -> RolloutProgress:
+    return RolloutProgress(set(), epochs_done=0, stall_groups=stall_groups, groups_per_epoch=n, epochs=epochs, **kwargs)
+
+
+def sample(group_id, rewards=(0.0, 1.0), k=0, version=0, tokens=6, last_token=1, std=None) -> RolloutSample:
+    rewards = np.array(rewards, dtype=float)
+    reward_std = float(rewards.std()) if std is None else std
+    advantage = float((rewards[k] - rewards.mean()) / (reward_std + 1e-8))
+    ids = np.arange(2, 2 + tokens, dtype=np.int64)
+    ids[-1] = last_token
+    return RolloutSample(
+        prompt=[], completion=[], input_ids=ids, completion_mask=np.r_[np.zeros(tokens // 2), np.ones(tokens - tokens // 2)].astype(np.int64),
+        old_log_probs=np.zeros(tokens, dtype=np.float32), advantage=advantage, model_version=version,
+        group_id=group_id, metrics={"reward": float(rewards[k]), "reward_std": reward_std},
+    )
+
+
+def filter_queue(progress, samples, *, version=0, num_generations=2, **kwargs) -> SampleFilterQueue:
+    inner = queue.Queue()
+    for s in samples:
+        inner.put(s)
+    defaults = dict(model_version_fn=lambda: version, max_staleness=2, num_generations=num_generations,
+                    end_token_ids={1, 0}, lost_after_groups=1000)
+    return SampleFilterQueue(inner, progress, **(defaults | kwargs))
+
+
+def drain(fq, limit=1000):
+    out = []
+    for _ in range(limit):
+        try:
+            out.append(fq.get(timeout=0.01))
+        except queue.Empty:
+            return out
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- RolloutProgress
+class TestRolloutProgress:
+    def test_every_drop_reason_is_counted(self):
+        progress = make_progress(n=len(DROP_REASONS) + 1)
+        progress.train([0])
+        for group_id, reason in enumerate(DROP_REASONS, start=1):
+            if group_id == len(DROP_REASONS):
+                with pytest.raises(RolloutStop) as stop:  # the last drop consumes the run: it ends the stream
+                    progress.drop(group_id, reason)
+                assert stop.value.error is None and stop.value.code == StopCode.DONE
+            else:
+                progress.drop(group_id, reason)
+        assert progress.dropped == dict.fromkeys(DROP_REASONS, 1)
+        report = progress.report(phase=LearnerPhase.RUNNING, global_step=3)
+        assert report.dropped_total == len(DROP_REASONS) and report.groups_consumed == len(DROP_REASONS) + 1
+        assert report.groups_trained == 1
+
+    def test_consumed_is_the_trainers_own_set(self):
+        consumed = set()
+        progress = RolloutProgress(consumed, epochs_done=0, stall_groups=3, groups_per_epoch=4, epochs=1)
+        progress.train([0, 2])
+        progress.drop(1, DropReason.NO_SIGNAL)
+        assert consumed == {0, 1, 2}  # TRL's resume cursor and epoch count read this very set
+
+    def test_a_dropped_group_is_counted_once(self):
+        progress = make_progress()
+        progress.drop(2, "no_signal")
+        progress.drop(2, "stale")
+        assert progress.dropped["no_signal"] == 1 and progress.dropped["stale"] == 0
+
+    def test_stall_after_a_full_pass_without_training(self):
+        progress = make_progress(n=4, epochs=3)
+        progress.train([0])
+        for group_id in (1, 2, 3):
+            progress.drop(group_id, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(4, "no_signal")
+        assert stop.value.code == StopCode.STALLED and "4 prompt groups in a row" in stop.value.error
+
+    def test_explicit_stall_limit(self):
+        progress = make_progress(n=100, stall_groups=2)
+        progress.drop(0, "truncated")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(1, "truncated")
+        assert stop.value.code == StopCode.STALLED
+
+    def test_check_order_stall_wins_over_all_consumed(self):
+        # One epoch, everything dropped: "all consumed" is true too, but success with zero steps would hide it.
+        progress = make_progress(n=3)
+        progress.drop(0, "no_signal")
+        progress.drop(1, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(2, "no_signal")
+        assert stop.value.code == StopCode.STALLED
+
+    def test_all_consumed_without_any_training_is_a_stall_even_below_the_limit(self):
+        progress = make_progress(n=3, stall_groups=50)
+        progress.drop(0, "no_signal")
+        progress.drop(1, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(2, "no_signal")
+        assert stop.value.code == StopCode.STALLED and "none trained" in stop.value.error
+
+    def test_streak_counts_consecutive_ids_not_arrival_order(self):
+        # Group 1 is accepted and waits in the batcher while later groups are dropped: no stall, the pass trained.
+        progress = make_progress(n=3, epochs=5)
+        progress.drop(0, "no_signal")
+        progress.drop(2, "no_signal")
+        progress.drop(3, "no_signal")
+        assert progress.stall_streak == 2
+        progress.check()  # no stop
+        progress.train([1])
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(4, "no_signal")
+        assert progress.stall_streak == 3 and stop.value.code == StopCode.STALLED  # ids 2, 3, 4
+
+    def test_training_a_group_dropped_earlier_moves_it(self):
+        progress = make_progress()
+        progress.drop(1, "lost")
+        progress.train([1])
+        assert progress.dropped["lost"] == 0 and progress.groups_trained == 1 and progress.stall_streak == 0
+
+    def test_exclude_does_not_raise_but_the_next_check_does(self):
+        progress = make_progress(n=4, stall_groups=2)
+        progress.train([0])
+        progress.drop(1, "no_signal")
+        progress.exclude(0, "excluded")  # scoring took group 0 out of the loss after it was collated
+        assert progress.dropped["excluded"] == 1 and progress.groups_trained == 0
+        with pytest.raises(RolloutStop) as stop:
+            progress.check()
+        assert stop.value.code == StopCode.STALLED
+
+    def test_epochs_done_and_fractional_epochs(self):
+        progress = make_progress(n=4, epochs=1.5)
+        assert progress.groups_total == 6
+        progress.train(range(4))
+        assert progress.epochs_done == 1
+        progress.train([4])
+        with pytest.raises(RolloutStop) as stop:
+            progress.train([5]) or progress.check()
+        assert stop.value.code == StopCode.DONE
+
+    def test_state_round_trip_resumes_after_the_first_gap(self):
+        progress = make_progress(n=5, epochs=2)
+        progress.train([0, 1, 3])
+        progress.drop(2, "no_signal")
+        progress.drop(5, "stale")
+        state = progress.state_dict(exclude={3})  # 3 was collated but had not trained at the checkpoint
+        assert state["consumed"] == [0, 1, 2, 5] and state["groups_trained"] == 2
+        consumed = {99}
+        resumed = RolloutProgress.from_state(state, consumed, stall_groups=0, groups_per_epoch=5, epochs=2)
+        assert resumed.start_group == 3 and consumed == {2}  # absolute 5 is worker id 2 after the restart
+        assert resumed.groups_consumed == 4 and resumed.dropped["stale"] == 1 and resumed.groups_trained == 2
+        assert resumed.needs(6) and not resumed.needs(7)
+
+
+# ------------------------------------------------------------------------------------------------- SampleFilterQueue
+class TestSampleFilterQueue:
+    def test_no_signal_by_reward_std_not_by_advantage(self):
+        # Identical rewards: the advantage formula gives ~0 (1e-9-ish with float noise), reward_std is exactly 0.
+        same = [sample(0, rewards=(0.7, 0.7), k=k) for k in range(2)]
+        assert all(abs(s.advantage) < 1e-6 for s in same)
+        # The group mean sample of a varied group has advantage exactly 0 and must train.
+        mean_sample = sample(1, rewards=(0.0, 0.5, 1.0), k=1)
+        assert mean_sample.advantage == 0.0
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [*same, mean_sample])
+        assert drain(fq) == [mean_sample]
+        assert progress.dropped["no_signal"] == 1 and 0 in progress.consumed
+
+    def test_near_identical_rewards_within_epsilon_are_no_signal(self):
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [sample(0, std=1e-9, k=k) for k in range(2)], no_signal_epsilon=1e-6)
+        assert drain(fq) == [] and progress.dropped["no_signal"] == 1
+
+    def test_nan_reward_std_is_no_signal(self):
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [sample(0, std=float("nan"), k=k) for k in range(2)])
+        assert drain(fq) == [] and progress.dropped["no_signal"] == 1
+
+    def test_stale_uses_trls_exact_rule(self):
+        progress = make_progress(n=10)
+        at_limit = [sample(0, version=3, k=k) for k in range(2)]  # 5 - 3 = 2 = max_staleness: kept
+        too_old = [sample(1, version=2, k=k) for k in range(2)]  # 5 - 2 = 3 > 2: dropped
+        fq = filter_queue(progress, [*at_limit, *too_old], version=5)
+        assert drain(fq) == at_limit and progress.dropped["stale"] == 1
+
+    def test_too_long_uses_the_token_budget(self):
+        progress = make_progress(n=10)
+        fits = [sample(0, tokens=8, k=k) for k in range(2)]
+        too_long = [sample(1, tokens=9, k=k) for k in range(2)]
+        fq = filter_queue(progress, [*fits, *too_long], token_budget=8)
+        assert drain(fq) == fits and progress.dropped["too_long"] == 1
+
+    def test_truncated_only_when_asked(self):
+        truncated = [sample(0, last_token=7, k=k) for k in range(2)]
+        progress = make_progress(n=10)
+        assert drain(filter_queue(progress, truncated)) == truncated
+        progress = make_progress(n=10)
+        assert drain(filter_queue(progress, truncated, drop_truncated=True)) == []
+        assert progress.dropped["truncated"] == 1
+
+    def test_a_group_with_one_trainable_sample_is_not_dropped(self):
+        progress = make_progress(n=10)
+        kept = sample(0, tokens=6, k=1)
+        fq = filter_queue(progress, [sample(0, tokens=9, k=0), kept], token_budget=8)
+        assert drain(fq) == [kept]
+        assert 0 not in progress.consumed  # it trains when its micro-batch is collated, not before
+
+    def test_groups_that_never_arrive_are_swept_as_lost(self):
+        progress = make_progress(n=100)
+        later = [sample(g, k=k) for g in range(1, 6) for k in range(2)]
+        fq = filter_queue(progress, later, lost_after_groups=3)
+        drain(fq)
+        assert progress.dropped["lost"] == 1 and 0 in progress.consumed and 1 not in progress.consumed
+
+    def test_a_partly_arrived_group_is_swept_with_its_samples_reason(self):
+        progress = make_progress(n=100)
+        partial = sample(0, version=0, k=0)  # one of two samples arrives, stale
+        later = [sample(g, version=5, k=k) for g in range(1, 6) for k in range(2)]
+        fq = filter_queue(progress, [partial, *later], version=5, lost_after_groups=3, max_staleness=10)
+        drain(fq)
+        assert progress.dropped["stale"] == 0 and progress.dropped["lost"] == 0  # 5 - 0 = 5 <= 10: not stale
+        progress = make_progress(n=100)
+        fq = filter_queue(progress, [partial, *later], version=5, lost_after_groups=3, max_staleness=2)
+        assert len(drain(fq)) == len(later)
+        # Its other sample never came: swept with the reason its arrived sample was dropped for, not as lost.
+        assert progress.dropped["stale"] == 1 and progress.dropped["lost"] == 0 and 0 in progress.consumed
+
+    def test_overflow_past_the_bound_flows_unfiltered(self):
+        # The batchers emit a micro-batch only when more samples arrive: the last needed group gets collated only
+        # if the next pass's samples keep flowing, whatever their reward.
+        progress = make_progress(n=2)
+        overflow = [sample(5, rewards=(1.0, 1.0), k=k) for k in range(2)]
+        fq = filter_queue(progress, overflow)
+        assert drain(fq) == overflow and progress.dropped["no_signal"] == 0
+
+    def test_empty_is_re_raised_so_the_health_check_runs(self):
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [sample(0, rewards=(1.0, 1.0), k=k) for k in range(2)])
+        started = time.monotonic()
+        with pytest.raises(queue.Empty):
+            fq.get(timeout=0.2)
+        assert time.monotonic() - started < 5
+
+    def test_a_late_sample_of_a_dropped_group_does_not_train(self):
+        progress = make_progress(n=10)
+        late = sample(0, k=1)
+        fq = filter_queue(progress, [late])
+        progress.drop(0, "lost")
+        assert drain(fq) == []
+
+
+# ------------------------------------------------------------------------------------------------- StopAwareDataset
+class TestStopAwareDataset:
+    def test_yields_one_stop_then_ends_and_is_sticky(self):
+        progress = make_progress(n=2)
+
+        def batcher():
+            yield "mb0"
+            progress.train([0, 1])
+            yield "mb1"
+            yield "never"
+
+        stream = StopAwareDataset(batcher(), progress)
+        items = list(stream)
+        assert items[:2] == ["mb0", "mb1"] and isinstance(items[2], RolloutStop) and len(items) == 3
+        assert items[2].code == StopCode.DONE
+        again = list(stream)  # the Trainer re-iterates the loader per "epoch"
+        assert len(again) == 1 and again[0] is items[2]
+
+    def test_a_stop_raised_inside_the_pipeline_becomes_the_stop_item(self):
+        progress = make_progress(n=2)
+
+        def batcher():
+            yield "mb0"
+            progress.drop(0, "no_signal")
+            progress.drop(1, "no_signal")  # raises: the whole pass trained nothing
+
+        items = list(StopAwareDataset(batcher(), progress))
+        assert items[0] == "mb0" and items[1].code == StopCode.STALLED
+
+    def test_any_pipeline_error_reaches_the_stream_as_an_error_stop(self):
+        def batcher():
+            yield "mb0"
+            raise RuntimeError("rollout worker died")
+
+        items = list(StopAwareDataset(batcher(), make_progress()))
+        assert items[1].code == StopCode.PIPELINE_ERROR and "rollout worker died" in items[1].error
+        assert isinstance(items[1].__cause__, RuntimeError)
+
+    def test_check_runs_before_the_first_micro_batch(self):
+        progress = make_progress(n=1)
+        progress.train([0])
+        items = list(StopAwareDataset(iter(["never"]), progress))
+        assert len(items) == 1 and items[0].code == StopCode.DONE
+
+
+# ------------------------------------------------------------------------------------------------- ProgressCollator
+def _row(samples) -> TreeRow:
+    row = TreeRow()
+    for s in samples:
+        row.add({"input_ids": s.input_ids, "completion_mask": s.completion_mask, "old_log_probs": s.old_log_probs,
+                 "advantage": s.advantage, "group_id": s.group_id, "metrics": s.metrics})
+    return row
+
+
+class TestProgressCollator:
+    def test_normal_micro_batch_reports_trained_groups(self):
+        progress = make_progress(n=10)
+        collator = ProgressCollator(0, 2, groups_trained=set(), progress=progress)
+        rows = [_row([sample(3, k=0)]), _row([sample(4, k=1)])]
+        batch = collator([rows])
+        assert batch["input_ids"].shape[0] == 2 and STOP_KEY not in batch
+        assert progress.consumed == {3, 4} and progress.groups_trained == 2
+        assert list(collator.in_flight) == [frozenset({3, 4})]
+        # TRL's collator fills the set it is given; the trainer hands it a throw-away one, so only progress.train
+        # (drops included) decides what TRL's consumed set holds.
+        assert collator.groups_trained is not progress.consumed
+        assert progress.reward_mean == 0.5
+
+    def test_stop_item_is_a_tensor_per_rank(self):
+        progress = make_progress(n=4)
+        collator = ProgressCollator(0, 3, groups_trained=set(), progress=progress)
+        batch = collator([RolloutStop("stalled: x")])
+        assert set(batch) == {STOP_KEY}
+        assert all(isinstance(v, torch.Tensor) for v in batch.values())  # a str leaf breaks the multi-rank broadcast
+        assert batch[STOP_KEY].shape == (3, 3)
+        # what one rank sees after the dispatcher slices row i to rank i
+        assert stop_from_batch({STOP_KEY: batch[STOP_KEY][1:2]})[0] == StopCode.STALLED
+        assert stop_from_batch({"input_ids": torch.zeros(1)}) is None
+
+    def test_without_progress_other_ranks_still_collate_the_stop(self):
+        collator = ProgressCollator(0, 2, groups_trained=set())
+        assert stop_from_batch(collator([RolloutStop()]))[0] == StopCode.DONE

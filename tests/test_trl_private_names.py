@@ -1,0 +1,44 @@
+"""GRPOLearner rests on private names of trl==1.16.0 (LEARNER.md's list). If an upgrade moves one, fail here, loudly,
+instead of deep inside a training run."""
+
+import importlib.metadata
+import inspect
+
+import pytest
+from trl.experimental.async_grpo import async_grpo_trainer as T
+from trl.experimental.async_grpo import async_rollout_worker as W
+from trl.experimental.async_grpo import packing as P
+
+
+def test_trl_is_the_pinned_release():
+    assert importlib.metadata.version("trl") == "1.16.0", "GRPOLearner is written against trl 1.16.0's private API"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["RolloutQueueDataset", "TokenBudgetBatcher", "FixedCountBatcher", "DataCollatorForRollout",
+     "_EmptyIterableDataset", "_EpochStopCallback", "AsyncGRPOTrainer", "get_peak_flops_per_device"],
+)
+def test_module_level_names(name):
+    assert hasattr(T, name), f"trl.experimental.async_grpo.async_grpo_trainer.{name} moved"
+
+
+def test_packing_kernel_loader_and_rollout_sample():
+    assert callable(P._flash_attn) and P.TREE_ATTENTION == "tree_fa3"
+    fields = set(W.RolloutSample.__dataclass_fields__)
+    assert {"input_ids", "completion_mask", "old_log_probs", "advantage", "model_version", "group_id",
+            "metrics"} <= fields
+    assert "dataset_start_index" in inspect.signature(W.AsyncRolloutWorker.__init__).parameters or \
+        "dataset_start_index" in inspect.getsource(W.AsyncRolloutWorker)
+
+
+def test_trainer_attributes_the_subclass_reads():
+    source = inspect.getsource(T.AsyncGRPOTrainer)
+    for attribute in ("_trained_groups", "_groups_before_resume", "_epoch_stop_groups", "_rollout_dataset",
+                      "_metrics", "rollout_queue", "model_version", '_loop_kwargs["dataset_start_index"]',
+                      "eos_token_ids", "vllm_client"):
+        assert f"self.{attribute}" in source or attribute in source, f"AsyncGRPOTrainer no longer sets {attribute}"
+    collator_fields = set(T.DataCollatorForRollout.__dataclass_fields__)
+    assert {"pad_token_id", "num_processes", "groups_trained", "metrics", "token_budget"} <= collator_fields
+    assert list(inspect.signature(T.RolloutQueueDataset.__init__).parameters)[1:4] == [
+        "rollout_queue", "model_version_fn", "check_health_fn"]
