@@ -201,6 +201,10 @@ STRUCTURAL_CASES = {
                       "string, not 1"),
     "vllm-args": (_set("spec.rollout.vllm.extraArgs", ["--enforce-eager", 3]),
                   "spec.rollout.vllm.extraArgs[1]: must be a string, not 3"),
+    "max-length": (_set("spec.dataset.config", "c" * 300),
+                   "spec.dataset.config: must be at most 256 characters long, not 300"),
+    "max-properties": (_set("spec.training.extraArgs", {f"arg{i}": i for i in range(65)}),
+                       "spec.training.extraArgs: must set at most 64 entries, not 65"),
     "toleration": (_set("spec.learner.tolerations", [{"key": "gpu", "operater": "Exists"}]),
                    "spec.learner.tolerations[0].operater: unknown field (did you mean operator?)"),
 }

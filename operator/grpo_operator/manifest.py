@@ -219,6 +219,8 @@ def _schema_error_line(error: jsonschema.ValidationError, prefix: str) -> list[s
         message = f"must list at most {expected} items, not {len(instance)}"
     elif keyword == "minLength":
         message = "must not be empty" if expected == 1 else f"must be at least {expected} characters long"
+    elif keyword == "maxProperties":
+        message = f"must set at most {expected} entries, not {len(instance)}"
     elif keyword == "maxLength":
         message = f"must be at most {expected} characters long, not {len(instance)}"
     elif error.schema.get("x-kubernetes-int-or-string"):
