@@ -239,7 +239,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def __init__(self, resources: Iterable[ResourceDef] = DEFAULT_RESOURCES, *,
                  validators: dict[str, Validator] | None = None, namespaces: Iterable[str] = ("default",),
-                 max_watch_seconds: float | None = None):
+                 max_watch_seconds: float | None = None, history_limit: int = HISTORY_LIMIT):
         super().__init__()
         self.defs: dict[tuple[str, str, str], ResourceDef] = {}
         for rdef in resources:
@@ -253,7 +253,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.store: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         self.request_log: list[RecordedRequest] = []
         self._rv = 0
-        self._history: deque[tuple[int, ResourceDef, dict[str, Any]]] = deque(maxlen=HISTORY_LIMIT)
+        self._history: deque[tuple[int, ResourceDef, dict[str, Any]]] = deque(maxlen=history_limit)
         self._watchers: list[_Watcher] = []
         for namespace in namespaces:
             self._create(NAMESPACES, None, {"metadata": {"name": namespace}})
