@@ -12,8 +12,10 @@ import sys
 
 import helm_python as helm
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
 
 from chart_render import (
     CHART_DIR,
@@ -45,6 +47,14 @@ def test_lint_passes_for_every_value_set(value_set):
     assert not problems, f"helm lint ({name}): {problems}"
 
 
+def _validate_monitoring(obj: dict) -> None:
+    """Against pydantic models generated from the Prometheus Operator's CRDs. The models ignore unknown fields, so
+    the object must also survive a round trip unchanged: a misspelt field would be dropped and show up here."""
+    model = getattr(prometheus_operator_v1, obj["kind"]).model_validate(obj)
+    round_trip = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    assert round_trip == obj, f"{obj['kind']}: fields the Prometheus Operator does not know were dropped"
+
+
 def test_every_rendered_object_validates_against_kubernetes_schemas(value_set):
     name, values = value_set
     objects = render_objects(values)
@@ -52,8 +62,10 @@ def test_every_rendered_object_validates_against_kubernetes_schemas(value_set):
     for obj in objects:
         where = f"{name}: {obj['kind']}/{obj['metadata']['name']}"
         if obj["kind"] in MONITORING_KINDS:
-            # kubernetes-validate ships only the built-in API schemas; test_monitoring_objects checks these by hand.
-            print(f"{where}: no schema for {obj['apiVersion']} in kubernetes-validate (a Prometheus Operator CRD)")
+            # kubernetes-validate ships only the built-in API schemas.
+            print(f"{where}: no schema for {obj['apiVersion']} in kubernetes-validate; checked with the Prometheus "
+                  "Operator's CRD models instead")
+            _validate_monitoring(obj)
             continue
         try:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
@@ -62,11 +74,20 @@ def test_every_rendered_object_validates_against_kubernetes_schemas(value_set):
 
 
 def test_validation_catches_a_broken_object():
-    # Guards the test above against passing vacuously: a typo'd field must be rejected.
-    deployment = one_of_kind(render_objects(), "Deployment")
+    # Guards the test above against passing vacuously: a misspelt or mistyped field must be rejected.
+    objects = render_objects(VALUE_SETS["monitoring"])
+    deployment = one_of_kind(objects, "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+    pod_monitor = one_of_kind(objects, "PodMonitor")
+    pod_monitor["spec"]["podMetricsEndpoints"][0]["targetPrt"] = 9400
+    with pytest.raises(AssertionError, match="does not know"):
+        _validate_monitoring(pod_monitor)
+    monitor = one_of_kind(objects, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["interval"] = "30 seconds"
+    with pytest.raises(pydantic.ValidationError):
+        _validate_monitoring(monitor)
 
 
 def test_notes_render_for_every_value_set(value_set):
