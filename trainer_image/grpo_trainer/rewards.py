@@ -1,0 +1,141 @@
+"""Reward functions: built-ins by name, user rewards by `module:function`.
+
+Every reward is a module-level function (or an instance of a module-level class): TRL's rollout worker runs in a
+spawned child and pickles its reward functions, and lambdas or closures are refused there. A reward takes TRL's
+keyword arguments (`completions`, `prompts`, `completion_ids`, plus the dataset's other columns) and returns one
+float (or None: unscorable) per completion.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .contract import RewardConfig
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+class RewardError(ValueError):
+    """A reward named in the config cannot be loaded. The message is one line naming the reward."""
+
+
+def completion_text(completion: Any) -> str:
+    """The generated text of one completion: a plain string, or TRL's list of assistant messages.
+
+    TRL's response parser splits a Qwen3-style `<think>` block into `reasoning_content`; it is generated text too,
+    so it counts.
+    """
+    if isinstance(completion, str):
+        return completion
+    parts: list[str] = []
+    for message in completion or []:
+        if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
+            for key in ("reasoning_content", "content"):
+                value = message.get(key)
+                if isinstance(value, str):
+                    parts.append(value)
+    return "".join(parts)
+
+
+TARGET_LETTER = "a"
+
+
+def letter_a_fraction(completions: Sequence[Any], **_: Any) -> list[float]:
+    """Share of the completion's letters that are 'a' (0 for a completion without letters).
+
+    The tiny example's reward: dense (a random policy already scores a spread of values, so groups carry signal from
+    the first step) and reachable by a tiny random model, whose only lever is which tokens it emits.
+    """
+    scores = []
+    for completion in completions:
+        letters = [ch for ch in completion_text(completion).lower() if ch.isalpha()]
+        scores.append(sum(ch == TARGET_LETTER for ch in letters) / len(letters) if letters else 0.0)
+    return scores
+
+
+def constant(completions: Sequence[Any], **_: Any) -> list[float]:
+    """Always 1.0: no completion is better than another, so no group has signal (the stall example)."""
+    return [1.0] * len(completions)
+
+
+_GSM8K_ANSWER = re.compile(r"####\s*(-?[\d,.]+)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _normalise_number(text: str) -> str:
+    return text.replace(",", "").rstrip(".").removesuffix(".0")
+
+
+def accuracy(completions: Sequence[Any], answer: Sequence[str] | None = None, **_: Any) -> list[float | None]:
+    """1.0 when the last number in the completion equals the reference answer (GSM8K's `#### N` or a bare number).
+
+    None (unscorable, not wrong) for rows whose reference has no number, so a malformed row does not pull the policy.
+    """
+    if answer is None:
+        raise ValueError("the accuracy reward needs an 'answer' column in the dataset")
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, answer, strict=True):
+        match = _GSM8K_ANSWER.search(str(reference)) or _NUMBER.search(str(reference))
+        if match is None:
+            scores.append(None)
+            continue
+        expected = _normalise_number(match.group(1) if match.re is _GSM8K_ANSWER else match.group(0))
+        found = _NUMBER.findall(completion_text(completion))
+        scores.append(1.0 if found and _normalise_number(found[-1]) == expected else 0.0)
+    return scores
+
+
+BUILTIN_REWARDS: dict[str, RewardFunc] = {
+    "letter_a_fraction": letter_a_fraction,
+    "constant": constant,
+    "accuracy": accuracy,
+}
+
+
+class WeightedReward:
+    """`weight * reward(...)`, picklable (a module-level class), named after the wrapped reward in TRL's metrics."""
+
+    def __init__(self, func: RewardFunc, weight: float):
+        self.func = func
+        self.weight = weight
+        self.__name__ = getattr(func, "__name__", type(func).__name__)
+
+    def __call__(self, **kwargs: Any) -> list[float | None]:
+        return [None if r is None else self.weight * r for r in self.func(**kwargs)]
+
+
+def _import_function(spec: str) -> RewardFunc:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RewardError(f"reward function {spec!r}: cannot import module {module_name!r} ({error})") from None
+    try:
+        func = getattr(module, attribute)
+    except AttributeError:
+        raise RewardError(f"reward function {spec!r}: module {module_name!r} has no attribute {attribute!r}") from None
+    if not callable(func):
+        raise RewardError(f"reward function {spec!r}: {attribute!r} is not callable")
+    return func
+
+
+def check_reward_name(name: str) -> None:
+    if name not in BUILTIN_REWARDS:
+        raise RewardError(f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))}")
+
+
+def load_reward(config: RewardConfig) -> RewardFunc:
+    """The callable for one configured reward, weighted unless its weight is 1. Raises RewardError (one line)."""
+    if config.name is not None:
+        check_reward_name(config.name)
+        func = BUILTIN_REWARDS[config.name]
+    else:
+        func = _import_function(config.function)
+    return func if config.weight == 1.0 else WeightedReward(func, config.weight)
+
+
+def load_rewards(configs: Sequence[RewardConfig]) -> list[RewardFunc]:
+    return [load_reward(config) for config in configs]

