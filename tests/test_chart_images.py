@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import tomllib
 
+import pytest
 import yaml
 
 from chart_render import CHART_DIR, REPO, one_of_kind, render_objects
@@ -104,3 +105,25 @@ def test_chart_defaults_name_the_images_make_builds():
     makefile = (REPO / "Makefile").read_text()
     assert f"-t {values['image']['repository']}:" in makefile
     assert f"-t {values['trainerImage']['repository']}:{values['trainerImage']['tag']}" in makefile
+
+
+def _env_default(instructions, name: str) -> str:
+    env = " ".join(args for instruction, args in instructions if instruction == "ENV")
+    return re.search(rf"{name}=(\S+)", env)[1]
+
+
+@pytest.mark.xfail(strict=True, reason="grpo_trainer.rollout.main does not read GRPO_ROLLOUT_PYTHON yet; until it "
+                   "does, rollout pods from trainer_image/Dockerfile start vLLM with the learner venv's Python")
+def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
+    """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
+    there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same
+    variable `grporun local` reads)."""
+    from grpo_trainer import contract, rollout
+
+    rollout_python = _env_default(_instructions(TRAINER_DOCKERFILE), "GRPO_ROLLOUT_PYTHON")
+    monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", rollout_python)
+    started = []
+    monkeypatch.setattr(rollout, "serve", lambda argv, env: started.append(argv) or 0)
+    config = contract.RunConfig(model="m", dataset={"path": "d.jsonl"}, rewards=[{"name": "r"}])
+    assert rollout.main(config, port=contract.ROLLOUT_HTTP_PORT) == 0
+    assert started[0][0] == rollout_python
