@@ -96,3 +96,12 @@ def test_every_query_is_valid_promql(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_phase_timeline_colours_every_phase_the_operator_exports():
+    from grpo_operator.spec import Phase
+
+    timeline = next(p for p in DASHBOARD["panels"] if p["type"] == "state-timeline")
+    coloured = {override["matcher"]["options"].removeprefix(".*: ").removesuffix("$")
+                for override in timeline["fieldConfig"]["overrides"]}
+    assert coloured == {phase.value for phase in Phase}
