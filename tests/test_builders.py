@@ -135,17 +135,18 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
     objects = by_name(children(learner={"nodes": 3, "processesPerNode": 8}))
     for rank in range(3):
         command = container(objects[f"run-learner-{rank}"])["command"]
-        assert command[:3] == ["accelerate", "launch", "--multi_gpu"]
-        flags = dict(zip(command[3:13:2], command[4:13:2], strict=True))
+        assert command[:4] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
+        flags = dict(zip(command[4:14:2], command[5:14:2], strict=True))
         assert flags == {"--num_machines": "3", "--machine_rank": str(rank),
                          "--main_process_ip": "run-learner-0.run-learner.ml.svc", "--main_process_port": "29500",
                          "--num_processes": "24"}
-        assert command[13:] == ["-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
+        assert command[14:] == ["-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
 
 
-def test_cpu_learners_launch_with_cpu_flag():
+def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():
+    # `accelerate launch --cpu` uses its single-process launcher whatever --num_processes says: 2 ranks become 1.
     command = container(by_name(children(learner={"device": "cpu", "processesPerNode": 2}))["run-learner-0"])["command"]
-    assert command[:3] == ["accelerate", "launch", "--cpu"]
+    assert "--cpu" not in command and command[3] == "--multi_gpu" and command[command.index("--num_processes") + 1] == "2"
 
 
 def test_spec_images_resources_and_placement_reach_the_pods():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.launch import learner_argv
 
 pytestmark = pytest.mark.slow
 SCENARIO = str(Path(__file__).with_name("learner_scenario.py"))
@@ -31,11 +32,9 @@ def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXI
     if ranks == 1:
         command = [sys.executable, *scenario]
     else:
-        # The learner pods' launch: accelerate with explicit rendezvous flags (it ignores MASTER_ADDR/RANK). On CPU,
-        # `--multi_gpu` is accelerate's name for its torchrun launcher; `use_cpu=True` makes the ranks join with gloo.
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
-                   "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
-                   "--num_processes", str(ranks), *scenario]
+        # The learner pods' own launch line (grpo_trainer.launch), with the scenario script as the entry.
+        command = learner_argv("unused", processes_per_machine=ranks, main_process_port=free_port(),
+                               python=sys.executable, entry=tuple(scenario))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(results) == ranks, done.stdout[-3000:] + done.stderr[-3000:]

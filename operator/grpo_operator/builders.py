@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
 from .resolve import resolve_run_config
 from .spec import GRPORunSpec
@@ -40,7 +41,6 @@ CHECKPOINT_DIR = "/var/lib/grpo/checkpoints"
 OUTPUT_DIR = "/var/lib/grpo/output"
 WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
-MAIN_PROCESS_PORT = 29500
 #: Any non-root uid works; fixed so files on a shared checkpoint volume stay writable across restarts.
 RUN_AS_USER = 1000
 
@@ -236,16 +236,10 @@ def rollout_command() -> list[str]:
 
 
 def learner_command(run: str, namespace: str, spec: GRPORunSpec, rank: int) -> list[str]:
-    nodes, per_node = spec.learner.nodes, spec.learner.processes_per_node
-    entry = ["-m", "grpo_trainer", "learner", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
-    if nodes * per_node == 1:
-        return ["python", *entry]
     leader = pod_dns(learner_pod_name(run, 0), learner_service_name(run), namespace)
-    device_flag = ["--cpu"] if spec.learner.device == "cpu" else ["--multi_gpu"]
-    return ["accelerate", "launch", *device_flag,
-            "--num_machines", str(nodes), "--machine_rank", str(rank),
-            "--main_process_ip", leader, "--main_process_port", str(MAIN_PROCESS_PORT),
-            "--num_processes", str(nodes * per_node), *entry]
+    return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", num_machines=spec.learner.nodes,
+                        processes_per_machine=spec.learner.processes_per_node, machine_rank=rank,
+                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
 
 
 def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, index: int, *, trainer_image: str,
