@@ -127,3 +127,11 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     config = contract.RunConfig(model="m", dataset={"path": "d.jsonl"}, rewards=[{"name": "r"}])
     assert rollout.main(config, port=contract.ROLLOUT_HTTP_PORT) == 0
     assert started[0][0] == rollout_python
+
+
+@pytest.mark.xfail(strict=True, reason="the Makefile's `images` target still builds trainer_image/ as the context; "
+                   "the trainer Dockerfile installs the project from the repository root (lead owns the Makefile)")
+def test_make_images_builds_the_trainer_from_the_repository_root():
+    makefile = (REPO / "Makefile").read_text()
+    for variant in ("cpu", "cuda"):
+        assert re.search(rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.$", makefile, re.M), variant
