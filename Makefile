@@ -41,8 +41,8 @@ bench: setup
 
 images:
 	docker build -t grpo-operator:dev .
-	docker build -t grpo-trainer:cpu --build-arg VARIANT=cpu trainer_image
-	docker build -t grpo-trainer:cuda --build-arg VARIANT=cuda trainer_image
+	docker build -f trainer_image/Dockerfile -t grpo-trainer:cpu --build-arg VARIANT=cpu .
+	docker build -f trainer_image/Dockerfile -t grpo-trainer:cuda --build-arg VARIANT=cuda .
 
 clean:
 	rm -rf $(VENV) $(ROLLOUT_VENV)

@@ -129,8 +129,6 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     assert started[0][0] == rollout_python
 
 
-@pytest.mark.xfail(strict=True, reason="the Makefile's `images` target still builds trainer_image/ as the context; "
-                   "the trainer Dockerfile installs the project from the repository root (lead owns the Makefile)")
 def test_make_images_builds_the_trainer_from_the_repository_root():
     makefile = (REPO / "Makefile").read_text()
     for variant in ("cpu", "cuda"):
