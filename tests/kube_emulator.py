@@ -101,6 +101,7 @@ class RecordedRequest:
     subresource: str | None
     namespace: str | None
     name: str | None
+    user_agent: str = ""  # kopf sends `kopf/<version>`: tells the operator's calls from the test's own
 
     @property
     def rbac_resource(self) -> str | None:
@@ -319,7 +320,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return RecordedRequest(
             method=method, path=request.url.path, query=query, verb=verb,
             group=rdef.group if rdef else None, resource=rdef.plural if rdef else None,
-            subresource=request.subresource, namespace=request.namespace, name=request.name)
+            subresource=request.subresource, namespace=request.namespace, name=request.name,
+            user_agent=request.headers.get("User-Agent", ""))
 
     # --- dispatch ----------------------------------------------------------------------------------------------
     def _serve(self, request: rendering.Request, rdef: ResourceDef) -> tuple[int, Any]:

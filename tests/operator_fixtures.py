@@ -75,8 +75,10 @@ def crd_validators() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
 class OperatorThread:
     """The real kopf operator (handlers.py) in a thread of its own, logged in to the emulator."""
 
-    def __init__(self, url: str, context: OperatorContext, namespaces: tuple[str, ...] = (NAMESPACE,)):
-        self.url, self.context, self.namespaces = url, context, namespaces
+    def __init__(self, url: str, context: OperatorContext, namespaces: tuple[str, ...] = (NAMESPACE,),
+                 clusterwide: bool = False, liveness_endpoint: str | None = None):
+        self.url, self.context, self.namespaces, self.clusterwide = url, context, namespaces, clusterwide
+        self.liveness_endpoint = liveness_endpoint
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: BaseException | None = None
@@ -86,7 +88,8 @@ class OperatorThread:
         vault = Vault({"emulator": kopf.ConnectionInfo(server=self.url, default_namespace=NAMESPACE)})
         try:
             asyncio.run(kopf.operator(
-                standalone=True, namespaces=list(self.namespaces), memo=kopf.Memo(context=self.context),
+                standalone=True, memo=kopf.Memo(context=self.context), clusterwide=self.clusterwide,
+                namespaces=[] if self.clusterwide else list(self.namespaces), liveness_endpoint=self.liveness_endpoint,
                 vault=vault, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
         except BaseException as error:  # surfaced by stop()
             self.error = error
@@ -170,14 +173,21 @@ class Cluster:
         self.operator: OperatorThread | None = None
 
     # --- operator ---------------------------------------------------------------------------------------------
-    def start_operator(self) -> OperatorThread:
-        self.operator = OperatorThread(self.emulator_thread.url, self.context_factory()).start()
+    def start_operator(self, clusterwide: bool = False, liveness_endpoint: str | None = None) -> OperatorThread:
+        self.operator = OperatorThread(self.emulator_thread.url, self.context_factory(), clusterwide=clusterwide,
+                                       liveness_endpoint=liveness_endpoint)
+        self.operator.start()
         return self.operator
 
     def stop_operator(self) -> None:
         if self.operator is not None:
             self.operator.stop()
             self.operator = None
+
+    def metric(self, name: str, run: str, **labels: str) -> float | None:
+        assert self.operator is not None
+        registry = self.operator.context.metrics.registry
+        return registry.get_sample_value(name, {"namespace": NAMESPACE, "run": run, **labels})
 
     # --- API --------------------------------------------------------------------------------------------------
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,10 @@ def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, 
                                     "Stalled": "False", "Age": run["metadata"]["creationTimestamp"]}
     assert cluster.condition("beta", "RolloutReady")["status"] == "True"
     assert cluster.condition("beta", "Progressing")["reason"] == "Training"
+    assert cluster.metric("grpo_operator_run_groups_trained", "beta") == 8
+    assert cluster.metric("grpo_operator_run_progress_ratio", "beta") == 0.25
+    assert cluster.metric("grpo_operator_run_phase", "beta", phase="Running") == 1
+    assert cluster.metric("grpo_operator_run_stalled", "beta") == 0
 
 
 def test_learner_exit_zero_succeeds_and_removes_rollout_pods(cluster, learner, progress_urls):
@@ -129,6 +133,7 @@ def test_no_progress_for_the_deadline_sets_stalled_and_clears_when_progress_resu
     stalled = cluster.wait_for(lambda: (c := cluster.condition("zeta", "Stalled")) and c["status"] == "True" and c,
                                timeout=10, what="Stalled=True")
     assert stalled["reason"] == "ProgressDeadlineExceeded"
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_stalled", "zeta") == 1, what="stalled metric")
     assert cluster.status("zeta")["phase"] == "Running"  # stallPolicy Report: reported, not failed
     assert "Stalled" in cluster.event_reasons("zeta")
     learner.update(groups_consumed=6, groups_trained=5)
@@ -177,6 +182,8 @@ def test_ttl_after_finished_deletes_the_run_and_its_children(cluster, learner, p
     cluster.wait_for(lambda: cluster.run("iota") is None, timeout=10, what="the run deleted after its TTL")
     cluster.wait_for(lambda: not cluster.pods("iota") and not cluster.services("iota")
                      and not cluster.config_maps("iota"), what="children garbage-collected")
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_info", "iota", model="/models/tiny") is None,
+                     what="the run's metric series removed")
 
 
 def test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing(cluster):
