@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import kubernetes_validate
 import pytest
 import yaml
 from grpo_trainer.contract import ProgressReport
@@ -42,6 +43,7 @@ CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "C
                    namespaced=False, subresources=("status",))
 NAMESPACE = "default"
 TEST_IMAGE = "grpo-trainer:test"
+KUBERNETES_VERSION = "1.33"
 
 
 def minimal_spec(**overrides: Any) -> dict[str, Any]:
@@ -65,11 +67,20 @@ def grporun(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
             "spec": spec if spec is not None else minimal_spec()}
 
 
-def crd_validators() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
-    """Reject (422) any GRPORun status the CRD would not accept or would silently prune."""
+def schema_validators() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
+    """Reject (422) what a real API server would refuse: a GRPORun status the CRD does not declare (the server
+    would prune it silently), and children that break the Kubernetes API schemas."""
     def grporun_status(obj: dict[str, Any]) -> list[str]:
         return manifest.status_errors(obj["status"]) if "status" in obj else []
-    return {"grporuns": grporun_status}
+
+    def kubernetes_schema(obj: dict[str, Any]) -> list[str]:
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            return [f"{'.'.join(map(str, error.path))}: {error.message}"]
+        return []
+    return {"grporuns": grporun_status, "pods": kubernetes_schema, "services": kubernetes_schema,
+            "configmaps": kubernetes_schema}
 
 
 class OperatorThread:
@@ -262,7 +273,7 @@ def progress_urls() -> dict[str, str]:
 @pytest.fixture()
 def cluster(progress_urls: dict[str, str]) -> Iterator[Cluster]:
     crd = yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text())
-    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=crd_validators())
+    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=schema_validators())
     emulator_thread = EmulatorThread(emulator).start()
     KubeClient(emulator_thread.url).create(CRDS, None, crd)
 

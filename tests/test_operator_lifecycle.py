@@ -209,3 +209,12 @@ def test_image_pull_backoff_surfaces_a_reason(cluster):
     assert "lam-rollout-0" in progressing["message"]
     assert "ImagePullBackOff" in cluster.status("lam")["message"]
     assert "ImagePullBackOff" in cluster.event_reasons("lam")
+
+
+def test_a_child_the_api_server_rejects_fails_the_run_naming_it(cluster):
+    spec = minimal_spec(checkpoint={"volume": {"persistentVolumeClaim": {"claimNmae": "typo"}}})
+    cluster.apply(grporun("mu", spec))
+    status = cluster.wait_phase("mu", "Failed")
+    message = cluster.condition("mu", "Failed")["message"]
+    assert message.startswith("Pod mu-rollout-0 was rejected by the API server") and "claimName" in message and "(" not in message[:60]
+    assert status["failure"]["reason"] == "InvalidSpec"

@@ -159,7 +159,7 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
                     await kube.create(child)
                 except APIClientError as error:
                     raise ChildRejected(f"{child['kind']} {child['metadata']['name']} was rejected by the API "
-                                        f"server: {error}") from None
+                                        f"server: {error.message or error}") from None
             memory.children_created = True
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
