@@ -56,3 +56,55 @@ def _get(url: str) -> requests.Response | None:
         return requests.get(url, timeout=2)
     except requests.ConnectionError:
         return None
+
+
+def _free_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sigterm(tmp_path):
+    """The real command line in its own process: kopf's default login (kubeconfig), the metrics server, SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from kube_emulator import GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
+    from operator_fixtures import grporun
+
+    emulator = EmulatorThread(KubeEmulator()).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
+        "users": [{"name": "tester", "user": {"token": "t"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
+    metrics_port, liveness_port = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpo_operator.cli", "operator", "--namespace", "default",
+         "--metrics-port", str(metrics_port), "--liveness-port", str(liveness_port), "--reconcile-interval", "0.2",
+         "--trainer-image", "grpo-trainer:cli"],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = KubeClient(emulator.url)
+        client.create(GRPORUNS, "default", grporun("cli"))
+        deadline = time.monotonic() + 30
+        while len(client.list(PODS, "default", "grpo.dev/run=cli")) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, "the operator created no pods"
+            time.sleep(0.2)
+        images = {p["spec"]["containers"][0]["image"] for p in client.list(PODS, "default")}
+        assert images == {"grpo-trainer:cli"}
+        metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert 'grpo_operator_run_info{model="/models/tiny",namespace="default",run="cli"} 1.0' in metrics
+        assert requests.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        emulator.stop()
