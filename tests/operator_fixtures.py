@@ -271,9 +271,15 @@ def progress_urls() -> dict[str, str]:
 
 
 @pytest.fixture()
-def cluster(progress_urls: dict[str, str]) -> Iterator[Cluster]:
+def emulator_options() -> dict[str, Any]:
+    """Extra KubeEmulator arguments; override with `@pytest.mark.parametrize("emulator_options", [...])`."""
+    return {}
+
+
+@pytest.fixture()
+def cluster(progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> Iterator[Cluster]:
     crd = yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text())
-    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=schema_validators())
+    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=schema_validators(), **emulator_options)
     emulator_thread = EmulatorThread(emulator).start()
     KubeClient(emulator_thread.url).create(CRDS, None, crd)
 

@@ -218,3 +218,14 @@ def test_a_child_the_api_server_rejects_fails_the_run_naming_it(cluster):
     message = cluster.condition("mu", "Failed")["message"]
     assert message.startswith("Pod mu-rollout-0 was rejected by the API server") and "claimName" in message and "(" not in message[:60]
     assert status["failure"]["reason"] == "InvalidSpec"
+
+
+@pytest.mark.parametrize("emulator_options", [{"max_watch_seconds": 0.3}])
+def test_a_lifecycle_survives_watch_streams_that_keep_ending(cluster, learner, progress_urls):
+    """The API server ends every watch after 0.3 s: kopf must resume each from its last resourceVersion and lose
+    no event on the way (a lost pod event would leave the run Running forever)."""
+    _running(cluster, learner, progress_urls, "nu")
+    cluster.kubelet.exit("nu-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("nu", "Succeeded")
+    resumed = [r for r in cluster.emulator.request_log if r.verb == "watch" and r.query.get("resourceVersion")]
+    assert len({r.resource for r in resumed}) >= 2 and len(resumed) >= 4
