@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import yaml
 from grpo_trainer.contract import EXIT_STALLED
-from operator_fixtures import REPO, cluster, grporun, learner, minimal_spec, progress_urls  # noqa: F401 (fixtures)
+from operator_fixtures import (  # noqa: F401 (fixtures are imported by name)
+    REPO,
+    cluster,
+    emulator_options,
+    grporun,
+    learner,
+    minimal_spec,
+    progress_urls,
+)
 pytestmark = pytest.mark.slow
 
 

@@ -8,7 +8,7 @@ import socket
 import pytest
 import requests
 from chart_render import objects_of_kind, render_objects
-from operator_fixtures import cluster, progress_urls  # noqa: F401 (fixtures)
+from operator_fixtures import cluster, emulator_options, progress_urls  # noqa: F401 (fixtures)
 
 from grpo_operator import main
 

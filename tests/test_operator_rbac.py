@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 from chart_rbac import is_allowed, rendered_rules
-from operator_fixtures import NAMESPACE, cluster, grporun, learner, minimal_spec, progress_urls  # noqa: F401
+from operator_fixtures import (  # noqa: F401 (fixtures are imported by name)
+    NAMESPACE,
+    cluster,
+    emulator_options,
+    grporun,
+    learner,
+    minimal_spec,
+    progress_urls,
+)
 
 pytestmark = pytest.mark.slow
 
