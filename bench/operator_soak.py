@@ -47,13 +47,16 @@ def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
     asyncio.run(kopf.operator(standalone=True, namespaces=["default"], memo=kopf.Memo(context=context), vault=vault))
 
 
-def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0) -> list[tuple[float, float, int]]:
-    """(elapsed seconds, operator RSS MiB, runs Running) samples."""
+def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0) -> list[tuple[float, float, int, int]]:
+    """(elapsed seconds, operator RSS MiB, runs Running, status patches so far) samples."""
     sys.path.insert(0, str(ROOT / "tests"))
     import yaml
     from grpo_trainer.contract import ProgressReport
     from grpo_trainer.exporter import ProgressServer
     from kube_emulator import DEFAULT_RESOURCES, GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
+
+    def status_patches() -> int:
+        return sum(1 for r in emulator.emulator.request_log if r.rbac_resource == "grporuns/status")
     from operator_fixtures import CRDS, Kubelet, grporun, minimal_spec
 
     trained = {"groups": 0}
@@ -90,9 +93,9 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) <= seconds:
             running = sum(1 for r in client.list(GRPORUNS, "default") if (r.get("status") or {}).get("phase") == "Running")
-            samples.append((elapsed, _rss_mib(operator.pid), running))
-            print(f"t={elapsed:6.1f}s  operator RSS {samples[-1][1]:7.1f} MiB  runs Running {running}/{runs}",
-                  flush=True)
+            samples.append((elapsed, _rss_mib(operator.pid), running, status_patches()))
+            print(f"t={elapsed:6.1f}s  operator RSS {samples[-1][1]:7.1f} MiB  runs Running {running}/{runs}  "
+                  f"status patches so far {samples[-1][3]}", flush=True)
             time.sleep(sample_every)
     finally:
         stop.set()
@@ -103,17 +106,19 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     return samples
 
 
-def summary(samples: list[tuple[float, float, int]], runs: int) -> str:
-    warm = [rss for elapsed, rss, _ in samples if elapsed >= 30] or [samples[-1][1]]
-    return (f"{runs} runs, all Running: RSS {samples[0][1]:.1f} MiB at start of the soak, "
-            f"{min(warm):.1f}-{max(warm):.1f} MiB from 30 s on, {samples[-1][1]:.1f} MiB at "
+def summary(samples: list[tuple[float, float, int, int]], runs: int) -> str:
+    warm = [rss for elapsed, rss, _, _ in samples if elapsed >= 30] or [samples[-1][1]]
+    span = samples[-1][0] - samples[0][0]
+    rate = (samples[-1][3] - samples[0][3]) / span if span else 0.0
+    return (f"{runs} runs, all Running, {rate:.0f} status patches/s: RSS {samples[0][1]:.1f} MiB at start of the "
+            f"soak, {min(warm):.1f}-{max(warm):.1f} MiB from 30 s on, {samples[-1][1]:.1f} MiB at "
             f"{samples[-1][0]:.0f} s (growth after warm-up {max(warm) - warm[0]:+.1f} MiB)")
 
 
 def run(context) -> str:  # bench section hook (bench/__main__.py)
     runs, seconds = (10, 30) if context.quick else (50, 120)
     samples = soak(runs, seconds, interval=1.0)
-    rows = "\n".join(f"| {elapsed:.0f} | {rss:.1f} | {running} |" for elapsed, rss, running in samples)
+    rows = "\n".join(f"| {elapsed:.0f} | {rss:.1f} | {running} |" for elapsed, rss, running, _ in samples)
     return (f"## {TITLE}\n\n{summary(samples, runs)}.\n\n| seconds | operator RSS MiB | runs Running |\n|---|---|---|\n"
             f"{rows}")
 
