@@ -151,6 +151,10 @@ def observe(plan: ProcessPlan, exit_code: int | None, *, ready: bool, message: s
     return st.PodObservation(plan.name, plan.role, phase, False, exit_code=exit_code, reason=reason, message=message)
 
 
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def final_summary(status: dict[str, Any]) -> str:
     """The lines printed when the run ends: phase, reason, progress."""
     phase = status.get("phase", "Unknown")
@@ -167,7 +171,7 @@ def final_summary(status: dict[str, Any]) -> str:
         dropped = {k: v for k, v in (progress.get("dropped") or {}).items() if v}
         reward = progress.get("rewardMean")
         lines.append(
-            f"progress: epoch {progress.get('epoch', 0)}/{progress.get('epochs')}, groups consumed "
+            f"progress: epoch {progress.get('epoch', 0)}/{_number(progress.get('epochs'))}, groups consumed "
             f"{progress.get('groupsConsumed', 0)}/{progress.get('groupsTotal', 0)}, trained {progress.get('groupsTrained', 0)}, "
             f"dropped {progress.get('groupsDropped', 0)}" + (f" {dropped}" if dropped else "")
             + f", steps {progress.get('globalStep', 0)}" + (f", reward {reward:.3f}" if reward is not None else "")
@@ -376,7 +380,7 @@ def _bar_fields(status: dict[str, Any]) -> dict[str, Any]:
         "total": max(progress.get("groupsTotal") or 0, 1),
         "completed": progress.get("groupsConsumed") or 0,
         "phase": status.get("phase") or "Pending",
-        "epoch": f"{progress.get('epoch', 0)}/{progress.get('epochs', '?')}",
+        "epoch": f"{progress.get('epoch', 0)}/{_number(progress.get('epochs', '?'))}",
         "trained": progress.get("groupsTrained") or 0,
         "dropped": progress.get("groupsDropped") or 0,
         "stall": f"{progress.get('stallStreak', 0)}/{progress.get('stallLimit', 0)}",
@@ -387,12 +391,12 @@ def _bar_fields(status: dict[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def progress_bar(console: Console) -> Iterator[Progress]:
     columns = (
-        TextColumn("[bold]{task.fields[phase]:<9}"), BarColumn(), TextColumn("{task.completed}/{task.total} groups"),
-        TextColumn("epoch {task.fields[epoch]}"), TextColumn("trained {task.fields[trained]}"),
-        TextColumn("dropped {task.fields[dropped]}"), TextColumn("stall {task.fields[stall]}"),
-        TextColumn("reward {task.fields[reward]}"), TimeElapsedColumn(),
+        TextColumn("[bold]{task.fields[phase]}"), BarColumn(bar_width=16),
+        TextColumn("{task.completed}/{task.total} groups, epoch {task.fields[epoch]}, trained {task.fields[trained]}, "
+                   "dropped {task.fields[dropped]}, stall {task.fields[stall]}, reward {task.fields[reward]}"),
+        TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as bar:
+    with Progress(*columns, console=console, transient=False, refresh_per_second=2) as bar:
         yield bar
 
 

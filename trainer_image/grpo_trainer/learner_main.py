@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Iterator
@@ -142,7 +143,7 @@ def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
 
 def build_learner(config: c.RunConfig):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from .trainer import GRPOLearner
@@ -159,8 +160,10 @@ def build_learner(config: c.RunConfig):
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
+        model_config = AutoConfig.from_pretrained(config.model)
     except (OSError, ValueError) as error:
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
+    tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
     is_main = int(os.environ.get("RANK", "0")) == 0
     with http_only_rollout_worker(config):
         return GRPOLearner(
@@ -169,7 +172,10 @@ def build_learner(config: c.RunConfig):
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
-            weight_transfer=make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout) if is_main else None,
+            weight_transfer=(
+                make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
+                if is_main else None
+            ),
             filter_config=config.filter,
             stall_groups=config.progress.stall_groups,
             progress_server_port=config.learner.http_port if is_main else None,
@@ -186,8 +192,15 @@ def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, mess
     return code
 
 
+def _exit_on_sigterm(signum: int, _frame) -> None:
+    # Python's default SIGTERM ends the process without unwinding, which orphans TRL's spawned rollout worker;
+    # raising SystemExit runs TRL's own clean-up (worker.stop()) and ours.
+    raise SystemExit(128 + signum)
+
+
 def main(config: c.RunConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from .progress import StallError
     from .trainer import newest_checkpoint
 

@@ -34,6 +34,26 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+#: The output embedding's name when a causal LM ties it to the input embedding (HF and vLLM spell both alike).
+TIED_EMBEDDING_ALIASES = {"model.embed_tokens.weight": "lm_head.weight"}
+
+
+def with_aliases(
+    pairs: Iterable[tuple[str, torch.Tensor]], aliases: dict[str, str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Also emit each aliased tensor under its alias name.
+
+    vLLM ties lm_head to embed_tokens by sharing one Parameter; `reload_weights` materialises a new tensor for
+    embed_tokens and the tie is gone, so lm_head keeps serving the old output embedding (measured on the CPU server:
+    after a sync with perturbed embeddings the greedy logprob stayed at -5.41 where the learner's model gave -0.0001).
+    The learner streams a tied model's embedding once, so the output embedding is written out under its own name.
+    """
+    for name, tensor in pairs:
+        yield name, tensor
+        if name in aliases:
+            yield aliases[name], tensor
+
+
 def write_checkpoint(pairs: Iterable[tuple[str, torch.Tensor]], directory: Path, shard_bytes: int = SHARD_BYTES) -> int:
     """Write `pairs` as safetensors shards into `directory` (which must not exist yet). Returns the bytes written."""
     directory.mkdir(parents=True)
@@ -67,7 +87,7 @@ class FilesystemWeightTransfer:
 
     def __init__(
         self, server_urls: list[str], directory: str | os.PathLike, *, timeout_s: float = 300.0,
-        ready_timeout_s: float = 240.0,
+        ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None,
     ):
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
@@ -76,6 +96,7 @@ class FilesystemWeightTransfer:
         self.directory = Path(directory).resolve()
         self.timeout_s = timeout_s
         self.ready_timeout_s = ready_timeout_s
+        self.aliases = dict(aliases or {})
         self.version = 0
         self.sync_seconds: list[float] = []
         self.bytes_written = 0
@@ -137,7 +158,7 @@ class FilesystemWeightTransfer:
         staging = self.directory / f".{VERSION_PREFIX}{version}.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)  # left by a crashed run that reached the same version
-        self.bytes_written = write_checkpoint(iterator, staging)
+        self.bytes_written = write_checkpoint(with_aliases(iterator, self.aliases), staging)
         staging.rename(final)
         for url in self.server_urls:
             self._reload(url, final)
@@ -159,11 +180,16 @@ class FilesystemWeightTransfer:
         """Nothing to release: the last checkpoint stays, so a restarted server can be pointed at it."""
 
 
-def make_weight_transfer(config: c.RunConfig, *, ready_timeout_s: float = 240.0) -> FilesystemWeightTransfer | None:
+def make_weight_transfer(
+    config: c.RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False
+) -> FilesystemWeightTransfer | None:
     """The backend for the run: None lets TRL build its NCCL WeightTransferClient (GPU); filesystem on CPU."""
     sync = config.rollout.weight_sync
     if sync.mode == "nccl":
         return None
     if not sync.directory:
         raise ValueError("rollout.weightSync.directory must be set when rollout.weightSync.mode is filesystem")
-    return FilesystemWeightTransfer(config.rollout.urls, sync.directory, ready_timeout_s=ready_timeout_s)
+    return FilesystemWeightTransfer(
+        config.rollout.urls, sync.directory, ready_timeout_s=ready_timeout_s,
+        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None,
+    )
