@@ -537,6 +537,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if (key, namespace, name) in self.store:
                 self._delete(rdef, namespace, name, "Background")
 
+    def history(self, rdef: ResourceDef) -> list[tuple[str, str, str]]:
+        """(event type, name, uid) of every retained event of a resource, oldest first."""
+        return [(event["type"], event["object"]["metadata"]["name"], event["object"]["metadata"]["uid"])
+                for _, r, event in self._history if r == rdef]
+
     # --- watch -------------------------------------------------------------------------------------------------
     async def _watch(self, request: rendering.Request, rdef: ResourceDef) -> aiohttp.web.StreamResponse:
         if rdef.kind == "Unknown":

@@ -224,11 +224,20 @@ class Cluster:
     def pod_names(self, run: str, role: str | None = None) -> list[str]:
         return [p["metadata"]["name"] for p in self.pods(run, role)]
 
+    def pods_ever_created(self, run: str) -> list[str]:
+        """Names of the pods of `run` the API server stored, one entry per pod object (uid) ever created."""
+        history = self.emulator_thread.call(lambda: self.emulator.history(PODS))
+        return sorted(name for kind, name, _ in history if kind == "ADDED" and name.startswith(f"{run}-"))
+
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.client.list(EVENTS, NAMESPACE) if e["involvedObject"].get("name") == name]
 
     def event_reasons(self, name: str) -> list[str]:
         return [e["reason"] for e in self.events(name)]
+
+    def wait_event(self, name: str, *reasons: str) -> None:
+        """kopf posts events from a queue, after the status write: wait for them rather than race them."""
+        self.wait_for(lambda: set(reasons) <= set(self.event_reasons(name)), what=f"events {reasons} on {name}")
 
     def services(self, run: str) -> list[dict[str, Any]]:
         return self.client.list(SERVICES, NAMESPACE, f"grpo.dev/run={run}")

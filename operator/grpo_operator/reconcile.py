@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -74,7 +74,7 @@ class ChildRejected(Exception):
 
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
-                        indexed_pods: Iterable[tuple[PodObservation, PodFacts]], logger: Logger) -> bool:
+                        indexed_pods: list[tuple[PodObservation, PodFacts]], logger: Logger) -> bool:
     """One pass. Returns False when the run needs no more passes (finished, cleaned up, no TTL pending)."""
     metadata = body.get("metadata", {})
     name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
@@ -96,7 +96,7 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     memory.deleted_uids &= {facts.uid for _, facts in indexed_pods}  # forget pods the index has dropped
     progress = None
     if base_status.get("phase") not in {p.value for p in FINISHED_PHASES}:
-        progress = await _poll(context, namespace, live, logger)
+        progress = await _poll(context, namespace, builders.learner_pod_name(name, 0), live, logger)
     decision = derive_status(spec, base_status, [obs for obs, _ in live], progress, now, generation=generation,
                              children_exist=memory.children_created)
     if not await _write(context, kube, body, base_status, decision, logger):
@@ -112,10 +112,9 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
 
 
-async def _poll(context: OperatorContext, namespace: str, live: list[tuple[PodObservation, PodFacts]],
-                logger: Logger) -> ProgressReport | None:
-    leader = next(((obs, facts) for obs, facts in live
-                   if obs.role == "learner" and obs.name.endswith("-learner-0")), None)
+async def _poll(context: OperatorContext, namespace: str, leader_name: str,
+                live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
+    leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
     if leader is None or leader[0].phase != "Running" or not leader[1].ip:
         return None
     if context.session is None:
