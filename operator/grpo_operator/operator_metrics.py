@@ -92,5 +92,4 @@ class OperatorMetrics:
         """Drop every series of a deleted run."""
         self._models.pop((namespace, name), None)
         for gauge in self._run_gauges:
-            for labels in [key for key in list(gauge._metrics) if key[:2] == (namespace, name)]:
-                gauge.remove(*labels)
+            gauge.remove_by_labels({"namespace": namespace, "run": name})
