@@ -259,9 +259,9 @@ class Cluster:
         return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
                              timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
 
-    def bring_up(self, name: str, learner: FakeLearner | None = None) -> None:
-        """Wait for the pods, then report them running and ready (the learner serving `learner`)."""
-        self.wait_for(lambda: len(self.pods(name)) >= 2, what=f"{name}'s pods")
+    def bring_up(self, name: str, pods: int = 2) -> None:
+        """Wait for the run's `pods`, then report them all running and ready."""
+        self.wait_for(lambda: len(self.pods(name)) >= pods, what=f"{name}'s {pods} pods")
         for pod in self.pod_names(name):
             self.kubelet.run(pod)
 

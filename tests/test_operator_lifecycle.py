@@ -32,9 +32,10 @@ def _owner(run: dict[str, Any]) -> dict[str, Any]:
 
 def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any] | None = None) -> None:
     """Apply a run, bring its pods up and have the learner report some trained groups."""
-    cluster.apply(grporun(name, spec or minimal_spec()))
+    spec = spec or minimal_spec()
+    cluster.apply(grporun(name, spec))
     progress_urls[f"{name}-learner-0"] = learner.url()
-    cluster.bring_up(name)
+    cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
     learner.update(groups_consumed=4, groups_trained=3, dropped={"no_signal": 1}, global_step=2)
     cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
                      what=f"{name} to report 3 trained groups")
@@ -234,3 +235,16 @@ def test_a_lifecycle_survives_watch_streams_that_keep_ending(cluster, learner, p
     cluster.wait_phase("nu", "Succeeded")
     resumed = [r for r in cluster.emulator.request_log if r.verb == "watch" and r.query.get("resourceVersion")]
     assert len({r.resource for r in resumed}) >= 2 and len(resumed) >= 4
+
+
+def test_one_failed_learner_node_restarts_the_whole_learner_gang(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "xi", minimal_spec(learner={"nodes": 2}))
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("xi")}
+    cluster.kubelet.exit("xi-learner-1", 1, "RuntimeError: NCCL watchdog timeout")
+    cluster.wait_for(lambda: cluster.pods_ever_created("xi").count("xi-learner-0") == 2
+                     and cluster.pods_ever_created("xi").count("xi-learner-1") == 2, what="both learners recreated")
+    after = cluster.wait_for(lambda: len(pods := cluster.pods("xi")) == 3 and pods, what="3 pods again")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in after}
+    assert uids["xi-rollout-0"] == before["xi-rollout-0"]  # the rollout servers keep running
+    assert uids["xi-learner-0"] != before["xi-learner-0"] and uids["xi-learner-1"] != before["xi-learner-1"]
+    assert cluster.status("xi")["restarts"] == 1
