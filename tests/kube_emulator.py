@@ -297,6 +297,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(error.status(), status=error.code)
         return aiohttp.web.json_response(payload, status=status)
 
+    async def _serve_version(self, request: rendering.Request) -> dict[str, Any]:
+        document = await super()._serve_version(request)
+        document["groupVersion"] = document["groupVersion"].lstrip("/")  # kmock 0.8 says "/v1" for the core group
+        return document
+
     def _resource_of(self, request: rendering.Request) -> ResourceDef | None:
         resource = request.resource
         if resource is None or resource.plural is None:

@@ -83,7 +83,9 @@ def test_discovery_declares_namespaced_resources_verbs_and_the_status_subresourc
     by_name = {r["name"]: r for r in resources}
     assert by_name["grporuns"]["namespaced"] is True and "grporuns/status" in by_name
     assert {"list", "watch", "patch"} <= set(by_name["grporuns"]["verbs"])
-    core = {r["name"]: r for r in requests.get(api.url + "/api/v1", timeout=5).json()["resources"]}
+    core_document = requests.get(api.url + "/api/v1", timeout=5).json()
+    assert core_document["groupVersion"] == "v1"
+    core = {r["name"]: r for r in core_document["resources"]}
     assert {"namespaces", "pods", "pods/status", "services", "configmaps", "events"} <= set(core)
     assert core["namespaces"]["namespaced"] is False
     assert [n["metadata"]["name"] for n in api.list(NAMESPACES)] == ["default"]
