@@ -251,6 +251,13 @@ class LocalProcess:
             os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # until the killed members are gone from the process table
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
         self.poll()
 
 

@@ -1,0 +1,91 @@
+"""`grporun local` end to end: the tiny example reaches Succeeded; Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from vllm_server import vllm_server  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny.yaml"
+GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def tiny_manifest(tmp_path: Path, model: str, epochs: float) -> Path:
+    manifest = yaml.safe_load(TINY.read_text())
+    manifest["spec"]["model"] = model  # the session server's model: a reused server serves one model
+    manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
+    manifest["spec"]["training"]["epochs"] = epochs
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):  # noqa: F811
+    manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1)
+    result = subprocess.run(
+        [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url,
+         "--poll-interval", "0.5"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    learner_log = tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log"
+    assert result.returncode == 0, result.stdout + result.stderr + learner_log.read_text(errors="replace")[-3000:]
+    assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
+    assert "groups consumed 16/16" in result.stdout
+    assert (tmp_path / "runs" / "tiny" / "run.json").is_file()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in the group."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):  # noqa: F811
+    manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=50)
+    process = subprocess.Popen(
+        [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    learner_log = tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log"
+    deadline = time.monotonic() + 300
+    # Wait until TRL's rollout worker (a spawned grandchild) is up, so there is a tree to clean up.
+    while "AsyncRolloutWorker child is ready" not in (learner_log.read_text(errors="replace") if learner_log.exists() else ""):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the learner did not start its rollout worker"
+        time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out + err
+    assert "interrupted" in err
+    learner_pid = int(re.search(r"pid (\d+)", err.replace("\n", " ")).group(1))
+    assert not _alive(learner_pid)
+    assert _group_members(learner_pid) == []  # the rollout worker went with it
