@@ -42,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
+    parser.add_argument("--worker-fails-after", type=int, default=None, help="the worker dies after N groups")
     return parser.parse_args(argv)
 
 
@@ -70,6 +71,7 @@ def main(argv=None) -> int:
     worker = ScriptedRolloutWorker(
         dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
+        fail_after_groups=args.worker_fails_after,
     )
     config = AsyncGRPOConfig(
         output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=[], logging_steps=1,

@@ -118,3 +118,14 @@ def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_p
         assert second["progress"][key] == uninterrupted["progress"][key], key
     dropped_before_resume = [p for p in saved["consumed"] if p % 3 == 0]
     assert dropped_before_resume and all(p < start for p in dropped_before_resume)
+
+
+def test_a_rank_0_only_pipeline_error_reaches_every_rank(tiny_model_dir, tmp_path):
+    # The worker dies on rank 0; TRL's health check raises there alone. Without the error stop, rank 1 would wait
+    # in accelerate's broadcast until ddp_timeout (1800 s).
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "50", "--worker-fails-after", "3",
+                  ranks=2, expect=1)
+    assert [r["outcome"] for r in results] == ["RolloutPipelineError", "RolloutPipelineError"]
+    assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["micro_batches"][-1] == 0
+    assert "scripted failure after 3 groups" in results[0]["message"]
+    assert results[0]["progress"]["phase"] == "Failed"

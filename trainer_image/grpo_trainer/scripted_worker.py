@@ -39,6 +39,7 @@ class ScriptedRolloutWorker:
         queue_maxsize: int = 64,
         seed: int = 0,
         delay_s: float = 0.0,
+        fail_after_groups: int | None = None,
     ):
         self.dataset_size = dataset_size
         self.num_generations = num_generations
@@ -50,6 +51,7 @@ class ScriptedRolloutWorker:
         self.lost = lost or (lambda position: False)
         self.seed = seed
         self.delay_s = delay_s
+        self.fail_after_groups = fail_after_groups
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self._loop_kwargs = {"dataset_start_index": 0}
@@ -114,6 +116,8 @@ class ScriptedRolloutWorker:
             start = self._loop_kwargs["dataset_start_index"]
             group_id = 0
             while not self._stop.is_set():
+                if self.fail_after_groups is not None and group_id >= self.fail_after_groups:
+                    raise RuntimeError(f"scripted failure after {group_id} groups")
                 position = start + group_id
                 if not self.lost(position):
                     for sample in self.group_samples(group_id, position):
