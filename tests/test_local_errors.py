@@ -128,3 +128,11 @@ def test_final_summary_shows_phase_reason_and_progress():
     text = final_summary(status)
     assert "phase: Failed  reason: Stalled" in text
     assert "groups consumed 16/16" in text and "{'no_signal': 16}" in text
+
+
+@pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml"])
+def test_shipped_examples_validate_and_use_builtin_rewards(example):
+    from grpo_trainer.rewards import BUILTIN_REWARDS
+
+    spec = read_grporun(REPO / "examples" / example).spec
+    assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards)
