@@ -6,7 +6,6 @@ session's vLLM server, and is judged by what the operator reads: its exit code a
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
