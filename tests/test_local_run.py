@@ -21,8 +21,9 @@ GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def tiny_manifest(tmp_path: Path, model: str, epochs: float) -> Path:
+def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1) -> Path:
     manifest = yaml.safe_load(TINY.read_text())
+    manifest["spec"]["learner"]["processesPerNode"] = processes
     manifest["spec"]["model"] = model  # the session server's model: a reused server serves one model
     manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
     manifest["spec"]["training"]["epochs"] = epochs
@@ -43,6 +44,19 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):  # noqa: F811
     assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
     assert "groups consumed 16/16" in result.stdout
     assert (tmp_path / "runs" / "tiny" / "run.json").is_file()
+
+
+def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):  # noqa: F811
+    manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1, processes=2)
+    result = subprocess.run(
+        [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    )
+    log = (tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
+    assert result.returncode == 0, result.stdout + result.stderr + log[-3000:]
+    assert "accelerate launch" in log  # accelerate's own start-up notice: the ranks ran under it
+    assert log.count("grpo learner: Succeeded") == 1  # rank 0 alone reports
+    assert "groups consumed 16/16" in result.stdout
 
 
 def _alive(pid: int) -> bool:
