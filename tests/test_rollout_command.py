@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from grpo_trainer import contract as c
 from grpo_trainer.__main__ import main as entry_main
 from grpo_trainer.rollout import SERVER_MODULE, build_server_command
@@ -111,3 +112,34 @@ def test_serve_reports_a_killed_server_as_128_plus_signal(tmp_path):
         sys.exit(serve([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}))
     """)
     assert subprocess.run([sys.executable, "-c", runner], timeout=30).returncode == 128 + signal.SIGKILL
+
+
+VLLM_PARSE = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
+validate_parsed_serve_args(args)
+print(json.dumps({"model": args.model, "port": args.port, "max_model_len": args.max_model_len,
+                  "transfer": str(args.weight_transfer_config), "dtype": args.dtype}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllms_own_parser_accepts_both_command_lines():
+    from vllm_server import require_rollout_python
+
+    python = require_rollout_python()
+    gpu = run_config(maxModelLen=2048)
+    cpu = run_config(device="cpu", maxModelLen=128, weightSync={"mode": "filesystem", "directory": "/w"})
+    parsed = []
+    for config in (gpu, cpu):
+        argv, _ = build_server_command(config, port=8123)
+        server_args = argv[argv.index(SERVER_MODULE) + 1:]
+        out = subprocess.run([str(python), "-c", VLLM_PARSE, json.dumps(server_args)], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        parsed.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert parsed[0]["transfer"] == "WeightTransferConfig(backend='nccl')" and parsed[0]["max_model_len"] == 2048
+    assert parsed[1]["dtype"] == "float32" and parsed[1]["port"] == 8123
