@@ -355,6 +355,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     if external:
         rollout_ports: list[int] = []
         urls = [url.rstrip("/") for url in external]
+        # The servers given are the run's rollout replicas, however many the manifest asks for.
+        spec.rollout.replicas = len(urls)
     else:
         rollout_ports = [free_port() for _ in range(spec.rollout.replicas)]
         urls = [f"http://{LOCAL_HOST}:{port}" for port in rollout_ports]
