@@ -67,3 +67,19 @@ def test_dataset_mistakes_name_the_field(tmp_path):
         load_prompts(c.DatasetConfig(path=str(data)))
     renamed = load_prompts(c.DatasetConfig(path=str(data), prompt_field="question"))
     assert renamed.column_names == ["prompt"]
+
+
+def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
+    import hashlib
+    import json
+
+    from grpo_trainer.tiny_assets import build_tiny_model
+
+    first, second = build_tiny_model(tmp_path / "a"), build_tiny_model(tmp_path / "b")
+    digest = lambda d: {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}  # noqa: E731
+    assert digest(first) == digest(second)
+    config = json.loads((first / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] >= 32  # vLLM's CPU attention rejects head_dim 16
+    from trl.chat_template_utils import qwen3_chat_template
+
+    assert (first / "chat_template.jinja").read_text() == qwen3_chat_template  # TRL's response parser knows it
