@@ -21,9 +21,11 @@ GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1) -> Path:
+def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1, save_steps: int | None = None) -> Path:
     manifest = yaml.safe_load(TINY.read_text())
     manifest["spec"]["learner"]["processesPerNode"] = processes
+    if save_steps is not None:
+        manifest["spec"]["checkpoint"]["saveSteps"] = save_steps
     manifest["spec"]["model"] = model  # the session server's model: a reused server serves one model
     manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
     manifest["spec"]["training"]["epochs"] = epochs
@@ -103,3 +105,41 @@ def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):
     learner_pid = int(re.search(r"pid (\d+)", err.replace("\n", " ")).group(1))
     assert not _alive(learner_pid)
     assert _group_members(learner_pid) == []  # the rollout worker went with it
+
+
+def _learner_child(parent: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == parent and b"learner" in cmdline:
+            return int(entry)
+    return None
+
+
+def test_a_crashed_learner_restarts_and_resumes_from_its_checkpoint(vllm_server, tmp_path):  # noqa: F811
+    manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=3, save_steps=3)
+    runs = tmp_path / "runs"
+    process = subprocess.Popen(
+        [*GRPORUN, str(manifest), "--runs-dir", str(runs), "--rollout-url", vllm_server.url, "--poll-interval", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    checkpoints = runs / "tiny" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.5)
+    learner = _learner_child(process.pid)
+    assert learner is not None
+    os.kill(learner, signal.SIGKILL)  # a crash: no termination message, exit 137-style
+    out, err = process.communicate(timeout=900)
+    log = (runs / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
+    assert process.returncode == 0, out + err + log[-3000:]
+    assert "Restarting" in err  # the operator's rule: a crash restarts within backoffLimit
+    assert "resuming from" in log and "checkpoint-" in log
+    assert "phase: Succeeded" in out and "groups consumed 48/48" in out

@@ -37,7 +37,8 @@ from .spec import FINISHED_PHASES, GRPORunSpec, Phase
 
 #: SIGTERM, then this long for the process group to exit before SIGKILL. vLLM's CPU engine core needs a few seconds.
 STOP_GRACE_S = 15.0
-LOG_TAIL_CHARS = 2000
+LOG_TAIL_CHARS = 2000  # what Kubernetes keeps of a log as the termination message (FallbackToLogsOnError: 2 KiB)
+EVENT_DISPLAY_CHARS = 300
 ROLLOUT_VENV = ".venv-rollout"
 LOCAL_HOST = "127.0.0.1"
 
@@ -149,6 +150,12 @@ def observe(plan: ProcessPlan, exit_code: int | None, *, ready: bool, message: s
     phase = "Succeeded" if exit_code == 0 else "Failed"
     reason = "Completed" if exit_code == 0 else ("Killed" if exit_code < 0 else "Error")
     return st.PodObservation(plan.name, plan.role, phase, False, exit_code=exit_code, reason=reason, message=message)
+
+
+def one_line(text: str, limit: int = EVENT_DISPLAY_CHARS) -> str:
+    """An event as one console line: a crash's message is the log tail (as with FallbackToLogsOnError)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _number(value: Any) -> str:
@@ -422,7 +429,7 @@ def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict
             )
             local.status = decision.status
             for event in decision.events:
-                console.log(f"{event.type} {event.reason}: {event.message}")
+                console.log(f"{event.type} {event.reason}: {one_line(event.message)}")
             local.act(decision.actions, console)
             bar.update(task, **_bar_fields(local.status))
             if Phase(local.status["phase"]) in FINISHED_PHASES:
