@@ -1,0 +1,158 @@
+"""Section 5: `grporun local examples/tiny.yaml` (what `make demo` runs) end to end on CPU, split into phases.
+
+The bench starts the real command and watches it from outside, as a user could: the rollout server's /health and
+/metrics (vLLM's `vllm:request_success_total`: TRL's worker asks for one completion per request, so requests are
+samples) and the learner's /progress, at the ports `grporun local` wrote into runs/tiny/run.json. Phases:
+server start = command start -> rollout /health answers; first sample = -> the learner reports its first consumed
+group; training = -> the learner reports Succeeded; shutdown = -> the command exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .report import Context, SectionUnavailable, table
+
+NAME = "e2e"
+TITLE = "5. End-to-end CPU run: `grporun local examples/tiny.yaml`"
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "examples" / "tiny.yaml"
+TIMEOUT_S = 420.0
+# As `make demo` runs it, then with one OpenMP thread per process: with torch's default of one thread per core, the
+# learner's steps on the shared cores took ~9 s instead of ~0.1 s (measured while developing this bench).
+VARIANTS = (("as `make demo` runs it", {}), ("with `OMP_NUM_THREADS=1` exported", {"OMP_NUM_THREADS": "1"}))
+
+
+def _samples_generated(metrics_text: str | None) -> float | None:
+    if not metrics_text:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = None
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "vllm:request_success_total":
+                total = (total or 0.0) + sample.value
+    return total
+
+
+def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
+    from grpo_operator.local import fetch_progress, http_get, http_ok
+    from grpo_trainer.contract import RunConfig
+
+    runs_dir = context.scratch / f"e2e-{label}"
+    grporun = ROOT / ".venv" / "bin" / "grporun"
+    started = time.time()
+    log_path = context.scratch / f"e2e-{label}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([str(grporun), "local", str(MANIFEST), "--runs-dir", str(runs_dir)], cwd=ROOT,
+                                   stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"} | env)
+    times: dict[str, float] = {}
+    config = None
+    report = None
+    generated = None
+    last_metrics = 0.0
+    try:
+        while process.poll() is None:
+            now = time.time()
+            if now - started > TIMEOUT_S:
+                process.send_signal(signal.SIGINT)  # grporun local stops its processes on Ctrl-C
+                process.wait(60)
+                break
+            if config is None:
+                config_path = runs_dir / "tiny" / "run.json"
+                if config_path.exists():
+                    try:
+                        config = RunConfig.model_validate_json(config_path.read_text())
+                    except ValueError:
+                        config = None  # still being written
+            if config is not None:
+                rollout = config.rollout.urls[0]
+                if "server_ready" not in times and http_ok(f"{rollout}/health"):
+                    times["server_ready"] = time.time()
+                if "server_ready" in times and now - last_metrics >= 1.0:
+                    last_metrics = now
+                    generated = _samples_generated(http_get(f"{rollout}/metrics")) or generated
+                polled = fetch_progress(f"http://127.0.0.1:{config.learner.http_port}")
+                if polled is not None and "trained_end" not in times:
+                    report = polled
+                    if "first_group" not in times and polled.groups_consumed > 0:
+                        times["first_group"] = time.time()
+                    if polled.phase == "Succeeded":
+                        times["trained_end"] = time.time()
+            time.sleep(0.25)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(60)
+    times["exit"] = time.time()
+    timed_out = times["exit"] - started > TIMEOUT_S
+    if process.returncode != 0 and not timed_out:
+        raise RuntimeError(f"grporun local exited {process.returncode}: {log_path.read_text()[-1500:]}")
+    missing = [phase for phase in ("server_ready", "first_group") if phase not in times]
+    if missing:
+        raise RuntimeError(f"the run ended before the bench saw {', '.join(missing)}: {log_path.read_text()[-1500:]}")
+    return {"started": started, **times, "report": report, "generated": generated, "timed_out": timed_out,
+            "generations": config.training.num_generations}
+
+
+def run(context: Context) -> str:
+    rollout_python = ROOT / ".venv-rollout" / "bin" / "python"
+    if not rollout_python.exists():
+        raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
+    model = ROOT / "examples" / "tiny-assets" / "model"
+    if not (model / "config.json").exists():
+        from grpo_trainer.tiny_assets import build_tiny_model
+
+        build_tiny_model(model)  # what the demo's first run does
+    results = [(label, run_once(context, str(index), env)) for index, (label, env) in enumerate(VARIANTS)]
+    phase_rows, rate_rows = [], []
+    for label, result in results:
+        report, generations = result["report"], result["generations"]
+        end = result.get("trained_end", result["exit"])
+        finished = not result["timed_out"]
+        phase_rows.append([
+            label,
+            f"{result['server_ready'] - result['started']:.1f}",
+            f"{result['first_group'] - result['server_ready']:.1f}",
+            f"{end - result['first_group']:.1f}" + ("" if finished else f" (stopped at {TIMEOUT_S:.0f} s)"),
+            f"{result['exit'] - end:.1f}" if finished else "—",
+            f"{result['exit'] - result['started']:.1f}",
+        ])
+        generated = result["generated"]
+        trained = report.groups_trained * generations if report else 0
+        rate_rows.append([
+            label,
+            f"{report.groups_consumed}/{report.groups_total} / {report.groups_trained} / {report.dropped_total}"
+            if report else "n/a",
+            report.global_step if report else "n/a",
+            f"{generated:.0f} ({generated / (end - result['server_ready']):.1f}/s)" if generated else "n/a",
+            f"{trained} ({trained / (end - result['first_group']):.1f}/s)",
+        ])
+    text = [
+        f"## {TITLE}",
+        "",
+        "One run per row (a run takes minutes; the 20-minute budget of `make bench` has room for one each), watched "
+        "from outside through the rollout server's /health and /metrics and the learner's /progress, polled every "
+        "0.25 s (the phase boundaries carry that resolution). Phases: server start = command → rollout /health "
+        "answers; first sample = → the learner reports its first consumed group; training = → the learner reports "
+        "Succeeded; shutdown = → the command exits.",
+        "",
+        table(["run", "server start s", "first sample s", "training s", "shutdown s", "total s"], phase_rows),
+        "",
+        table(["run", "groups consumed / trained / dropped", "optimizer steps",
+               "samples generated (vLLM requests; per s from server ready to training end)",
+               f"samples trained (groups trained × {results[0][1]['generations']}; per s of training)"], rate_rows),
+    ]
+    (_, as_is), (_, one_thread) = results
+    if not as_is["timed_out"] and not one_thread["timed_out"]:
+        training = [r["trained_end"] - r["first_group"] for r in (as_is, one_thread)]
+        text += ["", f"Training phase as `make demo` runs it / with one OpenMP thread: {training[0] / training[1]:.1f}×. "
+                 "The likely cause: with torch's default (one intra-op thread per core) on two cores shared with the vLLM server, "
+                 "OpenMP's threads wait on each other whenever one is descheduled; one thread per process avoids "
+                 "it. Follow-up: set `torch.set_num_threads(1)` (or `OMP_NUM_THREADS=1`) for CPU learners."]
+    return "\n".join(text)
