@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -50,7 +51,7 @@ def spread(values: Sequence[float], fmt: str = "{:.3g}", unit: str = "") -> str:
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100): with few samples an interpolated p95 would invent a value."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 

@@ -1,0 +1,46 @@
+"""bench/report.py: how figures are written and how BENCHMARKS.md keeps the sections a partial run did not touch."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.report import percentile, splice, spread, table
+
+
+def test_spread_is_median_then_min_max():
+    assert spread([3.0, 1.0, 2.0], "{:.1f}") == "2.0 (1.0–3.0)"
+    assert spread([4.0, 1.0, 2.0, 3.0], "{:.2f}", " s") == "2.50 s (1.00–4.00)"
+
+
+def test_spread_of_one_value_or_equal_values_has_no_range():
+    assert spread([5.0], "{:.0f}") == "5"
+    assert spread([2.0, 2.0], "{:.0f}") == "2"
+    assert spread([]) == "n/a"
+
+
+@pytest.mark.parametrize(("values", "q", "expected"), [
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 50, 5),
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95, 10),
+    ([7], 95, 7),
+    ([3, 1, 2], 50, 2),
+])
+def test_percentile_is_nearest_rank(values, q, expected):
+    assert percentile(values, q) == expected
+
+
+def test_splice_replaces_only_the_named_section():
+    document = splice(splice("# Benchmarks", "pipeline", "old pipeline"), "stop", "old stop")
+    updated = splice(document, "pipeline", "new pipeline")
+    assert "new pipeline" in updated and "old pipeline" not in updated
+    assert "old stop" in updated
+    assert updated.index("new pipeline") < updated.index("old stop"), "a replaced section keeps its place"
+
+
+def test_splice_appends_a_missing_section_once():
+    document = splice("# Benchmarks", "e2e", "first")
+    assert document.count("<!-- bench:e2e -->") == 1
+    assert splice(document, "e2e", "second").count("<!-- bench:e2e -->") == 1
+
+
+def test_table_is_markdown():
+    assert table(["a", "b"], [[1, 2]]).splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |"]
