@@ -135,7 +135,6 @@ def plan_processes(
                                  _pod_env(pod, config_path), f"http://{LOCAL_HOST}:{port}"))
     pod = builders.build_learner_pod(run, namespace, "local", spec, 0, trainer_image="local")
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
-    argv = _swap(argv, "accelerate", [learner_python, "-m", "accelerate.commands.launch"])
     argv = _swap(argv, pod_config, [config_path])
     argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(main_process_port))
     plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, _pod_env(pod, config_path),
