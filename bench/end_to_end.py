@@ -4,7 +4,8 @@ The bench starts the real command and watches it from outside, as a user could: 
 /metrics (vLLM's `vllm:request_success_total`: TRL's worker asks for one completion per request, so requests are
 samples) and the learner's /progress, at the ports `grporun local` wrote into runs/tiny/run.json. Phases:
 server start = command start -> rollout /health answers; first sample = -> the learner reports its first consumed
-group; training = -> the learner reports Succeeded; shutdown = -> the command exits.
+group; training = -> the learner reports Succeeded (or stops answering: it exits right after); shutdown = -> the
+command exits.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
     times: dict[str, float] = {}
     config = None
     report = None
-    generated = None
+    generated: list[tuple[float, float]] = []  # (time, vLLM requests so far)
     last_metrics = 0.0
+    silent_since: float | None = None
     try:
         while process.poll() is None:
             now = time.time()
@@ -76,7 +78,9 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
                     times["server_ready"] = time.time()
                 if "server_ready" in times and now - last_metrics >= 1.0:
                     last_metrics = now
-                    generated = _samples_generated(http_get(f"{rollout}/metrics")) or generated
+                    count = _samples_generated(http_get(f"{rollout}/metrics"))
+                    if count is not None:
+                        generated.append((now, count))
                 polled = fetch_progress(f"http://127.0.0.1:{config.learner.http_port}")
                 if polled is not None and "trained_end" not in times:
                     report = polled
@@ -84,19 +88,30 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
                         times["first_group"] = time.time()
                     if polled.phase == "Succeeded":
                         times["trained_end"] = time.time()
+                # The learner exits right after Succeeded; a poll may never see that phase, only the silence that
+                # lasts until the command exits (a single slow answer under load is not the end).
+                if polled is None and "first_group" in times:
+                    silent_since = silent_since or time.time()
+                elif polled is not None:
+                    silent_since = None
             time.sleep(0.25)
     finally:
         if process.poll() is None:
             process.terminate()
             process.wait(60)
     times["exit"] = time.time()
+    if "trained_end" not in times and silent_since is not None:
+        times["trained_end"] = silent_since
     timed_out = times["exit"] - started > TIMEOUT_S
     if process.returncode != 0 and not timed_out:
         raise RuntimeError(f"grporun local exited {process.returncode}: {log_path.read_text()[-1500:]}")
     missing = [phase for phase in ("server_ready", "first_group") if phase not in times]
     if missing:
         raise RuntimeError(f"the run ended before the bench saw {', '.join(missing)}: {log_path.read_text()[-1500:]}")
-    return {"started": started, **times, "report": report, "generated": generated, "timed_out": timed_out,
+    end = times.get("trained_end", times["exit"])
+    before_end = [count for at, count in generated if at <= end]
+    return {"started": started, **times, "report": report, "generated": before_end[-1] if before_end else None,
+            "timed_out": timed_out,
             "generations": config.training.num_generations}
 
 
@@ -140,7 +155,7 @@ def run(context: Context) -> str:
         "from outside through the rollout server's /health and /metrics and the learner's /progress, polled every "
         "0.25 s (the phase boundaries carry that resolution). Phases: server start = command → rollout /health "
         "answers; first sample = → the learner reports its first consumed group; training = → the learner reports "
-        "Succeeded; shutdown = → the command exits.",
+        "Succeeded, or stops answering (it exits right after); shutdown = → the command exits.",
         "",
         table(["run", "server start s", "first sample s", "training s", "shutdown s", "total s"], phase_rows),
         "",
@@ -149,7 +164,7 @@ def run(context: Context) -> str:
                f"samples trained (groups trained × {results[0][1]['generations']}; per s of training)"], rate_rows),
     ]
     (_, as_is), (_, one_thread) = results
-    if not as_is["timed_out"] and not one_thread["timed_out"]:
+    if not as_is["timed_out"] and not one_thread["timed_out"] and "trained_end" in as_is and "trained_end" in one_thread:
         training = [r["trained_end"] - r["first_group"] for r in (as_is, one_thread)]
         text += ["", f"Training phase as `make demo` runs it / with one OpenMP thread: {training[0] / training[1]:.1f}×. "
                  "The likely cause: with torch's default (one intra-op thread per core) on two cores shared with the vLLM server, "

@@ -13,7 +13,7 @@ from .runs import learner_run
 NAME = "stop"
 TITLE = "2. Stop latency at the epoch bound (real trainer, CPU, tiny model)"
 PROMPTS, EPOCHS, GENERATIONS, GA = 6, 3, 4, 2
-WALL_BOUND_S = 30.0
+WALL_BOUND_S = 20.0
 
 # label, learner_run scenario, what TRL does with it
 SCENARIOS = (
