@@ -30,7 +30,9 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml
 setup-apt:
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
+# The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
 demo: setup
+	$(VENV)/bin/python -m grpo_trainer.tiny_assets examples/tiny-assets/model
 	$(VENV)/bin/grporun local examples/tiny.yaml
 
 test: setup

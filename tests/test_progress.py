@@ -136,6 +136,16 @@ class TestRolloutProgress:
             progress.drop(4, "no_signal")
         assert progress.stall_streak == 3 and stop.value.code == StopCode.STALLED  # ids 2, 3, 4
 
+    def test_overflow_past_the_bound_is_consumed_but_not_counted(self):
+        progress = make_progress(n=2)
+        progress.train([0, 2, 3])  # 2 and 3 are the next pass's groups riding in the last micro-batch
+        assert progress.groups_trained == 1 and progress.groups_consumed == 1 and {2, 3} <= progress.consumed
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(1, "no_signal")
+        assert stop.value.code == StopCode.DONE
+        report = progress.report(phase=LearnerPhase.SUCCEEDED, global_step=1)
+        assert report.groups_trained + report.dropped_total == report.groups_consumed == report.groups_total
+
     def test_training_a_group_dropped_earlier_moves_it(self):
         progress = make_progress()
         progress.drop(1, "lost")

@@ -143,10 +143,17 @@ class RolloutProgress:
         self._advance()
 
     def train(self, group_ids: Iterable[int]) -> None:
-        """Record groups that trained."""
+        """Record groups that trained.
+
+        Groups past the run's bound (the next pass's overflow, which rides in the last micro-batch) join the consumed
+        set but are not counted: "trained 193 of 192 groups" would read as a miscount.
+        """
         now = self._clock()
         for group_id in group_ids:
             if group_id in self._trained_ids:
+                continue
+            if not self.needs(group_id):
+                self.consumed.add(group_id)
                 continue
             previous = self._drop_reason.pop(group_id, None)
             if previous is not None:  # a late sample of a group swept as lost, or partly dropped, trained after all
