@@ -225,14 +225,30 @@ def test_a_finished_run_keeps_cleaning_pods_that_are_still_running():
 
 
 # --- stall detection --------------------------------------------------------------------------------------------
-def test_the_learner_stall_streak_at_its_limit_fails_the_run_under_policy_fail():
+def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():
     spec = spec_of()
-    decision = step(spec, running_status(spec), running_pods(), report(groupsConsumed=44, groupsTrained=3,
-                                                                         stallStreak=40, stallLimit=40), now=at(5))
+    stalled = report(groupsConsumed=44, groupsTrained=3, stallStreak=40, stallLimit=40)
+    decision = step(spec, running_status(spec), running_pods(), stalled, now=at(5))
+    # The learner ends itself (exit 42 with its final report); the operator does not race that exit.
+    assert decision.status["phase"] == "Running" and not decision.actions
+    assert condition(decision.status, "Stalled")["reason"] == "StallLimitReached"
+    assert condition(decision.status, "Progressing")["status"] == "False"
+    assert "Stalled" in reasons(decision)
+    exited = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_STALLED,
+                                     message=stalled.termination_message())]
+    failed = step(spec, decision.status, exited, stalled, now=at(6))
+    assert failed.status["phase"] == "Failed"
+    assert condition(failed.status, "Failed")["reason"] == "Stalled"
+    assert failed.status["failure"]["exitCode"] == EXIT_STALLED and failed.status["failure"]["reason"] == "Stalled"
+
+
+def test_the_progress_deadline_fails_the_run_under_policy_fail():
+    spec = spec_of(progress={"progressDeadlineSeconds": 100})
+    decision = step(spec, running_status(spec, trained=3), running_pods(), report(groupsTrained=3), now=at(100))
     assert decision.status["phase"] == "Failed"
     assert condition(decision.status, "Failed")["reason"] == "Stalled"
-    assert condition(decision.status, "Stalled")["reason"] == "StallLimitReached"
-    assert "Stalled" in reasons(decision)
+    assert condition(decision.status, "Stalled")["reason"] == "ProgressDeadlineExceeded"
+    assert decision.status["failure"]["role"] == "learner" and decision.status["failure"]["reason"] == "Stalled"
 
 
 def test_policy_report_only_reports_a_stall():

@@ -542,7 +542,10 @@ class _Derivation:
         reason, message = cause
         if self.conditions.set(ConditionType.STALLED, "True", reason, message):
             self.event("Warning", Reason.STALLED, message)
-        if self.spec.progress.stall_policy == "Fail":
+        # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
+        # termination message, which is what status.failure should carry. Failing the run here as well raced that
+        # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
+        if self.spec.progress.stall_policy == "Fail" and reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
             leader = next((p.name for p in self.learner_pods if _rank(p.name) == 0), None)
             self._finish(Phase.FAILED, Reason.STALLED, message,
                          FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=message))
