@@ -112,8 +112,6 @@ def _env_default(instructions, name: str) -> str:
     return re.search(rf"{name}=(\S+)", env)[1]
 
 
-@pytest.mark.xfail(strict=True, reason="grpo_trainer.rollout.main does not read GRPO_ROLLOUT_PYTHON yet; until it "
-                   "does, rollout pods from trainer_image/Dockerfile start vLLM with the learner venv's Python")
 def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
     there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same

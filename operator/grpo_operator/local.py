@@ -27,6 +27,7 @@ from urllib.error import URLError
 from urllib.request import urlopen
 
 from grpo_trainer import contract as c
+from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -196,7 +197,7 @@ def free_port() -> int:
 
 def find_rollout_python(explicit: str | None) -> str:
     """`--rollout-python`, else $GRPO_ROLLOUT_PYTHON, else the repo's .venv-rollout (vLLM lives in its own venv)."""
-    candidates = [explicit, os.environ.get("GRPO_ROLLOUT_PYTHON")]
+    candidates = [explicit, os.environ.get(ROLLOUT_PYTHON_ENV)]
     here = Path(__file__).resolve()
     candidates += [str(parent / ROLLOUT_VENV / "bin" / "python") for parent in here.parents]
     candidates.append(str(Path.cwd() / ROLLOUT_VENV / "bin" / "python"))
@@ -204,7 +205,7 @@ def find_rollout_python(explicit: str | None) -> str:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise LocalError(
-        f"no Python with vLLM found: pass --rollout-python, set GRPO_ROLLOUT_PYTHON, or build {ROLLOUT_VENV} "
+        f"no Python with vLLM found: pass --rollout-python, set {ROLLOUT_PYTHON_ENV}, or build {ROLLOUT_VENV} "
         "(make setup-rollout); or reuse a running server with --rollout-url"
     )
 

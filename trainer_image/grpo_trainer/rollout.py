@@ -67,7 +67,12 @@ def serve(argv: list[str], extra_env: dict[str, str]) -> int:
     return 128 - code if code < 0 else code
 
 
+#: Names the interpreter that has vLLM when it is not the one running this entrypoint: the trainer image keeps vLLM
+#: in its own venv (vLLM 0.32 pins transformers<5.20, the learner needs 5.24); `grporun local` reads it too.
+ROLLOUT_PYTHON_ENV = "GRPO_ROLLOUT_PYTHON"
+
+
 def main(config: c.RunConfig, port: int) -> int:
-    argv, env = build_server_command(config, port=port)
+    argv, env = build_server_command(config, port=port, python=os.environ.get(ROLLOUT_PYTHON_ENV, sys.executable))
     print(f"grpo rollout: starting {' '.join(argv)}", file=sys.stderr, flush=True)
     return serve(argv, env)
