@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import tomllib
 
-import pytest
 import yaml
 
 from chart_render import CHART_DIR, REPO, one_of_kind, render_objects

@@ -139,4 +139,9 @@ def test_termination_message_is_written_and_fits(tmp_path):
 
 
 def test_unwritable_termination_path_does_not_crash(tmp_path):
-    assert not write_termination_message(c.ProgressReport(), str(tmp_path / "missing-dir" / "log"))
+    (tmp_path / "a-file").write_text("")
+    assert not write_termination_message(c.ProgressReport(), str(tmp_path / "a-file" / "log"))
+
+
+def test_termination_message_directory_is_created(tmp_path):
+    assert write_termination_message(c.ProgressReport(), str(tmp_path / "runs" / "tiny" / "termination-log"))

@@ -9,6 +9,7 @@ updated by the trainer) means a scrape always sees one consistent snapshot, and 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -125,7 +126,8 @@ def write_termination_message(report: c.ProgressReport, path: str = c.DEFAULT_TE
     """Write the final progress where Kubernetes reads the termination message; False if the path is unwritable
     (a local run without /dev/termination-log), which must not turn a finished run into a crash."""
     try:
-        with open(path, "w") as f:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # a local run writes under runs/<name>/
+        with open(path, "w", encoding="utf-8") as f:
             f.write(report.termination_message())
         return True
     except OSError as error:

@@ -14,11 +14,11 @@ import signal
 import sys
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from . import contract as c
+from .exporter import write_termination_message
 from .rewards import RewardError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
@@ -114,14 +114,6 @@ def load_prompts(dataset_config: c.DatasetConfig):
     return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=[field] if field != "prompt" else [])
 
 
-def write_termination_message(path: str, report: c.ProgressReport) -> None:
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(report.termination_message(), encoding="utf-8")
-    except OSError as error:
-        logger.warning("cannot write the termination message to %s: %s", path, error)
-
-
 @contextlib.contextmanager
 def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
     """Let TRL build its own AsyncRolloutWorker in a learner that has no vLLM installed.
@@ -187,7 +179,7 @@ def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, mess
         learner.progress_report() if learner is not None else c.ProgressReport(epochs=config.training.epochs)
     ).model_copy(update={"phase": phase, "message": message})
     if int(os.environ.get("RANK", "0")) == 0:
-        write_termination_message(config.termination_message_path, report)
+        write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
     return code
 
