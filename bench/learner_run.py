@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 
-# Scenario -> reward per (absolute group position, generation); `None` = built from the run's sizes.
+# The scripted scenarios; `reward_script` gives each its reward per (absolute group position, generation).
 SCENARIOS = ("varied", "third_no_signal", "last_pass_no_signal", "last_pass_oversize", "stall_after")
 SHORT_COMPLETION, LONG_COMPLETION, PROMPT_TOKENS, TOKEN_BUDGET = 8, 80, 8, 64
 

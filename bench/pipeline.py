@@ -75,10 +75,7 @@ class Bench:
         self.dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(100_000)]})
 
     def samples(self, shape: Shape, reward) -> list:
-        from grpo_trainer.scripted_worker import ScriptedRolloutWorker
-
         worker = self._worker(shape, reward)
-        assert isinstance(worker, ScriptedRolloutWorker)
         return [sample for group in range(shape.groups) for sample in worker.group_samples(group, group)]
 
     def _worker(self, shape: Shape, reward):
