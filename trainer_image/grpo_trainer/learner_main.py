@@ -199,6 +199,9 @@ def main(config: c.RunConfig) -> int:
     learner = None
     try:
         learner = build_learner(config)
+        # Said out loud because a mis-launched multi-process learner trains alone without any error.
+        logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
+                    learner.accelerator.process_index)
         resume = newest_checkpoint(config.checkpoint.directory)
         if resume:
             logger.info("resuming from %s", resume)
