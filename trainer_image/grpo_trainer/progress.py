@@ -115,14 +115,9 @@ class RolloutProgress:
     # ---------------------------------------------------------------------------------------------------- reports
     def drop(self, group_id: int, reason: str | DropReason) -> None:
         """Count group_id as consumed without training; may end the stream."""
-        reason = DropReason(reason).value
         if group_id in self.consumed:
             return
-        self.consumed.add(group_id)
-        self._drop_reason[group_id] = reason
-        self.dropped[reason] += 1
-        self._last_drop = group_id
-        self._advance()
+        self._record_drop(group_id, reason)
         self.check()
 
     def exclude(self, group_id: int, reason: str | DropReason) -> None:
@@ -130,12 +125,15 @@ class RolloutProgress:
 
         Runs outside the stream, so the stall it may complete is raised by the stream's next check.
         """
-        reason = DropReason(reason).value
         if group_id in self._trained_ids:
             self._trained_ids.discard(group_id)
             self.groups_trained -= 1
         elif group_id in self._drop_reason:
             return
+        self._record_drop(group_id, reason)
+
+    def _record_drop(self, group_id: int, reason: str | DropReason) -> None:
+        reason = DropReason(reason).value
         self.consumed.add(group_id)
         self._drop_reason[group_id] = reason
         self.dropped[reason] += 1
