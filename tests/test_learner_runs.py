@@ -100,6 +100,7 @@ def test_groups_that_never_arrive_cannot_block_the_stop(tiny_model_dir, tmp_path
 def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_path):
     common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1"]
     (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
+    assert first["progress"]["message"].startswith("stopped at max_steps=3 before the epoch bound")
     checkpoints = sorted((tmp_path / "first" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert checkpoints, "the interrupted run saved no checkpoint"
     saved = json.loads((checkpoints[-1] / "grpo_progress.json").read_text())

@@ -174,7 +174,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             return super().training_step(model, inputs, num_items_in_batch)
         code, streak, limit = stop
         # The stop can close a gradient-accumulation window whose earlier micro-batches were backpropagated under
-        # no_sync: stepping on those unreduced gradients made DDP replicas diverge (checksums 155.98 vs 155.81).
+        # no_sync: stepping on those unreduced gradients made two gloo replicas diverge (parameter checksums 308.53 vs
+        # 311.73 in tests/test_learner_runs.py with the zeroing removed).
         # Every rank drops them, so any optimizer step that still follows is a no-op everywhere. compute_loss is
         # never called here: it runs collectives the other ranks would not join in the same order.
         model.zero_grad(set_to_none=True)
@@ -208,6 +209,10 @@ class GRPOLearner(AsyncGRPOTrainer):
                 self.phase, self.message = LearnerPhase.FAILED, f"{type(error).__name__}: {error}"
             raise
         self.phase = LearnerPhase.SUCCEEDED
+        if not self.progress.all_consumed:
+            # Only TRL's max_steps (the user's, or TRL's generous ceiling) ends a run short of its bound.
+            self.message = (f"stopped at max_steps={self.args.max_steps} before the epoch bound "
+                            f"({self.progress.groups_consumed}/{self.progress.groups_total} groups consumed)")
         return output
 
     # ------------------------------------------------------------------------------------------------ checkpoints
