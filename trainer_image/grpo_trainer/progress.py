@@ -290,7 +290,7 @@ class RolloutProgress:
 
 
 # -------------------------------------------------------------------------------------------------------- filtering
-@dataclass
+@dataclass(slots=True)
 class _GroupSeen:
     samples: int = 0
     dropped: int = 0
@@ -353,12 +353,19 @@ class SampleFilterQueue:
         return self.inner.qsize()
 
     def get(self, timeout: float | None = None) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # The queue is usually full (generation outruns training): try it without a deadline first. Measured on
+        # 48-token samples, the deadline arithmetic and per-call allocations were most of our few µs per sample.
+        deadline = None
         while True:
-            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if remaining == 0.0:
-                raise queue.Empty
-            sample = self.inner.get(timeout=remaining)
+            try:
+                sample = self.inner.get_nowait()
+            except queue.Empty:
+                if deadline is None and timeout is not None:
+                    deadline = time.monotonic() + timeout
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise
+                sample = self.inner.get(timeout=remaining)
             if self._accept(sample):
                 return sample
 
@@ -381,13 +388,14 @@ class SampleFilterQueue:
         if not progress.needs(group_id):
             self._sweep(group_id)
             return True
-        if group_id in progress.consumed and not self._groups.get(group_id, _GroupSeen()).accepted:
+        seen = self._groups.get(group_id)
+        if group_id in progress.consumed and (seen is None or not seen.accepted):
             # Dropped already (a late sample of a group swept as lost, or a fork beyond num_generations), or
             # consumed before a resume: training it now would train it twice.
             return False
-        seen = self._groups.setdefault(group_id, _GroupSeen())
+        if seen is None:
+            seen = self._groups[group_id] = _GroupSeen()
         seen.samples += 1
-        self._newest = max(self._newest, group_id)
         reason = self.drop_reason(sample)
         if reason is None:
             seen.accepted = True
