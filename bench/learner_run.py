@@ -85,7 +85,12 @@ class PullRecorder:
         self.last_needed_time: float | None = None
 
     def get(self, timeout=None):
-        sample = self.inner.get(timeout=timeout)
+        return self._record(self.inner.get(timeout=timeout))
+
+    def get_nowait(self):
+        return self._record(self.inner.get_nowait())
+
+    def _record(self, sample):
         self.pulled += 1
         if int(sample.group_id) < self.needed_end:
             self.pulled_at_last_needed = self.pulled
