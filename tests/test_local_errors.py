@@ -94,6 +94,17 @@ def test_processes_run_the_pods_commands_and_env():
                             "/runs/tiny/run.json"]
     assert learner.env["GRPO_RUN"] == "tiny" and learner.env["GRPO_CONFIG"] == "/runs/tiny/run.json"
     assert "HOME" not in learner.env  # the pod's HOME is a container path
+    assert "OMP_NUM_THREADS" not in learner.env  # only set when the cores to share are known
+
+
+def test_a_cpu_learner_gets_its_share_of_the_cores_as_openmp_threads():
+    spec = read_grporun(TINY).spec
+    plan = dict(rollout_python="/rv", learner_python="/lv", rollout_ports=[1], learner_http_port=2,
+                main_process_port=3)
+    assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **plan)[-1].env["OMP_NUM_THREADS"] == "1"
+    assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=16, **plan)[-1].env["OMP_NUM_THREADS"] == "8"
+    spec.learner.device = "cuda"
+    assert "OMP_NUM_THREADS" not in plan_processes("tiny", "default", spec, "/r.json", cpu_count=16, **plan)[-1].env
 
 
 def test_several_learner_processes_run_under_accelerate_on_localhost():

@@ -123,9 +123,14 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 def plan_processes(
     run: str, namespace: str, spec: GRPORunSpec, config_path: str, *, rollout_python: str, learner_python: str,
-    rollout_ports: list[int], learner_http_port: int, main_process_port: int,
+    rollout_ports: list[int], learner_http_port: int, main_process_port: int, cpu_count: int | None = None,
 ) -> list[ProcessPlan]:
-    """The operator's pods as local processes: its commands and env, with local interpreter, config and ports."""
+    """The operator's pods as local processes: its commands and env, with local interpreter, config and ports.
+
+    With `cpu_count`, a CPU learner gets its share of the cores as OpenMP threads: torch's default (one thread per
+    core) on cores shared with the vLLM server made training 4.5x slower on 2 cores (BENCHMARKS.md, section 5),
+    since OpenMP's threads wait on each other whenever one is descheduled.
+    """
     pod_config = f"{builders.CONFIG_DIR}/{builders.CONFIG_FILE}"
     plans = []
     for index, port in enumerate(rollout_ports):
@@ -138,8 +143,11 @@ def plan_processes(
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
     argv = _swap(argv, pod_config, [config_path])
     argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(main_process_port))
-    plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, _pod_env(pod, config_path),
-                             f"http://{LOCAL_HOST}:{learner_http_port}"))
+    env = _pod_env(pod, config_path)
+    if cpu_count is not None and spec.learner.device == "cpu":
+        sharers = spec.learner.processes_per_node + spec.rollout.replicas
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // sharers))
+    plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, env, f"http://{LOCAL_HOST}:{learner_http_port}"))
     return plans
 
 
@@ -383,6 +391,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python,
         learner_python=sys.executable, rollout_ports=rollout_ports, learner_http_port=learner_port,
         main_process_port=free_port(),
+        cpu_count=None if "OMP_NUM_THREADS" in os.environ else os.cpu_count(),  # the user's setting wins
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
