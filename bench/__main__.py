@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .report import Context, SectionUnavailable, machine, splice
+from .report import Context, SectionUnavailable, machine, section_body, splice
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "BENCHMARKS.md"
@@ -72,7 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     stamp = f"{head}\n\n{'Quick mode (fewer repetitions). ' if args.quick else ''}Generated {time.strftime('%Y-%m-%d %H:%M %Z')}"
     if everything:
         stamp += f"; the whole bench took {total / 60:.1f} min."
-    document = splice(document, "machine", f"## Machine\n\n{stamp}")
+    previous = section_body(document, "machine")
+    if not everything and previous:
+        # The whole run's header (and its total time) stays; a section re-run alone is noted under it.
+        stamp = f"{previous}\n\nRe-run alone since: {', '.join(names)} ({time.strftime('%Y-%m-%d %H:%M %Z')})."
+    else:
+        stamp = f"## Machine\n\n{stamp}"
+    document = splice(document, "machine", stamp)
     for name in SECTIONS:
         if name in bodies:
             document = splice(document, name, bodies[name])

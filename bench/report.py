@@ -123,6 +123,13 @@ def _markers(name: str) -> tuple[str, str]:
     return f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
 
 
+def section_body(document: str, name: str) -> str | None:
+    """The text between section `name`'s markers, or None when the document has no such section."""
+    begin, end = _markers(name)
+    found = re.search(re.escape(begin) + r"\n?(.*?)\n?" + re.escape(end), document, re.S)
+    return found.group(1).strip() if found else None
+
+
 def splice(document: str, name: str, body: str) -> str:
     """Replace section `name` of the document (between its markers), or append it."""
     begin, end = _markers(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.report import percentile, splice, spread, table
+from bench.report import percentile, section_body, splice, spread, table
 
 
 def test_spread_is_median_then_min_max():
@@ -44,3 +44,9 @@ def test_splice_appends_a_missing_section_once():
 
 def test_table_is_markdown():
     assert table(["a", "b"], [[1, 2]]).splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+
+
+def test_section_body_reads_back_what_splice_wrote():
+    document = splice("# Benchmarks", "machine", "## Machine\n\ncores")
+    assert section_body(document, "machine") == "## Machine\n\ncores"
+    assert section_body(document, "e2e") is None
