@@ -481,18 +481,14 @@ class ProgressCollator(DataCollatorForRollout):
             limit = self.progress.stall_limit if self.progress else 0
             return {STOP_KEY: torch.tensor([[int(item.code), streak, limit]] * self.num_processes)}
         batch = super().torch_call(examples)
-        group_ids = frozenset(int(sample["group_id"]) for row in item for sample in row.samples)
+        group_ids = frozenset({sample["group_id"] for row in item for sample in row.samples})
         self.in_flight.append(group_ids)
         if self.progress is not None:
             self.progress.train(group_ids)
-            rewards = [
-                sample["metrics"]["reward"]
-                for row in item
-                for sample in row.samples
-                if not math.isnan(sample["metrics"].get("reward", float("nan")))
-            ]
-            if rewards:
-                self.progress.reward_mean = sum(rewards) / len(rewards)
+            # TRL's collator has just logged this micro-batch's nan-aware mean reward into the metric sink.
+            rewards = self.metrics.get("reward")
+            if rewards and not math.isnan(rewards[-1]):
+                self.progress.reward_mean = rewards[-1]
         return batch
 
 
