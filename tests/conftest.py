@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# One vLLM server for the whole session. Registered here, not imported by each test module: an imported
+# session fixture is a separate fixture per module, and each module started its own server (3 servers, measured).
+pytest_plugins = ["vllm_server"]
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -16,7 +16,6 @@ from grpo_operator.local import localize_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import resolve_run_config
 from grpo_trainer import contract as c
-from vllm_server import vllm_server  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny.yaml"
@@ -59,7 +58,7 @@ def termination_report(config: c.RunConfig) -> c.ProgressReport:
     return c.parse_progress(Path(config.termination_message_path).read_text())
 
 
-def test_tiny_example_trains_to_the_epoch_bound_and_exits_0(vllm_server, tmp_path):  # noqa: F811
+def test_tiny_example_trains_to_the_epoch_bound_and_exits_0(vllm_server, tmp_path):
     epochs = 2  # the example's settings, fewer passes: CI time
     config_path, config = tiny_run_config(tmp_path, vllm_server, training__epochs=epochs)
     code, seconds = run_learner(config_path, tmp_path / "learner.log")
@@ -78,7 +77,7 @@ def test_tiny_example_trains_to_the_epoch_bound_and_exits_0(vllm_server, tmp_pat
     print(f"tiny example, {epochs} epochs: {seconds:.0f}s, {report.global_step} steps, reward {report.reward_mean}")
 
 
-def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_path):  # noqa: F811
+def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_path):
     config_path, config = tiny_run_config(
         tmp_path, vllm_server, rewards=[c.RewardConfig(name="constant")], training__epochs=3.0,
     )

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vllm_server import vllm_server  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny.yaml"
@@ -34,7 +33,7 @@ def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1,
     return path
 
 
-def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):  # noqa: F811
+def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1)
     result = subprocess.run(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url,
@@ -48,7 +47,7 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):  # noqa: F811
     assert (tmp_path / "runs" / "tiny" / "run.json").is_file()
 
 
-def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):  # noqa: F811
+def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1, processes=2)
     result = subprocess.run(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
@@ -90,7 +89,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):  # noqa: F811
+def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=50)
     process = subprocess.Popen(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
@@ -126,7 +125,7 @@ def _learner_child(parent: int) -> int | None:
     return None
 
 
-def test_a_crashed_learner_restarts_and_resumes_from_its_checkpoint(vllm_server, tmp_path):  # noqa: F811
+def test_a_crashed_learner_restarts_and_resumes_from_its_checkpoint(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=3, save_steps=3)
     runs = tmp_path / "runs"
     process = subprocess.Popen(

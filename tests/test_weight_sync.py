@@ -15,7 +15,6 @@ from grpo_trainer.weight_sync import (
     write_checkpoint,
 )
 from safetensors.torch import load_file
-from vllm_server import vllm_server  # noqa: F401 (fixture)
 
 PROMPT = [1, 93, 91, 306, 207, 288]
 
@@ -68,7 +67,7 @@ def greedy_logprob_hf(model) -> float:
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("perturbed", ["self_attn", "mlp", "embed_tokens", ""])
-def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server, tmp_path, perturbed):  # noqa: F811
+def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server, tmp_path, perturbed):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(vllm_server.model)
