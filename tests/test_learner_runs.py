@@ -130,3 +130,4 @@ def test_a_rank_0_only_pipeline_error_reaches_every_rank(tiny_model_dir, tmp_pat
     assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["micro_batches"][-1] == 0
     assert "scripted failure after 3 groups" in results[0]["message"]
     assert results[0]["progress"]["phase"] == "Failed"
+

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
     AsyncGRPOTrainer,
     FixedCountBatcher,
@@ -230,13 +231,13 @@ class GRPOLearner(AsyncGRPOTrainer):
         state = self.progress.state_dict(exclude=in_flight - self._applied_groups)
         state["model_version"] = self.model_version
         state["global_step"] = self.state.global_step
-        with open(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), "w") as f:
-            json.dump(state, f)
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
         start = _first_gap(state["consumed"])
-        with open(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE), "w") as f:
-            json.dump({"prompt_index": start, "model_version": self.model_version}, f)
+        _write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
+                               {"prompt_index": start, "model_version": self.model_version})
+        # Written last, and atomically: its presence marks the checkpoint complete (see newest_checkpoint).
+        _write_json_atomically(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), state)
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any):
         checkpoint = kwargs.get("resume_from_checkpoint")
@@ -279,11 +280,32 @@ def _first_gap(sorted_ids: list[int]) -> int:
     return expected
 
 
+def _write_json_atomically(path: str, payload: dict[str, Any]) -> None:
+    staging = f"{path}.tmp"
+    with open(staging, "w") as f:
+        json.dump(payload, f)
+    os.replace(staging, path)
+
+
 def newest_checkpoint(directory: str | None) -> str | None:
-    """The checkpoint a restarted learner resumes from, or None for a fresh run."""
+    """The newest complete checkpoint a restarted learner resumes from, or None for a fresh run.
+
+    A learner killed while saving leaves a `checkpoint-N` directory without its last files; resuming from it crashed
+    every restart until the backoff limit (seen in tests/test_local_run.py: no trainer_state.json). Complete means
+    `grpo_progress.json`, written last, is there.
+    """
     if not directory or not os.path.isdir(directory):
         return None
-    return get_last_checkpoint(directory)
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    numbered = sorted(
+        ((int(match[1]), name) for name in os.listdir(directory) if (match := pattern.match(name))), reverse=True
+    )
+    for _, name in numbered:
+        path = os.path.join(directory, name)
+        if os.path.isfile(os.path.join(path, PROGRESS_STATE_FILE)):
+            return path
+        logger.warning(f"skipping the incomplete checkpoint {path} (interrupted while saving)")
+    return None
 
 
 __all__ = ["GRPOLearner", "StallError", "RolloutPipelineError", "newest_checkpoint"]
