@@ -4,7 +4,6 @@ configured with static scrape targets and the chart's alert rules, queried over 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -12,16 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-
 from chart_render import CHART_DIR
+from grpo_operator.local import free_port
 
 ALERTS_FILE = CHART_DIR / "files" / "alerts.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Prometheus:

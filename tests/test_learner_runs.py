@@ -7,24 +7,17 @@ way the learner pods launch it. Every rank writes what it saw; the assertions co
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
+from grpo_operator.local import free_port
 from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED
 from grpo_trainer.launch import learner_argv
 
 pytestmark = pytest.mark.slow
 SCENARIO = str(Path(__file__).with_name("learner_scenario.py"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXIT_SUCCEEDED) -> list[dict]:

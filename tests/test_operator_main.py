@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import socket
 
 import pytest
 import requests
 from chart_render import objects_of_kind, render_objects
-from operator_fixtures import cluster, emulator_options, progress_urls  # noqa: F401 (fixtures)
-
 from grpo_operator import main
+from grpo_operator.local import free_port
+from operator_fixtures import cluster, emulator_options, progress_urls  # noqa: F401 (fixtures)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -42,9 +41,7 @@ def test_a_namespace_scope_is_required():
 
 @pytest.mark.slow
 def test_the_liveness_probe_answers_through_kopf(cluster):
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
+    port = free_port()
     cluster.stop_operator()
     cluster.start_operator(liveness_endpoint=f"http://127.0.0.1:{port}/healthz")
     response = cluster.wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz"), what="the liveness endpoint")
@@ -56,12 +53,6 @@ def _get(url: str) -> requests.Response | None:
         return requests.get(url, timeout=2)
     except requests.ConnectionError:
         return None
-
-
-def _free_port() -> int:
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return free.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -84,7 +75,7 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
         "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
         "users": [{"name": "tester", "user": {"token": "t"}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
-    metrics_port, liveness_port = _free_port(), _free_port()
+    metrics_port, liveness_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "grpo_operator.cli", "operator", "--namespace", "default",
          "--metrics-port", str(metrics_port), "--liveness-port", str(liveness_port), "--reconcile-interval", "0.2",

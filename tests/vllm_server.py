@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from grpo_operator.local import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))
@@ -37,12 +37,6 @@ class VllmServer:
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_config(model: str, url: str, weight_dir: str) -> dict:
@@ -69,7 +63,7 @@ def require_rollout_python() -> Path:
 def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
     python = require_rollout_python()
     workdir = tmp_path_factory.mktemp("vllm")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / "run.json"
     config_path.write_text(json.dumps(server_config(tiny_model_dir, url, str(workdir / "weights"))))

@@ -271,7 +271,7 @@ class RolloutProgress:
         """Rebuild after a resume. Fills `consumed` (TRL's set) with worker ids relative to the new start, which is
         the first absolute group not consumed: the worker skips every group before it, so none is generated again."""
         absolute = set(state["consumed"])
-        start = next(g for g in range(len(absolute) + 1) if g not in absolute)
+        start = first_unconsumed(absolute)
         consumed.clear()
         consumed.update(g - start for g in absolute if g > start)
         progress = cls(
@@ -287,6 +287,12 @@ class RolloutProgress:
         # The streak open at the checkpoint ended right before the new start only if its last group was start - 1.
         progress._resumed_streak = state.get("stall_streak", 0) if (start - 1) in absolute else 0
         return progress
+
+
+def first_unconsumed(positions: Iterable[int]) -> int:
+    """The first absolute position not consumed: where a resumed worker starts (everything before it is done)."""
+    done = set(positions)
+    return next(g for g in range(len(done) + 1) if g not in done)
 
 
 # -------------------------------------------------------------------------------------------------------- filtering

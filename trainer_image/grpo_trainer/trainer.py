@@ -35,6 +35,7 @@ from .progress import (
     StallError,
     StopAwareDataset,
     StopCode,
+    first_unconsumed,
     stop_from_batch,
 )
 
@@ -233,7 +234,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         state["global_step"] = self.state.global_step
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
-        start = _first_gap(state["consumed"])
+        start = first_unconsumed(state["consumed"])
         _write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
                                {"prompt_index": start, "model_version": self.model_version})
         # Written last, and atomically: its presence marks the checkpoint complete (see newest_checkpoint).
@@ -269,15 +270,6 @@ class GRPOLearner(AsyncGRPOTrainer):
         if self._progress_server is not None:
             self._progress_server.stop()
             self._progress_server = None
-
-
-def _first_gap(sorted_ids: list[int]) -> int:
-    expected = 0
-    for group_id in sorted_ids:
-        if group_id != expected:
-            break
-        expected += 1
-    return expected
 
 
 def _write_json_atomically(path: str, payload: dict[str, Any]) -> None:
