@@ -85,6 +85,7 @@ class RolloutProgress:
         start_group: int = 0,
         trained: int = 0,
         dropped: dict[str, int] | None = None,
+        resumed_streak: int = 0,
         clock: Callable[[], float] = time.time,
     ):
         if stall_groups < 0:
@@ -107,6 +108,8 @@ class RolloutProgress:
         self._trained_ids: set[int] = set()
         self._first_unconsumed = 0
         self._last_drop: int | None = None
+        # A stall streak open right before the resume point, carried over from the checkpoint.
+        self._resumed_streak = resumed_streak
         self.last_trained_time: float | None = None
         self.reward_mean: float | None = None
         self._clock = clock
@@ -207,8 +210,6 @@ class RolloutProgress:
             low -= self._resumed_streak
         return high - low + 1
 
-    _resumed_streak = 0
-
     def _advance(self) -> None:
         while self._first_unconsumed in self.consumed:
             self._first_unconsumed += 1
@@ -274,7 +275,7 @@ class RolloutProgress:
         start = first_unconsumed(absolute)
         consumed.clear()
         consumed.update(g - start for g in absolute if g > start)
-        progress = cls(
+        return cls(
             consumed,
             epochs_done=state["epochs_done"],
             stall_groups=stall_groups,
@@ -283,10 +284,9 @@ class RolloutProgress:
             start_group=start,
             trained=state["groups_trained"],
             dropped=state["dropped"],
+            # The streak open at the checkpoint continues only if its last group was right before the new start.
+            resumed_streak=state.get("stall_streak", 0) if (start - 1) in absolute else 0,
         )
-        # The streak open at the checkpoint ended right before the new start only if its last group was start - 1.
-        progress._resumed_streak = state.get("stall_streak", 0) if (start - 1) in absolute else 0
-        return progress
 
 
 def first_unconsumed(positions: Iterable[int]) -> int:
