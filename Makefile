@@ -45,7 +45,7 @@ setup-apt:
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
 demo: setup
-	$(VENV)/bin/python -m grpo_trainer.tiny_assets examples/tiny-assets/model
+	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
 	$(VENV)/bin/grporun local examples/tiny.yaml
 
 test: setup

@@ -122,7 +122,7 @@ def run(context: Context) -> str:
         raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
     model = ROOT / "examples" / "tiny-assets" / "model"
     if not (model / "config.json").exists():
-        from grpo_trainer.tiny_assets import build_tiny_model
+        from grpo_trainer.testing.tiny_assets import build_tiny_model
 
         build_tiny_model(model)  # what the demo's first run does
     results = [(label, run_once(context, str(index), env)) for index, (label, env) in enumerate(VARIANTS)]

@@ -56,7 +56,7 @@ def reward_script(args: argparse.Namespace):
 
 
 def build_worker(args: argparse.Namespace, tokenizer):
-    from grpo_trainer.scripted_worker import ScriptedRolloutWorker
+    from grpo_trainer.testing.scripted_worker import ScriptedRolloutWorker
 
     class Worker(ScriptedRolloutWorker):
         """last_pass_oversize: from the last pass on, samples exceed the token budget (a completion-length blow-up),
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     from grpo_trainer.contract import FilterConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.progress import STOP_KEY
-    from grpo_trainer.scripted_worker import NoWeightTransfer
+    from grpo_trainer.testing.scripted_worker import NoWeightTransfer
     from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -1,9 +1,9 @@
 """Section 4: what the operator costs per GRPORun, with 1, 10, 50 and 100 runs.
 
 The real kopf operator runs in its own process (bench.operator_soak's `--serve-operator`, wired as `grporun
-operator` wires it, at the operator's default reconcile interval) against the API emulator (tests/kube_emulator.py,
+operator` wires it, at the operator's default reconcile interval) against the API emulator (tests/support/kube_emulator.py,
 real HTTP, every request logged). Every run's learner is one real ProgressServer that counts the polls it answers;
-a Kubelet (tests/operator_fixtures.py) marks the pods Running. Measured per size, on a fresh emulator and operator:
+a Kubelet (tests/support/operator_fixtures.py) marks the pods Running. Measured per size, on a fresh emulator and operator:
 - apply -> all children: from each GRPORun's create to its ConfigMap, Services and Pods existing (bench polls
   every 0.1 s);
 - progress -> status lag: the learner's trained-group count changes once, for every run at the same moment; the
@@ -33,13 +33,20 @@ BENCH_USER_AGENT = "python-requests"  # tests' KubeClient (the bench and the Kub
 
 
 def _components():
-    sys.path.insert(0, str(ROOT / "tests"))
+    # The names are handed back through locals(): importing here keeps the section optional.
     try:
-        import yaml
-        from kube_emulator import DEFAULT_RESOURCES, GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
-        from operator_fixtures import CRDS, Kubelet, grporun, minimal_spec
+        import yaml  # noqa: F401
 
-        from grpo_operator import builders
+        from grpo_operator import builders  # noqa: F401
+        from tests.support.kube_emulator import (  # noqa: F401
+            DEFAULT_RESOURCES,
+            GRPORUNS,
+            PODS,
+            EmulatorThread,
+            KubeClient,
+            KubeEmulator,
+        )
+        from tests.support.operator_fixtures import CRDS, Kubelet, grporun, minimal_spec  # noqa: F401
     except ImportError as error:
         raise SectionUnavailable(f"the operator or its API emulator is not importable here ({error})") from error
     return locals()
@@ -207,7 +214,7 @@ def measure(runs: int, interval: float, window: float) -> dict:
 
 
 def _child_kinds(c):
-    from kube_emulator import CONFIGMAPS, SERVICES
+    from tests.support.kube_emulator import CONFIGMAPS, SERVICES
 
     return (("configmaps", CONFIGMAPS), ("services", SERVICES), ("pods", c["PODS"]))
 

@@ -49,15 +49,15 @@ def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
 
 def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0) -> list[tuple[float, float, int, int]]:
     """(elapsed seconds, operator RSS MiB, runs Running, status patches so far) samples."""
-    sys.path.insert(0, str(ROOT / "tests"))
     import yaml
+
     from grpo_trainer.contract import ProgressReport
     from grpo_trainer.exporter import ProgressServer
-    from kube_emulator import DEFAULT_RESOURCES, GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
+    from tests.support.kube_emulator import DEFAULT_RESOURCES, GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
 
     def status_patches() -> int:
         return sum(1 for r in emulator.emulator.request_log if r.rbac_resource == "grporuns/status")
-    from operator_fixtures import CRDS, Kubelet, grporun, minimal_spec
+    from tests.support.operator_fixtures import CRDS, Kubelet, grporun, minimal_spec
 
     trained = {"groups": 0}
     stop = threading.Event()

@@ -79,7 +79,7 @@ class Bench:
         return [sample for group in range(shape.groups) for sample in worker.group_samples(group, group)]
 
     def _worker(self, shape: Shape, reward):
-        from grpo_trainer.scripted_worker import ScriptedRolloutWorker
+        from grpo_trainer.testing.scripted_worker import ScriptedRolloutWorker
 
         return ScriptedRolloutWorker(
             dataset_size=len(self.dataset), num_generations=shape.generations, reward=reward,
@@ -91,7 +91,7 @@ class Bench:
         from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
         from grpo_trainer.cpu import enable_cpu_support
-        from grpo_trainer.scripted_worker import NoWeightTransfer
+        from grpo_trainer.testing.scripted_worker import NoWeightTransfer
         from grpo_trainer.trainer import GRPOLearner
 
         config = AsyncGRPOConfig(

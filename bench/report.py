@@ -29,7 +29,7 @@ class Context:
 
     @property
     def model_dir(self) -> str:
-        from grpo_trainer.tiny_assets import build_tiny_model
+        from grpo_trainer.testing.tiny_assets import build_tiny_model
 
         model = self.scratch / "tiny-model"
         if not (model / "config.json").exists():

@@ -52,7 +52,7 @@ def run(context: Context) -> str:
     model = context.model_dir
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(reps):
-        for label, scenario in SCENARIOS:
+        for _label, scenario in SCENARIOS:
             for kind in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):
                 record = learner_run(
                     context.scratch / "stop", f"{scenario}-{kind}-{rep}", kind=kind, scenario=scenario, model=model,

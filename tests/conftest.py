@@ -8,7 +8,7 @@ import pytest
 
 # One vLLM server for the whole session. Registered here, not imported by each test module: an imported
 # session fixture is a separate fixture per module, and each module started its own server (3 servers, measured).
-pytest_plugins = ["vllm_server"]
+pytest_plugins = ["tests.support.vllm_server", "tests.support.operator_fixtures"]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """The tiny example's model and tokenizer, built offline once per session (grpo_trainer.tiny_assets)."""
-    from grpo_trainer.tiny_assets import build_tiny_model
+    """The tiny example's model and tokenizer, built offline once per session (grpo_trainer.testing.tiny_assets)."""
+    from grpo_trainer.testing.tiny_assets import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))

@@ -26,12 +26,14 @@ from typing import Any
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from grpo_trainer import contract as c
-from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import builders, status as st
+from grpo_trainer import contract as c
+from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
+
+from . import builders
+from . import status as st
 from .manifest import ManifestError, ManifestInvalid, read_grporun
 from .resolve import resolve_run_config
 from .spec import FINISHED_PHASES, GRPORunSpec, Phase

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_trainer.contract import DROP_REASONS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from grpo_trainer.contract import DROP_REASONS
 
 from . import metric_names as m
 from .spec import Phase, parse_status

@@ -8,13 +8,13 @@ progressing).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 import aiohttp
-from grpo_trainer.contract import LEARNER_HTTP_PORT, PROGRESS_PATH, ProgressReport, parse_progress
 from pydantic import ValidationError
+
+from grpo_trainer.contract import LEARNER_HTTP_PORT, PROGRESS_PATH, ProgressReport, parse_progress
 
 #: (namespace, pod name, pod IP) -> the URL of that pod's /progress. Tests swap in 127.0.0.1 and a local port.
 ProgressUrlFn = Callable[[str, str, str], str]
@@ -33,7 +33,7 @@ async def fetch_progress(session: aiohttp.ClientSession, url: str, *, timeout: f
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}")
             return parse_progress(await response.text())
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValidationError, ValueError) as error:
+    except (TimeoutError, aiohttp.ClientError, ValidationError, ValueError) as error:
         if logger is not None:
             logger.debug(f"no progress from {url}: {error}")
         return None

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import kopf
+
 from grpo_trainer.contract import ProgressReport
 
 from . import builders

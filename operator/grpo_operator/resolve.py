@@ -7,6 +7,7 @@ imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
 
 from __future__ import annotations
 
+from grpo_operator.spec import GRPORunSpec
 from grpo_trainer.contract import (
     CheckpointConfig,
     LearnerConfig,
@@ -15,8 +16,6 @@ from grpo_trainer.contract import (
     RunConfig,
     WeightSyncConfig,
 )
-
-from grpo_operator.spec import GRPORunSpec
 
 
 def resolve_run_config(

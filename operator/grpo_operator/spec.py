@@ -3,7 +3,7 @@
 The spec reuses the contract's models wherever the manifest and the resolved run config have the same shape
 (dataset, rewards, training, filter), so a field and its default are spelled once; the Kubernetes-only parts
 (images, resources, volumes, run policy) live here. The CRD's defaults are checked against these models by
-`tests/test_spec.py`, so the two cannot drift apart.
+`tests/operator/test_spec.py`, so the two cannot drift apart.
 
 Cross-field rules (maxModelLen vs maxCompletionLength, weight-sync mode vs device, ...) are the CRD's CEL rules;
 `grpo_operator.manifest.validate_manifest` evaluates them outside a cluster. `parse_spec` checks types, ranges and
@@ -15,6 +15,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
+from pydantic import ConfigDict, Field, ValidationError
+
 from grpo_trainer.contract import (
     DatasetConfig,
     FilterConfig,
@@ -23,7 +25,6 @@ from grpo_trainer.contract import (
     TrainingConfig,
     _Model,
 )
-from pydantic import ConfigDict, Field, ValidationError
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -149,7 +150,7 @@ def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Status. Every field here is declared in the CRD's status schema (tests/test_crd_schema.py walks both): the API
+# Status. Every field here is declared in the CRD's status schema (tests/crds/test_grporun_schema.py walks both): the API
 # server silently prunes undeclared status fields.
 # --------------------------------------------------------------------------------------------------------------------
 class Phase(str, Enum):

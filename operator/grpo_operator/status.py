@@ -22,6 +22,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from grpo_trainer.contract import (
     EXIT_STALLED,
     EXIT_SUCCEEDED,
@@ -29,7 +31,6 @@ from grpo_trainer.contract import (
     ProgressReport,
     parse_progress,
 )
-from pydantic import ValidationError
 
 from .spec import (
     FINISHED_PHASES,

@@ -4,7 +4,7 @@ scrapes the operator in the cluster.
 
 Needs Docker and kind; skipped, with the reason printed, where either is missing (these project machines have no
 Docker engine). The chart, the alerts and the scrape path are also covered without a cluster by
-tests/test_chart_*.py, tests/test_alerts.py and tests/test_prometheus_scrape.py.
+tests/chart/.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -21,11 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the shared helpers (chart_render, prometheus_harness) live there
-
-from chart_render import CHART_DIR  # noqa: E402
-from prometheus_harness import Prometheus, free_port  # noqa: E402
+from tests.support.chart_render import CHART_DIR
+from tests.support.paths import REPO
+from tests.support.prometheus_harness import Prometheus, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,7 +37,7 @@ RUN_TIMEOUT_S = 1800
 
 TINY_DOCKERFILE = f"""
 FROM {TRAINER_IMAGE}
-RUN python -m grpo_trainer.tiny_assets {TINY_DIR}/model
+RUN python -m grpo_trainer.testing.tiny_assets {TINY_DIR}/model
 COPY examples/tiny-prompts.jsonl {TINY_DIR}/tiny-prompts.jsonl
 """
 

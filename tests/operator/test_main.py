@@ -1,0 +1,102 @@
+"""`grporun operator`: its flags accept what the Helm chart passes, and the liveness probe answers through kopf."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import requests
+
+from grpo_operator import main
+from grpo_operator.local import free_port
+from tests.support.chart_render import objects_of_kind, render_objects
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("values", [{"watch": {"allNamespaces": True}},
+                                    {"watch": {"allNamespaces": False, "namespaces": ["a", "b"]}}])
+def test_the_charts_container_args_parse(values):
+    deployment = objects_of_kind(render_objects(values), "Deployment")[0]
+    (operator,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert operator["command"] == ["grporun"] and operator["args"][0] == "operator"
+    args = parse(operator["args"][1:])
+    assert args.standalone is True
+    if values["watch"]["allNamespaces"]:
+        assert args.all_namespaces is True and args.namespace == []
+    else:
+        assert args.namespace == ["a", "b"] and not args.all_namespaces
+    assert args.liveness.endswith("/healthz") and args.metrics_port > 0
+
+
+def test_a_namespace_scope_is_required():
+    assert main.main(parse([])) == 2
+    with pytest.raises(SystemExit):
+        parse(["--namespace", "a", "--all-namespaces"])
+
+
+@pytest.mark.slow
+def test_the_liveness_probe_answers_through_kopf(cluster):
+    port = free_port()
+    cluster.stop_operator()
+    cluster.start_operator(liveness_endpoint=f"http://127.0.0.1:{port}/healthz")
+    response = cluster.wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz"), what="the liveness endpoint")
+    assert response.status_code == 200 and response.json() == {"runs": 0}
+
+
+def _get(url: str) -> requests.Response | None:
+    try:
+        return requests.get(url, timeout=2)
+    except requests.ConnectionError:
+        return None
+
+
+@pytest.mark.slow
+def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sigterm(tmp_path):
+    """The real command line in its own process: kopf's default login (kubeconfig), the metrics server, SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tests.support.kube_emulator import GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
+    from tests.support.operator_fixtures import grporun
+
+    emulator = EmulatorThread(KubeEmulator()).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
+        "users": [{"name": "tester", "user": {"token": "t"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
+    metrics_port, liveness_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "grpo_operator.cli", "operator", "--namespace", "default",
+         "--metrics-port", str(metrics_port), "--liveness-port", str(liveness_port), "--reconcile-interval", "0.2",
+         "--trainer-image", "grpo-trainer:cli"],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = KubeClient(emulator.url)
+        client.create(GRPORUNS, "default", grporun("cli"))
+        deadline = time.monotonic() + 30
+        while len(client.list(PODS, "default", "grpo.dev/run=cli")) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, "the operator created no pods"
+            time.sleep(0.2)
+        images = {p["spec"]["containers"][0]["image"] for p in client.list(PODS, "default")}
+        assert images == {"grpo-trainer:cli"}
+        metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert 'grpo_operator_run_info{model="/models/tiny",namespace="default",run="cli"} 1.0' in metrics
+        assert requests.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        emulator.stop()

@@ -1,0 +1,99 @@
+"""resolve_run_config turns a GRPORun spec into the learner's RunConfig: the user's values flow through untouched, the
+caller's addresses and paths land where the learner reads them, and a defaulted spec resolves to the contract's own
+defaults (so the CRD, the spec model and the contract agree)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_operator.manifest import read_grporun
+from grpo_operator.resolve import resolve_run_config
+from grpo_trainer.contract import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    CheckpointConfig,
+    FilterConfig,
+    LearnerConfig,
+    ProgressConfig,
+    RolloutConfig,
+    TrainingConfig,
+    load_run_config,
+)
+from tests.support.paths import MANIFEST_FIXTURES as FIXTURES  # noqa: E402
+
+
+def resolve(fixture: str, **overrides):
+    run = read_grporun(FIXTURES / fixture)
+    arguments = dict(rollout_urls=["http://run-rollout-0.run-rollout:8000"], output_dir="/out", checkpoint_dir=None,
+                     weight_sync_dir=None, termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH)
+    arguments.update(overrides)
+    return run, resolve_run_config(run.name, run.namespace, run.spec, **arguments)
+
+
+def test_resolve_defaulted_spec_gives_the_contracts_defaults():
+    _, config = resolve("minimal.yaml")
+    assert config.training.model_dump(exclude={"token_budget"}) == TrainingConfig().model_dump(exclude={"token_budget"})
+    assert config.filter == FilterConfig()
+    assert config.progress == ProgressConfig()
+    defaults = RolloutConfig()
+    for field in ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "device", "extra_args"):
+        assert getattr(config.rollout, field) == getattr(defaults, field), field
+    assert config.rollout.weight_sync == defaults.weight_sync
+    assert config.learner == LearnerConfig()
+    assert config.checkpoint == CheckpointConfig()
+
+
+def test_resolve_token_budget_defaults_to_the_servers_context_length():
+    _, config = resolve("cpu-local.yaml", weight_sync_dir="/sync")
+    assert config.training.token_budget == 256 == config.rollout.max_model_len
+    run, config = resolve("full-gpu.yaml")
+    assert config.training.token_budget == 3072
+    assert read_grporun(FIXTURES / "cpu-local.yaml").spec.training.token_budget is None, "the spec is not mutated"
+
+
+def test_resolve_carries_every_user_value_and_the_callers_paths():
+    run, config = resolve(
+        "full-gpu.yaml",
+        rollout_urls=["http://a:8000", "http://b:8000"],
+        checkpoint_dir="/checkpoints",
+        termination_message_path="/tmp/termination",
+    )
+    spec = run.spec
+    assert (config.run_name, config.namespace, config.model) == ("qwen3-gsm8k", "research", "Qwen/Qwen3-0.6B")
+    assert config.dataset == spec.dataset and config.dataset.limit == 5000
+    assert [reward.to_wire() for reward in config.rewards] == [
+        {"name": "accuracy", "function": None, "weight": 1.0},
+        {"name": None, "function": "mypkg.rewards:format_reward", "weight": 0.2},
+    ]
+    assert config.training.model_dump() == spec.training.model_dump()
+    assert config.training.extra_args == {"beta": 0.0, "loss_type": "dapo"}
+    assert config.filter.drop_truncated and config.filter.no_signal_epsilon == 0.0001
+    assert config.progress.model_dump() == {"stall_groups": 500, "progress_deadline_seconds": 1800, "stall_policy": "Fail"}
+    assert config.rollout.urls == ["http://a:8000", "http://b:8000"]
+    assert (config.rollout.max_model_len, config.rollout.gpu_memory_utilization) == (4096, 0.85)
+    assert config.rollout.extra_args == ["--enforce-eager"] and config.rollout.weight_sync.mode == "nccl"
+    assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
+    assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
+    assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
+
+
+def test_resolve_filesystem_weight_sync_gets_the_callers_directory():
+    _, config = resolve("cpu-local.yaml", weight_sync_dir="/shared/weights")
+    assert config.rollout.weight_sync.model_dump() == {"mode": "filesystem", "directory": "/shared/weights"}
+    assert (config.rollout.device, config.learner.device) == ("cpu", "cpu")
+
+
+def test_resolve_round_trips_through_the_configmap_json():
+    _, config = resolve("full-gpu.yaml", checkpoint_dir="/ckpt")
+    assert load_run_config(config.model_dump_json(by_alias=True)) == config
+
+
+@pytest.mark.parametrize(
+    "fixture, overrides, message",
+    [
+        ("minimal.yaml", {"rollout_urls": []}, "rollout_urls: at least one rollout server URL"),
+        ("cpu-local.yaml", {"weight_sync_dir": None}, "weight_sync_dir: filesystem weight sync needs a directory"),
+    ],
+)
+def test_resolve_rejects_a_caller_that_leaves_out_what_the_spec_needs(fixture, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        resolve(fixture, **overrides)

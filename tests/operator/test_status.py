@@ -1,0 +1,358 @@
+"""Unit tests of the pure status derivation (grpo_operator.status): one lifecycle step at a time, clock as input.
+
+Every status derived here is also checked against the CRD's status schema (manifest.status_errors), since the API
+server prunes or rejects what the schema does not declare.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import pytest
+
+from grpo_operator import manifest
+from grpo_operator.spec import parse_spec
+from grpo_operator.status import (
+    CreateChildren,
+    Decision,
+    DeletePods,
+    DeleteRun,
+    PodObservation,
+    RecreatePods,
+    derive_status,
+    invalid_spec_status,
+)
+from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_STALLED, ProgressReport
+from tests.support.operator_fixtures import minimal_spec
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def spec_of(**overrides: Any):
+    return parse_spec(minimal_spec(**overrides))
+
+
+def pod(name: str, phase: str = "Running", ready: bool = True, **fields: Any) -> PodObservation:
+    role = "learner" if "-learner-" in name else "rollout"
+    return PodObservation(name=name, role=role, phase=phase, ready=ready, **fields)
+
+
+def running_pods(run: str = "r", replicas: int = 1, nodes: int = 1) -> list[PodObservation]:
+    return [pod(f"{run}-rollout-{i}") for i in range(replicas)] + [pod(f"{run}-learner-{r}") for r in range(nodes)]
+
+
+def report(**fields: Any) -> ProgressReport:
+    return ProgressReport.model_validate({"phase": "Running", "groupsTotal": 40, **fields})
+
+
+def step(spec, status, pods, progress=None, now=T0, **kwargs) -> Decision:
+    decision = derive_status(spec, status, pods, progress, now, generation=kwargs.pop("generation", 1), **kwargs)
+    assert manifest.status_errors(decision.status) == [], decision.status
+    return decision
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def reasons(decision: Decision) -> list[str]:
+    return [event.reason for event in decision.events]
+
+
+def running_status(spec, trained: int = 3, now=T0) -> dict[str, Any]:
+    first = step(spec, {}, [], now=now)
+    return step(spec, first.status, running_pods(), report(groupsConsumed=trained, groupsTrained=trained), now=now).status
+
+
+# --- creation and phases ----------------------------------------------------------------------------------------
+def test_a_new_run_is_pending_creates_children_and_declares_every_condition():
+    decision = step(spec_of(), {}, [])
+    status = decision.status
+    assert status["phase"] == "Pending" and status["startTime"] == "2026-01-01T12:00:00Z"
+    assert status["observedGeneration"] == 1
+    assert decision.actions == [CreateChildren()]
+    assert [c["type"] for c in status["conditions"]] == [
+        "RolloutReady", "Progressing", "Stalled", "Suspended", "Succeeded", "Failed"]
+    assert all(c["status"] == "False" for c in status["conditions"])
+    assert reasons(decision) == ["Created"]
+
+
+def test_children_are_recreated_after_an_operator_restart_only_by_idempotent_create():
+    spec = spec_of()
+    status = running_status(spec)
+    assert step(spec, status, running_pods()).actions == []
+    assert step(spec, status, running_pods(), children_exist=False).actions == [CreateChildren()]
+
+
+def test_phase_moves_pending_starting_running_with_events_on_transitions_only():
+    spec = spec_of()
+    pending = step(spec, {}, [])
+    starting = step(spec, pending.status, [pod("r-rollout-0", ready=False), pod("r-learner-0")], now=at(10))
+    assert starting.status["phase"] == "Starting" and reasons(starting) == ["Starting"]
+    running = step(spec, starting.status, running_pods(), now=at(20))
+    assert running.status["phase"] == "Running"
+    assert reasons(running) == ["RolloutReady", "Running"]
+    assert condition(running.status, "RolloutReady")["lastTransitionTime"] == "2026-01-01T12:00:20Z"
+    again = step(spec, running.status, running_pods(), now=at(30))
+    assert again.events == [] and again.actions == []
+    assert condition(again.status, "RolloutReady")["lastTransitionTime"] == "2026-01-01T12:00:20Z"
+
+
+def test_derivation_is_deterministic():
+    spec, pods = spec_of(), running_pods()
+    status = running_status(spec)
+    first = step(spec, status, pods, report(groupsTrained=5), now=at(5))
+    second = step(spec, json.loads(json.dumps(status)), pods, report(groupsTrained=5), now=at(5))
+    assert first == second
+
+
+def test_progress_fields_land_in_status():
+    spec = spec_of()
+    status = running_status(spec)
+    decision = step(spec, status, running_pods(), report(groupsConsumed=10, groupsTrained=8, dropped={"no_signal": 2},
+                                                         epochsDone=0, globalStep=4, rewardMean=0.5), now=at(7))
+    progress = decision.status["progress"]
+    assert progress == {"epoch": 0, "epochs": 1.0, "groupsConsumed": 10, "groupsTotal": 40, "groupsTrained": 8,
+                        "groupsDropped": 2, "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
+                                                        "excluded": 0, "lost": 0},
+                        "stallStreak": 0, "stallLimit": 0, "globalStep": 4, "percent": 25.0, "rewardMean": 0.5}
+    assert decision.status["lastProgressTime"] == "2026-01-01T12:00:07Z"
+    assert decision.status["progressClock"]["anchorTime"] == "2026-01-01T12:00:07Z"
+
+
+# --- exits ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("policy", "deleted"), [("Running", ("r-rollout-0",)),
+                                                 ("All", ("r-learner-0", "r-rollout-0")), ("None", None)])
+def test_learner_exit_zero_succeeds_and_cleans_pods_per_policy(policy, deleted):
+    spec = spec_of(runPolicy={"cleanPodPolicy": policy})
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38, epochsDone=1)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    status = decision.status
+    assert status["phase"] == "Succeeded" and status["completionTime"] == "2026-01-01T12:01:00Z"
+    assert status["progress"]["percent"] == 100.0  # read from the termination message, the learner being gone
+    assert condition(status, "Succeeded")["status"] == "True"
+    assert condition(status, "Succeeded")["reason"] == "EpochBoundReached"
+    assert condition(status, "Failed")["status"] == "False"
+    expected = [DeletePods(deleted, reason=f"cleanPodPolicy {policy}")] if deleted else []
+    assert decision.actions == expected
+    assert "Succeeded" in reasons(decision)
+
+
+def test_stall_exit_fails_at_once_with_reason_stalled():
+    spec = spec_of(runPolicy={"backoffLimit": 5})
+    final = report(phase="Stalled", stallStreak=40, stallLimit=40, message="a full pass trained nothing")
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_STALLED, reason="Error",
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    status = decision.status
+    assert status["phase"] == "Failed"
+    assert condition(status, "Failed")["reason"] == "Stalled"
+    assert condition(status, "Stalled")["status"] == "True"
+    assert status["failure"] == {"role": "learner", "pod": "r-learner-0", "exitCode": EXIT_STALLED,
+                                 "reason": "Stalled", "message": "a full pass trained nothing"}
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
+    assert status.get("restarts", 0) == 0
+
+
+def test_invalid_config_exit_fails_without_retry():
+    spec = spec_of()
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_INVALID_CONFIG,
+                                    message="rewards[0].name: unknown reward 'nope'")]
+    decision = step(spec, running_status(spec), pods, now=at(5))
+    assert condition(decision.status, "Failed")["reason"] == "InvalidConfig"
+    assert decision.status["failure"]["message"] == "rewards[0].name: unknown reward 'nope'"
+
+
+def test_a_crash_restarts_the_whole_learner_gang_within_the_backoff_limit():
+    spec = spec_of(learner={"nodes": 2}, runPolicy={"backoffLimit": 2})
+    status = step(spec, step(spec, {}, []).status, running_pods(nodes=2)).status
+    pods = [pod("r-rollout-0"), pod("r-learner-0"), pod("r-learner-1", "Failed", False, exit_code=1,
+                                                         message="NCCL timeout")]
+    decision = step(spec, status, pods, now=at(30))
+    assert decision.actions == [RecreatePods(("r-learner-0", "r-learner-1"), attempt=1)]
+    assert decision.status["restarts"] == 1 and decision.status["learner"]["restarts"] == 1
+    assert decision.status["phase"] == "Pending"
+    assert reasons(decision) == ["Restarting", "Pending"]
+    assert "restart 1/2" in decision.events[0].message and "NCCL timeout" in decision.events[0].message
+    # The next pass sees the pods gone and creates them again.
+    assert step(spec, decision.status, [pod("r-rollout-0")], now=at(31)).actions == [CreateChildren()]
+
+
+def test_a_crash_past_the_backoff_limit_fails_with_the_termination_message():
+    spec = spec_of(runPolicy={"backoffLimit": 1})
+    status = {**running_status(spec), "restarts": 1}
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137, reason="OOMKilled",
+                                    message="Killed")]
+    decision = step(spec, status, pods, now=at(40))
+    assert decision.status["phase"] == "Failed"
+    assert condition(decision.status, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert decision.status["failure"] == {"role": "learner", "pod": "r-learner-0", "exitCode": 137,
+                                          "reason": "OOMKilled", "message": "Killed"}
+    assert decision.actions == [DeletePods(("r-rollout-0",), reason="cleanPodPolicy Running")]
+
+
+def test_a_rollout_server_that_exits_is_restarted_alone():
+    spec = spec_of(rollout={"replicas": 2})
+    status = step(spec, {}, []).status
+    pods = [pod("r-rollout-0"), pod("r-rollout-1", "Failed", False, exit_code=1), pod("r-learner-0")]
+    decision = step(spec, status, pods, now=at(5))
+    assert decision.actions == [RecreatePods(("r-rollout-1",), attempt=1)]
+
+
+# --- finished runs ----------------------------------------------------------------------------------------------
+def test_a_finished_run_never_recreates_children_and_honours_its_ttl():
+    spec = spec_of(runPolicy={"ttlSecondsAfterFinished": 60})
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0)]
+    finished = step(spec, running_status(spec), pods, now=at(100)).status
+    later = step(spec, finished, [], now=at(130), children_exist=False)
+    assert later.actions == [] and later.status["phase"] == "Succeeded"
+    assert step(spec, finished, [], now=at(160)).actions == [DeleteRun()]
+
+
+def test_a_finished_run_keeps_cleaning_pods_that_are_still_running():
+    spec = spec_of()
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0)]
+    finished = step(spec, running_status(spec), pods, now=at(100)).status
+    assert step(spec, finished, pods, now=at(101)).actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
+
+
+# --- stall detection --------------------------------------------------------------------------------------------
+def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():
+    spec = spec_of()
+    stalled = report(groupsConsumed=44, groupsTrained=3, stallStreak=40, stallLimit=40)
+    decision = step(spec, running_status(spec), running_pods(), stalled, now=at(5))
+    # The learner ends itself (exit 42 with its final report); the operator does not race that exit.
+    assert decision.status["phase"] == "Running" and not decision.actions
+    assert condition(decision.status, "Stalled")["reason"] == "StallLimitReached"
+    assert condition(decision.status, "Progressing")["status"] == "False"
+    assert "Stalled" in reasons(decision)
+    exited = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_STALLED,
+                                     message=stalled.termination_message())]
+    failed = step(spec, decision.status, exited, stalled, now=at(6))
+    assert failed.status["phase"] == "Failed"
+    assert condition(failed.status, "Failed")["reason"] == "Stalled"
+    assert failed.status["failure"]["exitCode"] == EXIT_STALLED and failed.status["failure"]["reason"] == "Stalled"
+
+
+def test_the_progress_deadline_fails_the_run_under_policy_fail():
+    spec = spec_of(progress={"progressDeadlineSeconds": 100})
+    decision = step(spec, running_status(spec, trained=3), running_pods(), report(groupsTrained=3), now=at(100))
+    assert decision.status["phase"] == "Failed"
+    assert condition(decision.status, "Failed")["reason"] == "Stalled"
+    assert condition(decision.status, "Stalled")["reason"] == "ProgressDeadlineExceeded"
+    assert decision.status["failure"]["role"] == "learner" and decision.status["failure"]["reason"] == "Stalled"
+
+
+def test_policy_report_only_reports_a_stall():
+    spec = spec_of(progress={"stallPolicy": "Report"})
+    decision = step(spec, running_status(spec), running_pods(), report(groupsTrained=3, stallStreak=40,
+                                                                         stallLimit=40), now=at(5))
+    assert decision.status["phase"] == "Running"
+    assert condition(decision.status, "Stalled")["status"] == "True"
+    assert condition(decision.status, "Progressing")["status"] == "False"
+    assert not any(isinstance(a, DeletePods) for a in decision.actions)
+
+
+def test_no_trained_group_for_the_deadline_stalls_and_progress_clears_it():
+    spec = spec_of(progress={"progressDeadlineSeconds": 100, "stallPolicy": "Report"})
+    status = running_status(spec, trained=3)
+    quiet = step(spec, status, running_pods(), report(groupsTrained=3), now=at(99))
+    assert condition(quiet.status, "Stalled")["status"] == "False"
+    stalled = step(spec, quiet.status, running_pods(), report(groupsTrained=3), now=at(100))
+    assert condition(stalled.status, "Stalled")["reason"] == "ProgressDeadlineExceeded"
+    assert reasons(stalled) == ["Stalled"]
+    still = step(spec, stalled.status, running_pods(), report(groupsTrained=3), now=at(150))
+    assert still.events == []  # a transition is announced once
+    resumed = step(spec, still.status, running_pods(), report(groupsTrained=4), now=at(160))
+    assert condition(resumed.status, "Stalled")["status"] == "False"
+    assert condition(resumed.status, "Stalled")["reason"] == "ProgressResumed"
+    assert reasons(resumed) == ["ProgressResumed"]
+
+
+def test_the_stall_clock_pauses_while_pending_and_survives_an_operator_restart():
+    spec = spec_of(progress={"progressDeadlineSeconds": 300, "stallPolicy": "Report"})
+    status = running_status(spec)  # anchored at T0
+    restarting = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1)],
+                      now=at(100)).status
+    assert restarting["progressClock"]["pausedSince"] == "2026-01-01T12:01:40Z"
+    pending = step(spec, restarting, [pod("r-rollout-0"), pod("r-learner-0", "Pending", False)], now=at(350)).status
+    assert condition(pending, "Stalled")["status"] == "False"  # 350 s old, but only 100 s of it running
+    # A fresh operator has only what is in the status: serialise it and go on.
+    resumed = step(spec, json.loads(json.dumps(pending)), running_pods(), now=at(400)).status
+    assert resumed["progressClock"]["pausedSeconds"] == 300.0
+    assert condition(step(spec, resumed, running_pods(), now=at(599)).status, "Stalled")["status"] == "False"
+    assert condition(step(spec, resumed, running_pods(), now=at(600)).status, "Stalled")["status"] == "True"
+
+
+# --- suspend, deadlines, stuck pods -----------------------------------------------------------------------------
+def test_suspend_deletes_pods_keeps_the_run_and_resume_recreates_them():
+    spec = spec_of(runPolicy={"suspend": True})
+    status = running_status(spec_of())
+    suspended = step(spec, status, running_pods(), now=at(10))
+    assert suspended.status["phase"] == "Suspended"
+    assert suspended.actions == [DeletePods(("r-learner-0", "r-rollout-0"), reason="suspended")]
+    assert condition(suspended.status, "Suspended")["status"] == "True"
+    assert reasons(suspended) == ["Suspended"]
+    assert step(spec, suspended.status, [], now=at(20)).events == []
+    resumed = step(spec_of(), suspended.status, [], now=at(1000))
+    assert resumed.actions == [CreateChildren()]
+    assert resumed.status["startTime"] == "2026-01-01T12:16:40Z"  # the active deadline counts from the resume
+    assert condition(resumed.status, "Suspended")["reason"] == "Resumed"
+    assert "Resumed" in reasons(resumed)
+
+
+def test_active_deadline_fails_the_run():
+    spec = spec_of(runPolicy={"activeDeadlineSeconds": 600})
+    status = running_status(spec)
+    assert step(spec, status, running_pods(), now=at(599)).status["phase"] == "Running"
+    decision = step(spec, status, running_pods(), now=at(600))
+    assert decision.status["phase"] == "Failed"
+    assert condition(decision.status, "Failed")["reason"] == "DeadlineExceeded"
+    assert decision.actions == [DeletePods(("r-learner-0", "r-rollout-0"), reason="cleanPodPolicy Running")]
+
+
+def test_a_pod_stuck_on_an_image_pull_surfaces_and_then_hits_the_startup_deadline():
+    spec = spec_of(progress={"startupDeadlineSeconds": 900})
+    created = step(spec, {}, []).status
+    stuck = [pod("r-rollout-0", "Pending", False, waiting_reason="ImagePullBackOff",
+                 message='Back-off pulling image "vllm:nope"'), pod("r-learner-0")]
+    first = step(spec, created, stuck, now=at(60))
+    assert condition(first.status, "Progressing")["reason"] == "ImagePullBackOff"
+    assert "r-rollout-0" in first.status["message"] and "vllm:nope" in first.status["message"]
+    assert reasons(first) == ["ImagePullBackOff"]
+    assert step(spec, first.status, stuck, now=at(120)).events == []
+    failed = step(spec, first.status, stuck, now=at(900))
+    assert failed.status["phase"] == "Failed"
+    assert condition(failed.status, "Failed")["reason"] == "StartupDeadlineExceeded"
+    assert "ImagePullBackOff" in condition(failed.status, "Failed")["message"]
+
+
+def test_an_unschedulable_pod_surfaces_its_reason():
+    spec = spec_of()
+    pods = [pod("r-rollout-0", "Pending", False, reason="Unschedulable", message="0/3 nodes have nvidia.com/gpu"),
+            pod("r-learner-0", "Pending", False)]
+    decision = step(spec, step(spec, {}, []).status, pods, now=at(5))
+    assert decision.status["phase"] == "Pending"
+    assert condition(decision.status, "Progressing")["reason"] == "Unschedulable"
+
+
+def test_invalid_spec_fails_naming_the_field_once():
+    decision = invalid_spec_status({}, ValueError("spec.training.epochs: input should be greater than 0"), T0,
+                                   generation=2)
+    status = decision.status
+    assert manifest.status_errors(status) == []
+    assert status["phase"] == "Failed" and status["observedGeneration"] == 2
+    assert condition(status, "Failed")["reason"] == "InvalidSpec"
+    assert condition(status, "Failed")["message"] == "spec.training.epochs: input should be greater than 0"
+    assert reasons(decision) == ["InvalidSpec"]
+    again = invalid_spec_status(status, ValueError("spec.training.epochs: input should be greater than 0"), at(9),
+                                generation=2)
+    assert again.events == [] and again.status == status

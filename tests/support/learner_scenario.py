@@ -1,0 +1,144 @@
+"""One scripted run of the real GRPOLearner (tiny local model, ScriptedRolloutWorker, no vLLM).
+
+Run as a script, alone or under `accelerate launch` with several CPU processes; every rank writes
+`OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, outcome).
+Used by tests/trainer/test_learner_runs.py and bench/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SCENARIOS = {
+    # (absolute group position, generation) -> reward
+    "varied": lambda position, k: float(k % 2),
+    "third_no_signal": lambda position, k: 0.0 if position % 3 == 0 else float(k % 2),
+    "no_signal": lambda position, k: 1.0,
+    "last_pass_no_signal": None,  # built in main(): depends on the dataset size
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prompts", type=int, default=9)
+    parser.add_argument("--epochs", type=float, default=1)
+    parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4, help="per-device train batch size (samples)")
+    parser.add_argument("--ga", type=int, default=1)
+    parser.add_argument("--stall-groups", type=int, default=0)
+    parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
+    parser.add_argument("--lost-after", type=int, default=None, help="GRPOLearner's lost_after_groups")
+    parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
+    parser.add_argument("--progress-port", type=int, default=None)
+    parser.add_argument("--worker-delay", type=float, default=0.0)
+    parser.add_argument("--worker-fails-after", type=int, default=None, help="the worker dies after N groups")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from grpo_trainer.contract import FilterConfig
+    from grpo_trainer.cpu import enable_cpu_support
+    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.trainer import GRPOLearner
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(args.prompts)]})
+    reward = SCENARIOS[args.scenario]
+    if args.scenario == "last_pass_no_signal":
+        last_pass = int(args.epochs) - 1
+        reward = lambda position, k: 1.0 if position // args.prompts == last_pass else float(k % 2)  # noqa: E731
+    lost = (lambda position: position % args.lost_every == args.lost_every - 1) if args.lost_every else None
+    worker = ScriptedRolloutWorker(
+        dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
+        fail_after_groups=args.worker_fails_after,
+    )
+    config = AsyncGRPOConfig(
+        output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=[], logging_steps=1,
+        num_generations=args.generations, per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.ga, num_train_epochs=args.epochs, max_steps=args.max_steps,
+        token_budget=0, max_staleness=1000, learning_rate=1e-3, disable_tqdm=True, seed=0,
+        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+    )
+    common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
+                  weight_transfer=NoWeightTransfer())
+    if args.baseline:
+        enable_cpu_support()
+        trainer = AsyncGRPOTrainer(args.model, **common)
+    else:
+        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
+                              progress_server_port=args.progress_port, lost_after_groups=args.lost_after)
+
+    micro_batches: list[int] = []  # per training_step: 1 normal, 0 the stop
+    original_step = trainer.training_step
+
+    def counting_step(model, inputs, num_items_in_batch=None):
+        micro_batches.append(0 if "rollout_stop" in inputs else 1)
+        return original_step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = counting_step
+
+    class Timeline(TrainerCallback):
+        def on_step_end(self, _args, state, _control, **_kwargs):
+            timeline.append({"step": state.global_step, "t": time.time(),
+                             "consumed": len(trainer._trained_groups)})
+
+    timeline: list[dict] = []
+    trainer.add_callback(Timeline())
+    rank = trainer.accelerator.process_index
+    started = time.time()
+    outcome, message = "succeeded", ""
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from)
+    except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
+        outcome, message = type(error).__name__, str(error)
+    ended = time.time()
+    checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    result = {
+        "rank": rank,
+        "world_size": trainer.accelerator.num_processes,
+        "outcome": outcome,
+        "message": message,
+        "global_step": trainer.state.global_step,
+        "micro_batches": micro_batches,
+        "checksum": checksum,
+        "seconds": ended - started,
+        "ended": ended,
+        "timeline": timeline,
+    }
+    if rank == 0:
+        result["groups_generated"] = worker.groups_generated
+        result["samples_generated"] = worker.samples_generated
+        result["start_position"] = worker._loop_kwargs["dataset_start_index"]
+        if not args.baseline:
+            result["progress"] = trainer.progress_report().to_wire()
+            result["consumed_absolute"] = trainer.progress.consumed_positions()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    if not args.baseline:
+        trainer.close()
+    torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+    return {"succeeded": 0, "StallError": 42}.get(outcome, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Fixtures for running the real kopf operator against the API emulator, and a kubelet stand-in to drive pods.
+
+Import the fixtures a test module uses by name (`from operator_fixtures import cluster`); importing the module
+and also naming it in `pytest_plugins` makes pytest warn that it cannot rewrite its asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kopf
+import kubernetes_validate
+import pytest
+import yaml
+from kopf._cogs.structs.credentials import Vault
+
+import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+from grpo_operator import manifest
+from grpo_operator.reconcile import OperatorContext
+from grpo_trainer.contract import ProgressReport
+from grpo_trainer.exporter import ProgressServer
+from tests.support.kube_emulator import (
+    CONFIGMAPS,
+    DEFAULT_RESOURCES,
+    EVENTS,
+    GRPORUNS,
+    PODS,
+    SERVICES,
+    EmulatorThread,
+    KubeClient,
+    KubeEmulator,
+    ResourceDef,
+)
+from tests.support.paths import REPO  # noqa: E402
+
+CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+                   namespaced=False, subresources=("status",))
+NAMESPACE = "default"
+TEST_IMAGE = "grpo-trainer:test"
+KUBERNETES_VERSION = "1.33"
+
+
+def minimal_spec(**overrides: Any) -> dict[str, Any]:
+    """A valid spec with the CRD's defaults applied (what the API server would store)."""
+    spec = {
+        "model": "/models/tiny",
+        "dataset": {"path": "/data/prompts.jsonl"},
+        "rewards": [{"name": "letter_a_fraction"}],
+        "rollout": {"replicas": 1},
+        "learner": {"nodes": 1},
+    }
+    for key, value in overrides.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    defaulted = manifest.with_defaults({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun",
+                                        "metadata": {"name": "x"}, "spec": spec})
+    return defaulted["spec"]
+
+
+def grporun(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun", "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec if spec is not None else minimal_spec()}
+
+
+def schema_validators() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
+    """Reject (422) what a real API server would refuse: a GRPORun status the CRD does not declare (the server
+    would prune it silently), and children that break the Kubernetes API schemas."""
+    def grporun_status(obj: dict[str, Any]) -> list[str]:
+        return manifest.status_errors(obj["status"]) if "status" in obj else []
+
+    def kubernetes_schema(obj: dict[str, Any]) -> list[str]:
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            return [f"{'.'.join(map(str, error.path))}: {error.message}"]
+        return []
+    return {"grporuns": grporun_status, "pods": kubernetes_schema, "services": kubernetes_schema,
+            "configmaps": kubernetes_schema}
+
+
+class OperatorThread:
+    """The real kopf operator (handlers.py) in a thread of its own, logged in to the emulator."""
+
+    def __init__(self, url: str, context: OperatorContext, namespaces: tuple[str, ...] = (NAMESPACE,),
+                 clusterwide: bool = False, liveness_endpoint: str | None = None):
+        self.url, self.context, self.namespaces, self.clusterwide = url, context, namespaces, clusterwide
+        self.liveness_endpoint = liveness_endpoint
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kopf-operator", daemon=True)
+
+    def _run(self) -> None:
+        vault = Vault({"emulator": kopf.ConnectionInfo(server=self.url, default_namespace=NAMESPACE)})
+        try:
+            asyncio.run(kopf.operator(
+                standalone=True, memo=kopf.Memo(context=self.context), clusterwide=self.clusterwide,
+                namespaces=[] if self.clusterwide else list(self.namespaces), liveness_endpoint=self.liveness_endpoint,
+                vault=vault, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        except BaseException as error:  # surfaced by stop()
+            self.error = error
+
+    def start(self) -> OperatorThread:
+        self._thread.start()
+        if not self.ready_flag.wait(20):
+            raise RuntimeError(f"the operator did not get ready within 20 s: {self.error!r}")
+        return self
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the operator did not stop within 30 s"
+
+
+class Kubelet:
+    """Moves pods through their lives the way the kubelet reports them: PATCH /status only."""
+
+    def __init__(self, client: KubeClient):
+        self.client = client
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return self.client.get(PODS, NAMESPACE, name)
+
+    def _status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return self.client.patch(PODS, NAMESPACE, name, {"status": status}, subresource="status")
+
+    def run(self, name: str, *, ready: bool = True, ip: str = "127.0.0.1") -> dict[str, Any]:
+        role = name.rsplit("-", 2)[-2]
+        return self._status(name, {
+            "phase": "Running", "podIP": ip,
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": role, "ready": ready, "restartCount": 0, "image": TEST_IMAGE,
+                                   "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+        })
+
+    def wait(self, name: str, reason: str, message: str = "") -> dict[str, Any]:
+        role = name.rsplit("-", 2)[-2]
+        return self._status(name, {
+            "phase": "Pending",
+            "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE,
+                                   "imageID": "", "state": {"waiting": {"reason": reason, "message": message}}}],
+        })
+
+    def exit(self, name: str, code: int, message: str = "") -> dict[str, Any]:
+        role = name.rsplit("-", 2)[-2]
+        return self._status(name, {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE, "imageID": "",
+                                   "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                                                            else "Error", "message": message}}}],
+        })
+
+
+class FakeLearner:
+    """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
+
+    def __init__(self) -> None:
+        self.report = ProgressReport(phase="Running", groups_total=40, epochs=1)
+        self.server = ProgressServer(lambda: self.report, port=0, host="127.0.0.1").start()
+
+    def update(self, **changes: Any) -> None:
+        self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
+
+    def url(self) -> str:
+        return f"{self.server.url}/progress"
+
+
+class Cluster:
+    """An emulated cluster with the operator running against it, plus the helpers a lifecycle test needs."""
+
+    def __init__(self, emulator_thread: EmulatorThread, context_factory: Callable[[], OperatorContext]):
+        self.emulator_thread = emulator_thread
+        self.emulator = emulator_thread.emulator
+        self.client = KubeClient(emulator_thread.url)
+        self.kubelet = Kubelet(self.client)
+        self.context_factory = context_factory
+        self.operator: OperatorThread | None = None
+
+    # --- operator ---------------------------------------------------------------------------------------------
+    def start_operator(self, clusterwide: bool = False, liveness_endpoint: str | None = None) -> OperatorThread:
+        self.operator = OperatorThread(self.emulator_thread.url, self.context_factory(), clusterwide=clusterwide,
+                                       liveness_endpoint=liveness_endpoint)
+        self.operator.start()
+        return self.operator
+
+    def stop_operator(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+
+    def metric(self, name: str, run: str, **labels: str) -> float | None:
+        assert self.operator is not None
+        registry = self.operator.context.metrics.registry
+        return registry.get_sample_value(name, {"namespace": NAMESPACE, "run": run, **labels})
+
+    # --- API --------------------------------------------------------------------------------------------------
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.client.create(GRPORUNS, NAMESPACE, copy.deepcopy(body))
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        return self.client.get(GRPORUNS, NAMESPACE, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        run = self.run(name)
+        return (run or {}).get("status") or {}
+
+    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), None)
+
+    def patch_spec(self, name: str, spec_patch: dict[str, Any]) -> dict[str, Any]:
+        return self.client.patch(GRPORUNS, NAMESPACE, name, {"spec": spec_patch})
+
+    def pods(self, run: str, role: str | None = None) -> list[dict[str, Any]]:
+        selector = f"grpo.dev/run={run}" + (f",grpo.dev/role={role}" if role else "")
+        return sorted(self.client.list(PODS, NAMESPACE, selector), key=lambda p: p["metadata"]["name"])
+
+    def pod_names(self, run: str, role: str | None = None) -> list[str]:
+        return [p["metadata"]["name"] for p in self.pods(run, role)]
+
+    def pods_ever_created(self, run: str) -> list[str]:
+        """Names of the pods of `run` the API server stored, one entry per pod object (uid) ever created."""
+        history = self.emulator_thread.call(lambda: self.emulator.history(PODS))
+        return sorted(name for kind, name, _ in history if kind == "ADDED" and name.startswith(f"{run}-"))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.client.list(EVENTS, NAMESPACE) if e["involvedObject"].get("name") == name]
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [e["reason"] for e in self.events(name)]
+
+    def wait_event(self, name: str, *reasons: str) -> None:
+        """kopf posts events from a queue, after the status write: wait for them rather than race them."""
+        self.wait_for(lambda: set(reasons) <= set(self.event_reasons(name)), what=f"events {reasons} on {name}")
+
+    def services(self, run: str) -> list[dict[str, Any]]:
+        return self.client.list(SERVICES, NAMESPACE, f"grpo.dev/run={run}")
+
+    def config_maps(self, run: str) -> list[dict[str, Any]]:
+        return self.client.list(CONFIGMAPS, NAMESPACE, f"grpo.dev/run={run}")
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+            time.sleep(0.05)
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
+        return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
+                             timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
+
+    def bring_up(self, name: str, pods: int = 2) -> None:
+        """Wait for the run's `pods`, then report them all running and ready."""
+        self.wait_for(lambda: len(self.pods(name)) >= pods, what=f"{name}'s {pods} pods")
+        for pod in self.pod_names(name):
+            self.kubelet.run(pod)
+
+
+@pytest.fixture()
+def learner() -> Iterator[FakeLearner]:
+    fake = FakeLearner()
+    yield fake
+    fake.server.stop()
+
+
+@pytest.fixture()
+def progress_urls() -> dict[str, str]:
+    """pod name -> URL of its /progress; the operator's progress_url hook reads it (pods all have IP 127.0.0.1)."""
+    return {}
+
+
+@pytest.fixture()
+def emulator_options() -> dict[str, Any]:
+    """Extra KubeEmulator arguments; override with `@pytest.mark.parametrize("emulator_options", [...])`."""
+    return {}
+
+
+@pytest.fixture()
+def cluster(progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> Iterator[Cluster]:
+    crd = yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text())
+    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=schema_validators(), **emulator_options)
+    emulator_thread = EmulatorThread(emulator).start()
+    KubeClient(emulator_thread.url).create(CRDS, None, crd)
+
+    def context_factory() -> OperatorContext:
+        return OperatorContext(
+            trainer_image=TEST_IMAGE, reconcile_interval=0.2, progress_timeout=1.0,
+            progress_url=lambda namespace, pod, ip: progress_urls.get(pod, f"http://{ip}:9/progress"))
+
+    cluster = Cluster(emulator_thread, context_factory)
+    cluster.start_operator()
+    try:
+        yield cluster
+    finally:
+        cluster.stop_operator()
+        emulator_thread.stop()

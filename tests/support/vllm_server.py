@@ -1,0 +1,100 @@
+"""One real vLLM CPU server for the whole test session, on the tiny model (`tiny_model_dir`).
+
+The fixture is registered once in conftest.py (`pytest_plugins`); test modules just name it. The server is started
+through the project's own rollout entrypoint (`python -m grpo_trainer rollout`) in `.venv-rollout`, so these tests also cover the command line
+the rollout pod runs. Start-up costs 45 s to 3 min on the 2-core CI box: every test that needs a server shares this one.
+Each learner run starts with a full weight sync (TRL's cold sync on train begin), so tests that change the server's
+weights do not leak into each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from grpo_operator.local import free_port
+from tests.support.paths import REPO  # noqa: E402
+
+ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))
+START_TIMEOUT_S = 600
+MAX_MODEL_LEN = 256
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str
+    model: str
+    log_path: Path
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def server_config(model: str, url: str, weight_dir: str) -> dict:
+    """The run config the rollout entrypoint reads (only the rollout part matters to it)."""
+    return {
+        "model": model,
+        "dataset": {"path": "unused.jsonl"},
+        "rewards": [{"name": "constant"}],
+        "rollout": {
+            "urls": [url], "maxModelLen": MAX_MODEL_LEN, "gpuMemoryUtilization": 0.2, "device": "cpu",
+            "weightSync": {"mode": "filesystem", "directory": weight_dir},
+        },
+        "learner": {"device": "cpu"},
+    }
+
+
+def require_rollout_python() -> Path:
+    if not os.access(ROLLOUT_PYTHON, os.X_OK):
+        pytest.skip(f"no vLLM environment at {ROLLOUT_PYTHON} (build it with `make setup-rollout`)")
+    return ROLLOUT_PYTHON
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
+    python = require_rollout_python()
+    workdir = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config_path = workdir / "run.json"
+    config_path.write_text(json.dumps(server_config(tiny_model_dir, url, str(workdir / "weights"))))
+    log_path = workdir / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+        )
+    server = VllmServer(url, tiny_model_dir, log_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the vLLM server was not healthy within {START_TIMEOUT_S}s:\n{server.log_tail()}")
+            time.sleep(1)
+        print(f"vLLM CPU server ready at {url} (log {log_path})", file=sys.stderr)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)

@@ -1,0 +1,96 @@
+"""The tiny example end to end on CPU: a real vLLM server, TRL's real AsyncRolloutWorker, the learner entrypoint.
+
+The learner runs as the learner pod runs it (`python -m grpo_trainer learner --config run.json`), against the
+session's vLLM server, and is judged by what the operator reads: its exit code and its termination message.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_operator.local import localize_spec
+from grpo_operator.manifest import read_grporun
+from grpo_operator.resolve import resolve_run_config
+from grpo_trainer import contract as c
+from tests.support.paths import REPO  # noqa: E402
+
+TINY = REPO / "examples" / "tiny.yaml"
+PROMPTS = REPO / "examples" / "tiny-prompts.jsonl"
+LEARNER_TIMEOUT_S = 900
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def tiny_run_config(tmp_path: Path, server, **changes) -> tuple[Path, c.RunConfig]:
+    """examples/tiny.yaml resolved as `grporun local` resolves it, served by the session's vLLM server."""
+    spec = read_grporun(TINY).spec.model_copy(update={"model": server.model}, deep=True)
+    spec = localize_spec(spec, TINY.parent)
+    for dotted, value in changes.items():
+        target = spec
+        *parents, leaf = dotted.split("__")
+        for parent in parents:
+            target = getattr(target, parent)
+        setattr(target, leaf, value)
+    config = resolve_run_config(
+        "tiny", "default", spec, rollout_urls=[server.url], output_dir=str(tmp_path / "output"),
+        checkpoint_dir=str(tmp_path / "checkpoints"), weight_sync_dir=str(tmp_path / "weights"),
+        termination_message_path=str(tmp_path / "termination-log"),
+    )
+    config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": 0})})
+    path = tmp_path / "run.json"
+    path.write_text(config.model_dump_json(by_alias=True))
+    return path, config
+
+
+def run_learner(config_path: Path, log_path: Path) -> tuple[int, float]:
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        code = subprocess.run([sys.executable, "-m", "grpo_trainer", "learner", "--config", str(config_path)],
+                              stdout=log, stderr=subprocess.STDOUT, timeout=LEARNER_TIMEOUT_S, cwd=REPO).returncode
+    return code, time.monotonic() - started
+
+
+def termination_report(config: c.RunConfig) -> c.ProgressReport:
+    return c.parse_progress(Path(config.termination_message_path).read_text())
+
+
+def test_tiny_example_trains_to_the_epoch_bound_and_exits_0(vllm_server, tmp_path):
+    epochs = 2  # the example's settings, fewer passes: CI time
+    config_path, config = tiny_run_config(tmp_path, vllm_server, training__epochs=epochs)
+    code, seconds = run_learner(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == c.EXIT_SUCCEEDED, log[-4000:]
+    report = termination_report(config)
+    prompts = len(PROMPTS.read_text().splitlines())
+    assert report.phase == c.LearnerPhase.SUCCEEDED
+    assert report.groups_total == prompts * epochs
+    assert report.groups_consumed == report.groups_total
+    assert set(report.dropped) == set(c.DROP_REASONS)  # every reason reported, zero or not
+    assert report.groups_trained > 0 and report.global_step > 0
+    assert report.weight_syncs >= report.global_step  # one sync per step (weightSyncSteps 1) plus the cold one
+    assert "AsyncRolloutWorker child is ready" in log  # TRL's own worker generated the rollouts
+    assert (Path(config.output_dir) / "final" / "model.safetensors").is_file()
+    print(f"tiny example, {epochs} epochs: {seconds:.0f}s, {report.global_step} steps, reward {report.reward_mean}")
+
+
+def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_path):
+    config_path, config = tiny_run_config(
+        tmp_path, vllm_server, rewards=[c.RewardConfig(name="constant")], training__epochs=3.0,
+    )
+    code, seconds = run_learner(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == c.EXIT_STALLED, log[-4000:]
+    report = termination_report(config)
+    prompts = len(PROMPTS.read_text().splitlines())
+    assert report.phase == c.LearnerPhase.STALLED
+    assert report.groups_trained == 0 and report.global_step == 0
+    assert report.dropped["no_signal"] >= prompts  # a full pass, every group without signal
+    assert report.groups_consumed < report.groups_total  # stopped in the first pass, not at the epoch bound
+    assert "stalled" in report.message.lower()
+    assert "grpo learner: Stalled" in log
+    print(f"constant reward stalled after {seconds:.0f}s: {report.message}")

@@ -1,0 +1,83 @@
+"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_trainer import contract as c
+from grpo_trainer.learner_main import ConfigError, as_messages, load_prompts, trainer_arguments
+from tests.support.paths import REPO  # noqa: E402
+
+
+def config(**fields) -> c.RunConfig:
+    base = {"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]}
+    return c.RunConfig.model_validate({**base, **fields})
+
+
+def test_cpu_runs_train_in_float32_on_the_cpu_against_the_first_rollout_server():
+    arguments = trainer_arguments(config(
+        learner={"device": "cpu"}, rollout={"urls": ["http://a:1", "http://b:2"], "device": "cpu"},
+        training={"epochs": 3, "numGenerations": 4, "tokenBudget": 512},
+        checkpoint={"directory": "/ckpt", "saveSteps": 7},
+    ))
+    assert arguments["use_cpu"] is True and arguments["dtype"] == "float32" and arguments["bf16"] is False
+    assert arguments["vllm_server_base_url"] == "http://a:1"
+    assert arguments["num_train_epochs"] == 3 and arguments["num_generations"] == 4
+    assert arguments["token_budget"] == 512
+    assert arguments["output_dir"] == "/ckpt" and arguments["save_steps"] == 7  # resume looks where saves go
+    assert arguments["report_to"] == []
+
+
+def test_gpu_runs_keep_trls_precision_defaults_and_extra_args_win():
+    arguments = trainer_arguments(config(training={"extraArgs": {"queue_maxsize": 64, "learning_rate": 5e-7}}))
+    assert "use_cpu" not in arguments and "dtype" not in arguments
+    assert arguments["queue_maxsize"] == 64 and arguments["learning_rate"] == 5e-7
+
+
+def test_the_trainer_accepts_every_argument_we_build(tmp_path):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    built = AsyncGRPOConfig(**trainer_arguments(config(
+        learner={"device": "cpu"}, output_dir=str(tmp_path), training={"extraArgs": {"queue_maxsize": 8}})))
+    assert built.use_cpu and built.queue_maxsize == 8
+
+
+def test_prompts_become_chat_messages():
+    assert as_messages("hi") == [{"role": "user", "content": "hi"}]
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert as_messages(chat) == chat
+    with pytest.raises(ConfigError):
+        as_messages(3)
+
+
+def test_the_tiny_dataset_loads_with_a_prompt_column():
+    dataset = load_prompts(c.DatasetConfig(path=str(REPO / "examples" / "tiny-prompts.jsonl"), limit=5))
+    assert len(dataset) == 5
+    assert dataset[0]["prompt"] == [{"role": "user", "content": "say apple"}]
+
+
+def test_dataset_mistakes_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="dataset.path"):
+        load_prompts(c.DatasetConfig(path=str(tmp_path / "missing.jsonl")))
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "q"}\n')
+    with pytest.raises(ConfigError, match="dataset.promptField 'prompt' is not a column"):
+        load_prompts(c.DatasetConfig(path=str(data)))
+    renamed = load_prompts(c.DatasetConfig(path=str(data), prompt_field="question"))
+    assert renamed.column_names == ["prompt"]
+
+
+def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
+    import hashlib
+    import json
+
+    from grpo_trainer.testing.tiny_assets import build_tiny_model
+
+    first, second = build_tiny_model(tmp_path / "a"), build_tiny_model(tmp_path / "b")
+    digest = lambda d: {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}  # noqa: E731
+    assert digest(first) == digest(second)
+    config = json.loads((first / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] >= 32  # vLLM's CPU attention rejects head_dim 16
+    from trl.chat_template_utils import qwen3_chat_template
+
+    assert (first / "chat_template.jinja").read_text() == qwen3_chat_template  # TRL's response parser knows it

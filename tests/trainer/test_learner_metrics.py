@@ -1,0 +1,147 @@
+"""The learner's observability: /progress and /metrics from a real training run, the termination message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from grpo_trainer import contract as c
+from grpo_trainer.exporter import ProgressServer, render_metrics, write_termination_message
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def samples_by_name(text: str) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir):
+    """A real GRPOLearner run (scripted rollouts, a third without signal) with its progress server, polled while
+    it trains."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.trainer import GRPOLearner
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = 9
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(prompts)]})
+    worker = ScriptedRolloutWorker(dataset_size=prompts, num_generations=4, vocab_size=len(tokenizer),
+                                   reward=lambda p, k: 0.0 if p % 3 == 0 else float(k % 2), delay_s=0.05)
+    args = AsyncGRPOConfig(output_dir="/tmp/grpo-metrics-test", use_cpu=True, dtype="float32", report_to=[],
+                           num_generations=4, per_device_train_batch_size=4, token_budget=0, save_strategy="no",
+                           num_train_epochs=1,
+                           disable_tqdm=True, max_staleness=1000)
+    trainer = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
+                          rollout_worker=worker, weight_transfer=NoWeightTransfer(), progress_server_port=0)
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            seen.append(json.loads(fetch(trainer.progress_url + c.PROGRESS_PATH)))
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    trainer.train()
+    done.set()
+    poller.join()
+    yield trainer, seen
+    trainer.close()
+
+
+@pytest.mark.slow
+def test_progress_is_visible_while_training_and_validates(finished_run):
+    trainer, seen = finished_run
+    reports = [c.ProgressReport.model_validate(body) for body in seen]
+    phases = [r.phase for r in reports]
+    assert c.LearnerPhase.RUNNING in phases
+    consumed = [r.groups_consumed for r in reports]
+    assert consumed == sorted(consumed), "progress must never go backwards"
+    final = c.parse_progress(fetch(trainer.progress_url + c.PROGRESS_PATH))
+    assert final.phase == c.LearnerPhase.SUCCEEDED and final.groups_consumed == final.groups_total == 9
+    assert final.dropped["no_signal"] == 3 and final.groups_trained == 6 and final.last_trained_time is not None
+
+
+@pytest.mark.slow
+def test_metrics_parse_and_match_progress(finished_run):
+    trainer, _ = finished_run
+    text = fetch(trainer.progress_url + c.METRICS_PATH)
+    found = samples_by_name(text)
+    assert found[c.METRIC_GROUPS_CONSUMED][0].value == 9
+    assert found[c.METRIC_GROUPS_TRAINED][0].value == 6
+    assert found[c.METRIC_GROUPS_TOTAL][0].value == 9
+    dropped = {s.labels["reason"]: s.value for s in found[c.METRIC_GROUPS_DROPPED]}
+    assert dropped == {reason: (3 if reason == "no_signal" else 0) for reason in c.DROP_REASONS}
+    assert found[c.METRIC_STALLED][0].value == 0
+    assert found[c.METRIC_STALL_LIMIT][0].value == 9
+    exported = {name for name in found} | {name.removesuffix("_created") for name in found}
+    assert set(c.LEARNER_METRIC_NAMES) <= exported
+
+
+@pytest.mark.slow
+def test_promtool_finds_no_problem_in_the_metrics(finished_run):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed; `make test` installs it")
+    trainer, _ = finished_run
+    text = fetch(trainer.progress_url + c.METRICS_PATH)
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.strip() == "" and check.stderr.strip() == "", check.stdout + check.stderr
+
+
+def test_stalled_report_renders_as_stalled_gauge():
+    report = c.ProgressReport(phase=c.LearnerPhase.STALLED, groups_total=6, groups_consumed=6, stall_streak=6,
+                              stall_limit=6, dropped={"no_signal": 6})
+    found = samples_by_name(render_metrics(lambda: report).decode())
+    assert found[c.METRIC_STALLED][0].value == 1 and found[c.METRIC_STALL_STREAK][0].value == 6
+    assert c.METRIC_LAST_TRAINED not in found  # never trained: absent, not a misleading 0
+
+
+def test_server_answers_404_elsewhere():
+    server = ProgressServer(lambda: c.ProgressReport(), port=0, host="127.0.0.1").start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            fetch(server.url + "/nope")
+        assert missing.value.code == 404
+        assert fetch(server.url + "/healthz") == "ok"
+    finally:
+        server.stop()
+
+
+def test_termination_message_is_written_and_fits(tmp_path):
+    path = tmp_path / "termination-log"
+    report = c.ProgressReport(phase=c.LearnerPhase.STALLED, groups_total=9, groups_consumed=9,
+                              message="stalled: " + "x" * 10_000)
+    assert write_termination_message(report, str(path))
+    text = path.read_text()
+    assert len(text.encode()) <= c.TERMINATION_MESSAGE_MAX_BYTES
+    parsed = c.parse_progress(text)
+    assert parsed.phase == c.LearnerPhase.STALLED and parsed.message.startswith("stalled: ")
+
+
+def test_unwritable_termination_path_does_not_crash(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    assert not write_termination_message(c.ProgressReport(), str(tmp_path / "a-file" / "log"))
+
+
+def test_termination_message_directory_is_created(tmp_path):
+    assert write_termination_message(c.ProgressReport(), str(tmp_path / "runs" / "tiny" / "termination-log"))

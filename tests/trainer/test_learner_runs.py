@@ -1,0 +1,129 @@
+"""The real GRPOLearner (TRL 1.16's AsyncGRPOTrainer subclass) on CPU with a scripted rollout worker.
+
+Each run is tests/support/learner_scenario.py in a subprocess, alone or under `accelerate launch` with two gloo ranks, the
+way the learner pods launch it. Every rank writes what it saw; the assertions compare ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_operator.local import free_port
+from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.launch import learner_argv
+
+pytestmark = pytest.mark.slow
+from tests.support.paths import REPO  # noqa: E402
+
+SCENARIO = str(REPO / "tests" / "support" / "learner_scenario.py")
+
+
+def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXIT_SUCCEEDED) -> list[dict]:
+    scenario = [SCENARIO, "--model", tiny_model_dir, "--out", str(out), *args]
+    if ranks == 1:
+        command = [sys.executable, *scenario]
+    else:
+        # The learner pods' own launch line (grpo_trainer.launch), with the scenario script as the entry.
+        command = learner_argv("unused", processes_per_machine=ranks, main_process_port=free_port(),
+                               python=sys.executable, entry=tuple(scenario))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert len(results) == ranks, done.stdout[-3000:] + done.stderr[-3000:]
+    if ranks == 1:
+        assert done.returncode == expect, done.stderr[-3000:]
+    else:
+        assert done.returncode != EXIT_SUCCEEDED if expect else done.returncode == 0, done.stderr[-3000:]
+    return results
+
+
+def test_a_third_without_signal_ends_at_the_epoch_bound(tiny_model_dir, tmp_path):
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "third_no_signal", "--prompts", "9")
+    progress = result["progress"]
+    assert result["outcome"] == "succeeded" and progress["phase"] == "Succeeded"
+    assert result["consumed_absolute"] == list(range(9))
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == 9
+    assert progress["dropped"]["no_signal"] == 3 and progress["groupsTrained"] == 6
+    assert progress["epochsDone"] == 1
+    assert result["micro_batches"][-1] == 0 and result["micro_batches"].count(0) == 1  # one stop, last
+
+
+def test_every_group_without_signal_raises_the_stall_error_within_one_pass(tiny_model_dir, tmp_path):
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "no_signal", "--prompts", "9", "--epochs", "3",
+                    expect=EXIT_STALLED)
+    assert result["outcome"] == "StallError"
+    assert "9 prompt groups in a row were consumed without one training" in result["message"]
+    progress = result["progress"]
+    assert progress["phase"] == "Stalled" and progress["groupsConsumed"] == 9 and progress["globalStep"] == 0
+    # TRL's own loop would generate forever; this one stops after the pass plus what was already queued.
+    assert result["groups_generated"] < 9 + 64
+
+
+def test_two_ranks_stop_at_the_same_micro_batch_with_equal_parameters(tiny_model_dir, tmp_path):
+    # 6 trainable groups x 4 samples over 2 ranks x 4 samples = 3 micro-batches; GA 2 puts the stop mid window:
+    # without zeroing its unreduced gradients the replicas diverge (measured: 308.53 vs 311.73).
+    results = run(tiny_model_dir, tmp_path, "--scenario", "third_no_signal", "--prompts", "9", "--ga", "2",
+                  ranks=2)
+    rank0, rank1 = results
+    assert rank0["world_size"] == rank1["world_size"] == 2
+    assert rank0["outcome"] == rank1["outcome"] == "succeeded"
+    assert rank0["micro_batches"] == rank1["micro_batches"]
+    assert len(rank0["micro_batches"]) % 2 == 0, "the stop was meant to close a gradient-accumulation window"
+    assert rank0["global_step"] == rank1["global_step"]
+    assert rank0["checksum"] == rank1["checksum"]
+    assert rank0["consumed_absolute"] == list(range(9))
+
+
+def test_two_ranks_both_raise_the_stall_error(tiny_model_dir, tmp_path):
+    results = run(tiny_model_dir, tmp_path, "--scenario", "no_signal", "--prompts", "6", ranks=2, expect=EXIT_STALLED)
+    assert [r["outcome"] for r in results] == ["StallError", "StallError"]
+    assert results[0]["micro_batches"] == results[1]["micro_batches"] == [0]
+    assert all("in a row" in r["message"] for r in results)
+
+
+def test_groups_that_never_arrive_cannot_block_the_stop(tiny_model_dir, tmp_path):
+    # Every 4th group vanishes before the trainer (as TRL does with rows that have no trained token).
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "12", "--lost-every", "4",
+                    "--lost-after", "8")
+    assert result["outcome"] == "succeeded"
+    assert result["progress"]["dropped"]["lost"] == 3 and result["consumed_absolute"][:12] == list(range(12))
+
+
+def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_path):
+    common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1"]
+    (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
+    assert first["progress"]["message"].startswith("stopped at max_steps=3 before the epoch bound")
+    checkpoints = sorted((tmp_path / "first" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert checkpoints, "the interrupted run saved no checkpoint"
+    saved = json.loads((checkpoints[-1] / "grpo_progress.json").read_text())
+    trl_state = json.loads((checkpoints[-1] / "rollout_state.json").read_text())
+    start = next(g for g in range(len(saved["consumed"]) + 1) if g not in saved["consumed"])
+    assert trl_state["prompt_index"] == start > 0  # TRL's own resume cursor moved past the dropped groups
+
+    (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-from", str(checkpoints[-1]))
+    (uninterrupted,) = run(tiny_model_dir, tmp_path / "whole", "--scenario", "third_no_signal", "--prompts", "9",
+                           "--epochs", "2")
+    assert second["outcome"] == "succeeded"
+    assert second["start_position"] == start  # the worker restarts at the first unconsumed group: no group before
+    # it (dropped ones included) is generated again
+    assert second["consumed_absolute"] == uninterrupted["consumed_absolute"] == list(range(18))
+    for key in ("groupsConsumed", "groupsTrained", "dropped", "epochsDone"):
+        assert second["progress"][key] == uninterrupted["progress"][key], key
+    dropped_before_resume = [p for p in saved["consumed"] if p % 3 == 0]
+    assert dropped_before_resume and all(p < start for p in dropped_before_resume)
+
+
+def test_a_rank_0_only_pipeline_error_reaches_every_rank(tiny_model_dir, tmp_path):
+    # The worker dies on rank 0; TRL's health check raises there alone. Without the error stop, rank 1 would wait
+    # in accelerate's broadcast until ddp_timeout (1800 s).
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "50", "--worker-fails-after", "3",
+                  ranks=2, expect=1)
+    assert [r["outcome"] for r in results] == ["RolloutPipelineError", "RolloutPipelineError"]
+    assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["micro_batches"][-1] == 0
+    assert "scripted failure after 3 groups" in results[0]["message"]
+    assert results[0]["progress"]["phase"] == "Failed"
+

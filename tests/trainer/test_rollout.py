@@ -1,0 +1,146 @@
+"""The rollout entrypoint: the vLLM command line it builds, and how it runs the server (signals, exit code)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from grpo_trainer import contract as c
+from grpo_trainer.__main__ import main as entry_main
+from grpo_trainer.rollout import SERVER_MODULE, build_server_command
+
+
+def run_config(**rollout) -> c.RunConfig:
+    return c.RunConfig.model_validate({
+        "model": "/models/tiny", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "rollout": rollout,
+    })
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_gpu_server_gets_nccl_weight_transfer_and_the_run_sizes():
+    config = run_config(maxModelLen=4096, gpuMemoryUtilization=0.85, tensorParallelSize=2)
+    argv, env = build_server_command(config, port=8123, python="/py")
+    assert argv[:3] == ["/py", "-m", SERVER_MODULE]
+    assert flag(argv, "--model") == "/models/tiny"
+    assert flag(argv, "--port") == "8123"
+    assert flag(argv, "--max-model-len") == "4096"
+    assert flag(argv, "--gpu-memory-utilization") == "0.85"
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert json.loads(flag(argv, "--weight-transfer-config")) == {"backend": "nccl"}
+    assert "--dtype" not in argv  # the model's own dtype on GPU
+    assert env == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def test_cpu_server_with_filesystem_sync_serves_float32_and_a_small_kv_cache():
+    config = run_config(device="cpu", weightSync={"mode": "filesystem", "directory": "/w"})
+    argv, env = build_server_command(config)
+    assert "--weight-transfer-config" not in argv  # no CPU transfer engine: reload_weights does the sync
+    assert flag(argv, "--dtype") == "float32"
+    assert flag(argv, "--port") == str(c.ROLLOUT_HTTP_PORT)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert int(env["VLLM_CPU_KVCACHE_SPACE"]) >= 1
+
+
+def test_extra_args_come_last_so_they_override():
+    config = run_config(extraArgs=["--max-num-seqs", "4", "--enforce-eager"])
+    argv, _ = build_server_command(config)
+    assert argv[-3:] == ["--max-num-seqs", "4", "--enforce-eager"]
+
+
+def test_the_rollout_path_imports_neither_trl_nor_transformers():
+    # The rollout image has vLLM's own transformers and no trl: importing the learner there would break.
+    code = textwrap.dedent("""
+        import sys
+        import grpo_trainer.__main__, grpo_trainer.rollout
+        bad = sorted(m for m in ("trl", "transformers", "torch") if m in sys.modules)
+        print(",".join(bad))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_invalid_config_exits_78_with_one_line_naming_the_field(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"model": "m", "dataset": {"path": "p"}, "rewards": [{"name": "constant"}],
+                                "training": {"epochs": 0}}))
+    assert entry_main(["rollout", "--config", str(path)]) == c.EXIT_INVALID_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "training.epochs" in err
+
+
+def test_missing_config_exits_78(tmp_path, capsys):
+    assert entry_main(["learner", "--config", str(tmp_path / "nope.json")]) == c.EXIT_INVALID_CONFIG
+    assert "cannot read config" in capsys.readouterr().err
+
+
+FAKE_SERVER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_serve_forwards_sigterm_and_exits_with_the_server_code(tmp_path):
+    # A real child stands in for vLLM: serve() must pass SIGTERM on and return the child's own exit code.
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    runner = textwrap.dedent(f"""
+        import sys
+        from grpo_trainer.rollout import serve
+        sys.exit(serve([sys.executable, {str(script)!r}], {{}}))
+    """)
+    process = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 7
+
+
+def test_serve_reports_a_killed_server_as_128_plus_signal(tmp_path):
+    runner = textwrap.dedent("""
+        import sys
+        from grpo_trainer.rollout import serve
+        sys.exit(serve([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}))
+    """)
+    assert subprocess.run([sys.executable, "-c", runner], timeout=30).returncode == 128 + signal.SIGKILL
+
+
+VLLM_PARSE = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
+validate_parsed_serve_args(args)
+print(json.dumps({"model": args.model, "port": args.port, "max_model_len": args.max_model_len,
+                  "transfer": str(args.weight_transfer_config), "dtype": args.dtype}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllms_own_parser_accepts_both_command_lines():
+    from tests.support.vllm_server import require_rollout_python
+
+    python = require_rollout_python()
+    gpu = run_config(maxModelLen=2048)
+    cpu = run_config(device="cpu", maxModelLen=128, weightSync={"mode": "filesystem", "directory": "/w"})
+    parsed = []
+    for config in (gpu, cpu):
+        argv, _ = build_server_command(config, port=8123)
+        server_args = argv[argv.index(SERVER_MODULE) + 1:]
+        out = subprocess.run([str(python), "-c", VLLM_PARSE, json.dumps(server_args)], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        parsed.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert parsed[0]["transfer"] == "WeightTransferConfig(backend='nccl')" and parsed[0]["max_model_len"] == 2048
+    assert parsed[1]["dtype"] == "float32" and parsed[1]["port"] == 8123

@@ -1,0 +1,89 @@
+"""CPU weight sync: safetensors in a shared directory + vLLM's reload_weights, checked against a real vLLM server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+import torch
+from safetensors.torch import load_file
+
+from grpo_trainer.weight_sync import (
+    TIED_EMBEDDING_ALIASES,
+    FilesystemWeightTransfer,
+    WeightSyncError,
+    with_aliases,
+    write_checkpoint,
+)
+
+PROMPT = [1, 93, 91, 306, 207, 288]
+
+
+def test_checkpoint_is_sharded_by_size_and_keeps_every_tensor(tmp_path):
+    base = torch.arange(12, dtype=torch.float32)
+    pairs = [("a", base[:6].view(2, 3)), ("b", base[6:]), ("c", torch.ones(4)), ("tied", base[:6].view(2, 3))]
+    written = write_checkpoint(iter(pairs), tmp_path / "ckpt", shard_bytes=30)
+    shards = sorted(os.listdir(tmp_path / "ckpt"))
+    assert len(shards) > 1
+    loaded = {}
+    for shard in shards:
+        loaded.update(load_file(str(tmp_path / "ckpt" / shard)))
+    assert set(loaded) == {"a", "b", "c", "tied"}
+    assert torch.equal(loaded["tied"], pairs[0][1]) and torch.equal(loaded["b"], base[6:])
+    assert written == sum(t.numel() * 4 for _, t in pairs)
+
+
+def test_an_empty_stream_is_an_error_not_an_empty_sync(tmp_path):
+    with pytest.raises(WeightSyncError, match="no weights"):
+        write_checkpoint(iter([]), tmp_path / "ckpt")
+
+
+def test_tied_embedding_is_also_written_as_the_output_embedding():
+    embedding = torch.zeros(2)
+    names = [name for name, _ in with_aliases([("model.embed_tokens.weight", embedding), ("x", embedding)],
+                                              TIED_EMBEDDING_ALIASES)]
+    assert names == ["model.embed_tokens.weight", "lm_head.weight", "x"]
+
+
+def test_an_unreachable_server_fails_the_sync_loudly(tmp_path):
+    sync = FilesystemWeightTransfer(["http://127.0.0.1:9"], tmp_path, timeout_s=2, ready_timeout_s=1)
+    with pytest.raises(WeightSyncError, match="did not become healthy"):
+        sync.init_weight_transfer()
+    with pytest.raises(WeightSyncError, match="/pause"):
+        sync.pause()
+
+
+def greedy_logprob_vllm(url: str, model: str) -> float:
+    answer = requests.post(f"{url}/v1/completions", json={
+        "model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1}, timeout=60).json()
+    return answer["choices"][0]["logprobs"]["token_logprobs"][0]
+
+
+def greedy_logprob_hf(model) -> float:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([PROMPT])).logits[0, -1], -1).max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("perturbed", ["self_attn", "mlp", "embed_tokens", ""])
+def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server, tmp_path, perturbed):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_server.model)
+    assert model.config.tie_word_embeddings  # the case vLLM's reload gets wrong without the lm_head alias
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if perturbed in name:  # "" perturbs everything
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    sync = FilesystemWeightTransfer([vllm_server.url], tmp_path / "weights", aliases=TIED_EMBEDDING_ALIASES)
+    sync.init_weight_transfer()
+    sync.pause()
+    sync.send_weights(iter(list(model.named_parameters())))
+    sync.resume()
+    assert greedy_logprob_vllm(vllm_server.url, vllm_server.model) == pytest.approx(greedy_logprob_hf(model), abs=1e-4)
+    assert requests.get(f"{vllm_server.url}/weight_info", timeout=10).json()["weight_version"] == "v1"
+    assert len(sync.sync_seconds) == 1
+    assert sorted(os.listdir(tmp_path / "weights")) == ["v1"]  # complete versions only, no partial directory

@@ -1,0 +1,140 @@
+"""Build the tiny example's model offline: `python -m grpo_trainer.testing.tiny_assets OUTDIR`.
+
+A random Qwen2ForCausalLM with a BPE tokenizer trained here on a built-in corpus, saved with `save_pretrained`, so
+the demo, the tests and the vLLM CPU server never touch the hub. Deterministic: the same seed gives the same files.
+Generated at `make demo` / test time rather than committed (the weights are binary, ~0.5 MB, and change with
+transformers' serialisation).
+
+Sizing: head_dim 32 (vLLM's CPU attention rejects 16), two layers, a vocabulary of a few hundred tokens: one learner
+step takes well under a second on one core and the vLLM server loads it in its usual start-up time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+# The chat template TRL's response parser recognises, and the special tokens it renders. Without them in the
+# vocabulary the rollout worker's child dies with "Unrecognized chat template, failed to add response schema".
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+VOCAB_SIZE = 384
+HIDDEN_SIZE = 64
+NUM_HEADS = 2  # head_dim = 32
+NUM_LAYERS = 2
+INTERMEDIATE_SIZE = 128
+MAX_POSITIONS = 512
+
+# A small corpus in the shape of the prompts (examples/tiny-prompts.jsonl) plus plain words, so the BPE merges give
+# whole-word tokens with and without the letter the toy reward counts.
+_WORDS = ["apple", "banana", "cat", "dog", "egg", "fish", "goat", "hat", "ice", "jam", "kite", "lamp", "moon", "nest", "owl", "pear", "queen", "rat", "sun", "tree", "umbrella", "van", "water", "fox", "yak", "zebra", "red", "green", "blue", "black", "white", "small", "big", "happy", "sad", "fast", "slow", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "say", "write", "tell", "me", "a", "story", "about", "the", "word", "please", "answer", "with", "letters", "name", "animal", "fruit", "color", "number", "count", "list", "give", "short", "long", "poem", "song"]
+
+
+def _corpus() -> list[str]:
+    lines = []
+    for i, word in enumerate(_WORDS):
+        other = _WORDS[(i * 7 + 3) % len(_WORDS)]
+        lines.append(f"say {word} and {other}")
+        lines.append(f"write a short poem about the {word}")
+        lines.append(f"{word} {other} {word}")
+    lines.append("aaaa aaa aa a banana aardvark alpaca")
+    return lines
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOS_TOKEN, PAD_TOKEN)],
+    )
+    fast.chat_template = qwen3_chat_template
+    return fast
+
+
+def build_model(tokenizer, seed: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model
+
+
+def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """Write the tiny model + tokenizer to `out_dir` (atomically: a half-written model would be loaded by vLLM)."""
+    out = Path(out_dir).resolve()
+    if (out / "config.json").is_file():
+        return out
+    staging = out.with_name(out.name + f".tmp-{os.getpid()}")
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer)}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.rename(out)
+    except OSError:  # another process built it meanwhile: keep theirs
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.testing.tiny_assets", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="where to write the model (skipped if it already holds one)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_tiny_model(args.out_dir, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
