@@ -48,8 +48,15 @@ demo: setup
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
 	$(VENV)/bin/grporun local examples/tiny.yaml
 
-test: setup
+test: setup lint
 	$(VENV)/bin/python -m pytest -q -ra
+
+# The quick loop: everything but the real trainer runs, the vLLM server, kopf lifecycles and a real Prometheus.
+test-fast: $(VENV)/.installed lint
+	$(VENV)/bin/python -m pytest -q -ra -m "not slow"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 bench: setup
 	$(VENV)/bin/python -m bench
