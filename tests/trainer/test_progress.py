@@ -1,4 +1,4 @@
-"""Unit tests of the seed's five classes (trainer_image/grpo_trainer/progress.py), no trainer involved."""
+"""Unit tests of the progress module's classes (trainer_image/grpo_trainer/progress.py), no trainer involved."""
 
 from __future__ import annotations
 
