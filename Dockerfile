@@ -26,4 +26,4 @@ COPY crds/grporun.yaml /opt/grpo/crds/grporun.yaml
 # Numeric, so Kubernetes' runAsNonRoot can verify it (the chart runs as 10001 too).
 USER 10001:10001
 ENTRYPOINT ["grporun"]
-CMD ["operator", "--standalone", "--all-namespaces"]
+CMD ["operator", "--all-namespaces"]

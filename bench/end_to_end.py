@@ -43,7 +43,7 @@ def _samples_generated(metrics_text: str | None) -> float | None:
 
 
 def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
-    from grpo_operator.local import fetch_progress, http_get, http_ok
+    from grpo_operator.cli.local.processes import http_get, http_ok, read_progress_blocking
     from grpo_trainer.contract import RunConfig
 
     runs_dir = context.scratch / f"e2e-{label}"
@@ -82,7 +82,7 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
                     count = _samples_generated(http_get(f"{rollout}/metrics"))
                     if count is not None:
                         generated.append((now, count))
-                polled = fetch_progress(f"http://127.0.0.1:{config.learner.http_port}")
+                polled = read_progress_blocking(f"http://127.0.0.1:{config.learner.http_port}")
                 if polled is not None and "trained_end" not in times:
                     report = polled
                     if "first_group" not in times and polled.groups_consumed > 0:

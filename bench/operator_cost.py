@@ -46,7 +46,8 @@ def _components():
             KubeClient,
             KubeEmulator,
         )
-        from tests.support.operator_fixtures import CRDS, Kubelet, grporun, minimal_spec  # noqa: F401
+        from tests.support.operator_fixtures import CRDS, Kubelet  # noqa: F401
+        from tests.support.specs import grporun, minimal_spec  # noqa: F401
     except ImportError as error:
         raise SectionUnavailable(f"the operator or its API emulator is not importable here ({error})") from error
     return locals()

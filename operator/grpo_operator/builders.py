@@ -3,7 +3,7 @@
 One run is: a ConfigMap with the resolved run config (`run.json`), a headless rollout Service and one pod per vLLM
 server, a headless learner Service and one pod per learner node. All of them carry a controller ownerReference to
 the GRPORun (deleting the run deletes them), deterministic names (creation is idempotent: 409 means done) and the
-`grpo.dev/run` + `grpo.dev/role` labels the operator selects them by.
+`api.RUN_LABEL` + `api.ROLE_LABEL` labels the operator selects them by.
 
 Why the shapes are what they are:
 - Both Services are headless with `publishNotReadyAddresses`: the learner addresses every rollout server by its own
@@ -20,20 +20,18 @@ Why the shapes are what they are:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
+from .api import API_VERSION, ATTEMPT_ANNOTATION, KIND, MANAGED_BY, ROLE_LABEL, RUN_LABEL, GRPORunSpec
 from .resolve import resolve_run_config
-from .spec import GRPORunSpec
 
-API_VERSION = "grpo.dev/v1alpha1"
-KIND = "GRPORun"
-RUN_LABEL = "grpo.dev/run"
-ROLE_LABEL = "grpo.dev/role"
-ATTEMPT_ANNOTATION = "grpo.dev/attempt"
-MANAGED_BY = "grpo-operator"
+#: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
+DEFAULT_TRAINER_IMAGE = "grpo-trainer:cuda"
+TRAINER_IMAGE_ENV = "GRPO_TRAINER_IMAGE"
 
 CONFIG_DIR = "/etc/grpo"
 CONFIG_FILE = "run.json"
@@ -43,6 +41,11 @@ WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
 #: Any non-root uid works; fixed so files on a shared checkpoint volume stay writable across restarts.
 RUN_AS_USER = 1000
+
+
+def default_trainer_image() -> str:
+    """$GRPO_TRAINER_IMAGE, else DEFAULT_TRAINER_IMAGE."""
+    return os.environ.get(TRAINER_IMAGE_ENV, DEFAULT_TRAINER_IMAGE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """kopf wiring, nothing else: which events reach which function. The logic is in reconcile.py (I/O) and
-status.py (decisions); the operator's configuration comes in as `memo.context` (reconcile.OperatorContext).
+the status package (decisions); the operator's configuration comes in as `memo.context` (reconcile.OperatorContext).
 
 One daemon per run does every pass for that run, so passes of one run never overlap (kopf runs timers and
 change handlers of one object concurrently, which would race on the status). Pods reach it through an in-memory
@@ -14,24 +14,21 @@ from typing import Any
 
 import kopf
 
-from . import builders
+from .api import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION
 from .pods import observe_pod, pod_facts
 from .reconcile import OperatorContext, reconcile_run
-
-GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grporuns"
-FINALIZER = "grpo.dev/finalizer"
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """kopf settings that differ from its defaults, and why."""
     # Our own prefixes, not kopf.zalando.org, on everything kopf writes onto a GRPORun.
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="grpo.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="grpo.dev", key="last-handled-configuration")
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration")
     settings.posting.reporting_component = "grpo-operator"
     settings.posting.event_name_prefix = "grpo-operator-"
-    settings.posting.loggers = False  # events are the transitions status.py emits, not log lines
+    settings.posting.loggers = False  # events are the transitions the status package emits, not log lines
     # The 300 s default holds a reconcile pass hostage to one hung request.
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
@@ -60,9 +57,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         context.session = None
 
 
-@kopf.index("v1", "pods", labels={builders.RUN_LABEL: kopf.PRESENT})
+@kopf.index("v1", "pods", labels={RUN_LABEL: kopf.PRESENT})
 def run_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[builders.RUN_LABEL]): (observe_pod(dict(body)), pod_facts(dict(body)))}
+    return {(namespace, labels[RUN_LABEL]): (observe_pod(dict(body)), pod_facts(dict(body)))}
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)

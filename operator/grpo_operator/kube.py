@@ -1,4 +1,4 @@
-"""The one small Kubernetes API helper: create tolerant of 409, delete and get tolerant of 404, status patches.
+"""The one small Kubernetes API helper: create tolerant of 409, delete tolerant of 404, status patches.
 
 It rides on kopf's own client (kopf 1.45.2 is pinned) so every call uses the credentials kopf logged in with, its
 re-authentication on 401, `settings.networking.request_timeout` and its retry backoffs; no second client library
@@ -14,13 +14,11 @@ from typing import Any
 from kopf._cogs.clients import api, errors
 from kopf._cogs.configs.configuration import OperatorSettings
 
-APIError = errors.APIError
-APIConflictError = errors.APIConflictError
-APINotFoundError = errors.APINotFoundError
+from .api import KIND, PLURAL
+
 APIClientError = errors.APIClientError
 
-_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", "GRPORun": "grporuns",
-            "Event": "events"}
+_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events"}
 
 
 def object_url(api_version: str, kind: str, namespace: str, name: str | None = None,
@@ -55,13 +53,6 @@ class Kube:
         except errors.APINotFoundError:
             return False
         return True
-
-    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await api.get(object_url(api_version, kind, namespace, name), settings=self.settings,
-                                 logger=self.logger)
-        except errors.APINotFoundError:
-            return None
 
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ import jsonschema
 import yaml
 from celpy import celtypes
 
-from grpo_operator.spec import GRPORunSpec, SpecError, parse_spec
+from grpo_operator.api import GRPORunSpec, SpecError, parse_spec
 
 #: Overridable so an installed operator image can point at the CRD it ships.
 CRD_PATH = Path(os.environ.get("GRPO_CRD_PATH", Path(__file__).resolve().parents[2] / "crds" / "grporun.yaml"))
@@ -240,7 +240,7 @@ def _validator(*schema_path: str) -> jsonschema.Draft4Validator:
     return jsonschema.Draft4Validator(schema)
 
 
-def _schema_errors(value: Any, *schema_path: str) -> list[str]:
+def schema_errors(value: Any, *schema_path: str) -> list[str]:
     """Type/range errors of the value at `schema_path` in the CRD schema (the whole object when empty)."""
     errors = sorted(_validator(*schema_path).iter_errors(value), key=lambda error: [str(p) for p in error.absolute_path])
     return [line for error in errors for line in _schema_error_line(error, ".".join(schema_path))]
@@ -371,19 +371,13 @@ def validate_manifest(manifest: dict[str, Any], old: dict[str, Any] | None = Non
     schema = load_crd().schema
     errors = header_errors(manifest) + unknown_field_errors(manifest, schema)
     defaulted = with_defaults(manifest)
-    errors += _schema_errors(defaulted)
+    errors += schema_errors(defaulted)
     for result in cel_results(defaulted, schema, _ABSENT if old is None else with_defaults(old)):
         # A rule that cannot be evaluated on a value of the wrong type is noise next to the type error itself; with
         # a schema-valid manifest it would be a bug in the CRD, so it is reported then.
         if not result.passed and (result.evaluation_error is None or not errors):
             errors.append(result.line)
     return errors
-
-
-def status_errors(status: dict[str, Any]) -> list[str]:
-    """Problems with a status the operator is about to write: types, enums and fields the API server would prune."""
-    schema = load_crd().schema["properties"]["status"]
-    return unknown_field_errors(status, schema, "status") + _schema_errors(status, "status")
 
 
 @dataclass(frozen=True)

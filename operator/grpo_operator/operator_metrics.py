@@ -13,10 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from grpo_trainer.contract import DROP_REASONS
 
 from . import metric_names as m
-from .spec import Phase, parse_status
+from .api import ConditionType, Phase, parse_status
 from .status import parse_time
-
-RUN_LABELS = list(m.RUN_LABELS)
 
 
 class OperatorMetrics:
@@ -25,7 +23,7 @@ class OperatorMetrics:
         r = self.registry
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(name, doc, RUN_LABELS + list(extra), registry=r)
+            return Gauge(name, doc, [*m.RUN_LABELS, *extra], registry=r)
 
         self.info = gauge(m.RUN_INFO, "A GRPORun the operator manages (value 1).", ("model",))
         self.phase = gauge(m.RUN_PHASE, "1 for the run's current phase, 0 for the others.", ("phase",))
@@ -79,7 +77,7 @@ class OperatorMetrics:
             self.epoch.labels(*labels).set(progress.epoch)
             self.stall_streak.labels(*labels).set(progress.stall_streak)
             self.stall_limit.labels(*labels).set(progress.stall_limit)
-        stalled = any(c.type == "Stalled" and c.status == "True" for c in parsed.conditions)
+        stalled = any(c.type == ConditionType.STALLED.value and c.status == "True" for c in parsed.conditions)
         self.stalled.labels(*labels).set(1.0 if stalled else 0.0)
         self.restarts.labels(*labels).set(parsed.restarts)
         if parsed.last_progress_time:

@@ -5,18 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .builders import ATTEMPT_ANNOTATION, ROLE_LABEL
+from .api import ROLE_LABEL
 from .status import PodObservation
 
 
 @dataclass(frozen=True)
 class PodFacts:
-    """What the I/O layer needs beyond the observation: identity (to skip pods it deleted) and the address."""
+    """What the I/O layer needs beyond the observation: identity (to skip pods it deleted), the address, deletion."""
 
     uid: str
     ip: str | None
     terminating: bool
-    attempt: int
 
 
 def _main_container_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -45,14 +44,11 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         exit_code=terminated.get("exitCode"),
         reason=reason,
         message=message,
-        restarts=int(container.get("restartCount") or 0),
         waiting_reason=waiting.get("reason"),
     )
 
 
 def pod_facts(pod: dict[str, Any]) -> PodFacts:
     metadata = pod.get("metadata") or {}
-    attempt = (metadata.get("annotations") or {}).get(ATTEMPT_ANNOTATION, "0")
     return PodFacts(uid=metadata.get("uid", ""), ip=(pod.get("status") or {}).get("podIP"),
-                    terminating=bool(metadata.get("deletionTimestamp")),
-                    attempt=int(attempt) if str(attempt).isdigit() else 0)
+                    terminating=bool(metadata.get("deletionTimestamp")))

@@ -26,7 +26,7 @@ def pod_progress_url(namespace: str, pod: str, ip: str) -> str:
     return f"http://{host}:{LEARNER_HTTP_PORT}{PROGRESS_PATH}"
 
 
-async def fetch_progress(session: aiohttp.ClientSession, url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+async def poll_progress(session: aiohttp.ClientSession, url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS,
                          logger: logging.Logger | logging.LoggerAdapter | None = None) -> ProgressReport | None:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:

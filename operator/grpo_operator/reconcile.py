@@ -1,4 +1,4 @@
-"""One reconcile pass of one GRPORun: observe -> derive (pure, status.py) -> write status -> act.
+"""One reconcile pass of one GRPORun: observe -> derive (pure, the status package) -> write status -> act.
 
 The kopf handlers (handlers.py) call `reconcile_run` from one daemon per run, so passes of one run never overlap
 and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
@@ -19,11 +19,11 @@ import kopf
 from grpo_trainer.contract import ProgressReport
 
 from . import builders
+from .api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_spec
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pods import PodFacts
-from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, fetch_progress, pod_progress_url
-from .spec import FINISHED_PHASES, GRPORunSpec, SpecError, parse_spec
+from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
 from .status import (
     CreateChildren,
     Decision,
@@ -121,7 +121,7 @@ async def _poll(context: OperatorContext, namespace: str, leader_name: str,
     if context.session is None:
         context.session = aiohttp.ClientSession()
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    return await fetch_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    return await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
@@ -130,7 +130,7 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
     patch = merge_patch_between(base_status, decision.status)
     memory = context.memory(metadata["uid"])
     if patch:
-        written = await kube.patch_status(builders.API_VERSION, builders.KIND, metadata["namespace"],
+        written = await kube.patch_status(API_VERSION, KIND, metadata["namespace"],
                                           metadata["name"], patch)
         if written is None:
             return False
@@ -168,4 +168,4 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
                     memory.deleted_uids.add(uids[pod])
         elif isinstance(action, DeleteRun):
             logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
-            await kube.delete(builders.API_VERSION, builders.KIND, namespace, name)
+            await kube.delete(API_VERSION, KIND, namespace, name)

@@ -7,7 +7,7 @@ imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
 
 from __future__ import annotations
 
-from grpo_operator.spec import GRPORunSpec
+from grpo_operator.api import GRPORunSpec
 from grpo_trainer.contract import (
     CheckpointConfig,
     LearnerConfig,

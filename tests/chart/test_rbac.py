@@ -2,8 +2,8 @@
 
 The request list: what grpo_operator does to runs and their children, plus what kopf 1.45.2 does on its own, read
 from its source: core/v1 events (kopf/_cogs/clients/events.py), customresourcedefinitions list+watch to notice CRD
-changes, and namespaces list+watch only when it watches named namespaces (kopf/_core/reactor/observation.py). With
---standalone kopf never touches its kopf.dev peering objects.
+changes, and namespaces list+watch only when it watches named namespaces (kopf/_core/reactor/observation.py).
+`grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects.
 """
 
 from __future__ import annotations

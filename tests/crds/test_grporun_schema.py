@@ -14,8 +14,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from grpo_operator.manifest import CRD_PATH, load_crd, status_errors
-from grpo_operator.spec import (
+from grpo_operator.api import (
     Condition,
     ConditionType,
     FailureStatus,
@@ -26,7 +25,9 @@ from grpo_operator.spec import (
     ProgressStatus,
     RolloutStatus,
 )
+from grpo_operator.manifest import CRD_PATH, load_crd
 from grpo_trainer.contract import DROP_REASONS
+from tests.support.specs import status_errors
 
 CRD = load_crd()
 

@@ -9,14 +9,14 @@ import kubernetes_validate
 import pytest
 
 from grpo_operator import builders
-from grpo_operator.spec import parse_spec
+from grpo_operator.api import parse_spec
 from grpo_trainer.contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     LEARNER_HTTP_PORT,
     ROLLOUT_HTTP_PORT,
     load_run_config,
 )
-from tests.support.operator_fixtures import minimal_spec
+from tests.support.specs import minimal_spec
 
 KUBERNETES_VERSION = "1.33"
 UID = "0b7c2c9e-1111-2222-3333-444455556666"

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from grpo_trainer.contract import EXIT_STALLED
-from tests.support.operator_fixtures import REPO, grporun, minimal_spec
+from tests.support.paths import REPO
+from tests.support.specs import grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
 

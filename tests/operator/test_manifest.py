@@ -1,20 +1,16 @@
 """Manifests are checked the way the API server would check them — structural schema, defaults, every CEL rule —
-and every problem comes back as one line that names the field. Also `grporun validate`, in-process and as a
-subprocess."""
+and every problem comes back as one line that names the field. `grporun validate` is tested in
+tests/operator/cli/test_validate.py."""
 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from grpo_operator import cli
 from grpo_operator.manifest import (
     ManifestError,
     ManifestInvalid,
@@ -388,46 +384,3 @@ def test_manifest_read_grporun_raises_all_problems(tmp_path):
     with pytest.raises(ManifestInvalid) as raised:
         read_grporun(path)
     assert raised.value.errors == ["spec.learner.nodes: must be >= 1, not 0", "spec.training.epochs: must be > 0, not 0"]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# grporun validate
-# --------------------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def bad_manifest(tmp_path) -> Path:
-    manifest = good()
-    manifest["spec"]["trainning"] = manifest["spec"].pop("training")
-    manifest["spec"]["rollout"]["vllm"]["maxModelLen"] = 512
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    return path
-
-
-def test_manifest_cli_validate_ok(capsys):
-    paths = [str(path) for path in GOOD_FIXTURES]
-    assert cli.main(["validate", *paths]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"OK {path}" for path in paths]
-
-
-def test_manifest_cli_validate_reports_each_problem_and_exits_1(capsys, bad_manifest, tmp_path):
-    missing = tmp_path / "missing.yaml"
-    good_path = str(FIXTURES / "minimal.yaml")
-    assert cli.main(["validate", str(bad_manifest), str(missing), good_path]) == 1
-    out = capsys.readouterr()
-    assert out.out.splitlines() == [
-        f"{bad_manifest}: spec.trainning: unknown field (did you mean training?)",
-        f"{bad_manifest}: spec.rollout.vllm.maxModelLen: must be greater than training.maxCompletionLength "
-        "(the prompt needs room in the context too)",
-        f"cannot read {missing}: No such file or directory",
-        f"OK {good_path}",
-    ]
-    assert "Traceback" not in out.err
-
-
-def test_manifest_cli_validate_as_a_subprocess(bad_manifest):
-    grporun = Path(sys.executable).parent / "grporun"
-    ok = subprocess.run([grporun, "validate", FIXTURES / "minimal.yaml"], capture_output=True, text=True, timeout=120)
-    assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"OK {FIXTURES / 'minimal.yaml'}\n", "")
-    bad = subprocess.run([grporun, "validate", bad_manifest], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and bad.stderr == ""
-    assert bad.stdout.splitlines()[0] == f"{bad_manifest}: spec.trainning: unknown field (did you mean training?)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.chart_rbac import is_allowed, rendered_rules
-from tests.support.operator_fixtures import NAMESPACE, grporun, minimal_spec
+from tests.support.specs import NAMESPACE, grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
 

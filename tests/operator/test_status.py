@@ -1,6 +1,6 @@
 """Unit tests of the pure status derivation (grpo_operator.status): one lifecycle step at a time, clock as input.
 
-Every status derived here is also checked against the CRD's status schema (manifest.status_errors), since the API
+Every status derived here is also checked against the CRD's status schema (tests.support.specs.status_errors), since the API
 server prunes or rejects what the schema does not declare.
 """
 
@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator import manifest
-from grpo_operator.spec import parse_spec
+from grpo_operator.api import parse_spec
 from grpo_operator.status import (
     CreateChildren,
     Decision,
@@ -25,7 +24,7 @@ from grpo_operator.status import (
     invalid_spec_status,
 )
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_STALLED, ProgressReport
-from tests.support.operator_fixtures import minimal_spec
+from tests.support.specs import minimal_spec, status_errors
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -53,7 +52,7 @@ def report(**fields: Any) -> ProgressReport:
 
 def step(spec, status, pods, progress=None, now=T0, **kwargs) -> Decision:
     decision = derive_status(spec, status, pods, progress, now, generation=kwargs.pop("generation", 1), **kwargs)
-    assert manifest.status_errors(decision.status) == [], decision.status
+    assert status_errors(decision.status) == [], decision.status
     return decision
 
 
@@ -177,7 +176,7 @@ def test_a_crash_restarts_the_whole_learner_gang_within_the_backoff_limit():
     pods = [pod("r-rollout-0"), pod("r-learner-0"), pod("r-learner-1", "Failed", False, exit_code=1,
                                                          message="NCCL timeout")]
     decision = step(spec, status, pods, now=at(30))
-    assert decision.actions == [RecreatePods(("r-learner-0", "r-learner-1"), attempt=1)]
+    assert decision.actions == [RecreatePods(("r-learner-0", "r-learner-1"))]
     assert decision.status["restarts"] == 1 and decision.status["learner"]["restarts"] == 1
     assert decision.status["phase"] == "Pending"
     assert reasons(decision) == ["Restarting", "Pending"]
@@ -204,7 +203,7 @@ def test_a_rollout_server_that_exits_is_restarted_alone():
     status = step(spec, {}, []).status
     pods = [pod("r-rollout-0"), pod("r-rollout-1", "Failed", False, exit_code=1), pod("r-learner-0")]
     decision = step(spec, status, pods, now=at(5))
-    assert decision.actions == [RecreatePods(("r-rollout-1",), attempt=1)]
+    assert decision.actions == [RecreatePods(("r-rollout-1",))]
 
 
 # --- finished runs ----------------------------------------------------------------------------------------------
@@ -348,7 +347,7 @@ def test_invalid_spec_fails_naming_the_field_once():
     decision = invalid_spec_status({}, ValueError("spec.training.epochs: input should be greater than 0"), T0,
                                    generation=2)
     status = decision.status
-    assert manifest.status_errors(status) == []
+    assert status_errors(status) == []
     assert status["phase"] == "Failed" and status["observedGeneration"] == 2
     assert condition(status, "Failed")["reason"] == "InvalidSpec"
     assert condition(status, "Failed")["message"] == "spec.training.epochs: input should be greater than 0"

@@ -20,7 +20,6 @@ import yaml
 from kopf._cogs.structs.credentials import Vault
 
 import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
-from grpo_operator import manifest
 from grpo_operator.reconcile import OperatorContext
 from grpo_trainer.contract import ProgressReport
 from grpo_trainer.exporter import ProgressServer
@@ -37,40 +36,19 @@ from tests.support.kube_emulator import (
     ResourceDef,
 )
 from tests.support.paths import REPO  # noqa: E402
+from tests.support.specs import NAMESPACE, status_errors
 
 CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                    namespaced=False, subresources=("status",))
-NAMESPACE = "default"
 TEST_IMAGE = "grpo-trainer:test"
 KUBERNETES_VERSION = "1.33"
-
-
-def minimal_spec(**overrides: Any) -> dict[str, Any]:
-    """A valid spec with the CRD's defaults applied (what the API server would store)."""
-    spec = {
-        "model": "/models/tiny",
-        "dataset": {"path": "/data/prompts.jsonl"},
-        "rewards": [{"name": "letter_a_fraction"}],
-        "rollout": {"replicas": 1},
-        "learner": {"nodes": 1},
-    }
-    for key, value in overrides.items():
-        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
-    defaulted = manifest.with_defaults({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun",
-                                        "metadata": {"name": "x"}, "spec": spec})
-    return defaulted["spec"]
-
-
-def grporun(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun", "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": spec if spec is not None else minimal_spec()}
 
 
 def schema_validators() -> dict[str, Callable[[dict[str, Any]], list[str]]]:
     """Reject (422) what a real API server would refuse: a GRPORun status the CRD does not declare (the server
     would prune it silently), and children that break the Kubernetes API schemas."""
     def grporun_status(obj: dict[str, Any]) -> list[str]:
-        return manifest.status_errors(obj["status"]) if "status" in obj else []
+        return status_errors(obj["status"]) if "status" in obj else []
 
     def kubernetes_schema(obj: dict[str, Any]) -> list[str]:
         try:

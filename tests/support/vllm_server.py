@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from grpo_operator.local import free_port
+from grpo_operator.cli.local.processes import free_port
 from tests.support.paths import REPO  # noqa: E402
 
 ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.local import free_port
+from grpo_operator.cli.local.processes import free_port
 from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED
 from grpo_trainer.launch import learner_argv
 

@@ -11,13 +11,14 @@ import sys
 from pydantic import ValidationError
 
 from . import contract as c
+from .validation import first_error
 
 
 def config_error_line(error: ValidationError) -> str:
-    """The first validation error as one line naming the field, e.g. `training.epochs: Input should be > 0`."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "config"
-    return f"{where}: {first['msg']}" + (f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else "")
+    """The first validation error as one line naming the field, e.g. `training.epochs: input should be greater than 0`."""
+    where, message = first_error(error, prefix="")
+    more = error.error_count() - 1
+    return f"{where or 'config'}: {message}" + (f" (and {more} more)" if more else "")
 
 
 def read_config(path: str) -> c.RunConfig:

@@ -91,7 +91,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-class _Model(BaseModel):
+class WireModel(BaseModel):
     """camelCase on the wire (like the CRD), snake_case in Python; unknown fields are an error, not a silent no-op."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
@@ -104,7 +104,7 @@ class _Model(BaseModel):
 # The resolved run config. Field names and defaults mirror the GRPORun spec (crds/), so the ConfigMap reads like the
 # manifest the user wrote, plus what only the operator knows (addresses, paths).
 # --------------------------------------------------------------------------------------------------------------------
-class DatasetConfig(_Model):
+class DatasetConfig(WireModel):
     name: str | None = Field(None, description="Hub dataset id, loaded with datasets.load_dataset.")
     path: str | None = Field(None, description="A local JSON/JSONL file or a directory saved with save_to_disk.")
     config: str | None = None
@@ -119,7 +119,7 @@ class DatasetConfig(_Model):
         return self
 
 
-class RewardConfig(_Model):
+class RewardConfig(WireModel):
     name: str | None = Field(None, description="A built-in reward (grpo_trainer.rewards).")
     function: str | None = Field(None, description="A user reward as 'module:function'.")
     weight: float = 1.0
@@ -133,7 +133,7 @@ class RewardConfig(_Model):
         return self
 
 
-class TrainingConfig(_Model):
+class TrainingConfig(WireModel):
     epochs: float = Field(1, gt=0)
     num_generations: int = Field(8, ge=2)
     per_device_train_batch_size: int = Field(8, ge=1)
@@ -150,26 +150,26 @@ class TrainingConfig(_Model):
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
 
-class FilterConfig(_Model):
+class FilterConfig(WireModel):
     drop_no_signal: bool = True
     drop_truncated: bool = False
     no_signal_epsilon: float = Field(1e-6, ge=0, description="A group whose reward std is <= this has no signal.")
 
 
-class ProgressConfig(_Model):
+class ProgressConfig(WireModel):
     stall_groups: int = Field(0, ge=0, description="Groups consumed in a row without one training; 0 = one pass.")
     progress_deadline_seconds: int = Field(1800, ge=1)
     stall_policy: Literal["Fail", "Report"] = "Fail"
 
 
-class WeightSyncConfig(_Model):
+class WeightSyncConfig(WireModel):
     # nccl: TRL's own WeightTransferClient (GPU). filesystem: safetensors into a directory both processes see, then
     # vLLM's reload_weights through /collective_rpc (the CPU path; no CPU transfer engine ships with vLLM).
     mode: Literal["nccl", "filesystem"] = "nccl"
     directory: str | None = None
 
 
-class RolloutConfig(_Model):
+class RolloutConfig(WireModel):
     urls: list[str] = Field(default_factory=lambda: [f"http://127.0.0.1:{ROLLOUT_HTTP_PORT}"])
     max_model_len: int = Field(4096, ge=16)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
@@ -179,19 +179,19 @@ class RolloutConfig(_Model):
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server flags.")
 
 
-class LearnerConfig(_Model):
+class LearnerConfig(WireModel):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     device: Literal["cuda", "cpu"] = "cuda"
     http_port: int = LEARNER_HTTP_PORT
 
 
-class CheckpointConfig(_Model):
+class CheckpointConfig(WireModel):
     directory: str | None = Field(None, description="Where checkpoints go; resume picks the newest one here.")
     save_steps: int = Field(100, ge=1)
 
 
-class RunConfig(_Model):
+class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
 
     run_name: str = "grporun"
@@ -224,7 +224,7 @@ def load_run_config(text: str) -> RunConfig:
 # --------------------------------------------------------------------------------------------------------------------
 # Progress: `GET /progress`, and the termination message.
 # --------------------------------------------------------------------------------------------------------------------
-class ProgressReport(_Model):
+class ProgressReport(WireModel):
     phase: LearnerPhase = LearnerPhase.STARTING
     groups_total: int = Field(0, ge=0, description="Groups the run must consume: prompts x epochs.")
     groups_consumed: int = Field(0, ge=0)

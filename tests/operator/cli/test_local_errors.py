@@ -10,7 +10,8 @@ import yaml
 
 from grpo_operator import builders
 from grpo_operator.cli import main as grporun
-from grpo_operator.local import ProcessPlan, final_summary, localize_spec, observe, plan_processes
+from grpo_operator.cli.local.console import final_summary
+from grpo_operator.cli.local.plan import ProcessPlan, localize_spec, observe, plan_processes
 from grpo_operator.manifest import read_grporun
 from tests.support.paths import REPO  # noqa: E402
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 
-from . import metric_names
-
-DEFAULT_TRAINER_IMAGE = os.environ.get("GRPO_TRAINER_IMAGE", "grpo-trainer:cuda")
+from .. import metric_names
+from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,16 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NAME",
                        help="watch GRPORuns in this namespace (repeatable; globs like 'team-*' work)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch GRPORuns in every namespace")
-    parser.add_argument("--standalone", action="store_true", default=True,
-                        help="no peering with other operator instances (the default; run one replica)")
     parser.add_argument("--metrics-port", type=int, default=metric_names.OPERATOR_METRICS_PORT,
                         help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help=f"liveness endpoint, e.g. http://0.0.0.0:{metric_names.OPERATOR_LIVENESS_PORT}/healthz")
     parser.add_argument("--liveness-port", type=int, default=None,
                         help="shorthand for --liveness=http://0.0.0.0:PORT/healthz")
-    parser.add_argument("--trainer-image", default=DEFAULT_TRAINER_IMAGE,
-                        help="image for rollout and learner pods whose spec names none ($GRPO_TRAINER_IMAGE)")
+    parser.add_argument("--trainer-image", default=default_trainer_image(),
+                        help=f"image for rollout and learner pods whose spec names none (${TRAINER_IMAGE_ENV})")
     parser.add_argument("--reconcile-interval", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between passes over each run (progress polls, deadlines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -38,14 +34,15 @@ def main(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers with kopf)
-    from .reconcile import OperatorContext
+    from .. import handlers  # noqa: F401  (registers the handlers with kopf)
+    from ..reconcile import OperatorContext
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = args.liveness or (f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None)
     context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval)
     if args.metrics_port:
         context.metrics.serve(args.metrics_port)
+    # standalone: one replica, no peering objects (the chart runs one, with a Recreate strategy).
     asyncio.run(kopf.operator(
         standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace,
         memo=kopf.Memo(context=context), liveness_endpoint=liveness))

@@ -7,8 +7,8 @@ import argparse
 import pytest
 import requests
 
-from grpo_operator import main
-from grpo_operator.local import free_port
+from grpo_operator.cli import operator_command as main
+from grpo_operator.cli.local.processes import free_port
 from tests.support.chart_render import objects_of_kind, render_objects
 
 
@@ -25,7 +25,6 @@ def test_the_charts_container_args_parse(values):
     (operator,) = deployment["spec"]["template"]["spec"]["containers"]
     assert operator["command"] == ["grporun"] and operator["args"][0] == "operator"
     args = parse(operator["args"][1:])
-    assert args.standalone is True
     if values["watch"]["allNamespaces"]:
         assert args.all_namespaces is True and args.namespace == []
     else:

@@ -12,18 +12,19 @@ import sys
 
 # subcommand -> (module, help). Each module exposes `add_arguments(parser)` and `main(args) -> int`.
 SUBCOMMANDS = {
-    "operator": ("grpo_operator.main", "run the operator (kopf) against the current cluster"),
-    "local": ("grpo_operator.local", "run a GRPORun manifest on this machine, no cluster"),
-    "validate": ("grpo_operator.validate", "check GRPORun manifests against the CRD schema and rules"),
-    "render": ("grpo_operator.render", "print the Kubernetes objects the operator would create for a manifest"),
+    "operator": ("grpo_operator.cli.operator_command", "run the operator (kopf) against the current cluster"),
+    "local": ("grpo_operator.cli.local", "run a GRPORun manifest on this machine, no cluster"),
+    "validate": ("grpo_operator.cli.validate", "check GRPORun manifests against the CRD schema and rules"),
+    "render": ("grpo_operator.cli.render", "print the Kubernetes objects the operator would create for a manifest"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the subcommand it names (its first word) gets its module imported and flags."""
     parser = argparse.ArgumentParser(prog="grporun", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name) if name in sys.argv[1:2] else None
+        module = importlib.import_module(module_name) if name in argv[:1] else None
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if module is not None:
             module.add_arguments(sub_parser)
@@ -33,10 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    sys.argv[1:] = argv
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return int(args.handler(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

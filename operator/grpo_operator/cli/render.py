@@ -11,9 +11,8 @@ import argparse
 
 import yaml
 
-from .builders import build_children
-from .main import DEFAULT_TRAINER_IMAGE
-from .manifest import ManifestError, ManifestInvalid, read_grporun
+from ..builders import TRAINER_IMAGE_ENV, build_children, default_trainer_image
+from ..manifest import ManifestError, ManifestInvalid, read_grporun
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -22,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", metavar="MANIFEST", help="a GRPORun YAML file")
     parser.add_argument("-n", "--namespace", default="default",
                         help="namespace for a manifest that names none (default: default)")
-    parser.add_argument("--trainer-image", default=DEFAULT_TRAINER_IMAGE,
-                        help="image for pods whose spec names none, as the operator's own flag ($GRPO_TRAINER_IMAGE)")
+    parser.add_argument("--trainer-image", default=default_trainer_image(),
+                        help=f"image for pods whose spec names none, as the operator's own flag (${TRAINER_IMAGE_ENV})")
     parser.add_argument("--uid", default=PLACEHOLDER_UID, help="the GRPORun's uid for the ownerReferences")
 
 

@@ -8,7 +8,7 @@ import sys
 import kubernetes_validate
 import yaml
 
-from grpo_operator.render import PLACEHOLDER_UID, render
+from grpo_operator.cli.render import PLACEHOLDER_UID, render
 from tests.support.paths import REPO  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""grpo_operator.spec mirrors the CRD field for field (names, types, defaults, enums, ranges), so the two cannot
+"""grpo_operator.api mirrors the CRD field for field (names, types, defaults, enums, ranges), so the two cannot
 drift; parse_spec turns a bad spec into one line naming the field."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from grpo_operator.api import GRPORunSpec, GRPORunStatus, SpecError, parse_spec, parse_status
 from grpo_operator.manifest import load_crd, load_manifest, with_defaults
-from grpo_operator.spec import GRPORunSpec, GRPORunStatus, SpecError, parse_spec, parse_status
 from tests.support.paths import MANIFEST_FIXTURES as FIXTURES  # noqa: E402
 
 SPEC_SCHEMA = load_crd().schema["properties"]["spec"]
@@ -199,7 +199,7 @@ def test_spec_status_round_trips_and_ignores_fields_from_newer_operators():
 
 def test_spec_operator_modules_import_no_ml_stack():
     code = (
-        "import sys, grpo_operator.spec, grpo_operator.manifest, grpo_operator.resolve, grpo_operator.validate\n"
+        "import sys, grpo_operator.api, grpo_operator.manifest, grpo_operator.resolve, grpo_operator.cli.validate\n"
         "heavy = sorted({'torch', 'transformers', 'trl', 'vllm', 'accelerate', 'datasets'} & set(sys.modules))\n"
         "assert not heavy, heavy\n"
     )

@@ -1,9 +1,12 @@
-"""Typed models of a GRPORun's spec and status (`crds/grporun.yaml` is the wire schema; these mirror it).
+"""The GRPORun API in one place: its names (group, version, kind, labels, annotations), its phases, conditions and
+reasons, and typed models of its spec and status (`crds/grporun.yaml` is the wire schema; these mirror it).
+
+Every other module imports these names; a version bump touches this file and the CRD.
 
 The spec reuses the contract's models wherever the manifest and the resolved run config have the same shape
-(dataset, rewards, training, filter), so a field and its default are spelled once; the Kubernetes-only parts
-(images, resources, volumes, run policy) live here. The CRD's defaults are checked against these models by
-`tests/operator/test_spec.py`, so the two cannot drift apart.
+(dataset, rewards, training, filter, rollout defaults), so a field and its default are spelled once; the
+Kubernetes-only parts (images, resources, volumes, run policy) live here. The CRD's defaults are checked against
+these models by `tests/operator/test_api.py`, so the two cannot drift apart.
 
 Cross-field rules (maxModelLen vs maxCompletionLength, weight-sync mode vs device, ...) are the CRD's CEL rules;
 `grpo_operator.manifest.validate_manifest` evaluates them outside a cluster. `parse_spec` checks types, ranges and
@@ -22,9 +25,27 @@ from grpo_trainer.contract import (
     FilterConfig,
     ProgressConfig,
     RewardConfig,
+    RolloutConfig,
     TrainingConfig,
-    _Model,
+    WireModel,
 )
+from grpo_trainer.validation import first_error
+
+# --------------------------------------------------------------------------------------------------------------------
+# Names
+# --------------------------------------------------------------------------------------------------------------------
+GROUP = "grpo.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GRPORun"
+PLURAL = "grporuns"
+FINALIZER = f"{GROUP}/finalizer"
+#: Prefix of the annotations kopf writes onto a GRPORun (its progress and last handled configuration).
+KOPF_ANNOTATION_PREFIX = GROUP
+RUN_LABEL = f"{GROUP}/run"
+ROLE_LABEL = f"{GROUP}/role"
+ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+MANAGED_BY = "grpo-operator"
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -49,21 +70,25 @@ class ProgressSpec(ProgressConfig):
     )
 
 
-class VllmSpec(_Model):
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int = Field(4096, ge=16)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    extra_args: list[str] = Field(default_factory=list)
+_ROLLOUT_FIELDS = RolloutConfig.model_fields
 
 
-class WeightSyncSpec(_Model):
+class VllmSpec(WireModel):
+    # The vLLM settings and their defaults are the resolved config's: one owner (grpo_trainer.contract).
+    tensor_parallel_size: int = _ROLLOUT_FIELDS["tensor_parallel_size"]
+    max_model_len: int = _ROLLOUT_FIELDS["max_model_len"]
+    gpu_memory_utilization: float = _ROLLOUT_FIELDS["gpu_memory_utilization"]
+    extra_args: list[str] = _ROLLOUT_FIELDS["extra_args"]
+
+
+class WeightSyncSpec(WireModel):
     mode: Literal["nccl", "filesystem"] = "nccl"
     # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "x"}}) both roles mount for
     # filesystem mode; left free-form because the CRD keeps it as x-kubernetes-preserve-unknown-fields.
     volume: dict[str, Any] | None = None
 
 
-class RolloutSpec(_Model):
+class RolloutSpec(WireModel):
     replicas: int = Field(1, ge=1)
     image: str | None = None
     image_pull_policy: ImagePullPolicy | None = None
@@ -75,7 +100,7 @@ class RolloutSpec(_Model):
     tolerations: list[dict[str, Any]] | None = None
 
 
-class LearnerSpec(_Model):
+class LearnerSpec(WireModel):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     image: str | None = None
@@ -86,12 +111,12 @@ class LearnerSpec(_Model):
     tolerations: list[dict[str, Any]] | None = None
 
 
-class CheckpointSpec(_Model):
+class CheckpointSpec(WireModel):
     volume: dict[str, Any] | None = None
     save_steps: int = Field(100, ge=1)
 
 
-class RunPolicySpec(_Model):
+class RunPolicySpec(WireModel):
     suspend: bool = False
     backoff_limit: int = Field(3, ge=0)
     active_deadline_seconds: int | None = Field(None, ge=1)
@@ -99,7 +124,7 @@ class RunPolicySpec(_Model):
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
 
 
-class GRPORunSpec(_Model):
+class GRPORunSpec(WireModel):
     model: str = Field(min_length=1)
     dataset: DatasetConfig
     rewards: list[RewardConfig] = Field(min_length=1)
@@ -116,27 +141,9 @@ class GRPORunSpec(_Model):
         return self.learner.nodes * self.learner.processes_per_node
 
 
-def _field_path(prefix: str, loc: tuple[int | str, ...]) -> str:
-    path = prefix
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
-
-
-def _one_line(error: dict[str, Any]) -> str:
-    message = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        return "unknown field"
-    if error["type"] == "missing":
-        return "required field is missing"
-    message = " ".join(message.split())
-    return message[:1].lower() + message[1:]
-
-
 def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
     """The first pydantic error as a SpecError naming the field on the wire (camelCase, `rewards[0]`)."""
-    first = error.errors()[0]
-    return SpecError(_field_path(prefix, first["loc"]), _one_line(first))
+    return SpecError(*first_error(error, prefix))
 
 
 def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
@@ -174,7 +181,37 @@ class ConditionType(str, Enum):
     FAILED = "Failed"
 
 
-class _StatusModel(_Model):
+class Reason:
+    """Stable condition and event reasons (alerts, `kubectl wait` and docs/operator.md rely on these strings)."""
+
+    CREATED = "Created"
+    PODS_PENDING = "PodsPending"
+    STARTING = "Starting"
+    TRAINING = "Training"
+    ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
+    ALL_REPLICAS_READY = "AllReplicasReady"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    STALL_LIMIT_REACHED = "StallLimitReached"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    PROGRESS_RESUMED = "ProgressResumed"
+    NOT_STALLED = "NotStalled"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    NOT_SUSPENDED = "NotSuspended"
+    RESTARTING = "Restarting"
+    EPOCH_BOUND_REACHED = "EpochBoundReached"
+    STALLED = "Stalled"
+    INVALID_CONFIG = "InvalidConfig"
+    INVALID_SPEC = "InvalidSpec"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
+    UNSCHEDULABLE = "Unschedulable"
+    NOT_FINISHED = "NotFinished"
+    FINISHED = "Finished"
+
+
+class _StatusModel(WireModel):
     # Reading status must survive a field written by a newer operator version; writing still uses these fields only.
     model_config = ConfigDict(extra="ignore")
 

@@ -1,0 +1,64 @@
+"""`grporun local MANIFEST`: run a GRPORun on this machine, no cluster.
+
+The manifest is validated like the API server would (grpo_operator.manifest), the run config is resolved like the
+operator's ConfigMap (grpo_operator.resolve), the processes are started with the commands and environment of the
+operator's pods (grpo_operator.builders, with local paths, ports and interpreters swapped in), and the run's status
+comes from the operator's own pure state machine (grpo_operator.status.derive_status), fed with the local processes
+as pods. So a run that succeeds here exercises the same entrypoints, exit codes and status rules as in a cluster.
+
+The package is split by concern: plan.py (pure: manifest -> processes), processes.py (starting, stopping and
+reading them), supervise.py (the run's loop) and console.py (what is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ...api import Phase
+from ...manifest import ManifestError, ManifestInvalid
+from .console import final_summary
+from .plan import LocalError
+from .supervise import prepare, supervise
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", metavar="MANIFEST", help="a GRPORun YAML file")
+    parser.add_argument("--runs-dir", default="runs", help="where runs/<name>/ (config, logs, checkpoints) go")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep runs/<name>/ from an earlier run and resume from its newest checkpoint")
+    parser.add_argument("--rollout-url", action="append", metavar="URL",
+                        help="use this running vLLM server (started with VLLM_SERVER_DEV_MODE=1 on the same model) "
+                             "instead of starting one; repeat for several")
+    parser.add_argument("--rollout-python", metavar="PATH",
+                        help="the Python that has vLLM (default: $GRPO_ROLLOUT_PYTHON, else .venv-rollout)")
+    parser.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    try:
+        local = prepare(args)
+    except ManifestInvalid as invalid:
+        for line in invalid.errors:
+            print(f"grporun local: {args.manifest}: {line}", file=sys.stderr)
+        return 2
+    except (ManifestError, LocalError) as error:
+        print(f"grporun local: {error}", file=sys.stderr)
+        return 2
+    console.log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
+    interrupted = False
+    try:
+        status = supervise(local, console, args.poll_interval)
+    except KeyboardInterrupt:
+        interrupted = True
+        status = local.status or {}
+    finally:
+        local.stop_all()
+    if interrupted:
+        print("grporun local: interrupted; stopped the rollout and learner processes", file=sys.stderr)
+        return 130
+    print(final_summary(status))
+    return 0 if status.get("phase") == Phase.SUCCEEDED.value else 1

@@ -1,0 +1,126 @@
+"""Pure planning of a local run: the manifest's spec with local paths, and the operator's pods as local processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ... import builders
+from ...api import GRPORunSpec
+from ...status import PodObservation, Role
+
+LOCAL_HOST = "127.0.0.1"
+
+
+class LocalError(Exception):
+    """A user mistake found before anything starts; one line naming the field."""
+
+
+def localize_path(value: str, base: Path) -> str:
+    """`./x` and `../x` in a manifest are relative to the manifest's folder (so examples run from anywhere)."""
+    if value.startswith(("./", "../")):
+        return str((base / value).resolve())
+    return value
+
+
+def _looks_local(value: str) -> bool:
+    return value.startswith(("/", "./", "../", "~"))
+
+
+def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
+    """The spec with local paths made absolute and checked. Raises LocalError naming the field."""
+    spec = spec.model_copy(deep=True)
+    spec.model = localize_path(spec.model, manifest_dir)
+    if _looks_local(spec.model) and not Path(spec.model).expanduser().is_dir():
+        raise LocalError(f"spec.model: {spec.model}: no such directory")
+    if spec.dataset.path is not None:
+        spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
+        if not Path(spec.dataset.path).expanduser().exists():
+            raise LocalError(f"spec.dataset.path: {spec.dataset.path}: no such file or directory")
+    if spec.learner.nodes != 1:
+        raise LocalError(f"spec.learner.nodes: grporun local runs on one machine; got {spec.learner.nodes}, use 1")
+    return spec
+
+
+def check_rewards(spec: GRPORunSpec) -> None:
+    """Built-in names and `module:function` imports are checked here, before minutes of server start-up."""
+    from grpo_trainer.rewards import RewardError, load_reward
+
+    for index, reward in enumerate(spec.rewards):
+        try:
+            load_reward(reward)
+        except RewardError as error:
+            field_name = "name" if reward.name is not None else "function"
+            raise LocalError(f"spec.rewards[{index}].{field_name}: {error}") from None
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    name: str  # the pod's name: status derivation keys replicas and ranks by it
+    role: Role
+    argv: list[str]
+    env: dict[str, str]
+    url: str | None = None  # rollout: where /health answers; learner: where /progress answers
+
+
+def _pod_env(pod: dict[str, Any], config_path: str) -> dict[str, str]:
+    """The pod's literal environment, minus what only makes sense in a container (paths of its volumes)."""
+    env = {item["name"]: item["value"] for item in pod["spec"]["containers"][0]["env"] if "value" in item}
+    env.pop("HOME", None)
+    env.pop("HF_HOME", None)
+    env["GRPO_CONFIG"] = config_path
+    return env
+
+
+def _swap(argv: list[str], old: str, new: list[str]) -> list[str]:
+    out: list[str] = []
+    for arg in argv:
+        out.extend(new if arg == old else [arg])
+    return out
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    argv = list(argv)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def plan_processes(
+    run: str, namespace: str, spec: GRPORunSpec, config_path: str, *, rollout_python: str, learner_python: str,
+    rollout_ports: list[int], learner_http_port: int, main_process_port: int, cpu_count: int | None = None,
+) -> list[ProcessPlan]:
+    """The operator's pods as local processes: its commands and env, with local interpreter, config and ports.
+
+    With `cpu_count`, a CPU learner gets its share of the cores as OpenMP threads: torch's default (one thread per
+    core) on cores shared with the vLLM server made training 4.5x slower on 2 cores (BENCHMARKS.md, section 5),
+    since OpenMP's threads wait on each other whenever one is descheduled.
+    """
+    pod_config = f"{builders.CONFIG_DIR}/{builders.CONFIG_FILE}"
+    plans = []
+    for index, port in enumerate(rollout_ports):
+        pod = builders.build_rollout_pod(run, namespace, "local", spec, index, trainer_image="local")
+        argv = _swap(_swap(pod["spec"]["containers"][0]["command"], "python", [rollout_python]), pod_config,
+                     [config_path])
+        plans.append(ProcessPlan(pod["metadata"]["name"], "rollout", [*argv, "--port", str(port)],
+                                 _pod_env(pod, config_path), f"http://{LOCAL_HOST}:{port}"))
+    pod = builders.build_learner_pod(run, namespace, "local", spec, 0, trainer_image="local")
+    argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
+    argv = _swap(argv, pod_config, [config_path])
+    argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(main_process_port))
+    env = _pod_env(pod, config_path)
+    if cpu_count is not None and spec.learner.device == "cpu":
+        sharers = spec.learner.processes_per_node + spec.rollout.replicas
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // sharers))
+    plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, env, f"http://{LOCAL_HOST}:{learner_http_port}"))
+    return plans
+
+
+def observe(plan: ProcessPlan, exit_code: int | None, *, ready: bool, message: str | None) -> PodObservation:
+    """A local process as the pod the operator would see: running, or exited with a code and a message."""
+    if exit_code is None:
+        return PodObservation(plan.name, plan.role, "Running", ready)
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    reason = "Completed" if exit_code == 0 else ("Killed" if exit_code < 0 else "Error")
+    return PodObservation(plan.name, plan.role, phase, False, exit_code=exit_code, reason=reason, message=message)

@@ -1,0 +1,148 @@
+"""A local run: prepare it (validate, resolve the config, plan the processes), then supervise it like the operator.
+
+Each tick observes the processes as pods, derives the status with the operator's own state machine
+(grpo_operator.status.derive_status) and carries out its actions on the processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ... import builders
+from ... import status as st
+from ...api import FINISHED_PHASES, GRPORunSpec, Phase
+from ...manifest import read_grporun
+from ...resolve import resolve_run_config
+from .console import bar_fields, one_line, progress_bar
+from .plan import LOCAL_HOST, check_rewards, localize_spec, observe, plan_processes
+from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
+
+
+@dataclass
+class LocalRun:
+    name: str
+    namespace: str
+    spec: GRPORunSpec
+    run_dir: Path
+    processes: dict[str, LocalProcess]
+    external_rollout_urls: list[str] = field(default_factory=list)
+    termination_path: Path | None = None
+    status: dict[str, Any] | None = None
+
+    def learner(self) -> LocalProcess:
+        return next(p for p in self.processes.values() if p.plan.role == "learner")
+
+    def observations(self) -> list[st.PodObservation]:
+        pods = []
+        for index, url in enumerate(self.external_rollout_urls):
+            pods.append(st.PodObservation(builders.rollout_pod_name(self.name, index), "rollout", "Running",
+                                          http_ok(f"{url}/health")))
+        for process in self.processes.values():
+            if process.popen is None:
+                continue  # not created (yet, or again after a restart): derive_status asks for it
+            code = process.poll()
+            plan = process.plan
+            if code is None:
+                ready = http_ok(f"{plan.url}/health") if plan.role == "rollout" else True
+                pods.append(observe(plan, None, ready=ready, message=None))
+                continue
+            message = None
+            if plan.role == "learner" and self.termination_path and self.termination_path.is_file():
+                message = self.termination_path.read_text(errors="replace")
+            pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
+        return pods
+
+    def act(self, actions: list[st.Action], console: Console) -> None:
+        for action in actions:
+            if isinstance(action, st.CreateChildren):
+                for process in self.processes.values():
+                    if process.popen is None:
+                        process.start()
+                        console.log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
+            elif isinstance(action, st.DeletePods | st.RecreatePods):
+                for name in action.pods:
+                    process = self.processes.get(name)
+                    if process is not None and process.popen is not None:
+                        process.stop()
+                        if isinstance(action, st.RecreatePods):
+                            process.popen = None  # missing now: the next CreateChildren starts it again
+                            if process.plan.role == "learner" and self.termination_path:
+                                self.termination_path.unlink(missing_ok=True)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.stop()
+
+
+def prepare(args: argparse.Namespace) -> LocalRun:
+    """Everything before a process starts. Raises ManifestError/ManifestInvalid/LocalError (user mistakes)."""
+    manifest_path = Path(args.manifest)
+    run = read_grporun(manifest_path)
+    spec = localize_spec(run.spec, manifest_path.resolve().parent)
+    check_rewards(spec)
+    run_dir = Path(args.runs_dir).resolve() / run.name
+    if run_dir.exists() and not args.resume:
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    external = list(args.rollout_url or [])
+    if external:
+        rollout_ports: list[int] = []
+        urls = [url.rstrip("/") for url in external]
+        # The servers given are the run's rollout replicas, however many the manifest asks for.
+        spec.rollout.replicas = len(urls)
+    else:
+        rollout_ports = [free_port() for _ in range(spec.rollout.replicas)]
+        urls = [f"http://{LOCAL_HOST}:{port}" for port in rollout_ports]
+    rollout_python = find_rollout_python(args.rollout_python) if not external else sys.executable
+    termination_path = run_dir / "termination-log"
+    config = resolve_run_config(
+        run.name, run.namespace, spec, rollout_urls=urls, output_dir=str(run_dir / "output"),
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
+        termination_message_path=str(termination_path),
+    )
+    learner_port = free_port()
+    config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
+    config_path = run_dir / "run.json"
+    config_path.write_text(config.model_dump_json(by_alias=True, indent=2))
+    plans = plan_processes(
+        run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python,
+        learner_python=sys.executable, rollout_ports=rollout_ports, learner_http_port=learner_port,
+        main_process_port=free_port(),
+        cpu_count=None if "OMP_NUM_THREADS" in os.environ else os.cpu_count(),  # the user's setting wins
+    )
+    processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
+    return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
+                    termination_path)
+
+
+def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
+    """Tick until the run finishes: observe, derive the status like the operator, act, draw."""
+    with progress_bar(console) as bar:
+        task = bar.add_task("run", **bar_fields({}))
+        while True:
+            pods = local.observations()
+            learner = local.learner()
+            alive = learner.popen is not None and learner.poll() is None
+            report = read_progress_blocking(learner.plan.url) if alive else None
+            decision = st.derive_status(
+                local.spec, local.status, pods, report, datetime.datetime.now(datetime.UTC), generation=1,
+            )
+            local.status = decision.status
+            for event in decision.events:
+                console.log(f"{event.type} {event.reason}: {one_line(event.message)}")
+            local.act(decision.actions, console)
+            bar.update(task, **bar_fields(local.status))
+            if Phase(local.status["phase"]) in FINISHED_PHASES:
+                return local.status
+            time.sleep(poll_interval_s)

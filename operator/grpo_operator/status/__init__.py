@@ -1,0 +1,40 @@
+"""Pure status derivation: (spec, last status, pods, learner progress, now) -> new status, events, actions.
+
+Everything the operator decides lives here, with no I/O and no clock of its own (`now` is an input), so the kopf
+handlers and `grporun local` share one state machine and the tests can replay any lifecycle step by step.
+`derive_status` is the single entry. The package is cut along its seams:
+
+- derive.py: the orchestration of one pass (phases, pods, suspend, the end of a run);
+- exits.py: the failure policy, `classify_failure` (exit codes, backoff, gang restarts);
+- clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);
+- deadlines.py: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules;
+- conditions.py: metav1.Condition bookkeeping and the API server's time format;
+- decision.py: PodObservation in, Decision (status, events, actions) out.
+
+docs/operator.md describes the lifecycle, phases, conditions, exit-code rules and the clock for users.
+A finished run never gets CreateChildren (kubeflow#2991 recreated children of finished jobs in a loop); it only
+cleans pods per `cleanPodPolicy` and, past `ttlSecondsAfterFinished`, asks for its own deletion. `status.phase` is
+the real state, not the last condition (Kubeflow's `State=conditions[-1]` column shows stale states,
+kubeflow/trainer#3666).
+"""
+
+from .conditions import format_time, parse_time
+from .decision import (
+    Action,
+    CreateChildren,
+    Decision,
+    DeletePods,
+    DeleteRun,
+    Event,
+    PodObservation,
+    RecreatePods,
+    Role,
+)
+from .derive import STUCK_WAITING_REASONS, derive_status, invalid_spec_status, progress_status
+from .exits import classify_failure, failure_text, report_from_termination_message
+
+__all__ = [
+    "STUCK_WAITING_REASONS", "Action", "CreateChildren", "Decision", "DeletePods", "DeleteRun", "Event",
+    "PodObservation", "RecreatePods", "Role", "classify_failure", "derive_status", "failure_text", "format_time",
+    "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
+]

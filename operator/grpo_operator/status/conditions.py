@@ -1,0 +1,50 @@
+"""metav1.Condition bookkeeping on a GRPORun status, and the API server's time format."""
+
+from __future__ import annotations
+
+import datetime
+
+from ..api import Condition, ConditionType, GRPORunStatus
+
+
+# RFC 3339 with second precision, as the API server writes times.
+def format_time(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def seconds_since(now: datetime.datetime, earlier: str | None) -> float:
+    """Seconds from a status timestamp to `now`; 0 when the timestamp is unset."""
+    return 0.0 if earlier is None else (now - parse_time(earlier)).total_seconds()
+
+
+_CONDITION_ORDER = [c.value for c in ConditionType]
+
+
+class Conditions:
+    """The conditions of one status: lastTransitionTime moves only when a condition's status value changes."""
+
+    def __init__(self, status: GRPORunStatus, now: datetime.datetime, generation: int):
+        self.status, self.now, self.generation = status, now, generation
+
+    def get(self, kind: ConditionType) -> Condition | None:
+        return next((c for c in self.status.conditions if c.type == kind.value), None)
+
+    def is_true(self, kind: ConditionType) -> bool:
+        condition = self.get(kind)
+        return condition is not None and condition.status == "True"
+
+    def set(self, kind: ConditionType, value: str, reason: str, message: str) -> bool:
+        """Set a condition; True when its status value changed (a transition)."""
+        current = self.get(kind)
+        changed = current is None or current.status != value
+        updated = Condition(
+            type=kind.value, status=value, reason=reason, message=message, observed_generation=self.generation,
+            last_transition_time=format_time(self.now) if changed else current.last_transition_time)
+        others = [c for c in self.status.conditions if c.type != kind.value]
+        self.status.conditions = sorted(
+            others + [updated], key=lambda c: _CONDITION_ORDER.index(c.type) if c.type in _CONDITION_ORDER else 99)
+        return changed

@@ -1,0 +1,69 @@
+"""What the pure derivation reads (PodObservation) and returns (Decision: status, events, actions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["rollout", "learner"]
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """What the operator needs to know about one pod (the kopf layer and `grporun local` both produce these)."""
+
+    name: str
+    role: Role
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None  # the container's termination message
+    waiting_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+class Action:
+    """Something the I/O layer must do after writing the status."""
+
+
+@dataclass(frozen=True)
+class CreateChildren(Action):
+    """Create the ConfigMap, Services and every missing pod (idempotent: 409 means it is there already)."""
+
+
+@dataclass(frozen=True)
+class DeletePods(Action):
+    pods: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecreatePods(Action):
+    """Delete these pods; the next pass finds them missing and creates them again (the learner resumes)."""
+
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeleteRun(Action):
+    """ttlSecondsAfterFinished has elapsed: delete the GRPORun (its children go with it by ownerReference)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+
+def rank(pod_name: str) -> int:
+    """The replica index or learner rank a pod name ends in (`run-learner-1` -> 1)."""
+    tail = pod_name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0

@@ -1,0 +1,337 @@
+"""derive_status: (spec, last status, pods, learner progress, now) -> Decision(new status, events, actions).
+
+The orchestration of one pass; the failure policy is in exits.py, the progress clock in clock.py, condition
+bookkeeping in conditions.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Literal
+
+from grpo_trainer.contract import ProgressReport
+
+from ..api import (
+    FINISHED_PHASES,
+    ConditionType,
+    FailureStatus,
+    GRPORunSpec,
+    GRPORunStatus,
+    LearnerStatus,
+    Phase,
+    ProgressStatus,
+    Reason,
+    RolloutStatus,
+    parse_status,
+)
+from . import clock
+from .conditions import Conditions, format_time, seconds_since
+from .deadlines import deadline_exceeded, stall_cause
+from .decision import Action, CreateChildren, Decision, DeletePods, DeleteRun, Event, PodObservation, RecreatePods, rank
+from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
+
+#: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
+#: Initializing forever on an image-pull error).
+STUCK_WAITING_REASONS = frozenset({
+    "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError",
+})
+
+
+def progress_status(report: ProgressReport) -> ProgressStatus:
+    return ProgressStatus(
+        epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
+        groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
+        dropped=dict(report.dropped), stall_streak=report.stall_streak, stall_limit=report.stall_limit,
+        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean)
+
+
+def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
+                  progress: ProgressReport | None, now: datetime.datetime, *, generation: int,
+                  children_exist: bool = True) -> Decision:
+    """The next status of a run, the events its transitions emit and the actions the I/O layer must take.
+
+    `pods` are the run's pods as observed (pods the operator deleted itself should be left out), `progress` the
+    learner's last `/progress` (None when it could not be read), `children_exist` False when the ConfigMap and
+    Services may be missing (e.g. right after an operator restart: CreateChildren is idempotent).
+    """
+    derivation = _Derivation(spec, parse_status(status), pods, progress, now, generation)
+    derivation.decide(children_exist)
+    return derivation.decision()
+
+
+def invalid_spec_status(status: dict[str, Any] | None, error: Exception, now: datetime.datetime, *,
+                        generation: int) -> Decision:
+    """A spec the operator cannot run: Failed at once, with the field named (never an endless retry)."""
+    old = parse_status(status)
+    new = old.model_copy(deep=True)
+    message = str(error)
+    new.observed_generation = generation
+    events = []
+    if old.phase != Phase.FAILED or old.message != message:
+        events.append(Event("Warning", Reason.INVALID_SPEC, message))
+    new.phase = Phase.FAILED
+    new.completion_time = old.completion_time or format_time(now)
+    new.message = message
+    new.failure = FailureStatus(role="operator", reason=Reason.INVALID_SPEC, message=message)
+    conditions = Conditions(new, now, generation)
+    conditions.set(ConditionType.FAILED, "True", Reason.INVALID_SPEC, message)
+    conditions.set(ConditionType.SUCCEEDED, "False", Reason.INVALID_SPEC, message)
+    conditions.set(ConditionType.PROGRESSING, "False", Reason.INVALID_SPEC, message)
+    return Decision(_wire(new), events, [])
+
+
+class RunRecord:
+    """The pass's inputs and what it has decided so far: the new status, its conditions, events and actions."""
+
+    def __init__(self, spec: GRPORunSpec, old: GRPORunStatus, pods: list[PodObservation],
+                 progress: ProgressReport | None, now: datetime.datetime, generation: int):
+        self.spec, self.old, self.now, self.generation = spec, old, now, generation
+        self.new = old.model_copy(deep=True)
+        self.new.observed_generation = generation
+        self.conditions = Conditions(self.new, now, generation)
+        self.events: list[Event] = []
+        self.actions: list[Action] = []
+        self.pods = pods
+        self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
+        self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
+        self.progress = progress
+
+    def decision(self) -> Decision:
+        return Decision(_wire(self.new), self.events, self.actions)
+
+    def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.events.append(Event(kind, reason, message))
+
+    def set_phase(self, phase: Phase) -> None:
+        previous = self.new.phase
+        self.new.phase = phase
+        if previous != phase:
+            reason = Reason.CREATED if previous is None else phase.value
+            self.event("Normal", reason, _phase_message(self.spec, phase))
+
+    def finish(self, phase: Phase, reason: str, message: str, failure: FailureStatus | None = None) -> None:
+        self.new.completion_time = format_time(self.now)
+        self.new.message = message
+        self.new.failure = failure
+        succeeded = phase == Phase.SUCCEEDED
+        self.conditions.set(ConditionType.SUCCEEDED, "True" if succeeded else "False",
+                            reason if succeeded else Reason.FINISHED, message if succeeded else "")
+        self.conditions.set(ConditionType.FAILED, "False" if succeeded else "True",
+                            Reason.FINISHED if succeeded else reason, "" if succeeded else message)
+        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
+        self.tick_clock(running=False)
+        self.new.phase = phase
+        self.event("Normal" if succeeded else "Warning", reason if not succeeded else phase.value, message)
+        self.clean_pods()
+
+    def clean_pods(self) -> None:
+        policy = self.spec.run_policy.clean_pod_policy
+        if policy == "None":
+            return
+        doomed = [p.name for p in self.pods if policy == "All" or p.phase in ("Pending", "Running", "Unknown")]
+        if doomed:
+            self.actions.append(DeletePods(tuple(sorted(doomed)), reason=f"cleanPodPolicy {policy}"))
+
+    def tick_clock(self, *, running: bool) -> None:
+        self.new.progress_clock = clock.tick(self.new.progress_clock, self.now, running=running)
+
+
+class _Derivation(RunRecord):
+    """One pass of the state machine over a RunRecord."""
+
+    def decide(self, children_exist: bool) -> None:
+        if self.old.phase in FINISHED_PHASES:
+            self._after_finish()
+            return
+        if not self.new.conditions:
+            _initial_conditions(self.conditions)
+        self._count_pods()
+        if self.spec.run_policy.suspend:
+            self._suspend()
+            return
+        if self.old.phase == Phase.SUSPENDED:
+            self._resume()
+        if self.new.start_time is None:
+            self.new.start_time = format_time(self.now)
+        self._take_progress()
+        if self._decide_on_exits():
+            return
+        missing = self._missing_pods()
+        if missing or not children_exist:
+            self.actions.append(CreateChildren())
+        phase = self._running_phase(missing)
+        self.tick_clock(running=phase == Phase.RUNNING)
+        if self._check_deadlines() or self._check_stall(running=phase == Phase.RUNNING):
+            return
+        self.set_phase(phase)
+
+    # --- observations ------------------------------------------------------------------------------------------
+    def _count_pods(self) -> None:
+        replicas = self.spec.rollout.replicas
+        ready = sum(1 for p in self.rollout_pods if p.phase == "Running" and p.ready)
+        self.new.rollout = RolloutStatus(replicas=replicas, ready=ready)
+        learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
+        self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
+        message = f"{ready}/{replicas} rollout servers ready"
+        if ready != replicas:
+            self.conditions.set(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, message)
+        elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", Reason.ALL_REPLICAS_READY, message):
+            self.event("Normal", Reason.ROLLOUT_READY, message)
+
+    def _take_progress(self) -> None:
+        report = self.progress
+        if report is None:  # the learner is gone: its termination message carries the final report
+            for pod in self.learner_pods:
+                report = report or report_from_termination_message(pod.message)
+        if report is None:
+            return
+        previous_trained = self.old.progress.groups_trained if self.old.progress else 0
+        self.new.progress = progress_status(report)
+        if report.groups_trained > previous_trained:
+            self.new.last_progress_time = format_time(self.now)
+            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
+
+    def _missing_pods(self) -> list[tuple[str, int]]:
+        present = {(p.role, rank(p.name)) for p in self.pods}
+        expected = [("rollout", i) for i in range(self.spec.rollout.replicas)]
+        expected += [("learner", r) for r in range(self.spec.learner.nodes)]
+        return [slot for slot in expected if slot not in present]
+
+    def _running_phase(self, missing: list[tuple[str, int]]) -> Phase:
+        if missing or any(p.phase in ("Pending", "Unknown") for p in self.pods):
+            self._surface_waiting(default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
+            return Phase.PENDING
+        all_ready = self.conditions.is_true(ConditionType.ROLLOUT_READY)
+        if all_ready and all(p.phase == "Running" for p in self.learner_pods):
+            return Phase.RUNNING
+        self._surface_waiting(default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
+        return Phase.STARTING
+
+    def _surface_waiting(self, default: tuple[str, str]) -> None:
+        reason, message = _waiting_reason(self.pods) or default
+        previous = self.conditions.get(ConditionType.PROGRESSING)
+        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
+        quiet = reason in (Reason.PODS_PENDING, Reason.STARTING)
+        if not quiet and (previous is None or previous.reason != reason):
+            self.event("Warning", reason, message)
+        self.new.message = None if quiet else message
+
+    # --- exits and the end of a run ----------------------------------------------------------------------------
+    def _decide_on_exits(self) -> bool:
+        limit = self.spec.run_policy.backoff_limit
+        verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
+                                   backoff_limit=limit)
+        if verdict is None:
+            return False
+        if isinstance(verdict, Succeed):
+            self.finish(Phase.SUCCEEDED, Reason.EPOCH_BOUND_REACHED, verdict.message)
+        elif isinstance(verdict, Fail):
+            if verdict.stalled is not None:
+                self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
+            self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
+        elif isinstance(verdict, Restart):
+            self.new.restarts += 1
+            self.new.learner.restarts = self.new.restarts
+            self.actions.append(RecreatePods(verdict.pods))
+            self.event("Warning", Reason.RESTARTING,
+                       f"{verdict.what}; restart {self.new.restarts}/{limit}, resuming from the last checkpoint"
+                       + (f": {verdict.detail}" if verdict.detail else ""))
+            self.tick_clock(running=False)
+            self.conditions.set(ConditionType.PROGRESSING, "False", Reason.RESTARTING, verdict.what)
+            self.set_phase(Phase.PENDING)
+        return True
+
+    def _after_finish(self) -> None:
+        self.clean_pods()
+        ttl = self.spec.run_policy.ttl_seconds_after_finished
+        if ttl is not None and self.new.completion_time and seconds_since(self.now, self.new.completion_time) >= ttl:
+            self.actions.append(DeleteRun())
+
+    # --- suspend -----------------------------------------------------------------------------------------------
+    def _suspend(self) -> None:
+        if self.pods:
+            self.actions.append(DeletePods(tuple(sorted(p.name for p in self.pods)), reason="suspended"))
+        self.tick_clock(running=False)
+        message = _phase_message(self.spec, Phase.SUSPENDED)
+        if self.conditions.set(ConditionType.SUSPENDED, "True", Reason.SUSPENDED, message):
+            self.event("Normal", Reason.SUSPENDED, message)
+        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.SUSPENDED, message)
+        self.new.phase = Phase.SUSPENDED
+        self.new.message = None
+
+    def _resume(self) -> None:
+        message = "spec.runPolicy.suspend is false: recreating pods, the learner resumes from its last checkpoint"
+        if self.conditions.set(ConditionType.SUSPENDED, "False", Reason.RESUMED, message):
+            self.event("Normal", Reason.RESUMED, message)
+        self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
+
+    # --- clock and deadlines -----------------------------------------------------------------------------------
+    def _check_deadlines(self) -> bool:
+        exceeded = deadline_exceeded(self.spec, self.new, self.now)
+        if exceeded is not None:
+            self.finish(Phase.FAILED, exceeded.reason, exceeded.message,
+                         FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
+        return exceeded is not None
+
+    def _check_stall(self, *, running: bool) -> bool:
+        """Set or clear the Stalled condition; True when the stall policy finished the run."""
+        idle = clock.idle_seconds(self.new.progress_clock, self.now)
+        cause = stall_cause(self.spec, self.new, idle, running=running)
+        if cause is None:
+            if self.conditions.is_true(ConditionType.STALLED):
+                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, "groups are training again")
+                self.event("Normal", Reason.PROGRESS_RESUMED, "groups are training again")
+            if running:
+                percent = f" ({self.new.progress.percent}% consumed)" if self.new.progress else ""
+                self.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
+                                    f"the learner is training{percent}")
+                self.new.message = None
+            return False
+        if self.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
+            self.event("Warning", Reason.STALLED, cause.message)
+        # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
+        # termination message, which is what status.failure should carry. Failing the run here as well raced that
+        # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
+        if self.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
+            leader = next((p.name for p in self.learner_pods if rank(p.name) == 0), None)
+            self.finish(Phase.FAILED, Reason.STALLED, cause.message,
+                         FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=cause.message))
+            return True
+        self.conditions.set(ConditionType.PROGRESSING, "False", cause.reason, cause.message)
+        self.new.message = cause.message
+        return False
+
+
+def _initial_conditions(conditions: Conditions) -> None:
+    set_ = conditions.set
+    set_(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, "no rollout server is ready yet")
+    set_(ConditionType.PROGRESSING, "False", Reason.PODS_PENDING, "creating pods")
+    set_(ConditionType.STALLED, "False", Reason.NOT_STALLED, "")
+    set_(ConditionType.SUSPENDED, "False", Reason.NOT_SUSPENDED, "")
+    set_(ConditionType.SUCCEEDED, "False", Reason.NOT_FINISHED, "")
+    set_(ConditionType.FAILED, "False", Reason.NOT_FINISHED, "")
+
+
+def _phase_message(spec: GRPORunSpec, phase: Phase) -> str:
+    messages = {
+        Phase.PENDING: f"creating {spec.rollout.replicas} rollout and {spec.learner.nodes} learner pods",
+        Phase.STARTING: "pods are running; waiting for the rollout servers and the learner",
+        Phase.RUNNING: "rollout servers ready, learner training",
+        Phase.SUSPENDED: "spec.runPolicy.suspend is true: pods deleted, the run is kept",
+    }
+    return messages.get(phase, phase.value)
+
+
+def _waiting_reason(pods: list[PodObservation]) -> tuple[str, str] | None:
+    """A pod that will not start by itself (image pull, crash loop, unschedulable), as (reason, message)."""
+    for pod in pods:
+        if pod.waiting_reason in STUCK_WAITING_REASONS:
+            return pod.waiting_reason, f"pod {pod.name}: {pod.waiting_reason}: {pod.message or ''}".strip()
+        if pod.phase == "Pending" and pod.reason == Reason.UNSCHEDULABLE:
+            return Reason.UNSCHEDULABLE, f"pod {pod.name}: {pod.message or 'unschedulable'}"
+    return None
+
+
+def _wire(status: GRPORunStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

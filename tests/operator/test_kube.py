@@ -1,0 +1,20 @@
+"""grpo_operator.kube: object URLs and merge patches."""
+
+from __future__ import annotations
+
+from grpo_operator.kube import merge_patch_between, object_url
+
+
+def test_merge_patch_between_nulls_removed_keys_and_replaces_lists():
+    old = {"phase": "Running", "failure": {"pod": "a", "exitCode": 1}, "conditions": [{"type": "A"}], "keep": 1}
+    new = {"phase": "Failed", "failure": {"pod": "a"}, "conditions": [{"type": "B"}], "keep": 1, "added": True}
+    assert merge_patch_between(old, new) == {"phase": "Failed", "failure": {"exitCode": None},
+                                             "conditions": [{"type": "B"}], "added": True}
+    assert merge_patch_between(new, new) == {}
+
+
+
+def test_object_urls():
+    assert object_url("v1", "Pod", "ns", "p") == "/api/v1/namespaces/ns/pods/p"
+    assert object_url("grpo.dev/v1alpha1", "GRPORun", "ns", "r", "status") == \
+        "/apis/grpo.dev/v1alpha1/namespaces/ns/grporuns/r/status"

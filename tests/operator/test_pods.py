@@ -1,0 +1,41 @@
+"""grpo_operator.pods: a Pod object read into what the operator decides on and acts on."""
+
+from __future__ import annotations
+
+from grpo_operator.pods import observe_pod, pod_facts
+from grpo_operator.status import PodObservation
+
+
+def pod(status: dict, role: str = "learner", **metadata) -> dict:
+    return {"metadata": {"name": f"r-{role}-0", "uid": "u1", "labels": {"grpo.dev/role": role}, **metadata},
+            "status": status}
+
+
+
+def test_a_terminated_pod_reads_as_exit_code_reason_and_termination_message():
+    observed = observe_pod(pod({"phase": "Failed", "podIP": "10.0.0.7", "containerStatuses": [
+        {"name": "sidecar", "state": {"running": {}}},
+        {"name": "learner", "restartCount": 0, "state": {"terminated": {"exitCode": 42, "reason": "Error",
+                                                                          "message": "{\"phase\":\"Stalled\"}"}}}]}))
+    assert observed == PodObservation(name="r-learner-0", role="learner", phase="Failed", ready=False, exit_code=42,
+                                      reason="Error", message='{"phase":"Stalled"}')
+
+
+
+def test_a_waiting_or_unschedulable_pod_reads_with_its_reason():
+    waiting = observe_pod(pod({"phase": "Pending", "containerStatuses": [
+        {"name": "rollout", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]},
+        role="rollout"))
+    assert (waiting.role, waiting.waiting_reason, waiting.message) == ("rollout", "ImagePullBackOff", "no such image")
+    unschedulable = observe_pod(pod({"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}))
+    assert (unschedulable.reason, unschedulable.message) == ("Unschedulable", "0/3 nodes")
+    ready = observe_pod(pod({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}))
+    assert ready.ready and ready.phase == "Running"
+    assert observe_pod({"metadata": {"name": "x"}}).phase == "Pending"
+
+
+
+def test_pod_facts_carry_identity_address_and_deletion():
+    facts = pod_facts(pod({"podIP": "10.0.0.7"}, deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert (facts.uid, facts.ip, facts.terminating) == ("u1", "10.0.0.7", True)

@@ -1,0 +1,34 @@
+"""grpo_operator.progress_poller: the learner's /progress URL and the async poll."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from grpo_operator.progress_poller import pod_progress_url, poll_progress
+from grpo_trainer.contract import ProgressReport
+from grpo_trainer.exporter import ProgressServer
+
+
+def test_progress_urls():
+    assert pod_progress_url("ns", "p", "10.0.0.7") == "http://10.0.0.7:9400/progress"
+    assert pod_progress_url("ns", "p", "fd00::7") == "http://[fd00::7]:9400/progress"
+
+
+
+def test_poll_progress_reads_a_real_progress_server_and_returns_none_when_it_cannot():
+    server = ProgressServer(lambda: ProgressReport(groups_total=10, groups_trained=4), port=0, host="127.0.0.1")
+    server.start()
+
+    async def poll() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            good = await poll_progress(session, f"{server.url}/progress", timeout=2)
+            missing = await poll_progress(session, f"{server.url}/nothing", timeout=2)
+            dead = await poll_progress(session, "http://127.0.0.1:9/progress", timeout=2)
+            return good, missing, dead
+    try:
+        good, missing, dead = asyncio.run(poll())
+    finally:
+        server.stop()
+    assert good.groups_trained == 4 and missing is None and dead is None
