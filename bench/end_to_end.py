@@ -165,7 +165,8 @@ def run(context: Context) -> str:
                f"samples trained (groups trained × {results[0][1]['generations']}; per s of training)"], rate_rows),
     ]
     (_, as_is), (_, one_thread) = results
-    if not as_is["timed_out"] and not one_thread["timed_out"] and "trained_end" in as_is and "trained_end" in one_thread:
+    finished = all(not r["timed_out"] and "trained_end" in r for r in (as_is, one_thread))
+    if finished:
         training = [r["trained_end"] - r["first_group"] for r in (as_is, one_thread)]
         ratio = training[0] / training[1]
         text += ["", f"Training phase as `make demo` runs it / with one OpenMP thread exported: {ratio:.1f}×."]

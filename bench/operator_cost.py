@@ -1,9 +1,10 @@
 """Section 4: what the operator costs per GRPORun, with 1, 10, 50 and 100 runs.
 
 The real kopf operator runs in its own process (bench.operator_soak's `--serve-operator`, wired as `grporun
-operator` wires it, at the operator's default reconcile interval) against the API emulator (tests/support/kube_emulator.py,
-real HTTP, every request logged). Every run's learner is one real ProgressServer that counts the polls it answers;
-a Kubelet (tests/support/operator_fixtures.py) marks the pods Running. Measured per size, on a fresh emulator and operator:
+operator` wires it, at the operator's default reconcile interval) against the API emulator
+(tests/support/kube_emulator.py, real HTTP, every request logged). Every run's learner is one real ProgressServer that
+counts the polls it answers; a Kubelet (tests/support/operator_fixtures.py) marks the pods Running. Measured per size,
+on a fresh emulator and operator:
 - apply -> all children: from each GRPORun's create to its ConfigMap, Services and Pods existing (bench polls
   every 0.1 s);
 - progress -> status lag: the learner's trained-group count changes once, for every run at the same moment; the
@@ -245,7 +246,8 @@ def run(context: Context) -> str:
         f"One measurement per size, each on a fresh emulator and operator; reconcile interval {interval:g} s (the "
         f"operator's default); steady-state window {window:.0f} s with every run Running and its learner's trained "
         "count growing every second (so status changes on every pass). p50 / p95 are over the runs of a size; the "
-        "bench polls the API every 0.1 s, so 0.1 s is the resolution of the first two columns. KubeRay's comparable per-run cost is its 3-second poll of each RayJob's dashboard, "
+        "bench polls the API every 0.1 s, so 0.1 s is the resolution of the first two columns. "
+        "KubeRay's comparable per-run cost is its 3-second poll of each RayJob's dashboard, "
         f"{KUBERAY_REQUESTS_PER_RUN_MINUTE:.0f} requests per run per minute (to the Ray dashboard; ours go to the "
         "API server, and our learner polls are listed separately).",
         "",

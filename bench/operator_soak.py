@@ -92,7 +92,8 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
             kubelet.run(pod["metadata"]["name"])
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) <= seconds:
-            running = sum(1 for r in client.list(GRPORUNS, "default") if (r.get("status") or {}).get("phase") == "Running")
+            runs = client.list(GRPORUNS, "default")
+            running = sum(1 for r in runs if (r.get("status") or {}).get("phase") == "Running")
             samples.append((elapsed, _rss_mib(operator.pid), running, status_patches()))
             print(f"t={elapsed:6.1f}s  operator RSS {samples[-1][1]:7.1f} MiB  runs Running {running}/{runs}  "
                   f"status patches so far {samples[-1][3]}", flush=True)

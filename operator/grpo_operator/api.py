@@ -157,8 +157,8 @@ def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Status. Every field here is declared in the CRD's status schema (tests/crds/test_grporun_schema.py walks both): the API
-# server silently prunes undeclared status fields.
+# Status. Every field here is declared in the CRD's status schema (tests/crds/test_grporun_schema.py walks both):
+# the API server silently prunes undeclared status fields.
 # --------------------------------------------------------------------------------------------------------------------
 class Phase(str, Enum):
     PENDING = "Pending"

@@ -242,7 +242,8 @@ def _validator(*schema_path: str) -> jsonschema.Draft4Validator:
 
 def schema_errors(value: Any, *schema_path: str) -> list[str]:
     """Type/range errors of the value at `schema_path` in the CRD schema (the whole object when empty)."""
-    errors = sorted(_validator(*schema_path).iter_errors(value), key=lambda error: [str(p) for p in error.absolute_path])
+    errors = sorted(_validator(*schema_path).iter_errors(value),
+                    key=lambda error: [str(p) for p in error.absolute_path])
     return [line for error in errors for line in _schema_error_line(error, ".".join(schema_path))]
 
 

@@ -63,7 +63,8 @@ def test_every_query_names_only_exported_metrics():
 
 
 def test_metric_check_catches_a_typo():
-    assert unknown_metrics('rate(grpo_learner_groups_traind_total{run=~"$run"}[5m])') == {"grpo_learner_groups_traind_total"}
+    typo = "grpo_learner_groups_traind_total"
+    assert unknown_metrics(f'rate({typo}{{run=~"$run"}}[5m])') == {typo}
     with pytest.raises(ValueError, match="unknown PromQL function"):
         metric_names_in("rat(grpo_learner_groups_trained_total[5m])")
 

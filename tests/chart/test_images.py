@@ -132,4 +132,5 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
 def test_make_images_builds_the_trainer_from_the_repository_root():
     makefile = (REPO / "Makefile").read_text()
     for variant in ("cpu", "cuda"):
-        assert re.search(rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.$", makefile, re.M), variant
+        pattern = rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.$"
+        assert re.search(pattern, makefile, re.M), variant

@@ -107,7 +107,8 @@ def test_prometheus_scrapes_the_stalled_run_and_alerts(stack):
     assert _values(prometheus.wait_for(f"{contract.METRIC_STALLED}{{{selector}}}", has_samples)) == [1.0]
     assert _values(prometheus.query(f"{contract.METRIC_STALL_STREAK}{{{selector}}}")) == [STALL_LIMIT]
     assert _values(prometheus.query(f"{contract.METRIC_STALL_LIMIT}{{{selector}}}")) == [STALL_LIMIT]
-    assert _values(prometheus.query(f'{contract.METRIC_GROUPS_DROPPED}{{{selector}, reason="no_signal"}}')) == [STALL_LIMIT]
+    dropped = f'{contract.METRIC_GROUPS_DROPPED}{{{selector}, reason="no_signal"}}'
+    assert _values(prometheus.query(dropped)) == [STALL_LIMIT]
     assert _values(prometheus.query(f"{contract.METRIC_GROUPS_TRAINED}{{{selector}}}")) == [8]
     assert _values(prometheus.wait_for(f"{op.RUN_STALLED}{{{selector}}}", has_samples)) == [1.0]
     assert _values(prometheus.query(f"{op.RUN_STALL_STREAK}{{{selector}}}")) == [STALL_LIMIT]
@@ -124,7 +125,8 @@ def test_prometheus_scrapes_the_stalled_run_and_alerts(stack):
             prometheus.query(target["expr"].replace("$namespace", NAMESPACE).replace("$run", RUN))
     streak_panel = next(p for p in DASHBOARD["panels"] if p["title"] == "Stall streak vs limit")
     for target in streak_panel["targets"]:
-        assert _values(prometheus.query(target["expr"].replace("$namespace", NAMESPACE).replace("$run", RUN))) == [STALL_LIMIT]
+        expr = target["expr"].replace("$namespace", NAMESPACE).replace("$run", RUN)
+        assert _values(prometheus.query(expr)) == [STALL_LIMIT]
 
     # Progress resumes: the learner trains again, the operator clears Stalled, the alert goes away.
     state.report = state.report.model_copy(update={

@@ -26,7 +26,7 @@ OPERATOR_REQUESTS = [
     ],
     ("create", "", "events", None),
 ]
-CRD_DISCOVERY = [("list", "apiextensions.k8s.io", "customresourcedefinitions"), ("watch", "apiextensions.k8s.io", "customresourcedefinitions")]
+CRD_DISCOVERY = [(verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")]
 NAMESPACE_DISCOVERY = [("list", "", "namespaces"), ("watch", "", "namespaces")]
 
 # Requests the operator never makes: granting any of them would not be least privilege.

@@ -39,7 +39,8 @@ def value_set(request):
 
 def test_lint_passes_for_every_value_set(value_set):
     name, values = value_set
-    report = helm.lint(str(CHART_DIR), values, strict=True, namespace=RELEASE_NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    report = helm.lint(str(CHART_DIR), values, strict=True, namespace=RELEASE_NAMESPACE,
+                       kube_version=f"v{KUBE_VERSION}")
     problems = [m for m in report["messages"] if m["severity"] >= 2] + [{"error": e} for e in report["errors"]]
     assert report["total_charts_linted"] == 1
     assert not problems, f"helm lint ({name}): {problems}"

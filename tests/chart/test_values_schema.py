@@ -34,8 +34,10 @@ BAD_VALUES = [
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy", "value must be one of"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory", "'lots' does not match"),
     ({"ports": {"metrics": 70000}}, "/ports/metrics", "want 65,535"),
-    ({"metrics": {"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval", "'30 seconds'"),
-    ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard", "got number, want string"),
+    ({"metrics": {"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval",
+     "'30 seconds'"),
+    ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard",
+     "got number, want string"),
     ({"operator": {"logLevel": "info"}}, "/operator/logLevel", "value must be one of"),
 ]
 

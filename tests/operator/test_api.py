@@ -81,7 +81,8 @@ def _bound(field: FieldInfo, kind: type) -> Any:
     return next((getattr(item, _BOUND_ATTRIBUTE[kind]) for item in field.metadata if isinstance(item, kind)), None)
 
 
-@pytest.mark.parametrize("path, field, node", SPEC_PAIRS + STATUS_PAIRS, ids=[p for p, _, _ in SPEC_PAIRS + STATUS_PAIRS])
+@pytest.mark.parametrize("path, field, node", SPEC_PAIRS + STATUS_PAIRS,
+                         ids=[p for p, _, _ in SPEC_PAIRS + STATUS_PAIRS])
 def test_spec_model_and_crd_agree_on_type_and_enum(path, field, node):
     assert _schema_type(field.annotation) == node["type"]
     literal = _unwrap_optional(field.annotation)

@@ -85,7 +85,8 @@ def test_config_map_holds_the_resolved_run_config_with_per_server_urls():
 
 def test_filesystem_weight_sync_mounts_one_directory_in_both_roles():
     objects = by_name(children(rollout={"device": "cpu", "weightSync": {
-        "mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}, learner={"device": "cpu"}))
+        "mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}},
+        learner={"device": "cpu"}))
     config = load_run_config(objects["run-config"]["data"]["run.json"])
     assert config.rollout.weight_sync.directory == builders.WEIGHT_SYNC_DIR
     for name in ("run-rollout-0", "run-learner-0"):
@@ -151,7 +152,8 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
 def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():
     # `accelerate launch --cpu` uses its single-process launcher whatever --num_processes says: 2 ranks become 1.
     command = container(by_name(children(learner={"device": "cpu", "processesPerNode": 2}))["run-learner-0"])["command"]
-    assert "--cpu" not in command and command[3] == "--multi_gpu" and command[command.index("--num_processes") + 1] == "2"
+    assert "--cpu" not in command and command[3] == "--multi_gpu"
+    assert command[command.index("--num_processes") + 1] == "2"
 
 
 def test_spec_images_resources_and_placement_reach_the_pods():

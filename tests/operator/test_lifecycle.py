@@ -217,7 +217,8 @@ def test_a_child_the_api_server_rejects_fails_the_run_naming_it(cluster):
     cluster.apply(grporun("mu", spec))
     status = cluster.wait_phase("mu", "Failed")
     message = cluster.condition("mu", "Failed")["message"]
-    assert message.startswith("Pod mu-rollout-0 was rejected by the API server") and "claimName" in message and "(" not in message[:60]
+    assert message.startswith("Pod mu-rollout-0 was rejected by the API server")
+    assert "claimName" in message and "(" not in message[:60]
     assert status["failure"]["reason"] == "InvalidSpec"
 
 

@@ -62,7 +62,8 @@ def good() -> dict[str, Any]:
         ("", "{path} holds 0 YAML documents; expected exactly one GRPORun"),
         ("a: 1\n---\nb: 2\n", "{path} holds 2 YAML documents; expected exactly one GRPORun"),
         ("- a\n- b\n", "{path} must hold a mapping (a GRPORun), not a list"),
-        ("apiVersion: v1\nkind: GRPORun\nmetadata: {name: x}\n", "{path}: apiVersion: must be grpo.dev/v1alpha1, not 'v1'"),
+        ("apiVersion: v1\nkind: GRPORun\nmetadata: {name: x}\n",
+         "{path}: apiVersion: must be grpo.dev/v1alpha1, not 'v1'"),
         ("apiVersion: grpo.dev/v1alpha1\nkind: GrpoRun\nmetadata: {name: x}\n",
          "{path}: kind: must be GRPORun, not 'GrpoRun'"),
         ("apiVersion: grpo.dev/v1alpha1\nkind: GRPORun\nmetadata: {namespace: x}\n",
@@ -383,4 +384,5 @@ def test_manifest_read_grporun_raises_all_problems(tmp_path):
     path.write_text(yaml.safe_dump(manifest))
     with pytest.raises(ManifestInvalid) as raised:
         read_grporun(path)
-    assert raised.value.errors == ["spec.learner.nodes: must be >= 1, not 0", "spec.training.epochs: must be > 0, not 0"]
+    assert raised.value.errors == ["spec.learner.nodes: must be >= 1, not 0",
+                                   "spec.training.epochs: must be > 0, not 0"]

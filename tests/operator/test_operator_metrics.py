@@ -13,7 +13,8 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
     metrics = OperatorMetrics()
     metrics.observe_run("ns", "r", "m", 1800, {
         "phase": "Running", "restarts": 2, "lastProgressTime": "2026-01-01T00:00:00Z",
-        "conditions": [{"type": "Stalled", "status": "True", "reason": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "conditions": [{"type": "Stalled", "status": "True", "reason": "x",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "progress": {"groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 8, "dropped": {"no_signal": 2}},
         "rollout": {"replicas": 2, "ready": 1}})
     metrics.reconcile_errors.labels("lifecycle").inc()

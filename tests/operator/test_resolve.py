@@ -67,7 +67,8 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
     assert config.training.model_dump() == spec.training.model_dump()
     assert config.training.extra_args == {"beta": 0.0, "loss_type": "dapo"}
     assert config.filter.drop_truncated and config.filter.no_signal_epsilon == 0.0001
-    assert config.progress.model_dump() == {"stall_groups": 500, "progress_deadline_seconds": 1800, "stall_policy": "Fail"}
+    assert config.progress.model_dump() == {"stall_groups": 500, "progress_deadline_seconds": 1800,
+                                            "stall_policy": "Fail"}
     assert config.rollout.urls == ["http://a:8000", "http://b:8000"]
     assert (config.rollout.max_model_len, config.rollout.gpu_memory_utilization) == (4096, 0.85)
     assert config.rollout.extra_args == ["--enforce-eager"] and config.rollout.weight_sync.mode == "nccl"

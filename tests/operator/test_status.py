@@ -1,7 +1,7 @@
 """Unit tests of the pure status derivation (grpo_operator.status): one lifecycle step at a time, clock as input.
 
-Every status derived here is also checked against the CRD's status schema (tests.support.specs.status_errors), since the API
-server prunes or rejects what the schema does not declare.
+Every status derived here is also checked against the CRD's status schema (tests.support.specs.status_errors),
+since the API server prunes or rejects what the schema does not declare.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def reasons(decision: Decision) -> list[str]:
 
 def running_status(spec, trained: int = 3, now=T0) -> dict[str, Any]:
     first = step(spec, {}, [], now=now)
-    return step(spec, first.status, running_pods(), report(groupsConsumed=trained, groupsTrained=trained), now=now).status
+    progress = report(groupsConsumed=trained, groupsTrained=trained)
+    return step(spec, first.status, running_pods(), progress, now=now).status
 
 
 # --- creation and phases ----------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 `rendered_rules(values)` returns the rules bound to the operator's ServiceAccount, each with the namespace it
 applies in (None: cluster-wide, from a ClusterRole bound by a ClusterRoleBinding). `is_allowed` answers one
-request. tests/operator/test_rbac.py also replays the operator emulator's recorded requests through these two functions.
+request. tests/operator/test_rbac.py replays the operator emulator's recorded requests through these two functions.
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ def parse_label_selector(text: str | None) -> Callable[[dict[str, str]], bool]:
             key, value = (s.strip() for s in clause.replace("==", "=").split("=", 1))
             checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
         elif clause.startswith("!") and clause[1:].strip():
-            checks.append(lambda labels, k=clause[1:].strip(): k not in labels)
+            absent = clause[1:].strip()
+            checks.append(lambda labels, k=absent: k not in labels)
         elif clause and re.fullmatch(r"[A-Za-z0-9./_-]+", clause):
             checks.append(lambda labels, k=clause: k in labels)
         else:
@@ -281,7 +282,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._requests.append(request)
         try:
             return await self._handle(request)
-        except Exception as error:  # a bug in this layer: answer 500 with the traceback, as kmock does
+        except Exception as error:  # noqa: BLE001 - a bug in this layer: answer 500 with the traceback, as kmock does
             return await self._render_error(error)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -448,9 +449,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             try:
                 updated = jsonpatch.apply_patch(current, patch)
             except jsonpatch.JsonPatchTestFailed as error:
-                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {error}")
+                raise ApiError(422, "Invalid", "the server rejected our request due to an error in our request: "
+                               f"{error}") from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
-                raise ApiError(422, "Invalid", f"json patch: {error}")
+                raise ApiError(422, "Invalid", f"json patch: {error}") from None
         elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             wanted_rv = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
             if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
@@ -458,7 +460,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                "the object has been modified; please apply your changes to the latest version")
             updated = merge_patch(current, patch)
         else:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+            raise ApiError(415, "UnsupportedMediaType",
+                           f"the body of the request was in an unknown format: {content_type}")
         return self._update(rdef, current, updated, subresource)
 
     def _replace(self, rdef: ResourceDef, namespace: str | None, name: str, subresource: str | None,
@@ -561,7 +564,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             backlog = [{"type": "ADDED", "object": copy.deepcopy(obj)}
                        for obj in self._objects_of(rdef, watcher.namespace) if watcher.wants(rdef, obj)]
         elif self._history and int(since) < self._history[0][0] - 1:
-            backlog = [{"type": "ERROR", "object": ApiError(410, "Expired", f"too old resource version: {since}").status()}]
+            expired = ApiError(410, "Expired", f"too old resource version: {since}")
+            backlog = [{"type": "ERROR", "object": expired.status()}]
         else:
             backlog = [event for rv, r, event in self._history if rv > int(since) and watcher.wants(r, event["object"])]
         self._watchers.append(watcher)

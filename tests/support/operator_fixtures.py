@@ -79,7 +79,7 @@ class OperatorThread:
                 standalone=True, memo=kopf.Memo(context=self.context), clusterwide=self.clusterwide,
                 namespaces=[] if self.clusterwide else list(self.namespaces), liveness_endpoint=self.liveness_endpoint,
                 vault=vault, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
-        except BaseException as error:  # surfaced by stop()
+        except BaseException as error:  # noqa: BLE001 - surfaced by stop()
             self.error = error
 
     def start(self) -> OperatorThread:

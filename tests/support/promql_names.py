@@ -16,12 +16,20 @@ from grpo_trainer.contract import LEARNER_METRIC_NAMES
 #: Series a query may name besides the project's own: Prometheus' scrape health.
 PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
 _HISTOGRAM_SERIES = {f"{RECONCILE_SECONDS}{suffix}" for suffix in ("_bucket", "_sum", "_count")}
-KNOWN_METRICS = frozenset(OPERATOR_METRIC_NAMES) | frozenset(LEARNER_METRIC_NAMES) | PROMETHEUS_SERIES | _HISTOGRAM_SERIES
+KNOWN_METRICS = (frozenset(OPERATOR_METRIC_NAMES) | frozenset(LEARNER_METRIC_NAMES) | PROMETHEUS_SERIES
+                 | _HISTOGRAM_SERIES)
 
-PROMQL_FUNCTIONS = frozenset(
-    ["abs", "absent", "absent_over_time", "avg", "avg_over_time", "bottomk", "ceil", "changes", "clamp", "clamp_max", "clamp_min", "count", "count_over_time", "count_values", "delta", "deriv", "exp", "floor", "group", "histogram_quantile", "holt_winters", "idelta", "increase", "irate", "label_join", "label_replace", "last_over_time", "ln", "log2", "log10", "max", "max_over_time", "min", "min_over_time", "predict_linear", "quantile", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc", "stddev", "stdvar", "sum", "sum_over_time", "time", "timestamp", "topk", "vector", "label_values"]
-)
-_KEYWORDS = frozenset(["and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"])
+PROMQL_FUNCTIONS = frozenset({
+    "abs", "absent", "absent_over_time", "avg", "avg_over_time", "bottomk", "ceil", "changes", "clamp",
+    "clamp_max", "clamp_min", "count", "count_over_time", "count_values", "delta", "deriv", "exp", "floor",
+    "group", "histogram_quantile", "holt_winters", "idelta", "increase", "irate", "label_join", "label_replace",
+    "last_over_time", "ln", "log2", "log10", "max", "max_over_time", "min", "min_over_time", "predict_linear",
+    "quantile", "quantile_over_time", "rate", "resets", "round", "scalar", "sgn", "sort", "sort_desc", "stddev",
+    "stdvar", "sum", "sum_over_time", "time", "timestamp", "topk", "vector", "label_values",
+})
+_KEYWORDS = frozenset({
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
+})
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _MATCHERS = re.compile(r"\{[^{}]*\}")

@@ -1,8 +1,9 @@
 """One real vLLM CPU server for the whole test session, on the tiny model (`tiny_model_dir`).
 
 The fixture is registered once in conftest.py (`pytest_plugins`); test modules just name it. The server is started
-through the project's own rollout entrypoint (`python -m grpo_trainer rollout`) in `.venv-rollout`, so these tests also cover the command line
-the rollout pod runs. Start-up costs 45 s to 3 min on the 2-core CI box: every test that needs a server shares this one.
+through the project's own rollout entrypoint (`python -m grpo_trainer rollout`) in `.venv-rollout`, so these tests
+also cover the command line the rollout pod runs. Start-up costs 45 s to 3 min on the 2-core CI box: every test that
+needs a server shares this one.
 Each learner run starts with a full weight sync (TRL's cold sync on train begin), so tests that change the server's
 weights do not leak into each other.
 """

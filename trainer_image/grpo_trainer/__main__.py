@@ -15,7 +15,7 @@ from .validation import first_error
 
 
 def config_error_line(error: ValidationError) -> str:
-    """The first validation error as one line naming the field, e.g. `training.epochs: input should be greater than 0`."""
+    """The first validation error as one line naming the field: `training.epochs: input should be greater than 0`."""
     where, message = first_error(error, prefix="")
     more = error.error_count() - 1
     return f"{where or 'config'}: {message}" + (f" (and {more} more)" if more else "")

@@ -280,8 +280,9 @@ class _Derivation(RunRecord):
         cause = stall_cause(self.spec, self.new, idle, running=running)
         if cause is None:
             if self.conditions.is_true(ConditionType.STALLED):
-                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, "groups are training again")
-                self.event("Normal", Reason.PROGRESS_RESUMED, "groups are training again")
+                resumed = "groups are training again"
+                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
+                self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
             if running:
                 percent = f" ({self.new.progress.percent}% consumed)" if self.new.progress else ""
                 self.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,

@@ -99,7 +99,10 @@ def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):
     learner_log = tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log"
     deadline = time.monotonic() + 300
     # Wait until TRL's rollout worker (a spawned grandchild) is up, so there is a tree to clean up.
-    while "AsyncRolloutWorker child is ready" not in (learner_log.read_text(errors="replace") if learner_log.exists() else ""):
+    def learner_output() -> str:
+        return learner_log.read_text(errors="replace") if learner_log.exists() else ""
+
+    while "AsyncRolloutWorker child is ready" not in learner_output():
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the learner did not start its rollout worker"
         time.sleep(1)
