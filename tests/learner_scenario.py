@@ -47,7 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from grpo_trainer import gang
+
+    gang.record_start()
+    return gang.record_outcome(run_scenario(parse_args(argv)))
+
+
+def run_scenario(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from grpo_operator.local import free_port
-from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_STALLED, EXIT_SUCCEEDED
 from grpo_trainer.launch import learner_argv
 
 pytestmark = pytest.mark.slow
@@ -31,10 +31,8 @@ def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXI
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert len(results) == ranks, done.stdout[-3000:] + done.stderr[-3000:]
-    if ranks == 1:
-        assert done.returncode == expect, done.stderr[-3000:]
-    else:
-        assert done.returncode != EXIT_SUCCEEDED if expect else done.returncode == 0, done.stderr[-3000:]
+    # The pod's exit code is the operator's only signal: it must be exact whatever the world size.
+    assert done.returncode == expect, done.stderr[-3000:]
     return results
 
 
@@ -80,6 +78,16 @@ def test_two_ranks_both_raise_the_stall_error(tiny_model_dir, tmp_path):
     assert [r["outcome"] for r in results] == ["StallError", "StallError"]
     assert results[0]["micro_batches"] == results[1]["micro_batches"] == [0]
     assert all("in a row" in r["message"] for r in results)
+
+
+def test_two_ranks_with_an_invalid_config_exit_78_under_the_pod_launch_line(tmp_path):
+    config = tmp_path / "run.json"
+    config.write_text('{"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}], '
+                      '"training": {"epochs": -1}}')
+    command = learner_argv(str(config), processes_per_machine=2, main_process_port=free_port(), python=sys.executable)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert "training.epochs" in done.stderr
 
 
 def test_groups_that_never_arrive_cannot_block_the_stop(tiny_model_dir, tmp_path):

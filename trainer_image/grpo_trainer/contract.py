@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 # --------------------------------------------------------------------------------------------------------------------
-# Exit codes. 0 and "stalled" are final; anything else is a crash the operator retries under the run's backoff.
-# 42 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
-# exception, 2 = argparse, 137/143 = killed); 78 is sysexits' EX_CONFIG.
+# Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
+# backoff; anything else is a crash the operator retries under the run's backoff.
+# 42, 75 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
+# exception, 2 = argparse, 137/143 = killed); 75 is sysexits' EX_TEMPFAIL, 78 its EX_CONFIG.
 # --------------------------------------------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
 EXIT_STALLED = 42
+EXIT_PREEMPTED = 75  # SIGTERM: the learner saved a checkpoint and stopped; a restart resumes from it
 EXIT_INVALID_CONFIG = 78
 #: Exit codes after which a retry cannot help: the operator fails the run at once.
 PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_INVALID_CONFIG})
@@ -54,6 +56,7 @@ class LearnerPhase(str, Enum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     STALLED = "Stalled"
+    PREEMPTED = "Preempted"
     FAILED = "Failed"
 
 
