@@ -57,13 +57,12 @@ def run_scenario(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
-
     from grpo_trainer.contract import FilterConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
     from grpo_trainer.trainer import GRPOLearner
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,12 @@ import sys
 import textwrap
 
 import pytest
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.contract import (
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    EXIT_SUCCEEDED,
+)
 from grpo_trainer.gang import gang_exit_code
 from grpo_trainer.launch import learner_argv
 
