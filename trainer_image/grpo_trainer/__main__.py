@@ -11,7 +11,7 @@ import sys
 from pydantic import ValidationError
 
 from . import contract as c
-from . import gang
+from . import gang, preemption
 
 
 def config_error_line(error: ValidationError) -> str:
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.role == "learner":
+        preemption.install()
         gang.record_start()
         return gang.record_outcome(learner(args.config))
     try:

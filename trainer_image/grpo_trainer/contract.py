@@ -256,6 +256,11 @@ class ProgressReport(_Model):
         return sum(self.dropped.values())
 
     @property
+    def ended_short(self) -> bool:
+        """A run that succeeded before its epoch bound: TRL's `max_steps` (the user's, or its ceiling) ended it."""
+        return self.phase == LearnerPhase.SUCCEEDED and self.groups_consumed < self.groups_total
+
+    @property
     def percent(self) -> float:
         return 100.0 * min(self.groups_consumed, self.groups_total) / self.groups_total if self.groups_total else 0.0
 
