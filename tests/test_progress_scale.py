@@ -126,7 +126,7 @@ class TestScale:
             progress.drop(1501, "stale")
         folded.fold(1400)
         assert len(folded.consumed) == len(plain.consumed) == 1501 and folded.consumed.floor == 1400
-        assert len(folded._trained_ids) + len(folded._drop_reason) < 110  # noqa: SLF001 - what folding is for
+        assert len(folded._trained_ids) + len(folded._drop_reason) < 110
         for key in ("groups_consumed", "groups_trained", "epochs_done", "first_unconsumed", "stall_streak"):
             assert getattr(folded, key) == getattr(plain, key), key
         assert folded.state_dict(exclude={1450}) == plain.state_dict(exclude={1450})

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_trainer.contract import (
+    EXIT_PREEMPTED,
     EXIT_STALLED,
     EXIT_SUCCEEDED,
     PERMANENT_EXIT_CODES,
@@ -75,6 +76,7 @@ class Reason:
     NOT_SUSPENDED = "NotSuspended"
     RESTARTING = "Restarting"
     EPOCH_BOUND_REACHED = "EpochBoundReached"
+    MAX_STEPS_REACHED = "MaxStepsReached"
     STALLED = "Stalled"
     INVALID_CONFIG = "InvalidConfig"
     INVALID_SPEC = "InvalidSpec"
@@ -388,6 +390,10 @@ class _Derivation:
     def _decide_on_exits(self) -> bool:
         leader = next((p for p in self.learner_pods if _rank(p.name) == 0), None)
         if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
+            report = report_from_termination_message(leader.message)
+            if report is not None and report.ended_short:  # TRL's max_steps ended it before the epoch bound
+                self._finish(Phase.SUCCEEDED, Reason.MAX_STEPS_REACHED, f"the learner exited 0: {report.message}")
+                return True
             self._finish(Phase.SUCCEEDED, Reason.EPOCH_BOUND_REACHED,
                          "the learner reached the epoch bound and exited 0")
             return True
@@ -410,13 +416,15 @@ class _Derivation:
             self._finish(Phase.FAILED, reason, f"{what}: {detail}" if detail else what, failure)
             return True
         limit = self.spec.run_policy.backoff_limit
-        if self.new.restarts >= limit:
+        # Preempted: it checkpointed on SIGTERM (drain, spot reclaim); restarted, not counted against backoffLimit.
+        counted = code != EXIT_PREEMPTED
+        if counted and self.new.restarts >= limit:
             failure.reason = failure.reason or Reason.BACKOFF_LIMIT_EXCEEDED
             self._finish(Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED,
                          f"{what} after {self.new.restarts} restarts (backoffLimit {limit})"
                          + (f": {detail}" if detail else ""), failure)
             return True
-        self.new.restarts += 1
+        self.new.restarts += counted
         self.new.learner.restarts = self.new.restarts
         # accelerate's ranks rendezvous once: when one learner pod dies, the whole learner gang restarts.
         restart = {p.name for p in failed}

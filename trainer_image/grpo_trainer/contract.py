@@ -136,6 +136,34 @@ class RewardConfig(_Model):
         return self
 
 
+#: AsyncGRPOConfig arguments the operator derives from the spec, with the spec field that sets each. `training.extraArgs`
+#: may not set them (`extraArgs: {num_train_epochs: 99}` ran 1584 groups where the spec said 12 epochs); the CRD's rule
+#: on extraArgs lists the same keys (tests/test_managed_args.py holds the two together).
+MANAGED_TRAINER_ARGS: dict[str, str] = {
+    "num_train_epochs": "training.epochs",
+    "num_generations": "training.numGenerations",
+    "per_device_train_batch_size": "training.perDeviceTrainBatchSize",
+    "gradient_accumulation_steps": "training.gradientAccumulationSteps",
+    "learning_rate": "training.learningRate",
+    "max_completion_length": "training.maxCompletionLength",
+    "max_staleness": "training.maxStaleness",
+    "weight_sync_steps": "training.weightSyncSteps",
+    "temperature": "training.temperature",
+    "seed": "training.seed",
+    "token_budget": "training.tokenBudget",
+    "output_dir": "checkpoint.directory",
+    "save_strategy": "checkpoint.saveSteps",
+    "save_steps": "checkpoint.saveSteps",
+    "run_name": "metadata.name",
+    "vllm_server_base_url": "rollout (the operator points the learner at its rollout servers)",
+    "use_cpu": "learner.device",
+}
+
+
+def managed_args_message(keys: list[str]) -> str:
+    return "; ".join(f"{key} is set from the spec: use {MANAGED_TRAINER_ARGS[key]}" for key in keys)
+
+
 class TrainingConfig(_Model):
     epochs: float = Field(1, gt=0)
     num_generations: int = Field(8, ge=2)
@@ -151,6 +179,14 @@ class TrainingConfig(_Model):
         None, ge=1, description="Tokens per row; default: the rollout server's maxModelLen."
     )
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        managed = [key for key in value if key in MANAGED_TRAINER_ARGS]
+        if managed:
+            raise ValueError(managed_args_message(managed))
+        return value
 
 
 class FilterConfig(_Model):

@@ -649,7 +649,7 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
                     self.progress.check()
         except RolloutStop as stop:
             self.stop = stop
-        except Exception as error:  # any pipeline failure must reach every rank as a stop
+        except Exception as error:  # noqa: BLE001 - any pipeline failure must reach every rank as a stop
             self._stop_on_error(error)
         if self.stop is None:
             self.stop = RolloutStop("the rollout stream ended", code=StopCode.PIPELINE_ERROR)
@@ -676,7 +676,7 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
             except RolloutStop as stop:  # a SIGTERM while filling: stop now, the window is discarded
                 self.stop = stop
                 return
-            except Exception as error:  # the window is discarded and the run fails: nothing is counted twice
+            except Exception as error:  # noqa: BLE001 - the window is discarded and the run fails: nothing is counted twice
                 self._stop_on_error(error)
                 return
 

@@ -3,7 +3,7 @@
 Hooks (subclass only; TRL is not patched): the data pipeline is rebuilt with SampleFilterQueue, StopAwareDataset and
 ProgressCollator; `get_batch_samples` handles the stop micro-batch the same way on every rank; TRL's count-based
 `_EpochStopCallback` is removed (the stream now decides, and counts drops too); checkpoints carry the consumed
-groups. See progress.py for the rules and LEARNER.md for the TRL line numbers each hook rests on.
+groups. See progress.py for the rules.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import re
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -344,4 +343,4 @@ def newest_checkpoint(directory: str | None) -> str | None:
     return None
 
 
-__all__ = ["GRPOLearner", "StallError", "RolloutPipelineError", "newest_checkpoint"]
+__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError", "newest_checkpoint"]
