@@ -24,6 +24,8 @@ from .rewards import RewardError, load_rewards
 logger = logging.getLogger("grpo_trainer.learner")
 
 SERVER_READY_TIMEOUT_S = 1800
+#: Each error text in a crash's message is clipped so the root cause's frame still fits the 4096-byte report.
+ERROR_TEXT_MAX_CHARS = 1200
 
 
 class ConfigError(ValueError):
@@ -193,14 +195,18 @@ def describe_error(error: BaseException) -> str:
     root = error
     while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
         root = root.__cause__ or root.__context__
-    text = f"{type(root).__name__}: {root}"
+    text = f"{type(root).__name__}: {_clip(str(root))}"
     frames = traceback.extract_tb(root.__traceback__)
     if frames:
         last = frames[-1]
         text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
     if root is not error:
-        text = f"{type(error).__name__}: {error}; caused by {text}"
+        text = f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
     return text
+
+
+def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def main(config: c.RunConfig) -> int:
