@@ -128,11 +128,13 @@ def run_scenario(args: argparse.Namespace) -> int:
     class Timeline(TrainerCallback):
         def on_step_end(self, _args, state, _control, **_kwargs):
             if state.global_step == args.sigterm_at_step:
+                sigterm_time.append(time.time())
                 os.kill(os.getpid(), signal.SIGTERM)
             timeline.append({"step": state.global_step, "t": time.time(),
                              "consumed": len(trainer._trained_groups)})
 
     timeline: list[dict] = []
+    sigterm_time: list[float] = []
     trainer.add_callback(Timeline())
     rank = trainer.accelerator.process_index
     started = time.time()
@@ -156,6 +158,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         "seconds": ended - started,
         "ended": ended,
         "timeline": timeline,
+        "sigterm_time": sigterm_time[0] if sigterm_time else None,
     }
     if rank == 0:
         result["groups_generated"] = worker.groups_generated
