@@ -200,6 +200,7 @@ class Reason:
     NOT_SUSPENDED = "NotSuspended"
     RESTARTING = "Restarting"
     EPOCH_BOUND_REACHED = "EpochBoundReached"
+    MAX_STEPS_REACHED = "MaxStepsReached"
     STALLED = "Stalled"
     INVALID_CONFIG = "InvalidConfig"
     INVALID_SPEC = "InvalidSpec"

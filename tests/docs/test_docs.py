@@ -52,5 +52,6 @@ def test_nothing_points_outside_the_repository(path):
     if path == "tests/docs/test_docs.py":
         return
     text = (REPO / path).read_text(errors="replace")
-    hits = [f"{path}:{number}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1) if STRAY.search(line)]
+    lines = enumerate(text.splitlines(), 1)
+    hits = [f"{path}:{number}: {line.strip()}" for number, line in lines if STRAY.search(line)]
     assert not hits, "\n".join(hits)

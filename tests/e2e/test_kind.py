@@ -53,7 +53,8 @@ WEIGHTS_PVC = {
 def _run(*argv: str, timeout: float = 600, input_text: str | None = None, check: bool = True):
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input_text, cwd=REPO)
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        output = result.stdout[-3000:] + result.stderr[-3000:]
+        raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{output}")
     return result
 
 

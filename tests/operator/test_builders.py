@@ -140,7 +140,10 @@ def test_a_single_process_learner_runs_python_directly():
 def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
     objects = by_name(children(learner={"nodes": 3, "processesPerNode": 8}))
     for rank in range(3):
-        command = container(objects[f"run-learner-{rank}"])["command"]
+        supervised = container(objects[f"run-learner-{rank}"])["command"]
+        # grpo_trainer.gang gives the pod the exit code its 8 ranks decided (torchrun alone would say 1)
+        assert supervised[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "8", "--"]
+        command = supervised[6:]
         assert command[:4] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
         flags = dict(zip(command[4:14:2], command[5:14:2], strict=True))
         assert flags == {"--num_machines": "3", "--machine_rank": str(rank),
@@ -152,7 +155,7 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
 def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():
     # `accelerate launch --cpu` uses its single-process launcher whatever --num_processes says: 2 ranks become 1.
     command = container(by_name(children(learner={"device": "cpu", "processesPerNode": 2}))["run-learner-0"])["command"]
-    assert "--cpu" not in command and command[3] == "--multi_gpu"
+    assert "--cpu" not in command and command[9] == "--multi_gpu"
     assert command[command.index("--num_processes") + 1] == "2"
 
 

@@ -254,6 +254,9 @@ CEL_CASES = {
                               "spec.rewards: each reward may appear only once"),
     "reward-duplicate-function": (_update(lambda m: m["spec"]["rewards"].append(dict(m["spec"]["rewards"][1]))),
                                   "spec.rewards: each reward may appear only once"),
+    "extra-args-managed": (_set("spec.training.extraArgs", {"beta": 0.1, "num_train_epochs": 99}),
+                           "spec.training.extraArgs: may not set what the spec sets; use the spec field: "
+                           "num_train_epochs -> training.epochs"),
 }
 
 

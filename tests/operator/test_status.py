@@ -23,7 +23,7 @@ from grpo_operator.status import (
     derive_status,
     invalid_spec_status,
 )
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_STALLED, ProgressReport
+from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, ProgressReport
 from tests.support.specs import minimal_spec, status_errors
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -184,6 +184,29 @@ def test_a_crash_restarts_the_whole_learner_gang_within_the_backoff_limit():
     assert "restart 1/2" in decision.events[0].message and "NCCL timeout" in decision.events[0].message
     # The next pass sees the pods gone and creates them again.
     assert step(spec, decision.status, [pod("r-rollout-0")], now=at(31)).actions == [CreateChildren()]
+
+
+def test_a_preempted_learner_restarts_without_counting_against_the_backoff_limit():
+    spec = spec_of(runPolicy={"backoffLimit": 1})
+    status = {**running_status(spec), "restarts": 1}  # the limit is used up: a crash now would fail the run
+    final = report(phase="Preempted", message="preempted: SIGTERM received; checkpoint saved for the restart")
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_PREEMPTED, reason="Error",
+                                    message=final.termination_message())]
+    decision = step(spec, status, pods, now=at(40))
+    assert decision.status["phase"] == "Pending" and decision.status["restarts"] == 1
+    assert decision.actions == [RecreatePods(("r-learner-0",))]
+
+
+def test_a_run_ended_by_max_steps_succeeds_with_its_own_reason():
+    spec = spec_of()
+    final = report(phase="Succeeded", groupsTotal=40, groupsConsumed=12, groupsTrained=12,
+                   message="stopped at max_steps=3 before the epoch bound (12/40 groups consumed): ...")
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    status = step(spec, running_status(spec), pods, None, now=at(60)).status
+    assert status["phase"] == "Succeeded"
+    assert condition(status, "Succeeded")["reason"] == "MaxStepsReached"
+    assert "max_steps=3" in condition(status, "Succeeded")["message"]
 
 
 def test_a_crash_past_the_backoff_limit_fails_with_the_termination_message():

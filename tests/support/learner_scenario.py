@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,17 +44,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
     parser.add_argument("--worker-fails-after", type=int, default=None, help="the worker dies after N groups")
+    parser.add_argument("--sigterm-at-step", type=int, default=None, help="the process SIGTERMs itself at step N")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from grpo_trainer import gang, preemption
+
+    preemption.install()
+    gang.record_start()
+    return gang.record_outcome(run_scenario(parse_args(argv)))
+
+
+def run_scenario(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
+    from grpo_trainer import preemption
     from grpo_trainer.contract import FilterConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
@@ -89,7 +99,7 @@ def main(argv=None) -> int:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
                               progress_server_port=args.progress_port, lost_after_groups=args.lost_after)
 
-    micro_batches: list[int] = []  # per training_step: 1 normal, 0 the stop
+    micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
 
     def counting_step(model, inputs, num_items_in_batch=None):
@@ -97,19 +107,43 @@ def main(argv=None) -> int:
         return original_step(model, inputs, num_items_in_batch)
 
     trainer.training_step = counting_step
+    if not args.baseline:
+        original_stop = trainer._stop
+
+        def counting_stop(*stop):
+            micro_batches.extend([-1] * trainer.discarded_micro_batches + [0])
+            return original_stop(*stop)
+
+        trainer._stop = counting_stop
+        original_fetch = trainer.get_batch_samples
+        stepped: list[int] = []  # absolute positions of the groups in windows that went on to train
+
+        def recording_fetch(*fetch_args):
+            fetched = original_fetch(*fetch_args)
+            stepped.extend(trainer.progress.start_group + g for g in sorted(trainer.window_groups))
+            return fetched
+
+        trainer.get_batch_samples = recording_fetch
+        preemption.route_to(trainer.request_preemption)
 
     class Timeline(TrainerCallback):
         def on_step_end(self, _args, state, _control, **_kwargs):
+            if state.global_step == args.sigterm_at_step:
+                sigterm_time.append(time.time())
+                os.kill(os.getpid(), signal.SIGTERM)
             timeline.append({"step": state.global_step, "t": time.time(),
                              "consumed": len(trainer._trained_groups)})
 
     timeline: list[dict] = []
+    sigterm_time: list[float] = []
     trainer.add_callback(Timeline())
     rank = trainer.accelerator.process_index
     started = time.time()
     outcome, message = "succeeded", ""
     try:
         trainer.train(resume_from_checkpoint=args.resume_from)
+        if not args.baseline and trainer.phase.value == "Preempted":
+            outcome, message = "Preempted", trainer.message
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
         outcome, message = type(error).__name__, str(error)
     ended = time.time()
@@ -125,6 +159,7 @@ def main(argv=None) -> int:
         "seconds": ended - started,
         "ended": ended,
         "timeline": timeline,
+        "sigterm_time": sigterm_time[0] if sigterm_time else None,
     }
     if rank == 0:
         result["groups_generated"] = worker.groups_generated
@@ -133,11 +168,12 @@ def main(argv=None) -> int:
         if not args.baseline:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()
+            result["stepped_groups"] = stepped
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if not args.baseline:
         trainer.close()
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
-    return {"succeeded": 0, "StallError": 42}.get(outcome, 1)
+    return {"succeeded": 0, "StallError": 42, "Preempted": 75}.get(outcome, 1)
 
 
 if __name__ == "__main__":

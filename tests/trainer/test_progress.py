@@ -35,7 +35,8 @@ def sample(group_id, rewards=(0.0, 1.0), k=0, version=0, tokens=6, last_token=1,
     ids = np.arange(2, 2 + tokens, dtype=np.int64)
     ids[-1] = last_token
     return RolloutSample(
-        prompt=[], completion=[], input_ids=ids, completion_mask=np.r_[np.zeros(tokens // 2), np.ones(tokens - tokens // 2)].astype(np.int64),
+        prompt=[], completion=[], input_ids=ids,
+        completion_mask=np.r_[np.zeros(tokens // 2), np.ones(tokens - tokens // 2)].astype(np.int64),
         old_log_probs=np.zeros(tokens, dtype=np.float32), advantage=advantage, model_version=version,
         group_id=group_id, metrics={"reward": float(rewards[k]), "reward_std": reward_std},
     )
@@ -178,7 +179,8 @@ class TestRolloutProgress:
         progress.drop(2, "no_signal")
         progress.drop(5, "stale")
         state = progress.state_dict(exclude={3})  # 3 was collated but had not trained at the checkpoint
-        assert state["consumed"] == [0, 1, 2, 5] and state["groups_trained"] == 2
+        assert state["first_unconsumed"] == 3 and state["consumed_after"] == [5] and state["groups_trained"] == 2
+        assert state["dropped_after"] == {"stale": [5]} and state["prefix_streak"] == 1  # group 2, right before 3
         consumed = {99}
         resumed = RolloutProgress.from_state(state, consumed, stall_groups=0, groups_per_epoch=5, epochs=2)
         assert resumed.start_group == 3 and consumed == {2}  # absolute 5 is worker id 2 after the restart

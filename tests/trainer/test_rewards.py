@@ -84,7 +84,8 @@ def test_rewards_survive_pickling_for_trl_spawned_worker():
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        (RewardConfig(name="letters"), "unknown reward 'letters'; built-in rewards: accuracy, constant, letter_a_fraction"),
+        (RewardConfig(name="letters"),
+         "unknown reward 'letters'; built-in rewards: accuracy, constant, letter_a_fraction"),
         (RewardConfig(function="no_such_module_xyz:f"), "cannot import module 'no_such_module_xyz'"),
         (RewardConfig(function="grpo_trainer.rewards:nope"), "module 'grpo_trainer.rewards' has no attribute 'nope'"),
         (RewardConfig(function="grpo_trainer.rewards:TARGET_LETTER"), "'TARGET_LETTER' is not callable"),
@@ -100,6 +101,7 @@ def test_bad_rewards_give_one_line_naming_them(config, expected):
 def test_every_builtin_returns_one_score_per_completion():
     completions = [assistant("a 1"), assistant("b 2")]
     for name, reward in BUILTIN_REWARDS.items():
-        scores = reward(completions=completions, prompts=[[], []], completion_ids=[[1], [2]], answer=["#### 1", "#### 3"])
+        scores = reward(completions=completions, prompts=[[], []], completion_ids=[[1], [2]],
+                        answer=["#### 1", "#### 3"])
         assert len(scores) == 2, name
         assert all(s is None or math.isfinite(s) for s in scores), name

@@ -1,4 +1,5 @@
-"""GRPOLearner rests on private names of trl==1.16.0 (docs/learner.md says where each is used). If an upgrade moves one, fail here, loudly,
+"""GRPOLearner rests on private names of trl==1.16.0 (docs/learner.md says where each is used). If an upgrade moves
+one, fail here, loudly,
 instead of deep inside a training run."""
 
 import importlib.metadata

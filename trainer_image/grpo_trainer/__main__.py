@@ -11,6 +11,7 @@ import sys
 from pydantic import ValidationError
 
 from . import contract as c
+from . import gang, preemption
 from .validation import first_error
 
 
@@ -39,18 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.role == "learner":
+        preemption.install()
+        gang.record_start()
+        return gang.record_outcome(learner(args.config))
     try:
         config = read_config(args.config)
-    except OSError as error:
-        print(f"grpo {args.role}: cannot read config {args.config}: {error.strerror}", file=sys.stderr)
+    except (OSError, ValidationError) as error:
+        print(f"grpo rollout: {describe_config_error(args.config, error)}", file=sys.stderr)
         return c.EXIT_INVALID_CONFIG
-    except ValidationError as error:
-        print(f"grpo {args.role}: invalid config {args.config}: {config_error_line(error)}", file=sys.stderr)
-        return c.EXIT_INVALID_CONFIG
-    if args.role == "rollout":
-        from .rollout import main as rollout_main
+    from .rollout import main as rollout_main
 
-        return rollout_main(config, port=args.port)
+    return rollout_main(config, port=args.port)
+
+
+def describe_config_error(path: str, error: OSError | ValidationError) -> str:
+    if isinstance(error, OSError):
+        return f"cannot read config {path}: {error.strerror}"
+    return f"invalid config {path}: {config_error_line(error)}"
+
+
+def learner(config_path: str) -> int:
+    """The learner role's exit code (each rank's; grpo_trainer.gang combines them for a multi-process pod)."""
+    try:
+        config = read_config(config_path)
+    except (OSError, ValidationError) as error:
+        print(f"grpo learner: {describe_config_error(config_path, error)}", file=sys.stderr)
+        return c.EXIT_INVALID_CONFIG
     from .learner_main import main as learner_main
 
     return learner_main(config)

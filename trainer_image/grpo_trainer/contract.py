@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 # --------------------------------------------------------------------------------------------------------------------
-# Exit codes. 0 and "stalled" are final; anything else is a crash the operator retries under the run's backoff.
-# 42 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
-# exception, 2 = argparse, 137/143 = killed); 78 is sysexits' EX_CONFIG.
+# Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
+# backoff; anything else is a crash the operator retries under the run's backoff.
+# 42, 75 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
+# exception, 2 = argparse, 137/143 = killed); 75 is sysexits' EX_TEMPFAIL, 78 its EX_CONFIG.
 # --------------------------------------------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
 EXIT_STALLED = 42
+EXIT_PREEMPTED = 75  # SIGTERM: the learner saved a checkpoint and stopped; a restart resumes from it
 EXIT_INVALID_CONFIG = 78
 #: Exit codes after which a retry cannot help: the operator fails the run at once.
 PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_INVALID_CONFIG})
@@ -54,6 +56,7 @@ class LearnerPhase(str, Enum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     STALLED = "Stalled"
+    PREEMPTED = "Preempted"
     FAILED = "Failed"
 
 
@@ -133,6 +136,35 @@ class RewardConfig(WireModel):
         return self
 
 
+#: AsyncGRPOConfig arguments the operator derives from the spec, with the spec field that sets each.
+#: `training.extraArgs` may not set them (`extraArgs: {num_train_epochs: 99}` ran 1584 groups where the spec said
+#: 12 epochs); the CRD's rule on extraArgs lists the same keys (tests/trainer/test_managed_args.py holds the two
+#: together).
+MANAGED_TRAINER_ARGS: dict[str, str] = {
+    "num_train_epochs": "training.epochs",
+    "num_generations": "training.numGenerations",
+    "per_device_train_batch_size": "training.perDeviceTrainBatchSize",
+    "gradient_accumulation_steps": "training.gradientAccumulationSteps",
+    "learning_rate": "training.learningRate",
+    "max_completion_length": "training.maxCompletionLength",
+    "max_staleness": "training.maxStaleness",
+    "weight_sync_steps": "training.weightSyncSteps",
+    "temperature": "training.temperature",
+    "seed": "training.seed",
+    "token_budget": "training.tokenBudget",
+    "output_dir": "checkpoint.directory",
+    "save_strategy": "checkpoint.saveSteps",
+    "save_steps": "checkpoint.saveSteps",
+    "run_name": "metadata.name",
+    "vllm_server_base_url": "rollout (the operator points the learner at its rollout servers)",
+    "use_cpu": "learner.device",
+}
+
+
+def managed_args_message(keys: list[str]) -> str:
+    return "; ".join(f"{key} is set from the spec: use {MANAGED_TRAINER_ARGS[key]}" for key in keys)
+
+
 class TrainingConfig(WireModel):
     epochs: float = Field(1, gt=0)
     num_generations: int = Field(8, ge=2)
@@ -148,6 +180,14 @@ class TrainingConfig(WireModel):
         None, ge=1, description="Tokens per row; default: the rollout server's maxModelLen."
     )
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        managed = [key for key in value if key in MANAGED_TRAINER_ARGS]
+        if managed:
+            raise ValueError(managed_args_message(managed))
+        return value
 
 
 class FilterConfig(WireModel):
@@ -253,6 +293,11 @@ class ProgressReport(WireModel):
         return sum(self.dropped.values())
 
     @property
+    def ended_short(self) -> bool:
+        """A run that succeeded before its epoch bound: TRL's `max_steps` (the user's, or its ceiling) ended it."""
+        return self.phase == LearnerPhase.SUCCEEDED and self.groups_consumed < self.groups_total
+
+    @property
     def percent(self) -> float:
         return 100.0 * min(self.groups_consumed, self.groups_total) / self.groups_total if self.groups_total else 0.0
 
@@ -261,7 +306,8 @@ class ProgressReport(WireModel):
         text = self.model_dump_json(by_alias=True)
         overflow = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES
         if overflow > 0:
-            short = self.model_copy(update={"message": self.message[: max(0, len(self.message) - overflow - 3)] + "..."})
+            kept = max(0, len(self.message) - overflow - 3)
+            short = self.model_copy(update={"message": self.message[:kept] + "..."})
             text = short.model_dump_json(by_alias=True)
         return text
 

@@ -1,10 +1,12 @@
 """Run TRL 1.16's async GRPO learner on CPU.
 
 Two things in TRL assume CUDA, both swapped here only for CPU tensors/devices (a GPU run keeps TRL's own code):
-- tree attention loads a FlashAttention-3 kernel from the hub (`packing._flash_attn`, P:159-165): on CPU the same
+- tree attention loads a FlashAttention-3 kernel from the hub (`packing._flash_attn`,
+  `trl/experimental/async_grpo/packing.py:159-165 (trl 1.16.0)`): on CPU the same
   varlen call is answered by a pure-torch implementation (per packed segment: bottom-right causal mask, GQA by
   repeat_interleave). Measured: steps of a 0.3M-parameter model take 0.2-0.5 s.
-- `get_peak_flops_per_device` calls `torch.cuda.get_device_name` (T:1240), which raises on CPU torch: on CPU there
+- `get_peak_flops_per_device` calls `torch.cuda.get_device_name`
+  (`trl/experimental/async_grpo/async_grpo_trainer.py:1240 (trl 1.16.0)`), which raises on CPU torch: on CPU there
   is no peak to report, so MFU metrics are off (TRL's own behaviour for unknown devices).
 """
 

@@ -60,7 +60,8 @@ class ProgressCollector:
             gauge(c.METRIC_STALL_LIMIT, "Stall streak at which the run fails as stalled.", report.stall_limit),
             gauge(c.METRIC_GLOBAL_STEP, "Optimizer steps taken.", report.global_step),
             gauge(c.METRIC_LAST_TRAINED, "Unix time the last group trained.", report.last_trained_time),
-            gauge(c.METRIC_STALLED, "1 when the learner stopped as stalled.", float(report.phase == c.LearnerPhase.STALLED)),
+            gauge(c.METRIC_STALLED, "1 when the learner stopped as stalled.",
+                  float(report.phase == c.LearnerPhase.STALLED)),
             gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
         ]

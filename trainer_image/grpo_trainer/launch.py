@@ -6,6 +6,8 @@ Torch-free (the operator imports it). Two traps it exists to avoid, both silent:
 - `accelerate launch --cpu` picks accelerate's single-process launcher whatever --num_processes says (checked with
   accelerate 1.15: 2 requested, 1 ran). `--multi_gpu` is accelerate's name for its torchrun launcher; on CPU the
   ranks then join with gloo because the learner's config sets `use_cpu`.
+And one that is loud: torchrun reports any failed worker as exit 1, so with several processes the launcher runs under
+`grpo_trainer.gang`, which gives the pod the exit code its ranks decided (and passes SIGTERM to the ranks).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def learner_argv(
     if world_size == 1:
         return [python, *arguments]
     return [
+        python, "-m", "grpo_trainer.gang", "--ranks", str(processes_per_machine), "--",
         python, "-m", "accelerate.commands.launch", "--multi_gpu",
         "--num_machines", str(num_machines), "--machine_rank", str(machine_rank),
         "--main_process_ip", main_process_ip, "--main_process_port", str(main_process_port),

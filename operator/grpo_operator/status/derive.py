@@ -225,13 +225,13 @@ class _Derivation(RunRecord):
         if verdict is None:
             return False
         if isinstance(verdict, Succeed):
-            self.finish(Phase.SUCCEEDED, Reason.EPOCH_BOUND_REACHED, verdict.message)
+            self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
             if verdict.stalled is not None:
                 self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
             self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
         elif isinstance(verdict, Restart):
-            self.new.restarts += 1
+            self.new.restarts += verdict.counted
             self.new.learner.restarts = self.new.restarts
             self.actions.append(RecreatePods(verdict.pods))
             self.event("Warning", Reason.RESTARTING,

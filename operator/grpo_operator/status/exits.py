@@ -2,7 +2,10 @@
 
 `classify_failure` looks at the pods that exited and says: the run succeeded, the run fails (and why), the pods
 restart, or nothing happened. The rules, which docs/operator.md spells out for users:
-- learner rank 0 exiting 0 means the epoch bound was reached: the run succeeded;
+- learner rank 0 exiting 0 means the run succeeded: at the epoch bound, or earlier when TRL's `max_steps` ended it
+  (its final report says so, and the reason is MaxStepsReached);
+- a learner preempted (SIGTERM: a drain, a spot reclaim) checkpointed and exited EXIT_PREEMPTED: its gang restarts
+  without counting against `backoffLimit`;
 - the learner's permanent exit codes (stalled, invalid config) fail the run at once: a retry cannot help;
 - any other exit, of a learner or of a rollout server (a server never exits by itself), restarts the pods while
   `runPolicy.backoffLimit` allows, then fails the run with BackoffLimitExceeded;
@@ -16,7 +19,14 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED, PERMANENT_EXIT_CODES, ProgressReport, parse_progress
+from grpo_trainer.contract import (
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    EXIT_SUCCEEDED,
+    PERMANENT_EXIT_CODES,
+    ProgressReport,
+    parse_progress,
+)
 
 from ..api import FailureStatus, Reason
 from .decision import PodObservation, rank
@@ -26,6 +36,7 @@ FAILURE_MESSAGE_MAX_CHARS = 1024
 
 @dataclass(frozen=True)
 class Succeed:
+    reason: str
     message: str
 
 
@@ -42,6 +53,7 @@ class Restart:
     pods: tuple[str, ...]  # every pod to delete and create again
     what: str  # which pod exited how, for the event
     detail: str  # the pod's own last words (termination message), may be empty
+    counted: bool = True  # False: a preemption, which does not use up backoffLimit
 
 
 Verdict = Succeed | Fail | Restart
@@ -68,7 +80,10 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
     """The run's fate from its exited pods; None while nothing has exited. `restarts` are those used so far."""
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
-        return Succeed("the learner reached the epoch bound and exited 0")
+        report = report_from_termination_message(leader.message)
+        if report is not None and report.ended_short:  # TRL's max_steps ended it before the epoch bound
+            return Succeed(Reason.MAX_STEPS_REACHED, f"the learner exited 0: {report.message}")
+        return Succeed(Reason.EPOCH_BOUND_REACHED, "the learner reached the epoch bound and exited 0")
     failed = [p for p in learner_pods if p.phase == "Failed"]
     failed += [p for p in rollout_pods if p.phase in ("Failed", "Succeeded")]  # a server never exits
     if not failed:
@@ -85,7 +100,8 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
         reason = Reason.STALLED if code == EXIT_STALLED else Reason.INVALID_CONFIG
         failure.reason = reason
         return Fail(reason, with_detail, failure, stalled=(detail or what) if reason == Reason.STALLED else None)
-    if restarts >= backoff_limit:
+    counted = code != EXIT_PREEMPTED
+    if counted and restarts >= backoff_limit:
         failure.reason = failure.reason or Reason.BACKOFF_LIMIT_EXCEEDED
         return Fail(Reason.BACKOFF_LIMIT_EXCEEDED,
                     f"{what} after {restarts} restarts (backoffLimit {backoff_limit})"
@@ -93,4 +109,4 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
     restart = {p.name for p in failed}
     if any(p.role == "learner" for p in failed):
         restart |= {p.name for p in learner_pods}
-    return Restart(tuple(sorted(restart)), what, detail)
+    return Restart(tuple(sorted(restart)), what, detail, counted)

@@ -114,7 +114,8 @@ def test_several_learner_processes_run_under_accelerate_on_localhost():
     learner = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
                              rollout_ports=[1], learner_http_port=2, main_process_port=29533)[-1]
     argv = learner.argv
-    assert argv[:3] == ["/lv", "-m", "accelerate.commands.launch"]
+    assert argv[:3] == ["/lv", "-m", "grpo_trainer.gang"]
+    assert argv[6:9] == ["/lv", "-m", "accelerate.commands.launch"]
     assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
     assert argv[argv.index("--main_process_port") + 1] == "29533"
     assert argv[argv.index("--num_processes") + 1] == "2"

@@ -1,9 +1,10 @@
 """A rollout worker that needs no inference server: scripted rewards, real RolloutSamples.
 
 Implements TRL's `RolloutWorkerProtocol`, so the real trainer consumes it exactly as it consumes TRL's
-AsyncRolloutWorker: same sample type, same advantage formula (W:1026-1124), same group ids growing across passes,
-same `_loop_kwargs["dataset_start_index"]` for resume. Tests and benchmarks use it to script drops (no-signal groups,
-stale or lost groups) deterministically; users can use it to dry-run a learner configuration on CPU.
+AsyncRolloutWorker: same sample type, same advantage formula
+(`trl/experimental/async_grpo/async_rollout_worker.py:1026-1124 (trl 1.16.0)`), same group ids growing across
+passes, same `_loop_kwargs["dataset_start_index"]` for resume. Tests and benchmarks use it to script drops
+(no-signal groups, stale or lost groups) deterministically; users can use it to dry-run a learner configuration on CPU.
 """
 
 from __future__ import annotations

@@ -42,7 +42,14 @@ MAX_POSITIONS = 512
 
 # A small corpus in the shape of the prompts (examples/tiny-prompts.jsonl) plus plain words, so the BPE merges give
 # whole-word tokens with and without the letter the toy reward counts.
-_WORDS = ["apple", "banana", "cat", "dog", "egg", "fish", "goat", "hat", "ice", "jam", "kite", "lamp", "moon", "nest", "owl", "pear", "queen", "rat", "sun", "tree", "umbrella", "van", "water", "fox", "yak", "zebra", "red", "green", "blue", "black", "white", "small", "big", "happy", "sad", "fast", "slow", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "say", "write", "tell", "me", "a", "story", "about", "the", "word", "please", "answer", "with", "letters", "name", "animal", "fruit", "color", "number", "count", "list", "give", "short", "long", "poem", "song"]
+_WORDS = [
+    "apple", "banana", "cat", "dog", "egg", "fish", "goat", "hat", "ice", "jam", "kite", "lamp", "moon", "nest",
+    "owl", "pear", "queen", "rat", "sun", "tree", "umbrella", "van", "water", "fox", "yak", "zebra", "red",
+    "green", "blue", "black", "white", "small", "big", "happy", "sad", "fast", "slow", "one", "two", "three",
+    "four", "five", "six", "seven", "eight", "nine", "ten", "say", "write", "tell", "me", "a", "story", "about",
+    "the", "word", "please", "answer", "with", "letters", "name", "animal", "fruit", "color", "number", "count",
+    "list", "give", "short", "long", "poem", "song",
+]
 
 
 def _corpus() -> list[str]:
@@ -128,7 +135,8 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.testing.tiny_assets", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.testing.tiny_assets",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="where to write the model (skipped if it already holds one)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

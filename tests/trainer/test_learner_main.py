@@ -28,10 +28,10 @@ def test_cpu_runs_train_in_float32_on_the_cpu_against_the_first_rollout_server()
     assert arguments["report_to"] == []
 
 
-def test_gpu_runs_keep_trls_precision_defaults_and_extra_args_win():
-    arguments = trainer_arguments(config(training={"extraArgs": {"queue_maxsize": 64, "learning_rate": 5e-7}}))
+def test_gpu_runs_keep_trls_precision_defaults_and_extra_args_reach_trl():
+    arguments = trainer_arguments(config(training={"extraArgs": {"queue_maxsize": 64, "max_inflight_tasks": 4}}))
     assert "use_cpu" not in arguments and "dtype" not in arguments
-    assert arguments["queue_maxsize"] == 64 and arguments["learning_rate"] == 5e-7
+    assert arguments["queue_maxsize"] == 64 and arguments["max_inflight_tasks"] == 4
 
 
 def test_the_trainer_accepts_every_argument_we_build(tmp_path):
