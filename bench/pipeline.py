@@ -26,7 +26,7 @@ from .report import Context, spread, table
 
 NAME = "pipeline"
 TITLE = "1. Learner input-pipeline overhead (ours vs TRL 1.16, same process)"
-TARGET_RATIO = 1.05
+TARGET_RATIO = 1.02
 
 
 @dataclass(frozen=True)

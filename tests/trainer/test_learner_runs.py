@@ -166,3 +166,13 @@ def test_sigterm_checkpoints_and_a_resume_trains_every_group_exactly_once(tiny_m
     assert second["progress"]["groupsTrained"] == second["progress"]["groupsTotal"] == 24
     stepped = first["stepped_groups"] + [g for g in second["stepped_groups"] if g < 24]
     assert sorted(stepped) == list(range(24))  # every group trained once: none lost with the window, none twice
+
+
+def test_two_ranks_preempted_save_once_and_the_pod_exits_preempted(tiny_model_dir, tmp_path):
+    # Both ranks get SIGTERM (as in a deleted pod, where the supervisor passes it to each); rank 0's stream decides.
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "12", "--ga", "2",
+                  "--save-steps", "100", "--sigterm-at-step", "2", ranks=2, expect=EXIT_PREEMPTED)
+    assert [r["outcome"] for r in results] == ["Preempted", "Preempted"]
+    assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["global_step"] == 2
+    assert results[0]["checksum"] == results[1]["checksum"]
+    assert (tmp_path / "checkpoints" / "checkpoint-2" / "grpo_progress.json").is_file()

@@ -176,3 +176,46 @@ def test_progress_is_consistent_while_the_trainer_reports_from_another_thread():
         done.set()
         thread.join(10)
         server.stop()
+
+
+class TestStops:
+    def test_a_requested_stop_ends_the_stream_without_waiting_for_the_queue(self):
+        import queue
+
+        from grpo_trainer.progress import SampleFilterQueue
+
+        progress = make_progress()
+        source = SampleFilterQueue(queue.Queue(), progress, model_version_fn=lambda: 0, max_staleness=1,
+                                   num_generations=2)
+        progress.request_stop("preempted: SIGTERM")
+        with pytest.raises(RolloutStop) as stop:
+            source.get(timeout=3600)  # an empty queue: without the flag check this waits an hour
+        assert stop.value.code == StopCode.PREEMPTED
+
+    def test_the_end_of_the_run_comes_at_a_window_boundary(self):
+        from grpo_trainer.progress import StopAwareDataset
+
+        progress = make_progress(n=2, epochs=1)
+
+        def batcher():
+            for group_id in range(100):  # the worker cycles: groups past the bound keep coming
+                progress.train([group_id])
+                yield f"micro-batch {group_id}"
+
+        items = list(StopAwareDataset(batcher(), progress, window=4))
+        assert items[:4] == [f"micro-batch {g}" for g in range(4)]  # the bound (2 groups) ends the 2nd; 2 fill
+        assert isinstance(items[4], RolloutStop) and items[4].code == StopCode.DONE and len(items) == 5
+
+    def test_other_stops_come_at_once(self):
+        from grpo_trainer.progress import StopAwareDataset
+
+        progress = make_progress(n=10, epochs=1)
+
+        def batcher():
+            yield "micro-batch 0"
+            progress.request_stop("preempted")
+            yield "micro-batch 1"
+
+        items = list(StopAwareDataset(batcher(), progress, window=4))
+        assert items[:2] == ["micro-batch 0", "micro-batch 1"]  # no fill: the trainer discards this partial window
+        assert items[2].code == StopCode.PREEMPTED and len(items) == 3

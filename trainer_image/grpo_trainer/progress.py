@@ -586,7 +586,7 @@ class SampleFilterQueue:
             self._sweep(group_id)
             return True
         seen = self._groups.get(group_id)
-        if group_id in progress.consumed and (seen is None or not seen.accepted):
+        if (seen is None or not seen.accepted) and group_id in progress.consumed:
             # Dropped already (a late sample of a group swept as lost, or a fork beyond num_generations), or
             # consumed before a resume: training it now would train it twice.
             return False
@@ -606,7 +606,9 @@ class SampleFilterQueue:
         return False
 
     def _sweep(self, newest: int) -> None:
-        self._newest = max(self._newest, newest)
+        if newest <= self._newest:  # nothing new to sweep: most samples belong to a group already seen
+            return
+        self._newest = newest
         horizon = min(self._newest - self.lost_after_groups, self.progress.needed_end or self._newest)
         while self._swept < horizon:
             group_id = self._swept
