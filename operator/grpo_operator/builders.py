@@ -25,6 +25,7 @@ from typing import Any
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
+from .pod_overrides import apply_override
 from .resolve import resolve_run_config
 from .spec import GRPORunSpec
 
@@ -246,12 +247,13 @@ def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ind
                       attempt: int = 0) -> dict[str, Any]:
     rollout = spec.rollout
     probe = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}, "periodSeconds": 5, "failureThreshold": 3}
-    return _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
-                image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
-                command=rollout_command(),
-                ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
-                resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
-                service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+    pod = _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
+               image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
+               command=rollout_command(),
+               ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
+               resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
+               service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+    return apply_override(pod, rollout.pod_template_override, "spec.rollout.podTemplateOverride")
 
 
 def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, rank: int, *, trainer_image: str,
@@ -266,7 +268,7 @@ def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ran
                node_selector=learner.node_selector, tolerations=learner.tolerations,
                service=learner_service_name(run), attempt=attempt)
     pod["spec"]["containers"][0]["env"].append({"name": "GRPO_LEARNER_RANK", "value": str(rank)})
-    return pod
+    return apply_override(pod, learner.pod_template_override, "spec.learner.podTemplateOverride")
 
 
 def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,

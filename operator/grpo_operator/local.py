@@ -35,6 +35,7 @@ from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
 from . import builders
 from . import status as st
 from .manifest import ManifestError, ManifestInvalid, read_grporun
+from .pod_overrides import local_env_notes
 from .resolve import resolve_run_config
 from .spec import FINISHED_PHASES, GRPORunSpec, Phase
 
@@ -476,6 +477,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"grporun local: {error}", file=sys.stderr)
         return 2
     console.log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
+    for role, role_spec in (("rollout", local.spec.rollout), ("learner", local.spec.learner)):
+        for note in local_env_notes(role, role_spec.pod_template_override, os.environ):
+            console.log(note)
     interrupted = False
     try:
         status = supervise(local, console, args.poll_interval)

@@ -21,6 +21,7 @@ from grpo_trainer.contract import ProgressReport
 from . import builders
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
+from .pod_overrides import OverrideError
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, fetch_progress, pod_progress_url
 from .spec import FINISHED_PHASES, GRPORunSpec, SpecError, parse_spec
@@ -151,8 +152,12 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
         if isinstance(action, CreateChildren):
             present = set(uids)
             attempt = int(decision.status.get("restarts", 0))
-            for child in builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                                 attempt=attempt):
+            try:
+                children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
+                                                   attempt=attempt)
+            except OverrideError as error:  # a managed field the API server's rules let through
+                raise ChildRejected(str(error)) from None
+            for child in children:
                 if child["kind"] == "Pod" and child["metadata"]["name"] in present:
                     continue
                 try:

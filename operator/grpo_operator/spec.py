@@ -26,6 +26,8 @@ from grpo_trainer.contract import (
     _Model,
 )
 
+from .pod_overrides import PodTemplateOverride
+
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
 
@@ -73,6 +75,7 @@ class RolloutSpec(_Model):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
 
 
 class LearnerSpec(_Model):
@@ -84,6 +87,7 @@ class LearnerSpec(_Model):
     device: Device = "cuda"
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
 
 
 class CheckpointSpec(_Model):
