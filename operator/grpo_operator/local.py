@@ -34,6 +34,7 @@ from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
 
 from . import builders
 from . import status as st
+from .eta import format_duration
 from .manifest import ManifestError, ManifestInvalid, read_grporun
 from .pod_overrides import local_env_notes
 from .resolve import resolve_run_config
@@ -413,6 +414,7 @@ def _bar_fields(status: dict[str, Any]) -> dict[str, Any]:
         "dropped": progress.get("groupsDropped") or 0,
         "stall": f"{progress.get('stallStreak', 0)}/{progress.get('stallLimit', 0)}",
         "reward": "-" if reward is None else f"{reward:.3f}",
+        "eta": format_duration(progress.get("estimatedRemainingSeconds")),
     }
 
 
@@ -421,7 +423,8 @@ def progress_bar(console: Console) -> Iterator[Progress]:
     columns = (
         TextColumn("[bold]{task.fields[phase]}"), BarColumn(bar_width=16),
         TextColumn("{task.completed}/{task.total} groups, epoch {task.fields[epoch]}, trained {task.fields[trained]}, "
-                   "dropped {task.fields[dropped]}, stall {task.fields[stall]}, reward {task.fields[reward]}"),
+                   "dropped {task.fields[dropped]}, stall {task.fields[stall]}, reward {task.fields[reward]}, "
+                   "ETA {task.fields[eta]}"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False, refresh_per_second=2) as bar:

@@ -26,6 +26,7 @@ from grpo_trainer.contract import (
     _Model,
 )
 
+from .eta import ProgressRate
 from .pod_overrides import PodTemplateOverride
 
 Device = Literal["cuda", "cpu"]
@@ -216,6 +217,10 @@ class ProgressStatus(_StatusModel):
     global_step: int = 0
     percent: float = 0.0
     reward_mean: float | None = None
+    # KEP-2779's names (Kubeflow TrainJob progress); filled by grpo_operator.eta.
+    progress_percentage: int | None = None
+    estimated_remaining_seconds: int | None = None
+    last_updated_time: str | None = None
 
 
 class RolloutStatus(_StatusModel):
@@ -244,6 +249,7 @@ class GRPORunStatus(_StatusModel):
     completion_time: str | None = None
     last_progress_time: str | None = None
     progress_clock: ProgressClock | None = None
+    progress_rate: ProgressRate | None = None
     restarts: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None

@@ -32,6 +32,7 @@ from grpo_trainer.contract import (
     parse_progress,
 )
 
+from .eta import update_estimate
 from .spec import (
     FINISHED_PHASES,
     Condition,
@@ -266,6 +267,11 @@ class _Derivation:
         self.progress = progress
 
     def decision(self) -> Decision:
+        if self.new.progress is not None:
+            self.new.progress_rate = update_estimate(
+                self.new.progress, self.new.progress_rate, self.old.progress, self.now,
+                running=self.new.phase == Phase.RUNNING, stalled=self.conditions.is_true(ConditionType.STALLED),
+                succeeded=self.new.phase == Phase.SUCCEEDED)
         return Decision(_wire(self.new), self.events, self.actions)
 
     def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
