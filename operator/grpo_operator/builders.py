@@ -25,6 +25,7 @@ from typing import Any
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
+from . import gang
 from .pod_overrides import apply_override
 from .resolve import resolve_run_config
 from .spec import GRPORunSpec
@@ -277,15 +278,30 @@ def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer
             for i in range(spec.rollout.replicas)]
     pods += [build_learner_pod(run, namespace, uid, spec, r, trainer_image=trainer_image, attempt=attempt)
              for r in range(spec.learner.nodes)]
-    return pods
+    return [gang.join(pod, run, _gang(spec)) for pod in pods]
+
+
+def _gang(spec: GRPORunSpec) -> gang.GangSpec | None:
+    return spec.scheduling.gang if spec.scheduling is not None else None
+
+
+def build_pod_group(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> dict[str, Any] | None:
+    """The gang scheduler's PodGroup for every pod of the run (spec.scheduling.gang), or None."""
+    gang_spec = _gang(spec)
+    if gang_spec is None:
+        return None
+    return gang.build_pod_group(run, namespace, _metadata(gang.pod_group_name(run), run, namespace, uid), gang_spec,
+                                min_member=spec.rollout.replicas + spec.learner.nodes)
 
 
 def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
                    attempt: int = 0) -> list[dict[str, Any]]:
-    """Everything a run needs, in creation order (the ConfigMap first: pods mount it)."""
+    """Everything a run needs, in creation order (the ConfigMap first: pods mount it; the PodGroup before its pods)."""
+    pod_group = build_pod_group(run, namespace, uid, spec)
     return [
         build_config_map(run, namespace, uid, spec),
         build_rollout_service(run, namespace, uid),
         build_learner_service(run, namespace, uid),
+        *([pod_group] if pod_group else []),
         *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt),
     ]

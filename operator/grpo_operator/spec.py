@@ -27,6 +27,7 @@ from grpo_trainer.contract import (
 )
 
 from .eta import ProgressRate
+from .gang import SchedulingSpec
 from .pod_overrides import PodTemplateOverride
 
 Device = Literal["cuda", "cpu"]
@@ -115,6 +116,7 @@ class GRPORunSpec(_Model):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+    scheduling: SchedulingSpec | None = None
 
     @property
     def learner_world_size(self) -> int:
