@@ -11,12 +11,13 @@ import pytest
 import yaml
 
 from grpo_operator import builders, cli
+from grpo_operator.kueue import QUEUE_LABEL
 from grpo_operator.manifest import evaluate_rule, load_crd, load_manifest, rule_sites, with_defaults
 from grpo_operator.pod_overrides import OverrideError, PodTemplateOverride, apply_override, local_env_notes
 from grpo_operator.render import PLACEHOLDER_UID, render
 from grpo_operator.spec import SpecError, parse_spec
 from tests.support.operator_fixtures import minimal_spec
-from tests.support.paths import MANIFEST_FIXTURES
+from tests.support.paths import MANIFEST_FIXTURES, REPO
 
 UID = "0b7c2c9e-1111-2222-3333-444455556666"
 HF_TOKEN_FROM_SECRET = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -217,3 +218,15 @@ def test_local_names_what_it_cannot_resolve():
         "learner: envFrom ConfigMap tuning cannot be read locally: export its variables to pass them",
     ]
     assert local_env_notes("learner", None, {}) == []
+
+
+def test_the_gpu_example_takes_hf_token_from_a_secret_runs_at_a_priority_and_is_queued_by_kueue(capsys):
+    example = REPO / "examples" / "gpu.yaml"
+    assert cli.main(["validate", str(example)]) == 0, capsys.readouterr().out
+    assert load_manifest(example)["metadata"]["labels"][QUEUE_LABEL] == "research"
+    objects = list(yaml.safe_load_all(render(str(example), namespace="ml", trainer_image="img", uid=PLACEHOLDER_UID)))
+    pods = [obj for obj in objects if obj["kind"] == "Pod"]
+    assert {pod["metadata"]["labels"]["grpo.dev/role"] for pod in pods} == {"rollout", "learner"}
+    for pod in pods:
+        assert pod["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+        assert pod["spec"]["priorityClassName"] == "research-high"
