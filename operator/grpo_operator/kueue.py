@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import builders
-from .kube import Kube
+from .kube import APIClientError, Kube
 from .spec import GRPORunSpec
 from .status import Reason, format_time
 
@@ -165,7 +165,11 @@ async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec:
     workload = await kube.get(API_VERSION, WORKLOAD, namespace, workload_name(run))
     if workload is None:
         pods = builders.build_pods(run, namespace, uid, spec, trainer_image=trainer_image)
-        await kube.create(build_workload(run, namespace, uid, queue, pods))
+        try:
+            await kube.create(build_workload(run, namespace, uid, queue, pods))
+        except APIClientError as error:  # no Kueue on the cluster, or its webhook refused the Workload
+            return Gate((Reason.WAITING_FOR_ADMISSION, f"the Kueue Workload {workload_name(run)} was rejected: "
+                         f"{error.message or error} (is Kueue installed?)"))
         return Gate(hold_of(Admission("pending"), queue))
     admission = admission_of(workload)
     if admission.state == "evicted" and admission.reserved and not pods_exist:

@@ -4,6 +4,7 @@ Kueue's scheduler would)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from grpo_operator import builders, kueue
+from grpo_operator.kube import APIClientError
 from grpo_operator.spec import parse_spec
 from tests.operator.test_lifecycle import _owner
 from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
@@ -88,6 +90,26 @@ def test_releasing_an_evicted_workload_clears_its_admission():
     assert released["admission"] is None
     kinds = {c["type"]: c["status"] for c in released["conditions"]}
     assert kinds == {"QuotaReserved": "False", "Admitted": "False", "Evicted": "True"}
+
+
+class _NoKueue:
+    """A cluster without Kueue: the Workload kind is unknown to the API server."""
+
+    async def get(self, *args: Any) -> None:
+        return None
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        raise APIClientError({"message": "the server could not find the requested resource"}, status=404, headers={})
+
+
+def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
+    spec = parse_spec(queued_spec())
+    gate = asyncio.run(kueue.gate(_NoKueue(), "r", "ml", "u", "team-q", spec, trainer_image="img", pods_exist=False,
+                                  now=NOW))
+    reason, message = gate.hold
+    assert reason == "WaitingForAdmission"
+    assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "
+                       "(is Kueue installed?)")
 
 
 # --- the flow -----------------------------------------------------------------------------------------------------
