@@ -18,6 +18,8 @@ from pydantic import ConfigDict, Field
 
 from grpo_trainer.contract import WireModel
 
+from .apitime import format_time, parse_time
+
 #: The "recent" in recent rate: long enough to span several optimizer steps of a large model, short enough that a
 #: slowdown (a preempted node, longer completions) shows within minutes.
 WINDOW_SECONDS = 600.0
@@ -40,21 +42,13 @@ class ProgressRate(_StatusModel):
     samples: list[RateSample] = Field(default_factory=list)
 
 
-def format_time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def percentage(consumed: int, total: int) -> int | None:
     """Whole percent of the bound consumed (KEP-2779's progressPercentage is an integer), None without a bound."""
     return min(100, consumed * 100 // total) if total > 0 else None
 
 
 def recent_samples(samples: list[RateSample], now: datetime.datetime) -> list[RateSample]:
-    return [s for s in samples if (now - _parse(s.time)).total_seconds() <= WINDOW_SECONDS]
+    return [s for s in samples if (now - parse_time(s.time)).total_seconds() <= WINDOW_SECONDS]
 
 
 def record(samples: list[RateSample], consumed: int, trained: int, now: datetime.datetime) -> list[RateSample]:
@@ -63,7 +57,7 @@ def record(samples: list[RateSample], consumed: int, trained: int, now: datetime
     last = kept[-1] if kept else None
     if last is not None and (last.groups_consumed, last.groups_trained) == (consumed, trained):
         return kept
-    if last is not None and (now - _parse(last.time)).total_seconds() < SAMPLE_SPACING_SECONDS:
+    if last is not None and (now - parse_time(last.time)).total_seconds() < SAMPLE_SPACING_SECONDS:
         return kept
     return [*kept, RateSample(time=format_time(now), groups_consumed=consumed, groups_trained=trained)]
 
@@ -74,7 +68,7 @@ def remaining_seconds(samples: list[RateSample], consumed: int, trained: int, to
     if not samples or total <= 0:
         return None
     oldest = samples[0]
-    elapsed = (updated - _parse(oldest.time)).total_seconds()
+    elapsed = (updated - parse_time(oldest.time)).total_seconds()
     consumed_delta, trained_delta = consumed - oldest.groups_consumed, trained - oldest.groups_trained
     if elapsed <= 0 or consumed_delta <= 0 or trained_delta <= 0:
         return None
@@ -97,7 +91,7 @@ def update_estimate(progress: Any, rate: ProgressRate | None, previous: Any, now
         return None
     samples = record(rate.samples if rate else [], progress.groups_consumed, progress.groups_trained, now)
     estimate = remaining_seconds(samples, progress.groups_consumed, progress.groups_trained, progress.groups_total,
-                                 _parse(progress.last_updated_time))
+                                 parse_time(progress.last_updated_time))
     progress.estimated_remaining_seconds = estimate if running and not stalled else None
     if not running:
         return None  # suspended, restarting or failed: the next rate starts afresh when training does
