@@ -20,8 +20,8 @@ from typing import Any
 
 from . import builders
 from .api import ROLE_LABEL, GRPORunSpec, Reason
+from .apitime import format_time
 from .kube import APIClientError, Kube
-from .status import format_time
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 API_VERSION = "kueue.x-k8s.io/v1beta1"
