@@ -31,6 +31,10 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.validation import first_error
 
+from .eta import ProgressRate
+from .pod_overrides import PodTemplateOverride
+from .podgroup import SchedulingSpec
+
 # --------------------------------------------------------------------------------------------------------------------
 # Names
 # --------------------------------------------------------------------------------------------------------------------
@@ -98,6 +102,7 @@ class RolloutSpec(WireModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
 
 
 class LearnerSpec(WireModel):
@@ -109,6 +114,7 @@ class LearnerSpec(WireModel):
     device: Device = "cuda"
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
 
 
 class CheckpointSpec(WireModel):
@@ -135,6 +141,7 @@ class GRPORunSpec(WireModel):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+    scheduling: SchedulingSpec | None = None
 
     @property
     def learner_world_size(self) -> int:
@@ -208,6 +215,8 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
+    EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload
     NOT_FINISHED = "NotFinished"
     FINISHED = "Finished"
 
@@ -250,6 +259,10 @@ class ProgressStatus(_StatusModel):
     global_step: int = 0
     percent: float = 0.0
     reward_mean: float | None = None
+    # KEP-2779's names (Kubeflow TrainJob progress); filled by grpo_operator.eta.
+    progress_percentage: int | None = None
+    estimated_remaining_seconds: int | None = None
+    last_updated_time: str | None = None
 
 
 class RolloutStatus(_StatusModel):
@@ -278,6 +291,7 @@ class GRPORunStatus(_StatusModel):
     completion_time: str | None = None
     last_progress_time: str | None = None
     progress_clock: ProgressClock | None = None
+    progress_rate: ProgressRate | None = None
     restarts: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None

@@ -26,7 +26,9 @@ from typing import Any
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
+from . import podgroup
 from .api import API_VERSION, ATTEMPT_ANNOTATION, KIND, MANAGED_BY, ROLE_LABEL, RUN_LABEL, GRPORunSpec
+from .pod_overrides import apply_override
 from .resolve import resolve_run_config
 
 #: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
@@ -249,12 +251,13 @@ def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ind
                       attempt: int = 0) -> dict[str, Any]:
     rollout = spec.rollout
     probe = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}, "periodSeconds": 5, "failureThreshold": 3}
-    return _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
-                image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
-                command=rollout_command(),
-                ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
-                resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
-                service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+    pod = _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
+               image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
+               command=rollout_command(),
+               ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
+               resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
+               service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+    return apply_override(pod, rollout.pod_template_override, "spec.rollout.podTemplateOverride")
 
 
 def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, rank: int, *, trainer_image: str,
@@ -269,7 +272,7 @@ def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ran
                node_selector=learner.node_selector, tolerations=learner.tolerations,
                service=learner_service_name(run), attempt=attempt)
     pod["spec"]["containers"][0]["env"].append({"name": "GRPO_LEARNER_RANK", "value": str(rank)})
-    return pod
+    return apply_override(pod, learner.pod_template_override, "spec.learner.podTemplateOverride")
 
 
 def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
@@ -278,15 +281,31 @@ def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer
             for i in range(spec.rollout.replicas)]
     pods += [build_learner_pod(run, namespace, uid, spec, r, trainer_image=trainer_image, attempt=attempt)
              for r in range(spec.learner.nodes)]
-    return pods
+    return [podgroup.join(pod, run, _gang(spec)) for pod in pods]
+
+
+def _gang(spec: GRPORunSpec) -> podgroup.GangSpec | None:
+    return spec.scheduling.gang if spec.scheduling is not None else None
+
+
+def build_pod_group(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> dict[str, Any] | None:
+    """The gang scheduler's PodGroup for every pod of the run (spec.scheduling.gang), or None."""
+    gang_spec = _gang(spec)
+    if gang_spec is None:
+        return None
+    metadata = _metadata(podgroup.pod_group_name(run), run, namespace, uid)
+    return podgroup.build_pod_group(run, namespace, metadata, gang_spec,
+                                    min_member=spec.rollout.replicas + spec.learner.nodes)
 
 
 def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
                    attempt: int = 0) -> list[dict[str, Any]]:
-    """Everything a run needs, in creation order (the ConfigMap first: pods mount it)."""
+    """Everything a run needs, in creation order (the ConfigMap first: pods mount it; the PodGroup before its pods)."""
+    pod_group = build_pod_group(run, namespace, uid, spec)
     return [
         build_config_map(run, namespace, uid, spec),
         build_rollout_service(run, namespace, uid),
         build_learner_service(run, namespace, uid),
+        *([pod_group] if pod_group else []),
         *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt),
     ]

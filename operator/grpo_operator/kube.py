@@ -18,13 +18,15 @@ from .api import KIND, PLURAL
 
 APIClientError = errors.APIClientError
 
-_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events"}
+_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events",
+            "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups"}
 
 
-def object_url(api_version: str, kind: str, namespace: str, name: str | None = None,
+def object_url(api_version: str, kind: str, namespace: str | None, name: str | None = None,
                subresource: str | None = None) -> str:
+    """The REST path of an object; `namespace` None for a cluster-scoped kind (a Kueue ResourceFlavor)."""
     base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
-    url = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}"
+    url = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}" if namespace else f"{base}/{_PLURALS[kind]}"
     url += f"/{name}" if name else ""
     url += f"/{subresource}" if subresource else ""
     return url
@@ -53,6 +55,13 @@ class Kube:
         except errors.APINotFoundError:
             return False
         return True
+
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return await api.get(object_url(api_version, kind, namespace, name), settings=self.settings,
+                                 logger=self.logger)
+        except errors.APINotFoundError:
+            return None
 
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> dict[str, Any] | None:

@@ -152,7 +152,9 @@ def unknown_field_errors(value: Any, schema: dict[str, Any], path: str = "") -> 
     if _preserves_unknown(schema):
         return []
     errors = []
-    if isinstance(value, dict) and "properties" in schema:
+    # A node with declared properties that also preserves unknown fields (a core/v1 Volume: `name` declared for the
+    # CEL rules, its source free-form) reports nothing unknown at its own level; its declared children are checked.
+    if isinstance(value, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
         known = list(schema["properties"])
         for key in value:
             if key not in schema["properties"]:

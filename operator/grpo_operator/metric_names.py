@@ -18,6 +18,7 @@ RUN_STALL_LIMIT = "grpo_operator_run_stall_limit_groups"
 RUN_STALLED = "grpo_operator_run_stalled"  # 1 while the Stalled condition is True
 RUN_RESTARTS = "grpo_operator_run_learner_restarts"
 RUN_LAST_PROGRESS = "grpo_operator_run_last_progress_timestamp_seconds"
+RUN_ESTIMATED_REMAINING = "grpo_operator_run_estimated_remaining_seconds"  # absent while the status has no estimate
 RUN_PROGRESS_DEADLINE = "grpo_operator_run_progress_deadline_seconds"
 RUN_ROLLOUT_REPLICAS = "grpo_operator_run_rollout_replicas"
 RUN_ROLLOUT_READY = "grpo_operator_run_rollout_ready_replicas"
@@ -37,6 +38,7 @@ OPERATOR_METRIC_NAMES = (
     RUN_STALLED,
     RUN_RESTARTS,
     RUN_LAST_PROGRESS,
+    RUN_ESTIMATED_REMAINING,
     RUN_PROGRESS_DEADLINE,
     RUN_ROLLOUT_REPLICAS,
     RUN_ROLLOUT_READY,

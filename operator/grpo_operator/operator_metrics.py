@@ -38,6 +38,8 @@ class OperatorMetrics:
         self.restarts = gauge(m.RUN_RESTARTS, "Learner restarts after crashes (within runPolicy.backoffLimit).")
         self.last_progress = gauge(m.RUN_LAST_PROGRESS, "Unix time the run last trained a group.")
         self.progress_deadline = gauge(m.RUN_PROGRESS_DEADLINE, "The run's progressDeadlineSeconds.")
+        self.estimated_remaining = gauge(m.RUN_ESTIMATED_REMAINING,
+                                         "Seconds to the epoch bound at the recent rate (status.progress).")
         self.rollout_replicas = gauge(m.RUN_ROLLOUT_REPLICAS, "Rollout servers the run asks for.")
         self.rollout_ready = gauge(m.RUN_ROLLOUT_READY, "Rollout servers ready.")
         self.reconcile_errors = Counter(m.RECONCILE_ERRORS.removesuffix("_total"),
@@ -48,6 +50,7 @@ class OperatorMetrics:
             self.info, self.phase, self.progress_ratio, self.groups_trained, self.groups_consumed,
             self.groups_dropped, self.epoch, self.stall_streak, self.stall_limit, self.stalled, self.restarts,
             self.last_progress, self.progress_deadline, self.rollout_replicas, self.rollout_ready,
+            self.estimated_remaining,
         ]
         self._models: dict[tuple[str, str], str] = {}
 
@@ -77,6 +80,10 @@ class OperatorMetrics:
             self.epoch.labels(*labels).set(progress.epoch)
             self.stall_streak.labels(*labels).set(progress.stall_streak)
             self.stall_limit.labels(*labels).set(progress.stall_limit)
+        if progress is not None and progress.estimated_remaining_seconds is not None:
+            self.estimated_remaining.labels(*labels).set(progress.estimated_remaining_seconds)
+        else:  # no estimate: no series, rather than a stale or a zero one
+            self.estimated_remaining.remove_by_labels({"namespace": namespace, "run": name})
         stalled = any(c.type == ConditionType.STALLED.value and c.status == "True" for c in parsed.conditions)
         self.stalled.labels(*labels).set(1.0 if stalled else 0.0)
         self.restarts.labels(*labels).set(parsed.restarts)

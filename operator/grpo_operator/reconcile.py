@@ -18,10 +18,11 @@ import kopf
 
 from grpo_trainer.contract import ProgressReport
 
-from . import builders
-from .api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_spec
+from . import builders, kueue
+from .api import API_VERSION, FINISHED_PHASES, KIND, ROLE_LABEL, GRPORunSpec, SpecError, parse_spec
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
+from .pod_overrides import OverrideError
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
 from .status import (
@@ -50,6 +51,7 @@ class RunMemory:
     last_status: dict[str, Any] | None = None  # the status this process last wrote (fresher than a lagging watch)
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
+    kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
 
 
 @dataclasses.dataclass
@@ -96,14 +98,23 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
             and not facts.terminating]
     memory.deleted_uids &= {facts.uid for _, facts in indexed_pods}  # forget pods the index has dropped
     progress = None
-    if base_status.get("phase") not in {p.value for p in FINISHED_PHASES}:
+    was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+    if not was_finished:
         progress = await _poll(context, namespace, builders.learner_pod_name(name, 0), live, logger)
+    queue = kueue.queue_name(metadata)
+    gate = None
+    if queue and not was_finished:
+        gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
+                                pods_exist=bool(indexed_pods), now=now)
     decision = derive_status(spec, base_status, [obs for obs, _ in live], progress, now, generation=generation,
-                             children_exist=memory.children_created)
+                             children_exist=memory.children_created, hold=gate.hold if gate else None)
     if not await _write(context, kube, body, base_status, decision, logger):
         return False  # the run is gone
+    if queue and decision.status.get("phase") in {p.value for p in FINISHED_PHASES} and not memory.kueue_finished:
+        await kueue.finish(kube, name, namespace, decision.status, context.clock())
+        memory.kueue_finished = True
     try:
-        await _act(context, kube, body, spec, decision, live, logger)
+        await _act(context, kube, body, spec, decision, live, logger, gate)
     except ChildRejected as error:
         failed = invalid_spec_status(decision.status, error, context.clock(), generation=generation)
         await _write(context, kube, body, decision.status, failed, logger)
@@ -142,7 +153,7 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
 
 
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
-               live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
+               live: list[tuple[PodObservation, PodFacts]], logger: Logger, gate: kueue.Gate | None = None) -> None:
     metadata = body["metadata"]
     name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
     memory = context.memory(uid)
@@ -151,8 +162,17 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
         if isinstance(action, CreateChildren):
             present = set(uids)
             attempt = int(decision.status.get("restarts", 0))
-            for child in builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                                 attempt=attempt):
+            try:
+                children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
+                                                   attempt=attempt)
+            except OverrideError as error:  # a managed field the API server's rules let through
+                raise ChildRejected(str(error)) from None
+            if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
+                placed = await kueue.placements(kube, gate.flavors)
+                children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
+                    role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
+                    for child in children]
+            for child in children:
                 if child["kind"] == "Pod" and child["metadata"]["name"] in present:
                     continue
                 try:

@@ -74,7 +74,7 @@ def test_dashboard_shows_what_on_call_needs():
     for needed in (
         op.RUN_EPOCH, op.RUN_GROUPS_CONSUMED, op.RUN_GROUPS_TRAINED, op.RUN_GROUPS_DROPPED, op.RUN_STALL_STREAK,
         op.RUN_STALL_LIMIT, op.RUN_PHASE, op.RUN_ROLLOUT_READY, op.RUN_ROLLOUT_REPLICAS, op.RUN_STALLED,
-        contract.METRIC_REWARD_MEAN,
+        op.RUN_ESTIMATED_REMAINING, contract.METRIC_REWARD_MEAN,
     ):
         assert needed in read, f"no panel shows {needed}"
     timelines = [p for p in DASHBOARD["panels"] if p["type"] == "state-timeline"]

@@ -25,8 +25,13 @@ OPERATOR_REQUESTS = [
         for verb in ("get", "list", "watch", "create", "delete", "patch")
     ],
     ("create", "", "events", None),
+    *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create")],
+    ("patch", "kueue.x-k8s.io", "workloads", "status"),
+    *[(verb, group, "podgroups", None) for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
+      for verb in ("get", "create")],
 ]
-CRD_DISCOVERY = [(verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")]
+CRD_DISCOVERY = [*((verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")),
+                 ("get", "kueue.x-k8s.io", "resourceflavors")]
 NAMESPACE_DISCOVERY = [("list", "", "namespaces"), ("watch", "", "namespaces")]
 
 # Requests the operator never makes: granting any of them would not be least privilege.
@@ -42,6 +47,9 @@ NEVER = [
     ("create", "coordination.k8s.io", "leases", None),
     ("list", "kopf.dev", "clusterkopfpeerings", None),
     ("patch", "kopf.dev", "kopfpeerings", None),
+    ("delete", "kueue.x-k8s.io", "workloads", None),
+    ("update", "kueue.x-k8s.io", "workloads", "status"),
+    ("list", "kueue.x-k8s.io", "clusterqueues", None),
 ]
 
 

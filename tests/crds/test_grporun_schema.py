@@ -25,6 +25,7 @@ from grpo_operator.api import (
     ProgressStatus,
     RolloutStatus,
 )
+from grpo_operator.eta import ProgressRate, RateSample
 from grpo_operator.manifest import CRD_PATH, load_crd
 from grpo_trainer.contract import DROP_REASONS
 from tests.support.specs import status_errors
@@ -134,8 +135,8 @@ _COLUMN_TYPES = {"string": {"string"}, "integer": {"integer"}, "number": {"numbe
 
 def test_crd_printer_columns_point_at_declared_fields():
     columns = CRD.document["spec"]["versions"][0]["additionalPrinterColumns"]
-    expected = ["Phase", "Progress", "Epoch", "Trained", "Dropped", "Stalled", "Age"]
-    assert [column["name"] for column in columns] == expected
+    assert [column["name"] for column in columns] == [
+        "Phase", "Progress", "Epoch", "Trained", "Dropped", "ETA", "Stalled", "Age"]
     for column in columns:
         if column["jsonPath"] == ".metadata.creationTimestamp":
             assert column["type"] == "date"
@@ -166,7 +167,11 @@ def _full_status() -> GRPORunStatus:
                     for kind in ConditionType],
         progress=ProgressStatus(epoch=1, epochs=2.0, groups_consumed=10, groups_total=20, groups_trained=7,
                                 groups_dropped=3, dropped=dict.fromkeys(DROP_REASONS, 1), stall_streak=2,
-                                stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25),
+                                stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25,
+                                progress_percentage=50, estimated_remaining_seconds=600,
+                                last_updated_time="2026-01-01T00:30:00Z"),
+        progress_rate=ProgressRate(samples=[RateSample(time="2026-01-01T00:30:00Z", groups_consumed=10,
+                                                       groups_trained=7)]),
         rollout=RolloutStatus(replicas=2, ready=1),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),

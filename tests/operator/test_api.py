@@ -92,9 +92,18 @@ def test_spec_model_and_crd_agree_on_type_and_enum(path, field, node):
         assert "enum" not in node or [member.value for member in literal] == node["enum"]
 
 
+def _parent_schema(path: str) -> dict[str, Any]:
+    """The schema node (an array's items) that declares the field at `path` (spec.a.b -> the node of spec.a)."""
+    node = SPEC_SCHEMA
+    for key in path.split(".")[1:-1]:
+        node = node["properties"][key]
+        node = node.get("items", node)
+    return node
+
+
 @pytest.mark.parametrize("path, field, node", SPEC_PAIRS, ids=[p for p, _, _ in SPEC_PAIRS])
 def test_spec_model_and_crd_agree_on_defaults_and_ranges(path, field, node):
-    parent_required = SPEC_SCHEMA.get("required", []) if path.count(".") == 1 else None
+    parent_required = _parent_schema(path).get("required")
     if "default" in node:
         default = field.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
@@ -103,7 +112,7 @@ def test_spec_model_and_crd_agree_on_defaults_and_ranges(path, field, node):
             assert default == node["default"] and type(default) is type(node["default"]) or (
                 node["type"] == "number" and float(default) == float(node["default"])
             ), f"{path}: model default {default!r}, CRD default {node['default']!r}"
-    elif parent_required is not None and path.split(".")[1] in parent_required:
+    elif parent_required is not None and path.rsplit(".", 1)[1] in parent_required:
         assert field.is_required()
     else:
         assert not field.is_required() and field.get_default(call_default_factory=True) is None, path

@@ -76,7 +76,8 @@ def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, 
     assert progress["dropped"]["no_signal"] == 2
     assert run["status"]["lastProgressTime"]
     assert printer_columns(run) == {"Phase": "Running", "Progress": 25.0, "Epoch": 0, "Trained": 8, "Dropped": 2,
-                                    "Stalled": "False", "Age": run["metadata"]["creationTimestamp"]}
+                                    "ETA": progress.get("estimatedRemainingSeconds"), "Stalled": "False",
+                                    "Age": run["metadata"]["creationTimestamp"]}
     assert cluster.condition("beta", "RolloutReady")["status"] == "True"
     assert cluster.condition("beta", "Progressing")["reason"] == "Training"
     assert cluster.metric("grpo_operator_run_groups_trained", "beta") == 8

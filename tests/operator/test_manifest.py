@@ -176,7 +176,7 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, nodeSelector, tolerations)"),
+                 "image, imagePullPolicy, resources, device, nodeSelector, tolerations, podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
@@ -224,6 +224,18 @@ def _update(change: Callable[[dict], Any], base: Callable[[], dict] = good) -> C
     return make
 
 
+_LEARNER_OVERRIDE = "spec.learner.podTemplateOverride"
+_ROLLOUT_OVERRIDE = "spec.rollout.podTemplateOverride"
+
+
+def _learner_override(manifest: dict) -> dict:
+    return manifest["spec"]["learner"]["podTemplateOverride"]
+
+
+def _learner_container(manifest: dict) -> dict:
+    return _learner_override(manifest)["spec"]["containers"][0]
+
+
 CEL_CASES = {
     "name-dots": (_set("metadata.name", "qwen3.gsm8k"), "metadata.name: must be a DNS-1035 label"),
     "name-long": (_set("metadata.name", "a" * 49), "metadata.name: must be a DNS-1035 label"),
@@ -257,6 +269,48 @@ CEL_CASES = {
     "extra-args-managed": (_set("spec.training.extraArgs", {"beta": 0.1, "num_train_epochs": 99}),
                            "spec.training.extraArgs: may not set what the spec sets; use the spec field: "
                            "num_train_epochs -> training.epochs"),
+    **{f"override-{name}": case for name, case in {
+        "label": (_set(f"{_LEARNER_OVERRIDE}.metadata.labels", {"grpo.dev/role": "rollout"}),
+                  f"{_LEARNER_OVERRIDE}.metadata.labels: keys under grpo.dev/ and app.kubernetes.io/name"),
+        "app-label": (_set(f"{_LEARNER_OVERRIDE}.metadata.labels", {"app.kubernetes.io/instance": "x"}),
+                      f"{_LEARNER_OVERRIDE}.metadata.labels: keys under grpo.dev/"),
+        "annotation": (_set(f"{_ROLLOUT_OVERRIDE}.metadata.annotations", {"grpo.dev/attempt": "9"}),
+                       f"{_ROLLOUT_OVERRIDE}.metadata.annotations: keys under grpo.dev/ are set by the operator"),
+        "name": (_set(f"{_LEARNER_OVERRIDE}.metadata.name", "mine"),
+                 f"{_LEARNER_OVERRIDE}.metadata.name: is managed by the operator"),
+        "namespace": (_set(f"{_LEARNER_OVERRIDE}.metadata.namespace", "other"),
+                      f"{_LEARNER_OVERRIDE}.metadata.namespace: is managed by the operator"),
+        "owner": (_set(f"{_LEARNER_OVERRIDE}.metadata.ownerReferences", [{"kind": "Job"}]),
+                  f"{_LEARNER_OVERRIDE}.metadata.ownerReferences: is managed by the operator"),
+        "restart-policy": (_set(f"{_LEARNER_OVERRIDE}.spec.restartPolicy", "OnFailure"),
+                           f"{_LEARNER_OVERRIDE}.spec.restartPolicy: is managed by the operator"),
+        "volume": (_update(lambda m: _learner_override(m)["spec"]["volumes"].append(
+            {"name": "config", "emptyDir": {}})),
+            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints and weights"),
+        "env": (_update(lambda m: _learner_container(m)["env"].append({"name": "GRPO_CONFIG", "value": "/x"})),
+                f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
+        "env-home": (_update(lambda m: _learner_container(m)["env"].append({"name": "HF_HOME", "value": "/x"})),
+                     f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
+        "mount": (_update(lambda m: _learner_container(m)["volumeMounts"].append(
+            {"name": "datasets", "mountPath": "/var/lib/grpo/checkpoints"})),
+            f"{_LEARNER_OVERRIDE}.spec.containers[0].volumeMounts[1].mountPath: is managed by the operator"),
+        "mount-config": (_update(lambda m: _learner_container(m)["volumeMounts"].append(
+            {"name": "datasets", "mountPath": "/etc/grpo/"})),
+            f"{_LEARNER_OVERRIDE}.spec.containers[0].volumeMounts[1].mountPath: is managed by the operator"),
+        "command": (_update(lambda m: _learner_container(m).update(command=["bash"])),
+                    f"{_LEARNER_OVERRIDE}.spec.containers[0].command: is managed by the operator"),
+        "args": (_update(lambda m: _learner_container(m).update(args=["--x"])),
+                 f"{_LEARNER_OVERRIDE}.spec.containers[0].args: is managed by the operator"),
+        "ports": (_update(lambda m: _learner_container(m).update(ports=[{"containerPort": 80}])),
+                  f"{_LEARNER_OVERRIDE}.spec.containers[0].ports: is managed by the operator"),
+        "learner-container": (_update(lambda m: _learner_container(m).update(name="rollout")),
+                              f"{_LEARNER_OVERRIDE}.spec.containers: the learner pods have one container, named "
+                              "learner"),
+        "rollout-container": (_update(lambda m: m["spec"]["rollout"]["podTemplateOverride"]["spec"]["containers"][0]
+                                      .update(name="learner")),
+                              f"{_ROLLOUT_OVERRIDE}.spec.containers: the rollout pods have one container, named "
+                              "rollout"),
+    }.items()},
 }
 
 

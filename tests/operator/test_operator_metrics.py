@@ -15,7 +15,8 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
         "phase": "Running", "restarts": 2, "lastProgressTime": "2026-01-01T00:00:00Z",
         "conditions": [{"type": "Stalled", "status": "True", "reason": "x",
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-        "progress": {"groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 8, "dropped": {"no_signal": 2}},
+        "progress": {"groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 8, "dropped": {"no_signal": 2},
+                     "estimatedRemainingSeconds": 90},
         "rollout": {"replicas": 2, "ready": 1}})
     metrics.reconcile_errors.labels("lifecycle").inc()
     families = {f.name: f for f in text_string_to_metric_families(
@@ -29,6 +30,9 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
     assert get(metric_names.RUN_PHASE, {**labels, "phase": "Running"}) == 1
     assert get(metric_names.RUN_LAST_PROGRESS, labels) == 1767225600.0
     assert get(metric_names.RECONCILE_ERRORS, {"handler": "lifecycle"}) == 1
+    assert get(metric_names.RUN_ESTIMATED_REMAINING, labels) == 90
+    metrics.observe_run("ns", "r", "m", 1800, {"phase": "Running", "progress": {"groupsTotal": 40}})
+    assert get(metric_names.RUN_ESTIMATED_REMAINING, labels) is None, "no estimate, no series"
     metrics.forget_run("ns", "r")
     text = generate_latest(metrics.registry).decode()
     assert 'run="r"' not in text

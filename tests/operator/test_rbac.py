@@ -54,3 +54,41 @@ def test_a_cluster_wide_operators_requests_are_allowed_by_the_cluster_wide_chart
     cluster.start_operator(clusterwide=True)
     _lifecycle(cluster, learner, progress_urls, "wide")
     assert _denied(cluster, {"watch": {"allNamespaces": True}}) == []
+
+
+def _kueue_lifecycle(cluster, learner, progress_urls, name: str) -> None:
+    """Queued, admitted on a flavour, evicted, released, re-admitted, finished: every Kueue call the operator makes."""
+    from tests.operator.test_kueue import FLAVOR, _kueue_writes, _queued, _workload, admitted_status, evicted_status
+    from tests.support.kube_emulator import RESOURCE_FLAVORS
+
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    _queued(cluster, name)
+    cluster.wait_for(lambda: _workload(cluster, name), what="the Workload")
+    _kueue_writes(cluster, name, admitted_status())
+    progress_urls[f"{name}-learner-0"] = learner.url()
+    cluster.bring_up(name)
+    _kueue_writes(cluster, name, evicted_status())
+    cluster.wait_for(lambda: "admission" not in _workload(cluster, name)["status"], what="quota released")
+    _kueue_writes(cluster, name, admitted_status())
+    cluster.bring_up(name)
+    cluster.kubelet.exit(f"{name}-learner-0", 0, learner.report.termination_message())
+    cluster.wait_for(lambda: any(c["type"] == "Finished" for c in _workload(cluster, name)["status"]["conditions"]),
+                     what="Workload Finished")
+
+
+@pytest.mark.parametrize("values", [{"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}},
+                                    {"watch": {"allNamespaces": True}}], ids=["namespaced", "cluster-wide"])
+def test_the_operators_kueue_requests_are_allowed_by_the_chart(cluster, learner, progress_urls, values):
+    if values["watch"]["allNamespaces"]:
+        cluster.stop_operator()
+        cluster.emulator_thread.call(cluster.emulator.request_log.clear)
+        cluster.start_operator(clusterwide=True)
+    _kueue_lifecycle(cluster, learner, progress_urls, "queued")
+    calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
+    used = {(r.verb, r.group, r.rbac_resource) for r in calls}
+    assert {("create", "kueue.x-k8s.io", "workloads"), ("get", "kueue.x-k8s.io", "workloads"),
+            ("patch", "kueue.x-k8s.io", "workloads/status"), ("get", "kueue.x-k8s.io", "resourceflavors")} <= used
+    rules = rendered_rules(values)
+    denied = sorted({f"{r.verb} {r.group or 'core'}/{r.rbac_resource} in {r.namespace}" for r in calls
+                     if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)})
+    assert denied == []

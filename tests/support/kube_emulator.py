@@ -86,6 +86,13 @@ CONFIGMAPS = ResourceDef("", "v1", "configmaps", "ConfigMap")
 EVENTS = ResourceDef("", "v1", "events", "Event")
 GRPORUNS = ResourceDef("grpo.dev", "v1alpha1", "grporuns", "GRPORun", subresources=("status",))
 DEFAULT_RESOURCES = (NAMESPACES, PODS, SERVICES, CONFIGMAPS, EVENTS, GRPORUNS)
+# What the operator touches on clusters with Kueue or a gang scheduler installed.
+WORKLOADS = ResourceDef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", subresources=("status",))
+RESOURCE_FLAVORS = ResourceDef("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False)
+COSCHEDULING_POD_GROUPS = ResourceDef("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup",
+                                      subresources=("status",))
+VOLCANO_POD_GROUPS = ResourceDef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", subresources=("status",))
+SCHEDULING_RESOURCES = (WORKLOADS, RESOURCE_FLAVORS, COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS)
 
 
 @dataclasses.dataclass(frozen=True)

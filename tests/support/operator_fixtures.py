@@ -29,6 +29,7 @@ from tests.support.kube_emulator import (
     EVENTS,
     GRPORUNS,
     PODS,
+    SCHEDULING_RESOURCES,
     SERVICES,
     EmulatorThread,
     KubeClient,
@@ -265,7 +266,8 @@ def emulator_options() -> dict[str, Any]:
 @pytest.fixture()
 def cluster(progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> Iterator[Cluster]:
     crd = yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text())
-    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,), validators=schema_validators(), **emulator_options)
+    emulator = KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,) + SCHEDULING_RESOURCES,
+                            validators=schema_validators(), **emulator_options)
     emulator_thread = EmulatorThread(emulator).start()
     KubeClient(emulator_thread.url).create(CRDS, None, crd)
 

@@ -77,6 +77,18 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   resources: ["events"]
   # kopf posts core/v1 events (kopf/_cogs/clients/events.py), never events.k8s.io ones.
   verbs: ["create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md).
+  verbs: ["get", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  # Release the quota of an evicted Workload once its pods are gone; mark a finished one Finished.
+  verbs: ["patch"]
+- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  # spec.scheduling.gang: the PodGroup of the coscheduling plugin or of Volcano.
+  verbs: ["get", "create"]
 {{- end }}
 
 {{/*
@@ -89,6 +101,10 @@ back to a one-time scan at start.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+# Kueue's ResourceFlavors are cluster-scoped: their node labels and tolerations go onto an admitted run's pods.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
+  verbs: ["get"]
 {{- if .namespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]

@@ -1,19 +1,13 @@
-"""metav1.Condition bookkeeping on a GRPORun status, and the API server's time format."""
+"""metav1.Condition bookkeeping on a GRPORun status."""
 
 from __future__ import annotations
 
 import datetime
 
 from ..api import Condition, ConditionType, GRPORunStatus
+from ..apitime import format_time, parse_time
 
-
-# RFC 3339 with second precision, as the API server writes times.
-def format_time(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+__all__ = ["Conditions", "format_time", "parse_time", "seconds_since"]
 
 
 def seconds_since(now: datetime.datetime, earlier: str | None) -> float:

@@ -24,6 +24,7 @@ from ..api import (
     RolloutStatus,
     parse_status,
 )
+from ..eta import update_estimate
 from . import clock
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
@@ -48,14 +49,16 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
 
 def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
                   progress: ProgressReport | None, now: datetime.datetime, *, generation: int,
-                  children_exist: bool = True) -> Decision:
+                  children_exist: bool = True, hold: tuple[str, str] | None = None) -> Decision:
     """The next status of a run, the events its transitions emit and the actions the I/O layer must take.
 
     `pods` are the run's pods as observed (pods the operator deleted itself should be left out), `progress` the
     learner's last `/progress` (None when it could not be read), `children_exist` False when the ConfigMap and
-    Services may be missing (e.g. right after an operator restart: CreateChildren is idempotent).
+    Services may be missing (e.g. right after an operator restart: CreateChildren is idempotent). `hold` (reason,
+    message) keeps the run suspended for a reason outside its spec: Kueue has not admitted it, or evicted it.
     """
     derivation = _Derivation(spec, parse_status(status), pods, progress, now, generation)
+    derivation.hold = hold
     derivation.decide(children_exist)
     return derivation.decision()
 
@@ -96,8 +99,14 @@ class RunRecord:
         self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
         self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
         self.progress = progress
+        self.hold: tuple[str, str] | None = None
 
     def decision(self) -> Decision:
+        if self.new.progress is not None:
+            self.new.progress_rate = update_estimate(
+                self.new.progress, self.new.progress_rate, self.old.progress, self.now,
+                running=self.new.phase == Phase.RUNNING, stalled=self.conditions.is_true(ConditionType.STALLED),
+                succeeded=self.new.phase == Phase.SUCCEEDED)
         return Decision(_wire(self.new), self.events, self.actions)
 
     def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
@@ -147,7 +156,7 @@ class _Derivation(RunRecord):
         if not self.new.conditions:
             _initial_conditions(self.conditions)
         self._count_pods()
-        if self.spec.run_policy.suspend:
+        if self.spec.run_policy.suspend or self.hold is not None:
             self._suspend()
             return
         if self.old.phase == Phase.SUSPENDED:
@@ -253,15 +262,19 @@ class _Derivation(RunRecord):
         if self.pods:
             self.actions.append(DeletePods(tuple(sorted(p.name for p in self.pods)), reason="suspended"))
         self.tick_clock(running=False)
-        message = _phase_message(self.spec, Phase.SUSPENDED)
-        if self.conditions.set(ConditionType.SUSPENDED, "True", Reason.SUSPENDED, message):
-            self.event("Normal", Reason.SUSPENDED, message)
-        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.SUSPENDED, message)
+        reason, message = Reason.SUSPENDED, _phase_message(self.spec, Phase.SUSPENDED)
+        if not self.spec.run_policy.suspend and self.hold is not None:
+            reason, message = self.hold
+        previous = self.conditions.get(ConditionType.SUSPENDED)
+        changed = self.conditions.set(ConditionType.SUSPENDED, "True", reason, message)
+        if changed or previous is None or previous.reason != reason:
+            self.event("Warning" if reason == Reason.EVICTED else "Normal", reason, message)
+        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
         self.new.phase = Phase.SUSPENDED
         self.new.message = None
 
     def _resume(self) -> None:
-        message = "spec.runPolicy.suspend is false: recreating pods, the learner resumes from its last checkpoint"
+        message = "resumed: recreating pods, the learner resumes from its last checkpoint"
         if self.conditions.set(ConditionType.SUSPENDED, "False", Reason.RESUMED, message):
             self.event("Normal", Reason.RESUMED, message)
         self.new.start_time = None  # Job semantics: the active deadline counts again from the resume

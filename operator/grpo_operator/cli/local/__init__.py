@@ -13,12 +13,14 @@ reading them), supervise.py (the run's loop) and console.py (what is printed).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rich.console import Console
 
 from ...api import Phase
 from ...manifest import ManifestError, ManifestInvalid
+from ...pod_overrides import local_env_notes
 from .console import final_summary
 from .plan import LocalError
 from .supervise import prepare, supervise
@@ -49,6 +51,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"grporun local: {error}", file=sys.stderr)
         return 2
     console.log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
+    for role, role_spec in (("rollout", local.spec.rollout), ("learner", local.spec.learner)):
+        for note in local_env_notes(role, role_spec.pod_template_override, os.environ):
+            console.log(note)
     interrupted = False
     try:
         status = supervise(local, console, args.poll_interval)

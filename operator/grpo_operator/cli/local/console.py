@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ...eta import format_duration
+
 EVENT_DISPLAY_CHARS = 300
 
 
@@ -59,6 +61,7 @@ def bar_fields(status: dict[str, Any]) -> dict[str, Any]:
         "dropped": progress.get("groupsDropped") or 0,
         "stall": f"{progress.get('stallStreak', 0)}/{progress.get('stallLimit', 0)}",
         "reward": "-" if reward is None else f"{reward:.3f}",
+        "eta": format_duration(progress.get("estimatedRemainingSeconds")),
     }
 
 
@@ -67,7 +70,8 @@ def progress_bar(console: Console) -> Iterator[Progress]:
     columns = (
         TextColumn("[bold]{task.fields[phase]}"), BarColumn(bar_width=16),
         TextColumn("{task.completed}/{task.total} groups, epoch {task.fields[epoch]}, trained {task.fields[trained]}, "
-                   "dropped {task.fields[dropped]}, stall {task.fields[stall]}, reward {task.fields[reward]}"),
+                   "dropped {task.fields[dropped]}, stall {task.fields[stall]}, reward {task.fields[reward]}, "
+                   "ETA {task.fields[eta]}"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False, refresh_per_second=2) as bar:

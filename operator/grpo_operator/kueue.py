@@ -1,0 +1,196 @@
+"""Kueue admission of a GRPORun as one unit, through a Workload the operator manages (Kueue's integration for job
+kinds it does not know: docs/kueue.md says why this and not plain-pod groups).
+
+A run labelled `kueue.x-k8s.io/queue-name` gets a Workload with two pod sets, `rollout` and `learner`, whose
+templates are the run's own pods (so Kueue counts their real requests); no pod exists until Kueue admits it. Admitted:
+the pods are created with the node labels and tolerations of the ResourceFlavors Kueue assigned to their pod set.
+Evicted (preempted, deactivated, ...): the run is held suspended, its pods deleted by the operator (so nothing counts
+against `backoffLimit`), and once they are gone the Workload's quota reservation is released so Kueue requeues it;
+re-admitted, the pods come back and the learner resumes from its checkpoint. Finished: the Workload is marked
+Finished and Kueue frees the quota.
+
+The functions here are pure except `gate`, `placements` and `finish`, which read and write through `kube.Kube`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import builders
+from .api import ROLE_LABEL, GRPORunSpec, Reason
+from .apitime import format_time
+from .kube import APIClientError, Kube
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+API_VERSION = "kueue.x-k8s.io/v1beta1"
+WORKLOAD = "Workload"
+RESOURCE_FLAVOR = "ResourceFlavor"
+ROLES = ("rollout", "learner")
+#: The condition types and the reason Kueue's own job integrations use.
+ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
+
+
+def queue_name(metadata: dict[str, Any]) -> str | None:
+    return (metadata.get("labels") or {}).get(QUEUE_LABEL) or None
+
+
+def workload_name(run: str) -> str:
+    return f"grporun-{run}"
+
+
+def build_workload(run: str, namespace: str, uid: str, queue: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's Workload: one pod set per role, the role's first pod as its template, the role's pod count."""
+    pod_sets = []
+    for role in ROLES:
+        mine = [pod for pod in pods if pod["metadata"]["labels"].get(ROLE_LABEL) == role]
+        template = {"metadata": {"labels": dict(mine[0]["metadata"]["labels"])}, "spec": mine[0]["spec"]}
+        pod_sets.append({"name": role, "count": len(mine), "template": template})
+    spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets}
+    priority_class = next((p["spec"]["priorityClassName"] for p in pods if p["spec"].get("priorityClassName")), None)
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+        spec["priorityClassSource"] = "scheduling.k8s.io/priorityclass"
+    return {"apiVersion": API_VERSION, "kind": WORKLOAD,
+            "metadata": {"name": workload_name(run), "namespace": namespace, "labels": builders.run_labels(run),
+                         "ownerReferences": [builders.owner_reference(run, uid)]},
+            "spec": spec}
+
+
+def _condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _is_true(workload: dict[str, Any], kind: str) -> bool:
+    return (_condition(workload, kind) or {}).get("status") == "True"
+
+
+@dataclass(frozen=True)
+class Admission:
+    state: str  # pending | admitted | evicted
+    message: str = ""
+    flavors: dict[str, list[str]] = field(default_factory=dict)  # pod set -> ResourceFlavor names
+    reserved: bool = False  # quota still reserved (status.admission set)
+
+
+def admission_of(workload: dict[str, Any]) -> Admission:
+    status = workload.get("status") or {}
+    admission = status.get("admission")
+    if _is_true(workload, EVICTED):
+        return Admission("evicted", (_condition(workload, EVICTED) or {}).get("message", ""),
+                         reserved=admission is not None)
+    if admission is not None and _is_true(workload, ADMITTED):
+        flavors = {assignment["name"]: sorted(set((assignment.get("flavors") or {}).values()))
+                   for assignment in admission.get("podSetAssignments") or []}
+        return Admission("admitted", flavors=flavors, reserved=True)
+    return Admission("pending", (_condition(workload, QUOTA_RESERVED) or {}).get("message", ""),
+                     reserved=admission is not None)
+
+
+def hold_of(admission: Admission, queue: str) -> tuple[str, str] | None:
+    """The (reason, message) that keeps the run suspended, or None when it may run."""
+    if admission.state == "evicted":
+        detail = f": {admission.message}" if admission.message else ""
+        return (Reason.EVICTED, f"evicted by Kueue{detail}; pods deleted, the run resumes from its checkpoint when "
+                                "Kueue admits it again")
+    if admission.state == "pending":
+        return (Reason.WAITING_FOR_ADMISSION, f"waiting for Kueue to admit the run (LocalQueue {queue})")
+    return None
+
+
+def placement(flavors: list[dict[str, Any]]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Node labels and tolerations of the ResourceFlavors assigned to one pod set."""
+    labels: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    for flavor in flavors:
+        spec = flavor.get("spec") or {}
+        labels.update(spec.get("nodeLabels") or {})
+        tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+    return labels, tolerations
+
+
+def place(pod: dict[str, Any], labels: dict[str, str], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod with its flavour's node labels and tolerations added (the flavour's labels win on a clash)."""
+    if not labels and not tolerations:
+        return pod
+    spec = {**pod["spec"]}
+    if labels:
+        spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **labels}
+    if tolerations:
+        spec["tolerations"] = list(spec.get("tolerations", [])) + [t for t in tolerations
+                                                                    if t not in spec.get("tolerations", [])]
+    return {**pod, "spec": spec}
+
+
+def _set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reason: str, message: str,
+                   now: datetime.datetime) -> list[dict[str, Any]]:
+    current = next((c for c in conditions if c.get("type") == kind), None)
+    moved = current is None or current.get("status") != status
+    updated = {"type": kind, "status": status, "reason": reason, "message": message,
+               "lastTransitionTime": format_time(now) if moved else current["lastTransitionTime"]}
+    return [c for c in conditions if c.get("type") != kind] + [updated]
+
+
+def released_status(workload: dict[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    """Status patch that gives back the quota of an evicted Workload once its pods are gone (what Kueue's own job
+    integrations do), so Kueue queues it again."""
+    conditions = list((workload.get("status") or {}).get("conditions") or [])
+    message = "the run's pods are deleted; waiting to be admitted again"
+    conditions = _set_condition(conditions, QUOTA_RESERVED, "False", "Pending", message, now)
+    conditions = _set_condition(conditions, ADMITTED, "False", "NoReservation", message, now)
+    return {"admission": None, "conditions": conditions}
+
+
+def finished_status(workload: dict[str, Any], succeeded: bool, message: str,
+                    now: datetime.datetime) -> dict[str, Any]:
+    conditions = list((workload.get("status") or {}).get("conditions") or [])
+    reason = "Succeeded" if succeeded else "Failed"
+    return {"conditions": _set_condition(conditions, FINISHED, "True", reason, message or reason, now)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# I/O
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gate:
+    hold: tuple[str, str] | None
+    flavors: dict[str, list[str]] = field(default_factory=dict)
+
+
+async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec: GRPORunSpec, *,
+               trainer_image: str, pods_exist: bool, now: datetime.datetime) -> Gate:
+    """Create the Workload if missing and say whether the run may have pods; release an evicted one's quota once
+    its pods are gone. One GET per pass for a queued run."""
+    workload = await kube.get(API_VERSION, WORKLOAD, namespace, workload_name(run))
+    if workload is None:
+        pods = builders.build_pods(run, namespace, uid, spec, trainer_image=trainer_image)
+        try:
+            await kube.create(build_workload(run, namespace, uid, queue, pods))
+        except APIClientError as error:  # no Kueue on the cluster, or its webhook refused the Workload
+            return Gate((Reason.WAITING_FOR_ADMISSION, f"the Kueue Workload {workload_name(run)} was rejected: "
+                         f"{error.message or error} (is Kueue installed?)"))
+        return Gate(hold_of(Admission("pending"), queue))
+    admission = admission_of(workload)
+    if admission.state == "evicted" and admission.reserved and not pods_exist:
+        await kube.patch_status(API_VERSION, WORKLOAD, namespace, workload_name(run), released_status(workload, now))
+    return Gate(hold_of(admission, queue), admission.flavors)
+
+
+async def placements(kube: Kube, flavors: dict[str, list[str]]) -> dict[str, tuple[dict, list]]:
+    """Pod set (role) -> the node labels and tolerations of its assigned flavours."""
+    result = {}
+    for pod_set, names in flavors.items():
+        objects = [await kube.get(API_VERSION, RESOURCE_FLAVOR, None, name) for name in names]
+        result[pod_set] = placement([obj for obj in objects if obj is not None])
+    return result
+
+
+async def finish(kube: Kube, run: str, namespace: str, status: dict[str, Any], now: datetime.datetime) -> None:
+    """Mark the Workload of a finished run Finished (once), so Kueue frees its quota."""
+    workload = await kube.get(API_VERSION, WORKLOAD, namespace, workload_name(run))
+    if workload is None or _is_true(workload, FINISHED):
+        return
+    succeeded = status.get("phase") == "Succeeded"
+    await kube.patch_status(API_VERSION, WORKLOAD, namespace, workload_name(run),
+                            finished_status(workload, succeeded, status.get("message") or "", now))

@@ -1,0 +1,188 @@
+"""Kueue admission through a Workload the operator manages: the pure pieces, then the whole flow with the real kopf
+operator against the API emulator, the test playing Kueue (it writes the Workload's admission and conditions as
+Kueue's scheduler would)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from typing import Any
+
+import pytest
+
+from grpo_operator import builders, kueue
+from grpo_operator.api import parse_spec
+from grpo_operator.kube import APIClientError
+from tests.operator.test_lifecycle import _owner
+from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
+from tests.support.specs import NAMESPACE, grporun, minimal_spec
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+GPU = {"limits": {"nvidia.com/gpu": 1}, "requests": {"cpu": "4", "memory": "16Gi"}}
+TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+FLAVOR = {"apiVersion": kueue.API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": "h100"},
+          "spec": {"nodeLabels": {"gpu.example.com/type": "h100"}, "tolerations": [TAINT]}}
+
+
+def _condition(kind: str, status: str, reason: str = "Test", message: str = "") -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def admitted_status(flavor: str = "h100") -> dict[str, Any]:
+    """What Kueue's scheduler writes when it admits the run."""
+    return {"admission": {"clusterQueue": "gpus", "podSetAssignments": [
+                {"name": role, "count": 1, "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor}}
+                for role in kueue.ROLES]},
+            "conditions": [_condition("QuotaReserved", "True", "QuotaReserved"), _condition("Admitted", "True"),
+                           _condition("Evicted", "False", "QuotaReserved")]}
+
+
+def evicted_status() -> dict[str, Any]:
+    return {"conditions": [_condition("QuotaReserved", "True", "QuotaReserved"), _condition("Admitted", "True"),
+                           _condition("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority "
+                                      "Workload")]}
+
+
+def queued_spec() -> dict[str, Any]:
+    return minimal_spec(rollout={"resources": GPU}, learner={"resources": GPU,
+                                                             "podTemplateOverride": {"spec": {
+                                                                 "priorityClassName": "research"}}})
+
+
+# --- pure ---------------------------------------------------------------------------------------------------------
+def test_the_workload_holds_both_roles_with_their_requests_and_priority():
+    spec = parse_spec(minimal_spec(rollout={"replicas": 2, "resources": GPU}, learner={
+        "nodes": 3, "resources": GPU, "podTemplateOverride": {"spec": {"priorityClassName": "research"}}}))
+    pods = builders.build_pods("r", "ml", "uid-1", spec, trainer_image="img")
+    workload = kueue.build_workload("r", "ml", "uid-1", "team-q", pods)
+    assert workload["metadata"]["name"] == "grporun-r" and workload["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert workload["spec"]["queueName"] == "team-q"
+    assert [(s["name"], s["count"]) for s in workload["spec"]["podSets"]] == [("rollout", 2), ("learner", 3)]
+    for pod_set in workload["spec"]["podSets"]:
+        assert pod_set["template"]["spec"]["containers"][0]["resources"] == GPU
+    assert workload["spec"]["priorityClassName"] == "research"
+
+
+@pytest.mark.parametrize("status, state", [
+    ({}, "pending"),
+    ({"conditions": [_condition("QuotaReserved", "True")], "admission": {"podSetAssignments": []}}, "pending"),
+    (admitted_status(), "admitted"),
+    (evicted_status(), "evicted"),
+])
+def test_admission_state_of_a_workload(status, state):
+    assert kueue.admission_of({"status": status}).state == state
+
+
+def test_flavours_reach_the_pods_of_their_pod_set():
+    labels, tolerations = kueue.placement([FLAVOR])
+    pod = builders.build_pods("r", "ml", "u", parse_spec(minimal_spec(learner={
+        "nodeSelector": {"zone": "a"}, "tolerations": [TAINT]})), trainer_image="img")[-1]
+    placed = kueue.place(pod, labels, tolerations)
+    assert placed["spec"]["nodeSelector"] == {"zone": "a", "gpu.example.com/type": "h100"}
+    assert placed["spec"]["tolerations"] == [TAINT]
+    assert pod["spec"]["nodeSelector"] == {"zone": "a"}, "the built pod is not changed"
+
+
+def test_releasing_an_evicted_workload_clears_its_admission():
+    released = kueue.released_status({"status": {**admitted_status(), **evicted_status()}}, NOW)
+    assert released["admission"] is None
+    kinds = {c["type"]: c["status"] for c in released["conditions"]}
+    assert kinds == {"QuotaReserved": "False", "Admitted": "False", "Evicted": "True"}
+
+
+class _NoKueue:
+    """A cluster without Kueue: the Workload kind is unknown to the API server."""
+
+    async def get(self, *args: Any) -> None:
+        return None
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        raise APIClientError({"message": "the server could not find the requested resource"}, status=404, headers={})
+
+
+def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
+    spec = parse_spec(queued_spec())
+    gate = asyncio.run(kueue.gate(_NoKueue(), "r", "ml", "u", "team-q", spec, trainer_image="img", pods_exist=False,
+                                  now=NOW))
+    reason, message = gate.hold
+    assert reason == "WaitingForAdmission"
+    assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "
+                       "(is Kueue installed?)")
+
+
+# --- the flow -----------------------------------------------------------------------------------------------------
+def _workload(cluster, name: str) -> dict[str, Any] | None:
+    return cluster.client.get(WORKLOADS, NAMESPACE, kueue.workload_name(name))
+
+
+def _kueue_writes(cluster, name: str, status: dict[str, Any]) -> None:
+    cluster.client.patch(WORKLOADS, NAMESPACE, kueue.workload_name(name), {"status": status}, subresource="status")
+
+
+def _queued(cluster, name: str) -> dict[str, Any]:
+    body = grporun(name, queued_spec())
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-q"}
+    return cluster.apply(body)
+
+
+@pytest.mark.slow
+def test_a_queued_run_waits_for_admission_then_runs_on_its_flavour(cluster, learner, progress_urls):
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    run = _queued(cluster, "kq")
+    workload = cluster.wait_for(lambda: _workload(cluster, "kq"), what="the Workload")
+    assert workload["metadata"]["ownerReferences"] == [_owner(run)]
+    status = cluster.wait_phase("kq", "Suspended")
+    assert cluster.condition("kq", "Suspended")["reason"] == "WaitingForAdmission"
+    assert "startTime" not in status
+    time.sleep(1.0)  # several operator passes (0.2 s apart): still no pod
+    assert cluster.pods_ever_created("kq") == []
+
+    _kueue_writes(cluster, "kq", admitted_status())
+    cluster.wait_for(lambda: len(cluster.pods("kq")) == 2, what="pods once admitted")
+    for pod in cluster.pods("kq"):
+        assert pod["spec"]["nodeSelector"] == {"gpu.example.com/type": "h100"}, pod["metadata"]["name"]
+        assert pod["spec"]["tolerations"] == [TAINT]
+    progress_urls["kq-learner-0"] = learner.url()
+    cluster.bring_up("kq")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("kq", "Running")
+    cluster.wait_event("kq", "WaitingForAdmission", "Resumed")
+
+
+@pytest.mark.slow
+def test_eviction_suspends_without_counting_a_restart_and_readmission_resumes(cluster, learner, progress_urls):
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    _queued(cluster, "ke")
+    cluster.wait_for(lambda: _workload(cluster, "ke"), what="the Workload")
+    _kueue_writes(cluster, "ke", admitted_status())
+    progress_urls["ke-learner-0"] = learner.url()
+    cluster.bring_up("ke")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("ke", "Running")
+
+    _kueue_writes(cluster, "ke", evicted_status())
+    cluster.wait_phase("ke", "Suspended")
+    cluster.wait_for(lambda: cluster.pods("ke") == [], what="pods deleted on eviction")
+    suspended = cluster.condition("ke", "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("True", "Evicted")
+    assert "Preempted to accommodate" in suspended["message"]
+    # Once the pods are gone the quota goes back to Kueue, which queues the Workload again.
+    cluster.wait_for(lambda: "admission" not in _workload(cluster, "ke")["status"], what="quota released")
+    assert cluster.status("ke").get("restarts", 0) == 0
+    assert cluster.status("ke")["progressClock"]["pausedSince"]  # the stall clock stops while evicted
+
+    _kueue_writes(cluster, "ke", admitted_status())
+    cluster.wait_for(lambda: len(cluster.pods("ke")) == 2, what="pods on re-admission")
+    cluster.bring_up("ke")
+    learner.update(groups_consumed=8, groups_trained=8)
+    cluster.wait_phase("ke", "Running")
+    assert cluster.status("ke").get("restarts", 0) == 0
+    cluster.wait_event("ke", "Evicted", "Resumed")
+
+    cluster.kubelet.exit("ke-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("ke", "Succeeded")
+    finished = cluster.wait_for(lambda: next((c for c in _workload(cluster, "ke")["status"]["conditions"]
+                                              if c["type"] == "Finished"), None), what="Workload Finished")
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
