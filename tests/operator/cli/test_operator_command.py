@@ -66,7 +66,7 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
     import yaml
 
     from tests.support.kube_emulator import GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
-    from tests.support.operator_fixtures import grporun
+    from tests.support.specs import grporun
 
     emulator = EmulatorThread(KubeEmulator()).start()
     kubeconfig = tmp_path / "kubeconfig"
