@@ -15,6 +15,7 @@ the contract's own exactly-one rules, which is what the operator needs once the 
 
 from __future__ import annotations
 
+import copy
 from enum import Enum
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from grpo_trainer.contract import (
     TrainingConfig,
     WireModel,
 )
-from grpo_trainer.validation import first_error
+from grpo_trainer.validation import field_path, first_error
 
 # --------------------------------------------------------------------------------------------------------------------
 # Names
@@ -119,6 +120,7 @@ class CheckpointSpec(WireModel):
 class RunPolicySpec(WireModel):
     suspend: bool = False
     backoff_limit: int = Field(3, ge=0)
+    max_disruptions: int | None = Field(None, ge=0)
     active_deadline_seconds: int | None = Field(None, ge=1)
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
@@ -154,6 +156,37 @@ def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
         return GRPORunSpec.model_validate(spec)
     except ValidationError as error:
         raise spec_error_from(error) from None
+
+
+def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
+    """A spec as the API server stores it, plus the fields this operator does not know, which are left out.
+
+    A newer CRD (applied before the operator is upgraded) may add and default fields: the operator runs the run
+    with what it knows rather than failing every live run as InvalidSpec. Anything else wrong raises SpecError.
+    """
+    if not isinstance(spec, dict):
+        raise SpecError("spec", f"must be a mapping, not {type(spec).__name__}")
+    spec, ignored = copy.deepcopy(spec), []
+    while True:
+        try:
+            return GRPORunSpec.model_validate(spec), ignored
+        except ValidationError as error:
+            unknown = [e["loc"] for e in error.errors() if e["type"] == "extra_forbidden"]
+            if not unknown or not all(_drop(spec, loc) for loc in unknown):
+                raise spec_error_from(error) from None
+            ignored += [field_path("spec", loc) for loc in unknown]
+
+
+def _drop(value: Any, loc: tuple[int | str, ...]) -> bool:
+    for part in loc[:-1]:
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    if not isinstance(value, dict) or loc[-1] not in value:
+        return False
+    del value[loc[-1]]
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -204,6 +237,11 @@ class Reason:
     INVALID_CONFIG = "InvalidConfig"
     INVALID_SPEC = "InvalidSpec"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DISRUPTED = "Disrupted"  # the event when a disruption restarts pods
+    DISRUPTION_LIMIT_EXCEEDED = "DisruptionLimitExceeded"
+    POD_TERMINATING = "PodTerminating"
+    PROGRESS_UNKNOWN = "ProgressUnknown"
+    CREATE_FAILED = "CreateFailed"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
@@ -278,6 +316,7 @@ class GRPORunStatus(_StatusModel):
     last_progress_time: str | None = None
     progress_clock: ProgressClock | None = None
     restarts: int = 0
+    disruptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None
     rollout: RolloutStatus | None = None

@@ -30,6 +30,12 @@ def object_url(api_version: str, kind: str, namespace: str, name: str | None = N
     return url
 
 
+#: kopf retries 403, 429, 5xx and connection errors itself, by default for about a minute (1+1+2+3+5+8+13+21 s),
+#: inside the pass. Creates retry once, briefly: the reconcile pass retries them with its own backoff and shows the
+#: error on the run meanwhile, instead of holding the run's daemon for a minute.
+CREATE_BACKOFFS = (0.5,)
+
+
 class Kube:
     def __init__(self, settings: OperatorSettings, logger: logging.Logger | logging.LoggerAdapter):
         self.settings, self.logger = settings, logger
@@ -39,7 +45,7 @@ class Kube:
         metadata = obj["metadata"]
         url = object_url(obj["apiVersion"], obj["kind"], metadata["namespace"])
         try:
-            await api.post(url, payload=obj, settings=self.settings, logger=self.logger)
+            await api.post(url, payload=obj, settings=self.settings, logger=self.logger, backoffs=CREATE_BACKOFFS)
         except errors.APIConflictError:
             return False
         return True
@@ -53,6 +59,14 @@ class Kube:
         except errors.APINotFoundError:
             return False
         return True
+
+    async def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        try:
+            return await api.get(object_url(api_version, kind, namespace, name), settings=self.settings,
+                                 logger=self.logger)
+        except errors.APINotFoundError:
+            return None
 
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> dict[str, Any] | None:

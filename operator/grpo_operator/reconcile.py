@@ -19,7 +19,7 @@ import kopf
 from grpo_trainer.contract import ProgressReport
 
 from . import builders
-from .api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_spec
+from .api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_stored_spec
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pods import PodFacts
@@ -50,6 +50,12 @@ class RunMemory:
     last_status: dict[str, Any] | None = None  # the status this process last wrote (fresher than a lagging watch)
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
+    progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
+    progress_error: str | None = None
+    create_error: str | None = None  # why creating children failed last time (transient; retried with backoff)
+    create_failures: int = 0
+    create_retry_at: datetime.datetime | None = None
+    warned_unknown_fields: bool = False
 
 
 @dataclasses.dataclass
@@ -70,8 +76,20 @@ class OperatorContext:
         return self.runs.setdefault(uid, RunMemory())
 
 
+#: Consecutive unreadable polls before the run's progress counts as unknown (one slow answer is not an outage).
+PROGRESS_UNKNOWN_AFTER = 3
+#: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
+CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: Statuses that mean the object itself is invalid: retrying the same object cannot help.
+PERMANENT_REJECTIONS = frozenset({400, 422})
+
+
 class ChildRejected(Exception):
-    """The API server refused a child object: its fields come from the spec (volumes, resources, tolerations)."""
+    """The API server refused a child object as invalid: its fields come from the spec (volumes, resources)."""
+
+    def __init__(self, message: str, created_pods: list[str]):
+        super().__init__(message)
+        self.created_pods = created_pods  # pods this pass created before the refusal (not in the index yet)
 
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
@@ -86,42 +104,59 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     now = context.clock()
 
     try:
-        spec = parse_spec(dict(body.get("spec") or {}))
+        spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
     except SpecError as error:
         await _write(context, kube, body, base_status, invalid_spec_status(base_status, error, now,
                                                                            generation=generation), logger)
         raise kopf.PermanentError(str(error)) from None
+    if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
+        memory.warned_unknown_fields = True
+        logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
 
-    live = [(obs, facts) for obs, facts in indexed_pods if facts.uid not in memory.deleted_uids
-            and not facts.terminating]
-    memory.deleted_uids &= {facts.uid for _, facts in indexed_pods}  # forget pods the index has dropped
+    # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
+    owned = [(obs, facts) for obs, facts in indexed_pods if facts.owner_uid == uid]
+    memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
+    observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
+                for obs, facts in owned]
+    live = [(obs, facts) for obs, facts in zip(observed, (f for _, f in owned), strict=True) if not obs.terminating]
     progress = None
     if base_status.get("phase") not in {p.value for p in FINISHED_PHASES}:
-        progress = await _poll(context, namespace, builders.learner_pod_name(name, 0), live, logger)
-    decision = derive_status(spec, base_status, [obs for obs, _ in live], progress, now, generation=generation,
-                             children_exist=memory.children_created)
+        progress = await _poll(context, memory, namespace, builders.learner_pod_name(name, 0), live, logger)
+    decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
+                             children_exist=memory.children_created, progress_error=memory.progress_error,
+                             progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                             create_error=memory.create_error)
     if not await _write(context, kube, body, base_status, decision, logger):
         return False  # the run is gone
     try:
-        await _act(context, kube, body, spec, decision, live, logger)
+        await _act(context, kube, body, spec, decision, live, {obs.name for obs in observed}, logger)
     except ChildRejected as error:
         failed = invalid_spec_status(decision.status, error, context.clock(), generation=generation)
         await _write(context, kube, body, decision.status, failed, logger)
+        for obs, facts in live:  # a permanent failure does not leave (GPU) pods behind
+            await kube.delete("v1", "Pod", namespace, obs.name)
+            memory.deleted_uids.add(facts.uid)
+        for pod in error.created_pods:
+            await kube.delete("v1", "Pod", namespace, pod)
         raise kopf.PermanentError(str(error)) from None
     context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
 
 
-async def _poll(context: OperatorContext, namespace: str, leader_name: str,
+async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, leader_name: str,
                 live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
     leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
     if leader is None or leader[0].phase != "Running" or not leader[1].ip:
+        memory.progress_failures, memory.progress_error = 0, None
         return None
     if context.session is None:
         context.session = aiohttp.ClientSession()
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    return await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    memory.progress_failures = 0 if error is None else memory.progress_failures + 1
+    memory.progress_error = error
+    return report
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
@@ -142,25 +177,14 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
 
 
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
-               live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
+               live: list[tuple[PodObservation, PodFacts]], present: set[str], logger: Logger) -> None:
     metadata = body["metadata"]
     name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
     memory = context.memory(uid)
     uids = {obs.name: facts.uid for obs, facts in live}
     for action in decision.actions:
         if isinstance(action, CreateChildren):
-            present = set(uids)
-            attempt = int(decision.status.get("restarts", 0))
-            for child in builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                                 attempt=attempt):
-                if child["kind"] == "Pod" and child["metadata"]["name"] in present:
-                    continue
-                try:
-                    await kube.create(child)
-                except APIClientError as error:
-                    raise ChildRejected(f"{child['kind']} {child['metadata']['name']} was rejected by the API "
-                                        f"server: {error.message or error}") from None
-            memory.children_created = True
+            await _create_children(context, kube, name, namespace, uid, spec, decision.status, present, logger)
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
                 await kube.delete("v1", "Pod", namespace, pod)
@@ -169,3 +193,51 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
         elif isinstance(action, DeleteRun):
             logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
             await kube.delete(API_VERSION, KIND, namespace, name)
+
+
+async def _create_children(context: OperatorContext, kube: Kube, name: str, namespace: str, uid: str,
+                           spec: GRPORunSpec, status: dict[str, Any], present: set[str], logger: Logger) -> None:
+    """Create what is missing. An invalid child fails the run (ChildRejected); anything else the API server
+    answers (quota, throttling, a name still held by an earlier run's object) is retried with backoff."""
+    memory = context.memory(uid)
+    now = context.clock()
+    if memory.create_retry_at is not None and now < memory.create_retry_at:
+        return
+    attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
+    problem, created_pods = None, []
+    for child in builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
+                                         attempt=attempt):
+        child_name = f"{child['kind']} {child['metadata']['name']}"
+        if child["kind"] == "Pod" and child["metadata"]["name"] in present:
+            continue
+        try:
+            created = await kube.create(child)
+        except APIClientError as error:
+            if error.status in PERMANENT_REJECTIONS:
+                raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
+                                    created_pods) from None
+            problem = f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"
+            break
+        if created and child["kind"] == "Pod":
+            created_pods.append(child["metadata"]["name"])
+        if not created and not await _owned_by(kube, child, uid):
+            problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
+    if problem is None:
+        memory.children_created, memory.create_error, memory.create_failures = True, None, 0
+        memory.create_retry_at = None
+        return
+    logger.warning(problem)
+    memory.children_created, memory.create_error = False, problem
+    delay = CREATE_BACKOFF_SECONDS[min(memory.create_failures, len(CREATE_BACKOFF_SECONDS) - 1)]
+    memory.create_failures += 1
+    memory.create_retry_at = now + datetime.timedelta(seconds=delay)
+
+
+async def _owned_by(kube: Kube, child: dict[str, Any], uid: str) -> bool:
+    """Whether the existing object under the child's name is controlled by the run `uid`."""
+    meta = child["metadata"]
+    existing = await kube.read(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+    if existing is None:
+        return False
+    owners = (existing.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)

@@ -20,6 +20,9 @@ class PodObservation:
     reason: str | None = None
     message: str | None = None  # the container's termination message
     waiting_reason: str | None = None
+    terminating: bool = False  # being deleted: it still holds its name (and its slot) until it is gone
+    disruption: str | None = None  # the reason of a True DisruptionTarget condition (eviction, preemption, ...)
+    attempt: int | None = None  # the restart count the pod was created at (its attempt annotation)
 
 
 @dataclass(frozen=True)
