@@ -46,6 +46,8 @@ KOPF_ANNOTATION_PREFIX = GROUP
 RUN_LABEL = f"{GROUP}/run"
 ROLE_LABEL = f"{GROUP}/role"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+#: On the run's ConfigMap: the spec generation its config was rendered from.
+GENERATION_ANNOTATION = f"{GROUP}/generation"
 MANAGED_BY = "grpo-operator"
 
 Device = Literal["cuda", "cpu"]

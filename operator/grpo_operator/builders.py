@@ -26,7 +26,16 @@ from typing import Any
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
-from .api import API_VERSION, ATTEMPT_ANNOTATION, KIND, MANAGED_BY, ROLE_LABEL, RUN_LABEL, GRPORunSpec
+from .api import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    GENERATION_ANNOTATION,
+    KIND,
+    MANAGED_BY,
+    ROLE_LABEL,
+    RUN_LABEL,
+    GRPORunSpec,
+)
 from .resolve import resolve_run_config
 
 #: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
@@ -114,7 +123,9 @@ def _metadata(name: str, run: str, namespace: str, uid: str, role: str | None = 
 # ---------------------------------------------------------------------------------------------------------------------
 # Objects
 # ---------------------------------------------------------------------------------------------------------------------
-def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> dict[str, Any]:
+def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec, generation: int = 1) -> dict[str, Any]:
+    """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
+    run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
     config = resolve_run_config(
         run, namespace, spec,
         rollout_urls=rollout_urls(run, namespace, spec.rollout.replicas),
@@ -123,7 +134,9 @@ def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> d
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
     )
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(config_map_name(run), run, namespace, uid),
+    metadata = _metadata(config_map_name(run), run, namespace, uid)
+    metadata["annotations"] = {GENERATION_ANNOTATION: str(generation)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {CONFIG_FILE: config.model_dump_json(by_alias=True)}}
 
 
@@ -282,10 +295,10 @@ def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer
 
 
 def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-                   attempt: int = 0) -> list[dict[str, Any]]:
+                   attempt: int = 0, generation: int = 1) -> list[dict[str, Any]]:
     """Everything a run needs, in creation order (the ConfigMap first: pods mount it)."""
     return [
-        build_config_map(run, namespace, uid, spec),
+        build_config_map(run, namespace, uid, spec, generation),
         build_rollout_service(run, namespace, uid),
         build_learner_service(run, namespace, uid),
         *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt),

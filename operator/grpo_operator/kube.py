@@ -68,6 +68,16 @@ class Kube:
         except errors.APINotFoundError:
             return None
 
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str,
+                    patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the object; None when it is gone."""
+        try:
+            return await api.patch(object_url(api_version, kind, namespace, name), payload=patch,
+                                   settings=self.settings, logger=self.logger,
+                                   headers={"Content-Type": "application/merge-patch+json"})
+        except errors.APINotFoundError:
+            return None
+
     async def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                            patch: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch `/status`; None when the object is gone."""

@@ -19,7 +19,7 @@ import kopf
 from grpo_trainer.contract import ProgressReport
 
 from . import builders
-from .api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_stored_spec
+from .api import API_VERSION, FINISHED_PHASES, GENERATION_ANNOTATION, KIND, GRPORunSpec, SpecError, parse_stored_spec
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pods import PodFacts
@@ -184,7 +184,9 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
     uids = {obs.name: facts.uid for obs, facts in live}
     for action in decision.actions:
         if isinstance(action, CreateChildren):
-            await _create_children(context, kube, name, namespace, uid, spec, decision.status, present, logger)
+            generation = int(metadata.get("generation") or 1)
+            await _create_children(context, kube, name, namespace, uid, spec, decision.status, present, generation,
+                                   logger)
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
                 await kube.delete("v1", "Pod", namespace, pod)
@@ -196,7 +198,8 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
 
 
 async def _create_children(context: OperatorContext, kube: Kube, name: str, namespace: str, uid: str,
-                           spec: GRPORunSpec, status: dict[str, Any], present: set[str], logger: Logger) -> None:
+                           spec: GRPORunSpec, status: dict[str, Any], present: set[str], generation: int,
+                           logger: Logger) -> None:
     """Create what is missing. An invalid child fails the run (ChildRejected); anything else the API server
     answers (quota, throttling, a name still held by an earlier run's object) is retried with backoff."""
     memory = context.memory(uid)
@@ -206,7 +209,7 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
     attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
     problem, created_pods = None, []
     for child in builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                         attempt=attempt):
+                                         attempt=attempt, generation=generation):
         child_name = f"{child['kind']} {child['metadata']['name']}"
         if child["kind"] == "Pod" and child["metadata"]["name"] in present:
             continue
@@ -220,8 +223,16 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
             break
         if created and child["kind"] == "Pod":
             created_pods.append(child["metadata"]["name"])
-        if not created and not await _owned_by(kube, child, uid):
+        if created:
+            continue
+        existing = await _existing_of(kube, child, uid)
+        if existing is None:
             problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
+        elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != generation:
+            # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
+            # learner and checkpoint edits only then): their config is rendered again. A live run's never is.
+            await kube.patch(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"],
+                             {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
     if problem is None:
         memory.children_created, memory.create_error, memory.create_failures = True, None, 0
         memory.create_retry_at = None
@@ -233,11 +244,14 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
     memory.create_retry_at = now + datetime.timedelta(seconds=delay)
 
 
-async def _owned_by(kube: Kube, child: dict[str, Any], uid: str) -> bool:
-    """Whether the existing object under the child's name is controlled by the run `uid`."""
+async def _existing_of(kube: Kube, child: dict[str, Any], uid: str) -> dict[str, Any] | None:
+    """The existing object under the child's name, when the run `uid` controls it; None otherwise."""
     meta = child["metadata"]
     existing = await kube.read(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
-    if existing is None:
-        return False
-    owners = (existing.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)
+    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+    return existing if any(ref.get("uid") == uid and ref.get("controller") for ref in owners) else None
+
+
+def _rendered_generation(config_map: dict[str, Any]) -> int:
+    value = str(((config_map.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION, "1"))
+    return int(value) if value.isdigit() else 1

@@ -8,6 +8,7 @@ asynchronous garbage collector, injected error answers); tests/support/kube_emul
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -168,3 +169,19 @@ def test_spec_fields_from_a_newer_crd_are_ignored_not_fatal(cluster):
     cluster.apply(grporun("newer", spec))
     cluster.wait_for(lambda: len(cluster.pods("newer")) == 2, what="the run's pods")
     assert cluster.status("newer")["phase"] == "Pending"
+
+
+def test_a_spec_edited_while_suspended_is_applied_whole_on_resume(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "edit", minimal_spec())
+    cluster.patch_spec("edit", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("edit", "Suspended")
+    cluster.wait_for(lambda: cluster.pods("edit") == [], what="the pods deleted")
+    cluster.patch_spec("edit", {"rollout": {"replicas": 2}})
+    run = cluster.patch_spec("edit", {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods("edit")) == 3, what="two rollout pods and the learner")
+    config_map = cluster.wait_for(
+        lambda: next((c for c in cluster.config_maps("edit")
+                      if c["metadata"]["annotations"]["grpo.dev/generation"] == str(run["metadata"]["generation"])),
+                     None), what="the config rendered again")
+    assert len(json.loads(config_map["data"]["run.json"])["rollout"]["urls"]) == 2
+    assert cluster.status("edit")["observedGeneration"] == run["metadata"]["generation"]
