@@ -119,10 +119,35 @@ class CheckpointSpec(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+class ExitCodeMatch(WireModel):
+    operator: Literal["In", "NotIn"]
+    values: list[int] = Field(min_length=1)
+
+
+class PodConditionMatch(WireModel):
+    type: str
+
+
+class PodFailureRule(WireModel):
+    """One rule of `runPolicy.podFailurePolicy`: a failed pod that matches gets `action`."""
+
+    action: Literal["Fail", "Restart", "Ignore"]
+    on_exit_codes: ExitCodeMatch | None = None
+    on_pod_conditions: list[PodConditionMatch] | None = Field(None, min_length=1)
+
+    def matches(self, exit_code: int | None, true_conditions: frozenset[str]) -> bool:
+        if self.on_exit_codes is not None:
+            if exit_code is None:
+                return False
+            return (exit_code in self.on_exit_codes.values) == (self.on_exit_codes.operator == "In")
+        return any(match.type in true_conditions for match in self.on_pod_conditions or [])
+
+
 class RunPolicySpec(WireModel):
     suspend: bool = False
     backoff_limit: int = Field(3, ge=0)
     max_disruptions: int | None = Field(None, ge=0)
+    pod_failure_policy: list[PodFailureRule] | None = None
     active_deadline_seconds: int | None = Field(None, ge=1)
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
@@ -241,6 +266,7 @@ class Reason:
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DISRUPTED = "Disrupted"  # the event when a disruption restarts pods
     DISRUPTION_LIMIT_EXCEEDED = "DisruptionLimitExceeded"
+    POD_FAILURE_POLICY = "PodFailurePolicy"
     POD_TERMINATING = "PodTerminating"
     PROGRESS_UNKNOWN = "ProgressUnknown"
     CREATE_FAILED = "CreateFailed"

@@ -49,6 +49,7 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         terminating=bool(metadata.get("deletionTimestamp")),
         disruption=_disruption(conditions.get("DisruptionTarget")),
         attempt=_attempt(metadata),
+        conditions=frozenset(kind for kind, c in conditions.items() if kind and c.get("status") == "True"),
     )
 
 

@@ -224,7 +224,13 @@ def _update(change: Callable[[dict], Any], base: Callable[[], dict] = good) -> C
     return make
 
 
+ONE_MATCH = "a rule sets exactly one of onExitCodes or onPodConditions"
 CEL_CASES = {
+    "failure-rule-both": (_set("spec.runPolicy.podFailurePolicy", [
+        {"action": "Fail", "onExitCodes": {"operator": "In", "values": [3]},
+         "onPodConditions": [{"type": "DisruptionTarget"}]}]), f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
+    "failure-rule-none": (_set("spec.runPolicy.podFailurePolicy", [{"action": "Restart"}]),
+                          f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
     "name-dots": (_set("metadata.name", "qwen3.gsm8k"), "metadata.name: must be a DNS-1035 label"),
     "name-long": (_set("metadata.name", "a" * 49), "metadata.name: must be a DNS-1035 label"),
     "name-digit": (_set("metadata.name", "1run"), "metadata.name: must be a DNS-1035 label"),

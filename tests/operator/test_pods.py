@@ -49,5 +49,6 @@ def test_a_pod_being_deleted_disrupted_or_restarted_says_so():
         {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]},
         deletionTimestamp="2026-01-01T00:00:00Z", annotations={"grpo.dev/attempt": "3"}))
     assert (observed.terminating, observed.disruption, observed.attempt) == (True, "PreemptionByScheduler", 3)
+    assert observed.conditions == frozenset({"DisruptionTarget"})
     plain = observe_pod(pod({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False"}]}))
     assert (plain.terminating, plain.disruption, plain.attempt) == (False, None, None)

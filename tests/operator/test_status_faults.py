@@ -105,3 +105,25 @@ def test_a_transient_create_error_shows_on_progressing_and_the_run_keeps_going()
     assert decision.status["phase"] == "Pending" and decision.actions == [CreateChildren()]
     assert condition(decision.status, "Progressing")["reason"] == "CreateFailed"
     assert "CreateFailed" in reasons(decision)
+
+
+def test_the_pod_failure_policy_decides_before_the_defaults():
+    spec = spec_of(runPolicy={"backoffLimit": 3, "podFailurePolicy": [
+        {"action": "Fail", "onExitCodes": {"operator": "In", "values": [3]}},
+        {"action": "Restart", "onExitCodes": {"operator": "In", "values": [42]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "NodeLost"}]},
+    ]})
+    status = running_status(spec)
+
+    def crash(**fields):
+        return step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, **fields)], now=at(10))
+
+    failed = crash(exit_code=3)
+    assert failed.status["phase"] == "Failed"
+    assert condition(failed.status, "Failed")["reason"] == "PodFailurePolicy"
+    restarted = crash(exit_code=42)  # stalled exits fail by default; this run's policy restarts them
+    assert restarted.status["phase"] == "Pending" and restarted.status["restarts"] == 1
+    ignored = crash(exit_code=137, conditions=frozenset({"NodeLost"}))
+    assert ignored.status["disruptions"] == 1 and ignored.status.get("restarts", 0) == 0
+    default = crash(exit_code=78)
+    assert condition(default.status, "Failed")["reason"] == "InvalidConfig"

@@ -251,7 +251,8 @@ class _Derivation(RunRecord):
         policy = self.spec.run_policy
         verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
                                    backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
-                                   max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners())
+                                   max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
+                                   rules=policy.pod_failure_policy or ())
         if verdict is None:
             return False
         if isinstance(verdict, Succeed):

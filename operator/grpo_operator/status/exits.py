@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from grpo_trainer.contract import EXIT_STALLED, EXIT_SUCCEEDED, PERMANENT_EXIT_CODES, ProgressReport, parse_progress
 
-from ..api import FailureStatus, Reason
+from ..api import FailureStatus, PodFailureRule, Reason
 from .decision import PodObservation, rank
 
 FAILURE_MESSAGE_MAX_CHARS = 1024
@@ -75,8 +75,16 @@ def failure_text(pod: PodObservation) -> str:
     return text.strip()[-FAILURE_MESSAGE_MAX_CHARS:]
 
 
-def disruption_of(pod: PodObservation) -> str | None:
+def policy_action(pod: PodObservation, rules: Sequence[PodFailureRule]) -> str | None:
+    """The action of the first `runPolicy.podFailurePolicy` rule the failed pod matches, if any."""
+    return next((rule.action for rule in rules if rule.matches(pod.exit_code, pod.conditions)), None)
+
+
+def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> str | None:
     """Why a pod was disrupted (not its own fault), or None for a crash."""
+    action = policy_action(pod, rules)
+    if action is not None:
+        return Reason.POD_FAILURE_POLICY if action == "Ignore" else None
     if pod.disruption is not None:
         return pod.disruption
     if pod.role == "learner" and pod.exit_code in PREEMPTED_EXIT_CODES:
@@ -86,21 +94,22 @@ def disruption_of(pod: PodObservation) -> str | None:
 
 def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation], *,
                      restarts: int, backoff_limit: int, disruptions: int = 0, max_disruptions: int | None = None,
-                     removed_learners: Sequence[str] = ()) -> Verdict | None:
+                     removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = ()) -> Verdict | None:
     """The run's fate from its exited pods; None while nothing has exited.
 
     `restarts` and `disruptions` are those used so far; `removed_learners` are learner pods that vanished from a
-    running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them.
+    running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them. `rules` is
+    the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults.
     """
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
         return Succeed("the learner reached the epoch bound and exited 0")
     failed = [p for p in learner_pods if p.phase == "Failed"]
     failed += [p for p in rollout_pods if p.phase in ("Failed", "Succeeded")]  # a server never exits
-    crashed = [p for p in failed if disruption_of(p) is None]
+    crashed = [p for p in failed if disruption_of(p, rules) is None]
     if not crashed:
         return _disrupted(failed, learner_pods, removed_learners, restarts + disruptions, disruptions,
-                          max_disruptions)
+                          max_disruptions, rules)
     first = crashed[0]
     if first.attempt is not None and first.attempt < restarts + disruptions:
         return Restart(_gang(failed, learner_pods), _what(first), failure_text(first), counted=True)
@@ -110,7 +119,11 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
     with_detail = f"{what}: {detail}" if detail else what
     failure = FailureStatus(role=first.role, pod=first.name, exit_code=code, reason=first.reason,
                             message=detail or None)
-    if code in PERMANENT_EXIT_CODES:
+    action = policy_action(first, rules)
+    if action == "Fail":
+        failure.reason = Reason.POD_FAILURE_POLICY
+        return Fail(Reason.POD_FAILURE_POLICY, f"{with_detail} (a runPolicy.podFailurePolicy rule says Fail)", failure)
+    if code in PERMANENT_EXIT_CODES and action is None:
         reason = Reason.STALLED if code == EXIT_STALLED else Reason.INVALID_CONFIG
         failure.reason = reason
         return Fail(reason, with_detail, failure, stalled=(detail or what) if reason == Reason.STALLED else None)
@@ -123,12 +136,13 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
 
 
 def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservation], removed: Sequence[str],
-               attempts: int, disruptions: int, max_disruptions: int | None) -> Verdict | None:
+               attempts: int, disruptions: int, max_disruptions: int | None,
+               rules: Sequence[PodFailureRule]) -> Verdict | None:
     if not failed and not removed:
         return None
     if failed:
         first = failed[0]
-        reason = disruption_of(first) or "Disrupted"
+        reason = disruption_of(first, rules) or "Disrupted"
         what = f"{first.role} pod {first.name} was disrupted ({reason})"
         if first.attempt is not None and first.attempt < attempts:
             return Restart(_gang(failed, learner_pods), what, "", disruption=reason, counted=True)
