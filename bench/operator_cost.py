@@ -132,7 +132,7 @@ def measure(runs: int, interval: float, window: float) -> dict:
             "the operator to watch GRPORuns")
         if operator.poll() is not None:
             raise RuntimeError(f"the operator exited: {operator.stderr.read()[-1500:]}")
-        spec = c["minimal_spec"](progress={"progressDeadlineSeconds": 3600})
+        spec = c["minimal_spec"](progress={"progressDeadlineSeconds": 3600, "statusIntervalSeconds": 30})
         names = [f"bench-{index:03d}" for index in range(runs)]
         expected = {
             name: {("configmaps", builders.config_map_name(name)),

@@ -80,7 +80,7 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     threading.Thread(target=tick, daemon=True).start()
     samples = []
     try:
-        spec = minimal_spec(progress={"progressDeadlineSeconds": 3600})
+        spec = minimal_spec(progress={"progressDeadlineSeconds": 3600, "statusIntervalSeconds": 30})
         for index in range(runs):
             client.create(GRPORUNS, "default", grporun(f"soak-{index:03d}", spec))
         kubelet = Kubelet(client)

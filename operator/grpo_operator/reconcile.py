@@ -47,7 +47,9 @@ class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
     needed for correctness after a restart, only to avoid redundant work and stale reads)."""
 
-    last_status: dict[str, Any] | None = None  # the status this process last wrote (fresher than a lagging watch)
+    last_status: dict[str, Any] | None = None  # the status this process last derived (fresher than a lagging watch)
+    written_status: dict[str, Any] | None = None  # what it last wrote: progress-only changes wait for the interval
+    written_at: datetime.datetime | None = None
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
     progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
@@ -126,7 +128,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                              children_exist=memory.children_created, progress_error=memory.progress_error,
                              progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
                              create_error=memory.create_error)
-    if not await _write(context, kube, body, base_status, decision, logger):
+    if not await _write(context, kube, body, base_status, decision, logger,
+                        interval=spec.progress.status_interval_seconds):
         return False  # the run is gone
     try:
         await _act(context, kube, body, spec, decision, live, {obs.name for obs in observed}, logger)
@@ -160,20 +163,35 @@ async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, lea
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
-                 decision: Decision, logger: Logger) -> bool:
+                 decision: Decision, logger: Logger, *, interval: float = 0) -> bool:
+    """Write the status difference, then post the events. A difference in progress alone waits until `interval`
+    seconds after the last write; phase, condition, restart and failure changes are written at once."""
     metadata = body["metadata"]
-    patch = merge_patch_between(base_status, decision.status)
     memory = context.memory(metadata["uid"])
-    if patch:
+    written_base = memory.written_status if memory.written_status is not None else base_status
+    patch = merge_patch_between(written_base, decision.status)
+    now = context.clock()
+    recent = memory.written_at is not None and (now - memory.written_at).total_seconds() < interval
+    if patch and recent and _fingerprint(written_base) == _fingerprint(decision.status):
+        patch = {}  # progress only, and written recently: the metrics carry it meanwhile
+    elif patch:
         written = await kube.patch_status(API_VERSION, KIND, metadata["namespace"],
                                           metadata["name"], patch)
         if written is None:
             return False
+        memory.written_status, memory.written_at = decision.status, now
     memory.last_status = decision.status
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
     return True
+
+
+def _fingerprint(status: dict[str, Any]) -> tuple:
+    """What must reach the API server at once: everything but progress counters, clocks and running messages."""
+    conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or [])
+    keys = ("phase", "observedGeneration", "startTime", "completionTime", "restarts", "disruptions", "failure")
+    return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None)
 
 
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,

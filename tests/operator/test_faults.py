@@ -185,3 +185,30 @@ def test_a_spec_edited_while_suspended_is_applied_whole_on_resume(cluster, learn
                      None), what="the config rendered again")
     assert len(json.loads(config_map["data"]["run.json"])["rollout"]["urls"]) == 2
     assert cluster.status("edit")["observedGeneration"] == run["metadata"]["generation"]
+
+
+def _status_writes(cluster, run: str) -> int:
+    log = cluster.emulator_thread.call(lambda: list(cluster.emulator.request_log))
+    return sum(1 for r in log if r.method == "PATCH" and r.resource == "grporuns" and r.subresource == "status"
+               and r.name == run)
+
+
+def test_progress_alone_is_written_at_most_every_status_interval(cluster, learner, progress_urls):
+    cluster.apply(grporun("calm", minimal_spec(progress={"statusIntervalSeconds": 3600})))
+    progress_urls["calm-learner-0"] = learner.url()
+    learner.update(groups_consumed=3, groups_trained=3)
+    cluster.bring_up("calm")
+    cluster.wait_for(lambda: (cluster.status("calm").get("progress") or {}).get("groupsTrained") == 3,
+                     what="the first progress, written with the move to Running")
+    writes = _status_writes(cluster, "calm")
+    learner.update(groups_consumed=5, groups_trained=5)
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 5,
+                     what="the new progress in the operator's metrics")
+    learner.update(groups_consumed=6, groups_trained=6)
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 6,
+                     what="more progress in the operator's metrics")
+    assert _status_writes(cluster, "calm") == writes
+    assert cluster.status("calm")["progress"]["groupsTrained"] == 3
+    cluster.kubelet.run("calm-rollout-0", ready=False)  # a condition change is written at once, progress with it
+    cluster.wait_for(lambda: cluster.condition("calm", "RolloutReady")["status"] == "False", what="RolloutReady")
+    assert cluster.status("calm")["progress"]["groupsTrained"] == 6
