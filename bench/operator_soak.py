@@ -57,7 +57,8 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
 
     def status_patches() -> int:
         return sum(1 for r in emulator.emulator.request_log if r.rbac_resource == "grporuns/status")
-    from tests.support.operator_fixtures import CRDS, Kubelet, grporun, minimal_spec
+    from tests.support.operator_fixtures import CRDS, Kubelet
+    from tests.support.specs import grporun, minimal_spec
 
     trained = {"groups": 0}
     stop = threading.Event()
@@ -79,7 +80,7 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     threading.Thread(target=tick, daemon=True).start()
     samples = []
     try:
-        spec = minimal_spec(progress={"progressDeadlineSeconds": 3600})
+        spec = minimal_spec(progress={"progressDeadlineSeconds": 3600, "statusIntervalSeconds": 30})
         for index in range(runs):
             client.create(GRPORUNS, "default", grporun(f"soak-{index:03d}", spec))
         kubelet = Kubelet(client)

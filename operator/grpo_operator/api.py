@@ -15,6 +15,7 @@ the contract's own exactly-one rules, which is what the operator needs once the 
 
 from __future__ import annotations
 
+import copy
 from enum import Enum
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from grpo_trainer.contract import (
     TrainingConfig,
     WireModel,
 )
-from grpo_trainer.validation import first_error
+from grpo_trainer.validation import field_path, first_error
 
 from .eta import ProgressRate
 from .pod_overrides import PodTemplateOverride
@@ -49,6 +50,8 @@ KOPF_ANNOTATION_PREFIX = GROUP
 RUN_LABEL = f"{GROUP}/run"
 ROLE_LABEL = f"{GROUP}/role"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+#: On the run's ConfigMap: the spec generation its config was rendered from.
+GENERATION_ANNOTATION = f"{GROUP}/generation"
 MANAGED_BY = "grpo-operator"
 
 Device = Literal["cuda", "cpu"]
@@ -72,6 +75,8 @@ class ProgressSpec(ProgressConfig):
     startup_deadline_seconds: int | None = Field(
         3600, ge=1, description="Fail the run if it has not trained a group this long after its pods were created."
     )
+    # 30 s: progress rides on every pass (5 s) otherwise, 12 status writes per run per minute at steady state.
+    status_interval_seconds: int = Field(30, ge=0, description="Write progress to status at most this often.")
 
 
 _ROLLOUT_FIELDS = RolloutConfig.model_fields
@@ -122,9 +127,35 @@ class CheckpointSpec(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+class ExitCodeMatch(WireModel):
+    operator: Literal["In", "NotIn"]
+    values: list[int] = Field(min_length=1)
+
+
+class PodConditionMatch(WireModel):
+    type: str
+
+
+class PodFailureRule(WireModel):
+    """One rule of `runPolicy.podFailurePolicy`: a failed pod that matches gets `action`."""
+
+    action: Literal["Fail", "Restart", "Ignore"]
+    on_exit_codes: ExitCodeMatch | None = None
+    on_pod_conditions: list[PodConditionMatch] | None = Field(None, min_length=1)
+
+    def matches(self, exit_code: int | None, true_conditions: frozenset[str]) -> bool:
+        if self.on_exit_codes is not None:
+            if exit_code is None:
+                return False
+            return (exit_code in self.on_exit_codes.values) == (self.on_exit_codes.operator == "In")
+        return any(match.type in true_conditions for match in self.on_pod_conditions or [])
+
+
 class RunPolicySpec(WireModel):
     suspend: bool = False
     backoff_limit: int = Field(3, ge=0)
+    max_disruptions: int | None = Field(None, ge=0)
+    pod_failure_policy: list[PodFailureRule] | None = None
     active_deadline_seconds: int | None = Field(None, ge=1)
     ttl_seconds_after_finished: int | None = Field(None, ge=0)
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
@@ -161,6 +192,37 @@ def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
         return GRPORunSpec.model_validate(spec)
     except ValidationError as error:
         raise spec_error_from(error) from None
+
+
+def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
+    """A spec as the API server stores it, plus the fields this operator does not know, which are left out.
+
+    A newer CRD (applied before the operator is upgraded) may add and default fields: the operator runs the run
+    with what it knows rather than failing every live run as InvalidSpec. Anything else wrong raises SpecError.
+    """
+    if not isinstance(spec, dict):
+        raise SpecError("spec", f"must be a mapping, not {type(spec).__name__}")
+    spec, ignored = copy.deepcopy(spec), []
+    while True:
+        try:
+            return GRPORunSpec.model_validate(spec), ignored
+        except ValidationError as error:
+            unknown = [e["loc"] for e in error.errors() if e["type"] == "extra_forbidden"]
+            if not unknown or not all(_drop(spec, loc) for loc in unknown):
+                raise spec_error_from(error) from None
+            ignored += [field_path("spec", loc) for loc in unknown]
+
+
+def _drop(value: Any, loc: tuple[int | str, ...]) -> bool:
+    for part in loc[:-1]:
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    if not isinstance(value, dict) or loc[-1] not in value:
+        return False
+    del value[loc[-1]]
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -212,6 +274,12 @@ class Reason:
     INVALID_CONFIG = "InvalidConfig"
     INVALID_SPEC = "InvalidSpec"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DISRUPTED = "Disrupted"  # the event when a disruption restarts pods
+    DISRUPTION_LIMIT_EXCEEDED = "DisruptionLimitExceeded"
+    POD_FAILURE_POLICY = "PodFailurePolicy"
+    POD_TERMINATING = "PodTerminating"
+    PROGRESS_UNKNOWN = "ProgressUnknown"
+    CREATE_FAILED = "CreateFailed"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
@@ -293,6 +361,7 @@ class GRPORunStatus(_StatusModel):
     progress_clock: ProgressClock | None = None
     progress_rate: ProgressRate | None = None
     restarts: int = 0
+    disruptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None
     rollout: RolloutStatus | None = None

@@ -27,7 +27,16 @@ from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 
 from . import podgroup
-from .api import API_VERSION, ATTEMPT_ANNOTATION, KIND, MANAGED_BY, ROLE_LABEL, RUN_LABEL, GRPORunSpec
+from .api import (
+    API_VERSION,
+    ATTEMPT_ANNOTATION,
+    GENERATION_ANNOTATION,
+    KIND,
+    MANAGED_BY,
+    ROLE_LABEL,
+    RUN_LABEL,
+    GRPORunSpec,
+)
 from .pod_overrides import apply_override
 from .resolve import resolve_run_config
 
@@ -116,7 +125,9 @@ def _metadata(name: str, run: str, namespace: str, uid: str, role: str | None = 
 # ---------------------------------------------------------------------------------------------------------------------
 # Objects
 # ---------------------------------------------------------------------------------------------------------------------
-def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> dict[str, Any]:
+def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec, generation: int = 1) -> dict[str, Any]:
+    """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
+    run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
     config = resolve_run_config(
         run, namespace, spec,
         rollout_urls=rollout_urls(run, namespace, spec.rollout.replicas),
@@ -125,7 +136,9 @@ def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> d
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
     )
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(config_map_name(run), run, namespace, uid),
+    metadata = _metadata(config_map_name(run), run, namespace, uid)
+    metadata["annotations"] = {GENERATION_ANNOTATION: str(generation)}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {CONFIG_FILE: config.model_dump_json(by_alias=True)}}
 
 
@@ -299,11 +312,11 @@ def build_pod_group(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> di
 
 
 def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-                   attempt: int = 0) -> list[dict[str, Any]]:
+                   attempt: int = 0, generation: int = 1) -> list[dict[str, Any]]:
     """Everything a run needs, in creation order (the ConfigMap first: pods mount it; the PodGroup before its pods)."""
     pod_group = build_pod_group(run, namespace, uid, spec)
     return [
-        build_config_map(run, namespace, uid, spec),
+        build_config_map(run, namespace, uid, spec, generation),
         build_rollout_service(run, namespace, uid),
         build_learner_service(run, namespace, uid),
         *([pod_group] if pod_group else []),

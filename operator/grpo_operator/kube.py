@@ -32,6 +32,12 @@ def object_url(api_version: str, kind: str, namespace: str | None, name: str | N
     return url
 
 
+#: kopf retries 403, 429, 5xx and connection errors itself, by default for about a minute (1+1+2+3+5+8+13+21 s),
+#: inside the pass. Creates retry once, briefly: the reconcile pass retries them with its own backoff and shows the
+#: error on the run meanwhile, instead of holding the run's daemon for a minute.
+CREATE_BACKOFFS = (0.5,)
+
+
 class Kube:
     def __init__(self, settings: OperatorSettings, logger: logging.Logger | logging.LoggerAdapter):
         self.settings, self.logger = settings, logger
@@ -41,7 +47,7 @@ class Kube:
         metadata = obj["metadata"]
         url = object_url(obj["apiVersion"], obj["kind"], metadata["namespace"])
         try:
-            await api.post(url, payload=obj, settings=self.settings, logger=self.logger)
+            await api.post(url, payload=obj, settings=self.settings, logger=self.logger, backoffs=CREATE_BACKOFFS)
         except errors.APIConflictError:
             return False
         return True
@@ -56,10 +62,21 @@ class Kube:
             return False
         return True
 
-    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+    async def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none (namespace None: a cluster-scoped object)."""
         try:
             return await api.get(object_url(api_version, kind, namespace, name), settings=self.settings,
                                  logger=self.logger)
+        except errors.APINotFoundError:
+            return None
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str,
+                    patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the object; None when it is gone."""
+        try:
+            return await api.patch(object_url(api_version, kind, namespace, name), payload=patch,
+                                   settings=self.settings, logger=self.logger,
+                                   headers={"Content-Type": "application/merge-patch+json"})
         except errors.APINotFoundError:
             return None
 

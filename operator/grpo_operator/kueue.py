@@ -162,7 +162,7 @@ async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec:
                trainer_image: str, pods_exist: bool, now: datetime.datetime) -> Gate:
     """Create the Workload if missing and say whether the run may have pods; release an evicted one's quota once
     its pods are gone. One GET per pass for a queued run."""
-    workload = await kube.get(API_VERSION, WORKLOAD, namespace, workload_name(run))
+    workload = await kube.read(API_VERSION, WORKLOAD, namespace, workload_name(run))
     if workload is None:
         pods = builders.build_pods(run, namespace, uid, spec, trainer_image=trainer_image)
         try:
@@ -181,14 +181,14 @@ async def placements(kube: Kube, flavors: dict[str, list[str]]) -> dict[str, tup
     """Pod set (role) -> the node labels and tolerations of its assigned flavours."""
     result = {}
     for pod_set, names in flavors.items():
-        objects = [await kube.get(API_VERSION, RESOURCE_FLAVOR, None, name) for name in names]
+        objects = [await kube.read(API_VERSION, RESOURCE_FLAVOR, None, name) for name in names]
         result[pod_set] = placement([obj for obj in objects if obj is not None])
     return result
 
 
 async def finish(kube: Kube, run: str, namespace: str, status: dict[str, Any], now: datetime.datetime) -> None:
     """Mark the Workload of a finished run Finished (once), so Kueue frees its quota."""
-    workload = await kube.get(API_VERSION, WORKLOAD, namespace, workload_name(run))
+    workload = await kube.read(API_VERSION, WORKLOAD, namespace, workload_name(run))
     if workload is None or _is_true(workload, FINISHED):
         return
     succeeded = status.get("phase") == "Succeeded"

@@ -5,17 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .api import ROLE_LABEL
+from .api import ATTEMPT_ANNOTATION, ROLE_LABEL
 from .status import PodObservation
 
 
 @dataclass(frozen=True)
 class PodFacts:
-    """What the I/O layer needs beyond the observation: identity (to skip pods it deleted), the address, deletion."""
+    """What the I/O layer needs beyond the observation: identity (to know pods it deleted), the address, and the
+    uid of the run that controls the pod (a run re-created under the same name must not adopt the old run's pods)."""
 
     uid: str
     ip: str | None
-    terminating: bool
+    owner_uid: str | None
 
 
 def _main_container_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -45,10 +46,26 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         reason=reason,
         message=message,
         waiting_reason=waiting.get("reason"),
+        terminating=bool(metadata.get("deletionTimestamp")),
+        disruption=_disruption(conditions.get("DisruptionTarget")),
+        attempt=_attempt(metadata),
+        conditions=frozenset(kind for kind, c in conditions.items() if kind and c.get("status") == "True"),
     )
+
+
+def _disruption(condition: dict[str, Any] | None) -> str | None:
+    if not condition or condition.get("status") != "True":
+        return None
+    return condition.get("reason") or "DisruptionTarget"
+
+
+def _attempt(metadata: dict[str, Any]) -> int | None:
+    value = str((metadata.get("annotations") or {}).get(ATTEMPT_ANNOTATION, ""))
+    return int(value) if value.isdigit() else None
 
 
 def pod_facts(pod: dict[str, Any]) -> PodFacts:
     metadata = pod.get("metadata") or {}
+    owner = next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")), {})
     return PodFacts(uid=metadata.get("uid", ""), ip=(pod.get("status") or {}).get("podIP"),
-                    terminating=bool(metadata.get("deletionTimestamp")))
+                    owner_uid=owner.get("uid"))

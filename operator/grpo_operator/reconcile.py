@@ -19,7 +19,16 @@ import kopf
 from grpo_trainer.contract import ProgressReport
 
 from . import builders, kueue
-from .api import API_VERSION, FINISHED_PHASES, KIND, ROLE_LABEL, GRPORunSpec, SpecError, parse_spec
+from .api import (
+    API_VERSION,
+    FINISHED_PHASES,
+    GENERATION_ANNOTATION,
+    KIND,
+    ROLE_LABEL,
+    GRPORunSpec,
+    SpecError,
+    parse_stored_spec,
+)
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
@@ -48,10 +57,18 @@ class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
     needed for correctness after a restart, only to avoid redundant work and stale reads)."""
 
-    last_status: dict[str, Any] | None = None  # the status this process last wrote (fresher than a lagging watch)
+    last_status: dict[str, Any] | None = None  # the status this process last derived (fresher than a lagging watch)
+    written_status: dict[str, Any] | None = None  # what it last wrote: progress-only changes wait for the interval
+    written_at: datetime.datetime | None = None
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
     kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
+    progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
+    progress_error: str | None = None
+    create_error: str | None = None  # why creating children failed last time (transient; retried with backoff)
+    create_failures: int = 0
+    create_retry_at: datetime.datetime | None = None
+    warned_unknown_fields: bool = False
 
 
 @dataclasses.dataclass
@@ -72,8 +89,20 @@ class OperatorContext:
         return self.runs.setdefault(uid, RunMemory())
 
 
+#: Consecutive unreadable polls before the run's progress counts as unknown (one slow answer is not an outage).
+PROGRESS_UNKNOWN_AFTER = 3
+#: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
+CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: Statuses that mean the object itself is invalid: retrying the same object cannot help.
+PERMANENT_REJECTIONS = frozenset({400, 422})
+
+
 class ChildRejected(Exception):
-    """The API server refused a child object: its fields come from the spec (volumes, resources, tolerations)."""
+    """The API server refused a child object as invalid: its fields come from the spec (volumes, resources)."""
+
+    def __init__(self, message: str, created_pods: list[str]):
+        super().__init__(message)
+        self.created_pods = created_pods  # pods this pass created before the refusal (not in the index yet)
 
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
@@ -88,63 +117,89 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     now = context.clock()
 
     try:
-        spec = parse_spec(dict(body.get("spec") or {}))
+        spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
     except SpecError as error:
         await _write(context, kube, body, base_status, invalid_spec_status(base_status, error, now,
                                                                            generation=generation), logger)
         raise kopf.PermanentError(str(error)) from None
+    if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
+        memory.warned_unknown_fields = True
+        logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
 
-    live = [(obs, facts) for obs, facts in indexed_pods if facts.uid not in memory.deleted_uids
-            and not facts.terminating]
-    memory.deleted_uids &= {facts.uid for _, facts in indexed_pods}  # forget pods the index has dropped
+    # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
+    owned = [(obs, facts) for obs, facts in indexed_pods if facts.owner_uid == uid]
+    memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
+    observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
+                for obs, facts in owned]
+    live = [(obs, facts) for obs, facts in zip(observed, (f for _, f in owned), strict=True) if not obs.terminating]
     progress = None
     was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
     if not was_finished:
-        progress = await _poll(context, namespace, builders.learner_pod_name(name, 0), live, logger)
+        progress = await _poll(context, memory, namespace, builders.learner_pod_name(name, 0), live, logger)
     queue = kueue.queue_name(metadata)
     gate = None
     if queue and not was_finished:
         gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
-                                pods_exist=bool(indexed_pods), now=now)
-    decision = derive_status(spec, base_status, [obs for obs, _ in live], progress, now, generation=generation,
-                             children_exist=memory.children_created, hold=gate.hold if gate else None)
-    if not await _write(context, kube, body, base_status, decision, logger):
+                                pods_exist=bool(live), now=now)
+    decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
+                             children_exist=memory.children_created, progress_error=memory.progress_error,
+                             progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                             create_error=memory.create_error, hold=gate.hold if gate else None)
+    if not await _write(context, kube, body, base_status, decision, logger,
+                        interval=spec.progress.status_interval_seconds):
         return False  # the run is gone
     if queue and decision.status.get("phase") in {p.value for p in FINISHED_PHASES} and not memory.kueue_finished:
         await kueue.finish(kube, name, namespace, decision.status, context.clock())
         memory.kueue_finished = True
     try:
-        await _act(context, kube, body, spec, decision, live, logger, gate)
+        await _act(context, kube, body, spec, decision, live, {obs.name for obs in observed}, logger, gate)
     except ChildRejected as error:
         failed = invalid_spec_status(decision.status, error, context.clock(), generation=generation)
         await _write(context, kube, body, decision.status, failed, logger)
+        for obs, facts in live:  # a permanent failure does not leave (GPU) pods behind
+            await kube.delete("v1", "Pod", namespace, obs.name)
+            memory.deleted_uids.add(facts.uid)
+        for pod in error.created_pods:
+            await kube.delete("v1", "Pod", namespace, pod)
         raise kopf.PermanentError(str(error)) from None
     context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
 
 
-async def _poll(context: OperatorContext, namespace: str, leader_name: str,
+async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, leader_name: str,
                 live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
     leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
     if leader is None or leader[0].phase != "Running" or not leader[1].ip:
+        memory.progress_failures, memory.progress_error = 0, None
         return None
     if context.session is None:
         context.session = aiohttp.ClientSession()
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    return await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    memory.progress_failures = 0 if error is None else memory.progress_failures + 1
+    memory.progress_error = error
+    return report
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
-                 decision: Decision, logger: Logger) -> bool:
+                 decision: Decision, logger: Logger, *, interval: float = 0) -> bool:
+    """Write the status difference, then post the events. A difference in progress alone waits until `interval`
+    seconds after the last write; phase, condition, restart and failure changes are written at once."""
     metadata = body["metadata"]
-    patch = merge_patch_between(base_status, decision.status)
     memory = context.memory(metadata["uid"])
-    if patch:
+    written_base = memory.written_status if memory.written_status is not None else base_status
+    patch = merge_patch_between(written_base, decision.status)
+    now = context.clock()
+    recent = memory.written_at is not None and (now - memory.written_at).total_seconds() < interval
+    if patch and recent and _fingerprint(written_base) == _fingerprint(decision.status):
+        patch = {}  # progress only, and written recently: the metrics carry it meanwhile
+    elif patch:
         written = await kube.patch_status(API_VERSION, KIND, metadata["namespace"],
                                           metadata["name"], patch)
         if written is None:
             return False
+        memory.written_status, memory.written_at = decision.status, now
     memory.last_status = decision.status
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -152,35 +207,25 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
     return True
 
 
+def _fingerprint(status: dict[str, Any]) -> tuple:
+    """What must reach the API server at once: everything but progress counters, clocks and running messages."""
+    conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or [])
+    keys = ("phase", "observedGeneration", "startTime", "completionTime", "restarts", "disruptions", "failure")
+    return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None)
+
+
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
-               live: list[tuple[PodObservation, PodFacts]], logger: Logger, gate: kueue.Gate | None = None) -> None:
+               live: list[tuple[PodObservation, PodFacts]], present: set[str], logger: Logger,
+               gate: kueue.Gate | None = None) -> None:
     metadata = body["metadata"]
     name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
     memory = context.memory(uid)
     uids = {obs.name: facts.uid for obs, facts in live}
     for action in decision.actions:
         if isinstance(action, CreateChildren):
-            present = set(uids)
-            attempt = int(decision.status.get("restarts", 0))
-            try:
-                children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                                   attempt=attempt)
-            except OverrideError as error:  # a managed field the API server's rules let through
-                raise ChildRejected(str(error)) from None
-            if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
-                placed = await kueue.placements(kube, gate.flavors)
-                children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
-                    role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
-                    for child in children]
-            for child in children:
-                if child["kind"] == "Pod" and child["metadata"]["name"] in present:
-                    continue
-                try:
-                    await kube.create(child)
-                except APIClientError as error:
-                    raise ChildRejected(f"{child['kind']} {child['metadata']['name']} was rejected by the API "
-                                        f"server: {error.message or error}") from None
-            memory.children_created = True
+            generation = int(metadata.get("generation") or 1)
+            await _create_children(context, kube, name, namespace, uid, spec, decision.status, present, generation,
+                                   logger, gate)
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
                 await kube.delete("v1", "Pod", namespace, pod)
@@ -189,3 +234,72 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
         elif isinstance(action, DeleteRun):
             logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
             await kube.delete(API_VERSION, KIND, namespace, name)
+
+
+async def _create_children(context: OperatorContext, kube: Kube, name: str, namespace: str, uid: str,
+                           spec: GRPORunSpec, status: dict[str, Any], present: set[str], generation: int,
+                           logger: Logger, gate: kueue.Gate | None = None) -> None:
+    """Create what is missing. An invalid child fails the run (ChildRejected); anything else the API server
+    answers (quota, throttling, a name still held by an earlier run's object) is retried with backoff."""
+    memory = context.memory(uid)
+    now = context.clock()
+    if memory.create_retry_at is not None and now < memory.create_retry_at:
+        return
+    attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
+    problem, created_pods = None, []
+    try:
+        children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
+                                           attempt=attempt, generation=generation)
+    except OverrideError as error:  # a managed field the API server's rules let through
+        raise ChildRejected(str(error), []) from None
+    if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
+        placed = await kueue.placements(kube, gate.flavors)
+        children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
+            role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
+            for child in children]
+    for child in children:
+        child_name = f"{child['kind']} {child['metadata']['name']}"
+        if child["kind"] == "Pod" and child["metadata"]["name"] in present:
+            continue
+        try:
+            created = await kube.create(child)
+        except APIClientError as error:
+            if error.status in PERMANENT_REJECTIONS:
+                raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
+                                    created_pods) from None
+            problem = f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"
+            break
+        if created and child["kind"] == "Pod":
+            created_pods.append(child["metadata"]["name"])
+        if created:
+            continue
+        existing = await _existing_of(kube, child, uid)
+        if existing is None:
+            problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
+        elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != generation:
+            # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
+            # learner and checkpoint edits only then): their config is rendered again. A live run's never is.
+            await kube.patch(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"],
+                             {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
+    if problem is None:
+        memory.children_created, memory.create_error, memory.create_failures = True, None, 0
+        memory.create_retry_at = None
+        return
+    logger.warning(problem)
+    memory.children_created, memory.create_error = False, problem
+    delay = CREATE_BACKOFF_SECONDS[min(memory.create_failures, len(CREATE_BACKOFF_SECONDS) - 1)]
+    memory.create_failures += 1
+    memory.create_retry_at = now + datetime.timedelta(seconds=delay)
+
+
+async def _existing_of(kube: Kube, child: dict[str, Any], uid: str) -> dict[str, Any] | None:
+    """The existing object under the child's name, when the run `uid` controls it; None otherwise."""
+    meta = child["metadata"]
+    existing = await kube.read(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+    return existing if any(ref.get("uid") == uid and ref.get("controller") for ref in owners) else None
+
+
+def _rendered_generation(config_map: dict[str, Any]) -> int:
+    value = str(((config_map.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION, "1"))
+    return int(value) if value.isdigit() else 1

@@ -95,7 +95,7 @@ def test_releasing_an_evicted_workload_clears_its_admission():
 class _NoKueue:
     """A cluster without Kueue: the Workload kind is unknown to the API server."""
 
-    async def get(self, *args: Any) -> None:
+    async def read(self, *args: Any) -> None:
         return None
 
     async def create(self, obj: dict[str, Any]) -> bool:

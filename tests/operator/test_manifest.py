@@ -224,6 +224,9 @@ def _update(change: Callable[[dict], Any], base: Callable[[], dict] = good) -> C
     return make
 
 
+ONE_MATCH = "a rule sets exactly one of onExitCodes or onPodConditions"
+
+
 _LEARNER_OVERRIDE = "spec.learner.podTemplateOverride"
 _ROLLOUT_OVERRIDE = "spec.rollout.podTemplateOverride"
 
@@ -237,6 +240,11 @@ def _learner_container(manifest: dict) -> dict:
 
 
 CEL_CASES = {
+    "failure-rule-both": (_set("spec.runPolicy.podFailurePolicy", [
+        {"action": "Fail", "onExitCodes": {"operator": "In", "values": [3]},
+         "onPodConditions": [{"type": "DisruptionTarget"}]}]), f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
+    "failure-rule-none": (_set("spec.runPolicy.podFailurePolicy", [{"action": "Restart"}]),
+                          f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
     "name-dots": (_set("metadata.name", "qwen3.gsm8k"), "metadata.name: must be a DNS-1035 label"),
     "name-long": (_set("metadata.name", "a" * 49), "metadata.name: must be a DNS-1035 label"),
     "name-digit": (_set("metadata.name", "1run"), "metadata.name: must be a DNS-1035 label"),
@@ -321,6 +329,8 @@ def test_manifest_cel_rule_rejects(make, expected):
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"
+WHILE_SUSPENDED = ("rollout, learner and checkpoint can change only while the run is suspended (set runPolicy.suspend "
+                   "to true first; the pods are then recreated with the change on resume)")
 UPDATE_CASES = {
     "model": (_set("spec.model", "Qwen/Qwen3-1.7B"), [f"spec.model: {IMMUTABLE}"]),
     "dataset": (_set("spec.dataset.limit", 10), [f"spec.dataset: {IMMUTABLE}"]),
@@ -328,14 +338,41 @@ UPDATE_CASES = {
     "training": (_set("spec.training.extraArgs", {"beta": 0.1}), [f"spec.training: {IMMUTABLE}"]),
     "training-default": (_set("spec.training.seed", _DELETE), [f"spec.training: {IMMUTABLE}"]),
     "filter": (_set("spec.filter.dropTruncated", False), [f"spec.filter: {IMMUTABLE}"]),
-    # What Kueue and people change on a live run: suspend/resume, placement and images before a resume, deadlines.
+    # What Kueue and people change on a live run: suspend/resume and deadlines. Placement, images, sizes and the
+    # checkpoint change only while suspended (test_manifest_pods_change_only_while_the_run_is_suspended).
     "suspend": (_set("spec.runPolicy.suspend", True), []),
-    "placement": (_update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}, tolerations=[])), []),
-    "image": (_set("spec.rollout.image", "ghcr.io/example/grpo-trainer:0.1.1"), []),
+    "placement": (_update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}, tolerations=[])),
+                  [f"spec: {WHILE_SUSPENDED}"]),
+    "image": (_set("spec.rollout.image", "ghcr.io/example/grpo-trainer:0.1.1"), [f"spec: {WHILE_SUSPENDED}"]),
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
 }
+
+
+def _suspended() -> dict[str, Any]:
+    manifest = good()
+    manifest["spec"]["runPolicy"]["suspend"] = True
+    return manifest
+
+
+POD_EDITS = {
+    "scale-rollout": _set("spec.rollout.replicas", 4, base=_suspended),
+    "learner-nodes": _set("spec.learner.nodes", 3, base=_suspended),
+    "placement-and-resume": _update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}) or
+                                    m["spec"]["runPolicy"].update(suspend=False), base=_suspended),
+    "checkpoint": _set("spec.checkpoint.saveSteps", 10, base=_suspended),
+}
+
+
+@pytest.mark.parametrize("make", POD_EDITS.values(), ids=POD_EDITS.keys())
+def test_manifest_pods_change_only_while_the_run_is_suspended(make):
+    """A change to the pods' spec is applied whole, by recreating the pods on resume; on a live run it would be
+    half-applied (surplus pods kept, a new rank at another world size), so the API server refuses it."""
+    assert validate_manifest(make(), old=_suspended()) == []
+    running = make()
+    running["spec"]["runPolicy"]["suspend"] = False
+    assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
 
 
 @pytest.mark.parametrize("make, expected", UPDATE_CASES.values(), ids=UPDATE_CASES.keys())

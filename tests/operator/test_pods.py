@@ -36,6 +36,19 @@ def test_a_waiting_or_unschedulable_pod_reads_with_its_reason():
 
 
 
-def test_pod_facts_carry_identity_address_and_deletion():
-    facts = pod_facts(pod({"podIP": "10.0.0.7"}, deletionTimestamp="2026-01-01T00:00:00Z"))
-    assert (facts.uid, facts.ip, facts.terminating) == ("u1", "10.0.0.7", True)
+def test_pod_facts_carry_identity_address_and_the_controlling_run():
+    owners = [{"apiVersion": "v1", "kind": "Other", "name": "o", "uid": "other"},
+              {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun", "name": "r", "uid": "run-uid", "controller": True}]
+    facts = pod_facts(pod({"podIP": "10.0.0.7"}, ownerReferences=owners))
+    assert (facts.uid, facts.ip, facts.owner_uid) == ("u1", "10.0.0.7", "run-uid")
+    assert pod_facts(pod({})).owner_uid is None
+
+
+def test_a_pod_being_deleted_disrupted_or_restarted_says_so():
+    observed = observe_pod(pod({"phase": "Failed", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]},
+        deletionTimestamp="2026-01-01T00:00:00Z", annotations={"grpo.dev/attempt": "3"}))
+    assert (observed.terminating, observed.disruption, observed.attempt) == (True, "PreemptionByScheduler", 3)
+    assert observed.conditions == frozenset({"DisruptionTarget"})
+    plain = observe_pod(pod({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False"}]}))
+    assert (plain.terminating, plain.disruption, plain.attempt) == (False, None, None)

@@ -17,7 +17,7 @@ def test_progress_urls():
 
 
 
-def test_poll_progress_reads_a_real_progress_server_and_returns_none_when_it_cannot():
+def test_poll_progress_reads_a_real_progress_server_and_says_why_when_it_cannot():
     server = ProgressServer(lambda: ProgressReport(groups_total=10, groups_trained=4), port=0, host="127.0.0.1")
     server.start()
 
@@ -31,4 +31,7 @@ def test_poll_progress_reads_a_real_progress_server_and_returns_none_when_it_can
         good, missing, dead = asyncio.run(poll())
     finally:
         server.stop()
-    assert good.groups_trained == 4 and missing is None and dead is None
+    (report, error), (no_report, missing_error), (nothing, dead_error) = good, missing, dead
+    assert report.groups_trained == 4 and error is None
+    assert no_report is None and "HTTP 404" in missing_error
+    assert nothing is None and dead_error.startswith("http://127.0.0.1:9/progress")

@@ -25,8 +25,16 @@ parsing, discovery documents, error rendering and request list, and replaces the
 - namespaced objects need their namespace to exist (404), as on a real server;
 - optional per-resource validators (e.g. the CRD's structural schema) that reject a write with 422.
 
-Deliberate gaps: no admission, no defaulting, no pod grace period (pods vanish at once), Foreground propagation is
-treated as Background, and spec changes to a pod are rejected wholesale (the real server allows a few fields).
+Stricter modes a test opts into (each is what a real cluster does; the defaults keep tests short):
+- `graceful_pod_deletion`: deleting a pod only marks it Terminating (deletionTimestamp) until its kubelet confirms
+  with a `gracePeriodSeconds=0` delete; a pod on a dead node stays Terminating, and creating a pod under its name
+  is a 409 meanwhile;
+- `deferred_gc`: dependents of a deleted owner stay until `collect_garbage()` (the real garbage collector is
+  asynchronous, seconds or more behind);
+- `inject_fault(...)`: the next matching requests fail with a given status (403 quota, 429, 500, ...).
+
+Deliberate gaps: no admission, no defaulting, Foreground propagation is treated as Background, and spec changes to
+a pod are rejected wholesale (the real server allows a few fields).
 
 Every request is recorded as a `RecordedRequest` (method, path, query, plus the RBAC verb/group/resource it needs)
 so a test can check the operator's calls against the chart's RBAC rules.
@@ -93,6 +101,22 @@ COSCHEDULING_POD_GROUPS = ResourceDef("scheduling.x-k8s.io", "v1alpha1", "podgro
                                       subresources=("status",))
 VOLCANO_POD_GROUPS = ResourceDef("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", subresources=("status",))
 SCHEDULING_RESOURCES = (WORKLOADS, RESOURCE_FLAVORS, COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS)
+
+
+@dataclasses.dataclass
+class Fault:
+    """Answer the next `times` requests matching method, plural (and the object's name, if given) with this error."""
+
+    method: str
+    plural: str
+    code: int
+    reason: str
+    message: str
+    times: int = 1
+    name: str | None = None
+
+    def matches(self, method: str, plural: str, name: str | None) -> bool:
+        return self.times > 0 and self.method == method and self.plural == plural and self.name in (None, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,8 +272,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def __init__(self, resources: Iterable[ResourceDef] = DEFAULT_RESOURCES, *,
                  validators: dict[str, Validator] | None = None, namespaces: Iterable[str] = ("default",),
-                 max_watch_seconds: float | None = None, history_limit: int = HISTORY_LIMIT):
+                 max_watch_seconds: float | None = None, history_limit: int = HISTORY_LIMIT,
+                 graceful_pod_deletion: bool = False, deferred_gc: bool = False):
         super().__init__()
+        self.graceful_pod_deletion, self.deferred_gc = graceful_pod_deletion, deferred_gc
+        self.faults: list[Fault] = []
+        self._orphaned_owners: list[str] = []
         self.defs: dict[tuple[str, str, str], ResourceDef] = {}
         for rdef in resources:
             self.defs[(rdef.group, rdef.version, rdef.plural)] = rdef
@@ -337,9 +365,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
             user_agent=request.headers.get("User-Agent", ""))
 
     # --- dispatch ----------------------------------------------------------------------------------------------
+    def inject_fault(self, method: str, plural: str, code: int, reason: str, message: str, *, times: int = 1,
+                     name: str | None = None) -> Fault:
+        fault = Fault(method.upper(), plural, code, reason, message, times, name)
+        self.faults.append(fault)
+        return fault
+
+    def collect_garbage(self) -> None:
+        """Run the deferred garbage collector: delete the dependents of every owner deleted so far."""
+        owners, self._orphaned_owners = self._orphaned_owners, []
+        for uid in owners:
+            self._collect_dependents_of(uid)
+
     def _serve(self, request: rendering.Request, rdef: ResourceDef) -> tuple[int, Any]:
         if rdef.kind == "Unknown":
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({rdef.key})")
+        method = request.method.value.upper()
+        body_name = ((request.data or {}).get("metadata") or {}).get("name") if isinstance(request.data, dict) else None
+        fault = next((f for f in self.faults if f.matches(method, rdef.plural, request.name or body_name)), None)
+        if fault is not None:
+            fault.times -= 1
+            raise ApiError(fault.code, fault.reason, fault.message)
         if request.subresource and request.subresource not in rdef.subresources:
             raise ApiError(404, "NotFound", f"{rdef.plural} has no subresource {request.subresource!r}")
         method = request.method.value.upper()
@@ -356,7 +402,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if method == "PUT" and request.name:
             return 200, self._replace(rdef, namespace, request.name, request.subresource, self._body(request))
         if method == "DELETE" and request.name:
-            return 200, self._delete(rdef, namespace, request.name, self._propagation(request))
+            graceful = request.params.get("gracePeriodSeconds") != "0"
+            return 200, self._delete(rdef, namespace, request.name, self._propagation(request), graceful=graceful)
         if method == "DELETE":
             return 200, self._delete_collection(rdef, namespace, request.params, self._propagation(request))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.url.path}")
@@ -517,8 +564,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return self._remove(rdef, result, "Background")
         return self._commit(rdef, "MODIFIED", result)
 
-    def _delete(self, rdef: ResourceDef, namespace: str | None, name: str, propagation: str) -> dict[str, Any]:
+    def _delete(self, rdef: ResourceDef, namespace: str | None, name: str, propagation: str, *,
+                graceful: bool = True) -> dict[str, Any]:
         current = self._get(rdef, namespace, name)
+        if rdef == PODS and self.graceful_pod_deletion and graceful and not current["metadata"].get("finalizers"):
+            if current["metadata"].get("deletionTimestamp"):
+                return copy.deepcopy(current)
+            marked = copy.deepcopy(current)
+            marked["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=30)
+            return self._commit(rdef, "MODIFIED", marked)
         if current["metadata"].get("finalizers"):
             if current["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(current)
@@ -537,7 +591,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _remove(self, rdef: ResourceDef, obj: dict[str, Any], propagation: str) -> dict[str, Any]:
         removed = self._commit(rdef, "DELETED", obj)
-        if propagation != "Orphan":
+        if propagation != "Orphan" and self.deferred_gc:
+            self._orphaned_owners.append(obj["metadata"]["uid"])
+        elif propagation != "Orphan":
             self._collect_dependents_of(obj["metadata"]["uid"])
         return removed
 
@@ -550,7 +606,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 continue
             rdef = next(r for r in self.defs.values() if r.key == key)
             if (key, namespace, name) in self.store:
-                self._delete(rdef, namespace, name, "Background")
+                self._delete(rdef, namespace, name, "Background", graceful=False)
 
     def history(self, rdef: ResourceDef) -> list[tuple[str, str, str]]:
         """(event type, name, uid) of every retained event of a resource, oldest first."""
@@ -688,5 +744,7 @@ class KubeClient:
         return self._call("PATCH", self.path(rdef, namespace, name, subresource), data=json.dumps(patch),
                           headers={"Content-Type": content_type})
 
-    def delete(self, rdef: ResourceDef, namespace: str | None, name: str) -> dict[str, Any]:
-        return self._call("DELETE", self.path(rdef, namespace, name))
+    def delete(self, rdef: ResourceDef, namespace: str | None, name: str, *,
+               grace_period_seconds: int | None = None) -> dict[str, Any]:
+        params = {} if grace_period_seconds is None else {"gracePeriodSeconds": str(grace_period_seconds)}
+        return self._call("DELETE", self.path(rdef, namespace, name), params=params)

@@ -136,6 +136,23 @@ class Kubelet:
         })
 
 
+    def disrupt(self, name: str, reason: str = "PreemptionByScheduler") -> dict[str, Any]:
+        """What the control plane and kubelet report for an evicted or preempted pod: DisruptionTarget, then killed."""
+        role = name.rsplit("-", 2)[-2]
+        return self._status(name, {
+            "phase": "Failed", "reason": reason,
+            "conditions": [{"type": "Ready", "status": "False"},
+                           {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                            "message": f"{reason}: the pod was removed to make room"}],
+            "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE, "imageID": "",
+                                   "state": {"terminated": {"exitCode": 137, "reason": "Error", "message": ""}}}],
+        })
+
+    def confirm_deletion(self, name: str) -> None:
+        """The kubelet's final delete of a Terminating pod (a dead node never sends it)."""
+        self.client.delete(PODS, NAMESPACE, name, grace_period_seconds=0)
+
+
 class FakeLearner:
     """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
 

@@ -11,8 +11,10 @@ NAMESPACE = "default"
 
 
 def minimal_spec(**overrides: Any) -> dict[str, Any]:
-    """A valid spec with the CRD's defaults applied (what the API server would store)."""
+    """A valid spec with the CRD's defaults applied (what the API server would store), writing progress to status
+    on every pass (`progress.statusIntervalSeconds: 0`) so tests read it back at once."""
     spec = {
+        "progress": {"statusIntervalSeconds": 0},
         "model": "/models/tiny",
         "dataset": {"path": "/data/prompts.jsonl"},
         "rewards": [{"name": "letter_a_fraction"}],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
@@ -32,6 +33,12 @@ def main(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
         print("grporun operator: pass --namespace NAME (repeatable) or --all-namespaces")
         return 2
+    from .preflight import cluster_problem
+
+    problem = cluster_problem()
+    if problem is not None:
+        print(f"grporun operator: {problem}", file=sys.stderr)
+        return 1
     import kopf
 
     from .. import handlers  # noqa: F401  (registers the handlers with kopf)

@@ -38,6 +38,16 @@ def restart(clock: ProgressClock | None, now: datetime.datetime) -> ProgressCloc
     return clock
 
 
+def restart_pause(clock: ProgressClock | None, now: datetime.datetime) -> ProgressClock | None:
+    """A paused clock's pause, counted so far, folded into `pausedSeconds`; the pause goes on from `now`."""
+    if clock is None or clock.paused_since is None:
+        return clock
+    clock = clock.model_copy()
+    clock.paused_seconds += seconds_since(now, clock.paused_since)
+    clock.paused_since = format_time(now)
+    return clock
+
+
 def idle_seconds(clock: ProgressClock | None, now: datetime.datetime) -> float:
     """Running seconds since the clock's anchor (the last trained group, or the start of running)."""
     if clock is None or clock.anchor_time is None:

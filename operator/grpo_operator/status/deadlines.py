@@ -16,8 +16,10 @@ class Exceeded:
     waiting: str | None = None  # why the run was still waiting, for a startup deadline
 
 
-def deadline_exceeded(spec: GRPORunSpec, status: GRPORunStatus, now: datetime.datetime) -> Exceeded | None:
-    """The active deadline (since the run started or resumed), then the startup deadline (nothing trained yet)."""
+def deadline_exceeded(spec: GRPORunSpec, status: GRPORunStatus, now: datetime.datetime, *,
+                      pending: bool) -> Exceeded | None:
+    """The active deadline (since the run started or resumed), then the startup deadline: nothing trained yet, or
+    (`pending`: the run is Pending or Starting again) not running again, since the pause began."""
     policy, progress = spec.run_policy, spec.progress
     active = seconds_since(now, status.start_time)
     if policy.active_deadline_seconds is not None and active >= policy.active_deadline_seconds:
@@ -28,6 +30,13 @@ def deadline_exceeded(spec: GRPORunSpec, status: GRPORunStatus, now: datetime.da
         waiting = status.message
         message = f"no group trained {int(active)} s after the pods were created (startupDeadlineSeconds {startup})"
         return Exceeded(Reason.STARTUP_DEADLINE_EXCEEDED, message + (f"; {waiting}" if waiting else ""), waiting)
+    paused_since = status.progress_clock.paused_since if status.progress_clock else None
+    if startup is not None and pending and status.last_progress_time is not None and paused_since is not None:
+        waited = seconds_since(now, paused_since)
+        if waited >= startup:
+            why = status.message
+            message = f"the run has waited {int(waited)} s to run again (startupDeadlineSeconds {startup})"
+            return Exceeded(Reason.STARTUP_DEADLINE_EXCEEDED, message + (f"; {why}" if why else ""), why)
     return None
 
 

@@ -20,6 +20,10 @@ class PodObservation:
     reason: str | None = None
     message: str | None = None  # the container's termination message
     waiting_reason: str | None = None
+    terminating: bool = False  # being deleted: it still holds its name (and its slot) until it is gone
+    disruption: str | None = None  # the reason of a True DisruptionTarget condition (eviction, preemption, ...)
+    attempt: int | None = None  # the restart count the pod was created at (its attempt annotation)
+    conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
 
 
 @dataclass(frozen=True)

@@ -49,15 +49,21 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
 
 def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
                   progress: ProgressReport | None, now: datetime.datetime, *, generation: int,
-                  children_exist: bool = True, hold: tuple[str, str] | None = None) -> Decision:
+                  children_exist: bool = True, progress_error: str | None = None, progress_lost: bool = False,
+                  create_error: str | None = None, hold: tuple[str, str] | None = None) -> Decision:
     """The next status of a run, the events its transitions emit and the actions the I/O layer must take.
 
-    `pods` are the run's pods as observed (pods the operator deleted itself should be left out), `progress` the
-    learner's last `/progress` (None when it could not be read), `children_exist` False when the ConfigMap and
-    Services may be missing (e.g. right after an operator restart: CreateChildren is idempotent). `hold` (reason,
-    message) keeps the run suspended for a reason outside its spec: Kueue has not admitted it, or evicted it.
+    `pods` are the run's own pods as observed (those being deleted, including the ones the operator just deleted,
+    marked `terminating`), `progress` the learner's last `/progress` (None when there is none to read),
+    `progress_error` why the running learner's `/progress` could not be read this time (`progress_lost`: several
+    times in a row), `create_error` why creating children failed last time (a transient API error, retried),
+    `children_exist` False when the ConfigMap and Services may be missing (e.g. right after an operator restart:
+    CreateChildren is idempotent). `hold` (reason, message) keeps the run suspended for a reason outside its spec:
+    Kueue has not admitted it, or evicted it.
     """
     derivation = _Derivation(spec, parse_status(status), pods, progress, now, generation)
+    derivation.progress_error, derivation.progress_lost = progress_error, progress_lost
+    derivation.create_error = create_error
     derivation.hold = hold
     derivation.decide(children_exist)
     return derivation.decision()
@@ -95,7 +101,12 @@ class RunRecord:
         self.conditions = Conditions(self.new, now, generation)
         self.events: list[Event] = []
         self.actions: list[Action] = []
+        self.terminating = [p for p in pods if p.terminating]
+        pods = [p for p in pods if not p.terminating]
         self.pods = pods
+        self.progress_error: str | None = None
+        self.progress_lost = False
+        self.create_error: str | None = None
         self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
         self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
         self.progress = progress
@@ -170,8 +181,9 @@ class _Derivation(RunRecord):
         if missing or not children_exist:
             self.actions.append(CreateChildren())
         phase = self._running_phase(missing)
+        self._surface_create_error()
         self.tick_clock(running=phase == Phase.RUNNING)
-        if self._check_deadlines() or self._check_stall(running=phase == Phase.RUNNING):
+        if self._check_deadlines(waiting=phase != Phase.RUNNING) or self._check_stall(running=phase == Phase.RUNNING):
             return
         self.set_phase(phase)
 
@@ -184,7 +196,9 @@ class _Derivation(RunRecord):
         self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
         message = f"{ready}/{replicas} rollout servers ready"
         if ready != replicas:
-            self.conditions.set(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, message)
+            changed = self.conditions.set(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, message)
+            if changed and self.old.phase == Phase.RUNNING:
+                self.event("Warning", Reason.REPLICAS_NOT_READY, message)
         elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", Reason.ALL_REPLICAS_READY, message):
             self.event("Normal", Reason.ROLLOUT_READY, message)
 
@@ -200,37 +214,54 @@ class _Derivation(RunRecord):
         if report.groups_trained > previous_trained:
             self.new.last_progress_time = format_time(self.now)
             self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
+        elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
+            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
 
     def _missing_pods(self) -> list[tuple[str, int]]:
-        present = {(p.role, rank(p.name)) for p in self.pods}
+        # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
+        present = {(p.role, rank(p.name)) for p in self.pods + self.terminating}
         expected = [("rollout", i) for i in range(self.spec.rollout.replicas)]
         expected += [("learner", r) for r in range(self.spec.learner.nodes)]
         return [slot for slot in expected if slot not in present]
 
     def _running_phase(self, missing: list[tuple[str, int]]) -> Phase:
-        if missing or any(p.phase in ("Pending", "Unknown") for p in self.pods):
+        if missing or self.terminating or any(p.phase in ("Pending", "Unknown") for p in self.pods):
             self._surface_waiting(default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
             return Phase.PENDING
         all_ready = self.conditions.is_true(ConditionType.ROLLOUT_READY)
-        if all_ready and all(p.phase == "Running" for p in self.learner_pods):
+        learners_running = all(p.phase == "Running" for p in self.learner_pods)
+        # Once running, an unready rollout server does not stop the run (or its clock): RolloutReady says it.
+        if learners_running and (all_ready or self.old.phase == Phase.RUNNING):
             return Phase.RUNNING
         self._surface_waiting(default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
         return Phase.STARTING
 
     def _surface_waiting(self, default: tuple[str, str]) -> None:
-        reason, message = _waiting_reason(self.pods) or default
+        reason, message = _waiting_reason(self.pods, self.terminating) or default
         previous = self.conditions.get(ConditionType.PROGRESSING)
         self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        quiet = reason in (Reason.PODS_PENDING, Reason.STARTING)
+        # Pods being deleted are routine on every restart: no event, but the message says who is waited for.
+        quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
         if not quiet and (previous is None or previous.reason != reason):
             self.event("Warning", reason, message)
-        self.new.message = None if quiet else message
+        self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
+
+    def _surface_create_error(self) -> None:
+        if self.create_error is None:
+            return
+        previous = self.conditions.get(ConditionType.PROGRESSING)
+        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, self.create_error)
+        if previous is None or previous.reason != Reason.CREATE_FAILED:
+            self.event("Warning", Reason.CREATE_FAILED, self.create_error)
+        self.new.message = self.create_error
 
     # --- exits and the end of a run ----------------------------------------------------------------------------
     def _decide_on_exits(self) -> bool:
-        limit = self.spec.run_policy.backoff_limit
+        policy = self.spec.run_policy
         verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
-                                   backoff_limit=limit)
+                                   backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
+                                   max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
+                                   rules=policy.pod_failure_policy or ())
         if verdict is None:
             return False
         if isinstance(verdict, Succeed):
@@ -240,16 +271,36 @@ class _Derivation(RunRecord):
                 self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
             self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
         elif isinstance(verdict, Restart):
-            self.new.restarts += verdict.counted
-            self.new.learner.restarts = self.new.restarts
-            self.actions.append(RecreatePods(verdict.pods))
-            self.event("Warning", Reason.RESTARTING,
-                       f"{verdict.what}; restart {self.new.restarts}/{limit}, resuming from the last checkpoint"
-                       + (f": {verdict.detail}" if verdict.detail else ""))
-            self.tick_clock(running=False)
-            self.conditions.set(ConditionType.PROGRESSING, "False", Reason.RESTARTING, verdict.what)
-            self.set_phase(Phase.PENDING)
+            self._restart(verdict)
         return True
+
+    def _restart(self, verdict: Restart) -> None:
+        self.actions.append(RecreatePods(verdict.pods))
+        if not verdict.counted:
+            detail = f": {verdict.detail}" if verdict.detail else ""
+            if verdict.disruption is not None:
+                self.new.disruptions += 1
+                limit = self.spec.run_policy.max_disruptions
+                self.event("Warning", Reason.DISRUPTED, f"{verdict.what}; disruption {self.new.disruptions}"
+                           + (f"/{limit}" if limit is not None else "")
+                           + ", not counted against backoffLimit; resuming from the last checkpoint")
+            else:
+                self.new.restarts += 1
+                self.event("Warning", Reason.RESTARTING, f"{verdict.what}; restart {self.new.restarts}/"
+                           f"{self.spec.run_policy.backoff_limit}, resuming from the last checkpoint{detail}")
+        self.new.learner.restarts = self.new.restarts
+        self.tick_clock(running=False)
+        reason = Reason.DISRUPTED if verdict.disruption is not None else Reason.RESTARTING
+        self.conditions.set(ConditionType.PROGRESSING, "False", reason, verdict.what)
+        self.set_phase(Phase.PENDING)
+
+    def _removed_learners(self) -> list[str]:
+        """Learner pods that vanished from a running gang (the Eviction API, a manual delete)."""
+        if self.old.phase not in (Phase.RUNNING, Phase.STARTING) or not self.learner_pods:
+            return []
+        present = {rank(p.name) for p in self.learner_pods + self.terminating if p.role == "learner"}
+        run = self.learner_pods[0].name.rsplit("-", 1)[0]
+        return [f"{run}-{r}" for r in range(self.spec.learner.nodes) if r not in present]
 
     def _after_finish(self) -> None:
         self.clean_pods()
@@ -278,10 +329,21 @@ class _Derivation(RunRecord):
         if self.conditions.set(ConditionType.SUSPENDED, "False", Reason.RESUMED, message):
             self.event("Normal", Reason.RESUMED, message)
         self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
+        # Waiting to run again is timed from the resume, not from the suspension.
+        self.new.progress_clock = clock.restart_pause(self.new.progress_clock, self.now)
 
     # --- clock and deadlines -----------------------------------------------------------------------------------
-    def _check_deadlines(self) -> bool:
-        exceeded = deadline_exceeded(self.spec, self.new, self.now)
+    def _progress_unknown(self) -> bool:
+        """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
+        message = f"the learner's progress cannot be read: {self.progress_error}"
+        if self.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
+            self.event("Warning", Reason.PROGRESS_UNKNOWN, message)
+        self.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
+        self.new.message = message
+        return False
+
+    def _check_deadlines(self, *, waiting: bool) -> bool:
+        exceeded = deadline_exceeded(self.spec, self.new, self.now, pending=waiting)
         if exceeded is not None:
             self.finish(Phase.FAILED, exceeded.reason, exceeded.message,
                          FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
@@ -291,6 +353,9 @@ class _Derivation(RunRecord):
         """Set or clear the Stalled condition; True when the stall policy finished the run."""
         idle = clock.idle_seconds(self.new.progress_clock, self.now)
         cause = stall_cause(self.spec, self.new, idle, running=running)
+        deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
+        if running and self.progress_error is not None and (self.progress_lost or deadline):
+            return self._progress_unknown()
         if cause is None:
             if self.conditions.is_true(ConditionType.STALLED):
                 resumed = "groups are training again"
@@ -337,8 +402,12 @@ def _phase_message(spec: GRPORunSpec, phase: Phase) -> str:
     return messages.get(phase, phase.value)
 
 
-def _waiting_reason(pods: list[PodObservation]) -> tuple[str, str] | None:
-    """A pod that will not start by itself (image pull, crash loop, unschedulable), as (reason, message)."""
+def _waiting_reason(pods: list[PodObservation], terminating: list[PodObservation]) -> tuple[str, str] | None:
+    """A pod that will not start by itself (image pull, crash loop, unschedulable), or one being deleted that must
+    be gone before it can be created again, as (reason, message)."""
+    for pod in terminating:
+        return Reason.POD_TERMINATING, (f"pod {pod.name} is being deleted; it is created again once it is gone "
+                                        "(a pod on an unreachable node stays Terminating until the node is removed)")
     for pod in pods:
         if pod.waiting_reason in STUCK_WAITING_REASONS:
             return pod.waiting_reason, f"pod {pod.name}: {pod.waiting_reason}: {pod.message or ''}".strip()

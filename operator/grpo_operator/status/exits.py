@@ -4,12 +4,16 @@
 restart, or nothing happened. The rules, which docs/operator.md spells out for users:
 - learner rank 0 exiting 0 means the run succeeded: at the epoch bound, or earlier when TRL's `max_steps` ended it
   (its final report says so, and the reason is MaxStepsReached);
-- a learner preempted (SIGTERM: a drain, a spot reclaim) checkpointed and exited EXIT_PREEMPTED: its gang restarts
-  without counting against `backoffLimit`;
 - the learner's permanent exit codes (stalled, invalid config) fail the run at once: a retry cannot help;
+- a disruption (a pod with a True DisruptionTarget condition: evicted, preempted, removed by the taint manager or
+  the kubelet; a learner pod deleted from a running gang; the learner's own preempted exit code) restarts the pods
+  without counting against `runPolicy.backoffLimit`: it has its own counter and the optional
+  `runPolicy.maxDisruptions`;
 - any other exit, of a learner or of a rollout server (a server never exits by itself), restarts the pods while
   `runPolicy.backoffLimit` allows, then fails the run with BackoffLimitExceeded;
-- accelerate's ranks rendezvous once, so when one learner pod dies the whole learner gang restarts.
+- accelerate's ranks rendezvous once, so when one learner pod dies the whole learner gang restarts;
+- a failure is counted once: pods carry the attempt they were created at (restarts + disruptions), so a pass
+  replayed after a failed delete or an operator crash re-issues the restart without counting it again.
 """
 
 from __future__ import annotations
@@ -28,10 +32,14 @@ from grpo_trainer.contract import (
     parse_progress,
 )
 
-from ..api import FailureStatus, Reason
+from ..api import FailureStatus, PodFailureRule, Reason
 from .decision import PodObservation, rank
 
 FAILURE_MESSAGE_MAX_CHARS = 1024
+
+#: The learner's "preempted" exit code: on SIGTERM (a drain, a spot reclaim) it checkpointed and left because it was
+#: asked to. Handled as a disruption, not against backoffLimit.
+PREEMPTED_EXIT_CODES: frozenset[int] = frozenset({EXIT_PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,8 @@ class Restart:
     pods: tuple[str, ...]  # every pod to delete and create again
     what: str  # which pod exited how, for the event
     detail: str  # the pod's own last words (termination message), may be empty
-    counted: bool = True  # False: a preemption, which does not use up backoffLimit
+    disruption: str | None = None  # the disruption's reason: counted as a disruption, not against backoffLimit
+    counted: bool = False  # an earlier pass counted this failure already (its deletes did not all happen)
 
 
 Verdict = Succeed | Fail | Restart
@@ -75,9 +84,32 @@ def failure_text(pod: PodObservation) -> str:
     return text.strip()[-FAILURE_MESSAGE_MAX_CHARS:]
 
 
+def policy_action(pod: PodObservation, rules: Sequence[PodFailureRule]) -> str | None:
+    """The action of the first `runPolicy.podFailurePolicy` rule the failed pod matches, if any."""
+    return next((rule.action for rule in rules if rule.matches(pod.exit_code, pod.conditions)), None)
+
+
+def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> str | None:
+    """Why a pod was disrupted (not its own fault), or None for a crash."""
+    action = policy_action(pod, rules)
+    if action is not None:
+        return Reason.POD_FAILURE_POLICY if action == "Ignore" else None
+    if pod.disruption is not None:
+        return pod.disruption
+    if pod.role == "learner" and pod.exit_code in PREEMPTED_EXIT_CODES:
+        return "Preempted"
+    return None
+
+
 def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation], *,
-                     restarts: int, backoff_limit: int) -> Verdict | None:
-    """The run's fate from its exited pods; None while nothing has exited. `restarts` are those used so far."""
+                     restarts: int, backoff_limit: int, disruptions: int = 0, max_disruptions: int | None = None,
+                     removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = ()) -> Verdict | None:
+    """The run's fate from its exited pods; None while nothing has exited.
+
+    `restarts` and `disruptions` are those used so far; `removed_learners` are learner pods that vanished from a
+    running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them. `rules` is
+    the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults.
+    """
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
         report = report_from_termination_message(leader.message)
@@ -86,27 +118,68 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
         return Succeed(Reason.EPOCH_BOUND_REACHED, "the learner reached the epoch bound and exited 0")
     failed = [p for p in learner_pods if p.phase == "Failed"]
     failed += [p for p in rollout_pods if p.phase in ("Failed", "Succeeded")]  # a server never exits
-    if not failed:
-        return None
-    first = failed[0]
+    crashed = [p for p in failed if disruption_of(p, rules) is None]
+    if not crashed:
+        return _disrupted(failed, learner_pods, removed_learners, restarts + disruptions, disruptions,
+                          max_disruptions, rules)
+    first = crashed[0]
+    if first.attempt is not None and first.attempt < restarts + disruptions:
+        return Restart(_gang(failed, learner_pods), _what(first), failure_text(first), counted=True)
     code = first.exit_code
-    what = f"{first.role} pod {first.name} exited with code {code}" if code is not None else \
-        f"{first.role} pod {first.name} failed ({first.reason or 'no exit code'})"
+    what = _what(first)
     detail = failure_text(first)
     with_detail = f"{what}: {detail}" if detail else what
     failure = FailureStatus(role=first.role, pod=first.name, exit_code=code, reason=first.reason,
                             message=detail or None)
-    if code in PERMANENT_EXIT_CODES:
+    action = policy_action(first, rules)
+    if action == "Fail":
+        failure.reason = Reason.POD_FAILURE_POLICY
+        return Fail(Reason.POD_FAILURE_POLICY, f"{with_detail} (a runPolicy.podFailurePolicy rule says Fail)", failure)
+    if code in PERMANENT_EXIT_CODES and action is None:
         reason = Reason.STALLED if code == EXIT_STALLED else Reason.INVALID_CONFIG
         failure.reason = reason
         return Fail(reason, with_detail, failure, stalled=(detail or what) if reason == Reason.STALLED else None)
-    counted = code != EXIT_PREEMPTED
-    if counted and restarts >= backoff_limit:
+    if restarts >= backoff_limit:
         failure.reason = failure.reason or Reason.BACKOFF_LIMIT_EXCEEDED
         return Fail(Reason.BACKOFF_LIMIT_EXCEEDED,
                     f"{what} after {restarts} restarts (backoffLimit {backoff_limit})"
                     + (f": {detail}" if detail else ""), failure)
+    return Restart(_gang(failed, learner_pods), what, detail)
+
+
+def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservation], removed: Sequence[str],
+               attempts: int, disruptions: int, max_disruptions: int | None,
+               rules: Sequence[PodFailureRule]) -> Verdict | None:
+    if not failed and not removed:
+        return None
+    if failed:
+        first = failed[0]
+        reason = disruption_of(first, rules) or "Disrupted"
+        what = f"{first.role} pod {first.name} was disrupted ({reason})"
+        if first.attempt is not None and first.attempt < attempts:
+            return Restart(_gang(failed, learner_pods), what, "", disruption=reason, counted=True)
+    else:
+        reason, what = "PodDeleted", f"learner pod {removed[0]} was removed from the running gang"
+    if max_disruptions is not None and disruptions >= max_disruptions:
+        failure = FailureStatus(role="learner" if not failed else failed[0].role,
+                                pod=failed[0].name if failed else removed[0], reason=Reason.DISRUPTION_LIMIT_EXCEEDED,
+                                message=what)
+        return Fail(Reason.DISRUPTION_LIMIT_EXCEEDED,
+                    f"{what} after {disruptions} disruptions (maxDisruptions {max_disruptions})", failure)
+    pods = _gang(failed, learner_pods, force_gang=bool(removed))
+    return Restart(pods, what, "", disruption=reason)
+
+
+def _what(pod: PodObservation) -> str:
+    if pod.exit_code is not None:
+        return f"{pod.role} pod {pod.name} exited with code {pod.exit_code}"
+    return f"{pod.role} pod {pod.name} failed ({pod.reason or 'no exit code'})"
+
+
+def _gang(failed: Sequence[PodObservation], learner_pods: Sequence[PodObservation], *,
+          force_gang: bool = False) -> tuple[str, ...]:
+    """The failed pods, plus every learner pod when a learner failed (accelerate's ranks rendezvous once)."""
     restart = {p.name for p in failed}
-    if any(p.role == "learner" for p in failed):
+    if force_gang or any(p.role == "learner" for p in failed):
         restart |= {p.name for p in learner_pods}
-    return Restart(tuple(sorted(restart)), what, detail, counted)
+    return tuple(sorted(restart))

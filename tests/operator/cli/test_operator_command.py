@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 import requests
+import yaml
 
 from grpo_operator.cli import operator_command as main
 from grpo_operator.cli.local.processes import free_port
@@ -57,24 +61,14 @@ def _get(url: str) -> requests.Response | None:
 @pytest.mark.slow
 def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sigterm(tmp_path):
     """The real command line in its own process: kopf's default login (kubeconfig), the metrics server, SIGTERM."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
-    import yaml
+    from tests.support.kube_emulator import GRPORUNS, PODS, KubeClient
+    from tests.support.specs import grporun
 
-    from tests.support.kube_emulator import GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
-    from tests.support.operator_fixtures import grporun
-
-    emulator = EmulatorThread(KubeEmulator()).start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
-        "users": [{"name": "tester", "user": {"token": "t"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
+    emulator = _emulator(with_crd=True)
+    kubeconfig = _kubeconfig(tmp_path, emulator.url)
     metrics_port, liveness_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "grpo_operator.cli", "operator", "--namespace", "default",
@@ -99,3 +93,59 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
         if process.poll() is None:
             process.kill()
         emulator.stop()
+
+
+def _emulator(*, with_crd: bool):
+    from tests.support.kube_emulator import DEFAULT_RESOURCES, EmulatorThread, KubeClient, KubeEmulator
+    from tests.support.operator_fixtures import CRDS
+    from tests.support.paths import REPO
+
+    emulator = EmulatorThread(KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,))).start()
+    if with_crd:
+        KubeClient(emulator.url).create(CRDS, None, yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text()))
+    return emulator
+
+
+def _kubeconfig(tmp_path, server: str):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "tester", "user": {"token": "t"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}]}))
+    return kubeconfig
+
+
+def _operator(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    return subprocess.run([sys.executable, "-m", "grpo_operator.cli", "operator", "-A", "--metrics-port", "0"],
+                          env={**clean, **env}, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_without_credentials_the_operator_says_where_it_looked_in_one_line(tmp_path):
+    result = _operator({"HOME": str(tmp_path)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert "in-cluster service account" in line and "$KUBECONFIG" in line and "~/.kube/config" in line
+
+
+@pytest.mark.slow
+def test_an_unreachable_api_server_is_one_line(tmp_path):
+    kubeconfig = _kubeconfig(tmp_path, f"http://127.0.0.1:{free_port()}")
+    result = _operator({"HOME": str(tmp_path), "KUBECONFIG": str(kubeconfig)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert "cannot reach the API server" in line and str(kubeconfig) in line
+
+
+@pytest.mark.slow
+def test_a_cluster_without_the_crd_names_the_command_that_installs_it(tmp_path):
+    emulator = _emulator(with_crd=False)
+    try:
+        result = _operator({"HOME": str(tmp_path), "KUBECONFIG": str(_kubeconfig(tmp_path, emulator.url))})
+    finally:
+        emulator.stop()
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert "grporuns.grpo.dev" in line and "kubectl apply --server-side -f crds/grporun.yaml" in line

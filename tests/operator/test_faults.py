@@ -1,0 +1,214 @@
+"""The real kopf operator against the API emulator under the faults of a real cluster: pods stuck Terminating,
+evictions and preemptions, a run re-created while its old pods linger, transient API errors, an unreachable
+progress endpoint, an unready rollout server, a failed delete, and a spec from a newer CRD.
+
+Where a case depends on it, the emulator is made as strict as the real API server (graceful pod deletion, an
+asynchronous garbage collector, injected error answers); tests/support/kube_emulator.py describes each mode.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.kube_emulator import GRPORUNS, PODS
+from tests.support.operator_fixtures import NAMESPACE
+from tests.support.specs import grporun, minimal_spec
+
+pytestmark = pytest.mark.slow
+
+
+def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any]) -> None:
+    cluster.apply(grporun(name, spec))
+    progress_urls[f"{name}-learner-0"] = learner.url()
+    cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
+    learner.update(groups_consumed=4, groups_trained=3, global_step=2)
+    cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
+                     what=f"{name} to report 3 trained groups")
+    cluster.wait_phase(name, "Running")
+
+
+def _uid(cluster, pod: str) -> str | None:
+    found = cluster.kubelet.pod(pod)
+    return found["metadata"]["uid"] if found else None
+
+
+@pytest.mark.parametrize("emulator_options", [{"graceful_pod_deletion": True}])
+def test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded(cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"startupDeadlineSeconds": 4}, runPolicy={"backoffLimit": 2})
+    _running(cluster, learner, progress_urls, "term", spec)
+    cluster.kubelet.exit("term-learner-0", 1, "RuntimeError: NCCL timeout")
+    # The operator deletes the crashed pod; its node is gone, so it stays Terminating and keeps its name.
+    cluster.wait_for(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
+                     what="the learner pod marked for deletion")
+    status = cluster.wait_for(lambda: (s := cluster.status("term")).get("message") and s, what="a waiting message")
+    assert status["phase"] == "Pending" and "term-learner-0 is being deleted" in status["message"]
+    status = cluster.wait_phase("term", "Failed", timeout=20)
+    assert cluster.condition("term", "Failed")["reason"] == "StartupDeadlineExceeded"
+    assert "waited" in status["message"] and "term-learner-0 is being deleted" in status["message"]
+
+
+@pytest.mark.parametrize("emulator_options", [{"graceful_pod_deletion": True}])
+def test_a_terminating_pod_is_recreated_once_it_is_gone(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "gone", minimal_spec())
+    old = _uid(cluster, "gone-learner-0")
+    cluster.kubelet.exit("gone-learner-0", 1, "Killed")
+    cluster.wait_for(lambda: cluster.kubelet.pod("gone-learner-0")["metadata"].get("deletionTimestamp"),
+                     what="the learner pod marked for deletion")
+    cluster.kubelet.confirm_deletion("gone-learner-0")
+    cluster.wait_for(lambda: _uid(cluster, "gone-learner-0") not in (None, old), what="the learner pod recreated")
+    cluster.kubelet.run("gone-learner-0")
+    cluster.wait_phase("gone", "Running")
+    assert cluster.status("gone")["restarts"] == 1
+
+
+def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit(cluster, learner, progress_urls):
+    spec = minimal_spec(learner={"nodes": 2}, runPolicy={"backoffLimit": 0})
+    _running(cluster, learner, progress_urls, "pre", spec)
+    rank0 = _uid(cluster, "pre-learner-0")
+    cluster.kubelet.disrupt("pre-learner-1", "PreemptionByScheduler")
+    cluster.wait_for(lambda: _uid(cluster, "pre-learner-0") not in (None, rank0), what="the whole gang recreated")
+    status = cluster.status("pre")
+    assert status["phase"] != "Failed" and status.get("restarts", 0) == 0 and status["disruptions"] == 1
+    cluster.wait_event("pre", "Disrupted")
+
+
+def test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "evict", minimal_spec(learner={"nodes": 2}))
+    rank0 = _uid(cluster, "evict-learner-0")
+    cluster.client.delete(PODS, NAMESPACE, "evict-learner-1")  # what the Eviction API does to the pod
+    cluster.wait_for(lambda: _uid(cluster, "evict-learner-0") not in (None, rank0),
+                     what="rank 0 recreated with the new rank 1, not left waiting on an ended rendezvous")
+    assert cluster.status("evict")["disruptions"] == 1 and cluster.status("evict").get("restarts", 0) == 0
+
+
+@pytest.mark.parametrize("emulator_options", [{"deferred_gc": True}])
+def test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "again", minimal_spec())
+    learner.update(phase="Succeeded", groups_consumed=40, groups_trained=40, epochs_done=1)
+    cluster.kubelet.exit("again-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("again", "Succeeded")
+    cluster.client.delete(GRPORUNS, NAMESPACE, "again")
+    cluster.wait_for(lambda: cluster.run("again") is None, what="the old run gone")
+    assert cluster.pod_names("again") == ["again-learner-0"]  # the garbage collector has not caught up yet
+    new = cluster.apply(grporun("again", minimal_spec()))
+    status = cluster.wait_for(lambda: (s := cluster.status("again")).get("message") and s, what="a waiting message")
+    assert status["phase"] == "Pending" and "earlier run" in status["message"]
+    cluster.emulator_thread.call(cluster.emulator.collect_garbage)
+    cluster.wait_for(lambda: len(cluster.pods("again")) == 2, what="the new run's pods")
+    owners = {p["metadata"]["ownerReferences"][0]["uid"] for p in cluster.pods("again")}
+    owners |= {c["metadata"]["ownerReferences"][0]["uid"] for c in cluster.config_maps("again")}
+    assert owners == {new["metadata"]["uid"]}
+    assert cluster.status("again")["phase"] != "Succeeded"
+
+
+def test_a_quota_error_on_create_is_retried_and_shown_not_fatal(cluster):
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
+        "POST", "pods", 403, "Forbidden", 'pods "quota-learner-0" is forbidden: exceeded quota: gpus', times=2))
+    cluster.apply(grporun("quota", minimal_spec()))
+    cluster.wait_for(lambda: (cluster.condition("quota", "Progressing") or {}).get("reason") == "CreateFailed",
+                     what="the create failure on a condition")
+    assert "exceeded quota" in cluster.condition("quota", "Progressing")["message"]
+    cluster.wait_for(lambda: len(cluster.pods("quota")) == 2, timeout=20, what="the pods, once the quota allows")
+    assert cluster.status("quota")["phase"] == "Pending"
+    cluster.wait_event("quota", "CreateFailed")
+
+
+def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(cluster):
+    # The learner pod alone is refused, after the rollout pod was created: 422 is permanent.
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
+        "POST", "pods", 422, "Invalid", 'Pod "bad-learner-0" is invalid: spec.tolerations[0].effect: Unsupported',
+        name="bad-learner-0"))
+    cluster.apply(grporun("bad", minimal_spec()))
+    cluster.wait_phase("bad", "Failed")
+    assert cluster.condition("bad", "Failed")["reason"] == "InvalidSpec"
+    assert cluster.pods_ever_created("bad") == ["bad-rollout-0"]
+    cluster.wait_for(lambda: cluster.pods("bad") == [], what="the rollout pod removed with the failed run")
+
+
+def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 1, "stallPolicy": "Fail"})
+    cluster.apply(grporun("blind", spec))  # no progress URL registered: the learner's port refuses connections
+    cluster.bring_up("blind")
+    cluster.wait_for(lambda: (cluster.condition("blind", "Stalled") or {}).get("reason") == "ProgressUnknown",
+                     what="Stalled=Unknown with ProgressUnknown")
+    assert cluster.condition("blind", "Stalled")["status"] == "Unknown"
+    cluster.wait_event("blind", "ProgressUnknown")
+    # Well past progressDeadlineSeconds, the run still runs: missing data alone never fails it.
+    time.sleep(3)  # three times progressDeadlineSeconds: the old operator failed the run as Stalled by now
+    assert cluster.status("blind")["phase"] == "Running"
+
+
+def test_an_unready_rollout_server_keeps_the_run_running_and_its_clock_counting(cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 2, "stallPolicy": "Report"})
+    _running(cluster, learner, progress_urls, "hung", spec)
+    cluster.kubelet.run("hung-rollout-0", ready=False)  # a hung vLLM server fails its readiness probe
+    cluster.wait_for(lambda: cluster.condition("hung", "RolloutReady")["status"] == "False", what="RolloutReady=False")
+    cluster.wait_for(lambda: cluster.condition("hung", "Stalled")["status"] == "True", timeout=15,
+                     what="the progress deadline to trip while the server is unready")
+    assert cluster.status("hung")["phase"] == "Running"
+    assert "Starting" not in cluster.event_reasons("hung")
+
+
+def test_a_failed_delete_does_not_count_one_crash_twice(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "twice", minimal_spec(runPolicy={"backoffLimit": 3}))
+    old = _uid(cluster, "twice-learner-0")
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
+        "DELETE", "pods", 409, "Conflict", "Precondition failed: UID in precondition", name="twice-learner-0"))
+    cluster.kubelet.exit("twice-learner-0", 1, "Killed")
+    cluster.wait_for(lambda: _uid(cluster, "twice-learner-0") not in (None, old), what="the learner pod recreated")
+    assert cluster.status("twice")["restarts"] == 1
+
+
+def test_spec_fields_from_a_newer_crd_are_ignored_not_fatal(cluster):
+    spec = minimal_spec()
+    spec["runPolicy"]["priorityClassName"] = "high"  # a field a newer CRD defaults, unknown to this operator
+    cluster.apply(grporun("newer", spec))
+    cluster.wait_for(lambda: len(cluster.pods("newer")) == 2, what="the run's pods")
+    assert cluster.status("newer")["phase"] == "Pending"
+
+
+def test_a_spec_edited_while_suspended_is_applied_whole_on_resume(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "edit", minimal_spec())
+    cluster.patch_spec("edit", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("edit", "Suspended")
+    cluster.wait_for(lambda: cluster.pods("edit") == [], what="the pods deleted")
+    cluster.patch_spec("edit", {"rollout": {"replicas": 2}})
+    run = cluster.patch_spec("edit", {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods("edit")) == 3, what="two rollout pods and the learner")
+    config_map = cluster.wait_for(
+        lambda: next((c for c in cluster.config_maps("edit")
+                      if c["metadata"]["annotations"]["grpo.dev/generation"] == str(run["metadata"]["generation"])),
+                     None), what="the config rendered again")
+    assert len(json.loads(config_map["data"]["run.json"])["rollout"]["urls"]) == 2
+    assert cluster.status("edit")["observedGeneration"] == run["metadata"]["generation"]
+
+
+def _status_writes(cluster, run: str) -> int:
+    log = cluster.emulator_thread.call(lambda: list(cluster.emulator.request_log))
+    return sum(1 for r in log if r.method == "PATCH" and r.resource == "grporuns" and r.subresource == "status"
+               and r.name == run)
+
+
+def test_progress_alone_is_written_at_most_every_status_interval(cluster, learner, progress_urls):
+    cluster.apply(grporun("calm", minimal_spec(progress={"statusIntervalSeconds": 3600})))
+    progress_urls["calm-learner-0"] = learner.url()
+    learner.update(groups_consumed=3, groups_trained=3)
+    cluster.bring_up("calm")
+    cluster.wait_for(lambda: (cluster.status("calm").get("progress") or {}).get("groupsTrained") == 3,
+                     what="the first progress, written with the move to Running")
+    writes = _status_writes(cluster, "calm")
+    learner.update(groups_consumed=5, groups_trained=5)
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 5,
+                     what="the new progress in the operator's metrics")
+    learner.update(groups_consumed=6, groups_trained=6)
+    cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 6,
+                     what="more progress in the operator's metrics")
+    assert _status_writes(cluster, "calm") == writes
+    assert cluster.status("calm")["progress"]["groupsTrained"] == 3
+    cluster.kubelet.run("calm-rollout-0", ready=False)  # a condition change is written at once, progress with it
+    cluster.wait_for(lambda: cluster.condition("calm", "RolloutReady")["status"] == "False", what="RolloutReady")
+    assert cluster.status("calm")["progress"]["groupsTrained"] == 6
