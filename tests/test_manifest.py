@@ -258,8 +258,8 @@ CEL_CASES = {
     "reward-duplicate-function": (_update(lambda m: m["spec"]["rewards"].append(dict(m["spec"]["rewards"][1]))),
                                   "spec.rewards: each reward may appear only once"),
     "extra-args-managed": (_set("spec.training.extraArgs", {"beta": 0.1, "num_train_epochs": 99}),
-                           "spec.training.extraArgs: may not set what the spec sets; use the spec field: "
-                           "num_train_epochs -> training.epochs"),
+                           ("spec.training.extraArgs: may not set what the spec sets; use the spec field: "
+                            "num_train_epochs -> training.epochs")),
 }
 
 
