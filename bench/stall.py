@@ -112,9 +112,9 @@ def check_cost_table(reps: int) -> list[str]:
         seconds = [drop_pass_seconds(groups) for _ in range(reps)]
         rows.append([f"{groups:,}", spread(seconds, "{:.3g}"), spread([1e6 * s / groups for s in seconds], "{:.2f}")])
     return [
-        f"Stall-check cost: one pass of dropped groups through `RolloutProgress.drop` (the stall check included), "
-        f"{reps} run(s) per size, CPU time on the trainer's thread. Target: flat per group. The streak walk it "
-        "replaced took 234 s of CPU for one pass of 100,000 groups.",
+        (f"Stall-check cost: one pass of dropped groups through `RolloutProgress.drop` (the stall check included), "
+         f"{reps} run(s) per size, CPU time on the trainer's thread. Target: flat per group. The streak walk it "
+         "replaced took 234 s of CPU for one pass of 100,000 groups."),
         "",
         table(["groups per pass", "s per pass", "µs per dropped group"], rows),
     ]

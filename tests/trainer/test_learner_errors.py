@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from grpo_trainer.contract import TERMINATION_MESSAGE_MAX_BYTES, LearnerPhase, ProgressReport
+from grpo_trainer.contract import (
+    TERMINATION_MESSAGE_MAX_BYTES,
+    LearnerPhase,
+    ProgressReport,
+)
 from grpo_trainer.learner_main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
 
