@@ -157,7 +157,74 @@ class RunRecord:
         self.new.progress_clock = clock.tick(self.new.progress_clock, self.now, running=running)
 
 
-class _Derivation(RunRecord):
+class _ProgressRules(RunRecord):
+    """The learner's progress, the progress clock, the deadlines and the stall rules of one pass."""
+
+    def _take_progress(self) -> None:
+        report = self.progress
+        if report is None:  # the learner is gone: its termination message carries the final report
+            for pod in self.learner_pods:
+                report = report or report_from_termination_message(pod.message)
+        if report is None:
+            return
+        previous_trained = self.old.progress.groups_trained if self.old.progress else 0
+        self.new.progress = progress_status(report)
+        if report.groups_trained > previous_trained:
+            self.new.last_progress_time = format_time(self.now)
+            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
+        elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
+            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
+
+    def _progress_unknown(self) -> bool:
+        """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
+        message = f"the learner's progress cannot be read: {self.progress_error}"
+        if self.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
+            self.event("Warning", Reason.PROGRESS_UNKNOWN, message)
+        self.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
+        self.new.message = message
+        return False
+
+    def _check_deadlines(self, *, waiting: bool) -> bool:
+        exceeded = deadline_exceeded(self.spec, self.new, self.now, pending=waiting)
+        if exceeded is not None:
+            self.finish(Phase.FAILED, exceeded.reason, exceeded.message,
+                         FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
+        return exceeded is not None
+
+    def _check_stall(self, *, running: bool) -> bool:
+        """Set or clear the Stalled condition; True when the stall policy finished the run."""
+        idle = clock.idle_seconds(self.new.progress_clock, self.now)
+        cause = stall_cause(self.spec, self.new, idle, running=running)
+        deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
+        if running and self.progress_error is not None and (self.progress_lost or deadline):
+            return self._progress_unknown()
+        if cause is None:
+            if self.conditions.is_true(ConditionType.STALLED):
+                resumed = "groups are training again"
+                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
+                self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
+            if running:
+                percent = f" ({self.new.progress.percent}% consumed)" if self.new.progress else ""
+                self.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
+                                    f"the learner is training{percent}")
+                self.new.message = None
+            return False
+        if self.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
+            self.event("Warning", Reason.STALLED, cause.message)
+        # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
+        # termination message, which is what status.failure should carry. Failing the run here as well raced that
+        # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
+        if self.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
+            leader = next((p.name for p in self.learner_pods if rank(p.name) == 0), None)
+            self.finish(Phase.FAILED, Reason.STALLED, cause.message,
+                         FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=cause.message))
+            return True
+        self.conditions.set(ConditionType.PROGRESSING, "False", cause.reason, cause.message)
+        self.new.message = cause.message
+        return False
+
+
+class _Derivation(_ProgressRules):
     """One pass of the state machine over a RunRecord."""
 
     def decide(self, children_exist: bool) -> None:
@@ -201,21 +268,6 @@ class _Derivation(RunRecord):
                 self.event("Warning", Reason.REPLICAS_NOT_READY, message)
         elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", Reason.ALL_REPLICAS_READY, message):
             self.event("Normal", Reason.ROLLOUT_READY, message)
-
-    def _take_progress(self) -> None:
-        report = self.progress
-        if report is None:  # the learner is gone: its termination message carries the final report
-            for pod in self.learner_pods:
-                report = report or report_from_termination_message(pod.message)
-        if report is None:
-            return
-        previous_trained = self.old.progress.groups_trained if self.old.progress else 0
-        self.new.progress = progress_status(report)
-        if report.groups_trained > previous_trained:
-            self.new.last_progress_time = format_time(self.now)
-            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
-        elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
-            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
 
     def _missing_pods(self) -> list[tuple[str, int]]:
         # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
@@ -331,56 +383,6 @@ class _Derivation(RunRecord):
         self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
         # Waiting to run again is timed from the resume, not from the suspension.
         self.new.progress_clock = clock.restart_pause(self.new.progress_clock, self.now)
-
-    # --- clock and deadlines -----------------------------------------------------------------------------------
-    def _progress_unknown(self) -> bool:
-        """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
-        message = f"the learner's progress cannot be read: {self.progress_error}"
-        if self.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
-            self.event("Warning", Reason.PROGRESS_UNKNOWN, message)
-        self.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
-        self.new.message = message
-        return False
-
-    def _check_deadlines(self, *, waiting: bool) -> bool:
-        exceeded = deadline_exceeded(self.spec, self.new, self.now, pending=waiting)
-        if exceeded is not None:
-            self.finish(Phase.FAILED, exceeded.reason, exceeded.message,
-                         FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
-        return exceeded is not None
-
-    def _check_stall(self, *, running: bool) -> bool:
-        """Set or clear the Stalled condition; True when the stall policy finished the run."""
-        idle = clock.idle_seconds(self.new.progress_clock, self.now)
-        cause = stall_cause(self.spec, self.new, idle, running=running)
-        deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
-        if running and self.progress_error is not None and (self.progress_lost or deadline):
-            return self._progress_unknown()
-        if cause is None:
-            if self.conditions.is_true(ConditionType.STALLED):
-                resumed = "groups are training again"
-                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
-                self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
-            if running:
-                percent = f" ({self.new.progress.percent}% consumed)" if self.new.progress else ""
-                self.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
-                                    f"the learner is training{percent}")
-                self.new.message = None
-            return False
-        if self.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
-            self.event("Warning", Reason.STALLED, cause.message)
-        # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
-        # termination message, which is what status.failure should carry. Failing the run here as well raced that
-        # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
-        if self.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
-            leader = next((p.name for p in self.learner_pods if rank(p.name) == 0), None)
-            self.finish(Phase.FAILED, Reason.STALLED, cause.message,
-                         FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=cause.message))
-            return True
-        self.conditions.set(ConditionType.PROGRESSING, "False", cause.reason, cause.message)
-        self.new.message = cause.message
-        return False
-
 
 def _initial_conditions(conditions: Conditions) -> None:
     set_ = conditions.set
