@@ -9,8 +9,10 @@ schedules, and a namespace's "default" ServiceAccount is created by whoever make
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
 ADMIN_TOKEN = "grpo-test-admin-token"  # noqa: S105 (a throwaway server on loopback)
 REQUIRED = ("kube-apiserver", "etcd")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Unavailable(Exception):
@@ -51,6 +54,11 @@ def binaries() -> Path:
     if done.returncode != 0:
         raise RuntimeError(f"building the control plane failed:\n{done.stderr[-4000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _die_with_parent() -> None:
+    """SIGTERM the child when the test process dies without its teardown (a killed pytest left servers behind)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -85,7 +93,7 @@ class ControlPlane:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (kept open for the process's life)
         process = subprocess.Popen([str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=_die_with_parent)
         self.processes.append(process)
         return process
 

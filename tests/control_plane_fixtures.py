@@ -50,7 +50,11 @@ def control_plane(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[
     try:
         plane.start()
     except Unavailable as why:
+        plane.stop()
         pytest.skip(f"no Kubernetes control plane: {why}")
+    except BaseException:
+        plane.stop()
+        raise
     try:
         admin = Client(plane, ADMIN_TOKEN)
         admin.install_crd(yaml.safe_load((REPO / "crds" / "grporun.yaml").read_text()))
