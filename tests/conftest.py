@@ -8,7 +8,12 @@ import pytest
 
 # One vLLM server for the whole session. Registered here, not imported by each test module: an imported
 # session fixture is a separate fixture per module, and each module started its own server (3 servers, measured).
-pytest_plugins = ["tests.support.vllm_server", "tests.support.operator_fixtures"]
+# The control plane (kube-apiserver + etcd) is one per session for the same reason.
+pytest_plugins = [
+    "tests.support.vllm_server",
+    "tests.support.operator_fixtures",
+    "tests.support.control_plane_fixtures",
+]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

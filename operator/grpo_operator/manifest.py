@@ -258,6 +258,22 @@ def _cel_program(rule: str) -> celpy.Runner:
     return environment.program(environment.compile(rule))
 
 
+# Property names CEL cannot select by their own name: Kubernetes exposes them to rules as `__word__`
+# (k8s.io/apiserver's CEL field escaping; e.g. a field `function` is `self.__function__`).
+CEL_RESERVED = frozenset({"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function",
+                          "if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"})
+
+
+def cel_field_name(name: str) -> str:
+    """The name a rule uses for the object property `name`, escaped as the API server escapes it."""
+    if name in CEL_RESERVED:
+        return f"__{name}__"
+    escaped = name.replace("__", "__underscores__")
+    for char, word in ((".", "__dot__"), ("-", "__dash__"), ("/", "__slash__")):
+        escaped = escaped.replace(char, word)
+    return escaped
+
+
 def to_cel(value: Any, schema: dict[str, Any]) -> celtypes.Value:
     """Typed by the schema, as Kubernetes does: a `number` field holding 1 is the double 1.0 (cel-python's plain JSON
     conversion would make it an int, and `int > double` has no overload in CEL)."""
@@ -269,9 +285,11 @@ def to_cel(value: Any, schema: dict[str, Any]) -> celtypes.Value:
     if isinstance(value, dict):
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
-        return celtypes.MapType(
-            {celtypes.StringType(key): to_cel(child, properties.get(key, extra)) for key, child in value.items()}
-        )
+        return celtypes.MapType({
+            celtypes.StringType(cel_field_name(key) if key in properties else key):
+                to_cel(child, properties.get(key, extra))
+            for key, child in value.items()
+        })
     if isinstance(value, list):
         return celtypes.ListType([to_cel(child, schema.get("items", {})) for child in value])
     return celpy.json_to_cel(value)

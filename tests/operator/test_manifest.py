@@ -14,6 +14,7 @@ import yaml
 from grpo_operator.manifest import (
     ManifestError,
     ManifestInvalid,
+    cel_field_name,
     cel_results,
     evaluate_rule,
     is_transition_rule,
@@ -398,7 +399,8 @@ def _reference_value(value: Any, schema: dict[str, Any]) -> Any:
     if isinstance(value, dict):
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
-        return {key: _reference_value(child, properties.get(key, extra)) for key, child in value.items()}
+        return {cel_field_name(key) if key in properties else key: _reference_value(child, properties.get(key, extra))
+                for key, child in value.items()}
     if isinstance(value, list):
         return [_reference_value(child, schema.get("items", {})) for child in value]
     return value

@@ -1,0 +1,44 @@
+"""The operator's lifecycle scenarios (tests/test_operator_lifecycle.py, the same functions) on the real
+kube-apiserver, with the operator running as the chart's ServiceAccount under the real RBAC authorizer.
+
+Importing a scenario here makes pytest run it again with this module's `cluster` fixture: one suite, two backends.
+Left out, with the reason:
+- test_ttl_after_finished_deletes_the_run_and_its_children: children go by ownerReference garbage collection,
+  which is kube-controller-manager's job, and the test control plane runs none;
+- test_a_lifecycle_survives_watch_streams_that_keep_ending: it reads the emulator's request log;
+- test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing: the real server refuses that spec at
+  creation (test_control_plane_api checks that), so the operator never sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again, against the real server)
+    test_a_child_the_api_server_rejects_fails_the_run_naming_it,
+    test_apply_creates_config_map_services_and_pods_owned_by_the_run,
+    test_crash_restarts_then_fails_after_backoff_limit,
+    test_image_pull_backoff_surfaces_a_reason,
+    test_learner_exit_zero_succeeds_and_removes_rollout_pods,
+    test_learner_progress_lands_in_status_and_printer_columns,
+    test_no_progress_for_the_deadline_sets_stalled_and_clears_when_progress_resumes,
+    test_one_failed_learner_node_restarts_the_whole_learner_gang,
+    test_operator_restart_mid_run_creates_no_duplicates_and_status_continues,
+    test_stall_exit_fails_with_reason_stalled_and_no_retry,
+    test_suspend_deletes_pods_and_resume_recreates_them,
+)
+from tests.support.control_plane_cluster import RealCluster, context_factory
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+
+@pytest.fixture()
+def cluster(control_plane, admin, operator_account, namespace, progress_urls) -> Iterator[RealCluster]:  # noqa: F811
+    real = RealCluster(control_plane, admin, operator_account.token, namespace, context_factory(progress_urls))
+    real.start_operator()
+    try:
+        yield real
+    finally:
+        real.close()
