@@ -237,6 +237,8 @@ CEL_CASES = {
                          "spec.rollout.weightSync.mode: must be filesystem when learner.device is cpu"),
     "rollout-cpu-nccl": (_set("spec.rollout.device", "cpu"),
                          "spec.rollout.weightSync.mode: must be filesystem when rollout.device is cpu"),
+    "nccl-replicas": (_set("spec.rollout.replicas", 2),
+                      "spec.rollout.replicas: must be 1 with weightSync.mode nccl"),
     "dataset-both": (_set("spec.dataset.path", "/data/x.jsonl"),
                      "spec.dataset: set exactly one of dataset.name (a hub dataset) or dataset.path"),
     "dataset-neither": (_set("spec.dataset", {"split": "train"}),
