@@ -82,6 +82,14 @@ class ReplicaSet:
             if error:
                 replica.last_error = error
 
+    def fail(self, url: str, error: str) -> None:
+        """A failure outside a generation request (a weight sync step): out of the pool, counted."""
+        with self._lock:
+            replica = self._by_url(url)
+            replica.ready = False
+            replica.failures += 1
+            replica.last_error = error
+
     def set_version(self, url: str, version: str) -> None:
         with self._lock:
             self._by_url(url).weight_version = version

@@ -181,7 +181,7 @@ class FilesystemWeightTransfer:
                 except WeightSyncError as error:
                     logger.warning("weight sync: %s failed on %s; it leaves the pool until it catches up: %s", what,
                                    url, error)
-                    self.replicas.set_ready(url, False, error=str(error))
+                    self.replicas.fail(url, str(error))
                 else:
                     done.append(url)
             if done:
