@@ -162,7 +162,8 @@ def build_learner(config: c.RunConfig):
     weight_transfer = None
     if is_main and config.rollout.weight_sync.mode == "filesystem":
         # TRL's worker and client talk to the balancer, which spreads generation over every replica.
-        pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
+        pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
+                                  request_timeout_s=args.request_timeout)
         args.vllm_server_base_url = pool.url
         weight_transfer = pool.transfer
     elif is_main:

@@ -35,7 +35,10 @@ class RolloutPool:
         self.balancer.stop()
 
 
-def start_rollout_pool(config: c.RunConfig, *, ready_timeout_s: float, tied_embeddings: bool) -> RolloutPool:
+def start_rollout_pool(
+    config: c.RunConfig, *, ready_timeout_s: float, tied_embeddings: bool, request_timeout_s: float = 600.0,
+) -> RolloutPool:
+    """`request_timeout_s` is TRL's own (`request_timeout`): a replica that has not answered by then is hung."""
     sync = config.rollout.weight_sync
     if sync.mode != "filesystem" or not sync.directory:
         raise ValueError("the rollout pool needs rollout.weightSync.mode filesystem with a directory")
@@ -44,5 +47,6 @@ def start_rollout_pool(config: c.RunConfig, *, ready_timeout_s: float, tied_embe
         replicas.urls, sync.directory, ready_timeout_s=ready_timeout_s,
         aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
     )
-    balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S).start()
+    balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S,
+                               request_timeout_s=request_timeout_s).start()
     return RolloutPool(replicas, transfer, balancer)
