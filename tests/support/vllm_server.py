@@ -74,7 +74,7 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running_vllm_server(model: str, workdir: Path) -> Iterator[ServerProcess]:
+def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit."""
     python = require_rollout_python()
     port = free_port()
@@ -86,6 +86,7 @@ def running_vllm_server(model: str, workdir: Path) -> Iterator[ServerProcess]:
         process = subprocess.Popen(
             [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
     server = VllmServer(url, model, log_path)
     try:
