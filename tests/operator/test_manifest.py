@@ -259,6 +259,8 @@ CEL_CASES = {
                          "spec.rollout.weightSync.mode: must be filesystem when learner.device is cpu"),
     "rollout-cpu-nccl": (_set("spec.rollout.device", "cpu"),
                          "spec.rollout.weightSync.mode: must be filesystem when rollout.device is cpu"),
+    "nccl-replicas": (_set("spec.rollout.replicas", 2),
+                      "spec.rollout.replicas: must be 1 with weightSync.mode nccl"),
     "dataset-both": (_set("spec.dataset.path", "/data/x.jsonl"),
                      "spec.dataset: set exactly one of dataset.name (a hub dataset) or dataset.path"),
     "dataset-neither": (_set("spec.dataset", {"split": "train"}),
@@ -275,9 +277,6 @@ CEL_CASES = {
                               "spec.rewards: each reward may appear only once"),
     "reward-duplicate-function": (_update(lambda m: m["spec"]["rewards"].append(dict(m["spec"]["rewards"][1]))),
                                   "spec.rewards: each reward may appear only once"),
-    "extra-args-managed": (_set("spec.training.extraArgs", {"beta": 0.1, "num_train_epochs": 99}),
-                           "spec.training.extraArgs: may not set what the spec sets; use the spec field: "
-                           "num_train_epochs -> training.epochs"),
     **{f"override-{name}": case for name, case in {
         "label": (_set(f"{_LEARNER_OVERRIDE}.metadata.labels", {"grpo.dev/role": "rollout"}),
                   f"{_LEARNER_OVERRIDE}.metadata.labels: keys under grpo.dev/ and app.kubernetes.io/name"),
@@ -358,7 +357,10 @@ def _suspended() -> dict[str, Any]:
 
 
 POD_EDITS = {
-    "scale-rollout": _set("spec.rollout.replicas", 4, base=_suspended),
+    # Several servers need filesystem weight sync (NCCL serves one): the two change together.
+    "scale-rollout": _update(lambda m: m["spec"]["rollout"].update(
+        replicas=4, weightSync={"mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "w"}}}),
+        base=_suspended),
     "learner-nodes": _set("spec.learner.nodes", 3, base=_suspended),
     "placement-and-resume": _update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}) or
                                     m["spec"]["runPolicy"].update(suspend=False), base=_suspended),

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,21 +62,34 @@ def require_rollout_python() -> Path:
     return ROLLOUT_PYTHON
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
+@dataclass
+class ServerProcess:
+    server: VllmServer
+    process: subprocess.Popen
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (API process and engine), as a crash would."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit."""
     python = require_rollout_python()
-    workdir = tmp_path_factory.mktemp("vllm")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / "run.json"
-    config_path.write_text(json.dumps(server_config(tiny_model_dir, url, str(workdir / "weights"))))
+    config_path.write_text(json.dumps(server_config(model, url, str(workdir / "weights"))))
     log_path = workdir / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
-    server = VllmServer(url, tiny_model_dir, log_path)
+    server = VllmServer(url, model, log_path)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -88,7 +102,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
                 pytest.fail(f"the vLLM server was not healthy within {START_TIMEOUT_S}s:\n{server.log_tail()}")
             time.sleep(1)
         print(f"vLLM CPU server ready at {url} (log {log_path})", file=sys.stderr)
-        yield server
+        yield ServerProcess(server, process)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -99,3 +113,9 @@ def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
+    with running_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm")) as running:
+        yield running.server

@@ -50,6 +50,18 @@ def test_cpu_server_with_filesystem_sync_serves_float32_and_a_small_kv_cache():
     assert int(env["VLLM_CPU_KVCACHE_SPACE"]) >= 1
 
 
+def test_cpu_server_never_chunks_a_prefill_and_its_budget_holds_the_longest_prompt():
+    # A chunked prefill of a seeded request kills vllm-cpu's engine (tests/trainer/test_cpu_engine_stress.py).
+    for max_model_len in (128, 8192):
+        config = run_config(device="cpu", maxModelLen=max_model_len,
+                            weightSync={"mode": "filesystem", "directory": "/w"})
+        argv, _ = build_server_command(config)
+        assert "--no-enable-chunked-prefill" in argv
+        assert int(flag(argv, "--max-num-batched-tokens")) >= max_model_len
+    gpu_argv, _ = build_server_command(run_config())
+    assert "--no-enable-chunked-prefill" not in gpu_argv  # CUDA generators rewind fine
+
+
 def test_extra_args_come_last_so_they_override():
     config = run_config(extraArgs=["--max-num-seqs", "4", "--enforce-eager"])
     argv, _ = build_server_command(config)

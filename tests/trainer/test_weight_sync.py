@@ -9,6 +9,7 @@ import requests
 import torch
 from safetensors.torch import load_file
 
+from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import (
     TIED_EMBEDDING_ALIASES,
     FilesystemWeightTransfer,
@@ -52,6 +53,17 @@ def test_an_unreachable_server_fails_the_sync_loudly(tmp_path):
         sync.init_weight_transfer()
     with pytest.raises(WeightSyncError, match="/pause"):
         sync.pause()
+
+
+def test_a_restarted_learner_continues_the_version_count(tmp_path):
+    # The previous learner reached v5 and crashed while writing v6.
+    for name in ("v4", "v5", ".v6.partial-77"):
+        (tmp_path / name).mkdir()
+    url = "http://127.0.0.1:9"
+    sync = FilesystemWeightTransfer([url], tmp_path, replicas=ReplicaSet([url]))
+    sync.init_weight_transfer()
+    assert sync.version == 5  # its next sync is v6, not v1 again
+    assert sorted(os.listdir(tmp_path)) == ["v5"]  # what a restarted server catches up to; nothing else
 
 
 def greedy_logprob_vllm(url: str, model: str) -> float:

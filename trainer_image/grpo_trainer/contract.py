@@ -77,6 +77,11 @@ METRIC_LAST_TRAINED = "grpo_learner_last_trained_timestamp_seconds"
 METRIC_STALLED = "grpo_learner_stalled"
 METRIC_REWARD_MEAN = "grpo_learner_reward_mean"
 METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
+# Per rollout server, label `replica` (its index in rollout.urls).
+METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when the balancer sends it requests
+METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  # gauge: N of the vN it serves
+METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
+METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -91,6 +96,10 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_STALLED,
     METRIC_REWARD_MEAN,
     METRIC_WEIGHT_SYNCS,
+    METRIC_REPLICA_READY,
+    METRIC_REPLICA_WEIGHT_VERSION,
+    METRIC_REPLICA_SAMPLES,
+    METRIC_REPLICA_FAILURES,
 )
 
 
@@ -264,6 +273,30 @@ def load_run_config(text: str) -> RunConfig:
 # --------------------------------------------------------------------------------------------------------------------
 # Progress: `GET /progress`, and the termination message.
 # --------------------------------------------------------------------------------------------------------------------
+#: Weight versions are directories `v1`, `v2`, ... (the filesystem sync); the prefix is owned here.
+WEIGHT_VERSION_PREFIX = "v"
+
+
+def weight_version_number(version: str | None) -> int:
+    """N of `vN`; 0 for the initial weights (no version yet) or a name that is not a version."""
+    if version and version.startswith(WEIGHT_VERSION_PREFIX) and version[len(WEIGHT_VERSION_PREFIX):].isdigit():
+        return int(version[len(WEIGHT_VERSION_PREFIX):])
+    return 0
+
+
+class RolloutReplicaReport(WireModel):
+    """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
+
+    replica: int = Field(ge=0, description="Index in rollout.urls (the rollout pod's ordinal).")
+    url: str
+    ready: bool = False
+    weight_version: str | None = Field(None, description="The weight version directory it serves (vN).")
+    samples: int = Field(0, ge=0, description="Completions it produced for the learner.")
+    failures: int = Field(0, ge=0, description="Requests that failed on it (each retried on another replica).")
+    retried: int = Field(0, ge=0)
+    last_error: str = ""
+
+
 class ProgressReport(WireModel):
     phase: LearnerPhase = LearnerPhase.STARTING
     groups_total: int = Field(0, ge=0, description="Groups the run must consume: prompts x epochs.")
@@ -278,6 +311,7 @@ class ProgressReport(WireModel):
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
     weight_syncs: int = Field(0, ge=0)
+    rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 
     @field_validator("dropped")
@@ -305,6 +339,8 @@ class ProgressReport(WireModel):
         """The report as JSON that fits Kubernetes' 4096-byte termination message, message shortened first."""
         text = self.model_dump_json(by_alias=True)
         overflow = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES
+        if overflow > 0 and self.rollout:  # per-replica detail goes first: the operator polls it while running
+            return self.model_copy(update={"rollout": []}).termination_message()
         if overflow > 0:
             kept = max(0, len(self.message) - overflow - 3)
             short = self.model_copy(update={"message": self.message[:kept] + "..."})

@@ -66,6 +66,28 @@ class ProgressCollector:
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
         ]
         yield from (family for family in families if family is not None)
+        yield from replica_families(report.rollout)
+
+
+def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
+    """One series per rollout server, label `replica` (its index in rollout.urls)."""
+    ready = GaugeMetricFamily(c.METRIC_REPLICA_READY, "1 when the rollout server takes generation requests.",
+                              labels=["replica"])
+    version = GaugeMetricFamily(c.METRIC_REPLICA_WEIGHT_VERSION,
+                                "Weight version the rollout server serves (N of vN; 0 = the initial weights).",
+                                labels=["replica"])
+    samples = CounterMetricFamily(_without_total(c.METRIC_REPLICA_SAMPLES),
+                                  "Completions the rollout server produced.", labels=["replica"])
+    failures = CounterMetricFamily(_without_total(c.METRIC_REPLICA_FAILURES),
+                                   "Requests that failed on the rollout server (retried elsewhere).",
+                                   labels=["replica"])
+    for replica in replicas:
+        label = [str(replica.replica)]
+        ready.add_metric(label, float(replica.ready))
+        version.add_metric(label, float(c.weight_version_number(replica.weight_version)))
+        samples.add_metric(label, replica.samples)
+        failures.add_metric(label, replica.failures)
+    return [ready, version, samples, failures]
 
 
 def render_metrics(report_fn: ReportFn) -> bytes:

@@ -1,8 +1,8 @@
 """The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
 
 Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
-`AsyncRolloutWorker` pointed at the first rollout server, trains, and leaves the contract's exit code and the final
-progress report (the container's termination message) behind.
+`AsyncRolloutWorker` pointed at the rollout balancer (every replica; `grpo_trainer.balancer`), trains, and leaves the
+contract's exit code and the final progress report (the container's termination message) behind.
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ def build_learner(config: c.RunConfig):
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from .rollout_pool import start_rollout_pool
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
@@ -162,21 +163,37 @@ def build_learner(config: c.RunConfig):
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
     tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
     is_main = int(os.environ.get("RANK", "0")) == 0
-    with http_only_rollout_worker(config):
-        return GRPOLearner(
-            model=config.model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            weight_transfer=(
-                make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
-                if is_main else None
-            ),
-            filter_config=config.filter,
-            stall_groups=config.progress.stall_groups,
-            progress_server_port=config.learner.http_port if is_main else None,
-        )
+    pool = None
+    weight_transfer = None
+    if is_main and config.rollout.weight_sync.mode == "filesystem":
+        # TRL's worker and client talk to the balancer, which spreads generation over every replica.
+        pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
+                                  request_timeout_s=args.request_timeout)
+        args.vllm_server_base_url = pool.url
+        weight_transfer = pool.transfer
+    elif is_main:
+        weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
+    try:
+        with http_only_rollout_worker(config):
+            learner = GRPOLearner(
+                model=config.model,
+                reward_funcs=reward_funcs,
+                args=args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                weight_transfer=weight_transfer,
+                filter_config=config.filter,
+                stall_groups=config.progress.stall_groups,
+                progress_server_port=config.learner.http_port if is_main else None,
+            )
+    except BaseException:
+        if pool is not None:
+            pool.stop()
+        raise
+    if pool is not None:
+        learner.rollout_report_fn = pool.report
+        learner.rollout_pool = pool
+    return learner
 
 
 def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
@@ -246,6 +263,9 @@ def main(config: c.RunConfig) -> int:
         route_to(None)
         if learner is not None:
             learner.close()
+            pool = getattr(learner, "rollout_pool", None)
+            if pool is not None:
+                pool.stop()
     report = learner.progress_report()
     counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
               f"{report.dropped_total} dropped, {report.global_step} steps")

@@ -106,9 +106,11 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ observability
     def progress_report(self) -> ProgressReport:
-        return self.progress.report(
+        report = self.progress.report(
             phase=self.phase, global_step=self.state.global_step, weight_syncs=self.weight_syncs, message=self.message
         )
+        rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
+        return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
 
     @property
     def progress_url(self) -> str | None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,12 +24,13 @@ import torch
 from safetensors.torch import save_file
 
 from . import contract as c
+from .replicas import ReplicaSet
 
 logger = logging.getLogger(__name__)
 
 #: Tensors per safetensors shard are cut at this size, so a sync never holds more than one shard in extra memory.
 SHARD_BYTES = 512 * 1024 * 1024
-VERSION_PREFIX = "v"
+VERSION_PREFIX = c.WEIGHT_VERSION_PREFIX
 
 
 class WeightSyncError(RuntimeError):
@@ -87,11 +90,15 @@ class FilesystemWeightTransfer:
 
     def __init__(
         self, server_urls: list[str], directory: str | os.PathLike, *, timeout_s: float = 300.0,
-        ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None,
+        ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None, replicas: ReplicaSet | None = None,
     ):
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
         self.server_urls = [url.rstrip("/") for url in server_urls]
+        # With a replica set (the balancer's), a server that fails a sync leaves the pool instead of failing the run,
+        # and is brought to the current version by `catch_up` before the balancer admits it again.
+        self.replicas = replicas
+        self._lock = threading.Lock()
         # Absolute: the path is resolved by the server process, whose working directory may differ.
         self.directory = Path(directory).resolve()
         self.timeout_s = timeout_s
@@ -131,8 +138,15 @@ class FilesystemWeightTransfer:
 
     # -- WeightTransferProtocol ---------------------------------------------------------------------------------------
     def init_weight_transfer(self) -> None:
-        """Wait for every server to answer /health: learner and servers start together (one gang)."""
+        """Continue the version count from the directory, then wait for the servers (they start with the learner).
+
+        Without a replica set every server must answer /health; with one, the balancer admits servers as they come
+        and the first sync waits for one (`_targets`).
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.version = resume_version(self.directory)
+        if self.replicas is not None:
+            return
         deadline = time.monotonic() + self.ready_timeout_s
         for url in self.server_urls:
             while True:
@@ -147,9 +161,39 @@ class FilesystemWeightTransfer:
                     )
                 time.sleep(1.0)
 
+    def _each(self, action, what: str) -> list[str]:
+        """Run `action(url)` on every server; with a replica set, on the replicas in the pool.
+
+        With a replica set a failure takes that replica out of the pool (the balancer admits it again once it
+        generates and has caught up), and when no replica is left the sync waits, bounded by `ready_timeout_s`, for
+        one to come back (a single replica being restarted) instead of failing the run.
+        """
+        if self.replicas is None:
+            for url in self.server_urls:
+                action(url)
+            return self.server_urls
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            done = []
+            for url in self.replicas.ready_urls():
+                try:
+                    action(url)
+                except WeightSyncError as error:
+                    logger.warning("weight sync: %s failed on %s; it leaves the pool until it catches up: %s", what,
+                                   url, error)
+                    self.replicas.fail(url, str(error))
+                else:
+                    done.append(url)
+            if done:
+                return done
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"weight sync: {what}: no rollout server was ready within "
+                                      f"{self.ready_timeout_s:.0f}s")
+            logger.warning("weight sync: %s waits for a rollout server to be ready", what)
+            time.sleep(1.0)
+
     def pause(self) -> None:
-        for url in self.server_urls:
-            self._post(url, "/pause", params={"mode": "keep"})
+        self._each(lambda url: self._post(url, "/pause", params={"mode": "keep"}), "pause")
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         started = time.perf_counter()
@@ -160,28 +204,63 @@ class FilesystemWeightTransfer:
         shutil.rmtree(final, ignore_errors=True)  # left by a crashed run that reached the same version
         self.bytes_written = write_checkpoint(with_aliases(iterator, self.aliases), staging)
         staging.rename(final)
-        for url in self.server_urls:
-            self._reload(url, final)
-        self.version = version
-        previous = self.directory / f"{VERSION_PREFIX}{version - 1}"
-        shutil.rmtree(previous, ignore_errors=True)
+        self.version = version  # from here a replica admitted by the balancer catches up to this version
+        targets = self._each(lambda url: self._load(url, final), "reload_weights")
+        remove_other_versions(self.directory, keep=final.name)
         elapsed = time.perf_counter() - started
         self.sync_seconds.append(elapsed)
         logger.info(
-            "weight sync v%d: %.1f MB to %d server(s) in %.2fs", version, self.bytes_written / 1e6,
-            len(self.server_urls), elapsed,
+            "weight sync v%d: %.1f MB to %d server(s) in %.2fs", version, self.bytes_written / 1e6, len(targets),
+            elapsed,
         )
 
+    def _load(self, url: str, checkpoint: Path) -> None:
+        with self._lock:  # one load per server at a time: the sync's and a catch-up's never interleave
+            self._reload(url, checkpoint)
+        if self.replicas is not None:
+            self.replicas.set_version(url, checkpoint.name)
+
     def resume(self) -> None:
-        for url in self.server_urls:
-            self._post(url, "/resume")
+        self._each(lambda url: self._post(url, "/resume"), "resume")
+
+    def catch_up(self, url: str) -> None:
+        """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
+        current = self.directory / f"{VERSION_PREFIX}{self.version}"
+        if self.version and current.is_dir():
+            self._load(url, current)
+            logger.info("rollout server %s caught up to %s", url, current.name)
+        self._post(url, "/resume")  # a server left paused by a failed sync generates nothing
 
     def destroy(self) -> None:
         """Nothing to release: the last checkpoint stays, so a restarted server can be pointed at it."""
 
 
+_VERSION_DIR = re.compile(rf"^{re.escape(VERSION_PREFIX)}(\d+)$")
+
+
+def resume_version(directory: Path) -> int:
+    """The newest complete version in `directory` (0 if none), after removing partial and older version directories.
+
+    A restarted learner keeps counting from there: servers report `vN` and a restart that began again at `v1` would
+    show an older-looking version on a newer policy (and overwrite the directory a live server may still read).
+    """
+    versions = [int(m.group(1)) for entry in directory.iterdir() if (m := _VERSION_DIR.match(entry.name))]
+    newest = max(versions, default=0)
+    remove_other_versions(directory, keep=f"{VERSION_PREFIX}{newest}" if newest else None)
+    return newest
+
+
+def remove_other_versions(directory: Path, keep: str | None) -> None:
+    """Delete every version and partial directory but `keep` (the one servers serve and a restarted one loads)."""
+    for entry in directory.iterdir():
+        is_version = bool(_VERSION_DIR.match(entry.name)) or entry.name.startswith(f".{VERSION_PREFIX}")
+        if entry.is_dir() and is_version and entry.name != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def make_weight_transfer(
-    config: c.RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False
+    config: c.RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False,
+    replicas: ReplicaSet | None = None,
 ) -> FilesystemWeightTransfer | None:
     """The backend for the run: None lets TRL build its NCCL WeightTransferClient (GPU); filesystem on CPU."""
     sync = config.rollout.weight_sync
@@ -191,5 +270,5 @@ def make_weight_transfer(
         raise ValueError("rollout.weightSync.directory must be set when rollout.weightSync.mode is filesystem")
     return FilesystemWeightTransfer(
         config.rollout.urls, sync.directory, ready_timeout_s=ready_timeout_s,
-        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None,
+        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
     )

@@ -11,7 +11,7 @@ import yaml
 from grpo_operator import builders
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.local.console import final_summary
-from grpo_operator.cli.local.plan import ProcessPlan, localize_spec, observe, plan_processes
+from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
 from grpo_operator.manifest import read_grporun
 from tests.support.paths import REPO  # noqa: E402
 
@@ -149,3 +149,15 @@ def test_shipped_examples_validate_and_use_builtin_rewards(example):
 
     spec = read_grporun(REPO / "examples" / example).spec
     assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards)
+
+
+def test_several_cpu_rollout_servers_are_pinned_to_different_cores():
+    spec = read_grporun(TINY).spec
+    spec.rollout.replicas = 3
+    plan = dict(rollout_python="/rv", learner_python="/lv", rollout_ports=[1, 4, 5], learner_http_port=2,
+                main_process_port=3)
+    rollouts = plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **plan)[:-1]
+    assert [p.env[VLLM_CPU_BIND_ENV] for p in rollouts] == ["0", "1", "0"]
+    single = dict(plan, rollout_ports=[1])
+    spec.rollout.replicas = 1
+    assert VLLM_CPU_BIND_ENV not in plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **single)[0].env

@@ -23,6 +23,7 @@ from ...manifest import ManifestError, ManifestInvalid
 from ...pod_overrides import local_env_notes
 from .console import final_summary
 from .plan import LocalError
+from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT
 from .supervise import prepare, supervise
 
 
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of starting one; repeat for several")
     parser.add_argument("--rollout-python", metavar="PATH",
                         help="the Python that has vLLM (default: $GRPO_ROLLOUT_PYTHON, else .venv-rollout)")
+    parser.add_argument("--rollout-restart-limit", type=int, default=DEFAULT_ROLLOUT_RESTART_LIMIT, metavar="N",
+                        help="restarts of each rollout server that exits (0 counts: a server never ends by itself) "
+                             "before its exit fails the run; separate from runPolicy.backoffLimit")
     parser.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
 
 

@@ -87,6 +87,10 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return argv
 
 
+#: vLLM's CPU backend's core binding for its worker ("auto", "nobind" or a core list).
+VLLM_CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
 def plan_processes(
     run: str, namespace: str, spec: GRPORunSpec, config_path: str, *, rollout_python: str, learner_python: str,
     rollout_ports: list[int], learner_http_port: int, main_process_port: int, cpu_count: int | None = None,
@@ -103,8 +107,13 @@ def plan_processes(
         pod = builders.build_rollout_pod(run, namespace, "local", spec, index, trainer_image="local")
         argv = _swap(_swap(pod["spec"]["containers"][0]["command"], "python", [rollout_python]), pod_config,
                      [config_path])
+        env = _pod_env(pod, config_path)
+        if cpu_count and spec.rollout.device == "cpu" and len(rollout_ports) > 1:
+            # vLLM's CPU backend pins each server's worker to the same core by default: two servers on core 0 got
+            # 14 % and 30 % of it. One core each, round robin over the machine's.
+            env.setdefault(VLLM_CPU_BIND_ENV, str(index % cpu_count))
         plans.append(ProcessPlan(pod["metadata"]["name"], "rollout", [*argv, "--port", str(port)],
-                                 _pod_env(pod, config_path), f"http://{LOCAL_HOST}:{port}"))
+                                 env, f"http://{LOCAL_HOST}:{port}"))
     pod = builders.build_learner_pod(run, namespace, "local", spec, 0, trainer_image="local")
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
     argv = _swap(argv, pod_config, [config_path])

@@ -26,6 +26,7 @@ from ...resolve import resolve_run_config
 from .console import bar_fields, one_line, progress_bar
 from .plan import LOCAL_HOST, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
+from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT, RolloutRestarts, exit_line
 
 
 @dataclass
@@ -38,6 +39,7 @@ class LocalRun:
     external_rollout_urls: list[str] = field(default_factory=list)
     termination_path: Path | None = None
     status: dict[str, Any] | None = None
+    rollout_restarts: RolloutRestarts = field(default_factory=RolloutRestarts)
 
     def learner(self) -> LocalProcess:
         return next(p for p in self.processes.values() if p.plan.role == "learner")
@@ -59,6 +61,8 @@ class LocalRun:
             message = None
             if plan.role == "learner" and self.termination_path and self.termination_path.is_file():
                 message = self.termination_path.read_text(errors="replace")
+            if plan.role == "rollout":
+                message = exit_line(process.log_path)  # the engine's error line, not the log's tail
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
@@ -122,8 +126,9 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         cpu_count=None if "OMP_NUM_THREADS" in os.environ else os.cpu_count(),  # the user's setting wins
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
+    limit = getattr(args, "rollout_restart_limit", DEFAULT_ROLLOUT_RESTART_LIMIT)
     return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                    termination_path)
+                    termination_path, rollout_restarts=RolloutRestarts(limit))
 
 
 def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
@@ -131,6 +136,7 @@ def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict
     with progress_bar(console) as bar:
         task = bar.add_task("run", **bar_fields({}))
         while True:
+            local.rollout_restarts.tick(local.processes.values(), console.log)
             pods = local.observations()
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None

@@ -1,0 +1,178 @@
+"""The rollout balancer against small HTTP servers that answer like vLLM's `/v1/completions` (or fail like a dead one).
+
+Real vLLM servers behind the balancer are covered by tests/trainer/test_rollout_replicas.py; these cases need servers
+that die, hang or refuse on cue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from grpo_trainer import contract as c
+from grpo_trainer.balancer import RolloutBalancer
+from grpo_trainer.exporter import render_metrics
+from grpo_trainer.replicas import ReplicaSet
+from grpo_trainer.weight_sync import resume_version
+
+
+class FakeServer:
+    """A vLLM-shaped server on its own loop thread; `mode` is "ok", "fail" (500 like a dead engine) or "slow"."""
+
+    def __init__(self, name: str, mode: str = "ok"):
+        self.name, self.mode, self.served = name, mode, 0
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/resume", self._resume)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    async def _resume(self, _request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        if self.mode == "fail":
+            return web.json_response({"error": "EngineCore encountered an issue"}, status=500)
+        await asyncio.sleep(0.05 if self.mode == "ok" else 0.3)
+        payload = await request.json()
+        if payload.get("max_tokens") != 1:  # not the balancer's probe
+            self.served += 1
+        return web.json_response({"choices": [{"text": self.name, "token_ids": [1]}]})
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+
+
+async def _generate(url: str, count: int) -> list[tuple[int, str]]:
+    async with aiohttp.ClientSession() as session:
+        async def one(i: int) -> tuple[int, str]:
+            async with session.post(f"{url}/v1/completions", json={"prompt": [i], "max_tokens": 4}) as response:
+                body = await response.json()
+                return response.status, body["choices"][0]["text"] if response.status == 200 else str(body)
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def _wait_ready(replicas: ReplicaSet, count: int, timeout_s: float = 20.0) -> None:
+    async def wait() -> None:
+        while len(replicas.ready_urls()) < count:
+            await asyncio.sleep(0.05)
+
+    asyncio.run(asyncio.wait_for(wait(), timeout_s))
+
+
+@pytest.fixture
+def servers():
+    made: list[FakeServer] = []
+
+    def make(name: str, mode: str = "ok") -> FakeServer:
+        made.append(FakeServer(name, mode))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+def test_generation_is_shared_fairly_and_an_unready_replica_gets_none(servers):
+    a, b, broken = servers("a"), servers("b"), servers("broken", mode="fail")
+    replicas = ReplicaSet([a.url, b.url, broken.url])
+    admitted: list[str] = []
+    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1).start()
+    try:
+        _wait_ready(replicas, 2)
+        results = asyncio.run(_generate(balancer.url, 60))
+    finally:
+        balancer.stop()
+    assert all(status == 200 for status, _ in results)
+    assert 24 <= a.served <= 36 and 24 <= b.served <= 36 and a.served + b.served == 60
+    assert broken.served == 0 and broken.url not in admitted  # its probe never generated
+    report = {r.url: r for r in replicas.report()}
+    assert report[a.url].samples == a.served and report[b.url].samples == b.served
+    assert not report[broken.url].ready
+
+
+def test_requests_on_a_replica_that_dies_are_sent_again_to_another(servers):
+    a, b = servers("a"), servers("b")
+    replicas = ReplicaSet([a.url, b.url])
+    balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+    try:
+        _wait_ready(replicas, 2)
+        b.mode = "fail"  # the engine died: every request on it answers 500
+        results = asyncio.run(_generate(balancer.url, 30))
+    finally:
+        balancer.stop()
+    assert [status for status, _ in results] == [200] * 30
+    assert {text for _, text in results} == {"a"}
+    report = {r.url: r for r in replicas.report()}
+    assert report[b.url].failures >= 1 and not report[b.url].ready
+    assert report[a.url].retried == report[b.url].failures  # every failed request was sent again, none lost
+
+
+def test_with_no_ready_replica_a_request_waits_and_is_served_once_one_is_admitted(servers):
+    a = servers("a", mode="fail")
+    replicas = ReplicaSet([a.url])
+    admitted: list[str] = []
+    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1, wait_s=30).start()
+    try:
+        async def scenario() -> list[tuple[int, str]]:
+            pending = asyncio.ensure_future(_generate(balancer.url, 3))
+            while balancer.waiting < 3:
+                await asyncio.sleep(0.05)
+            assert not pending.done()
+            a.mode = "ok"  # the restarted server generates again
+            return await pending
+
+        results = asyncio.run(scenario())
+    finally:
+        balancer.stop()
+    assert [status for status, _ in results] == [200] * 3
+    assert admitted == [a.url]  # the catch-up ran before it took traffic
+
+
+def test_with_no_replica_within_the_bound_the_request_is_answered_503(servers):
+    a = servers("a", mode="fail")
+    balancer = RolloutBalancer(ReplicaSet([a.url]), "m", probe_interval_s=0.1, wait_s=0.5).start()
+    try:
+        [(status, body)] = asyncio.run(_generate(balancer.url, 1))
+    finally:
+        balancer.stop()
+    assert status == 503 and "no rollout server was ready" in body
+
+
+def test_replica_state_is_exported_with_a_replica_label():
+    report = c.ProgressReport(rollout=[
+        c.RolloutReplicaReport(replica=0, url="http://a", ready=True, weight_version="v7", samples=40),
+        c.RolloutReplicaReport(replica=1, url="http://b", ready=False, weight_version=None, samples=3, failures=2),
+    ])
+    text = render_metrics(lambda: report).decode()
+    assert f'{c.METRIC_REPLICA_READY}{{replica="0"}} 1.0' in text
+    assert f'{c.METRIC_REPLICA_READY}{{replica="1"}} 0.0' in text
+    assert f'{c.METRIC_REPLICA_WEIGHT_VERSION}{{replica="0"}} 7.0' in text
+    assert f'{c.METRIC_REPLICA_SAMPLES}{{replica="0"}} 40.0' in text
+    assert f'{c.METRIC_REPLICA_FAILURES}{{replica="1"}} 2.0' in text
+
+
+def test_a_restarted_learner_keeps_counting_versions_and_cleans_old_and_partial_ones(tmp_path: Path):
+    for name in ("v1", "v2", "v3", ".v4.partial-123"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "v3" / "model-00000.safetensors").write_bytes(b"x")
+    assert resume_version(tmp_path) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v3"]
+    assert resume_version(tmp_path) == 3  # a second restart: the same version, nothing else removed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert resume_version(empty) == 0

@@ -1,0 +1,183 @@
+"""A least-outstanding-requests HTTP front for the rollout servers, in the learner process (rank 0).
+
+TRL 1.16's rollout worker speaks to one server URL. The learner starts this front on loopback and gives TRL its URL:
+`POST /v1/completions` goes to the ready replica with the fewest requests in flight; a request that fails on a
+replica (connection refused or reset, a 5xx from a dead engine, no answer within the worker's own timeout) takes that
+replica out of the pool and is sent again to another one, so a dying server loses no sample. With no ready replica
+a request waits (bounded by `wait_s`, logged) instead of failing: TRL's worker would otherwise spin its own retries
+against a dead port. Every other path (`/health`, `/v1/models`, `/server_info`) goes to any ready replica.
+
+An unready replica is probed by generating one token (`rollout_health.generation_probe`), not by `/health`: a server
+whose engine died, or hung, still answers `/health`. Before it is admitted again `admit(url)` runs (the weight sync's
+catch-up, which loads the current weights), so a restarted server never serves the initial or an old policy.
+Ready replicas are not probed by generation: during a weight sync they are paused and a probe would hang; a hung
+ready replica is found by the requests that time out on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from .replicas import ReplicaSet
+from .rollout_health import generation_probe
+
+logger = logging.getLogger(__name__)
+
+COMPLETIONS_PATH = "/v1/completions"
+#: Headers that describe one hop's connection, never forwarded (RFC 9110 7.6.1), plus those aiohttp recomputes.
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"})
+
+AdmitFn = Callable[[str], None]
+
+
+class RolloutBalancer:
+    def __init__(
+        self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
+        port: int = 0, wait_s: float = 600.0, probe_interval_s: float = 2.0, request_timeout_s: float = 600.0,
+    ):
+        self.replicas = replicas
+        self.model = model
+        self.admit = admit
+        self.host, self.port = host, port
+        self.wait_s = wait_s
+        self.probe_interval_s = probe_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.waiting = 0  # requests held because no replica is ready (visible in logs and tests)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpo-rollout-balancer", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._probe_task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- life cycle ---------------------------------------------------------------------------------------------------
+    def start(self) -> RolloutBalancer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        logger.info("rollout balancer on %s over %d server(s)", self.url, len(self.replicas))
+        return self
+
+    async def _start(self) -> None:
+        # No pool limit: TRL's worker bounds concurrency itself (max_inflight_tasks).
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._probe_task = asyncio.ensure_future(self._probe_forever())
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- readiness ----------------------------------------------------------------------------------------------------
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(url) for url in self.replicas.urls if not self.replicas.is_ready(url)))
+            await asyncio.sleep(self.probe_interval_s)
+
+    async def _probe(self, url: str) -> None:
+        # A server left paused by a failed sync holds every request, the probe's too: it gets no traffic from here
+        # until admitted, so letting it run is safe.
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._session.post(f"{url}/resume", timeout=aiohttp.ClientTimeout(total=10)):
+                pass
+        error = await generation_probe(self._session, url, self.model)
+        if error is not None:
+            return
+        try:
+            if self.admit is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self.admit, url)
+        except Exception as admit_error:  # noqa: BLE001 - stays out of the pool; the next probe tries again
+            logger.warning("rollout server %s answers but could not be brought to the current weights: %s", url,
+                           admit_error)
+            self.replicas.set_ready(url, False, error=str(admit_error))
+            return
+        self.replicas.set_ready(url, True)
+        logger.info("rollout server %s is ready", url)
+
+    # -- forwarding ---------------------------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        if request.path == COMPLETIONS_PATH and request.method == "POST":
+            return await self._generate(request, body, headers)
+        replica = await self._acquire()
+        if replica is None:
+            return web.json_response({"error": "no rollout server is ready"}, status=503)
+        try:
+            status, answer, content_type = await self._forward(replica.url, request, body, headers)
+        except (TimeoutError, aiohttp.ClientError) as error:
+            self.replicas.release(replica, ok=False, error=f"{type(error).__name__}: {error}")
+            return web.json_response({"error": f"rollout server {replica.url}: {error}"}, status=502)
+        self.replicas.release(replica, ok=True, sample=False)
+        return web.Response(status=status, body=answer, content_type=content_type)
+
+    async def _generate(self, request: web.Request, body: bytes, headers: dict) -> web.StreamResponse:
+        attempts = 0
+        while True:
+            replica = await self._acquire()
+            if replica is None:
+                return web.json_response({"error": f"no rollout server was ready within {self.wait_s:.0f}s"},
+                                         status=503)
+            if attempts:
+                self.replicas.count_retry(replica)
+            attempts += 1
+            try:
+                status, answer, content_type = await self._forward(replica.url, request, body, headers)
+            except (TimeoutError, aiohttp.ClientError) as error:
+                failure = f"{type(error).__name__}: {error}"
+            else:
+                if status < 500:
+                    self.replicas.release(replica, ok=True, sample=status == 200)  # a 4xx is the request's fault
+                    return web.Response(status=status, body=answer, content_type=content_type)
+                failure = f"HTTP {status}: {answer[:200].decode(errors='replace')}"
+            logger.warning("rollout server %s failed a generation (%s); it leaves the pool, request sent again",
+                           replica.url, failure)
+            self.replicas.release(replica, ok=False, error=failure)
+
+    async def _acquire(self):
+        replica = self.replicas.acquire()
+        if replica is not None:
+            return replica
+        self.waiting += 1
+        logger.warning("no rollout server is ready; holding a request for up to %.0fs", self.wait_s)
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while replica is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                replica = self.replicas.acquire()
+            return replica
+        finally:
+            self.waiting -= 1
+
+    async def _forward(self, url: str, request: web.Request, body: bytes, headers: dict) -> tuple[int, bytes, str]:
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        async with self._session.request(request.method, f"{url}{request.path_qs}", data=body, headers=headers,
+                                         timeout=timeout) as response:
+            return response.status, await response.read(), response.content_type

@@ -1,0 +1,52 @@
+"""The learner's side of the rollout servers with filesystem sync: replica state, the weight sync, the balancer.
+
+`start_rollout_pool` wires the three so that a replica that fails a request or a sync leaves the pool, and comes back
+only after it generates again and has loaded the current weights (`FilesystemWeightTransfer.catch_up`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import contract as c
+from .balancer import RolloutBalancer
+from .replicas import ReplicaSet
+from .weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
+
+#: How long a generation request waits when no replica is ready (a single replica being restarted) before it is
+#: answered 503 and TRL's worker retries it. Long enough for a CPU server restart measured at 25-150 s here.
+NO_REPLICA_WAIT_S = 300.0
+
+
+@dataclass
+class RolloutPool:
+    replicas: ReplicaSet
+    transfer: FilesystemWeightTransfer
+    balancer: RolloutBalancer
+
+    @property
+    def url(self) -> str:
+        return self.balancer.url
+
+    def report(self) -> list[c.RolloutReplicaReport]:
+        return self.replicas.report()
+
+    def stop(self) -> None:
+        self.balancer.stop()
+
+
+def start_rollout_pool(
+    config: c.RunConfig, *, ready_timeout_s: float, tied_embeddings: bool, request_timeout_s: float = 600.0,
+) -> RolloutPool:
+    """`request_timeout_s` is TRL's own (`request_timeout`): a replica that has not answered by then is hung."""
+    sync = config.rollout.weight_sync
+    if sync.mode != "filesystem" or not sync.directory:
+        raise ValueError("the rollout pool needs rollout.weightSync.mode filesystem with a directory")
+    replicas = ReplicaSet(config.rollout.urls)
+    transfer = FilesystemWeightTransfer(
+        replicas.urls, sync.directory, ready_timeout_s=ready_timeout_s,
+        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
+    )
+    balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S,
+                               request_timeout_s=request_timeout_s).start()
+    return RolloutPool(replicas, transfer, balancer)
