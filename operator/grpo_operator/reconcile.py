@@ -131,7 +131,7 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
     observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
                 for obs, facts in owned]
-    live = [(obs, facts) for obs, facts in zip(observed, (f for _, f in owned), strict=True) if not obs.terminating]
+    live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
     progress = None
     was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
     if not was_finished:
