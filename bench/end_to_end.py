@@ -27,6 +27,22 @@ TIMEOUT_S = 420.0
 # learner's steps on the shared cores took ~9 s instead of ~0.1 s (measured while developing this bench); the second
 # run keeps checking that `grporun local`'s own thread setting holds.
 VARIANTS = (("as `make demo` runs it", {}), ("with `OMP_NUM_THREADS=1` exported", {"OMP_NUM_THREADS": "1"}))
+#: The replica rows: the demo with rollout.replicas 1 and 2 (the learner's balancer spreads the requests).
+REPLICA_COUNTS = (1, 2)
+
+
+def replica_manifest(scratch: Path, replicas: int) -> Path:
+    """examples/tiny.yaml with `rollout.replicas` set and its relative paths made absolute (it is written elsewhere)."""
+    import yaml
+
+    manifest = yaml.safe_load(MANIFEST.read_text())
+    spec = manifest["spec"]
+    spec["rollout"]["replicas"] = replicas
+    spec["model"] = str((MANIFEST.parent / spec["model"]).resolve())
+    spec["dataset"]["path"] = str((MANIFEST.parent / spec["dataset"]["path"]).resolve())
+    path = scratch / f"tiny-{replicas}-replicas.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
 
 
 def _samples_generated(metrics_text: str | None) -> float | None:
@@ -42,7 +58,7 @@ def _samples_generated(metrics_text: str | None) -> float | None:
     return total
 
 
-def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
+def run_once(context: Context, label: str, env: dict[str, str], manifest: Path = MANIFEST) -> dict:
     from grpo_operator.cli.local.processes import http_get, http_ok, read_progress_blocking
     from grpo_trainer.contract import RunConfig
 
@@ -51,12 +67,13 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
     started = time.time()
     log_path = context.scratch / f"e2e-{label}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([str(grporun), "local", str(MANIFEST), "--runs-dir", str(runs_dir)], cwd=ROOT,
+        process = subprocess.Popen([str(grporun), "local", str(manifest), "--runs-dir", str(runs_dir)], cwd=ROOT,
                                    stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"} | env)
     times: dict[str, float] = {}
     config = None
     report = None
-    generated: list[tuple[float, float]] = []  # (time, vLLM requests so far)
+    generated: list[tuple[float, float]] = []  # (time, vLLM requests so far, all servers)
+    split: list[int] = []  # completions per replica, from the learner's balancer
     last_metrics = 0.0
     silent_since: float | None = None
     try:
@@ -74,17 +91,18 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
                     except ValueError:
                         config = None  # still being written
             if config is not None:
-                rollout = config.rollout.urls[0]
-                if "server_ready" not in times and http_ok(f"{rollout}/health"):
+                urls = config.rollout.urls
+                if "server_ready" not in times and all(http_ok(f"{url}/health") for url in urls):
                     times["server_ready"] = time.time()
                 if "server_ready" in times and now - last_metrics >= 1.0:
                     last_metrics = now
-                    count = _samples_generated(http_get(f"{rollout}/metrics"))
-                    if count is not None:
-                        generated.append((now, count))
+                    counts = [_samples_generated(http_get(f"{url}/metrics")) for url in urls]
+                    if None not in counts:
+                        generated.append((now, sum(counts)))
                 polled = read_progress_blocking(f"http://127.0.0.1:{config.learner.http_port}")
                 if polled is not None and "trained_end" not in times:
                     report = polled
+                    split = [replica.samples for replica in polled.rollout] or split
                     if "first_group" not in times and polled.groups_consumed > 0:
                         times["first_group"] = time.time()
                     if polled.phase == "Succeeded":
@@ -112,7 +130,7 @@ def run_once(context: Context, label: str, env: dict[str, str]) -> dict:
     end = times.get("trained_end", times["exit"])
     before_end = [count for at, count in generated if at <= end]
     return {"started": started, **times, "report": report, "generated": before_end[-1] if before_end else None,
-            "timed_out": timed_out,
+            "timed_out": timed_out, "split": split,
             "generations": config.training.num_generations}
 
 
@@ -149,6 +167,21 @@ def run(context: Context) -> str:
             f"{generated:.0f} ({generated / (end - result['server_ready']):.1f}/s)" if generated else "n/a",
             f"{trained} ({trained / (end - result['first_group']):.1f}/s)",
         ])
+    replica_rows = []
+    for replicas in REPLICA_COUNTS:
+        result = run_once(context, f"replicas-{replicas}", {}, replica_manifest(context.scratch, replicas))
+        report, end = result["report"], result.get("trained_end", result["exit"])
+        split = result["split"]
+        share = " / ".join(f"{100 * n / sum(split):.0f}%" for n in split) if split and sum(split) else "n/a"
+        generated = result["generated"]
+        trained = report.groups_trained * result["generations"] if report else 0
+        replica_rows.append([
+            replicas, f"{result['server_ready'] - result['started']:.1f}",
+            f"{end - result['first_group']:.1f}" + ("" if not result["timed_out"] else " (stopped)"),
+            f"{' / '.join(str(n) for n in split) or 'n/a'} ({share})",
+            f"{generated / (end - result['server_ready']):.1f}" if generated else "n/a",
+            f"{trained / (end - result['first_group']):.1f}",
+        ])
     text = [
         f"## {TITLE}",
         "",
@@ -163,6 +196,19 @@ def run(context: Context) -> str:
         table(["run", "groups consumed / trained / dropped", "optimizer steps",
                "samples generated (vLLM requests; per s from server ready to training end)",
                f"samples trained (groups trained × {results[0][1]['generations']}; per s of training)"], rate_rows),
+    ]
+    text += [
+        "",
+        "The same run with `rollout.replicas` 1 and 2 (all servers ready before the first sample; the learner's "
+        "balancer spreads generation by least outstanding requests). Request split: completions per replica as the "
+        "learner's `/progress` counts them. On this 2-core machine two CPU servers and the learner share two cores, "
+        "so a second replica adds no compute: it can only show the split, not a speed-up. The split follows how fast "
+        "each server answers (least outstanding requests sends more to the one that frees its slots sooner), and on "
+        "cores shared with other jobs that varies from run to run (58 % / 42 % in one run of "
+        "tests/trainer/test_rollout_replicas.py).",
+        "",
+        table(["replicas", "server start s", "training s", "request split (completions per replica)",
+               "samples generated per s", "samples trained per s"], replica_rows),
     ]
     (_, as_is), (_, one_thread) = results
     finished = all(not r["timed_out"] and "trained_end" in r for r in (as_is, one_thread))
