@@ -7,7 +7,7 @@ Left out, with the reason:
   which is kube-controller-manager's job, and the test control plane runs none;
 - test_a_lifecycle_survives_watch_streams_that_keep_ending: it reads the emulator's request log;
 - test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing: the real server refuses that spec at
-  creation (test_control_plane_api checks that), so the operator never sees it.
+  creation (tests/controlplane/test_api.py checks that), so the operator never sees it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The process kubelet (tests/process_kubelet.py) on the real control plane: what it promises the operator."""
+"""The process kubelet (tests/support/process_kubelet.py) on the real control plane: what it promises the operator."""
 
 from __future__ import annotations
 

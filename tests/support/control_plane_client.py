@@ -96,11 +96,11 @@ class Client(KubeClient):
         return bool(answer["status"].get("allowed"))
 
 
-def kubectl(plane: ControlPlane, kubeconfig: Path, *args: str, stdin: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
+def kubectl(plane: ControlPlane, kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
     binary = plane.bin_dir / "kubectl"
     done = subprocess.run([str(binary), f"--kubeconfig={kubeconfig}", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
     return done
