@@ -32,6 +32,15 @@ def variables(policy: dict[str, Any]) -> dict[str, str]:
     return {variable["name"]: variable["expression"] for variable in policy["spec"]["variables"]}
 
 
+def refused_keys(policy: dict[str, Any], run: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """The keys the policy refuses, its variables evaluated in order as the API server does."""
+    values: dict[str, Any] = {}
+    request = {"operation": "CREATE" if old is None else "UPDATE"}
+    for name, expression in variables(policy).items():
+        values[name] = evaluate(expression, object=run, oldObject=old, request=request, variables=values)
+    return [str(pair[0]) for pair in values["refused"]]
+
+
 def test_the_policy_lists_exactly_the_managed_trainer_args_with_the_field_to_use(policy):
     pairs = [[str(key), str(field)] for key, field in evaluate(variables(policy)["managed"])]
     assert pairs == [[key, field] for key, field in MANAGED_TRAINER_ARGS.items()]
@@ -46,18 +55,25 @@ def test_the_policy_lists_exactly_the_managed_trainer_args_with_the_field_to_use
 def test_the_policy_refuses_only_managed_keys(policy, extra_args, refused):
     run = good()
     run["spec"]["training"]["extraArgs"] = extra_args
-    managed = evaluate(variables(policy)["managed"])
-    found = evaluate(variables(policy)["refused"], object=run, variables={"managed": managed})
-    assert [str(pair[0]) for pair in found] == refused
+    assert refused_keys(policy, run) == refused
 
 
 def test_a_run_without_training_or_extra_args_is_not_refused(policy):
     run = good()
-    managed = evaluate(variables(policy)["managed"])
     del run["spec"]["training"]["extraArgs"]
-    assert evaluate(variables(policy)["refused"], object=run, variables={"managed": managed}) == []
+    assert refused_keys(policy, run) == []
     del run["spec"]["training"]
-    assert evaluate(variables(policy)["refused"], object=run, variables={"managed": managed}) == []
+    assert refused_keys(policy, run) == []
+
+
+def test_an_update_keeps_the_keys_the_stored_run_has_and_refuses_new_ones(policy):
+    stored = good()
+    stored["spec"]["training"]["extraArgs"] = {"seed": 1}
+    updated = good()
+    updated["spec"]["training"]["extraArgs"] = {"seed": 1, "use_cpu": True}
+    assert refused_keys(policy, stored, old=stored) == []
+    assert refused_keys(policy, updated, old=stored) == ["use_cpu"]
+    assert refused_keys(policy, updated, old=good()) == ["seed", "use_cpu"]
 
 
 def test_the_policy_matches_every_create_and_update_of_a_grporun_and_denies(policy):

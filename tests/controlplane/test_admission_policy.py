@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator.api import SpecError, parse_spec
+from grpo_operator.api import FINALIZER, SpecError, parse_spec
 from grpo_operator.manifest import validate_manifest, with_defaults
 from grpo_trainer.contract import managed_args_message
 from tests.controlplane.test_api import _create
@@ -24,6 +24,7 @@ from tests.support.kube_emulator import GRPORUNS, ApiError
 pytestmark = pytest.mark.controlplane
 
 API = "/apis/admissionregistration.k8s.io/v1"
+LEGACY_NAMESPACE = "admission-policy-legacy"
 PLURALS = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
            "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
@@ -55,7 +56,15 @@ def _refused(admin, namespace: str, manifest: dict[str, Any]) -> ApiError | None
 
 
 @pytest.fixture(scope="module")
-def policy(admin) -> Iterator[list[dict[str, Any]]]:
+def stored_before(admin) -> tuple[str, str]:
+    """A run with a managed key, stored before the policy existed: (namespace, name)."""
+    admin.create_namespace(LEGACY_NAMESPACE)
+    stored = _create(admin, LEGACY_NAMESPACE, with_extra_args({"num_train_epochs": 99}))
+    return LEGACY_NAMESPACE, stored["metadata"]["name"]
+
+
+@pytest.fixture(scope="module")
+def policy(admin, stored_before) -> Iterator[list[dict[str, Any]]]:
     """The chart's policy and binding (default values) on the server; removed again after the module."""
     objects = [obj for kind in PLURALS for obj in objects_of_kind(render_objects(), kind)]
     assert [obj["kind"] for obj in objects] == list(PLURALS)
@@ -102,3 +111,19 @@ def test_a_run_with_other_extra_args_is_admitted(admin, enforced):
     assert grporun_validate(manifest) == []
     stored = _create(admin, enforced, manifest)
     assert stored["spec"]["training"]["extraArgs"] == {"beta": 0.1}
+
+
+def test_a_run_stored_before_the_policy_still_takes_the_operators_writes_and_can_be_deleted(admin, enforced,
+                                                                                          stored_before):
+    namespace, name = stored_before
+    path = admin.path(GRPORUNS, namespace, name)[len(admin.url):]
+    merge = {"headers": {"Content-Type": "application/merge-patch+json"}}
+    # kopf adds its finalizer and annotations to the run itself (UPDATE, not the status subresource) and removes the
+    # finalizer on deletion: refusing those would leave the run undeletable.
+    admin.call("PATCH", path, json={"metadata": {"finalizers": [FINALIZER], "annotations": {"a": "b"}}}, **merge)
+    admin.call("DELETE", path)
+    assert admin.call("GET", path)["metadata"]["deletionTimestamp"]
+    admin.call("PATCH", path, json={"metadata": {"finalizers": None}}, **merge)
+    with pytest.raises(ApiError) as gone:
+        admin.call("GET", path)
+    assert gone.value.code == 404
