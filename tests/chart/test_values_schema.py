@@ -39,6 +39,9 @@ BAD_VALUES = [
     ({"dashboard": {"labels": {"grafana_dashboard": 1}}}, "/dashboard/labels/grafana_dashboard",
      "got number, want string"),
     ({"operator": {"logLevel": "info"}}, "/operator/logLevel", "value must be one of"),
+    ({"admissionPolicy": {"enabled": "no"}}, "/admissionPolicy/enabled", "got string, want boolean"),
+    ({"admissionPolicy": {"failurePolicy": "Ignore"}}, "/admissionPolicy",
+     "additional properties 'failurePolicy' not allowed"),
 ]
 
 
