@@ -53,7 +53,10 @@ def printer_columns(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_apply_creates_config_map_services_and_pods_owned_by_the_run(cluster):
-    run = cluster.apply(grporun("alpha", minimal_spec(rollout={"replicas": 2})))
+    # Two servers need filesystem weight sync (NCCL serves one; the real API server refuses the pair).
+    two_servers = {"replicas": 2, "weightSync": {"mode": "filesystem",
+                                                 "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}
+    run = cluster.apply(grporun("alpha", minimal_spec(rollout=two_servers)))
     cluster.wait_for(lambda: len(cluster.pods("alpha")) == 3, what="3 pods")
     assert cluster.pod_names("alpha") == ["alpha-learner-0", "alpha-rollout-0", "alpha-rollout-1"]
     assert sorted(s["metadata"]["name"] for s in cluster.services("alpha")) == ["alpha-learner", "alpha-rollout"]
