@@ -219,3 +219,15 @@ class TestStops:
         items = list(StopAwareDataset(batcher(), progress, window=4))
         assert items[:2] == ["micro-batch 0", "micro-batch 1"]  # no fill: the trainer discards this partial window
         assert items[2].code == StopCode.PREEMPTED and len(items) == 3
+
+
+def test_a_drop_past_the_bound_is_consumed_but_not_counted():
+    """As a trained group past the bound: otherwise dropped exceeds consumed (seen when a fast run went past it)."""
+    progress = make_progress(n=4, epochs=1, stall_groups=100, consumed=ConsumedIds())
+    progress.train([0, 1])
+    progress.drop(2, "no_signal")
+    with pytest.raises(RolloutStop):  # the bound's last group: the stream is complete
+        progress.drop(3, "no_signal")
+    progress.drop(7, "no_signal")  # the next pass's overflow
+    report = progress.report(phase=LearnerPhase.RUNNING, global_step=0)
+    assert report.groups_trained + sum(report.dropped.values()) == report.groups_consumed == 4

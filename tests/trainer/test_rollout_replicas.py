@@ -68,7 +68,10 @@ def test_two_replicas_share_generation_and_end_on_the_learners_weights(vllm_serv
     report = _final_report(run_dir)
     assert report.groups_consumed == report.groups_total
     samples = [replica.samples for replica in report.rollout]
-    assert len(samples) == 2 and all(count >= 0.35 * sum(samples) for count in samples), samples
+    # Least outstanding requests gives the faster server more: alone on the machine the split was 58/42, beside the
+    # whole suite on 2 shared cores 77/23. Equal servers getting equal shares is tested in test_balancer.py; here
+    # both real servers must carry a real share.
+    assert len(samples) == 2 and all(count >= 0.15 * sum(samples) for count in samples), samples
     versions = {replica.weight_version for replica in report.rollout}
     assert len(versions) == 1 and c.weight_version_number(versions.pop()) == report.weight_syncs
     for url in urls:

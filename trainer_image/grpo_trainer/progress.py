@@ -240,6 +240,9 @@ class RolloutProgress:
         with self._lock:
             if group_id in self.consumed:
                 return
+            if not self.needs(group_id):  # past the bound, as in train(): consumed, not counted
+                self.consumed.add(group_id)
+                return
             self._record_drop(group_id, reason)
         self.check()
 

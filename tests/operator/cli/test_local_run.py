@@ -92,9 +92,13 @@ def _group_members(pgid: int) -> list[int]:
 
 def test_ctrl_c_stops_the_learner_and_its_rollout_worker(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=50)
+    # A terminal's Ctrl-C: SIGINT at its default in grporun, even when this suite runs as a background job (a
+    # non-interactive shell starts those with SIGINT ignored, Python then installs no KeyboardInterrupt handler, and
+    # the signal was lost: CI's clean-clone run timed out here).
     process = subprocess.Popen(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     learner_log = tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log"
     deadline = time.monotonic() + 300
