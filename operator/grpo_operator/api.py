@@ -50,6 +50,8 @@ KOPF_ANNOTATION_PREFIX = GROUP
 RUN_LABEL = f"{GROUP}/run"
 ROLE_LABEL = f"{GROUP}/role"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+#: On a rollout pod: its server's restart count when the pod was created (a crash is counted once).
+ROLLOUT_RESTARTS_ANNOTATION = f"{GROUP}/rollout-restarts"
 #: On the run's ConfigMap: the spec generation its config was rendered from.
 GENERATION_ANNOTATION = f"{GROUP}/generation"
 MANAGED_BY = "grpo-operator"
@@ -151,9 +153,15 @@ class PodFailureRule(WireModel):
         return any(match.type in true_conditions for match in self.on_pod_conditions or [])
 
 
+#: Restarts of one rollout server before its next exit fails the run (`runPolicy.rolloutRestartLimit`'s default;
+#: `grporun local --rollout-restart-limit` uses it too).
+DEFAULT_ROLLOUT_RESTART_LIMIT = 3
+
+
 class RunPolicySpec(WireModel):
     suspend: bool = False
     backoff_limit: int = Field(3, ge=0)
+    rollout_restart_limit: int = Field(DEFAULT_ROLLOUT_RESTART_LIMIT, ge=0)
     max_disruptions: int | None = Field(None, ge=0)
     pod_failure_policy: list[PodFailureRule] | None = None
     active_deadline_seconds: int | None = Field(None, ge=1)
@@ -260,6 +268,9 @@ class Reason:
     ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
     ALL_REPLICAS_READY = "AllReplicasReady"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    ROLLOUT_RESTARTED = "RolloutRestarted"  # the event when a rollout server that exited is replaced
+    ROLLOUT_RESTARTING = "RolloutRestarting"  # RolloutReady=False while a replaced server is not ready yet
+    ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
     STALL_LIMIT_REACHED = "StallLimitReached"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     PROGRESS_RESUMED = "ProgressResumed"
@@ -333,9 +344,24 @@ class ProgressStatus(_StatusModel):
     last_updated_time: str | None = None
 
 
+class RolloutServerStatus(_StatusModel):
+    """One rollout server: its pod as the operator sees it, and the learner's view of it (its `/progress`)."""
+
+    replica: int
+    pod: str | None = None
+    ready: bool = False  # the pod's Ready condition
+    serving: bool | None = None  # the learner sends it generation requests
+    weight_version: str | None = None
+    samples: int | None = None
+    restarts: int = 0  # counted against runPolicy.rolloutRestartLimit
+    last_error: str | None = None  # the engine's error line at its last exit
+
+
 class RolloutStatus(_StatusModel):
     replicas: int = 0
     ready: int = 0
+    restarts: int = 0
+    servers: list[RolloutServerStatus] = Field(default_factory=list)
 
 
 class LearnerStatus(_StatusModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .api import ATTEMPT_ANNOTATION, ROLE_LABEL
+from .api import ATTEMPT_ANNOTATION, ROLE_LABEL, ROLLOUT_RESTARTS_ANNOTATION
 from .status import PodObservation
 
 
@@ -48,7 +48,8 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         waiting_reason=waiting.get("reason"),
         terminating=bool(metadata.get("deletionTimestamp")),
         disruption=_disruption(conditions.get("DisruptionTarget")),
-        attempt=_attempt(metadata),
+        attempt=_annotated_count(metadata, ATTEMPT_ANNOTATION),
+        rollout_restarts=_annotated_count(metadata, ROLLOUT_RESTARTS_ANNOTATION),
         conditions=frozenset(kind for kind, c in conditions.items() if kind and c.get("status") == "True"),
     )
 
@@ -59,8 +60,8 @@ def _disruption(condition: dict[str, Any] | None) -> str | None:
     return condition.get("reason") or "DisruptionTarget"
 
 
-def _attempt(metadata: dict[str, Any]) -> int | None:
-    value = str((metadata.get("annotations") or {}).get(ATTEMPT_ANNOTATION, ""))
+def _annotated_count(metadata: dict[str, Any], annotation: str) -> int | None:
+    value = str((metadata.get("annotations") or {}).get(annotation, ""))
     return int(value) if value.isdigit() else None
 
 

@@ -23,6 +23,7 @@ class PodObservation:
     terminating: bool = False  # being deleted: it still holds its name (and its slot) until it is gone
     disruption: str | None = None  # the reason of a True DisruptionTarget condition (eviction, preemption, ...)
     attempt: int | None = None  # the restart count the pod was created at (its attempt annotation)
+    rollout_restarts: int | None = None  # a rollout pod: its server's restart count when it was created
     conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
 
 

@@ -21,7 +21,6 @@ from ..api import (
     Phase,
     ProgressStatus,
     Reason,
-    RolloutStatus,
     parse_status,
 )
 from ..eta import update_estimate
@@ -30,6 +29,8 @@ from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
 from .decision import Action, CreateChildren, Decision, DeletePods, DeleteRun, Event, PodObservation, RecreatePods, rank
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
+from .rollout_exits import classify_rollout_exits
+from .servers import count_restart, readiness, rollout_status, take_learner_view
 
 #: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
 #: Initializing forever on an image-pull error).
@@ -167,6 +168,7 @@ class _ProgressRules(RunRecord):
                 report = report or report_from_termination_message(pod.message)
         if report is None:
             return
+        take_learner_view(self.new.rollout, report)
         previous_trained = self.old.progress.groups_trained if self.old.progress else 0
         self.new.progress = progress_status(report)
         if report.groups_trained > previous_trained:
@@ -256,17 +258,18 @@ class _Derivation(_ProgressRules):
 
     # --- observations ------------------------------------------------------------------------------------------
     def _count_pods(self) -> None:
-        replicas = self.spec.rollout.replicas
-        ready = sum(1 for p in self.rollout_pods if p.phase == "Running" and p.ready)
-        self.new.rollout = RolloutStatus(replicas=replicas, ready=ready)
+        self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods, self.old.rollout)
         learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
         self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
-        message = f"{ready}/{replicas} rollout servers ready"
-        if ready != replicas:
-            changed = self.conditions.set(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, message)
+        self._rollout_ready()
+
+    def _rollout_ready(self) -> None:
+        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit)
+        if not ready:
+            changed = self.conditions.set(ConditionType.ROLLOUT_READY, "False", reason, message)
             if changed and self.old.phase == Phase.RUNNING:
-                self.event("Warning", Reason.REPLICAS_NOT_READY, message)
-        elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", Reason.ALL_REPLICAS_READY, message):
+                self.event("Warning", reason, message)
+        elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", reason, message):
             self.event("Normal", Reason.ROLLOUT_READY, message)
 
     def _missing_pods(self) -> list[tuple[str, int]]:
@@ -277,6 +280,12 @@ class _Derivation(_ProgressRules):
         return [slot for slot in expected if slot not in present]
 
     def _running_phase(self, missing: list[tuple[str, int]]) -> Phase:
+        # A running learner goes on while rollout servers are replaced (it waits when none is left): the run stays
+        # Running and its progress clock counts, so progressDeadlineSeconds bounds the wait.
+        learner_whole = not any(role == "learner" for role, _ in missing + [(p.role, 0) for p in self.terminating])
+        if (self.old.phase == Phase.RUNNING and learner_whole and self.learner_pods
+                and all(p.phase == "Running" for p in self.learner_pods)):
+            return Phase.RUNNING
         if missing or self.terminating or any(p.phase in ("Pending", "Unknown") for p in self.pods):
             self._surface_waiting(default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
             return Phase.PENDING
@@ -315,7 +324,7 @@ class _Derivation(_ProgressRules):
                                    max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
                                    rules=policy.pod_failure_policy or ())
         if verdict is None:
-            return False
+            return self._replace_servers()
         if isinstance(verdict, Succeed):
             self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
@@ -325,6 +334,26 @@ class _Derivation(_ProgressRules):
         elif isinstance(verdict, Restart):
             self._restart(verdict)
         return True
+
+    def _replace_servers(self) -> bool:
+        """Rollout servers that exited are replaced one by one while the learner goes on; True when the run failed."""
+        limit = self.spec.run_policy.rollout_restart_limit
+        used = {server.replica: server.restarts for server in self.new.rollout.servers}
+        outcome = classify_rollout_exits(self.rollout_pods, used, limit=limit,
+                                         rules=self.spec.run_policy.pod_failure_policy or ())
+        if isinstance(outcome, Fail):
+            self.finish(Phase.FAILED, outcome.reason, outcome.message, outcome.failure)
+            return True
+        for restart in outcome:
+            self.actions.append(RecreatePods((restart.pod,)))
+            if not restart.counted:
+                count = count_restart(self.new.rollout, restart)
+                error = f": {restart.error}" if restart.error else ""
+                self.event("Warning", Reason.ROLLOUT_RESTARTED, f"{restart.what}; restart {count}/{limit}, the "
+                           f"learner goes on with the other servers or waits for this one{error}")
+        if outcome:
+            self._rollout_ready()
+        return False
 
     def _restart(self, verdict: Restart) -> None:
         self.actions.append(RecreatePods(verdict.pods))

@@ -9,8 +9,11 @@ restart, or nothing happened. The rules, which docs/operator.md spells out for u
   the kubelet; a learner pod deleted from a running gang; the learner's own preempted exit code) restarts the pods
   without counting against `runPolicy.backoffLimit`: it has its own counter and the optional
   `runPolicy.maxDisruptions`;
-- any other exit, of a learner or of a rollout server (a server never exits by itself), restarts the pods while
-  `runPolicy.backoffLimit` allows, then fails the run with BackoffLimitExceeded;
+- a rollout server that exits (any code: a server never ends by itself, and vLLM exits 0 after its engine died) is
+  replaced alone, with its own counter and `runPolicy.rolloutRestartLimit` (rollout_exits.py), unless a
+  podFailurePolicy rule matches it or it was disrupted;
+- any other exit of a learner restarts the pods while `runPolicy.backoffLimit` allows, then fails the run with
+  BackoffLimitExceeded;
 - accelerate's ranks rendezvous once, so when one learner pod dies the whole learner gang restarts;
 - a failure is counted once: pods carry the attempt they were created at (restarts + disruptions), so a pass
   replayed after a failed delete or an operator crash re-issues the restart without counting it again.
@@ -89,6 +92,16 @@ def policy_action(pod: PodObservation, rules: Sequence[PodFailureRule]) -> str |
     return next((rule.action for rule in rules if rule.matches(pod.exit_code, pod.conditions)), None)
 
 
+def server_exited(pod: PodObservation) -> bool:
+    """A rollout server's pod that ended, with any code: a server never ends by itself."""
+    return pod.role == "rollout" and pod.phase in ("Failed", "Succeeded")
+
+
+def replaced_alone(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> bool:
+    """A rollout server that exited on its own: no disruption, no podFailurePolicy rule (rollout_exits.py)."""
+    return server_exited(pod) and pod.disruption is None and policy_action(pod, rules) is None
+
+
 def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> str | None:
     """Why a pod was disrupted (not its own fault), or None for a crash."""
     action = policy_action(pod, rules)
@@ -117,16 +130,16 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
             return Succeed(Reason.MAX_STEPS_REACHED, f"the learner exited 0: {report.message}")
         return Succeed(Reason.EPOCH_BOUND_REACHED, "the learner reached the epoch bound and exited 0")
     failed = [p for p in learner_pods if p.phase == "Failed"]
-    failed += [p for p in rollout_pods if p.phase in ("Failed", "Succeeded")]  # a server never exits
+    failed += [p for p in rollout_pods if server_exited(p) and not replaced_alone(p, rules)]
     crashed = [p for p in failed if disruption_of(p, rules) is None]
     if not crashed:
         return _disrupted(failed, learner_pods, removed_learners, restarts + disruptions, disruptions,
                           max_disruptions, rules)
     first = crashed[0]
     if first.attempt is not None and first.attempt < restarts + disruptions:
-        return Restart(_gang(failed, learner_pods), _what(first), failure_text(first), counted=True)
+        return Restart(_gang(failed, learner_pods), exit_summary(first), failure_text(first), counted=True)
     code = first.exit_code
-    what = _what(first)
+    what = exit_summary(first)
     detail = failure_text(first)
     with_detail = f"{what}: {detail}" if detail else what
     failure = FailureStatus(role=first.role, pod=first.name, exit_code=code, reason=first.reason,
@@ -170,7 +183,7 @@ def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservati
     return Restart(pods, what, "", disruption=reason)
 
 
-def _what(pod: PodObservation) -> str:
+def exit_summary(pod: PodObservation) -> str:
     if pod.exit_code is not None:
         return f"{pod.role} pod {pod.name} exited with code {pod.exit_code}"
     return f"{pod.role} pod {pod.name} failed ({pod.reason or 'no exit code'})"

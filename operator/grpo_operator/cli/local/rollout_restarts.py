@@ -17,9 +17,10 @@ from pathlib import Path
 
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
 
+from ...api import DEFAULT_ROLLOUT_RESTART_LIMIT
 from .processes import LocalProcess, tail
 
-DEFAULT_ROLLOUT_RESTART_LIMIT = 3
+__all__ = ["DEFAULT_ROLLOUT_RESTART_LIMIT", "RolloutRestarts", "exit_line"]
 
 
 def exit_line(log_path: Path) -> str | None:
