@@ -21,6 +21,7 @@ Why the shapes are what they are:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
@@ -34,6 +35,7 @@ from .api import (
     KIND,
     MANAGED_BY,
     ROLE_LABEL,
+    ROLLOUT_RESTARTS_ANNOTATION,
     RUN_LABEL,
     GRPORunSpec,
 )
@@ -261,7 +263,8 @@ def learner_command(run: str, namespace: str, spec: GRPORunSpec, rank: int) -> l
 
 
 def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, index: int, *, trainer_image: str,
-                      attempt: int = 0) -> dict[str, Any]:
+                      attempt: int = 0, restarts: int = 0) -> dict[str, Any]:
+    """`restarts`: the server's restarts so far (status.rollout.servers), kept on the pod so its exit counts once."""
     rollout = spec.rollout
     probe = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}, "periodSeconds": 5, "failureThreshold": 3}
     pod = _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
@@ -270,6 +273,7 @@ def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ind
                ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
                resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
                service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+    pod["metadata"]["annotations"][ROLLOUT_RESTARTS_ANNOTATION] = str(restarts)
     return apply_override(pod, rollout.pod_template_override, "spec.rollout.podTemplateOverride")
 
 
@@ -289,8 +293,10 @@ def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, ran
 
 
 def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-               attempt: int = 0) -> list[dict[str, Any]]:
-    pods = [build_rollout_pod(run, namespace, uid, spec, i, trainer_image=trainer_image, attempt=attempt)
+               attempt: int = 0, rollout_restarts: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+    restarts = rollout_restarts or {}
+    pods = [build_rollout_pod(run, namespace, uid, spec, i, trainer_image=trainer_image, attempt=attempt,
+                              restarts=restarts.get(i, 0))
             for i in range(spec.rollout.replicas)]
     pods += [build_learner_pod(run, namespace, uid, spec, r, trainer_image=trainer_image, attempt=attempt)
              for r in range(spec.learner.nodes)]
@@ -312,7 +318,8 @@ def build_pod_group(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> di
 
 
 def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-                   attempt: int = 0, generation: int = 1) -> list[dict[str, Any]]:
+                   attempt: int = 0, generation: int = 1,
+                   rollout_restarts: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     """Everything a run needs, in creation order (the ConfigMap first: pods mount it; the PodGroup before its pods)."""
     pod_group = build_pod_group(run, namespace, uid, spec)
     return [
@@ -320,5 +327,6 @@ def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, tra
         build_rollout_service(run, namespace, uid),
         build_learner_service(run, namespace, uid),
         *([pod_group] if pod_group else []),
-        *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt),
+        *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt,
+                    rollout_restarts=rollout_restarts),
     ]

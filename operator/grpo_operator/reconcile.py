@@ -27,6 +27,7 @@ from .api import (
     ROLE_LABEL,
     GRPORunSpec,
     SpecError,
+    parse_status,
     parse_stored_spec,
 )
 from .kube import APIClientError, Kube, merge_patch_between
@@ -211,7 +212,9 @@ def _fingerprint(status: dict[str, Any]) -> tuple:
     """What must reach the API server at once: everything but progress counters, clocks and running messages."""
     conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or [])
     keys = ("phase", "observedGeneration", "startTime", "completionTime", "restarts", "disruptions", "failure")
-    return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None)
+    # A rollout restart is written at once: the next pod is created from the count (its annotation).
+    rollout_restarts = [s.get("restarts") for s in (status.get("rollout") or {}).get("servers") or []]
+    return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None, rollout_restarts)
 
 
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
@@ -246,10 +249,12 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
     if memory.create_retry_at is not None and now < memory.create_retry_at:
         return
     attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
+    rollout = parse_status(status).rollout
+    rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
     problem, created_pods = None, []
     try:
         children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                           attempt=attempt, generation=generation)
+                                           attempt=attempt, generation=generation, rollout_restarts=rollout_restarts)
     except OverrideError as error:  # a managed field the API server's rules let through
         raise ChildRejected(str(error), []) from None
     if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations

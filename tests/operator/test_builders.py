@@ -176,6 +176,14 @@ def test_the_attempt_is_annotated_on_recreated_pods():
     assert {p["metadata"]["annotations"][builders.ATTEMPT_ANNOTATION] for p in pods} == {"2"}
 
 
+def test_a_rollout_pod_carries_its_servers_restarts_so_far():
+    spec = parse_spec(minimal_spec(rollout={"replicas": 2}))
+    pods = by_name(builders.build_pods("run", "ml", UID, spec, trainer_image="img", rollout_restarts={1: 2}))
+    restarts = {name: p["metadata"]["annotations"].get(builders.ROLLOUT_RESTARTS_ANNOTATION)
+                for name, p in pods.items()}
+    assert restarts == {"run-rollout-0": "0", "run-rollout-1": "2", "run-learner-0": None}
+
+
 def test_the_schema_check_itself_catches_a_wrong_field():
     pod = by_name(children())["run-learner-0"]
     container(pod)["commandd"] = ["python"]

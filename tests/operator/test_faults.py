@@ -1,6 +1,6 @@
 """The real kopf operator against the API emulator under the faults of a real cluster: pods stuck Terminating,
 evictions and preemptions, a run re-created while its old pods linger, transient API errors, an unreachable
-progress endpoint, an unready rollout server, a failed delete, and a spec from a newer CRD.
+progress endpoint, an unready rollout server, a replaced rollout server, a failed delete, and a spec from a newer CRD.
 
 Where a case depends on it, the emulator is made as strict as the real API server (graceful pod deletion, an
 asynchronous garbage collector, injected error answers); tests/support/kube_emulator.py describes each mode.
@@ -151,6 +151,23 @@ def test_an_unready_rollout_server_keeps_the_run_running_and_its_clock_counting(
                      what="the progress deadline to trip while the server is unready")
     assert cluster.status("hung")["phase"] == "Running"
     assert "Starting" not in cluster.event_reasons("hung")
+
+
+def test_with_its_only_rollout_server_replaced_the_run_waits_running_and_its_clock_counts(
+        cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 2, "stallPolicy": "Report"})
+    _running(cluster, learner, progress_urls, "solo", spec)
+    old = _uid(cluster, "solo-rollout-0")
+    cluster.kubelet.exit("solo-rollout-0", 0, "grpo rollout: vLLM exited with code 0: RuntimeError: engine died")
+    cluster.wait_for(lambda: _uid(cluster, "solo-rollout-0") not in (None, old), what="the server replaced")
+    cluster.wait_for(lambda: cluster.condition("solo", "Stalled")["status"] == "True", timeout=15,
+                     what="the progress deadline to trip while the learner waits for its only server")
+    status = cluster.status("solo")
+    assert status["phase"] == "Running" and "Pending" not in cluster.event_reasons("solo")
+    ready = cluster.condition("solo", "RolloutReady")
+    assert ready["reason"] == "RolloutRestarting" and "RuntimeError: engine died" in ready["message"]
+    cluster.kubelet.run("solo-rollout-0")
+    cluster.wait_for(lambda: cluster.condition("solo", "RolloutReady")["status"] == "True", what="RolloutReady")
 
 
 def test_a_failed_delete_does_not_count_one_crash_twice(cluster, learner, progress_urls):

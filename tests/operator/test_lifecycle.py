@@ -248,3 +248,39 @@ def test_one_failed_learner_node_restarts_the_whole_learner_gang(cluster, learne
     assert uids["xi-rollout-0"] == before["xi-rollout-0"]  # the rollout servers keep running
     assert uids["xi-learner-0"] != before["xi-learner-0"] and uids["xi-learner-1"] != before["xi-learner-1"]
     assert cluster.status("xi")["restarts"] == 1
+
+
+def test_a_rollout_server_that_exits_is_replaced_alone_until_its_restart_limit(cluster, learner, progress_urls):
+    engine_error = "RuntimeError: CPU Generator does not use offset"
+    two_servers = {"replicas": 2, "weightSync": {"mode": "filesystem",
+                                                 "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}
+    spec = minimal_spec(rollout=two_servers, runPolicy={"backoffLimit": 0, "rolloutRestartLimit": 1},
+                        progress={"statusIntervalSeconds": 0})
+    learner.update(rollout=[{"replica": i, "url": f"http://rho-rollout-{i}.rho-rollout:8000", "ready": True,
+                             "weightVersion": "v2", "samples": 40 + i} for i in range(2)])
+    _running(cluster, learner, progress_urls, "rho", spec)
+    servers = cluster.wait_for(lambda: (s := cluster.status("rho")["rollout"]["servers"])[1].get("samples") and s,
+                               what="each server's samples in status.rollout")
+    assert [(s["pod"], s["ready"], s["serving"], s["weightVersion"], s["samples"]) for s in servers] == [
+        ("rho-rollout-0", True, True, "v2", 40), ("rho-rollout-1", True, True, "v2", 41)]
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("rho")}
+    # vLLM exits 0 after its engine died; the rollout entrypoint's termination message names the root error.
+    cluster.kubelet.exit("rho-rollout-1", 0, f"grpo rollout: vLLM exited with code 0: {engine_error}")
+    replaced = cluster.wait_for(lambda: (p := cluster.kubelet.pod("rho-rollout-1")) and
+                                p["metadata"]["uid"] != before["rho-rollout-1"] and p, what="the server replaced")
+    assert replaced["metadata"]["annotations"]["grpo.dev/rollout-restarts"] == "1"
+    cluster.wait_event("rho", "RolloutRestarted")
+    status = cluster.status("rho")
+    assert status["phase"] == "Running" and status.get("restarts", 0) == 0 and status["rollout"]["restarts"] == 1
+    ready = cluster.condition("rho", "RolloutReady")
+    assert ready["reason"] == "RolloutRestarting" and engine_error in ready["message"]
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("rho")}
+    assert uids["rho-learner-0"] == before["rho-learner-0"] and uids["rho-rollout-0"] == before["rho-rollout-0"]
+    cluster.kubelet.run("rho-rollout-1")
+    cluster.wait_for(lambda: cluster.condition("rho", "RolloutReady")["status"] == "True", what="RolloutReady")
+    cluster.kubelet.exit("rho-rollout-1", 0, f"grpo rollout: vLLM exited with code 0: {engine_error}")
+    status = cluster.wait_phase("rho", "Failed")
+    assert cluster.condition("rho", "Failed")["reason"] == "RolloutRestartLimitExceeded"
+    assert status["failure"] == {"role": "rollout", "pod": "rho-rollout-1", "exitCode": 0,
+                                 "reason": "RolloutRestartLimitExceeded", "message": engine_error}
+    assert status["message"].endswith(f"after 1 restarts (runPolicy.rolloutRestartLimit 1): {engine_error}")

@@ -52,3 +52,5 @@ def test_a_pod_being_deleted_disrupted_or_restarted_says_so():
     assert observed.conditions == frozenset({"DisruptionTarget"})
     plain = observe_pod(pod({"phase": "Running", "conditions": [{"type": "DisruptionTarget", "status": "False"}]}))
     assert (plain.terminating, plain.disruption, plain.attempt) == (False, None, None)
+    assert plain.rollout_restarts is None
+    assert observe_pod(pod({}, annotations={"grpo.dev/rollout-restarts": "2"})).rollout_restarts == 2
