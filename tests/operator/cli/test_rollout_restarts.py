@@ -1,4 +1,5 @@
-"""Rollout servers that exit are restarted in place by `grporun local`, with their own counter and limit.
+"""`grporun local` replaces a rollout server that exits through the operator's own state machine: its own counter
+and `runPolicy.rolloutRestartLimit`, the learner left running, and the engine's error line in the final failure.
 
 Real child processes stand in for vLLM here (they exit on cue, as a server whose engine died does); the restart of a
 real vLLM server under a running learner is in tests/trainer/test_rollout_replicas.py.
@@ -6,18 +7,27 @@ real vLLM server under a running learner is in tests/trainer/test_rollout_replic
 
 from __future__ import annotations
 
+import datetime
+import io
 import sys
 import time
 
+from rich.console import Console
+
+from grpo_operator.api import parse_spec
 from grpo_operator.cli.local.plan import ProcessPlan
 from grpo_operator.cli.local.processes import LocalProcess
-from grpo_operator.cli.local.rollout_restarts import RolloutRestarts, exit_line
+from grpo_operator.cli.local.rollout_restarts import exit_line
+from grpo_operator.cli.local.supervise import LocalRun
+from grpo_operator.status import derive_status
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from tests.support.specs import minimal_spec
 
+ENGINE_ERROR = "RuntimeError: CPU Generator does not use offset"
 DIES = f"""
 import sys
 print("nanobind: leaked 12 instances!")
-print("{EXIT_LINE_PREFIX}vLLM exited with code 0: RuntimeError: CPU Generator does not use offset", file=sys.stderr)
+print("{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}", file=sys.stderr)
 """
 
 
@@ -28,22 +38,38 @@ def _wait_exit(process: LocalProcess) -> None:
         time.sleep(0.05)
 
 
-def test_an_exited_server_restarts_until_its_own_limit_then_is_left_to_the_failure_policy(tmp_path):
-    plan = ProcessPlan("tiny-rollout-0", "rollout", [sys.executable, "-c", DIES], {})
-    process = LocalProcess(plan, tmp_path / "rollout.log")
-    learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner", [sys.executable, "-c", "pass"], {}),
+def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_the_engine_error(tmp_path):
+    spec = parse_spec(minimal_spec(runPolicy={"rolloutRestartLimit": 2, "backoffLimit": 0}))
+    server = LocalProcess(ProcessPlan("tiny-rollout-0", "rollout", [sys.executable, "-c", DIES], {},
+                                      url="http://127.0.0.1:9"), tmp_path / "rollout.log")
+    learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner",
+                                       [sys.executable, "-c", "import time; time.sleep(120)"], {}),
                            tmp_path / "learner.log")
-    restarts = RolloutRestarts(limit=2)
-    lines: list[str] = []
-    process.start()
-    learner.start()
-    for expected in (1, 2, 2):
-        _wait_exit(process)
-        _wait_exit(learner)
-        restarts.tick([process, learner], lines.append)
-        assert restarts.counts["tiny-rollout-0"] == expected
-    assert "tiny-learner-0" not in restarts.counts  # a learner's exit is the run's policy, never restarted here
-    assert len(lines) == 2 and "RolloutRestarted" in lines[0] and "restart 2/2" in lines[1]
-    assert "exited with code 0: RuntimeError: CPU Generator does not use offset" in lines[0]  # exit 0 is a failure
-    assert process.poll() == 0  # left exited: the failure policy sees it
-    assert exit_line(process.log_path) == "vLLM exited with code 0: RuntimeError: CPU Generator does not use offset"
+    local = LocalRun("tiny", "default", spec, tmp_path, {p.plan.name: p for p in (server, learner)})
+    output = io.StringIO()
+    console = Console(file=output, width=200)
+    events = []
+    try:
+        for _ in range(20):
+            if server.popen is not None:
+                _wait_exit(server)
+            decision = derive_status(spec, local.status, local.observations(), None,
+                                     datetime.datetime.now(datetime.UTC), generation=1)
+            local.status = decision.status
+            events += decision.events
+            local.act(decision.actions, console)
+            if local.status["phase"] == "Failed":
+                break
+        learner_pid = learner.popen.pid
+    finally:
+        local.stop_all()
+    status = local.status
+    assert status["phase"] == "Failed" and status.get("restarts", 0) == 0
+    assert status["failure"] == {"role": "rollout", "pod": "tiny-rollout-0", "exitCode": 0,
+                                 "reason": "RolloutRestartLimitExceeded", "message": ENGINE_ERROR}
+    restarts = [e.message for e in events if e.reason == "RolloutRestarted"]
+    assert len(restarts) == 2 and "restart 1/2" in restarts[0] and "restart 2/2" in restarts[1]
+    assert ENGINE_ERROR in restarts[0] and "nanobind" not in str(status)
+    assert output.getvalue().count("started tiny-rollout-0") == 3  # started, then replaced twice
+    assert output.getvalue().count("started tiny-learner-0") == 1 and learner_pid  # the learner went on
+    assert exit_line(server.log_path) == f"{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}"

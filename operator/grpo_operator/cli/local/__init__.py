@@ -23,7 +23,6 @@ from ...manifest import ManifestError, ManifestInvalid
 from ...pod_overrides import local_env_notes
 from .console import final_summary
 from .plan import LocalError
-from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT
 from .supervise import prepare, supervise
 
 
@@ -37,9 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of starting one; repeat for several")
     parser.add_argument("--rollout-python", metavar="PATH",
                         help="the Python that has vLLM (default: $GRPO_ROLLOUT_PYTHON, else .venv-rollout)")
-    parser.add_argument("--rollout-restart-limit", type=int, default=DEFAULT_ROLLOUT_RESTART_LIMIT, metavar="N",
+    parser.add_argument("--rollout-restart-limit", type=int, metavar="N",
                         help="restarts of each rollout server that exits (0 counts: a server never ends by itself) "
-                             "before its exit fails the run; separate from runPolicy.backoffLimit")
+                             "before its exit fails the run; separate from runPolicy.backoffLimit (default: the "
+                             "manifest's runPolicy.rolloutRestartLimit, 3)")
     parser.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
 
 

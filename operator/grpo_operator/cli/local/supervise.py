@@ -24,9 +24,9 @@ from ...api import FINISHED_PHASES, GRPORunSpec, Phase
 from ...manifest import read_grporun
 from ...resolve import resolve_run_config
 from .console import bar_fields, one_line, progress_bar
-from .plan import LOCAL_HOST, check_rewards, localize_spec, observe, plan_processes
+from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
-from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT, RolloutRestarts, exit_line
+from .rollout_restarts import exit_line
 
 
 @dataclass
@@ -39,7 +39,6 @@ class LocalRun:
     external_rollout_urls: list[str] = field(default_factory=list)
     termination_path: Path | None = None
     status: dict[str, Any] | None = None
-    rollout_restarts: RolloutRestarts = field(default_factory=RolloutRestarts)
 
     def learner(self) -> LocalProcess:
         return next(p for p in self.processes.values() if p.plan.role == "learner")
@@ -62,7 +61,7 @@ class LocalRun:
             if plan.role == "learner" and self.termination_path and self.termination_path.is_file():
                 message = self.termination_path.read_text(errors="replace")
             if plan.role == "rollout":
-                message = exit_line(process.log_path)  # the engine's error line, not the log's tail
+                message = exit_line(process.log_path)  # the termination message a pod would have
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
@@ -94,6 +93,11 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     run = read_grporun(manifest_path)
     spec = localize_spec(run.spec, manifest_path.resolve().parent)
     check_rewards(spec)
+    limit = getattr(args, "rollout_restart_limit", None)
+    if limit is not None:  # the flag overrides the manifest's runPolicy.rolloutRestartLimit
+        if limit < 0:
+            raise LocalError(f"--rollout-restart-limit: must be >= 0, not {limit}")
+        spec.run_policy.rollout_restart_limit = limit
     run_dir = Path(args.runs_dir).resolve() / run.name
     if run_dir.exists() and not args.resume:
         shutil.rmtree(run_dir)
@@ -126,9 +130,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         cpu_count=None if "OMP_NUM_THREADS" in os.environ else os.cpu_count(),  # the user's setting wins
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
-    limit = getattr(args, "rollout_restart_limit", DEFAULT_ROLLOUT_RESTART_LIMIT)
     return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                    termination_path, rollout_restarts=RolloutRestarts(limit))
+                    termination_path)
 
 
 def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
@@ -136,7 +139,6 @@ def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict
     with progress_bar(console) as bar:
         task = bar.add_task("run", **bar_fields({}))
         while True:
-            local.rollout_restarts.tick(local.processes.values(), console.log)
             pods = local.observations()
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None
