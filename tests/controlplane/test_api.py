@@ -154,10 +154,12 @@ def test_kubectl_get_shows_the_printer_columns(control_plane, admin, namespace):
     status = {"phase": "Running", "progress": {"percent": 42.5, "epoch": 5, "groupsTrained": 80,
                                                "dropped": {"no_signal": 2}, "groupsDropped": 2,
                                                "estimatedRemainingSeconds": 360},
+              "rollout": {"replicas": 2, "ready": 1},
               "conditions": [{"type": "Stalled", "status": "False", "reason": "Training", "message": "",
                               "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     admin.patch(GRPORUNS, namespace, name, {"status": status}, subresource="status")
     done = kubectl(control_plane, control_plane.kubeconfig, "get", "grporuns", "-n", namespace)
     header, row = done.stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "PROGRESS", "EPOCH", "TRAINED", "DROPPED", "ETA", "STALLED", "AGE"]
-    assert row.split()[:8] == [name, "Running", "42.5", "5", "80", "2", "360", "False"]
+    assert header.split() == ["NAME", "PHASE", "PROGRESS", "EPOCH", "TRAINED", "DROPPED", "ETA", "SERVERS", "STALLED",
+                              "AGE"]
+    assert row.split()[:9] == [name, "Running", "42.5", "5", "80", "2", "360", "1", "False"]

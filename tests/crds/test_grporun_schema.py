@@ -136,7 +136,7 @@ _COLUMN_TYPES = {"string": {"string"}, "integer": {"integer"}, "number": {"numbe
 def test_crd_printer_columns_point_at_declared_fields():
     columns = CRD.document["spec"]["versions"][0]["additionalPrinterColumns"]
     assert [column["name"] for column in columns] == [
-        "Phase", "Progress", "Epoch", "Trained", "Dropped", "ETA", "Stalled", "Age"]
+        "Phase", "Progress", "Epoch", "Trained", "Dropped", "ETA", "Servers", "Stalled", "Age"]
     for column in columns:
         if column["jsonPath"] == ".metadata.creationTimestamp":
             assert column["type"] == "date"

@@ -6,6 +6,8 @@ handlers and `grporun local` share one state machine and the tests can replay an
 
 - derive.py: the orchestration of one pass (phases, pods, suspend, the end of a run);
 - exits.py: the failure policy, `classify_failure` (exit codes, backoff, gang restarts);
+- rollout_exits.py: rollout servers that exit, replaced alone within `runPolicy.rolloutRestartLimit`;
+- servers.py: `status.rollout`, each server as its pod and the learner see it;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);
 - deadlines.py: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules;
 - conditions.py: metav1.Condition bookkeeping and the API server's time format;
