@@ -140,3 +140,14 @@ def test_the_rollout_entrypoint_writes_the_line_the_operator_reads(tmp_path, cap
     log.write_text("")
     assert rollout.serve([sys.executable, "-c", script], {}, termination_log=str(log)) == 0
     assert rollout_error_line(log.read_text()) == ENGINE_ERROR
+
+
+def test_a_disrupted_rollout_server_is_recreated_while_the_run_goes_on():
+    spec = spec_of(rollout={"replicas": 2}, runPolicy={"backoffLimit": 0})
+    status = running_with(spec, 2)
+    evicted = pod("r-rollout-1", "Failed", False, exit_code=137, disruption="EvictionByEvictionAPI")
+    decision = step(spec, status, [pod("r-rollout-0"), evicted, pod("r-learner-0")], now=at(5))
+    assert decision.actions == [RecreatePods(("r-rollout-1",))]
+    assert decision.status["phase"] == "Running" and decision.status["disruptions"] == 1
+    assert decision.status["rollout"]["restarts"] == 0  # a disruption is not the server's failure
+    assert "Pending" not in reasons(decision)

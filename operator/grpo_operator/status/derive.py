@@ -332,7 +332,7 @@ class _Derivation(_ProgressRules):
                 self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
             self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
         elif isinstance(verdict, Restart):
-            self._restart(verdict)
+            return self._restart(verdict)
         return True
 
     def _replace_servers(self) -> bool:
@@ -355,8 +355,12 @@ class _Derivation(_ProgressRules):
             self._rollout_ready()
         return False
 
-    def _restart(self, verdict: Restart) -> None:
+    def _restart(self, verdict: Restart) -> bool:
+        """Recreate the verdict's pods; True when the pass ends here (the learner restarts: the run is Pending)."""
         self.actions.append(RecreatePods(verdict.pods))
+        # Rollout servers alone (a disrupted one, one a podFailurePolicy rule restarts): a running learner goes on.
+        servers_only = self.old.phase == Phase.RUNNING and not {p.name for p in self.learner_pods} & set(verdict.pods)
+        resume = "the learner goes on" if servers_only else "resuming from the last checkpoint"
         if not verdict.counted:
             detail = f": {verdict.detail}" if verdict.detail else ""
             if verdict.disruption is not None:
@@ -364,16 +368,19 @@ class _Derivation(_ProgressRules):
                 limit = self.spec.run_policy.max_disruptions
                 self.event("Warning", Reason.DISRUPTED, f"{verdict.what}; disruption {self.new.disruptions}"
                            + (f"/{limit}" if limit is not None else "")
-                           + ", not counted against backoffLimit; resuming from the last checkpoint")
+                           + f", not counted against backoffLimit; {resume}")
             else:
                 self.new.restarts += 1
                 self.event("Warning", Reason.RESTARTING, f"{verdict.what}; restart {self.new.restarts}/"
-                           f"{self.spec.run_policy.backoff_limit}, resuming from the last checkpoint{detail}")
+                           f"{self.spec.run_policy.backoff_limit}, {resume}{detail}")
         self.new.learner.restarts = self.new.restarts
+        if servers_only:
+            return False
         self.tick_clock(running=False)
         reason = Reason.DISRUPTED if verdict.disruption is not None else Reason.RESTARTING
         self.conditions.set(ConditionType.PROGRESSING, "False", reason, verdict.what)
         self.set_phase(Phase.PENDING)
+        return True
 
     def _removed_learners(self) -> list[str]:
         """Learner pods that vanished from a running gang (the Eviction API, a manual delete)."""
