@@ -22,6 +22,7 @@ RUN_ESTIMATED_REMAINING = "grpo_operator_run_estimated_remaining_seconds"  # abs
 RUN_PROGRESS_DEADLINE = "grpo_operator_run_progress_deadline_seconds"
 RUN_ROLLOUT_REPLICAS = "grpo_operator_run_rollout_replicas"
 RUN_ROLLOUT_READY = "grpo_operator_run_rollout_ready_replicas"
+RUN_ROLLOUT_RESTARTS = "grpo_operator_run_rollout_restarts"  # rollout servers replaced, all servers together
 RECONCILE_ERRORS = "grpo_operator_reconcile_errors_total"  # label: handler
 RECONCILE_SECONDS = "grpo_operator_reconcile_seconds"  # histogram, label: handler
 
@@ -42,6 +43,7 @@ OPERATOR_METRIC_NAMES = (
     RUN_PROGRESS_DEADLINE,
     RUN_ROLLOUT_REPLICAS,
     RUN_ROLLOUT_READY,
+    RUN_ROLLOUT_RESTARTS,
     RECONCILE_ERRORS,
     RECONCILE_SECONDS,
 )

@@ -42,6 +42,7 @@ class OperatorMetrics:
                                          "Seconds to the epoch bound at the recent rate (status.progress).")
         self.rollout_replicas = gauge(m.RUN_ROLLOUT_REPLICAS, "Rollout servers the run asks for.")
         self.rollout_ready = gauge(m.RUN_ROLLOUT_READY, "Rollout servers ready.")
+        self.rollout_restarts = gauge(m.RUN_ROLLOUT_RESTARTS, "Rollout servers replaced after they exited.")
         self.reconcile_errors = Counter(m.RECONCILE_ERRORS.removesuffix("_total"),
                                         "Reconcile passes that raised.", ["handler"], registry=r)
         self.reconcile_seconds = Histogram(m.RECONCILE_SECONDS, "Duration of reconcile passes.", ["handler"],
@@ -50,7 +51,7 @@ class OperatorMetrics:
             self.info, self.phase, self.progress_ratio, self.groups_trained, self.groups_consumed,
             self.groups_dropped, self.epoch, self.stall_streak, self.stall_limit, self.stalled, self.restarts,
             self.last_progress, self.progress_deadline, self.rollout_replicas, self.rollout_ready,
-            self.estimated_remaining,
+            self.rollout_restarts, self.estimated_remaining,
         ]
         self._models: dict[tuple[str, str], str] = {}
 
@@ -93,6 +94,7 @@ class OperatorMetrics:
         if parsed.rollout is not None:
             self.rollout_replicas.labels(*labels).set(parsed.rollout.replicas)
             self.rollout_ready.labels(*labels).set(parsed.rollout.ready)
+            self.rollout_restarts.labels(*labels).set(parsed.rollout.restarts)
 
     def forget_run(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted run."""

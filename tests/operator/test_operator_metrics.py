@@ -17,7 +17,7 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "progress": {"groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 8, "dropped": {"no_signal": 2},
                      "estimatedRemainingSeconds": 90},
-        "rollout": {"replicas": 2, "ready": 1}})
+        "rollout": {"replicas": 2, "ready": 1, "restarts": 3}})
     metrics.reconcile_errors.labels("lifecycle").inc()
     families = {f.name: f for f in text_string_to_metric_families(
         generate_latest(metrics.registry).decode())}
@@ -31,6 +31,7 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
     assert get(metric_names.RUN_LAST_PROGRESS, labels) == 1767225600.0
     assert get(metric_names.RECONCILE_ERRORS, {"handler": "lifecycle"}) == 1
     assert get(metric_names.RUN_ESTIMATED_REMAINING, labels) == 90
+    assert get(metric_names.RUN_ROLLOUT_RESTARTS, labels) == 3
     metrics.observe_run("ns", "r", "m", 1800, {"phase": "Running", "progress": {"groupsTotal": 40}})
     assert get(metric_names.RUN_ESTIMATED_REMAINING, labels) is None, "no estimate, no series"
     metrics.forget_run("ns", "r")
