@@ -151,3 +151,17 @@ def test_a_disrupted_rollout_server_is_recreated_while_the_run_goes_on():
     assert decision.status["phase"] == "Running" and decision.status["disruptions"] == 1
     assert decision.status["rollout"]["restarts"] == 0  # a disruption is not the server's failure
     assert "Pending" not in reasons(decision)
+
+
+def test_a_replaced_server_that_cannot_be_scheduled_says_so_on_rollout_ready():
+    spec = spec_of()
+    status = step(spec, running_status(spec), [crashed("r-rollout-0"), pod("r-learner-0")], now=at(5)).status
+    unschedulable = pod("r-rollout-0", "Pending", False, reason="Unschedulable", rollout_restarts=1,
+                        message="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    decision = step(spec, status, [unschedulable, pod("r-learner-0")], now=at(10))
+    assert decision.status["phase"] == "Running"
+    ready = condition(decision.status, "RolloutReady")
+    assert ready["reason"] == "RolloutRestarting"
+    assert ready["message"] == (
+        f"0/1 rollout servers ready; r-rollout-0 is not ready, restarted 1/3 times, last exit: {ENGINE_ERROR}, "
+        "Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")

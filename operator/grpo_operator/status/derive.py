@@ -264,7 +264,12 @@ class _Derivation(_ProgressRules):
         self._rollout_ready()
 
     def _rollout_ready(self) -> None:
-        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit)
+        stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
+        for pod in self.rollout_pods:
+            if (waiting := _waiting_reason([pod], [])) is not None:
+                reason, text = waiting[0], waiting[1].removeprefix(f"pod {pod.name}: ")
+                stuck[rank(pod.name)] = f"{reason}: {text.removeprefix(f'{reason}: ')}"
+        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit, stuck)
         if not ready:
             changed = self.conditions.set(ConditionType.ROLLOUT_READY, "False", reason, message)
             if changed and self.old.phase == Phase.RUNNING:

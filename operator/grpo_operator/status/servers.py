@@ -4,7 +4,7 @@ whether the balancer sends it requests, the weight version it serves, the sample
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from grpo_trainer.contract import ProgressReport
 
@@ -44,14 +44,21 @@ def count_restart(status: RolloutStatus, restart: ServerRestart) -> int:
     return server.restarts
 
 
-def readiness(status: RolloutStatus, limit: int) -> tuple[bool, str, str]:
-    """RolloutReady as (true, reason, message): a server not ready after restarts names its last exit."""
+def readiness(status: RolloutStatus, limit: int, stuck: Mapping[int, str] | None = None) -> tuple[bool, str, str]:
+    """RolloutReady as (true, reason, message). The message names each server that is not ready after restarts (its
+    last exit) or whose pod will not start by itself (`stuck`, by replica: e.g. `Unschedulable: 0/4 nodes ...`)."""
     message = f"{status.ready}/{status.replicas} rollout servers ready"
     if status.ready == status.replicas:
         return True, Reason.ALL_REPLICAS_READY, message
-    restarted = [server for server in status.servers if not server.ready and server.restarts]
-    if not restarted:
-        return False, Reason.REPLICAS_NOT_READY, message
-    details = [f"{server.pod or f'replica {server.replica}'} is not ready, restarted {server.restarts}/{limit} "
-               "times" + (f", last exit: {server.last_error}" if server.last_error else "") for server in restarted]
-    return False, Reason.ROLLOUT_RESTARTING, "; ".join([message, *details])
+    stuck = stuck or {}
+    details = []
+    for server in status.servers:
+        if server.ready or not (server.restarts or server.replica in stuck):
+            continue
+        name = server.pod or f"replica {server.replica}"
+        parts = [f"restarted {server.restarts}/{limit} times"] if server.restarts else []
+        parts += [f"last exit: {server.last_error}"] if server.restarts and server.last_error else []
+        parts += [stuck[server.replica]] if server.replica in stuck else []
+        details.append(f"{name} is not ready, {', '.join(parts)}")
+    restarting = any(not server.ready and server.restarts for server in status.servers)
+    return False, Reason.ROLLOUT_RESTARTING if restarting else Reason.REPLICAS_NOT_READY, "; ".join([message, *details])
