@@ -3,6 +3,7 @@ the local processes are the operator's pods (same commands and environment) with
 
 from __future__ import annotations
 
+import argparse
 import copy
 
 import pytest
@@ -12,6 +13,7 @@ from grpo_operator import builders
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.local.console import final_summary
 from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
+from grpo_operator.cli.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from tests.support.paths import REPO  # noqa: E402
 
@@ -161,3 +163,23 @@ def test_several_cpu_rollout_servers_are_pinned_to_different_cores():
     single = dict(plan, rollout_ports=[1])
     spec.rollout.replicas = 1
     assert VLLM_CPU_BIND_ENV not in plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **single)[0].env
+
+
+def test_the_rollout_restart_limit_flag_overrides_the_manifest_and_refuses_a_negative(tmp_path, tiny_manifest,
+                                                                                       capsys):
+    manifest = mutate(tiny_manifest, lambda s: s.setdefault("runPolicy", {}).update(rolloutRestartLimit=5))
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+
+    def args(limit):
+        return argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False,
+                                  rollout_url=["http://127.0.0.1:9"], rollout_python=None, rollout_restart_limit=limit)
+
+    assert prepare(args(None)).spec.run_policy.rollout_restart_limit == 5
+    assert prepare(args(1)).spec.run_policy.rollout_restart_limit == 1
+    path.write_text(yaml.safe_dump(tiny_manifest))
+    assert prepare(args(None)).spec.run_policy.rollout_restart_limit == 3  # the CRD's default, one owner (api.py)
+    code = grporun(["local", str(path), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", "http://127.0.0.1:9",
+                    "--rollout-restart-limit", "-1"])
+    assert code != 0 and capsys.readouterr().err.strip().splitlines() == [
+        "grporun local: --rollout-restart-limit: must be >= 0, not -1"]
