@@ -9,6 +9,7 @@ import sys
 from grpo_operator.status import CreateChildren, RecreatePods
 from grpo_operator.status.rollout_exits import rollout_error_line
 from grpo_trainer import rollout
+from grpo_trainer.contract import EXIT_INVALID_CONFIG
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, running_status, spec_of, step
 
 ENGINE_ERROR = "RuntimeError: CPU Generator does not use offset"
@@ -165,3 +166,12 @@ def test_a_replaced_server_that_cannot_be_scheduled_says_so_on_rollout_ready():
     assert ready["message"] == (
         f"0/1 rollout servers ready; r-rollout-0 is not ready, restarted 1/3 times, last exit: {ENGINE_ERROR}, "
         "Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+
+
+def test_a_server_refusing_its_config_fails_the_run_at_once():
+    """The rollout entrypoint exits 78 on a config it cannot read: a new pod would read the same one."""
+    spec = spec_of()
+    refused = crashed("r-rollout-0", code=EXIT_INVALID_CONFIG, message="grpo rollout: run.json: unreadable")
+    decision = step(spec, running_status(spec), [refused, pod("r-learner-0")], now=at(5))
+    assert decision.status["phase"] == "Failed"
+    assert condition(decision.status, "Failed")["reason"] == "InvalidConfig"

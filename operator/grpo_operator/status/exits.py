@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from grpo_trainer.contract import (
+    EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
     EXIT_SUCCEEDED,
@@ -98,8 +99,10 @@ def server_exited(pod: PodObservation) -> bool:
 
 
 def replaced_alone(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> bool:
-    """A rollout server that exited on its own: no disruption, no podFailurePolicy rule (rollout_exits.py)."""
-    return server_exited(pod) and pod.disruption is None and policy_action(pod, rules) is None
+    """A rollout server that exited on its own: no disruption, no podFailurePolicy rule (rollout_exits.py), and not
+    the rollout entrypoint's invalid-config exit, which a new pod would repeat: that fails the run at once."""
+    return (server_exited(pod) and pod.disruption is None and policy_action(pod, rules) is None
+            and pod.exit_code != EXIT_INVALID_CONFIG)
 
 
 def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> str | None:
