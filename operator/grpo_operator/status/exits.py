@@ -11,7 +11,7 @@ restart, or nothing happened. The rules, which docs/operator.md spells out for u
   `runPolicy.maxDisruptions`;
 - a rollout server that exits (any code: a server never ends by itself, and vLLM exits 0 after its engine died) is
   replaced alone, with its own counter and `runPolicy.rolloutRestartLimit` (rollout_exits.py), unless a
-  podFailurePolicy rule matches it or it was disrupted;
+  podFailurePolicy rule matches it, it was disrupted, or it refused its config (78, permanent as for a learner);
 - any other exit of a learner restarts the pods while `runPolicy.backoffLimit` allows, then fails the run with
   BackoffLimitExceeded;
 - accelerate's ranks rendezvous once, so when one learner pod dies the whole learner gang restarts;
