@@ -12,8 +12,6 @@ Left out, with the reason:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again, against the real server)
@@ -29,16 +27,6 @@ from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again,
     test_stall_exit_fails_with_reason_stalled_and_no_retry,
     test_suspend_deletes_pods_and_resume_recreates_them,
 )
-from tests.support.control_plane_cluster import RealCluster, context_factory
+from tests.support.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
-
-
-@pytest.fixture()
-def cluster(control_plane, admin, operator_account, namespace, progress_urls) -> Iterator[RealCluster]:  # noqa: F811
-    real = RealCluster(control_plane, admin, operator_account.token, namespace, context_factory(progress_urls))
-    real.start_operator()
-    try:
-        yield real
-    finally:
-        real.close()
