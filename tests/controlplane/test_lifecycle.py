@@ -4,7 +4,7 @@ kube-apiserver, with the operator running as the chart's ServiceAccount under th
 Importing a scenario here makes pytest run it again with this module's `cluster` fixture: one suite, two backends.
 Left out, with the reason:
 - test_ttl_after_finished_deletes_the_run_and_its_children: children go by ownerReference garbage collection,
-  which is kube-controller-manager's job, and the test control plane runs none;
+  kube-controller-manager's job; it runs in tests/controlplane/test_garbage_collection.py, with the collector;
 - test_a_lifecycle_survives_watch_streams_that_keep_ending: it reads the emulator's request log;
 - test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing: the real server refuses that spec at
   creation (tests/controlplane/test_api.py checks that), so the operator never sees it.

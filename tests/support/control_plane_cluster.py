@@ -11,6 +11,7 @@ for the kubelet (PATCH pods/status as the admin), exactly as on the emulator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import threading
@@ -201,12 +202,12 @@ def context_factory(progress_urls: dict[str, str]) -> Callable[[], OperatorConte
     return make
 
 
-@pytest.fixture()
-def cluster(control_plane, admin, operator_account, namespace, progress_urls,
-            emulator_options) -> Iterator[RealCluster]:
+@contextlib.contextmanager
+def real_cluster(control_plane: ControlPlane, admin: Client, operator_account, namespace: str,
+                 progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> Iterator[RealCluster]:
     """The lifecycle scenarios' `cluster` on the real server. Of the emulator's stricter modes, a real server always
-    has `deferred_gc` (it runs no garbage collector at all: dependents stay until collect_garbage()), and
-    `graceful_pod_deletion` is a kubelet that never confirms a deletion (StatusKubelet.hold_deleted_pods)."""
+    has `deferred_gc` (no garbage collector runs unless a test starts one: dependents stay until collect_garbage()),
+    and `graceful_pod_deletion` is a kubelet that never confirms a deletion (StatusKubelet.hold_deleted_pods)."""
     unknown = set(emulator_options) - {"graceful_pod_deletion", "deferred_gc"}
     assert not unknown, f"emulator options with no real-server counterpart: {sorted(unknown)}"
     real = RealCluster(control_plane, admin, operator_account.token, namespace, context_factory(progress_urls),
@@ -216,3 +217,10 @@ def cluster(control_plane, admin, operator_account, namespace, progress_urls,
         yield real
     finally:
         real.close()
+
+
+@pytest.fixture()
+def cluster(control_plane, admin, operator_account, namespace, progress_urls,
+            emulator_options) -> Iterator[RealCluster]:
+    with real_cluster(control_plane, admin, operator_account, namespace, progress_urls, emulator_options) as real:
+        yield real

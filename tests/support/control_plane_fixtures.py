@@ -1,7 +1,8 @@
 """Session fixtures for the real control plane (registered as a plugin in conftest.py, so there is one per run).
 
 `control_plane`: etcd + kube-apiserver with the GRPORun CRD installed; skips, saying why, where it cannot run.
-`admin`: a client with system:masters. `operator_account`: the chart's ServiceAccount, ClusterRole and binding
+`admin`: a client with system:masters. `garbage_collector`: kube-controller-manager running its garbage collector
+for one test. `operator_account`: the chart's ServiceAccount, ClusterRole and binding
 (default values) applied, and a token for that account. `namespace`: a fresh namespace per test.
 """
 
@@ -37,7 +38,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("control plane: finding or building kube-apiserver, etcd and kubectl (hack/controlplane)")
+        reporter.write_line("control plane: finding or building kube-apiserver, etcd, kubectl and "
+                            "kube-controller-manager (hack/controlplane)")
     session.config.stash[_BINARIES] = _find_binaries()
 
 
@@ -101,3 +103,17 @@ def namespace(admin: Client) -> str:
     name = f"t{next(_names)}"
     admin.create_namespace(name)
     return name
+
+
+@pytest.fixture()
+def garbage_collector(control_plane: ControlPlane) -> Iterator[None]:
+    """kube-controller-manager with the garbage collector alone, for one test: the other tests rely on dependents of
+    a deleted owner staying put (a real cluster's collector is asynchronous; here it is absent)."""
+    try:
+        process = control_plane.start_controller_manager("garbagecollector")
+    except Unavailable as why:
+        pytest.skip(f"no garbage collector: {why}")
+    try:
+        yield
+    finally:
+        control_plane.stop_process(process)
