@@ -8,6 +8,7 @@ for one test. `operator_account`: the chart's ServiceAccount, ClusterRole and bi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import yaml
 from tests.support.chart_render import RELEASE_NAMESPACE, render_objects
 from tests.support.control_plane import ADMIN_TOKEN, REPO, ControlPlane, Unavailable, binaries
 from tests.support.control_plane_client import Client
+from tests.support.kueue_manager import kueue_binaries
 
 _names = itertools.count()
 _BINARIES = pytest.StashKey[Path | Unavailable]()
@@ -41,6 +43,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         reporter.write_line("control plane: finding or building kube-apiserver, etcd, kubectl and "
                             "kube-controller-manager (hack/controlplane)")
     session.config.stash[_BINARIES] = _find_binaries()
+    if any("kueue_manager" in getattr(item, "fixturenames", ()) for item in session.items):
+        if reporter is not None:
+            reporter.write_line("Kueue: finding or building its manager (hack/kueue)")
+        with contextlib.suppress(Unavailable, RuntimeError):  # the fixture says why (it skips, or raises the error)
+            kueue_binaries()
 
 
 @pytest.fixture(scope="session")

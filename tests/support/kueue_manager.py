@@ -15,6 +15,7 @@ process kubelet is).
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import shutil
 import socket
@@ -34,8 +35,10 @@ NAMESPACE = "kueue-system"
 GRPORUN_FRAMEWORK = "GRPORun.v1alpha1.grpo.dev"
 
 
+@functools.cache
 def kueue_binaries() -> Path:
-    """The folder with the `kueue` manager and its `crds/`; built on first use."""
+    """The folder with the `kueue` manager and its `crds/`; built on first use (pytest builds it after collection,
+    before the first test, so the build is not charged to a test's timeout)."""
     go = _go()
     if go is None:
         raise Unavailable("Go is not installed: Kueue is built from its Go module")
