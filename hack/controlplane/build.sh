@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, kubectl, etcd) from Go modules into a cache folder and prints that
-# folder. A second call finds the binaries there and only prints it. Usage: hack/controlplane/build.sh [--print-dir]
+# Builds the test control plane (kube-apiserver, kubectl, kube-controller-manager, etcd) from Go modules into a cache
+# folder and prints that folder. A second call finds the binaries there and only prints it; a binary missing from the
+# folder is built alone. Usage: hack/controlplane/build.sh [--print-dir]
 #   GRPO_CONTROLPLANE_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator)
 # The folder's name carries the versions and a hash of this recipe, so a changed recipe builds anew beside the old.
 set -euo pipefail
@@ -11,7 +12,14 @@ recipe_hash="$(cat "$here/versions.env" "$here/go.mod" "$here/go.sum" "$here/etc
 root="${GRPO_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator}"
 dir="$root/k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-$recipe_hash"
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$dir"; exit 0; fi
-if [[ -x "$dir/kube-apiserver" && -x "$dir/etcd" && -x "$dir/kubectl" ]]; then echo "$dir"; exit 0; fi
+declare -A packages=(
+  [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
+  [kubectl]=k8s.io/kubernetes/cmd/kubectl
+  [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+  [etcd]=./etcd
+)
+missing() { for name in "${!packages[@]}"; do [[ -x "$dir/$name" ]] || echo "${packages[$name]}"; done; }
+if [[ -z "$(missing)" ]]; then echo "$dir"; exit 0; fi
 command -v go >/dev/null || { echo "go is not installed: cannot build the control plane" >&2; exit 3; }
 grep -q "k8s.io/kubernetes $KUBERNETES_VERSION" "$here/go.mod" || { echo "go.mod does not pin k8s.io/kubernetes $KUBERNETES_VERSION" >&2; exit 2; }
 grep -q "k8s.io/api => k8s.io/api $KUBERNETES_STAGING_VERSION" "$here/go.mod" || { echo "go.mod does not pin the staging modules at $KUBERNETES_STAGING_VERSION" >&2; exit 2; }
@@ -19,7 +27,8 @@ grep -q "go.etcd.io/etcd/server/v3 $ETCD_VERSION" "$here/go.mod" || { echo "go.m
 mkdir -p "$root"
 exec 9>"$root/.build.lock"
 flock 9   # one build at a time: a second pytest run waits for the first build and then finds the binaries
-if [[ -x "$dir/kube-apiserver" && -x "$dir/etcd" && -x "$dir/kubectl" ]]; then echo "$dir"; exit 0; fi
+mapfile -t wanted < <(missing)
+if [[ ${#wanted[@]} -eq 0 ]]; then echo "$dir"; exit 0; fi
 tmp="$(mktemp -d "$root/.build-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
@@ -32,10 +41,8 @@ start=$SECONDS
 cd "$here"
 # -mod=mod: go.sum is complete, this only lets `go build` read the module graph without a vendor folder.
 # nice: the build takes the machine's cores for a long while; the tests running beside it keep theirs.
-CGO_ENABLED=0 nice -n 10 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./etcd >&2
-echo "built the control plane in $((SECONDS - start)) s into $dir" >&2
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
+CGO_ENABLED=0 nice -n 10 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" "${wanted[@]}" >&2
+echo "built ${wanted[*]} in $((SECONDS - start)) s into $dir" >&2
+mkdir -p "$dir"
+mv "$tmp"/* "$dir/"
 echo "$dir"

@@ -70,6 +70,13 @@ class Kube:
         except errors.APINotFoundError:
             return None
 
+    async def api_group(self, group: str) -> dict[str, Any] | None:
+        """The discovery document of an API group (its versions, the preferred one); None when it is not served."""
+        try:
+            return await api.get(f"/apis/{group}", settings=self.settings, logger=self.logger)
+        except errors.APINotFoundError:
+            return None
+
     async def patch(self, api_version: str, kind: str, namespace: str, name: str,
                     patch: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch the object; None when it is gone."""

@@ -24,7 +24,8 @@ from .apitime import format_time
 from .kube import APIClientError, Kube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-API_VERSION = "kueue.x-k8s.io/v1beta1"
+GROUP = "kueue.x-k8s.io"
+API_VERSION = f"{GROUP}/v1beta1"
 WORKLOAD = "Workload"
 RESOURCE_FLAVOR = "ResourceFlavor"
 ROLES = ("rollout", "learner")
@@ -142,6 +143,15 @@ def released_status(workload: dict[str, Any], now: datetime.datetime) -> dict[st
     return {"admission": None, "conditions": conditions}
 
 
+def status_api_version(group: dict[str, Any] | None) -> str:
+    """The version to write a Workload's status in: the group's preferred one. Kueue v0.15+ stores v1beta2, and
+    refuses (422) a v1beta1 status write to a Workload that holds quota and has no priority class: v1beta1's CEL rule
+    reads spec.priorityClassSource, which the conversion from v1beta2 leaves out (seen with Kueue v0.17.0). The
+    status fields written here (admission, conditions) have one shape in both versions."""
+    preferred = ((group or {}).get("preferredVersion") or {}).get("groupVersion")
+    return preferred if preferred and preferred.startswith(f"{GROUP}/") else API_VERSION
+
+
 def finished_status(workload: dict[str, Any], succeeded: bool, message: str,
                     now: datetime.datetime) -> dict[str, Any]:
     conditions = list((workload.get("status") or {}).get("conditions") or [])
@@ -173,7 +183,8 @@ async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec:
         return Gate(hold_of(Admission("pending"), queue))
     admission = admission_of(workload)
     if admission.state == "evicted" and admission.reserved and not pods_exist:
-        await kube.patch_status(API_VERSION, WORKLOAD, namespace, workload_name(run), released_status(workload, now))
+        version = status_api_version(await kube.api_group(GROUP))
+        await kube.patch_status(version, WORKLOAD, namespace, workload_name(run), released_status(workload, now))
     return Gate(hold_of(admission, queue), admission.flavors)
 
 
@@ -192,5 +203,6 @@ async def finish(kube: Kube, run: str, namespace: str, status: dict[str, Any], n
     if workload is None or _is_true(workload, FINISHED):
         return
     succeeded = status.get("phase") == "Succeeded"
-    await kube.patch_status(API_VERSION, WORKLOAD, namespace, workload_name(run),
+    version = status_api_version(await kube.api_group(GROUP))
+    await kube.patch_status(version, WORKLOAD, namespace, workload_name(run),
                             finished_status(workload, succeeded, status.get("message") or "", now))

@@ -4,15 +4,13 @@ kube-apiserver, with the operator running as the chart's ServiceAccount under th
 Importing a scenario here makes pytest run it again with this module's `cluster` fixture: one suite, two backends.
 Left out, with the reason:
 - test_ttl_after_finished_deletes_the_run_and_its_children: children go by ownerReference garbage collection,
-  which is kube-controller-manager's job, and the test control plane runs none;
+  kube-controller-manager's job; it runs in tests/controlplane/test_garbage_collection.py, with the collector;
 - test_a_lifecycle_survives_watch_streams_that_keep_ending: it reads the emulator's request log;
 - test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing: the real server refuses that spec at
   creation (tests/controlplane/test_api.py checks that), so the operator never sees it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
@@ -30,16 +28,6 @@ from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again,
     test_stall_exit_fails_with_reason_stalled_and_no_retry,
     test_suspend_deletes_pods_and_resume_recreates_them,
 )
-from tests.support.control_plane_cluster import RealCluster, context_factory
+from tests.support.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
-
-
-@pytest.fixture()
-def cluster(control_plane, admin, operator_account, namespace, progress_urls) -> Iterator[RealCluster]:  # noqa: F811
-    real = RealCluster(control_plane, admin, operator_account.token, namespace, context_factory(progress_urls))
-    real.start_operator()
-    try:
-        yield real
-    finally:
-        real.close()

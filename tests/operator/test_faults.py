@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube_emulator import GRPORUNS, PODS
-from tests.support.operator_fixtures import NAMESPACE
 from tests.support.specs import grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
@@ -79,7 +77,7 @@ def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limi
 def test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang(cluster, learner, progress_urls):
     _running(cluster, learner, progress_urls, "evict", minimal_spec(learner={"nodes": 2}))
     rank0 = _uid(cluster, "evict-learner-0")
-    cluster.client.delete(PODS, NAMESPACE, "evict-learner-1")  # what the Eviction API does to the pod
+    cluster.evict("evict-learner-1")
     cluster.wait_for(lambda: _uid(cluster, "evict-learner-0") not in (None, rank0),
                      what="rank 0 recreated with the new rank 1, not left waiting on an ended rendezvous")
     assert cluster.status("evict")["disruptions"] == 1 and cluster.status("evict").get("restarts", 0) == 0
@@ -91,13 +89,13 @@ def test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods(cl
     learner.update(phase="Succeeded", groups_consumed=40, groups_trained=40, epochs_done=1)
     cluster.kubelet.exit("again-learner-0", 0, learner.report.termination_message())
     cluster.wait_phase("again", "Succeeded")
-    cluster.client.delete(GRPORUNS, NAMESPACE, "again")
+    cluster.delete_run("again")
     cluster.wait_for(lambda: cluster.run("again") is None, what="the old run gone")
     assert cluster.pod_names("again") == ["again-learner-0"]  # the garbage collector has not caught up yet
     new = cluster.apply(grporun("again", minimal_spec()))
     status = cluster.wait_for(lambda: (s := cluster.status("again")).get("message") and s, what="a waiting message")
     assert status["phase"] == "Pending" and "earlier run" in status["message"]
-    cluster.emulator_thread.call(cluster.emulator.collect_garbage)
+    cluster.collect_garbage()
     cluster.wait_for(lambda: len(cluster.pods("again")) == 2, what="the new run's pods")
     owners = {p["metadata"]["ownerReferences"][0]["uid"] for p in cluster.pods("again")}
     owners |= {c["metadata"]["ownerReferences"][0]["uid"] for c in cluster.config_maps("again")}
@@ -106,12 +104,12 @@ def test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods(cl
 
 
 def test_a_quota_error_on_create_is_retried_and_shown_not_fatal(cluster):
-    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
-        "POST", "pods", 403, "Forbidden", 'pods "quota-learner-0" is forbidden: exceeded quota: gpus', times=2))
+    cluster.limit_pods(0)
     cluster.apply(grporun("quota", minimal_spec()))
     cluster.wait_for(lambda: (cluster.condition("quota", "Progressing") or {}).get("reason") == "CreateFailed",
                      what="the create failure on a condition")
     assert "exceeded quota" in cluster.condition("quota", "Progressing")["message"]
+    cluster.limit_pods(None)
     cluster.wait_for(lambda: len(cluster.pods("quota")) == 2, timeout=20, what="the pods, once the quota allows")
     assert cluster.status("quota")["phase"] == "Pending"
     cluster.wait_event("quota", "CreateFailed")
@@ -119,9 +117,7 @@ def test_a_quota_error_on_create_is_retried_and_shown_not_fatal(cluster):
 
 def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(cluster):
     # The learner pod alone is refused, after the rollout pod was created: 422 is permanent.
-    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
-        "POST", "pods", 422, "Invalid", 'Pod "bad-learner-0" is invalid: spec.tolerations[0].effect: Unsupported',
-        name="bad-learner-0"))
+    cluster.refuse_pod("bad-learner-0", 'Pod "bad-learner-0" is invalid: spec.tolerations[0].effect: Unsupported')
     cluster.apply(grporun("bad", minimal_spec()))
     cluster.wait_phase("bad", "Failed")
     assert cluster.condition("bad", "Failed")["reason"] == "InvalidSpec"
@@ -193,7 +189,9 @@ def test_a_spec_edited_while_suspended_is_applied_whole_on_resume(cluster, learn
     cluster.patch_spec("edit", {"runPolicy": {"suspend": True}})
     cluster.wait_phase("edit", "Suspended")
     cluster.wait_for(lambda: cluster.pods("edit") == [], what="the pods deleted")
-    cluster.patch_spec("edit", {"rollout": {"replicas": 2}})
+    # Two servers need filesystem weight sync (NCCL serves one; the real API server refuses the pair).
+    cluster.patch_spec("edit", {"rollout": {"replicas": 2, "weightSync": {
+        "mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}})
     run = cluster.patch_spec("edit", {"runPolicy": {"suspend": False}})
     cluster.wait_for(lambda: len(cluster.pods("edit")) == 3, what="two rollout pods and the learner")
     config_map = cluster.wait_for(

@@ -85,6 +85,17 @@ def test_flavours_reach_the_pods_of_their_pod_set():
     assert pod["spec"]["nodeSelector"] == {"zone": "a"}, "the built pod is not changed"
 
 
+def test_workload_status_is_written_in_the_version_the_server_prefers():
+    # Kueue v0.17 refuses a v1beta1 status write to a Workload holding quota without a priority class (a CEL rule
+    # reads a field its conversion from the stored v1beta2 leaves out); tests/controlplane/test_kueue.py meets it.
+    group = {"kind": "APIGroup", "name": "kueue.x-k8s.io",
+             "preferredVersion": {"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"}}
+    assert kueue.status_api_version(group) == "kueue.x-k8s.io/v1beta2"
+    older = {**group, "preferredVersion": {"groupVersion": "kueue.x-k8s.io/v1beta1", "version": "v1beta1"}}
+    assert kueue.status_api_version(older) == kueue.API_VERSION
+    assert kueue.status_api_version(None) == kueue.API_VERSION  # discovery unavailable: the version it creates
+
+
 def test_releasing_an_evicted_workload_clears_its_admission():
     released = kueue.released_status({"status": {**admitted_status(), **evicted_status()}}, NOW)
     assert released["admission"] is None

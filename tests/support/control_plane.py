@@ -4,7 +4,9 @@ token file for the admin, ServiceAccount tokens from the TokenRequest API for ev
 Binaries: `$KUBEBUILDER_ASSETS` when it names a folder with `kube-apiserver` and `etcd` (the envtest convention),
 otherwise `hack/controlplane/build.sh` builds them from Go modules into a cache folder (the versions are in
 `hack/controlplane/versions.env`). No controller-manager and no scheduler: nothing garbage-collects, nothing
-schedules, and a namespace's "default" ServiceAccount is created by whoever makes the namespace.
+schedules, and a namespace's "default" ServiceAccount is created by whoever makes the namespace. A test that needs
+the garbage collector starts kube-controller-manager with that controller alone for its own duration
+(`garbage_collector` in control_plane_fixtures.py); build.sh builds it beside the others.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from tests.support.paths import REPO  # noqa: E402
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
 ADMIN_TOKEN = "grpo-test-admin-token"  # noqa: S105 (a throwaway server on loopback)
 REQUIRED = ("kube-apiserver", "etcd")
+CONTROLLER_MANAGER = "kube-controller-manager"
+GC_STARTED = "Proceeding to collect garbage"  # the garbage collector's log line once its monitors synced
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -125,6 +129,36 @@ class ControlPlane:
         self._wait_ready(timeout)
         self.write_kubeconfig(self.kubeconfig, ADMIN_TOKEN)
         return self
+
+    def start_controller_manager(self, controllers: str = "garbagecollector",
+                                 timeout: float = 120.0) -> subprocess.Popen:
+        """kube-controller-manager with only `controllers`, as the admin, serving nothing; returns once its garbage
+        collector has synced its monitors of every resource (before that it deletes nothing). Stop it with
+        stop_process()."""
+        if not (self.bin_dir / CONTROLLER_MANAGER).is_file():
+            raise Unavailable(f"{self.bin_dir} has no {CONTROLLER_MANAGER}")
+        process = self._spawn(CONTROLLER_MANAGER, [
+            f"--kubeconfig={self.kubeconfig}", f"--controllers={controllers}", "--leader-elect=false",
+            "--secure-port=0", "--concurrent-gc-syncs=5"])
+        deadline = time.monotonic() + timeout
+        while GC_STARTED not in (self.workdir / f"{CONTROLLER_MANAGER}.log").read_text(errors="replace"):
+            if process.poll() is not None:
+                raise RuntimeError(f"{CONTROLLER_MANAGER} exited with {process.returncode}:\n"
+                                   f"{self.log_tail(CONTROLLER_MANAGER)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the garbage collector did not sync in {timeout} s:\n"
+                                   f"{self.log_tail(CONTROLLER_MANAGER)}")
+            time.sleep(0.5)
+        return process
+
+    def stop_process(self, process: subprocess.Popen) -> None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        self.processes.remove(process)
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

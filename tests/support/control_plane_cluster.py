@@ -11,20 +11,23 @@ for the kubelet (PATCH pods/status as the admin), exactly as on the emulator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kopf
+import pytest
 import requests
 from kopf._cogs.structs.credentials import Vault
 
 from grpo_operator.reconcile import OperatorContext
 from tests.support.control_plane import ControlPlane
 from tests.support.control_plane_client import Client
+from tests.support.control_plane_faults import NODE_FINALIZER, ClusterFaults
 from tests.support.kube_emulator import CONFIGMAPS, EVENTS, GRPORUNS, PODS, SERVICES
 from tests.support.operator_fixtures import TEST_IMAGE, Cluster, Kubelet, OperatorThread
 
@@ -83,11 +86,15 @@ class PodRecorder:
 
 
 class StatusKubelet(Kubelet):
-    """operator_fixtures.Kubelet (the same status documents) for a namespace of the real server."""
+    """operator_fixtures.Kubelet (the same status documents) for a namespace of the real server.
 
-    def __init__(self, client: Client, namespace: str):
+    With `hold_deleted_pods` it plays a node that never confirms a deletion: a pod it runs gets a finalizer, so the
+    real server keeps it Terminating after a delete (the server deletes an unbound or finished pod at once
+    otherwise), until confirm_deletion() removes it."""
+
+    def __init__(self, client: Client, namespace: str, hold_deleted_pods: bool = False):
         super().__init__(client)
-        self.namespace = namespace
+        self.namespace, self.hold_deleted_pods = namespace, hold_deleted_pods
 
     def _status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return self.client.patch(PODS, self.namespace, name, {"status": status}, subresource="status")
@@ -95,15 +102,29 @@ class StatusKubelet(Kubelet):
     def pod(self, name: str) -> dict[str, Any] | None:
         return self.client.get(PODS, self.namespace, name)
 
+    def run(self, name: str, *, ready: bool = True, ip: str = "127.0.0.1") -> dict[str, Any]:
+        if self.hold_deleted_pods:
+            self.client.patch(PODS, self.namespace, name, {"metadata": {"finalizers": [NODE_FINALIZER]}})
+        return super().run(name, ready=ready, ip=ip)
+
+    def confirm_deletion(self, name: str) -> None:
+        self.client.patch(PODS, self.namespace, name, {"metadata": {"finalizers": None}})
+
+    def release_all(self) -> None:
+        for pod in self.client.list(PODS, self.namespace):
+            if NODE_FINALIZER in pod["metadata"].get("finalizers", []):
+                self.confirm_deletion(pod["metadata"]["name"])
+
 
 class RealCluster(Cluster):
     """operator_fixtures.Cluster's methods on the real server, in `namespace`."""
 
     def __init__(self, plane: ControlPlane, admin: Client, operator_token: str, namespace: str,
-                 context_factory: Callable[[], OperatorContext]):
+                 context_factory: Callable[[], OperatorContext], hold_deleted_pods: bool = False):
         self.plane, self.client, self.namespace = plane, admin, namespace
         self.operator_token = operator_token
-        self.kubelet = StatusKubelet(admin, namespace)
+        self.kubelet = StatusKubelet(admin, namespace, hold_deleted_pods)
+        self.faults = ClusterFaults(admin, namespace)
         self.context_factory = context_factory
         self.operator = None
         self.recorder = PodRecorder(admin, namespace)
@@ -149,6 +170,19 @@ class RealCluster(Cluster):
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
         return super().wait_for(predicate, timeout * TIMEOUT_SCALE, what)
 
+    # --- the faults, made by the real server's own machinery -------------------------------------------------
+    def evict(self, pod: str) -> None:
+        self.faults.evict(pod)
+
+    def collect_garbage(self) -> None:
+        self.faults.collect_garbage()
+
+    def limit_pods(self, hard: int | None) -> None:
+        self.faults.limit_pods(hard)
+
+    def refuse_pod(self, pod: str, message: str) -> None:
+        self.faults.refuse_pod(pod, message)
+
     def close(self) -> None:
         if self.operator is not None:  # it removes its finalizers from the runs it is asked to delete
             for run in self.client.list(GRPORUNS, self.namespace):
@@ -156,6 +190,8 @@ class RealCluster(Cluster):
             self.wait_for(lambda: not self.client.list(GRPORUNS, self.namespace), what="the test's runs deleted")
         self.stop_operator()
         self.recorder.stop()
+        self.kubelet.release_all()
+        self.faults.close()
 
 
 def context_factory(progress_urls: dict[str, str]) -> Callable[[], OperatorContext]:
@@ -164,3 +200,27 @@ def context_factory(progress_urls: dict[str, str]) -> Callable[[], OperatorConte
             trainer_image=TEST_IMAGE, reconcile_interval=0.2, progress_timeout=1.0,
             progress_url=lambda namespace, pod, ip: progress_urls.get(pod, f"http://{ip}:9/progress"))
     return make
+
+
+@contextlib.contextmanager
+def real_cluster(control_plane: ControlPlane, admin: Client, operator_account, namespace: str,
+                 progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> Iterator[RealCluster]:
+    """The lifecycle scenarios' `cluster` on the real server. Of the emulator's stricter modes, a real server always
+    has `deferred_gc` (no garbage collector runs unless a test starts one: dependents stay until collect_garbage()),
+    and `graceful_pod_deletion` is a kubelet that never confirms a deletion (StatusKubelet.hold_deleted_pods)."""
+    unknown = set(emulator_options) - {"graceful_pod_deletion", "deferred_gc"}
+    assert not unknown, f"emulator options with no real-server counterpart: {sorted(unknown)}"
+    real = RealCluster(control_plane, admin, operator_account.token, namespace, context_factory(progress_urls),
+                       hold_deleted_pods=emulator_options.get("graceful_pod_deletion", False))
+    real.start_operator()
+    try:
+        yield real
+    finally:
+        real.close()
+
+
+@pytest.fixture()
+def cluster(control_plane, admin, operator_account, namespace, progress_urls,
+            emulator_options) -> Iterator[RealCluster]:
+    with real_cluster(control_plane, admin, operator_account, namespace, progress_urls, emulator_options) as real:
+        yield real

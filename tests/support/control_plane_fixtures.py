@@ -1,12 +1,14 @@
 """Session fixtures for the real control plane (registered as a plugin in conftest.py, so there is one per run).
 
 `control_plane`: etcd + kube-apiserver with the GRPORun CRD installed; skips, saying why, where it cannot run.
-`admin`: a client with system:masters. `operator_account`: the chart's ServiceAccount, ClusterRole and binding
+`admin`: a client with system:masters. `garbage_collector`: kube-controller-manager running its garbage collector
+for one test. `operator_account`: the chart's ServiceAccount, ClusterRole and binding
 (default values) applied, and a token for that account. `namespace`: a fresh namespace per test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import yaml
 from tests.support.chart_render import RELEASE_NAMESPACE, render_objects
 from tests.support.control_plane import ADMIN_TOKEN, REPO, ControlPlane, Unavailable, binaries
 from tests.support.control_plane_client import Client
+from tests.support.kueue_manager import kueue_binaries
 
 _names = itertools.count()
 _BINARIES = pytest.StashKey[Path | Unavailable]()
@@ -37,8 +40,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line("control plane: finding or building kube-apiserver, etcd and kubectl (hack/controlplane)")
+        reporter.write_line("control plane: finding or building kube-apiserver, etcd, kubectl and "
+                            "kube-controller-manager (hack/controlplane)")
     session.config.stash[_BINARIES] = _find_binaries()
+    if any("kueue_manager" in getattr(item, "fixturenames", ()) for item in session.items):
+        if reporter is not None:
+            reporter.write_line("Kueue: finding or building its manager (hack/kueue)")
+        with contextlib.suppress(Unavailable, RuntimeError):  # the fixture says why (it skips, or raises the error)
+            kueue_binaries()
 
 
 @pytest.fixture(scope="session")
@@ -101,3 +110,17 @@ def namespace(admin: Client) -> str:
     name = f"t{next(_names)}"
     admin.create_namespace(name)
     return name
+
+
+@pytest.fixture()
+def garbage_collector(control_plane: ControlPlane) -> Iterator[None]:
+    """kube-controller-manager with the garbage collector alone, for one test: the other tests rely on dependents of
+    a deleted owner staying put (a real cluster's collector is asynchronous; here it is absent)."""
+    try:
+        process = control_plane.start_controller_manager("garbagecollector")
+    except Unavailable as why:
+        pytest.skip(f"no garbage collector: {why}")
+    try:
+        yield
+    finally:
+        control_plane.stop_process(process)

@@ -32,6 +32,7 @@ from tests.support.kube_emulator import (
     SCHEDULING_RESOURCES,
     SERVICES,
     EmulatorThread,
+    Fault,
     KubeClient,
     KubeEmulator,
     ResourceDef,
@@ -177,6 +178,8 @@ class Cluster:
         self.kubelet = Kubelet(self.client)
         self.context_factory = context_factory
         self.operator: OperatorThread | None = None
+        self.namespace = NAMESPACE
+        self._quota_faults: list[Fault] = []
 
     # --- operator ---------------------------------------------------------------------------------------------
     def start_operator(self, clusterwide: bool = False, liveness_endpoint: str | None = None) -> OperatorThread:
@@ -253,6 +256,34 @@ class Cluster:
     def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
         return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
                              timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
+
+    # --- faults a real cluster produces (tests/support/control_plane_cluster.py produces them for real) ---------
+    def evict(self, pod: str) -> None:
+        """What the Eviction API does to a pod not bound to a node: it is deleted."""
+        self.client.delete(PODS, self.namespace, pod)
+
+    def delete_run(self, name: str) -> None:
+        self.client.delete(GRPORUNS, self.namespace, name)
+
+    def collect_garbage(self) -> None:
+        """Let the garbage collector catch up (`deferred_gc`): the dependents of deleted owners go."""
+        self.emulator_thread.call(self.emulator.collect_garbage)
+
+    def limit_pods(self, hard: int | None) -> None:
+        """A ResourceQuota on pods: with `hard` 0, every pod create is refused (403 exceeded quota); None lifts it."""
+        if hard is None:
+            for fault in self._quota_faults:
+                self.emulator_thread.call(lambda fault=fault: setattr(fault, "times", 0))
+            return
+        assert hard == 0, "the emulator's quota refuses every pod"
+        self._quota_faults.append(self.emulator_thread.call(lambda: self.emulator.inject_fault(
+            "POST", "pods", 403, "Forbidden", "pods is forbidden: exceeded quota: pods, requested: pods=1, "
+            "used: pods=0, limited: pods=0", times=1_000_000)))
+
+    def refuse_pod(self, pod: str, message: str) -> None:
+        """An admission refusal (422 Invalid) of the pod named `pod`, every time it is created."""
+        self.emulator_thread.call(lambda: self.emulator.inject_fault(
+            "POST", "pods", 422, "Invalid", message, times=1_000_000, name=pod))
 
     def bring_up(self, name: str, pods: int = 2) -> None:
         """Wait for the run's `pods`, then report them all running and ready."""

@@ -1,0 +1,147 @@
+"""The Kueue flow with the real Kueue manager (tests/support/kueue_manager.py) on the real kube-apiserver: a GRPORun
+labelled with a LocalQueue gets the Workload the operator manages; it stays Suspended, with no pod, while its
+ClusterQueue has no room; once the quota is raised Kueue admits the Workload, and the pods come and the run runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from grpo_operator import kueue
+from tests.support.control_plane import Unavailable
+from tests.support.control_plane_cluster import RealCluster, real_cluster
+from tests.support.kube_emulator import ApiError
+from tests.support.kueue_manager import KueueManager, kueue_binaries
+from tests.support.specs import grporun, minimal_spec
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
+
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+REQUESTS = {"requests": {"cpu": "1", "memory": "1Gi"}}
+
+
+@pytest.fixture(scope="module")
+def kueue_manager(control_plane, admin) -> Iterator[KueueManager]:
+    try:
+        bin_dir = kueue_binaries()
+    except Unavailable as why:
+        pytest.skip(f"no Kueue: {why}")
+    manager = KueueManager(control_plane, admin, bin_dir)
+    try:
+        yield manager.start()
+    finally:
+        manager.stop()
+
+
+@pytest.fixture()
+def cluster(kueue_manager, control_plane, admin, operator_account, namespace, progress_urls,
+            emulator_options) -> Iterator[RealCluster]:
+    with real_cluster(control_plane, admin, operator_account, namespace, progress_urls, emulator_options) as real:
+        yield real
+
+
+def _quota(cpu: str) -> list[dict[str, Any]]:
+    return [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default-flavor", "resources": [
+        {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": "64Gi"}]}]}]
+
+
+def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions", [])}
+
+
+def _workload(admin, path: str) -> dict[str, Any] | None:
+    try:
+        return admin.call("GET", path)
+    except ApiError as error:
+        if error.code == 404:
+            return None
+        raise
+
+
+def _queues(cluster, cpu: str) -> str:
+    """A ResourceFlavor, a ClusterQueue of `cpu` CPUs for this test's namespace, and its LocalQueue `team`."""
+    admin, namespace = cluster.client, cluster.namespace
+    queue = f"{namespace}-cq"
+    try:
+        admin.call("POST", f"{KUEUE_API}/resourceflavors", json={
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}})
+    except ApiError as error:
+        if error.code != 409:
+            raise
+    admin.call("POST", f"{KUEUE_API}/clusterqueues", json={
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": queue},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                 "resourceGroups": _quota(cpu)}})
+    admin.call("POST", f"{KUEUE_API}/namespaces/{namespace}/localqueues", json={
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team"},
+        "spec": {"clusterQueue": queue}})
+    return queue
+
+
+def _queued_run(cluster, name: str) -> str:
+    """Apply a run queued to `team`; the path of its Workload."""
+    body = grporun(name, minimal_spec(rollout={"resources": REQUESTS}, learner={"resources": REQUESTS}))
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
+    cluster.apply(body)
+    return f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name(name)}"
+
+
+def _merge_patch(admin, path: str, patch: dict[str, Any]) -> None:
+    admin.call("PATCH", path, json=patch, headers={"Content-Type": "application/merge-patch+json"})
+
+
+def test_a_queued_run_waits_for_kueue_to_admit_it_then_runs(cluster, learner, progress_urls):
+    admin = cluster.client
+    queue = _queues(cluster, "1")
+    workload_path = _queued_run(cluster, "kq")
+    # Two pods of 1 CPU each against a quota of 1: Kueue sees the Workload and leaves it pending.
+    pending = cluster.wait_for(lambda: (c := _conditions(_workload(admin, workload_path)).get("QuotaReserved"))
+                               and c["status"] == "False" and c, what="Kueue's verdict on the Workload")
+    assert "insufficient" in pending["message"].lower() or "couldn't" in pending["message"].lower(), pending
+    cluster.wait_phase("kq", "Suspended")
+    assert cluster.condition("kq", "Suspended")["reason"] == "WaitingForAdmission"
+    assert cluster.pods_ever_created("kq") == []
+
+    _merge_patch(admin, f"{KUEUE_API}/clusterqueues/{queue}", {"spec": {"resourceGroups": _quota("4")}})
+    cluster.wait_for(lambda: len(cluster.pods("kq")) == 2, timeout=30, what="the pods once Kueue admits the run")
+    assert _conditions(_workload(admin, workload_path))["Admitted"]["status"] == "True"
+    progress_urls["kq-learner-0"] = learner.url()
+    cluster.bring_up("kq")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("kq", "Running")
+    cluster.wait_event("kq", "WaitingForAdmission", "Resumed")
+    learner.update(phase="Succeeded", groups_consumed=40, groups_trained=40, epochs_done=1)
+    cluster.kubelet.exit("kq-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("kq", "Succeeded")
+    cluster.wait_for(lambda: _conditions(_workload(admin, workload_path)).get("Finished", {}).get("status") == "True",
+                     what="the Workload marked Finished, so Kueue frees its quota")
+
+
+def test_a_run_kueue_evicts_is_suspended_without_a_restart_and_resumes_when_readmitted(cluster, learner,
+                                                                                      progress_urls):
+    admin = cluster.client
+    _queues(cluster, "4")
+    workload_path = _queued_run(cluster, "ke")
+    cluster.wait_for(lambda: len(cluster.pods("ke")) == 2, timeout=30, what="the pods once Kueue admits the run")
+    progress_urls["ke-learner-0"] = learner.url()
+    cluster.bring_up("ke")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("ke", "Running")
+
+    _merge_patch(admin, workload_path, {"spec": {"active": False}})  # what `kueuectl stop workload` does
+    cluster.wait_phase("ke", "Suspended")
+    assert cluster.condition("ke", "Suspended")["reason"] == "Evicted"
+    cluster.wait_for(lambda: cluster.pods("ke") == [], what="the pods deleted by the operator")
+    released = cluster.wait_for(lambda: (c := _conditions(_workload(admin, workload_path)).get("QuotaReserved"))
+                                and c["status"] == "False" and c, what="the quota given back to Kueue")
+    assert released, released
+    assert cluster.status("ke").get("restarts", 0) == 0
+
+    _merge_patch(admin, workload_path, {"spec": {"active": True}})
+    cluster.wait_for(lambda: len(cluster.pods("ke")) == 2, timeout=30, what="the pods once Kueue admits it again")
+    cluster.bring_up("ke")
+    cluster.wait_phase("ke", "Running")
+    assert cluster.status("ke").get("restarts", 0) == 0
+    cluster.wait_event("ke", "Evicted", "Resumed")
