@@ -28,6 +28,10 @@ from grpo_trainer.launch import learner_argv
     (1, {0: EXIT_STALLED}, 1),  # rank 1 died without a word
     (0, {0: EXIT_STALLED}, 1),  # a rank that exits 0 without recording is not one of ours
     (1, {0: EXIT_PREEMPTED, 1: 1}, 1),
+    # Every rank recorded (after its checkpoint) before one's teardown aborted and torchrun stopped the gang.
+    (1, {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, EXIT_PREEMPTED),
+    (134, {0: EXIT_SUCCEEDED, 1: EXIT_SUCCEEDED}, EXIT_SUCCEEDED),
+    (1, {0: EXIT_PREEMPTED, 1: EXIT_STALLED}, 1),  # ranks that disagree are a crash
     (EXIT_STALLED, {}, 1),  # a launcher failing with one of our codes must not read as ours
     (137, {}, 137),
 ])
@@ -46,28 +50,45 @@ def test_multi_process_launch_line_runs_under_the_gang_supervisor():
 FAKE_RANK = textwrap.dedent("""
     import os, signal, sys, time
     from grpo_trainer import gang
+    mode = sys.argv[1]
+    rank = os.environ["RANK"]
+    if mode == "late" and rank == "1":
+        time.sleep(1.5)  # still starting when the pod gets its SIGTERM
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     gang.record_start()
-    os.write(1, b"ready\\n")
-    mode = sys.argv[1]
+    os.write(1, f"ready {rank}\\n".encode())
     if mode == "stall":
         sys.exit(gang.record_outcome(42))
-    if mode == "crash" and os.environ["RANK"] == "1":
+    if mode == "crash" and rank == "1":
         sys.exit(3)
-    if mode == "term":
+    if mode == "teardown_abort":
+        code = gang.record_outcome(75)
+        if rank == "1":
+            while not os.path.exists(os.path.join(os.environ[gang.GANG_DIR_ENV], "rank0.exit")):
+                time.sleep(0.01)
+            os.abort()  # as gloo's "terminate called without an active exception" at interpreter exit
+        time.sleep(5)  # rank 0 is still tearing down when the launcher stops the gang
+        sys.exit(code)
+    if mode in ("term", "late"):
         while not stop:
             time.sleep(0.01)
         sys.exit(gang.record_outcome(75))
     sys.exit(gang.record_outcome(42))
 """)
 
-# Stands in for torchrun: two ranks, exit 1 if any rank failed (what torchrun does), else 0.
+# Stands in for torchrun: two ranks; when one fails, SIGTERM the others and exit 1 (what torchrun does), else 0.
 FAKE_LAUNCHER = textwrap.dedent("""
-    import os, subprocess, sys
+    import os, subprocess, sys, time
     ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env={**os.environ, "RANK": str(r)})
              for r in range(2)]
-    sys.exit(1 if any(p.wait() for p in ranks) else 0)
+    while any(p.poll() is None for p in ranks) and not any(p.poll() for p in ranks):
+        time.sleep(0.01)
+    failed = any(p.poll() for p in ranks)
+    for p in ranks:
+        if p.poll() is None:
+            p.terminate()
+    sys.exit(1 if failed or any(p.wait() for p in ranks) else 0)
 """)
 
 
@@ -90,9 +111,29 @@ def test_supervisor_turns_one_crashed_rank_into_a_crash():
 def test_supervisor_passes_sigterm_to_the_ranks_and_exits_preempted():
     process = supervised("term")
     try:
-        assert [process.stdout.readline(), process.stdout.readline()] == ["ready\n", "ready\n"]  # pids recorded
+        assert sorted([process.stdout.readline(), process.stdout.readline()]) == ["ready 0\n", "ready 1\n"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == EXIT_PREEMPTED, process.stderr.read()
     finally:
         if process.poll() is None:  # a failed run leaves the fake ranks waiting for a SIGTERM: end the group
+            process.kill()
+
+
+def test_a_rank_whose_teardown_aborts_after_recording_leaves_the_gangs_outcome():
+    # torchrun saw rank 1 die of SIGABRT after it had recorded 75, SIGTERMed rank 0 and exited 1: the pod said crash.
+    process = supervised("teardown_abort")
+    assert process.wait(60) == EXIT_PREEMPTED, process.stderr.read()
+
+
+def test_a_rank_that_registers_after_the_sigterm_gets_it_too():
+    # Rank 0 is up and gets the SIGTERM; rank 1 installs its handler only later. Left alone it would run on (in a
+    # real pod: wait for its exited peer in the rendezvous) until the kubelet's SIGKILL.
+    process = supervised("late")
+    try:
+        assert process.stdout.readline() == "ready 0\n"
+        process.send_signal(signal.SIGTERM)
+        assert process.stdout.readline() == "ready 1\n"
+        assert process.wait(30) == EXIT_PREEMPTED, process.stderr.read()
+    finally:
+        if process.poll() is None:
             process.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -328,6 +329,33 @@ class TestStopAwareDataset:
         progress.train([0])
         items = list(StopAwareDataset(iter(["never"]), progress))
         assert len(items) == 1 and items[0].code == StopCode.DONE
+
+    @pytest.mark.parametrize("window", [1, 2])
+    def test_a_micro_batch_is_let_go_before_the_next_is_built(self, window):
+        # Held by the stream while the batcher built the next one, each micro-batch's young objects doubled the
+        # collector's live set and brought a collection inside every micro-batch. window=2 covers the fill path.
+        progress = make_progress(n=3, epochs=10)
+        previous: list[weakref.ref] = []
+        alive_while_building: list[bool] = []
+
+        class MicroBatch:
+            pass
+
+        def batcher():
+            for group_id in range(3):
+                alive_while_building.append(bool(previous) and previous[-1]() is not None)
+                micro_batch = MicroBatch()
+                previous.append(weakref.ref(micro_batch))
+                progress.train([group_id])
+                yield micro_batch
+                del micro_batch
+
+        iterator = iter(StopAwareDataset(batcher(), progress, window=window))
+        kinds = []
+        while not kinds or kinds[-1] != "RolloutStop":
+            kinds.append(type(next(iterator)).__name__)  # the consumer keeps no reference
+        assert kinds[-1] == "RolloutStop" and kinds.count("MicroBatch") == 3
+        assert alive_while_building == [False, False, False]
 
 
 # ------------------------------------------------------------------------------------------------- ProgressCollator

@@ -10,8 +10,16 @@ Outcomes every rank reaches together (succeeded, stalled, preempted) are recorde
 does not tear the other ranks down while they are still finishing (a preemption checkpoint is written by rank 0
 after the others are done). Everything else exits with its own code, and torchrun stops the gang at once.
 
+A rank records its outcome last, after its checkpoint or final save. When every rank recorded the same collective
+outcome, that is the pod's exit code whatever the launcher says afterwards: a rank's interpreter teardown can still
+abort (seen under load: gloo's "terminate called without an active exception", SIGABRT, after the rank had
+recorded 75), and torchrun then SIGTERMs the others and exits 1, though the run's work was complete.
+
 It also owns SIGTERM, which Kubernetes sends to the container's first process only: it is passed to the ranks
 themselves (they checkpoint and exit as preempted), not to torchrun, whose own handler kills its workers 30 s later.
+A rank that starts after the SIGTERM (it registers its pid once its handler is installed) gets it when it
+registers: left running, it would wait for its exited peers in the process-group rendezvous until the kubelet's
+SIGKILL.
 
 Torch-free: nothing here imports more than the standard library and the contract.
 """
@@ -75,7 +83,7 @@ def read_outcomes(directory: Path) -> dict[int, int]:
 def gang_exit_code(launcher_code: int, outcomes: Mapping[int, int], ranks: int) -> int:
     """The pod's exit code from the launcher's and the ranks' records.
 
-    - every rank recorded the same collective outcome and the launcher succeeded: that outcome;
+    - every rank recorded the same collective outcome: that outcome (a launcher failure after it is teardown);
     - the ranks that recorded agree on an invalid config: 78 (torchrun stopped the others before they got there);
     - anything else, a rank that crashed or one that never recorded, is a crash: the launcher's code, or 1 where
       that code would read as one of ours.
@@ -83,7 +91,7 @@ def gang_exit_code(launcher_code: int, outcomes: Mapping[int, int], ranks: int) 
     codes = set(outcomes.values())
     if len(codes) == 1:
         (code,) = codes
-        if code in COLLECTIVE_CODES and launcher_code == EXIT_SUCCEEDED and len(outcomes) == ranks:
+        if code in COLLECTIVE_CODES and len(outcomes) == ranks:  # decided and saved by all: see the module doc
             return code
         if code == EXIT_INVALID_CONFIG:
             return code
@@ -92,23 +100,47 @@ def gang_exit_code(launcher_code: int, outcomes: Mapping[int, int], ranks: int) 
     return launcher_code
 
 
-def _forward_sigterm(directory: Path, launcher: subprocess.Popen) -> None:
-    pids = [int(p.read_text()) for p in directory.glob("rank*.pid")]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    if not pids:  # no rank has started Python yet: nothing to checkpoint, let torchrun stop them
-        launcher.send_signal(signal.SIGTERM)
+class _SigtermRelay:
+    """Passes a SIGTERM to every rank that registered, and, after one arrived, to ranks that register later."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.requested = False
+        self.signalled: set[str] = set()
+
+    def on_sigterm(self, *_: object) -> None:
+        self.requested = True
+        self.relay()
+
+    def relay(self) -> None:
+        if not self.requested:
+            return
+        for path in self.directory.glob("rank*.pid"):
+            if path.name in self.signalled:
+                continue
+            self.signalled.add(path.name)
+            try:
+                os.kill(int(path.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+#: How often the supervisor looks for ranks that registered after a SIGTERM (a rank starts in seconds).
+RELAY_POLL_S = 0.2
 
 
 def supervise(argv: list[str], ranks: int) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo-gang-") as name:
         directory = Path(name)
+        relay = _SigtermRelay(directory)
+        signal.signal(signal.SIGTERM, relay.on_sigterm)
         launcher = subprocess.Popen(argv, env={**os.environ, GANG_DIR_ENV: name})
-        signal.signal(signal.SIGTERM, lambda *_: _forward_sigterm(directory, launcher))
-        launcher_code = launcher.wait()
+        while True:
+            try:
+                launcher_code = launcher.wait(RELAY_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                relay.relay()
         if launcher_code < 0:  # killed by a signal: report it the way a shell does
             launcher_code = 128 - launcher_code
         outcomes = read_outcomes(directory)

@@ -18,7 +18,7 @@ from unittest import mock
 
 from . import contract as c
 from .exporter import write_termination_message
-from .preemption import Preempted, route_to
+from .preemption import Preempted, route_to, settle
 from .rewards import RewardError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
@@ -260,7 +260,7 @@ def main(config: c.RunConfig) -> int:
         traceback.print_exc()
         return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
     finally:
-        route_to(None)
+        settle()
         if learner is not None:
             learner.close()
             pool = getattr(learner, "rollout_pool", None)

@@ -36,7 +36,21 @@ def route_to(stop_training: Callable[[], bool] | None) -> None:
     _stop_training = stop_training
 
 
+def settle() -> None:
+    """The outcome is decided (training ended, its checkpoint or final model saved): a SIGTERM from now on (torchrun
+    stopping the others once one rank's teardown failed, or the kubelet) only lets the process finish reporting it.
+    Raising Preempted there escaped the entrypoint: the rank ended with a traceback and no outcome recorded."""
+    route_to(_settled)
+
+
+def _settled() -> bool:
+    return True
+
+
 def _on_sigterm(signum: int, _frame) -> None:
+    if _stop_training is _settled:
+        logger.warning("SIGTERM after the outcome was decided: finishing its report")
+        return
     if _stop_training is not None and _stop_training():
         logger.warning("SIGTERM: stopping at the next micro-batch to save a checkpoint")
         return

@@ -486,14 +486,6 @@ class RolloutProgress:
 
 
 # -------------------------------------------------------------------------------------------------------- filtering
-@dataclass(slots=True)
-class _GroupSeen:
-    samples: int = 0
-    dropped: int = 0
-    reason: str | None = None
-    accepted: bool = False
-
-
 class SampleFilterQueue:
     """The rollout queue, without the rollouts that would train nothing.
 
@@ -542,7 +534,12 @@ class SampleFilterQueue:
         self.no_signal_epsilon = no_signal_epsilon
         self.end_token_ids = frozenset(int(t) for t in end_token_ids)
         self.lost_after_groups = lost_after_groups
-        self._groups: dict[int, _GroupSeen] = {}
+        # Per group seen and not yet swept, in containers of ints and interned strings only: an object per group
+        # (kept up to lost_after_groups, 32,000 by default) is one the garbage collector tracks, and their growth
+        # brought a young-generation collection about every micro-batch (205 vs TRL's 11 on 3,184 48-token samples).
+        self._accepted: set[int] = set()  # groups with a sample passed on
+        self._dropped: dict[int, int] = {}  # group -> samples dropped
+        self._reason: dict[int, str] = {}  # group -> its first sample's drop reason
         self._newest = -1
         self._swept = 0  # every id below this was swept
 
@@ -588,23 +585,21 @@ class SampleFilterQueue:
         if not progress.needs(group_id):
             self._sweep(group_id)
             return True
-        seen = self._groups.get(group_id)
-        if (seen is None or not seen.accepted) and group_id in progress.consumed:
+        accepted = group_id in self._accepted
+        if not accepted and group_id in progress.consumed:
             # Dropped already (a late sample of a group swept as lost, or a fork beyond num_generations), or
             # consumed before a resume: training it now would train it twice.
             return False
-        if seen is None:
-            seen = self._groups[group_id] = _GroupSeen()
-        seen.samples += 1
         reason = self.drop_reason(sample)
         if reason is None:
-            seen.accepted = True
+            if not accepted:
+                self._accepted.add(group_id)
             self._sweep(group_id)
             return True
-        seen.dropped += 1
-        seen.reason = seen.reason or reason.value
-        if not seen.accepted and seen.dropped >= self.num_generations:
-            progress.drop(group_id, seen.reason)
+        dropped = self._dropped[group_id] = self._dropped.get(group_id, 0) + 1
+        first_reason = self._reason.setdefault(group_id, reason.value)
+        if not accepted and dropped >= self.num_generations:
+            progress.drop(group_id, first_reason)
         self._sweep(group_id)
         return False
 
@@ -616,10 +611,13 @@ class SampleFilterQueue:
         while self._swept < horizon:
             group_id = self._swept
             self._swept += 1
-            seen = self._groups.pop(group_id, None)
-            if group_id in self.progress.consumed or (seen is not None and seen.accepted):
+            self._dropped.pop(group_id, None)
+            reason = self._reason.pop(group_id, None)
+            if group_id in self._accepted:
+                self._accepted.discard(group_id)
                 continue
-            self.progress.drop(group_id, seen.reason if seen and seen.reason else DropReason.LOST)
+            if group_id not in self.progress.consumed:
+                self.progress.drop(group_id, reason or DropReason.LOST)
 
 
 # -------------------------------------------------------------------------------------------------------- stream end
@@ -653,6 +651,10 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
             for micro_batch in iterator:
                 self.micro_batches += 1
                 yield micro_batch
+                # Let go of it before the batcher builds the next one: held here, its hundreds of young objects
+                # (TRL's packing tries) were alive while the next micro-batch allocated as many, which crossed the
+                # collector's threshold inside every micro-batch (205 collections vs TRL's 11 on one stream).
+                del micro_batch
                 if self.progress is not None:
                     self.progress.check()
         except RolloutStop as stop:
@@ -678,6 +680,7 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
                     micro_batch = next(source)
                     self.micro_batches += 1
                     yield micro_batch
+                    del micro_batch  # as in __iter__
                 return
             except StopIteration:
                 continue

@@ -1,0 +1,36 @@
+"""SIGTERM in a learner process (grpo_trainer.preemption), in a child process so the test runner keeps its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from grpo_trainer import preemption
+    preemption.install()
+    if sys.argv[1] == "settled":
+        preemption.settle()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("finished")
+    except preemption.Preempted as preempted:
+        print(preempted)
+""")
+
+
+def sigterm_in(state: str) -> str:
+    done = subprocess.run([sys.executable, "-c", CHILD, state], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_before_training_a_sigterm_ends_the_process_as_preempted():
+    assert sigterm_in("starting").startswith("preempted: signal 15 before training started")
+
+
+def test_once_the_outcome_is_decided_a_sigterm_lets_the_process_finish_reporting_it():
+    # torchrun SIGTERMs the surviving ranks when one rank's teardown fails; raising Preempted there escaped the
+    # entrypoint and the rank recorded no outcome.
+    assert sigterm_in("settled") == "finished"
