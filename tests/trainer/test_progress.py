@@ -153,16 +153,6 @@ class TestRolloutProgress:
         progress.train([1])
         assert progress.dropped["lost"] == 0 and progress.groups_trained == 1 and progress.stall_streak == 0
 
-    def test_exclude_does_not_raise_but_the_next_check_does(self):
-        progress = make_progress(n=4, stall_groups=2)
-        progress.train([0])
-        progress.drop(1, "no_signal")
-        progress.exclude(0, "excluded")  # scoring took group 0 out of the loss after it was collated
-        assert progress.dropped["excluded"] == 1 and progress.groups_trained == 0
-        with pytest.raises(RolloutStop) as stop:
-            progress.check()
-        assert stop.value.code == StopCode.STALLED
-
     def test_epochs_done_and_fractional_epochs(self):
         progress = make_progress(n=4, epochs=1.5)
         assert progress.groups_total == 6

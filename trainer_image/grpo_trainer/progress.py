@@ -172,8 +172,8 @@ class RolloutProgress:
     rollouts were dropped. `stall_groups` bounds how many groups may be consumed in a row without one training
     (0: one pass over the prompts).
 
-    Only rank 0 reports, from the rollout stream and, with trainer-side scoring, from score_step; the stream raises
-    the stop, so that it reaches every rank as a stop micro-batch.
+    Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.scoring runs inside it,
+    before batching); the stream raises the stop, so that it reaches every rank as a stop micro-batch.
 
     "In a row" is by group id, not by arrival time: groups finish out of order, and a group that was accepted but is
     still waiting in the batcher has not trained yet. Counting by arrival would call a run stalled while its trainable
@@ -245,19 +245,6 @@ class RolloutProgress:
                 return
             self._record_drop(group_id, reason)
         self.check()
-
-    def exclude(self, group_id: int, reason: str | DropReason) -> None:
-        """Count a collated group whose every sample scoring took out of the loss.
-
-        Runs outside the stream, so the stall it may complete is raised by the stream's next check.
-        """
-        with self._lock:
-            if group_id < self._folded or group_id in self._drop_reason:
-                return
-            if group_id in self._trained_ids:
-                self._trained_ids.discard(group_id)
-                self.groups_trained -= 1
-            self._record_drop(group_id, reason)
 
     def _record_drop(self, group_id: int, reason: str | DropReason) -> None:
         reason = DropReason(reason).value
