@@ -68,10 +68,10 @@ def run_scenario(args: argparse.Namespace) -> int:
 
     from grpo_trainer import preemption
     from grpo_trainer.contract import FilterConfig, RewardConfig
-    from grpo_trainer.scoring import RewardModel
-    from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.cpu import enable_cpu_support
+    from grpo_trainer.scoring import RewardModel
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.trainer import GRPOLearner
 
     out = Path(args.out)
