@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from accelerate import PartialState
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample, TrainingSequence, _AsyncRolloutLoop
 
@@ -79,12 +80,27 @@ def test_a_model_returning_nan_or_inf_is_unscorable(nan_reward_model_dir, reward
     head = reward_model.model.score.weight
     saved = head.detach().clone()
     try:
-        with __import__("torch").no_grad():
+        with torch.no_grad():
             head.fill_(math.inf)
         assert all(math.isnan(s) for s in reward_model.score([prompt()] * 2, [completion("aaa"), completion("b")]))
     finally:
-        with __import__("torch").no_grad():
+        with torch.no_grad():
             head.copy_(saved)
+
+
+def test_the_default_dtype_is_float32_on_cpu_and_a_set_dtype_wins(tiny_reward_model_dir, reward_model):
+    assert reward_model.model.dtype == torch.float32
+    bf16 = RewardModel.load(RewardConfig(model=tiny_reward_model_dir, dtype="bfloat16"), "cpu")
+    assert bf16.model.dtype == torch.bfloat16
+    assert np.allclose(bf16.score([prompt()], [completion("aaa")]), reward_model.score([prompt()], [completion("aaa")]),
+                       atol=0.2)  # bf16 keeps ~3 significant digits of a score near 10
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU default is bfloat16)")
+def test_on_gpu_the_default_dtype_is_bfloat16_and_scores_stay_finite(tiny_reward_model_dir):
+    model = RewardModel.load(RewardConfig(model=tiny_reward_model_dir), "cuda:0")
+    assert model.model.dtype == torch.bfloat16
+    assert all(math.isfinite(s) for s in model.score([prompt()] * 3, [completion(t) for t in ("a", "bb", "c c")]))
 
 
 def test_a_classifier_with_more_than_one_label_is_refused(reward_model):
