@@ -191,7 +191,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             self.rollout_queue,
             self.reward_models,
             num_generations=self.args.num_generations,
-            drop=self.progress.drop,
+            # Looked up at each drop: a resume replaces self.progress (_inner_training_loop).
+            drop=lambda group_id, reason: self.progress.drop(group_id, reason),
             drop_no_signal=self.filter_config.drop_no_signal,
             no_signal_epsilon=self.filter_config.no_signal_epsilon,
             metrics=self._metrics["train"],
