@@ -9,6 +9,7 @@ scoring of each group sits on the step's path). Step time is the median interval
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,9 +32,12 @@ def reward_model_dir(context: Context) -> str:
 
 
 def per_sample_seconds(model_dir: str, reps: int) -> list[float]:
+    import torch
+
     from grpo_trainer.contract import RewardConfig
     from grpo_trainer.scoring import RewardModel
 
+    torch.set_num_threads(1)  # as the step-time runs below: on a shared 2-core box more threads only add spin-waits
     model = RewardModel.load(RewardConfig(model=model_dir), "cpu")
     prompts = [[{"role": "user", "content": f"say apple and banana {i}"}] for i in range(GROUP)]
     completions = [[{"role": "assistant", "content": "a banana " * (1 + i % 4)}] for i in range(GROUP)]
@@ -52,14 +56,15 @@ def step_seconds(context: Context, out: Path, reward_model: str | None, prompts:
             "--model", context.model_dir, "--out", str(out)]
     if reward_model:
         args += ["--reward-model", reward_model]
-    subprocess.run(args, capture_output=True, text=True, timeout=900, check=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(args, capture_output=True, text=True, timeout=900, check=True, env=env)
     timeline = json.loads((out / "rank0.json").read_text())["timeline"]
     times = [point["t"] for point in timeline]
     return statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
 
 
 def run(context: Context) -> str:
-    reps = context.reps(3, 1)
+    reps = context.reps(5, 1)
     prompts = 8 if context.quick else 24
     model_dir = reward_model_dir(context)
     scoring = per_sample_seconds(model_dir, reps)
@@ -76,5 +81,6 @@ def run(context: Context) -> str:
     ]
     return (f"## {TITLE}\n\nScoring: `RewardModel.score` in the bench process, float32, groups of {GROUP}. Step "
             f"time: the real GRPOLearner with the scripted worker ({prompts} prompts, 4 completions each, one group "
-            f"per step), median interval between optimizer steps, runs interleaved; {reps} repetition(s).\n\n"
+            f"per step), median interval between optimizer steps, runs interleaved; one torch thread throughout (with "
+            f"the machine's other load, two threads made the figures swing 50x); {reps} repetition(s).\n\n"
             + table(["measure", "value"], rows))
