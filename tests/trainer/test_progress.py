@@ -147,6 +147,16 @@ class TestRolloutProgress:
         report = progress.report(phase=LearnerPhase.SUCCEEDED, global_step=1)
         assert report.groups_trained + report.dropped_total == report.groups_consumed == report.groups_total
 
+    def test_collated_and_returned_never_decrease_and_give_trained(self):
+        progress = make_progress()
+        progress.train([0, 1, 2])
+        progress.untrain([1, 2])  # a stop discarded their window: trained goes down, the two counters do not
+        progress.train([1])
+        report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+        assert (report.groups_collated, report.groups_returned, report.groups_trained) == (4, 2, 2)
+        resumed = make_progress(trained=5)
+        assert (resumed.groups_collated, resumed.groups_returned) == (5, 0)
+
     def test_training_a_group_dropped_earlier_moves_it(self):
         progress = make_progress()
         progress.drop(1, "lost")

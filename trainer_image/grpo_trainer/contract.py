@@ -68,6 +68,10 @@ METRIC_GROUPS_TOTAL = "grpo_learner_groups"  # gauge: groups the run must consum
 METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed_total"
 METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained_total"
 METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped_total"  # label: reason
+# Never decrease inside a process, unlike trained (a stop's discarded window returns its groups): trained =
+# collated - returned, so a trained rate is rate(collated) - rate(returned).
+METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"
+METRIC_GROUPS_RETURNED = "grpo_learner_groups_returned_total"
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -87,6 +91,8 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_CONSUMED,
     METRIC_GROUPS_TRAINED,
     METRIC_GROUPS_DROPPED,
+    METRIC_GROUPS_COLLATED,
+    METRIC_GROUPS_RETURNED,
     METRIC_EPOCHS_DONE,
     METRIC_EPOCHS,
     METRIC_STALL_STREAK,
@@ -326,6 +332,10 @@ class ProgressReport(WireModel):
     groups_total: int = Field(0, ge=0, description="Groups the run must consume: prompts x epochs.")
     groups_consumed: int = Field(0, ge=0)
     groups_trained: int = Field(0, ge=0)
+    groups_collated: int = Field(0, ge=0, description="Groups counted at collation; never decreases in a process.")
+    groups_returned: int = Field(
+        0, ge=0, description="Collated groups a stop returned before their optimizer step; never decreases."
+    )
     dropped: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     epochs_done: int = Field(0, ge=0)
     epochs: float = Field(1, gt=0)

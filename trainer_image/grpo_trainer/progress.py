@@ -214,6 +214,10 @@ class RolloutProgress:
         self.groups_total = total
         self.needed_end = None if total is None else max(total - start_group, 0)
         self.groups_trained = trained
+        # Monotone within the process (Prometheus counters): trained = collated - returned. A resumed process
+        # starts them at the checkpoint's trained count.
+        self.groups_collated = trained
+        self.groups_returned = 0
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
         self._lock = threading.RLock()
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
@@ -277,6 +281,7 @@ class RolloutProgress:
                 self._trained_ids.add(group_id)
                 self.consumed.add(group_id)
                 self.groups_trained += 1
+                self.groups_collated += 1
                 self.last_trained_time = now
             self._advance()
 
@@ -290,6 +295,7 @@ class RolloutProgress:
                 if group_id in self._trained_ids:
                     self._trained_ids.discard(group_id)
                     self.groups_trained -= 1
+                    self.groups_returned += 1
                 self.consumed.discard(group_id)
                 self._first_unconsumed = min(self._first_unconsumed, group_id)
 
@@ -399,6 +405,8 @@ class RolloutProgress:
                 groups_total=self.groups_total or 0,
                 groups_consumed=self.groups_consumed,
                 groups_trained=self.groups_trained,
+                groups_collated=self.groups_collated,
+                groups_returned=self.groups_returned,
                 dropped=dict(self.dropped),
                 epochs_done=self.epochs_done,
                 epochs=self.epochs or 1,
