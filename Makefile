@@ -12,7 +12,7 @@ ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo test test-fast lint bench images setup setup-rollout setup-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-apt
 
@@ -47,6 +47,12 @@ setup-apt:
 demo: setup
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
 	$(VENV)/bin/grporun local examples/tiny.yaml
+
+# The same with a reward model on the learner (also built offline, deterministic).
+demo-rm: setup
+	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
+	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets --reward-model examples/tiny-assets/reward-model
+	$(VENV)/bin/grporun local examples/tiny-rm.yaml
 
 test: setup lint
 	$(VENV)/bin/python -m pytest -q -ra

@@ -25,3 +25,19 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from grpo_trainer.testing.tiny_assets import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory) -> str:
+    """The tiny reward model (NaN for prompts holding UNSCORABLE_MARKER), built offline once per session."""
+    from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
+
+    return str(build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm") / "model"))
+
+
+@pytest.fixture(scope="session")
+def nan_reward_model_dir(tmp_path_factory) -> str:
+    """A tiny reward model that returns NaN for everything."""
+    from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
+
+    return str(build_tiny_reward_model(tmp_path_factory.mktemp("nan-rm") / "model", nan_everywhere=True))

@@ -60,9 +60,9 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
     spec = run.spec
     assert (config.run_name, config.namespace, config.model) == ("qwen3-gsm8k", "research", "Qwen/Qwen3-0.6B")
     assert config.dataset == spec.dataset and config.dataset.limit == 5000
-    assert [reward.to_wire() for reward in config.rewards] == [
-        {"name": "accuracy", "function": None, "weight": 1.0},
-        {"name": None, "function": "mypkg.rewards:format_reward", "weight": 0.2},
+    assert [reward.model_dump(exclude_defaults=True) for reward in config.rewards] == [
+        {"name": "accuracy"},
+        {"function": "mypkg.rewards:format_reward", "weight": 0.2},
     ]
     assert config.training.model_dump() == spec.training.model_dump()
     assert config.training.extra_args == {"beta": 0.0, "loss_type": "dapo"}

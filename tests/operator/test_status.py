@@ -120,7 +120,7 @@ def test_progress_fields_land_in_status():
     progress = decision.status["progress"]
     assert progress == {"epoch": 0, "epochs": 1.0, "groupsConsumed": 10, "groupsTotal": 40, "groupsTrained": 8,
                         "groupsDropped": 2, "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
-                                                        "excluded": 0, "lost": 0},
+                                                        "unscorable": 0, "lost": 0},
                         "stallStreak": 0, "stallLimit": 0, "globalStep": 4, "percent": 25.0, "rewardMean": 0.5,
                         # 7 groups in the 7 s since the first sample: 30 to go, 30 s.
                         "progressPercentage": 25, "estimatedRemainingSeconds": 30,

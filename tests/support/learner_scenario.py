@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
     parser.add_argument("--worker-fails-after", type=int, default=None, help="the worker dies after N groups")
+    parser.add_argument("--reward-model", default=None, help="a reward model scored on the learner (rank 0)")
+    parser.add_argument("--unscorable-every", type=int, default=0,
+                        help="every Nth prompt holds the tiny reward model's NaN marker")
     parser.add_argument("--sigterm-at-step", type=int, default=None, help="the process SIGTERMs itself at step N")
     return parser.parse_args(argv)
 
@@ -64,9 +67,11 @@ def run_scenario(args: argparse.Namespace) -> int:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from grpo_trainer import preemption
-    from grpo_trainer.contract import FilterConfig
+    from grpo_trainer.contract import FilterConfig, RewardConfig
     from grpo_trainer.cpu import enable_cpu_support
+    from grpo_trainer.scoring import RewardModel
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.trainer import GRPOLearner
 
     out = Path(args.out)
@@ -78,11 +83,19 @@ def run_scenario(args: argparse.Namespace) -> int:
         last_pass = int(args.epochs) - 1
         reward = lambda position, k: 1.0 if position // args.prompts == last_pass else float(k % 2)  # noqa: E731
     lost = (lambda position: position % args.lost_every == args.lost_every - 1) if args.lost_every else None
+    every = args.unscorable_every
+
+    def prompt_text(index: int) -> str:
+        return f"prompt {index} {UNSCORABLE_MARKER}" if every and index % every == every - 1 else f"prompt {index}"
+
     worker = ScriptedRolloutWorker(
         dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
-        fail_after_groups=args.worker_fails_after,
+        fail_after_groups=args.worker_fails_after, prompt_text=prompt_text,
     )
+    reward_models = []
+    if args.reward_model and int(os.environ.get("RANK", "0")) == 0:
+        reward_models = [RewardModel.load(RewardConfig(model=args.reward_model), "cpu")]
     config = AsyncGRPOConfig(
         output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=[], logging_steps=1,
         num_generations=args.generations, per_device_train_batch_size=args.batch,
@@ -97,7 +110,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
-                              progress_server_port=args.progress_port, lost_after_groups=args.lost_after)
+                              progress_server_port=args.progress_port, lost_after_groups=args.lost_after,
+                              reward_models=reward_models)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
@@ -169,6 +183,9 @@ def run_scenario(args: argparse.Namespace) -> int:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()
             result["stepped_groups"] = stepped
+            if trainer.scoring is not None:
+                result["scored_samples"] = trainer.scoring.samples_scored
+                result["unscorable_samples"] = trainer.scoring.unscorable_samples
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if not args.baseline:
         trainer.close()

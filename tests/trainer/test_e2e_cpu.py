@@ -26,10 +26,12 @@ LEARNER_TIMEOUT_S = 900
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def tiny_run_config(tmp_path: Path, server, **changes) -> tuple[Path, c.RunConfig]:
-    """examples/tiny.yaml resolved as `grporun local` resolves it, served by the session's vLLM server."""
-    spec = read_grporun(TINY).spec.model_copy(update={"model": server.model}, deep=True)
-    spec = localize_spec(spec, TINY.parent)
+def tiny_run_config(tmp_path: Path, server, manifest: Path = TINY, **changes) -> tuple[Path, c.RunConfig]:
+    """examples/tiny.yaml (or `manifest`) resolved as `grporun local` resolves it, served by the session's vLLM
+    server; `changes` set spec fields by dotted path (`training__epochs`) after the paths are localized."""
+    spec = read_grporun(manifest).spec.model_copy(update={"model": server.model}, deep=True)
+    spec.rewards = [reward for reward in spec.rewards if not reward.is_model]  # set by the caller when wanted
+    spec = localize_spec(spec, manifest.parent)
     for dotted, value in changes.items():
         target = spec
         *parents, leaf = dotted.split("__")

@@ -81,3 +81,18 @@ def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
     from trl.chat_template_utils import qwen3_chat_template
 
     assert (first / "chat_template.jinja").read_text() == qwen3_chat_template  # TRL's response parser knows it
+
+
+def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_reward_model_dir):
+    from grpo_trainer.learner_main import load_reward_models
+
+    def run_config(*rewards: dict) -> c.RunConfig:
+        return c.RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": list(rewards),
+                                           "learner": {"device": "cpu"}})
+
+    with pytest.raises(ConfigError, match=r"^rewards\[1\]\.model '/no/such/rm': "):
+        load_reward_models(run_config({"name": "constant"}, {"model": "/no/such/rm"}))
+    with pytest.raises(ConfigError, match=r"^rewards\[0\]\.model .*has 2 labels; a reward model has one"):
+        load_reward_models(run_config({"model": tiny_model_dir}))  # a causal LM: transformers gives it a 2-label head
+    (loaded,) = load_reward_models(run_config({"name": "constant"}, {"model": tiny_reward_model_dir, "weight": 0.5}))
+    assert loaded.weight == 0.5 and loaded.model.device.type == "cpu"

@@ -88,6 +88,8 @@ def test_metrics_parse_and_match_progress(finished_run):
     found = samples_by_name(text)
     assert found[c.METRIC_GROUPS_CONSUMED][0].value == 9
     assert found[c.METRIC_GROUPS_TRAINED][0].value == 6
+    # Collated minus returned is the trained count (the stop discarded no window here: nothing returned).
+    assert found[c.METRIC_GROUPS_COLLATED][0].value - found[c.METRIC_GROUPS_RETURNED][0].value == 6
     assert found[c.METRIC_GROUPS_TOTAL][0].value == 9
     dropped = {s.labels["reason"]: s.value for s in found[c.METRIC_GROUPS_DROPPED]}
     assert dropped == {reason: (3 if reason == "no_signal" else 0) for reason in c.DROP_REASONS}

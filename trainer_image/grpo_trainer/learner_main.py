@@ -138,6 +138,22 @@ def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
         yield
 
 
+def load_reward_models(config: c.RunConfig) -> list:
+    """Rank 0's reward models (grpo_trainer.scoring), on the device rank 0 trains on; other ranks load none."""
+    from .scoring import RewardModel
+
+    device = "cpu" if config.learner.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    models = []
+    for index, reward in enumerate(config.rewards):
+        if not reward.is_model:
+            continue
+        try:
+            models.append(RewardModel.load(reward, device))
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"rewards[{index}].model {reward.model!r}: {str(error).splitlines()[0]}") from None
+    return models
+
+
 def build_learner(config: c.RunConfig):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -163,6 +179,7 @@ def build_learner(config: c.RunConfig):
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
     tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
     is_main = int(os.environ.get("RANK", "0")) == 0
+    reward_models = load_reward_models(config) if is_main else []
     pool = None
     weight_transfer = None
     if is_main and config.rollout.weight_sync.mode == "filesystem":
@@ -185,6 +202,7 @@ def build_learner(config: c.RunConfig):
                 filter_config=config.filter,
                 stall_groups=config.progress.stall_groups,
                 progress_server_port=config.learner.http_port if is_main else None,
+                reward_models=reward_models,
             )
     except BaseException:
         if pool is not None:

@@ -172,8 +172,8 @@ class RolloutProgress:
     rollouts were dropped. `stall_groups` bounds how many groups may be consumed in a row without one training
     (0: one pass over the prompts).
 
-    Only rank 0 reports, from the rollout stream and, with trainer-side scoring, from score_step; the stream raises
-    the stop, so that it reaches every rank as a stop micro-batch.
+    Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.scoring runs inside it,
+    before batching); the stream raises the stop, so that it reaches every rank as a stop micro-batch.
 
     "In a row" is by group id, not by arrival time: groups finish out of order, and a group that was accepted but is
     still waiting in the batcher has not trained yet. Counting by arrival would call a run stalled while its trainable
@@ -214,6 +214,10 @@ class RolloutProgress:
         self.groups_total = total
         self.needed_end = None if total is None else max(total - start_group, 0)
         self.groups_trained = trained
+        # Monotone within the process (Prometheus counters): trained = collated - returned. A resumed process
+        # starts them at the checkpoint's trained count.
+        self.groups_collated = trained
+        self.groups_returned = 0
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
         self._lock = threading.RLock()
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
@@ -246,19 +250,6 @@ class RolloutProgress:
             self._record_drop(group_id, reason)
         self.check()
 
-    def exclude(self, group_id: int, reason: str | DropReason) -> None:
-        """Count a collated group whose every sample scoring took out of the loss.
-
-        Runs outside the stream, so the stall it may complete is raised by the stream's next check.
-        """
-        with self._lock:
-            if group_id < self._folded or group_id in self._drop_reason:
-                return
-            if group_id in self._trained_ids:
-                self._trained_ids.discard(group_id)
-                self.groups_trained -= 1
-            self._record_drop(group_id, reason)
-
     def _record_drop(self, group_id: int, reason: str | DropReason) -> None:
         reason = DropReason(reason).value
         self.consumed.add(group_id)
@@ -290,6 +281,7 @@ class RolloutProgress:
                 self._trained_ids.add(group_id)
                 self.consumed.add(group_id)
                 self.groups_trained += 1
+                self.groups_collated += 1
                 self.last_trained_time = now
             self._advance()
 
@@ -303,6 +295,7 @@ class RolloutProgress:
                 if group_id in self._trained_ids:
                     self._trained_ids.discard(group_id)
                     self.groups_trained -= 1
+                    self.groups_returned += 1
                 self.consumed.discard(group_id)
                 self._first_unconsumed = min(self._first_unconsumed, group_id)
 
@@ -412,6 +405,8 @@ class RolloutProgress:
                 groups_total=self.groups_total or 0,
                 groups_consumed=self.groups_consumed,
                 groups_trained=self.groups_trained,
+                groups_collated=self.groups_collated,
+                groups_returned=self.groups_returned,
                 dropped=dict(self.dropped),
                 epochs_done=self.epochs_done,
                 epochs=self.epochs or 1,

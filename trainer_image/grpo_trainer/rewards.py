@@ -88,6 +88,15 @@ def accuracy(completions: Sequence[Any], answer: Sequence[str] | None = None, **
     return scores
 
 
+def unscored(completions: Sequence[Any], **_: Any) -> list[None]:
+    """None for every completion: the worker's only reward when every configured reward is a reward model.
+
+    TRL's worker needs at least one reward function; None leaves the worker's reward NaN, and the learner's
+    reward models (grpo_trainer.scoring) give the score.
+    """
+    return [None] * len(completions)
+
+
 BUILTIN_REWARDS: dict[str, RewardFunc] = {
     "letter_a_fraction": letter_a_fraction,
     "constant": constant,
@@ -138,4 +147,6 @@ def load_reward(config: RewardConfig) -> RewardFunc:
 
 
 def load_rewards(configs: Sequence[RewardConfig]) -> list[RewardFunc]:
-    return [load_reward(config) for config in configs]
+    """The worker's reward functions: every reward but the reward models (scored on the learner)."""
+    funcs = [load_reward(config) for config in configs if not config.is_model]
+    return funcs or [unscored]

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -39,6 +40,7 @@ from .progress import (
     StopCode,
     stop_from_batch,
 )
+from .scoring import RewardModel, ScoringQueue
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         progress_server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
         lost_after_groups: a group not seen while this many later groups were is counted as lost (default: twice
             the in-flight window, `2 * max_inflight_tasks`).
+        reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         stall_groups: int = 0,
         progress_server_port: int | None = None,
         lost_after_groups: int | None = None,
+        reward_models: Sequence[RewardModel] = (),
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -90,6 +94,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             epochs=self.args.num_train_epochs if groups_per_epoch else None,
         )
         self.lost_after_groups = lost_after_groups or 2 * max(self.args.max_inflight_tasks, 1)
+        self.reward_models = list(reward_models)
+        self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
         self.message = ""
         self.weight_syncs = 0
@@ -135,7 +141,7 @@ class GRPOLearner(AsyncGRPOTrainer):
                 self.args.token_budget = self.vllm_client.get_max_model_len()
                 logger.info(f"token_budget unset; defaulting to vLLM max_model_len={self.args.token_budget}")
             source = SampleFilterQueue(
-                self.rollout_queue,
+                self._scored_rollout_queue(),
                 self.progress,
                 model_version_fn=lambda: self.model_version,
                 max_staleness=self.args.max_staleness,
@@ -177,6 +183,22 @@ class GRPOLearner(AsyncGRPOTrainer):
         if main and self.phase == LearnerPhase.STARTING:
             self.phase = LearnerPhase.RUNNING
         return self.accelerator.prepare(DataLoader(stream, batch_size=1, collate_fn=self._collator, num_workers=0))
+
+    def _scored_rollout_queue(self) -> Any:
+        """TRL's rollout queue, with the reward models' scores when there are any (rank 0 only)."""
+        if not self.reward_models:
+            return self.rollout_queue
+        self.scoring = ScoringQueue(
+            self.rollout_queue,
+            self.reward_models,
+            num_generations=self.args.num_generations,
+            # Looked up at each drop: a resume replaces self.progress (_inner_training_loop).
+            drop=lambda group_id, reason: self.progress.drop(group_id, reason),
+            drop_no_signal=self.filter_config.drop_no_signal,
+            no_signal_epsilon=self.filter_config.no_signal_epsilon,
+            metrics=self._metrics["train"],
+        )
+        return self.scoring
 
     # ------------------------------------------------------------------------------------------------ stopping
     def get_batch_samples(self, epoch_iterator, num_batches, device):

@@ -52,9 +52,10 @@ def mutate(manifest: dict, change) -> dict:
         (lambda s: s.update(model="./no-such-model"), "spec.model:"),
         (lambda s: s["dataset"].update(path="/no/such/prompts.jsonl"), "spec.dataset.path:"),
         (lambda s: s["learner"].update(nodes=2), "spec.learner.nodes"),
+        (lambda s: s["rewards"].append({"model": "./no-such-rm"}), "spec.rewards[1].model: "),
     ],
     ids=["unknown-field", "wrong-type", "missing-model", "unknown-reward", "bad-reward-import", "missing-model-dir",
-         "missing-dataset", "multi-node"],
+         "missing-dataset", "multi-node", "missing-reward-model-dir"],
 )
 def test_bad_manifest_gives_one_line_naming_the_field(tmp_path, tiny_manifest, capsys, change, expected):
     code, lines = run_local(tmp_path, mutate(tiny_manifest, change), capsys)
@@ -145,12 +146,13 @@ def test_final_summary_shows_phase_reason_and_progress():
     assert "groups consumed 16/16" in text and "{'no_signal': 16}" in text
 
 
-@pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml"])
+@pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml", "tiny-rm.yaml"])
 def test_shipped_examples_validate_and_use_builtin_rewards(example):
     from grpo_trainer.rewards import BUILTIN_REWARDS
 
     spec = read_grporun(REPO / "examples" / example).spec
-    assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards)
+    assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards if not reward.is_model)
+    assert all(reward.model.startswith("./tiny-assets/") for reward in spec.rewards if reward.is_model)
 
 
 def test_several_cpu_rollout_servers_are_pinned_to_different_cores():

@@ -41,6 +41,7 @@ class ScriptedRolloutWorker:
         seed: int = 0,
         delay_s: float = 0.0,
         fail_after_groups: int | None = None,
+        prompt_text: Callable[[int], str] | None = None,
     ):
         self.dataset_size = dataset_size
         self.num_generations = num_generations
@@ -53,6 +54,7 @@ class ScriptedRolloutWorker:
         self.seed = seed
         self.delay_s = delay_s
         self.fail_after_groups = fail_after_groups
+        self.prompt_text = prompt_text or (lambda index: f"prompt {index}")  # prompt index -> the user's text
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self._loop_kwargs = {"dataset_start_index": 0}
@@ -98,7 +100,7 @@ class ScriptedRolloutWorker:
             mask = np.concatenate([np.zeros(len(prompt)), np.ones(len(completion))]).astype(np.int64)
             samples.append(
                 RolloutSample(
-                    prompt=[{"role": "user", "content": f"prompt {position % self.dataset_size}"}],
+                    prompt=[{"role": "user", "content": self.prompt_text(position % self.dataset_size)}],
                     completion=[{"role": "assistant", "content": f"completion {k}"}],
                     input_ids=input_ids,
                     completion_mask=mask,

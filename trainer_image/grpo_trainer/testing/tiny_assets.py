@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -134,13 +135,66 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     return out
 
 
+#: In a prompt, makes the tiny reward model return NaN: its embedding row is NaN, and NaN reaches every later position.
+UNSCORABLE_MARKER = "<|unscorable|>"
+
+
+def build_reward_model(tokenizer, seed: int, *, nan_everywhere: bool = False):
+    """A random Qwen2ForSequenceClassification (one label) over the tiny vocabulary, NaN at UNSCORABLE_MARKER."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS, num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_HEADS,
+        max_position_embeddings=MAX_POSITIONS, num_labels=1,
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), torch_dtype="float32",
+    )
+    model = Qwen2ForSequenceClassification(config)
+    with torch.no_grad():
+        # A random head scores near 0 with a spread too small to tell completions apart at the no-signal epsilon.
+        model.score.weight.mul_(100.0)
+        model.model.embed_tokens.weight[tokenizer.convert_tokens_to_ids(UNSCORABLE_MARKER)] = math.nan
+        if nan_everywhere:
+            model.score.weight.fill_(math.nan)
+    return model
+
+
+def build_tiny_reward_model(out_dir: str | os.PathLike, seed: int = 1, *, nan_everywhere: bool = False) -> Path:
+    """Write the tiny reward model + tokenizer to `out_dir` (atomically, like build_tiny_model)."""
+    out = Path(out_dir).resolve()
+    if (out / "config.json").is_file():
+        return out
+    staging = out.with_name(out.name + f".tmp-{os.getpid()}")
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens([UNSCORABLE_MARKER], special_tokens=True)
+    model = build_reward_model(tokenizer, seed, nan_everywhere=nan_everywhere)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer),
+                                                        "nan_everywhere": nan_everywhere}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.rename(out)
+    except OSError:  # another process built it meanwhile: keep theirs
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_trainer.testing.tiny_assets",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="where to write the model (skipped if it already holds one)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="default: 0 for the policy, 1 for the reward model")
+    parser.add_argument("--reward-model", action="store_true", help="build the tiny reward model instead")
     args = parser.parse_args(argv)
-    print(build_tiny_model(args.out_dir, seed=args.seed))
+    if args.reward_model:
+        print(build_tiny_reward_model(args.out_dir, seed=1 if args.seed is None else args.seed))
+    else:
+        print(build_tiny_model(args.out_dir, seed=args.seed or 0))
     return 0
 
 

@@ -38,6 +38,11 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
         spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
         if not Path(spec.dataset.path).expanduser().exists():
             raise LocalError(f"spec.dataset.path: {spec.dataset.path}: no such file or directory")
+    for index, reward in enumerate(spec.rewards):
+        if reward.model is not None:
+            reward.model = localize_path(reward.model, manifest_dir)
+            if _looks_local(reward.model) and not Path(reward.model).expanduser().is_dir():
+                raise LocalError(f"spec.rewards[{index}].model: {reward.model}: no such directory")
     if spec.learner.nodes != 1:
         raise LocalError(f"spec.learner.nodes: grporun local runs on one machine; got {spec.learner.nodes}, use 1")
     return spec
@@ -48,6 +53,8 @@ def check_rewards(spec: GRPORunSpec) -> None:
     from grpo_trainer.rewards import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
+        if reward.is_model:
+            continue  # loaded by the learner (grpo_trainer.scoring); localize_spec checked a local path
         try:
             load_reward(reward)
         except RewardError as error:
