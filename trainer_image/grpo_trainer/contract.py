@@ -68,6 +68,7 @@ METRIC_GROUPS_TOTAL = "grpo_learner_groups"  # gauge: groups the run must consum
 METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed_total"
 METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained_total"
 METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped_total"  # label: reason
+METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated_total"  # stale groups another group replaced
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -87,6 +88,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_CONSUMED,
     METRIC_GROUPS_TRAINED,
     METRIC_GROUPS_DROPPED,
+    METRIC_GROUPS_REGENERATED,
     METRIC_EPOCHS_DONE,
     METRIC_EPOCHS,
     METRIC_STALL_STREAK,
@@ -311,6 +313,8 @@ class ProgressReport(WireModel):
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
     weight_syncs: int = Field(0, ge=0)
+    regenerated: int = Field(0, ge=0, description="Stale groups regenerated: neither trained nor dropped; a later "
+                             "group took each one's place.")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 

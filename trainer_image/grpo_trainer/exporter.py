@@ -54,6 +54,8 @@ class ProgressCollector:
             counter(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
             counter(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
             dropped,
+            counter(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated: neither trained nor dropped.",
+                    report.regenerated),
             gauge(c.METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
             gauge(c.METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
             gauge(c.METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),
