@@ -7,6 +7,10 @@ that die, hang or refuse on cue.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from grpo_trainer.balancer import RolloutBalancer
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import resume_version
+from tests.support.paths import REPO
 
 
 class FakeServer:
@@ -176,3 +181,37 @@ def test_a_restarted_learner_keeps_counting_versions_and_cleans_old_and_partial_
     empty = tmp_path / "empty"
     empty.mkdir()
     assert resume_version(empty) == 0
+
+
+def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns_after_catching_up(servers):
+    # A SIGSTOPped server accepts connections (the kernel does) and answers nothing, /health included: only a
+    # generation with a timeout tells it from a busy one.
+    hung = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "hung"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        hung_url = hung.stdout.readline().strip()
+        b = servers("b")
+        replicas = ReplicaSet([hung_url, b.url])
+        admitted: list[str] = []
+        balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1,
+                                   liveness_interval_s=0.2, liveness_timeout_s=1.0).start()
+        try:
+            _wait_ready(replicas, 2)
+            os.kill(hung.pid, signal.SIGSTOP)
+            results = asyncio.run(_generate(balancer.url, 20))  # some land on the hung one before it is found
+            report = {r.url: r for r in replicas.report()}
+            assert not report[hung_url].ready and "liveness" in report[hung_url].last_error
+            later = asyncio.run(_generate(balancer.url, 10))
+            assert admitted == [hung_url, b.url] or admitted == [b.url, hung_url]
+            os.kill(hung.pid, signal.SIGCONT)  # it generates again: admitted only after the catch-up
+            _wait_ready(replicas, 2)
+        finally:
+            balancer.stop()
+    finally:
+        hung.kill()
+        hung.wait()
+    assert [status for status, _ in results] == [200] * 20 and {text for _, text in results} <= {"hung", "b"}
+    assert {text for _, text in later} == {"b"}  # out of the pool: no traffic
+    assert admitted.count(hung_url) == 2 and admitted[-1] == hung_url
+    # Every request caught on it was sent again; the liveness verdict itself counts as one failure.
+    assert report[b.url].retried == report[hung_url].failures - 1

@@ -33,6 +33,16 @@ class ReplicaSet:
             raise ValueError("at least one rollout server URL is needed")
         self._lock = threading.Lock()
         self._replicas = [Replica(index, url.rstrip("/")) for index, url in enumerate(urls)]
+        # A weight sync holds the servers paused: the balancer's liveness probe gives no verdict meanwhile.
+        self.syncing = False
+        self.syncs_started = 0
+
+    def sync_started(self) -> None:
+        self.syncs_started += 1
+        self.syncing = True
+
+    def sync_ended(self) -> None:
+        self.syncing = False
 
     @property
     def urls(self) -> list[str]:

@@ -193,6 +193,8 @@ class FilesystemWeightTransfer:
             time.sleep(1.0)
 
     def pause(self) -> None:
+        if self.replicas is not None:
+            self.replicas.sync_started()
         self._each(lambda url: self._post(url, "/pause", params={"mode": "keep"}), "pause")
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -221,7 +223,11 @@ class FilesystemWeightTransfer:
             self.replicas.set_version(url, checkpoint.name)
 
     def resume(self) -> None:
-        self._each(lambda url: self._post(url, "/resume"), "resume")
+        try:
+            self._each(lambda url: self._post(url, "/resume"), "resume")
+        finally:
+            if self.replicas is not None:
+                self.replicas.sync_ended()
 
     def catch_up(self, url: str) -> None:
         """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
