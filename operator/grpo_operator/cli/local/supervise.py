@@ -26,7 +26,7 @@ from ...resolve import resolve_run_config
 from .console import bar_fields, one_line, progress_bar
 from .plan import LOCAL_HOST, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
-from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT, RolloutRestarts, exit_line
+from .rollout_restarts import DEFAULT_ROLLOUT_RESTART_LIMIT, Liveness, RolloutRestarts, exit_line
 
 
 @dataclass
@@ -128,7 +128,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     limit = getattr(args, "rollout_restart_limit", DEFAULT_ROLLOUT_RESTART_LIMIT)
     return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                    termination_path, rollout_restarts=RolloutRestarts(limit))
+                    termination_path, rollout_restarts=RolloutRestarts(limit, liveness=Liveness(config.model)))
 
 
 def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
