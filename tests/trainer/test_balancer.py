@@ -215,3 +215,34 @@ def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns
     assert admitted.count(hung_url) == 2 and admitted[-1] == hung_url
     # Every request caught on it was sent again; the liveness verdict itself counts as one failure.
     assert report[b.url].retried == report[hung_url].failures - 1
+
+
+def test_replicas_of_unequal_speed_get_equal_concurrency_and_samples_by_speed(servers):
+    # TRL's worker keeps a fixed window of requests in flight. Least outstanding requests keeps each replica's share
+    # of that window equal, so the faster replica finishes (and is sent) more: requests dispatched and samples
+    # finished differ by at most the window, and both measure speed. The fair share is of the concurrency.
+    fast, slow = servers("fast"), servers("slow", mode="slow")  # 0.05 s and 0.3 s per completion
+    replicas = ReplicaSet([fast.url, slow.url])
+    balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+    try:
+        _wait_ready(replicas, 2)
+        asyncio.run(_generate_window(balancer.url, total=120, window=8))
+    finally:
+        balancer.stop()
+    report = {r.url: r for r in replicas.report()}
+    assert fast.served + slow.served == 120 and slow.served < 0.35 * 120  # the counts follow the servers' speed
+    busy = report[fast.url].request_seconds + report[slow.url].request_seconds
+    assert min(report[fast.url].request_seconds, report[slow.url].request_seconds) >= 0.35 * busy
+
+
+async def _generate_window(url: str, total: int, window: int) -> None:
+    """`window` clients sending one request after another, `total` in all: TRL's worker's in-flight window."""
+    left = [total]
+    async with aiohttp.ClientSession() as session:
+        async def client() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                async with session.post(f"{url}/v1/completions", json={"prompt": [0], "max_tokens": 4}) as response:
+                    assert response.status == 200
+
+        await asyncio.gather(*(client() for _ in range(window)))

@@ -296,6 +296,8 @@ class RolloutReplicaReport(WireModel):
     samples: int = Field(0, ge=0, description="Completions it produced for the learner.")
     failures: int = Field(0, ge=0, description="Requests that failed on it (each retried on another replica).")
     retried: int = Field(0, ge=0)
+    request_seconds: float = Field(0.0, ge=0, description="Requests in flight on it, integrated over time: its share "
+                                   "of the concurrent work, which least outstanding requests keeps equal.")
     last_error: str = ""
 
 
