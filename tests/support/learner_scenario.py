@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
     parser.add_argument("--max-staleness", type=int, default=1000)
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
+    parser.add_argument("--weights-dir", default=None, help="filesystem weight sync into this directory")
+    parser.add_argument("--weights-server", default=None, help="the server the filesystem sync reloads")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
@@ -91,8 +93,13 @@ def run_scenario(args: argparse.Namespace) -> int:
         token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     )
+    transfer = NoWeightTransfer()
+    if args.weights_dir:
+        from grpo_trainer.weight_sync import FilesystemWeightTransfer
+
+        transfer = FilesystemWeightTransfer([args.weights_server], args.weights_dir)
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
-                  weight_transfer=NoWeightTransfer())
+                  weight_transfer=transfer)
     if args.baseline:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
@@ -166,6 +173,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         result["groups_generated"] = worker.groups_generated
         result["samples_generated"] = worker.samples_generated
         result["start_position"] = worker._loop_kwargs["dataset_start_index"]
+        result["model_version"] = trainer.model_version
+        if args.weights_dir:
+            result["weight_version"] = transfer.version
+            result["weight_dirs"] = sorted(os.listdir(args.weights_dir))
         if not args.baseline:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()

@@ -205,3 +205,32 @@ def test_two_ranks_preempted_save_once_and_the_pod_exits_preempted(tiny_model_di
     assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["global_step"] == 2
     assert results[0]["checksum"] == results[1]["checksum"]
     assert (tmp_path / "checkpoints" / "checkpoint-2" / "grpo_progress.json").is_file()
+
+
+def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_partial_ones(tiny_model_dir, tmp_path):
+    # Real filesystem weight sync (safetensors into a version directory) against a stand-in server that accepts
+    # the reload calls. The first learner syncs v1..v4 (the cold sync and 3 steps), then "crashes" while writing v5.
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+                               str(port)], stdout=subprocess.PIPE, text=True)
+    weights = tmp_path / "weights"
+    sync = ["--weights-dir", str(weights), "--weights-server", f"http://127.0.0.1:{port}"]
+    common = ["--scenario", "varied", "--prompts", "6", "--epochs", "2", "--save-steps", "1", *sync]
+    try:
+        server.stdout.readline()
+        (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
+        assert first["weight_version"] == first["model_version"] == 4 and first["weight_dirs"] == ["v4"]
+        (weights / ".v5.partial-99").mkdir()  # killed while writing its next version
+        (weights / "v2").mkdir()  # an old one left behind
+        # The newest checkpoint may be older than the newest weights (steps after the last save): resume from 2.
+        checkpoint = tmp_path / "first" / "checkpoints" / "checkpoint-2"
+        (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-from", str(checkpoint))
+    finally:
+        server.kill()
+        server.wait()
+    syncs = second["progress"]["weightSyncs"]
+    assert second["outcome"] == "succeeded" and syncs >= 2
+    assert second["weight_version"] == 4 + syncs  # its first sync wrote v5: not v1 again, not v4 over a live one
+    assert second["weight_dirs"] == [f"v{second['weight_version']}"]  # old and partial directories removed
+    # The learner's own version (samples, staleness) is the one the servers serve, though its checkpoint had 3.
+    assert second["model_version"] == second["weight_version"]

@@ -123,6 +123,21 @@ class GRPOLearner(AsyncGRPOTrainer):
     def _sync_weight(self) -> None:
         super()._sync_weight()
         self.weight_syncs += 1
+        self._follow_served_version()
+
+    def _follow_served_version(self) -> None:
+        """Raise TRL's `model_version` to the version the servers now serve, when the weight transfer counts one.
+
+        The filesystem sync keeps counting from the newest version directory across a learner restart, while the
+        checkpoint's `model_version` is older by the syncs made after that checkpoint: without this the learner
+        stamped samples v6 while the servers served v7. Never lowers it (TRL's LoRA path does not use the transfer).
+        """
+        served = getattr(self.weight_transfer, "version", None)
+        if not self.accelerator.is_main_process or not isinstance(served, int) or served <= self.model_version:
+            return
+        self.model_version = served
+        if self.rollout_worker is not None:
+            self.rollout_worker.update_model_version(served)
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def get_train_dataloader(self) -> DataLoader:
