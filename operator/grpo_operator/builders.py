@@ -26,6 +26,7 @@ from typing import Any
 
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
+from grpo_trainer.rollout_health import LIVENESS_FAILURE_THRESHOLD, LIVENESS_PERIOD_S, PROBE_TIMEOUT_S
 
 from . import podgroup
 from .api import (
@@ -212,7 +213,7 @@ def _env(run: str, namespace: str, role: str) -> list[dict[str, Any]]:
 def _pod(name: str, run: str, namespace: str, uid: str, role: str, spec: GRPORunSpec, *, image: str,
          pull_policy: str | None, command: list[str], ports: list[dict[str, Any]], resources: dict[str, Any] | None,
          node_selector: dict[str, str] | None, tolerations: list[dict[str, Any]] | None, service: str,
-         attempt: int, readiness_probe: dict[str, Any] | None = None) -> dict[str, Any]:
+         attempt: int, probes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     volumes, mounts = _volumes(run, spec)
     container: dict[str, Any] = {
         "name": role,
@@ -229,8 +230,7 @@ def _pod(name: str, run: str, namespace: str, uid: str, role: str, spec: GRPORun
         container["imagePullPolicy"] = pull_policy
     if resources:
         container["resources"] = resources
-    if readiness_probe:
-        container["readinessProbe"] = readiness_probe
+    container.update(probes or {})
     metadata = _metadata(name, run, namespace, uid, role)
     metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt)}
     pod_spec: dict[str, Any] = {
@@ -262,17 +262,36 @@ def learner_command(run: str, namespace: str, spec: GRPORunSpec, rank: int) -> l
                         main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
 
 
+#: Model download and load before the first /health: up to an hour before the kubelet gives up on a rollout server.
+ROLLOUT_STARTUP_PERIOD_S, ROLLOUT_STARTUP_FAILURES = 10, 360
+
+
+def rollout_probes() -> dict[str, dict[str, Any]]:
+    """Readiness by /health; liveness by a generated token (`python -m grpo_trainer probe`), since a hung server and
+    one whose engine died both keep answering /health. Liveness starts once /health first answers (startupProbe)."""
+    health = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}}
+    probe_command = ["python", "-m", "grpo_trainer", "probe", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+    return {
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "startupProbe": {**health, "periodSeconds": ROLLOUT_STARTUP_PERIOD_S,
+                         "failureThreshold": ROLLOUT_STARTUP_FAILURES},
+        "livenessProbe": {"exec": {"command": probe_command}, "periodSeconds": LIVENESS_PERIOD_S,
+                          # the probe's own timeout plus the interpreter's start
+                          "timeoutSeconds": int(PROBE_TIMEOUT_S) + 10,
+                          "failureThreshold": LIVENESS_FAILURE_THRESHOLD},
+    }
+
+
 def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, index: int, *, trainer_image: str,
                       attempt: int = 0, restarts: int = 0) -> dict[str, Any]:
     """`restarts`: the server's restarts so far (status.rollout.servers), kept on the pod so its exit counts once."""
     rollout = spec.rollout
-    probe = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}, "periodSeconds": 5, "failureThreshold": 3}
     pod = _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
                image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
                command=rollout_command(),
                ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
                resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
-               service=rollout_service_name(run), attempt=attempt, readiness_probe=probe)
+               service=rollout_service_name(run), attempt=attempt, probes=rollout_probes())
     pod["metadata"]["annotations"][ROLLOUT_RESTARTS_ANNOTATION] = str(restarts)
     return apply_override(pod, rollout.pod_template_override, "spec.rollout.podTemplateOverride")
 

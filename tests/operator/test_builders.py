@@ -16,6 +16,7 @@ from grpo_trainer.contract import (
     ROLLOUT_HTTP_PORT,
     load_run_config,
 )
+from grpo_trainer.rollout_health import PROBE_TIMEOUT_S
 from tests.support.specs import minimal_spec
 
 KUBERNETES_VERSION = "1.33"
@@ -111,6 +112,16 @@ def test_rollout_pod_runs_the_server_with_a_health_readiness_probe():
     assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": ROLLOUT_HTTP_PORT}
     assert main["image"] == "registry.example/grpo-trainer:1"
     assert pod["spec"]["hostname"] == "run-rollout-0" and pod["spec"]["subdomain"] == "run-rollout"
+
+
+def test_rollout_liveness_proves_generation_once_the_server_has_started():
+    # /health answers for a hung engine and for one that died: liveness runs the one-token probe
+    # (tests/trainer/test_rollout_health.py runs that command against a stopped server).
+    main = container(by_name(children())["run-rollout-0"])
+    liveness = main["livenessProbe"]
+    assert liveness["exec"]["command"] == ["python", "-m", "grpo_trainer", "probe", "--config", "/etc/grpo/run.json"]
+    assert liveness["timeoutSeconds"] > PROBE_TIMEOUT_S
+    assert main["startupProbe"]["httpGet"] == {"path": "/health", "port": ROLLOUT_HTTP_PORT}
 
 
 @pytest.mark.parametrize("name", ["run-rollout-0", "run-learner-0"])

@@ -39,7 +39,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
-    parser.add_argument("--lost-after", type=int, default=None, help="GRPOLearner's lost_after_groups")
+    parser.add_argument("--max-staleness", type=int, default=1000)
+    parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
+    parser.add_argument("--weights-dir", default=None, help="filesystem weight sync into this directory")
+    parser.add_argument("--weights-server", default=None, help="the server the filesystem sync reloads")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
@@ -91,7 +94,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     worker = ScriptedRolloutWorker(
         dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
-        fail_after_groups=args.worker_fails_after, prompt_text=prompt_text,
+        fail_after_groups=args.worker_fails_after, prompt_text=prompt_text, queue_maxsize=args.queue_maxsize,
     )
     reward_models = []
     if args.reward_model and int(os.environ.get("RANK", "0")) == 0:
@@ -100,18 +103,22 @@ def run_scenario(args: argparse.Namespace) -> int:
         output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=[], logging_steps=1,
         num_generations=args.generations, per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=args.ga, num_train_epochs=args.epochs, max_steps=args.max_steps,
-        token_budget=0, max_staleness=1000, learning_rate=1e-3, disable_tqdm=True, seed=0,
+        token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     )
+    transfer = NoWeightTransfer()
+    if args.weights_dir:
+        from grpo_trainer.weight_sync import FilesystemWeightTransfer
+
+        transfer = FilesystemWeightTransfer([args.weights_server], args.weights_dir)
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
-                  weight_transfer=NoWeightTransfer())
+                  weight_transfer=transfer)
     if args.baseline:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
-                              progress_server_port=args.progress_port, lost_after_groups=args.lost_after,
-                              reward_models=reward_models)
+                              progress_server_port=args.progress_port, reward_models=reward_models)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
@@ -179,6 +186,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         result["groups_generated"] = worker.groups_generated
         result["samples_generated"] = worker.samples_generated
         result["start_position"] = worker._loop_kwargs["dataset_start_index"]
+        result["model_version"] = trainer.model_version
+        if args.weights_dir:
+            result["weight_version"] = transfer.version
+            result["weight_dirs"] = sorted(os.listdir(args.weights_dir))
         if not args.baseline:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()

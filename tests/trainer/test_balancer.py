@@ -7,6 +7,10 @@ that die, hang or refuse on cue.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from grpo_trainer.balancer import RolloutBalancer
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import resume_version
+from tests.support.paths import REPO
 
 
 class FakeServer:
@@ -176,3 +181,68 @@ def test_a_restarted_learner_keeps_counting_versions_and_cleans_old_and_partial_
     empty = tmp_path / "empty"
     empty.mkdir()
     assert resume_version(empty) == 0
+
+
+def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns_after_catching_up(servers):
+    # A SIGSTOPped server accepts connections (the kernel does) and answers nothing, /health included: only a
+    # generation with a timeout tells it from a busy one.
+    hung = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "hung"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        hung_url = hung.stdout.readline().strip()
+        b = servers("b")
+        replicas = ReplicaSet([hung_url, b.url])
+        admitted: list[str] = []
+        balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1,
+                                   liveness_interval_s=0.2, liveness_timeout_s=1.0).start()
+        try:
+            _wait_ready(replicas, 2)
+            os.kill(hung.pid, signal.SIGSTOP)
+            results = asyncio.run(_generate(balancer.url, 20))  # some land on the hung one before it is found
+            report = {r.url: r for r in replicas.report()}
+            assert not report[hung_url].ready and "liveness" in report[hung_url].last_error
+            later = asyncio.run(_generate(balancer.url, 10))
+            assert admitted == [hung_url, b.url] or admitted == [b.url, hung_url]
+            os.kill(hung.pid, signal.SIGCONT)  # it generates again: admitted only after the catch-up
+            _wait_ready(replicas, 2)
+        finally:
+            balancer.stop()
+    finally:
+        hung.kill()
+        hung.wait()
+    assert [status for status, _ in results] == [200] * 20 and {text for _, text in results} <= {"hung", "b"}
+    assert {text for _, text in later} == {"b"}  # out of the pool: no traffic
+    assert admitted.count(hung_url) == 2 and admitted[-1] == hung_url
+    # Every request caught on it was sent again; the liveness verdict itself counts as one failure.
+    assert report[b.url].retried == report[hung_url].failures - 1
+
+
+def test_replicas_of_unequal_speed_get_equal_concurrency_and_samples_by_speed(servers):
+    # TRL's worker keeps a fixed window of requests in flight. Least outstanding requests keeps each replica's share
+    # of that window equal, so the faster replica finishes (and is sent) more: requests dispatched and samples
+    # finished differ by at most the window, and both measure speed. The fair share is of the concurrency.
+    fast, slow = servers("fast"), servers("slow", mode="slow")  # 0.05 s and 0.3 s per completion
+    replicas = ReplicaSet([fast.url, slow.url])
+    balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+    try:
+        _wait_ready(replicas, 2)
+        asyncio.run(_generate_window(balancer.url, total=120, window=8))
+    finally:
+        balancer.stop()
+    report = {r.url: r for r in replicas.report()}
+    assert fast.served + slow.served == 120 and slow.served < 0.35 * 120  # the counts follow the servers' speed
+    busy = report[fast.url].request_seconds + report[slow.url].request_seconds
+    assert min(report[fast.url].request_seconds, report[slow.url].request_seconds) >= 0.35 * busy
+
+
+async def _generate_window(url: str, total: int, window: int) -> None:
+    """`window` clients sending one request after another, `total` in all: TRL's worker's in-flight window."""
+    left = [total]
+    async with aiohttp.ClientSession() as session:
+        async def client() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                async with session.post(f"{url}/v1/completions", json={"prompt": [0], "max_tokens": 4}) as response:
+                    assert response.status == 200
+
+        await asyncio.gather(*(client() for _ in range(window)))

@@ -34,6 +34,15 @@ def test_gpu_runs_keep_trls_precision_defaults_and_extra_args_reach_trl():
     assert arguments["queue_maxsize"] == 64 and arguments["max_inflight_tasks"] == 4
 
 
+def test_the_rollout_queue_holds_max_staleness_steps_unless_the_user_sets_it():
+    # TRL's 1024-sample default let a fast server queue samples that went stale before training.
+    arguments = trainer_arguments(config(training={"maxStaleness": 2, "perDeviceTrainBatchSize": 4,
+                                                   "gradientAccumulationSteps": 3},
+                                         learner={"nodes": 2, "processesPerNode": 2}))
+    assert arguments["queue_maxsize"] == 2 * 4 * 3 * 4
+    assert trainer_arguments(config(training={"maxStaleness": 0}))["queue_maxsize"] > 0  # 0 would be unbounded
+
+
 def test_the_trainer_accepts_every_argument_we_build(tmp_path):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from grpo_operator.cli.local.processes import free_port
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import learner_argv
+from grpo_trainer.learner_main import trainer_arguments
 
 pytestmark = pytest.mark.slow
 from tests.support.paths import REPO  # noqa: E402
@@ -96,11 +98,35 @@ def test_two_ranks_with_an_invalid_config_exit_78_under_the_pod_launch_line(tmp_
 
 
 def test_groups_that_never_arrive_cannot_block_the_stop(tiny_model_dir, tmp_path):
-    # Every 4th group vanishes before the trainer (as TRL does with rows that have no trained token).
+    # Every 4th group vanishes before the trainer (as TRL does with rows that have no trained token). Groups issued
+    # after it arrive; once the learner's version is past max_staleness from theirs, the missing group's samples
+    # would be stale if they ever came: it is regenerated (a later group takes its place), never waited for.
     (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "12", "--lost-every", "4",
-                    "--lost-after", "8")
-    assert result["outcome"] == "succeeded"
-    assert result["progress"]["dropped"]["lost"] == 3 and result["consumed_absolute"][:12] == list(range(12))
+                    "--max-staleness", "2", "--queue-maxsize", "8")
+    progress = result["progress"]
+    assert result["outcome"] == "succeeded" and progress["groupsConsumed"] == progress["groupsTotal"] == 12
+    assert progress["regenerated"] >= 3 and progress["dropped"]["lost"] == 0
+    assert progress["groupsTrained"] + sum(progress["dropped"].values()) == 12
+
+
+def test_a_fast_worker_with_max_staleness_1_ends_at_the_epoch_bound(tiny_model_dir, tmp_path):
+    # A worker far faster than the trainer keeps its queue full, sized as the learner sizes TRL's worker queue.
+    # With TRL's 1024 samples, 9 groups in a row went stale while queued and the run ended as stalled (42); the
+    # queue now holds max_staleness steps, and groups that still go stale are regenerated, not consumed.
+    config = RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "learner": {"device": "cpu"}, "output_dir": str(tmp_path),
+        "training": {"epochs": 3, "numGenerations": 4, "perDeviceTrainBatchSize": 4, "maxStaleness": 1},
+    })
+    queue_maxsize = AsyncGRPOConfig(**trainer_arguments(config)).queue_maxsize
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", "3",
+                    "--generations", "4", "--batch", "4", "--max-staleness", "1",
+                    "--queue-maxsize", str(queue_maxsize))
+    progress = result["progress"]
+    assert result["outcome"] == "succeeded" and progress["phase"] == "Succeeded"
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == 27 and progress["epochsDone"] == 3
+    assert progress["groupsTrained"] + sum(progress["dropped"].values()) == 27
+    assert result["micro_batches"][-1] == 0 and result["micro_batches"].count(0) == 1
 
 
 def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_path):
@@ -176,3 +202,32 @@ def test_two_ranks_preempted_save_once_and_the_pod_exits_preempted(tiny_model_di
     assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["global_step"] == 2
     assert results[0]["checksum"] == results[1]["checksum"]
     assert (tmp_path / "checkpoints" / "checkpoint-2" / "grpo_progress.json").is_file()
+
+
+def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_partial_ones(tiny_model_dir, tmp_path):
+    # Real filesystem weight sync (safetensors into a version directory) against a stand-in server that accepts
+    # the reload calls. The first learner syncs v1..v4 (the cold sync and 3 steps), then "crashes" while writing v5.
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+                               str(port)], stdout=subprocess.PIPE, text=True)
+    weights = tmp_path / "weights"
+    sync = ["--weights-dir", str(weights), "--weights-server", f"http://127.0.0.1:{port}"]
+    common = ["--scenario", "varied", "--prompts", "6", "--epochs", "2", "--save-steps", "1", *sync]
+    try:
+        server.stdout.readline()
+        (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
+        assert first["weight_version"] == first["model_version"] == 4 and first["weight_dirs"] == ["v4"]
+        (weights / ".v5.partial-99").mkdir()  # killed while writing its next version
+        (weights / "v2").mkdir()  # an old one left behind
+        # The newest checkpoint may be older than the newest weights (steps after the last save): resume from 2.
+        checkpoint = tmp_path / "first" / "checkpoints" / "checkpoint-2"
+        (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-from", str(checkpoint))
+    finally:
+        server.kill()
+        server.wait()
+    syncs = second["progress"]["weightSyncs"]
+    assert second["outcome"] == "succeeded" and syncs >= 2
+    assert second["weight_version"] == 4 + syncs  # its first sync wrote v5: not v1 again, not v4 over a live one
+    assert second["weight_dirs"] == [f"v{second['weight_version']}"]  # old and partial directories removed
+    # The learner's own version (samples, staleness) is the one the servers serve, though its checkpoint had 3.
+    assert second["model_version"] == second["weight_version"]

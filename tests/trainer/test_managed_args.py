@@ -38,7 +38,7 @@ def test_every_argument_the_learner_derives_from_the_spec_is_managed():
 
     config = RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}],
                                        "learner": {"device": "cpu"}})
-    tunable = {"vllm_server_timeout", "logging_steps", "report_to", "dtype", "bf16"}
+    tunable = {"vllm_server_timeout", "logging_steps", "report_to", "dtype", "bf16", "queue_maxsize"}
     assert set(trainer_arguments(config)) - tunable == set(MANAGED_TRAINER_ARGS)
 
 

@@ -48,7 +48,7 @@ def filter_queue(progress, samples, *, version=0, num_generations=2, **kwargs) -
     for s in samples:
         inner.put(s)
     defaults = dict(model_version_fn=lambda: version, max_staleness=2, num_generations=num_generations,
-                    end_token_ids={1, 0}, lost_after_groups=1000)
+                    end_token_ids={1, 0})
     return SampleFilterQueue(inner, progress, **(defaults | kwargs))
 
 
@@ -189,6 +189,55 @@ class TestRolloutProgress:
         assert resumed.needs(6) and not resumed.needs(7)
 
 
+    def test_a_regenerated_group_counts_neither_as_trained_nor_toward_the_streak(self):
+        progress = make_progress(n=4, epochs=3)
+        progress.drop(0, "no_signal")
+        assert progress.regenerate(1)
+        progress.drop(2, "no_signal")
+        assert progress.stall_streak == 2  # 0 and 2: the regenerated 1 neither extends nor ends the streak
+        assert progress.groups_consumed == 2 and progress.groups_trained == 0 and progress.regenerated == 1
+        assert progress.needs(12) and not progress.needs(13)  # the bound moved by one: 13 groups, one stand-in
+
+    def test_a_pass_that_trains_nothing_still_stalls_with_regeneration(self):
+        progress = make_progress(n=3, epochs=5)
+        progress.drop(0, "no_signal")
+        progress.regenerate(1)
+        progress.drop(2, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(3, "no_signal")
+        assert stop.value.code == StopCode.STALLED
+
+    def test_regeneration_is_bounded_per_group(self):
+        progress = make_progress(n=2, regenerate_limit=2)
+        assert progress.regenerate(0)  # stand-in 2
+        assert progress.regenerate(2)  # stand-in 3, the second regeneration of the same group
+        assert not progress.regenerate(3)  # the caller drops it as stale: it counts toward the streak again
+        assert progress.regenerated == 2 and progress.needs(3) and not progress.needs(4)
+
+    def test_the_stand_in_skips_overflow_already_passed(self):
+        progress = make_progress(n=2)
+        progress.pass_overflow(2)  # the next pass's group 2 already went by, unfiltered
+        progress.train([0, 2])
+        assert progress.regenerate(1)
+        assert not progress.needs(2) and progress.needs(3) and progress.groups_consumed == 1
+        with pytest.raises(RolloutStop) as stop:
+            progress.train([3]) or progress.check()
+        assert stop.value.code == StopCode.DONE
+        report = progress.report(phase=LearnerPhase.SUCCEEDED, global_step=2)
+        assert report.groups_consumed == report.groups_total == 2 and report.groups_trained == 2
+
+    def test_state_round_trip_keeps_the_moved_bound(self):
+        progress = make_progress(n=4, epochs=1)
+        progress.train([0])
+        progress.regenerate(1)
+        progress.train([2])
+        state = progress.state_dict()
+        consumed = set()
+        resumed = RolloutProgress.from_state(state, consumed, stall_groups=0, groups_per_epoch=4, epochs=1)
+        assert resumed.start_group == 3 and resumed.regenerated == 1 and resumed.groups_consumed == 2
+        assert resumed.needs(1) and not resumed.needs(2)  # absolute 3 and the stand-in 4
+
+
 # ------------------------------------------------------------------------------------------------- SampleFilterQueue
 class TestSampleFilterQueue:
     def test_no_signal_by_reward_std_not_by_advantage(self):
@@ -216,9 +265,9 @@ class TestSampleFilterQueue:
     def test_stale_uses_trls_exact_rule(self):
         progress = make_progress(n=10)
         at_limit = [sample(0, version=3, k=k) for k in range(2)]  # 5 - 3 = 2 = max_staleness: kept
-        too_old = [sample(1, version=2, k=k) for k in range(2)]  # 5 - 2 = 3 > 2: dropped
+        too_old = [sample(1, version=2, k=k) for k in range(2)]  # 5 - 2 = 3 > 2: stale, regenerated
         fq = filter_queue(progress, [*at_limit, *too_old], version=5)
-        assert drain(fq) == at_limit and progress.dropped["stale"] == 1
+        assert drain(fq) == at_limit and progress.regenerated == 1
 
     def test_too_long_uses_the_token_budget(self):
         progress = make_progress(n=10)
@@ -242,25 +291,67 @@ class TestSampleFilterQueue:
         assert drain(fq) == [kept]
         assert 0 not in progress.consumed  # it trains when its micro-batch is collated, not before
 
-    def test_groups_that_never_arrive_are_swept_as_lost(self):
-        progress = make_progress(n=100)
-        later = [sample(g, k=k) for g in range(1, 6) for k in range(2)]
-        fq = filter_queue(progress, later, lost_after_groups=3)
-        drain(fq)
-        assert progress.dropped["lost"] == 1 and 0 in progress.consumed and 1 not in progress.consumed
+    def test_a_group_200_groups_late_but_within_staleness_trains(self):
+        progress = make_progress(n=1000)
+        later = [sample(g, k=k) for g in range(1, 201) for k in range(2)]
+        late = [sample(0, k=k) for k in range(2)]
+        fq = filter_queue(progress, [*later, *late], max_staleness=4)
+        assert [id(s) for s in drain(fq)[-2:]] == [id(s) for s in late]
+        assert progress.dropped["lost"] == 0 and 0 not in progress.consumed  # it trains once collated
+        progress.train(range(201))
+        assert progress.groups_trained == 201 and sum(progress.dropped.values()) == 0
 
-    def test_a_partly_arrived_group_is_swept_with_its_samples_reason(self):
+    def test_a_stale_group_is_regenerated_not_consumed(self):
+        progress = make_progress(n=4)
+        fq = filter_queue(progress, [sample(0, version=2, k=k) for k in range(2)], version=5, max_staleness=2)
+        assert drain(fq) == []
+        assert progress.regenerated == 1 and progress.dropped["stale"] == 0 and progress.stall_streak == 0
+        assert progress.groups_consumed == 0 and progress.needs(4) and not progress.needs(5)  # 4 takes its place
+
+    def test_a_missing_group_whose_samples_would_be_stale_is_regenerated(self):
+        # Group 0 never arrives. Group 1 was issued after it at version 0, so group 0's version is at most 0: once
+        # the learner is at version 3 with max_staleness 2, its samples would be stale if they came.
         progress = make_progress(n=100)
-        partial = sample(0, version=0, k=0)  # one of two samples arrives, stale
-        later = [sample(g, version=5, k=k) for g in range(1, 6) for k in range(2)]
-        fq = filter_queue(progress, [partial, *later], version=5, lost_after_groups=3, max_staleness=10)
+        version = [0]
+        inner = queue.Queue()
+        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: version[0], max_staleness=2,
+                               num_generations=2, end_token_ids={1, 0})
+        for s in [sample(1, k=k) for k in range(2)]:
+            inner.put(s)
+        assert len(drain(fq)) == 2 and progress.regenerated == 0
+        version[0] = 3
+        for s in [sample(2, version=3, k=k) for k in range(2)]:
+            inner.put(s)
         drain(fq)
-        assert progress.dropped["stale"] == 0 and progress.dropped["lost"] == 0  # 5 - 0 = 5 <= 10: not stale
+        assert progress.regenerated == 1 and progress.dropped["lost"] == 0 and 0 in progress.consumed
+
+    def test_a_missing_group_is_lost_after_the_time_limit(self):
+        now = [0.0]
         progress = make_progress(n=100)
-        fq = filter_queue(progress, [partial, *later], version=5, lost_after_groups=3, max_staleness=2)
-        assert len(drain(fq)) == len(later)
-        # Its other sample never came: swept with the reason its arrived sample was dropped for, not as lost.
-        assert progress.dropped["stale"] == 1 and progress.dropped["lost"] == 0 and 0 in progress.consumed
+        inner = queue.Queue()
+        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: 0, max_staleness=1000, num_generations=2,
+                               end_token_ids={1, 0}, lost_after_s=60, clock=lambda: now[0])
+        for s in [sample(1, k=k) for k in range(2)]:
+            inner.put(s)
+        drain(fq)
+        now[0] = 61.0
+        for s in [sample(2, k=k) for k in range(2)]:
+            inner.put(s)
+        drain(fq)
+        assert progress.dropped["lost"] == 1 and 0 in progress.consumed and progress.regenerated == 0
+
+    def test_a_partly_arrived_group_is_settled_with_its_samples_reason(self):
+        now = [0.0]
+        partial = sample(0, rewards=(1.0, 1.0), k=0)  # one of two samples arrives, without signal
+        later = [sample(g, k=k) for g in range(1, 6) for k in range(2)]
+        progress = make_progress(n=100)
+        fq = filter_queue(progress, [partial, *later], lost_after_s=60, clock=lambda: now[0])
+        assert len(drain(fq)) == len(later) and sum(progress.dropped.values()) == 0  # not yet past the limit
+        now[0] = 61.0
+        fq.inner.put(sample(6, k=0))
+        drain(fq)
+        # Its other sample never came: dropped with the reason its arrived sample was dropped for, not as lost.
+        assert progress.dropped["no_signal"] == 1 and progress.dropped["lost"] == 0 and 0 in progress.consumed
 
     def test_overflow_past_the_bound_flows_unfiltered(self):
         # The batchers emit a micro-batch only when more samples arrive: the last needed group gets collated only

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import requests
 import torch
 from safetensors.torch import load_file
 
+from grpo_operator.cli.local.processes import free_port
 from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import (
     TIED_EMBEDDING_ALIASES,
@@ -17,6 +21,7 @@ from grpo_trainer.weight_sync import (
     with_aliases,
     write_checkpoint,
 )
+from tests.support.paths import REPO
 
 PROMPT = [1, 93, 91, 306, 207, 288]
 
@@ -99,3 +104,27 @@ def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server
     assert requests.get(f"{vllm_server.url}/weight_info", timeout=10).json()["weight_version"] == "v1"
     assert len(sync.sync_seconds) == 1
     assert sorted(os.listdir(tmp_path / "weights")) == ["v1"]  # complete versions only, no partial directory
+
+
+def test_a_hung_server_leaves_the_pool_at_the_pause_instead_of_holding_the_sync(tmp_path):
+    # A SIGSTOPped server holds the connection open and answers nothing; /pause?mode=keep answers at once otherwise.
+    ports = [free_port(), free_port()]
+    servers = [subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+                                 str(port)], stdout=subprocess.PIPE, text=True) for port in ports]
+    try:
+        for server in servers:
+            server.stdout.readline()
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        replicas = ReplicaSet(urls)
+        for url in urls:
+            replicas.set_ready(url, True)
+        os.kill(servers[1].pid, signal.SIGSTOP)
+        sync = FilesystemWeightTransfer(urls, tmp_path, replicas=replicas, pause_timeout_s=1)
+        sync.pause()
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    report = {r.url: r for r in replicas.report()}
+    assert report[urls[0]].ready and not report[urls[1]].ready
+    assert "/pause: no answer within 1s" in report[urls[1]].last_error

@@ -1,4 +1,4 @@
-"""`python -m grpo_trainer {rollout,learner} --config run.json`: the entrypoint of both pods.
+"""`python -m grpo_trainer {rollout,learner,probe} --config run.json`: the entrypoint of both pods.
 
 Imports stay lazy: the rollout role runs in the vLLM image, which has neither trl nor the learner's transformers.
 """
@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
     learner = sub.add_parser("learner", help="train: the GRPO learner (one process; accelerate launches several)")
     learner.add_argument("--config", required=True, help="the resolved run config (run.json)")
+    probe = sub.add_parser("probe", help="exit 0 when the local rollout server generates one token (its liveness)")
+    probe.add_argument("--config", required=True, help="the resolved run config (run.json)")
+    probe.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
+    probe.add_argument("--timeout", type=float, default=None, help="seconds to wait for the token (default 30)")
     return parser
 
 
@@ -49,9 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValidationError) as error:
         print(f"grpo rollout: {describe_config_error(args.config, error)}", file=sys.stderr)
         return c.EXIT_INVALID_CONFIG
+    if args.role == "probe":
+        return probe(config, args.port, args.timeout)
     from .rollout import main as rollout_main
 
     return rollout_main(config, port=args.port)
+
+
+def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int:
+    """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
+    from .rollout_health import PROBE_TIMEOUT_S, probe_generation
+
+    error = probe_generation(f"http://127.0.0.1:{port}", config.model, timeout_s or PROBE_TIMEOUT_S)
+    if error is not None:
+        print(f"grpo probe: the rollout server generated no token: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def describe_config_error(path: str, error: OSError | ValidationError) -> str:

@@ -10,8 +10,10 @@ against a dead port. Every other path (`/health`, `/v1/models`, `/server_info`) 
 An unready replica is probed by generating one token (`rollout_health.generation_probe`), not by `/health`: a server
 whose engine died, or hung, still answers `/health`. Before it is admitted again `admit(url)` runs (the weight sync's
 catch-up, which loads the current weights), so a restarted server never serves the initial or an old policy.
-Ready replicas are not probed by generation: during a weight sync they are paused and a probe would hang; a hung
-ready replica is found by the requests that time out on it.
+Ready replicas are probed the same way every `liveness_interval_s`, except while a weight sync holds them paused (a
+paused server holds the probe too): a replica that generates no token within `liveness_timeout_s` is hung. It leaves
+the pool, the requests in flight on it are sent again to another replica at once (not after the request timeout),
+and it is admitted again, through the same catch-up, once it generates.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from .replicas import ReplicaSet
-from .rollout_health import generation_probe
+from .rollout_health import PROBE_TIMEOUT_S, generation_probe
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +38,20 @@ COMPLETIONS_PATH = "/v1/completions"
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"})
 
 AdmitFn = Callable[[str], None]
+#: How often a ready replica must prove it generates. A CPU server busy with TRL's full in-flight window answered a
+#: one-token probe within a few seconds here, far inside PROBE_TIMEOUT_S.
+LIVENESS_INTERVAL_S = 15.0
+
+
+class ReplicaDown(Exception):
+    """The replica a request was on was found hung while the request waited."""
 
 
 class RolloutBalancer:
     def __init__(
         self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
         port: int = 0, wait_s: float = 600.0, probe_interval_s: float = 2.0, request_timeout_s: float = 600.0,
+        liveness_interval_s: float = LIVENESS_INTERVAL_S, liveness_timeout_s: float = PROBE_TIMEOUT_S,
     ):
         self.replicas = replicas
         self.model = model
@@ -50,12 +60,16 @@ class RolloutBalancer:
         self.wait_s = wait_s
         self.probe_interval_s = probe_interval_s
         self.request_timeout_s = request_timeout_s
+        self.liveness_interval_s = liveness_interval_s
+        self.liveness_timeout_s = liveness_timeout_s
+        self._down: dict[str, asyncio.Event] = {}  # set when a replica is found hung: its requests go elsewhere
         self.waiting = 0  # requests held because no replica is ready (visible in logs and tests)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpo-rollout-balancer", daemon=True)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._probe_task: asyncio.Task | None = None
+        self._liveness_task: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
@@ -79,6 +93,7 @@ class RolloutBalancer:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         self._probe_task = asyncio.ensure_future(self._probe_forever())
+        self._liveness_task = asyncio.ensure_future(self._liveness_forever())
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -88,8 +103,9 @@ class RolloutBalancer:
         self._thread.join(timeout=10)
 
     async def _stop(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in (self._probe_task, self._liveness_task):
+            if task is not None:
+                task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -118,8 +134,27 @@ class RolloutBalancer:
                            admit_error)
             self.replicas.set_ready(url, False, error=str(admit_error))
             return
+        self._down[url] = asyncio.Event()
         self.replicas.set_ready(url, True)
         logger.info("rollout server %s is ready", url)
+
+    async def _liveness_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.liveness_interval_s)
+            await asyncio.gather(*(self._check_alive(url) for url in self.replicas.ready_urls()))
+
+    async def _check_alive(self, url: str) -> None:
+        syncs = self.replicas.syncs_started
+        if self.replicas.syncing:
+            return
+        error = await generation_probe(self._session, url, self.model, timeout_s=self.liveness_timeout_s)
+        if error is None or self.replicas.syncing or self.replicas.syncs_started != syncs:
+            return  # a sync paused it meanwhile: no verdict
+        if not self.replicas.is_ready(url):
+            return  # already out of the pool (a failed request)
+        logger.warning("rollout server %s is hung (%s); it leaves the pool, its requests are sent again", url, error)
+        self.replicas.fail(url, f"liveness: {error}")
+        self._down.setdefault(url, asyncio.Event()).set()
 
     # -- forwarding ---------------------------------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -149,9 +184,11 @@ class RolloutBalancer:
                 self.replicas.count_retry(replica)
             attempts += 1
             try:
-                status, answer, content_type = await self._forward(replica.url, request, body, headers)
+                status, answer, content_type = await self._forward_unless_down(replica.url, request, body, headers)
             except (TimeoutError, aiohttp.ClientError) as error:
                 failure = f"{type(error).__name__}: {error}"
+            except ReplicaDown as error:
+                failure = str(error)
             else:
                 if status < 500:
                     self.replicas.release(replica, ok=True, sample=status == 200)  # a 4xx is the request's fault
@@ -175,6 +212,21 @@ class RolloutBalancer:
             return replica
         finally:
             self.waiting -= 1
+
+    async def _forward_unless_down(self, url: str, request: web.Request, body: bytes,
+                                   headers: dict) -> tuple[int, bytes, str]:
+        """`_forward`, abandoned as soon as the liveness probe finds the replica hung."""
+        down = self._down.setdefault(url, asyncio.Event())
+        forward = asyncio.ensure_future(self._forward(url, request, body, headers))
+        hung = asyncio.ensure_future(down.wait())
+        try:
+            await asyncio.wait({forward, hung}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hung.cancel()
+        if forward.done():
+            return forward.result()
+        forward.cancel()
+        raise ReplicaDown(f"{url} is hung: no token from its liveness probe")
 
     async def _forward(self, url: str, request: web.Request, body: bytes, headers: dict) -> tuple[int, bytes, str]:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)

@@ -72,6 +72,7 @@ METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped_total"  # label: reason
 # collated - returned, so a trained rate is rate(collated) - rate(returned).
 METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"
 METRIC_GROUPS_RETURNED = "grpo_learner_groups_returned_total"
+METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated_total"  # stale groups another group replaced
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -93,6 +94,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_DROPPED,
     METRIC_GROUPS_COLLATED,
     METRIC_GROUPS_RETURNED,
+    METRIC_GROUPS_REGENERATED,
     METRIC_EPOCHS_DONE,
     METRIC_EPOCHS,
     METRIC_STALL_STREAK,
@@ -324,6 +326,8 @@ class RolloutReplicaReport(WireModel):
     samples: int = Field(0, ge=0, description="Completions it produced for the learner.")
     failures: int = Field(0, ge=0, description="Requests that failed on it (each retried on another replica).")
     retried: int = Field(0, ge=0)
+    request_seconds: float = Field(0.0, ge=0, description="Requests in flight on it, integrated over time: its share "
+                                   "of the concurrent work, which least outstanding requests keeps equal.")
     last_error: str = ""
 
 
@@ -345,6 +349,8 @@ class ProgressReport(WireModel):
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
     weight_syncs: int = Field(0, ge=0)
+    regenerated: int = Field(0, ge=0, description="Stale groups regenerated: neither trained nor dropped; a later "
+                             "group took each one's place.")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 

@@ -58,6 +58,8 @@ class ProgressCollector:
             counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step.",
                     report.groups_returned),
             dropped,
+            counter(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated: neither trained nor dropped.",
+                    report.regenerated),
             gauge(c.METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
             gauge(c.METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
             gauge(c.METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),

@@ -19,6 +19,7 @@ from unittest import mock
 from . import contract as c
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
+from .progress import queue_bound
 from .rewards import RewardError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
@@ -71,6 +72,10 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
         "logging_steps": 1,
         "report_to": [],
     }
+    # TRL's 1024-sample default lets a fast server queue samples that go stale before they train.
+    processes = config.learner.nodes * config.learner.processes_per_node
+    step = training.per_device_train_batch_size * training.gradient_accumulation_steps * processes
+    arguments["queue_maxsize"] = queue_bound(training.max_staleness, samples_per_step=step)
     if on_cpu:
         # Without use_cpu, `accelerate launch --cpu` with 2 processes silently runs two world-size-1 trainings. TRL's
         # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.rollout).

@@ -12,10 +12,16 @@ all ranks end training (or raise the stall error) at the same micro-batch.
 
 Group ids are the worker's: they start at 0 when the worker starts and grow across passes. `start_group` is the
 absolute position (prompts x passes) of worker group 0, non-zero after a resume.
+
+Stale groups are regenerated, not consumed: a group whose samples are (or, for a group that never arrived, would be)
+older than `max_staleness` versions counts neither as trained nor toward the stall streak, and the run's bound moves
+by one so that the next group the worker generates takes its place. TRL's worker never generates a group id twice,
+hence the stand-in. See docs/learner.md ("Stale and lost groups").
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import queue
@@ -51,6 +57,21 @@ class RolloutStop(Exception):
         super().__init__(error or "rollout stream complete")
         self.error = error
         self.code = code if code is not None else (StopCode.DONE if error is None else StopCode.STALLED)
+
+
+#: A group's slot is regenerated at most this many times; the next stale generation is dropped as `stale`.
+REGENERATE_LIMIT = 2
+
+
+def queue_bound(max_staleness: int, *, samples_per_step: int) -> int:
+    """The rollout queue's default size, in samples: `max_staleness` optimizer steps' worth (at least one step).
+
+    A sample waits in the queue behind at most this many samples, so it reaches training within `max_staleness`
+    steps of being queued. TRL's default, 1024 samples, made a fast server fill the queue with samples that went
+    stale before training (9 prompts, 3 epochs, max_staleness 1: 9 stale groups in a row and a stall). The same step
+    size TRL derives its `max_inflight_tasks` from: per-device batch x gradient accumulation x processes.
+    """
+    return max(max_staleness, 1) * max(samples_per_step, 1)
 
 
 class StallError(RuntimeError):
@@ -182,6 +203,10 @@ class RolloutProgress:
     Thread-safe: the trainer thread reports, the HTTP thread reads `report()` (iterating the live set from another
     thread raised "Set changed size during iteration"). `request_stop` only sets a flag, so a signal handler may call
     it while the main thread holds the lock.
+
+    `regenerate` takes a stale group out of the accounting ("transparent": consumed for TRL's set, neither trained nor
+    dropped, skipped by the streak) and moves the bound by one; a slot is regenerated at most `regenerate_limit`
+    times, so the run generates at most (1 + limit) x its groups.
     """
 
     def __init__(
@@ -198,6 +223,11 @@ class RolloutProgress:
         resumed_streak: int = 0,
         dropped_ids: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
+        regenerate_limit: int = REGENERATE_LIMIT,
+        regenerated: int = 0,
+        bound: int | None = None,
+        transparent_ids: Iterable[int] = (),
+        transparent_before: int = 0,
     ):
         if stall_groups < 0:
             raise ValueError(f"stall_groups must be >= 0, got {stall_groups}")
@@ -212,7 +242,17 @@ class RolloutProgress:
         # The run's bound in worker ids; TRL rounds fractional epochs up the same way (`_epoch_stop_groups`).
         total = math.ceil(epochs * groups_per_epoch) if groups_per_epoch and epochs else None
         self.groups_total = total
-        self.needed_end = None if total is None else max(total - start_group, 0)
+        if bound is None:
+            bound = total
+        self.needed_end = None if bound is None else max(bound - start_group, 0)
+        self.regenerate_limit = regenerate_limit
+        self.regenerated = regenerated
+        # Regenerated ids, and overflow ids the moved bound swallowed: consumed, neither trained nor dropped.
+        self._transparent: list[int] = []  # sorted
+        self._transparent_set: set[int] = set()
+        self._transparent_before = transparent_before  # transparent positions before start_group
+        self._overflow: set[int] = set()  # ids passed unfiltered as past the bound
+        self._attempts: dict[int, int] = {}  # stand-in id -> how many times its slot was regenerated
         self.groups_trained = trained
         # Monotone within the process (Prometheus counters): trained = collated - returned. A resumed process
         # starts them at the checkpoint's trained count.
@@ -236,6 +276,8 @@ class RolloutProgress:
             self.consumed.add(group_id)
             self._drop_reason[group_id] = reason
             self._runs.join(group_id)
+        for group_id in sorted(transparent_ids):
+            self._make_transparent(group_id)
         self._advance()
 
     # ---------------------------------------------------------------------------------------------------- reports
@@ -268,7 +310,7 @@ class RolloutProgress:
         now = self._clock()
         with self._lock:
             for group_id in group_ids:
-                if group_id < self._folded or group_id in self._trained_ids:
+                if group_id < self._folded or group_id in self._trained_ids or group_id in self._transparent_set:
                     continue
                 if not self.needs(group_id):
                     self.consumed.add(group_id)
@@ -290,7 +332,8 @@ class RolloutProgress:
         gradient-accumulation window): a checkpoint then leaves them out and a resumed run generates them again."""
         with self._lock:
             for group_id in group_ids:
-                if group_id < self._folded or group_id not in self.consumed or group_id in self._drop_reason:
+                if (group_id < self._folded or group_id not in self.consumed or group_id in self._drop_reason
+                        or group_id in self._transparent_set):
                     continue
                 if group_id in self._trained_ids:
                     self._trained_ids.discard(group_id)
@@ -298,6 +341,47 @@ class RolloutProgress:
                     self.groups_returned += 1
                 self.consumed.discard(group_id)
                 self._first_unconsumed = min(self._first_unconsumed, group_id)
+
+    def regenerate(self, group_id: int) -> bool:
+        """Take a stale group out of the accounting and let the next group take its place.
+
+        Returns False when its slot was regenerated `regenerate_limit` times already: the caller then drops it (as
+        stale), and it counts toward the stall streak like any drop. A settled group returns True (nothing to do).
+        """
+        with self._lock:
+            if group_id < self._folded or group_id in self.consumed:
+                return True
+            attempts = self._attempts.pop(group_id, 0)
+            if attempts >= self.regenerate_limit:
+                return False
+            self.regenerated += 1
+            self._make_transparent(group_id)
+            if self.needed_end is not None:
+                stand_in = self.needed_end
+                while stand_in in self._overflow:  # went by unfiltered before the bound reached it
+                    self._make_transparent(stand_in)
+                    stand_in += 1
+                self.needed_end = stand_in + 1
+                self._attempts[stand_in] = attempts + 1
+            self._advance()
+            return True
+
+    def pass_overflow(self, group_id: int) -> None:
+        """Record an id passed unfiltered as past the bound: if the bound moves over it, it is not waited for."""
+        with self._lock:
+            if self.needed_end is not None and group_id >= self.needed_end:
+                self._overflow.add(group_id)
+
+    def _make_transparent(self, group_id: int) -> None:
+        self.consumed.add(group_id)
+        bisect.insort(self._transparent, group_id)
+        self._transparent_set.add(group_id)
+        run = self._runs.join(group_id)  # bridges the drops on both sides: it neither ends nor extends a streak
+        if self._last_drop is not None and run[0] <= self._last_drop <= run[1]:
+            self._last_run = run
+
+    def _transparent_in(self, low: int, high: int) -> int:
+        return bisect.bisect_right(self._transparent, high) - bisect.bisect_left(self._transparent, low)
 
     def _after_leave(self, group_id: int) -> None:
         if self._last_run is None or not self._last_run[0] <= group_id <= self._last_run[1]:
@@ -353,19 +437,24 @@ class RolloutProgress:
 
     def needs(self, group_id: int) -> bool:
         """Whether the run's bound still includes this group (ids past it are the next pass's overflow)."""
-        return self.needed_end is None or group_id < self.needed_end
+        return self.needed_end is None or (group_id < self.needed_end and group_id not in self._overflow)
 
     @property
     def stall_streak(self) -> int:
         """Consecutive dropped group ids around the newest drop (a trained or unconsumed id ends the run)."""
         run = self._last_run
-        return 0 if run is None else run[1] - run[0] + 1
+        return 0 if run is None else run[1] - run[0] + 1 - self._transparent_in(*run)
 
     @property
     def epochs_done(self) -> int:
         if not self.groups_per_epoch:
             return self._epochs_done
-        return max(self._epochs_done, (self.start_group + self._first_unconsumed) // self.groups_per_epoch)
+        return max(self._epochs_done, self._settled_before(self._first_unconsumed) // self.groups_per_epoch)
+
+    def _settled_before(self, group_id: int) -> int:
+        """Absolute groups settled (trained or dropped) below worker id `group_id`, all of which are consumed."""
+        transparent = self._transparent_before + bisect.bisect_left(self._transparent, group_id)
+        return self.start_group + group_id - transparent
 
     @property
     def first_unconsumed(self) -> int:
@@ -377,7 +466,12 @@ class RolloutProgress:
             self._first_unconsumed += 1
 
     def _dropped_summary(self) -> str:
-        return ", ".join(f"{reason} {count}" for reason, count in self.dropped.items() if count) or "none"
+        summary = ", ".join(f"{reason} {count}" for reason, count in self.dropped.items() if count) or "none"
+        if self.dropped[DropReason.STALE.value]:
+            summary += (f"; stale past {self.regenerate_limit} regenerations: samples wait in the rollout queue "
+                        "longer than training.maxStaleness steps (lower training.extraArgs.queue_maxsize or raise "
+                        "maxStaleness)")
+        return summary
 
     # ---------------------------------------------------------------------------------------------------- snapshots
     def consumed_positions(self) -> list[int]:
@@ -390,11 +484,12 @@ class RolloutProgress:
     def groups_consumed(self) -> int:
         with self._lock:
             consumed = self.consumed
+            settled = self.start_group - self._transparent_before - len(self._transparent)
             if self.needed_end is None:
-                return self.start_group + len(consumed)
+                return settled + len(consumed)
             if isinstance(consumed, ConsumedIds):
-                return self.start_group + consumed.count_below(self.needed_end)
-            return self.start_group + sum(1 for group_id in consumed if group_id < self.needed_end)
+                return settled + consumed.count_below(self.needed_end)
+            return settled + sum(1 for group_id in consumed if group_id < self.needed_end)
 
     def report(
         self, *, phase: LearnerPhase, global_step: int, weight_syncs: int = 0, message: str = ""
@@ -416,6 +511,7 @@ class RolloutProgress:
                 last_trained_time=self.last_trained_time,
                 reward_mean=self.reward_mean,
                 weight_syncs=weight_syncs,
+                regenerated=self.regenerated,
                 message=message,
             )
 
@@ -440,12 +536,19 @@ class RolloutProgress:
             excluded_trained = sum(1 for g in excluded if g in self._trained_ids)
             epochs_done = self._epochs_done
             if self.groups_per_epoch:
-                epochs_done = max(epochs_done, (self.start_group + start) // self.groups_per_epoch)
+                epochs_done = max(epochs_done, self._settled_before(start) // self.groups_per_epoch)
+            prefix = self._runs.length_ending_at(start - 1)
+            if prefix:
+                prefix -= self._transparent_in(start - prefix, start - 1)
             return {
                 "first_unconsumed": self.start_group + start,
                 "consumed_after": [self.start_group + g for g in beyond],
                 "dropped_after": dropped_after,
-                "prefix_streak": self._runs.length_ending_at(start - 1),
+                "prefix_streak": prefix,
+                "regenerated": self.regenerated,
+                "bound": None if self.needed_end is None else self.start_group + self.needed_end,
+                "transparent_before": self._transparent_before + bisect.bisect_left(self._transparent, start),
+                "transparent_after": [self.start_group + g for g in self._transparent if g > start],
                 "groups_trained": self.groups_trained - excluded_trained,
                 "dropped": dict(self.dropped),
                 "epochs_done": epochs_done,
@@ -477,10 +580,19 @@ class RolloutProgress:
             dropped=state["dropped"],
             resumed_streak=state["prefix_streak"],
             dropped_ids=dropped_ids,
+            # Absent from checkpoints written before stale groups were regenerated: nothing was.
+            regenerated=state.get("regenerated", 0),
+            bound=state.get("bound"),
+            transparent_ids=[g - start for g in state.get("transparent_after", ())],
+            transparent_before=state.get("transparent_before", 0),
         )
 
 
 # -------------------------------------------------------------------------------------------------------- filtering
+#: How often (in group ids) SampleFilterQueue forgets accepted groups that never delivered all their samples.
+PRUNE_EVERY_GROUPS = 4096
+
+
 class SampleFilterQueue:
     """The rollout queue, without the rollouts that would train nothing.
 
@@ -490,14 +602,20 @@ class SampleFilterQueue:
     - truncated: the last token is neither eos nor pad (only when `drop_truncated`);
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
     - too long: more tokens than one row's `token_budget`, TRL's oversize rule, so its silent drop never fires.
-    A group counts as dropped once all its `num_generations` samples were dropped, or when it is swept (below).
+    A group is settled once all its `num_generations` samples were dropped, or when it is given up (below). A stale
+    group is regenerated (`RolloutProgress.regenerate`), and dropped as stale only past the regeneration limit.
 
     Groups that never arrive (TRL drops rows with no trained token:
-    `trl/experimental/async_grpo/async_rollout_worker.py:194 (trl 1.16.0)`) would block "all consumed" forever: a group
-    older than the newest seen id minus `lost_after_groups` that is still not consumed is dropped as `lost` (or with
-    its samples' drop reason if some arrived). Groups past the run's bound (the next pass's overflow) are passed on
-    unfiltered: the batchers emit a micro-batch only when more samples arrive, so the last needed groups get collated
-    only if overflow keeps flowing.
+    `trl/experimental/async_grpo/async_rollout_worker.py:194 (trl 1.16.0)`) would block "all consumed" forever. A
+    group is missing once a later id arrived; it is given up when:
+    - its samples would be stale if they came: the worker stamps a group with the policy version at which it issued
+      the group's first request, in id order, so a group is at most as new as any later group; once the learner is
+      more than `max_staleness` versions past the later group that revealed it missing, it is regenerated like a
+      stale group (a merely slow group that is still fresh is waited for, however many groups overtook it);
+    - or no sample of it came for `lost_after_s` seconds (versions stop advancing when nothing trains): dropped as
+      `lost`, or with its samples' drop reason if some arrived.
+    Groups past the run's bound (the next pass's overflow) are passed on unfiltered: the batchers emit a micro-batch
+    only when more samples arrive, so the last needed groups get collated only if overflow keeps flowing.
 
     `get` re-raises `queue.Empty` when no acceptable sample came within the timeout, so TRL's worker health check
     still runs.
@@ -516,7 +634,8 @@ class SampleFilterQueue:
         drop_truncated: bool = False,
         no_signal_epsilon: float = 1e-6,
         end_token_ids: Iterable[int] = (),
-        lost_after_groups: int = 64,
+        lost_after_s: float = 1800.0,  # GRPOLearner's default with TRL's request_timeout (600 s)
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.inner = inner
         self.progress = progress
@@ -528,15 +647,19 @@ class SampleFilterQueue:
         self.drop_truncated = drop_truncated
         self.no_signal_epsilon = no_signal_epsilon
         self.end_token_ids = frozenset(int(t) for t in end_token_ids)
-        self.lost_after_groups = lost_after_groups
-        # Per group seen and not yet swept, in containers of ints and interned strings only: an object per group
-        # (kept up to lost_after_groups, 32,000 by default) is one the garbage collector tracks, and their growth
-        # brought a young-generation collection about every micro-batch (205 vs TRL's 11 on 3,184 48-token samples).
+        self.lost_after_s = lost_after_s
+        self._clock = clock
+        # Per group seen and not yet settled, in containers of ints and interned strings only: an object per group
+        # is one the garbage collector tracks, and their growth brought a young-generation collection about every
+        # micro-batch (205 vs TRL's 11 on 3,184 48-token samples).
         self._accepted: set[int] = set()  # groups with a sample passed on
+        self._samples: dict[int, int] = {}  # group -> samples seen
         self._dropped: dict[int, int] = {}  # group -> samples dropped
-        self._reason: dict[int, str] = {}  # group -> its first sample's drop reason
+        self._reason: dict[int, str] = {}  # group -> its first dropped sample's reason
         self._newest = -1
-        self._swept = 0  # every id below this was swept
+        # Missing group id -> (when a later id revealed it, that later group's version), in id order: both grow
+        # with the id, so the first entry is always the first to give up.
+        self._missing: dict[int, tuple[float, int]] = {}
 
     def qsize(self) -> int:
         return self.inner.qsize()
@@ -577,42 +700,76 @@ class SampleFilterQueue:
     def _accept(self, sample: Any) -> bool:
         group_id = int(sample.group_id)
         progress = self.progress
+        if group_id > self._newest:
+            self._reveal(group_id, int(sample.model_version))
         if not progress.needs(group_id):
-            self._sweep(group_id)
+            progress.pass_overflow(group_id)
+            self._sweep()
             return True
         accepted = group_id in self._accepted
         if not accepted and group_id in progress.consumed:
-            # Dropped already (a late sample of a group swept as lost, or a fork beyond num_generations), or
-            # consumed before a resume: training it now would train it twice.
+            # Settled already (a late sample of a group given up or regenerated, or a fork beyond num_generations),
+            # or consumed before a resume: training it now would train it twice.
             return False
+        self._samples[group_id] = self._samples.get(group_id, 0) + 1
         reason = self.drop_reason(sample)
         if reason is None:
             if not accepted:
                 self._accepted.add(group_id)
-            self._sweep(group_id)
+            self._sweep()
             return True
         dropped = self._dropped[group_id] = self._dropped.get(group_id, 0) + 1
         first_reason = self._reason.setdefault(group_id, reason.value)
         if not accepted and dropped >= self.num_generations:
-            progress.drop(group_id, first_reason)
-        self._sweep(group_id)
+            self._give_up(group_id, first_reason)
+        self._sweep()
         return False
 
-    def _sweep(self, newest: int) -> None:
-        if newest <= self._newest:  # nothing new to sweep: most samples belong to a group already seen
-            return
+    def _reveal(self, newest: int, version: int) -> None:
+        """Every id below `newest` was issued before it, so at a version no newer than `version`."""
+        now = self._clock()
+        for group_id in range(max(self._newest, 0), newest):
+            self._missing.setdefault(group_id, (now, version))
+        if newest // PRUNE_EVERY_GROUPS > self._newest // PRUNE_EVERY_GROUPS:
+            # A group TRL delivered only part of stays accepted here; forget those long settled.
+            horizon = newest - PRUNE_EVERY_GROUPS
+            for group_id in [g for g in self._accepted if g < horizon]:
+                self._forget(group_id)
         self._newest = newest
-        horizon = min(self._newest - self.lost_after_groups, self.progress.needed_end or self._newest)
-        while self._swept < horizon:
-            group_id = self._swept
-            self._swept += 1
-            self._dropped.pop(group_id, None)
-            reason = self._reason.pop(group_id, None)
-            if group_id in self._accepted:
-                self._accepted.discard(group_id)
-                continue
-            if group_id not in self.progress.consumed:
-                self.progress.drop(group_id, reason or DropReason.LOST)
+
+    def _forget(self, group_id: int) -> None:
+        self._accepted.discard(group_id)
+        self._samples.pop(group_id, None)
+        self._dropped.pop(group_id, None)
+        self._reason.pop(group_id, None)
+
+    def _give_up(self, group_id: int, reason: str) -> None:
+        """Settle a group that will not train: regenerate it if stale (within the limit), else drop it."""
+        self._missing.pop(group_id, None)
+        self._forget(group_id)
+        if reason == DropReason.STALE.value and self.progress.regenerate(group_id):
+            return
+        self.progress.drop(group_id, reason)
+
+    def _sweep(self) -> None:
+        missing = self._missing
+        if not missing:
+            return
+        version = self.model_version_fn()
+        now = self._clock()
+        progress = self.progress
+        while missing:
+            group_id, (revealed, newest_version) = next(iter(missing.items()))
+            if group_id in progress.consumed or group_id in self._accepted or not progress.needs(group_id):
+                del missing[group_id]
+                if self._samples.get(group_id, 0) >= self.num_generations:
+                    self._forget(group_id)  # complete: a group missing part of its samples waits for the prune
+            elif version - newest_version > self.max_staleness:
+                self._give_up(group_id, self._reason.get(group_id) or DropReason.STALE.value)
+            elif now - revealed > self.lost_after_s:
+                self._give_up(group_id, self._reason.get(group_id) or DropReason.LOST.value)
+            else:
+                return
 
 
 # -------------------------------------------------------------------------------------------------------- stream end

@@ -8,7 +8,8 @@ thread-safe: the balancer runs on its own event-loop thread, the sync on the tra
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from . import contract as c
 
@@ -25,6 +26,14 @@ class Replica:
     failures: int = 0
     retried: int = 0
     last_error: str = ""
+    request_seconds: float = 0.0  # outstanding requests integrated over time
+    changed_at: float = field(default_factory=time.monotonic)
+
+    def hold(self, delta: int) -> None:
+        now = time.monotonic()
+        self.request_seconds += self.outstanding * (now - self.changed_at)
+        self.changed_at = now
+        self.outstanding += delta
 
 
 class ReplicaSet:
@@ -33,6 +42,16 @@ class ReplicaSet:
             raise ValueError("at least one rollout server URL is needed")
         self._lock = threading.Lock()
         self._replicas = [Replica(index, url.rstrip("/")) for index, url in enumerate(urls)]
+        # A weight sync holds the servers paused: the balancer's liveness probe gives no verdict meanwhile.
+        self.syncing = False
+        self.syncs_started = 0
+
+    def sync_started(self) -> None:
+        self.syncs_started += 1
+        self.syncing = True
+
+    def sync_ended(self) -> None:
+        self.syncing = False
 
     @property
     def urls(self) -> list[str]:
@@ -56,14 +75,14 @@ class ReplicaSet:
             if not ready:
                 return None
             chosen = min(ready, key=lambda replica: (replica.outstanding, replica.requests, replica.index))
-            chosen.outstanding += 1
+            chosen.hold(+1)
             chosen.requests += 1
             return chosen
 
     def release(self, replica: Replica, *, ok: bool, error: str = "", sample: bool = True) -> None:
         """Give back the request slot; a failure takes the replica out of the pool until it is probed ready again."""
         with self._lock:
-            replica.outstanding -= 1
+            replica.hold(-1)
             if ok:
                 replica.samples += int(sample)
             else:
@@ -104,7 +123,7 @@ class ReplicaSet:
                 c.RolloutReplicaReport(
                     replica=replica.index, url=replica.url, ready=replica.ready, weight_version=replica.weight_version,
                     samples=replica.samples, failures=replica.failures, retried=replica.retried,
-                    last_error=replica.last_error[:200],
+                    request_seconds=round(replica.request_seconds, 3), last_error=replica.last_error[:200],
                 )
                 for replica in self._replicas
             ]

@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 PROGRESS_STATE_FILE = "grpo_progress.json"
 # TRL's own resume file: trl/experimental/async_grpo/async_grpo_trainer.py:1860-1901 (trl 1.16.0).
 ROLLOUT_STATE_FILE = "rollout_state.json"
+# TRL's worker posts a completion up to 3 times, each bounded by `request_timeout`
+# (`trl/experimental/async_grpo/async_rollout_worker.py:1126 (trl 1.16.0)`).
+LOST_AFTER_REQUEST_TIMEOUTS = 3
 
 
 class GRPOLearner(AsyncGRPOTrainer):
@@ -56,8 +59,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         filter_config: which rollouts to drop before training (contract.FilterConfig).
         stall_groups: groups consumed in a row without one training before the run stalls; 0 = one pass.
         progress_server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
-        lost_after_groups: a group not seen while this many later groups were is counted as lost (default: twice
-            the in-flight window, `2 * max_inflight_tasks`).
+        lost_after_s: a group missing this long (while later groups arrived) is dropped as lost; a missing group
+            whose samples would be stale is regenerated long before (default: three times TRL's `request_timeout`,
+            as TRL posts a completion up to 3 times).
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
     """
 
@@ -67,7 +71,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         filter_config: FilterConfig | None = None,
         stall_groups: int = 0,
         progress_server_port: int | None = None,
-        lost_after_groups: int | None = None,
+        lost_after_s: float | None = None,
         reward_models: Sequence[RewardModel] = (),
         **kwargs: Any,
     ):
@@ -93,7 +97,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             groups_per_epoch=groups_per_epoch,
             epochs=self.args.num_train_epochs if groups_per_epoch else None,
         )
-        self.lost_after_groups = lost_after_groups or 2 * max(self.args.max_inflight_tasks, 1)
+        self.lost_after_s = lost_after_s or LOST_AFTER_REQUEST_TIMEOUTS * self.args.request_timeout
         self.reward_models = list(reward_models)
         self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
@@ -126,6 +130,21 @@ class GRPOLearner(AsyncGRPOTrainer):
     def _sync_weight(self) -> None:
         super()._sync_weight()
         self.weight_syncs += 1
+        self._follow_served_version()
+
+    def _follow_served_version(self) -> None:
+        """Raise TRL's `model_version` to the version the servers now serve, when the weight transfer counts one.
+
+        The filesystem sync keeps counting from the newest version directory across a learner restart, while the
+        checkpoint's `model_version` is older by the syncs made after that checkpoint: without this the learner
+        stamped samples v6 while the servers served v7. Never lowers it (TRL's LoRA path does not use the transfer).
+        """
+        served = getattr(self.weight_transfer, "version", None)
+        if not self.accelerator.is_main_process or not isinstance(served, int) or served <= self.model_version:
+            return
+        self.model_version = served
+        if self.rollout_worker is not None:
+            self.rollout_worker.update_model_version(served)
 
     # ------------------------------------------------------------------------------------------------ pipeline
     def get_train_dataloader(self) -> DataLoader:
@@ -151,7 +170,7 @@ class GRPOLearner(AsyncGRPOTrainer):
                 drop_truncated=self.filter_config.drop_truncated,
                 no_signal_epsilon=self.filter_config.no_signal_epsilon,
                 end_token_ids={*self.eos_token_ids, self.processing_class.pad_token_id},
-                lost_after_groups=self.lost_after_groups,
+                lost_after_s=self.lost_after_s,
             )
             dataset = RolloutQueueDataset(
                 rollout_queue=source,

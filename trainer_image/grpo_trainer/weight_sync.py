@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from . import contract as c
 from .replicas import ReplicaSet
+from .rollout_health import PROBE_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class FilesystemWeightTransfer:
     def __init__(
         self, server_urls: list[str], directory: str | os.PathLike, *, timeout_s: float = 300.0,
         ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None, replicas: ReplicaSet | None = None,
+        pause_timeout_s: float = PROBE_TIMEOUT_S,
     ):
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
@@ -102,6 +104,9 @@ class FilesystemWeightTransfer:
         # Absolute: the path is resolved by the server process, whose working directory may differ.
         self.directory = Path(directory).resolve()
         self.timeout_s = timeout_s
+        # `/pause?mode=keep` freezes requests and answers at once; a server that does not is hung, and waiting the
+        # full timeout held every other (already paused) server too: 163 s once under `grporun local`.
+        self.pause_timeout_s = pause_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.aliases = dict(aliases or {})
         self.version = 0
@@ -109,9 +114,12 @@ class FilesystemWeightTransfer:
         self.bytes_written = 0
 
     # -- HTTP ---------------------------------------------------------------------------------------------------------
-    def _post(self, url: str, path: str, **kwargs) -> requests.Response:
+    def _post(self, url: str, path: str, *, timeout_s: float | None = None, **kwargs) -> requests.Response:
+        timeout_s = timeout_s or self.timeout_s
         try:
-            response = requests.post(f"{url}{path}", timeout=self.timeout_s, **kwargs)
+            response = requests.post(f"{url}{path}", timeout=timeout_s, **kwargs)
+        except requests.Timeout as error:
+            raise WeightSyncError(f"weight sync: POST {url}{path}: no answer within {timeout_s:.0f}s") from error
         except requests.RequestException as error:
             raise WeightSyncError(f"weight sync: POST {url}{path} failed: {error}") from error
         if response.status_code != 200:
@@ -193,7 +201,10 @@ class FilesystemWeightTransfer:
             time.sleep(1.0)
 
     def pause(self) -> None:
-        self._each(lambda url: self._post(url, "/pause", params={"mode": "keep"}), "pause")
+        if self.replicas is not None:
+            self.replicas.sync_started()
+        self._each(lambda url: self._post(url, "/pause", params={"mode": "keep"}, timeout_s=self.pause_timeout_s),
+                   "pause")
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         started = time.perf_counter()
@@ -221,7 +232,11 @@ class FilesystemWeightTransfer:
             self.replicas.set_version(url, checkpoint.name)
 
     def resume(self) -> None:
-        self._each(lambda url: self._post(url, "/resume"), "resume")
+        try:
+            self._each(lambda url: self._post(url, "/resume"), "resume")
+        finally:
+            if self.replicas is not None:
+                self.replicas.sync_ended()
 
     def catch_up(self, url: str) -> None:
         """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""

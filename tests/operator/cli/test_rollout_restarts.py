@@ -1,5 +1,6 @@
-"""`grporun local` replaces a rollout server that exits through the operator's own state machine: its own counter
-and `runPolicy.rolloutRestartLimit`, the learner left running, and the engine's error line in the final failure.
+"""`grporun local` replaces a rollout server that exits, or that its liveness probes find hung, through the operator's
+own state machine: its own counter and `runPolicy.rolloutRestartLimit`, the learner left running, and the engine's
+error line (or why the probes stopped it) in the restart event and the final failure.
 
 Real child processes stand in for vLLM here (they exit on cue, as a server whose engine died does); the restart of a
 real vLLM server under a running learner is in tests/trainer/test_rollout_replicas.py.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import datetime
 import io
+import os
+import signal
 import sys
 import time
 
@@ -16,12 +19,15 @@ from rich.console import Console
 
 from grpo_operator.api import parse_spec
 from grpo_operator.cli.local.plan import ProcessPlan
-from grpo_operator.cli.local.processes import LocalProcess
-from grpo_operator.cli.local.rollout_restarts import exit_line
+from grpo_operator.cli.local.processes import LocalProcess, free_port
+from grpo_operator.cli.local.rollout_restarts import Liveness, exit_line
 from grpo_operator.cli.local.supervise import LocalRun
 from grpo_operator.status import derive_status
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from tests.support.paths import REPO
 from tests.support.specs import minimal_spec
+
+SERVER = REPO / "tests" / "support" / "completions_server.py"
 
 ENGINE_ERROR = "RuntimeError: CPU Generator does not use offset"
 DIES = f"""
@@ -73,3 +79,44 @@ def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_th
     assert output.getvalue().count("started tiny-rollout-0") == 3  # started, then replaced twice
     assert output.getvalue().count("started tiny-learner-0") == 1 and learner_pid  # the learner went on
     assert exit_line(server.log_path) == f"{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}"
+
+
+def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_state_machine(tmp_path):
+    # A SIGSTOPped server still holds its port and accepts connections: only a generated token tells it is hung.
+    spec = parse_spec(minimal_spec(runPolicy={"rolloutRestartLimit": 2}))
+    port = free_port()
+    server = LocalProcess(ProcessPlan("tiny-rollout-0", "rollout", [sys.executable, str(SERVER), "s", str(port)], {},
+                                      url=f"http://127.0.0.1:{port}"), tmp_path / "rollout.log")
+    learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner",
+                                       [sys.executable, "-c", "import time; time.sleep(120)"], {}),
+                           tmp_path / "learner.log")
+    liveness = Liveness("m", period_s=0.1, failure_threshold=2, timeout_s=0.5)
+    local = LocalRun("tiny", "default", spec, tmp_path, {p.plan.name: p for p in (server, learner)}, liveness=liveness)
+    console = Console(file=io.StringIO(), width=200)
+    events = []
+
+    def tick_until(condition) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, console.file.getvalue()
+            local.stop_hung(console.log)
+            decision = derive_status(spec, local.status, local.observations(), None,
+                                     datetime.datetime.now(datetime.UTC), generation=1)
+            local.status = decision.status
+            events.extend(decision.events)
+            local.act(decision.actions, console)
+            time.sleep(0.05)
+
+    try:
+        tick_until(lambda: "tiny-rollout-0" in liveness._started)
+        stopped = server.popen.pid
+        learner_pid = learner.popen.pid
+        os.kill(stopped, signal.SIGSTOP)
+        tick_until(lambda: server.popen is not None and server.popen.pid != stopped)
+        tick_until(lambda: "tiny-rollout-0" in liveness._started)  # the new one generates
+        restarted = [e.message for e in events if e.reason == "RolloutRestarted"]
+        assert len(restarted) == 1 and "hung: no token from 2 liveness probes in a row" in restarted[0]
+        assert "RolloutUnresponsive: tiny-rollout-0" in console.file.getvalue()
+        assert local.status["phase"] != "Failed" and learner.popen.pid == learner_pid  # the learner went on
+    finally:
+        local.stop_all()

@@ -18,6 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_trainer.rollout import EXIT_LINE_PREFIX
+
 from ... import builders
 from ... import status as st
 from ...api import FINISHED_PHASES, GRPORunSpec, Phase
@@ -26,7 +28,7 @@ from ...resolve import resolve_run_config
 from .console import bar_fields, one_line, progress_bar
 from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
-from .rollout_restarts import exit_line
+from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
 
 
 @dataclass
@@ -39,6 +41,8 @@ class LocalRun:
     external_rollout_urls: list[str] = field(default_factory=list)
     termination_path: Path | None = None
     status: dict[str, Any] | None = None
+    liveness: Liveness | None = None
+    hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
 
     def learner(self) -> LocalProcess:
         return next(p for p in self.processes.values() if p.plan.role == "learner")
@@ -60,8 +64,8 @@ class LocalRun:
             message = None
             if plan.role == "learner" and self.termination_path and self.termination_path.is_file():
                 message = self.termination_path.read_text(errors="replace")
-            if plan.role == "rollout":
-                message = exit_line(process.log_path)  # the termination message a pod would have
+            if plan.role == "rollout":  # the termination message a pod would have
+                message = self.hung.get(plan.name) or exit_line(process.log_path)
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
@@ -71,6 +75,9 @@ class LocalRun:
                 for process in self.processes.values():
                     if process.popen is None:
                         process.start()
+                        self.hung.pop(process.plan.name, None)
+                        if self.liveness is not None:
+                            self.liveness.forget(process.plan.name)
                         console.log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
             elif isinstance(action, st.DeletePods | st.RecreatePods):
                 for name in action.pods:
@@ -81,6 +88,21 @@ class LocalRun:
                             process.popen = None  # missing now: the next CreateChildren starts it again
                             if process.plan.role == "learner" and self.termination_path:
                                 self.termination_path.unlink(missing_ok=True)
+
+    def stop_hung(self, log) -> None:
+        """The kubelet's liveness rule: a rollout server that generates no token is stopped, and the state machine
+        then replaces it like any server that exited. `log` takes one line per server stopped."""
+        if self.liveness is None:
+            return
+        for process in self.processes.values():
+            if process.plan.role != "rollout" or process.popen is None or process.poll() is not None:
+                continue
+            why = self.liveness.hung(process)
+            if why is not None:
+                log(f"Warning RolloutUnresponsive: {process.plan.name}: {why}")
+                # Written as the entrypoint's exit line, so the state machine carries `why` as the server's error.
+                self.hung[process.plan.name] = f"{EXIT_LINE_PREFIX}stopped by its liveness probe: {why}"
+                process.stop(grace_s=HUNG_STOP_GRACE_S)
 
     def stop_all(self) -> None:
         for process in self.processes.values():
@@ -131,7 +153,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                    termination_path)
+                    termination_path, liveness=Liveness(config.model))
 
 
 def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
@@ -139,6 +161,7 @@ def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict
     with progress_bar(console) as bar:
         task = bar.add_task("run", **bar_fields({}))
         while True:
+            local.stop_hung(console.log)
             pods = local.observations()
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None
