@@ -93,7 +93,8 @@ SERVICES = ResourceDef("", "v1", "services", "Service", subresources=("status",)
 CONFIGMAPS = ResourceDef("", "v1", "configmaps", "ConfigMap")
 EVENTS = ResourceDef("", "v1", "events", "Event")
 GRPORUNS = ResourceDef("grpo.dev", "v1alpha1", "grporuns", "GRPORun", subresources=("status",))
-DEFAULT_RESOURCES = (NAMESPACES, PODS, SERVICES, CONFIGMAPS, EVENTS, GRPORUNS)
+LEASES = ResourceDef("coordination.k8s.io", "v1", "leases", "Lease")  # the operator replicas' leader election
+DEFAULT_RESOURCES = (NAMESPACES, PODS, SERVICES, CONFIGMAPS, EVENTS, GRPORUNS, LEASES)
 # What the operator touches on clusters with Kueue or a gang scheduler installed.
 WORKLOADS = ResourceDef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", subresources=("status",))
 RESOURCE_FLAVORS = ResourceDef("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False)
@@ -133,6 +134,7 @@ class RecordedRequest:
     namespace: str | None
     name: str | None
     user_agent: str = ""  # kopf sends `kopf/<version>`: tells the operator's calls from the test's own
+    token: str = ""  # the bearer token: tells one operator replica's calls from another's
 
     @property
     def rbac_resource(self) -> str | None:
@@ -362,7 +364,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             method=method, path=request.url.path, query=query, verb=verb,
             group=rdef.group if rdef else None, resource=rdef.plural if rdef else None,
             subresource=request.subresource, namespace=request.namespace, name=request.name,
-            user_agent=request.headers.get("User-Agent", ""))
+            user_agent=request.headers.get("User-Agent", ""),
+            token=request.headers.get("Authorization", "").removeprefix("Bearer "))
 
     # --- dispatch ----------------------------------------------------------------------------------------------
     def inject_fault(self, method: str, plural: str, code: int, reason: str, message: str, *, times: int = 1,
