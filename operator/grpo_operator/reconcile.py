@@ -1,7 +1,7 @@
 """One reconcile pass of one GRPORun: observe -> derive (pure, the status package) -> write status -> act.
 
-The kopf handlers (handlers.py) call `reconcile_run` from one daemon per run, so passes of one run never overlap
-and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
+The kopf handlers (handlers.py) call `reconcile_run` from one task per run (run_loops.py), so passes of one run
+never overlap and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
 world (the pod index, the learner's /progress) and carries out the Decision.
 """
 
@@ -34,6 +34,7 @@ from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from .run_loops import RunLoops
 from .status import (
     CreateChildren,
     Decision,
@@ -84,6 +85,7 @@ class OperatorContext:
     settings: Any = None  # kopf.OperatorSettings, captured at startup (resource handlers do not receive it)
     session: aiohttp.ClientSession | None = None
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
+    loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())

@@ -57,7 +57,7 @@ def test_the_standby_takes_over_a_killed_operator_on_the_real_api_server(cluster
         cluster.kubelet.exit("ha-learner-0", 0, learner.report.termination_message())
         cluster.wait_phase("ha", "Succeeded", timeout=30)
         assert cluster.pods_ever_created("ha") == ["ha-learner-0", "ha-rollout-0"]
-        # The leader removes its finalizer from a deleted run (the next test's operator finds no leftovers).
+        # No leftover run for the next test's operator.
         cluster.client.delete(GRPORUNS, cluster.namespace, "ha")
         cluster.wait_for(lambda: not cluster.client.list(GRPORUNS, cluster.namespace), what="the run deleted")
     finally:
