@@ -290,6 +290,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # Server-side cap on each watch request, so tests can force kopf through its resume path.
         self.max_watch_seconds = max_watch_seconds
         self.store: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        self._live_uids: set[str] = set()
         self.request_log: list[RecordedRequest] = []
         self._rv = 0
         self._history: deque[tuple[int, ResourceDef, dict[str, Any]]] = deque(maxlen=history_limit)
@@ -450,8 +451,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key = self._key(rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         if event_type == "DELETED":
             self.store.pop(key, None)
+            self._live_uids.discard(obj["metadata"]["uid"])
         else:
             self.store[key] = obj
+            self._live_uids.add(obj["metadata"]["uid"])
         event = {"type": event_type, "object": copy.deepcopy(obj)}
         self._history.append((self._rv, rdef, event))
         for watcher in self._watchers:
@@ -497,7 +500,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return created
 
     def _alive(self, uid: str) -> bool:
-        return any(obj["metadata"]["uid"] == uid for obj in self.store.values())
+        return uid in self._live_uids  # a set, not a scan of the store: creates stay O(1) with thousands of objects
 
     def _patch(self, rdef: ResourceDef, namespace: str | None, name: str, subresource: str | None,
                content_type: str, patch: Any) -> dict[str, Any]:
@@ -709,8 +712,8 @@ class EmulatorThread:
 class KubeClient:
     """A minimal synchronous client over real HTTP (what kubectl/the kubelet would send)."""
 
-    def __init__(self, url: str):
-        self.url = url
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url, self.timeout = url, timeout
         self.session = requests.Session()
 
     def path(self, rdef: ResourceDef, namespace: str | None = None, name: str | None = None,
@@ -722,7 +725,7 @@ class KubeClient:
         return self.url + "/".join(parts)
 
     def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self.session.request(method, url, timeout=10, **kwargs)
+        response = self.session.request(method, url, timeout=self.timeout, **kwargs)
         if response.status_code >= 400:
             raise ApiError(response.status_code, response.json().get("reason", ""), response.text)
         return response.json()
