@@ -30,7 +30,7 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
+def serve_operator(api_url: str, progress_url: str, interval: float, metrics_port: int = 0) -> None:
     """The subprocess: the operator exactly as `grporun operator` wires it, logged in to the emulator."""
     import logging
 
@@ -43,6 +43,8 @@ def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
     logging.basicConfig(level=logging.WARNING)
     context = OperatorContext(trainer_image="grpo-trainer:soak", reconcile_interval=interval,
                               progress_url=lambda namespace, pod, ip: progress_url)
+    if metrics_port:
+        context.metrics.serve(metrics_port)
     vault = Vault({"emulator": kopf.ConnectionInfo(server=api_url, default_namespace="default")})
     asyncio.run(kopf.operator(standalone=True, namespaces=["default"], memo=kopf.Memo(context=context), vault=vault))
 
@@ -131,9 +133,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--interval", type=float, default=1.0, help="operator reconcile interval (s)")
     parser.add_argument("--serve-operator", nargs=2, metavar=("API_URL", "PROGRESS_URL"), help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_operator:
-        serve_operator(*args.serve_operator, interval=args.interval)
+        serve_operator(*args.serve_operator, interval=args.interval, metrics_port=args.metrics_port)
         return 0
     samples = soak(args.runs, args.seconds, args.interval)
     print(summary(samples, args.runs))
