@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 
 import pytest
+import requests
 
+from grpo_operator.cli.local.processes import free_port
 from tests.support.kube_emulator import CONFIGMAPS, LEASES, PODS, SERVICES
 from tests.support.operator_fixtures import cluster, learner  # noqa: F401  (fixtures)
 from tests.support.operator_process import OperatorProcess, write_kubeconfig
@@ -16,8 +18,16 @@ ELECTION = ("--leader-elect", "--lease-namespace", NAMESPACE, "--lease-duration"
             "--retry-period", "0.5")
 
 
-def _args() -> tuple[str, ...]:
-    return ("--namespace", NAMESPACE, "--metrics-port", "0", "--reconcile-interval", "0.2", *ELECTION)
+def _args(liveness_port: int) -> tuple[str, ...]:
+    return ("--namespace", NAMESPACE, "--metrics-port", "0", "--reconcile-interval", "0.2",
+            "--liveness-port", str(liveness_port), *ELECTION)
+
+
+def _healthz(port: int) -> dict | None:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json()
+    except requests.ConnectionError:
+        return None
 
 
 def _holder(cluster) -> str:  # noqa: F811
@@ -30,12 +40,16 @@ def test_the_standby_takes_over_a_killed_operator_and_finishes_the_run_without_d
         cluster, learner, tmp_path):  # noqa: F811
     cluster.stop_operator()  # the fixture's in-process operator: this test runs two real ones instead
     url = cluster.emulator_thread.url
-    active = OperatorProcess("op-a", write_kubeconfig(tmp_path, url, token="op-a"), *_args())
+    a_port, b_port = free_port(), free_port()
+    active = OperatorProcess("op-a", write_kubeconfig(tmp_path, url, token="op-a"), *_args(a_port))
     standby = None
     try:
         cluster.wait_for(lambda: _holder(cluster).startswith("op-a_"), timeout=60, what="op-a to take the Lease")
-        standby = OperatorProcess("op-b", write_kubeconfig(tmp_path, url, token="op-b"), *_args())
+        standby = OperatorProcess("op-b", write_kubeconfig(tmp_path, url, token="op-b"), *_args(b_port))
         cluster.wait_for(lambda: "waiting to lead" in standby.output(), timeout=60, what="op-b to wait for the Lease")
+        # The standby answers its liveness probe (the kubelet would restart it otherwise); the leader, through kopf.
+        assert cluster.wait_for(lambda: _healthz(b_port), what="op-b's /healthz") == {"standby": True}
+        assert "runs" in cluster.wait_for(lambda: _healthz(a_port), what="op-a's /healthz")
 
         cluster.apply(grporun("ha", minimal_spec()))
         cluster.bring_up("ha")
@@ -50,6 +64,8 @@ def test_the_standby_takes_over_a_killed_operator_and_finishes_the_run_without_d
         active.kill()
         cluster.wait_for(lambda: _holder(cluster).startswith("op-b_"), timeout=30, what="op-b to take the Lease")
         assert standby.alive()
+        # Now kopf answers op-b's probe on the same port.
+        cluster.wait_for(lambda: "runs" in (_healthz(b_port) or {}), what="op-b's kopf /healthz")
 
         learner.update(phase="Succeeded", groups_consumed=40, groups_trained=40, epochs_done=1)
         cluster.kubelet.exit("ha-learner-0", 0, learner.report.termination_message())
