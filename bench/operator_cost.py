@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -173,10 +174,13 @@ def measure(runs: int, interval: float, window: float, status_interval: float) -
     from grpo_operator.cli.local.processes import free_port
 
     metrics_port = free_port()
+    # Its log goes to a file: a pipe nobody reads fills up (64 KiB) at 1,000 runs, and the operator then blocks on
+    # its next log line, frozen mid-measurement.
+    log = tempfile.NamedTemporaryFile(prefix="bench-operator-", suffix=".log", delete=False)  # noqa: SIM115
     operator = subprocess.Popen(
         [sys.executable, "-m", "bench.operator_soak", "--serve-operator", emulator_thread.url, learner.url,
          "--interval", str(interval), "--metrics-port", str(metrics_port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     builders, GRPORUNS, PODS = c["builders"], c["GRPORUNS"], c["PODS"]
 
     def operator_requests() -> int:
@@ -187,7 +191,7 @@ def measure(runs: int, interval: float, window: float, status_interval: float) -
             BENCH_USER_AGENT) for r in list(emulator.request_log)) or operator.poll() is not None, 60,
             "the operator to watch GRPORuns")
         if operator.poll() is not None:
-            raise RuntimeError(f"the operator exited: {operator.stderr.read()[-1500:]}")
+            raise RuntimeError(f"the operator exited: {Path(log.name).read_text()[-1500:]}")
         progress = {"progressDeadlineSeconds": 3600, "statusIntervalSeconds": int(status_interval)}
         spec = c["minimal_spec"](progress=progress)
         names = [f"bench-{index:03d}" for index in range(runs)]
@@ -292,6 +296,7 @@ def measure(runs: int, interval: float, window: float, status_interval: float) -
             operator.kill()
         emulator_thread.stop()
         learner.stop()
+        _stage(runs, f"done; the operator's log: {log.name}")
 
 
 def _metric_groups_trained(port: int) -> dict[str, float]:

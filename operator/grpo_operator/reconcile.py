@@ -176,7 +176,9 @@ async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, lea
         memory.progress_failures, memory.progress_error = 0, None
         return None
     if context.session is None:
-        context.session = aiohttp.ClientSession()
+        # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100 learners
+        # that do not answer would hold every slot for the poll timeout and starve the polls of the other runs.
+        context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
     report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
     memory.progress_failures = 0 if error is None else memory.progress_failures + 1
