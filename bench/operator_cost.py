@@ -16,7 +16,6 @@ on a fresh emulator and operator:
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -340,6 +339,7 @@ def run(context: Context) -> str:
     ] for r in results]
     per_run_requests = [r["requests_per_run_minute"] for r in results]
     per_run_polls = [r["polls_per_run_minute"] for r in results]
+    pass_gaps = [60 / polls for polls in per_run_polls if polls]
     return "\n".join([
         f"## {TITLE}",
         "",
@@ -363,9 +363,10 @@ def run(context: Context) -> str:
                "operator CPU s / run / hour", "operator CPU (of one core)", "operator RSS MiB",
                "RSS KiB / run (above 1 run)", "load avg"], rows),
         "",
-        f"Per run per minute in steady state, across sizes: {spread(per_run_requests, '{:.1f}')} API requests and "
-        f"{spread(per_run_polls, '{:.1f}')} polls of the learner's /progress (the counterpart of KubeRay's "
-        f"dashboard poll), against KubeRay's {KUBERAY_REQUESTS_PER_RUN_MINUTE:.0f} dashboard polls: "
-        f"{statistics.median(per_run_polls) / KUBERAY_REQUESTS_PER_RUN_MINUTE:.2f}× as many, one per reconcile "
-        "pass. Neither grows with the number of runs.",
+        f"Per run per minute in steady state, across sizes: {spread(per_run_requests, '{:.1f}')} API requests "
+        f"(the goal is at most 2; {max(per_run_requests):.1f} at most here) and {spread(per_run_polls, '{:.1f}')} "
+        f"polls of the learner's /progress (the counterpart of KubeRay's {KUBERAY_REQUESTS_PER_RUN_MINUTE:.0f} "
+        "dashboard polls), one per reconcile pass: one run's passes came every "
+        f"{spread(pass_gaps, '{:.1f}')} s against the {interval:g} s interval. Where passes come further apart "
+        "than the interval, the status and the metric follow the learner later by as much.",
     ])
