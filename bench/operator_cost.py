@@ -29,6 +29,9 @@ NAME = "operator"
 TITLE = "4. Operator cost per run (real kopf operator, API emulator)"
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (1, 100, 1000)
+#: Learner stand-ins sharing the runs' polls: with one, at 1,000 runs (200 polls a second on the loaded 2-core
+#: machine) some polls outlasted the operator's 3 s timeout and one run's passes spread to 8.6 s apart.
+LEARNER_SERVERS = 4
 KUBERAY_REQUESTS_PER_RUN_MINUTE = 60 / 3  # KubeRay polls each RayJob's dashboard every 3 s
 BENCH_USER_AGENT = "python-requests"  # tests' KubeClient (the bench and the Kubelet); kopf sends kopf/<version>
 
@@ -81,22 +84,25 @@ def _rss_mib(pid: int) -> float:
 
 
 class CountingLearner:
-    """One real ProgressServer for every run, in a process of its own; counts the progress polls it answers.
+    """Real ProgressServers answering for every run, each in a process of its own; counts the polls they answer.
 
-    Its own process, not a thread of the bench: at 1,000 runs the operator polls 200 times a second, and a server
-    sharing the GIL with the emulator answered too late (past the operator's 3 s poll timeout), so runs read as
-    progress-unknown and the status never caught up: a cost of the bench, not of the operator.
+    Own processes, not a thread of the bench: at 1,000 runs the operator polls 200 times a second (a real learner
+    answers its own run's 0.2 a second), and a server sharing the GIL with the emulator answered past the operator's
+    3 s poll timeout, so runs read as progress-unknown: a cost of the bench, not of the operator. `servers` splits
+    the runs' polls between that many (the operator picks one per pod, by name).
     """
 
-    def __init__(self):
+    def __init__(self, servers: int = 1):
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
         self._trained, self._polls = context.Value("q", 1), context.Value("q", 0)
         ready = context.Queue()
-        self._process = context.Process(target=_serve_learner, args=(self._trained, self._polls, ready), daemon=True)
-        self._process.start()
-        self.url = f"{ready.get(timeout=60)}/progress"
+        self._processes = [context.Process(target=_serve_learner, args=(self._trained, self._polls, ready),
+                                           daemon=True) for _ in range(servers)]
+        for process in self._processes:
+            process.start()
+        self.url = ",".join(f"{ready.get(timeout=60)}/progress" for _ in self._processes)
 
     @property
     def trained(self) -> int:
@@ -116,8 +122,9 @@ class CountingLearner:
                 self._trained.value += 1
 
     def stop(self) -> None:
-        self._process.terminate()
-        self._process.join(10)
+        for process in self._processes:
+            process.terminate()
+            process.join(10)
 
 
 def _serve_learner(trained, polls, ready) -> None:
@@ -169,7 +176,7 @@ def measure(runs: int, interval: float, window: float, status_interval: float) -
     emulator = emulator_thread.emulator
     client = c["KubeClient"](emulator_thread.url, timeout=120)  # a busy emulator answers late, not wrongly
     client.create(c["CRDS"], None, yaml.safe_load((ROOT / "crds" / "grporun.yaml").read_text()))
-    learner = CountingLearner()
+    learner = CountingLearner(servers=LEARNER_SERVERS)
     from grpo_operator.cli.local.processes import free_port
 
     metrics_port = free_port()

@@ -31,8 +31,10 @@ def _rss_mib(pid: int) -> float:
 
 
 def serve_operator(api_url: str, progress_url: str, interval: float, metrics_port: int = 0) -> None:
-    """The subprocess: the operator exactly as `grporun operator` wires it, logged in to the emulator."""
+    """The subprocess: the operator exactly as `grporun operator` wires it, logged in to the emulator.
+    `progress_url` may list several learner stand-ins, comma-separated: each pod polls one of them (by name)."""
     import logging
+    import zlib
 
     import kopf
     from kopf._cogs.structs.credentials import Vault
@@ -41,8 +43,9 @@ def serve_operator(api_url: str, progress_url: str, interval: float, metrics_por
     from grpo_operator.reconcile import OperatorContext
 
     logging.basicConfig(level=logging.WARNING)
+    urls = progress_url.split(",")
     context = OperatorContext(trainer_image="grpo-trainer:soak", reconcile_interval=interval,
-                              progress_url=lambda namespace, pod, ip: progress_url)
+                              progress_url=lambda namespace, pod, ip: urls[zlib.crc32(pod.encode()) % len(urls)])
     if metrics_port:
         context.metrics.serve(metrics_port)
     vault = Vault({"emulator": kopf.ConnectionInfo(server=api_url, default_namespace="default")})
