@@ -30,9 +30,11 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
-    """The subprocess: the operator exactly as `grporun operator` wires it, logged in to the emulator."""
+def serve_operator(api_url: str, progress_url: str, interval: float, metrics_port: int = 0) -> None:
+    """The subprocess: the operator exactly as `grporun operator` wires it, logged in to the emulator.
+    `progress_url` may list several learner stand-ins, comma-separated: each pod polls one of them (by name)."""
     import logging
+    import zlib
 
     import kopf
     from kopf._cogs.structs.credentials import Vault
@@ -41,8 +43,11 @@ def serve_operator(api_url: str, progress_url: str, interval: float) -> None:
     from grpo_operator.reconcile import OperatorContext
 
     logging.basicConfig(level=logging.WARNING)
+    urls = progress_url.split(",")
     context = OperatorContext(trainer_image="grpo-trainer:soak", reconcile_interval=interval,
-                              progress_url=lambda namespace, pod, ip: progress_url)
+                              progress_url=lambda namespace, pod, ip: urls[zlib.crc32(pod.encode()) % len(urls)])
+    if metrics_port:
+        context.metrics.serve(metrics_port)
     vault = Vault({"emulator": kopf.ConnectionInfo(server=api_url, default_namespace="default")})
     asyncio.run(kopf.operator(standalone=True, namespaces=["default"], memo=kopf.Memo(context=context), vault=vault))
 
@@ -131,9 +136,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--interval", type=float, default=1.0, help="operator reconcile interval (s)")
     parser.add_argument("--serve-operator", nargs=2, metavar=("API_URL", "PROGRESS_URL"), help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_operator:
-        serve_operator(*args.serve_operator, interval=args.interval)
+        serve_operator(*args.serve_operator, interval=args.interval, metrics_port=args.metrics_port)
         return 0
     samples = soak(args.runs, args.seconds, args.interval)
     print(summary(samples, args.runs))

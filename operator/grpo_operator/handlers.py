@@ -1,9 +1,10 @@
 """kopf wiring, nothing else: which events reach which function. The logic is in reconcile.py (I/O) and
 the status package (decisions); the operator's configuration comes in as `memo.context` (reconcile.OperatorContext).
 
-One daemon per run does every pass for that run, so passes of one run never overlap (kopf runs timers and
-change handlers of one object concurrently, which would race on the status). Pods reach it through an in-memory
-index fed by one pod watch, so a pass costs no API list.
+One task per run does every pass for that run (run_loops.py), so passes of one run never overlap (kopf runs timers
+and change handlers of one object concurrently, which would race on the status). It is not a `kopf.daemon`: kopf
+puts a finalizer on every object with a daemon, and no finalizer is needed here (docs/operator.md, "Deleting a
+run"). Pods reach it through an in-memory index fed by one pod watch, so a pass costs no API list.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import kopf
 from .api import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION
 from .pods import observe_pod, pod_facts
 from .reconcile import OperatorContext, reconcile_run
+from .run_loops import RunLoops
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """kopf settings that differ from its defaults, and why."""
-    # Our own prefixes, not kopf.zalando.org, on everything kopf writes onto a GRPORun.
+    # Our own prefixes, not kopf.zalando.org, on everything kopf writes onto a GRPORun. No handler needs a finalizer,
+    # so kopf adds none, and it removes this one from runs that still carry it from an operator that used one.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -47,11 +50,13 @@ def _context(memo: Any) -> OperatorContext:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure_settings(settings)
     _context(memo).settings = settings
+    _context(memo).loops = RunLoops()
 
 
 @kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+async def cleanup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     context = _context(memo)
+    await context.loops.stop(logger)
     if context.session is not None:
         await context.session.close()
         context.session = None
@@ -62,34 +67,37 @@ def run_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) 
     return {(namespace, labels[RUN_LABEL]): (observe_pod(dict(body)), pod_facts(dict(body)))}
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
-async def lifecycle(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                    run_pods: kopf.Index, logger: logging.Logger, **_: Any) -> None:
-    context = _context(memo)
-    while not stopped:
-        started = time.monotonic()
-        try:
-            keep_going = await reconcile_run(context, body, list(run_pods.get((namespace, name), [])), logger)
-        except kopf.PermanentError:
-            context.metrics.reconcile_errors.labels("lifecycle").inc()
-            raise
-        except Exception:  # a failed pass is retried on the next tick, never in a tight loop
-            logger.exception("reconcile pass failed; retrying in %.1f s", context.reconcile_interval)
-            context.metrics.reconcile_errors.labels("lifecycle").inc()
-            keep_going = True
-        finally:
-            context.metrics.reconcile_seconds.labels("lifecycle").observe(time.monotonic() - started)
-        if not keep_going:
-            return
-        await stopped.wait(context.reconcile_interval)
+async def _one_pass(context: OperatorContext, run_pods: kopf.Index, body: kopf.Body, logger: Any) -> bool:
+    """One reconcile pass; False when the run is finished. A failed pass is retried on the next tick."""
+    meta = body["metadata"]
+    started = time.monotonic()
+    try:
+        return await reconcile_run(context, body, list(run_pods.get((meta["namespace"], meta["name"]), [])), logger)
+    except kopf.PermanentError:
+        context.metrics.reconcile_errors.labels("lifecycle").inc()
+        raise
+    except Exception:  # never in a tight loop: the next pass comes after the reconcile interval
+        logger.exception("reconcile pass failed; retrying in %.1f s", context.reconcile_interval)
+        context.metrics.reconcile_errors.labels("lifecycle").inc()
+        return True
+    finally:
+        context.metrics.reconcile_seconds.labels("lifecycle").observe(time.monotonic() - started)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def forget_deleted(type: str, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+async def lifecycle(type: str | None, body: kopf.Body, namespace: str, name: str, uid: str, memo: kopf.Memo,
+              run_pods: kopf.Index, logger: logging.Logger, **_: Any) -> None:
+    """Every event of a run (and each run listed at start-up): feed its loop the latest body, or stop it."""
+    context = _context(memo)
     if type == "DELETED":
-        context = _context(memo)
+        context.loops.forget(uid)
         context.metrics.forget_run(namespace, name)
         context.runs.pop(uid, None)
+        return
+
+    async def run_pass(latest: kopf.Body, pass_logger: Any) -> bool:
+        return await _one_pass(context, run_pods, latest, pass_logger)
+    context.loops.observe(uid, body, run_pass, context.reconcile_interval, logger)
 
 
 @kopf.on.probe(id="runs")

@@ -34,7 +34,7 @@ def object_url(api_version: str, kind: str, namespace: str | None, name: str | N
 
 #: kopf retries 403, 429, 5xx and connection errors itself, by default for about a minute (1+1+2+3+5+8+13+21 s),
 #: inside the pass. Creates retry once, briefly: the reconcile pass retries them with its own backoff and shows the
-#: error on the run meanwhile, instead of holding the run's daemon for a minute.
+#: error on the run meanwhile, instead of holding the run's loop for a minute.
 CREATE_BACKOFFS = (0.5,)
 
 

@@ -1,7 +1,7 @@
 """One reconcile pass of one GRPORun: observe -> derive (pure, the status package) -> write status -> act.
 
-The kopf handlers (handlers.py) call `reconcile_run` from one daemon per run, so passes of one run never overlap
-and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
+The kopf handlers (handlers.py) call `reconcile_run` from one task per run (run_loops.py), so passes of one run
+never overlap and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
 world (the pod index, the learner's /progress) and carries out the Decision.
 """
 
@@ -35,6 +35,7 @@ from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from .run_loops import RunLoops
 from .status import (
     CreateChildren,
     Decision,
@@ -85,6 +86,7 @@ class OperatorContext:
     settings: Any = None  # kopf.OperatorSettings, captured at startup (resource handlers do not receive it)
     session: aiohttp.ClientSession | None = None
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
+    loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())
@@ -175,7 +177,9 @@ async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, lea
         memory.progress_failures, memory.progress_error = 0, None
         return None
     if context.session is None:
-        context.session = aiohttp.ClientSession()
+        # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100 learners
+        # that do not answer would hold every slot for the poll timeout and starve the polls of the other runs.
+        context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
     report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
     memory.progress_failures = 0 if error is None else memory.progress_failures + 1

@@ -3,7 +3,8 @@
 The request list: what grpo_operator does to runs and their children, plus what kopf 1.45.2 does on its own, read
 from its source: core/v1 events (kopf/_cogs/clients/events.py), customresourcedefinitions list+watch to notice CRD
 changes, and namespaces list+watch only when it watches named namespaces (kopf/_core/reactor/observation.py).
-`grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects.
+`grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects; it elects a leader on one
+coordination.k8s.io Lease in the release namespace (grpo_operator.leader).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.chart_rbac import is_allowed, rendered_rules
+from tests.support.chart_render import RELEASE_NAMESPACE, objects_of_kind, render_objects
 
 WATCHED = ("team-a", "team-b")
 NAMESPACED = {"watch": {"allNamespaces": False, "namespaces": list(WATCHED)}}
@@ -33,6 +35,8 @@ OPERATOR_REQUESTS = [
 CRD_DISCOVERY = [*((verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")),
                  ("get", "kueue.x-k8s.io", "resourceflavors")]
 NAMESPACE_DISCOVERY = [("list", "", "namespaces"), ("watch", "", "namespaces")]
+# Leader election, in the release namespace only (get and update limited to the release's Lease by name).
+LEASE_REQUESTS = [(verb, "coordination.k8s.io", "leases", None) for verb in ("get", "create", "update")]
 
 # Requests the operator never makes: granting any of them would not be least privilege.
 NEVER = [
@@ -44,7 +48,8 @@ NEVER = [
     ("update", "grpo.dev", "grporuns", "status"),
     ("create", "apps", "deployments", None),
     ("create", "rbac.authorization.k8s.io", "roles", None),
-    ("create", "coordination.k8s.io", "leases", None),
+    ("delete", "coordination.k8s.io", "leases", None),
+    ("list", "coordination.k8s.io", "leases", None),
     ("list", "kopf.dev", "clusterkopfpeerings", None),
     ("patch", "kopf.dev", "kopfpeerings", None),
     ("delete", "kueue.x-k8s.io", "workloads", None),
@@ -92,7 +97,7 @@ def test_namespaced_mode_allows_the_operator_only_in_its_namespaces():
 def test_cluster_discovery_can_be_turned_off():
     # kopf then logs a warning and scans once at start (observation.py catches the 403).
     rules = rendered_rules({**NAMESPACED, "rbac": {"clusterDiscovery": False}})
-    assert all(rule["namespace"] in WATCHED for rule in rules)
+    assert all(rule["namespace"] in (*WATCHED, RELEASE_NAMESPACE) for rule in rules)
     for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
         assert not is_allowed(rules, verb, group, resource)
     rules = rendered_rules({"rbac": {"clusterDiscovery": False}})
@@ -101,10 +106,24 @@ def test_cluster_discovery_can_be_turned_off():
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_the_lease_is_granted_in_the_release_namespace_only_and_by_name(values):
+    rules = rendered_rules(values)
+    for verb, group, resource, subresource in LEASE_REQUESTS:
+        assert is_allowed(rules, verb, group, resource, subresource, namespace=RELEASE_NAMESPACE)
+        for namespace in (None, "team-c"):
+            assert not is_allowed(rules, verb, group, resource, subresource, namespace=namespace)
+    # ...and get/update only the Lease the operator is told to use.
+    args = objects_of_kind(render_objects(values), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    (lease,) = [a.removeprefix("--lease-name=") for a in args if a.startswith("--lease-name=")]
+    named = [r for r in rules if "leases" in r["resources"] and set(r["verbs"]) & {"get", "update"}]
+    assert named and all(r.get("resourceNames") == [lease] for r in named), (named, lease)
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
 def test_nothing_beyond_the_request_list_is_granted(values):
     rules = rendered_rules(values)
     for verb, group, resource, subresource in NEVER:
-        for namespace in (None, *WATCHED):
+        for namespace in (None, *WATCHED, RELEASE_NAMESPACE):
             assert not is_allowed(rules, verb, group, resource, subresource, namespace=namespace), (verb, resource)
     assert not any("*" in rule[key] for rule in rules for key in ("apiGroups", "resources", "verbs"))
     expected_namespaces = [None] if not values else list(WATCHED)
@@ -116,6 +135,7 @@ def test_nothing_beyond_the_request_list_is_granted(values):
     expected |= {(None, group, resource, verb) for verb, group, resource in CRD_DISCOVERY}
     if values:
         expected |= {(None, group, resource, verb) for verb, group, resource in NAMESPACE_DISCOVERY}
+    expected |= {(RELEASE_NAMESPACE, group, resource, verb) for verb, group, resource, _ in LEASE_REQUESTS}
     assert _granted(rules) == expected
 
 

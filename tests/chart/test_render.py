@@ -100,9 +100,11 @@ def _operator_container(objects):
 
 
 def test_deployment_runs_one_hardened_replica():
-    deployment = one_of_kind(render_objects(), "Deployment")
+    objects = render_objects()
+    deployment = one_of_kind(objects, "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert not objects_of_kind(objects, "PodDisruptionBudget")
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -114,6 +116,27 @@ def test_deployment_runs_one_hardened_replica():
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert container["command"] == ["grporun"]
     assert container["args"][0] == "operator"
+
+
+def test_more_replicas_elect_a_leader_roll_one_at_a_time_and_keep_one_through_a_drain():
+    objects = render_objects(VALUE_SETS["ha"])
+    deployment = one_of_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    budget = one_of_kind(objects, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    container = _operator_container(objects)
+    assert "--leader-elect" in container["args"]
+    assert f"--lease-name={deployment['metadata']['name']}" in container["args"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+
+
+def test_replicas_must_be_positive():
+    with pytest.raises(Exception, match="replicas"):
+        render_objects({"replicas": 0})
 
 
 def test_ports_and_probe_match_the_operator():
@@ -148,7 +171,7 @@ def test_operator_accepts_the_rendered_flags():
     """The chart's args parse with the operator's own argument parser, so a renamed flag fails here, not in a pod."""
     from grpo_operator import cli
 
-    for name in ("defaults", "namespaced", "custom"):
+    for name in ("defaults", "namespaced", "custom", "ha"):
         args = _operator_container(render_objects(VALUE_SETS[name]))["args"]
         stderr = io.StringIO()
         try:

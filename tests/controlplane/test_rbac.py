@@ -11,8 +11,16 @@ import json
 
 import pytest
 
-from tests.chart.test_rbac import CRD_DISCOVERY, NAMESPACE_DISCOVERY, NAMESPACED, NEVER, OPERATOR_REQUESTS, WATCHED
-from tests.support.chart_render import render_objects
+from tests.chart.test_rbac import (
+    CRD_DISCOVERY,
+    LEASE_REQUESTS,
+    NAMESPACE_DISCOVERY,
+    NAMESPACED,
+    NEVER,
+    OPERATOR_REQUESTS,
+    WATCHED,
+)
+from tests.support.chart_render import RELEASE_NAMESPACE, render_objects
 from tests.support.control_plane_client import Client
 from tests.support.kube_emulator import PODS, ApiError
 
@@ -73,3 +81,57 @@ def test_namespaced_mode_is_allowed_only_in_its_namespaces(admin):
         assert admin.can(user, verb, group, resource)
     for verb, group, resource, subresource in NEVER:
         assert not admin.can(user, verb, group, resource, subresource, "team-a"), (verb, resource)
+
+
+def _lease_name() -> str:
+    deployment = next(obj for obj in render_objects() if obj["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return next(a.removeprefix("--lease-name=") for a in args if a.startswith("--lease-name="))
+
+
+def test_the_operator_account_may_hold_only_its_own_lease_in_the_release_namespace(admin, operator_account):
+    user, lease = operator_account.user, _lease_name()
+    for verb, group, resource, _ in LEASE_REQUESTS:
+        name = None if verb == "create" else lease
+        assert admin.can(user, verb, group, resource, None, RELEASE_NAMESPACE, name), verb
+        assert not admin.can(user, verb, group, resource, None, "team-a", name), verb
+    assert not admin.can(user, "update", "coordination.k8s.io", "leases", None, RELEASE_NAMESPACE, "kube-scheduler")
+
+
+def test_leader_election_with_the_operators_own_token_on_the_real_api_server(control_plane, operator_account):
+    """grpo_operator.leader against kube-apiserver: the Lease it writes validates (MicroTime, holder), a second
+    candidate is refused while the first renews, and takes over after the first releases."""
+    import asyncio
+    import logging
+
+    import kopf
+    from kopf._cogs.configs.configuration import OperatorSettings
+
+    from grpo_operator.leader import LeaderElector, LeaseClient, LeaseTimings
+
+    timings = LeaseTimings(lease_duration=3, renew_deadline=2, retry_period=0.3)
+    logger = logging.getLogger("test.leader")
+
+    def elector(identity: str) -> LeaderElector:
+        info = kopf.ConnectionInfo(server=control_plane.url, ca_path=str(control_plane.ca), scheme="Bearer",
+                                   token=operator_account.token)
+        client = LeaseClient(RELEASE_NAMESPACE, _lease_name(), OperatorSettings(), logger, login=lambda: info)
+        return LeaderElector(client, identity, timings, logger)
+
+    async def scenario() -> dict:
+        a, b = elector("a"), elector("b")
+        try:
+            await asyncio.wait_for(a.acquire(), 10)
+            holding = asyncio.create_task(a.hold())
+            await asyncio.sleep(2 * timings.lease_duration)
+            assert not await b.try_acquire_or_renew(), "a renewing holder lost its Lease"
+            holding.cancel()
+            await a.release()
+            await asyncio.wait_for(b.acquire(), 2 * timings.retry_period + 1)
+            return await b.client.read()
+        finally:
+            await a.client.close()
+            await b.client.close()
+
+    lease = asyncio.run(scenario())
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_operator.api import FINALIZER
 from grpo_trainer.contract import EXIT_STALLED
+from tests.support.kube_emulator import GRPORUNS
 from tests.support.paths import REPO
-from tests.support.specs import grporun, minimal_spec
+from tests.support.specs import NAMESPACE, grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +67,28 @@ def test_apply_creates_config_map_services_and_pods_owned_by_the_run(cluster):
         assert child["metadata"]["ownerReferences"] == [_owner(run)]
     status = cluster.wait_phase("alpha", "Pending")
     assert status["observedGeneration"] == 1
-    assert "grpo.dev/finalizer" in cluster.run("alpha")["metadata"]["finalizers"]
+    assert not cluster.run("alpha")["metadata"].get("finalizers")  # deletion never waits for the operator
     cluster.wait_event("alpha", "Created")
+
+
+def test_deleting_a_run_completes_with_no_operator_running_and_its_children_go(cluster):
+    cluster.apply(grporun("delta"))
+    cluster.wait_for(lambda: len(cluster.pods("delta")) == 2, what="2 pods")
+    cluster.stop_operator()
+    cluster.client.delete(GRPORUNS, NAMESPACE, "delta")  # `kubectl delete grporun delta`
+    assert cluster.run("delta") is None
+    assert not cluster.pods("delta") and not cluster.services("delta") and not cluster.config_maps("delta")
+
+
+def test_a_run_still_carrying_the_old_finalizer_loses_it_and_can_be_deleted(cluster):
+    run = grporun("epsilon")
+    run["metadata"]["finalizers"] = [FINALIZER]  # left by an operator that used one
+    cluster.apply(run)
+    cluster.wait_for(lambda: not cluster.run("epsilon")["metadata"].get("finalizers"), what="the finalizer removed")
+    cluster.wait_for(lambda: len(cluster.pods("epsilon")) == 2, what="2 pods")  # and the run is reconciled
+    cluster.stop_operator()
+    cluster.client.delete(GRPORUNS, NAMESPACE, "epsilon")
+    assert cluster.run("epsilon") is None
 
 
 def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, progress_urls):

@@ -20,6 +20,7 @@ RELEASE_NAMESPACE = "grpo-system"
 VALUE_SETS = {
     "defaults": {},
     "namespaced": {"watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b"]}},
+    "ha": {"replicas": 2},
     "monitoring": {
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},

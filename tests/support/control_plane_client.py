@@ -85,10 +85,10 @@ class Client(KubeClient):
         return self.call("POST", path, json=request)["status"]["token"]
 
     def can(self, user: str, verb: str, group: str, resource: str, subresource: str | None = None,
-            namespace: str | None = None) -> bool:
-        """The real authorizer's answer (SubjectAccessReview) for `user`."""
+            namespace: str | None = None, name: str | None = None) -> bool:
+        """The real authorizer's answer (SubjectAccessReview) for `user` (on the object `name`, when given)."""
         attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource or "",
-                      "namespace": namespace or ""}
+                      "namespace": namespace or "", "name": name or ""}
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
                   "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
                            "resourceAttributes": attributes}}

@@ -184,7 +184,7 @@ class RealCluster(Cluster):
         self.faults.refuse_pod(pod, message)
 
     def close(self) -> None:
-        if self.operator is not None:  # it removes its finalizers from the runs it is asked to delete
+        if self.operator is not None:  # the next test's operator finds no leftover runs
             for run in self.client.list(GRPORUNS, self.namespace):
                 self.client.delete(GRPORUNS, self.namespace, run["metadata"]["name"])
             self.wait_for(lambda: not self.client.list(GRPORUNS, self.namespace), what="the test's runs deleted")

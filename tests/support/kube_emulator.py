@@ -93,7 +93,8 @@ SERVICES = ResourceDef("", "v1", "services", "Service", subresources=("status",)
 CONFIGMAPS = ResourceDef("", "v1", "configmaps", "ConfigMap")
 EVENTS = ResourceDef("", "v1", "events", "Event")
 GRPORUNS = ResourceDef("grpo.dev", "v1alpha1", "grporuns", "GRPORun", subresources=("status",))
-DEFAULT_RESOURCES = (NAMESPACES, PODS, SERVICES, CONFIGMAPS, EVENTS, GRPORUNS)
+LEASES = ResourceDef("coordination.k8s.io", "v1", "leases", "Lease")  # the operator replicas' leader election
+DEFAULT_RESOURCES = (NAMESPACES, PODS, SERVICES, CONFIGMAPS, EVENTS, GRPORUNS, LEASES)
 # What the operator touches on clusters with Kueue or a gang scheduler installed.
 WORKLOADS = ResourceDef("kueue.x-k8s.io", "v1beta1", "workloads", "Workload", subresources=("status",))
 RESOURCE_FLAVORS = ResourceDef("kueue.x-k8s.io", "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False)
@@ -133,6 +134,7 @@ class RecordedRequest:
     namespace: str | None
     name: str | None
     user_agent: str = ""  # kopf sends `kopf/<version>`: tells the operator's calls from the test's own
+    token: str = ""  # the bearer token: tells one operator replica's calls from another's
 
     @property
     def rbac_resource(self) -> str | None:
@@ -288,6 +290,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # Server-side cap on each watch request, so tests can force kopf through its resume path.
         self.max_watch_seconds = max_watch_seconds
         self.store: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        self._live_uids: set[str] = set()
         self.request_log: list[RecordedRequest] = []
         self._rv = 0
         self._history: deque[tuple[int, ResourceDef, dict[str, Any]]] = deque(maxlen=history_limit)
@@ -362,7 +365,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             method=method, path=request.url.path, query=query, verb=verb,
             group=rdef.group if rdef else None, resource=rdef.plural if rdef else None,
             subresource=request.subresource, namespace=request.namespace, name=request.name,
-            user_agent=request.headers.get("User-Agent", ""))
+            user_agent=request.headers.get("User-Agent", ""),
+            token=request.headers.get("Authorization", "").removeprefix("Bearer "))
 
     # --- dispatch ----------------------------------------------------------------------------------------------
     def inject_fault(self, method: str, plural: str, code: int, reason: str, message: str, *, times: int = 1,
@@ -447,8 +451,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         key = self._key(rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         if event_type == "DELETED":
             self.store.pop(key, None)
+            self._live_uids.discard(obj["metadata"]["uid"])
         else:
             self.store[key] = obj
+            self._live_uids.add(obj["metadata"]["uid"])
         event = {"type": event_type, "object": copy.deepcopy(obj)}
         self._history.append((self._rv, rdef, event))
         for watcher in self._watchers:
@@ -494,7 +500,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return created
 
     def _alive(self, uid: str) -> bool:
-        return any(obj["metadata"]["uid"] == uid for obj in self.store.values())
+        return uid in self._live_uids  # a set, not a scan of the store: creates stay O(1) with thousands of objects
 
     def _patch(self, rdef: ResourceDef, namespace: str | None, name: str, subresource: str | None,
                content_type: str, patch: Any) -> dict[str, Any]:
@@ -706,8 +712,8 @@ class EmulatorThread:
 class KubeClient:
     """A minimal synchronous client over real HTTP (what kubectl/the kubelet would send)."""
 
-    def __init__(self, url: str):
-        self.url = url
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url, self.timeout = url, timeout
         self.session = requests.Session()
 
     def path(self, rdef: ResourceDef, namespace: str | None = None, name: str | None = None,
@@ -719,7 +725,7 @@ class KubeClient:
         return self.url + "/".join(parts)
 
     def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self.session.request(method, url, timeout=10, **kwargs)
+        response = self.session.request(method, url, timeout=self.timeout, **kwargs)
         if response.status_code >= 400:
             raise ApiError(response.status_code, response.json().get("reason", ""), response.text)
         return response.json()

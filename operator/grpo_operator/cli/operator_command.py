@@ -5,10 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
+from ..leader import DEFAULT_LEASE_NAME, LeaseTimings
+
+#: The exit status of a leader that could not renew its Lease: it stops at once, before a standby can take over,
+#: and its container restarts as a standby.
+LOST_LEADERSHIP_EXIT = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +35,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between passes over each run (progress polls, deadlines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    election = parser.add_argument_group("leader election (run several replicas, one active)")
+    election.add_argument("--leader-elect", action="store_true",
+                          help="reconcile only while holding a coordination.k8s.io Lease; wait for it otherwise")
+    election.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help="the Lease's name")
+    election.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+                          help="the Lease's namespace (default: $POD_NAMESPACE, else 'default')")
+    defaults = LeaseTimings()
+    election.add_argument("--lease-duration", type=float, default=defaults.lease_duration, metavar="SECONDS",
+                          help="a standby takes the Lease once it has not been renewed for this long")
+    election.add_argument("--renew-deadline", type=float, default=defaults.renew_deadline, metavar="SECONDS",
+                          help="the leader exits when it could not renew for this long (< --lease-duration)")
+    election.add_argument("--retry-period", type=float, default=defaults.retry_period, metavar="SECONDS",
+                          help="seconds between renewals, and between a standby's attempts")
 
 
 def main(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
         print("grporun operator: pass --namespace NAME (repeatable) or --all-namespaces")
+        return 2
+    try:
+        timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
+    except ValueError as error:
+        print(f"grporun operator: {error}", file=sys.stderr)
         return 2
     from .preflight import cluster_problem
 
@@ -49,8 +75,39 @@ def main(args: argparse.Namespace) -> int:
     context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval)
     if args.metrics_port:
         context.metrics.serve(args.metrics_port)
-    # standalone: one replica, no peering objects (the chart runs one, with a Recreate strategy).
-    asyncio.run(kopf.operator(
-        standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace,
-        memo=kopf.Memo(context=context), liveness_endpoint=liveness))
+    # standalone: no kopf peering objects; with --leader-elect, the Lease decides which replica runs kopf at all.
+    operator = kopf.operator(standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace,
+                             memo=kopf.Memo(context=context), liveness_endpoint=liveness)
+    if not args.leader_elect:
+        asyncio.run(operator)
+        return 0
+    return asyncio.run(_lead(operator, args, timings, liveness))
+
+
+async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, timings: LeaseTimings,
+                liveness: str | None) -> int:
+    """Wait for the Lease (answering the liveness probe meanwhile), then run kopf while renewing it."""
+    from kopf._cogs.configs.configuration import OperatorSettings
+
+    from ..leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
+    from .standby import standby_liveness
+
+    logger = logging.getLogger("grpo_operator.leader")
+    settings = OperatorSettings()
+    settings.networking.request_timeout = timings.renew_deadline / 2
+    elector = LeaderElector(LeaseClient(args.lease_namespace, args.lease_name, settings, logger),
+                            default_identity(), timings, logger)
+    async with standby_liveness(liveness):
+        await elector.acquire()
+    running = asyncio.create_task(operator, name="kopf operator")
+    holding = asyncio.create_task(elector.hold(), name="lease renewal")
+    await asyncio.wait({running, holding}, return_when=asyncio.FIRST_COMPLETED)
+    if holding.done() and isinstance(holding.exception(), LeadershipLost):
+        # Stop acting now: a standby may take the Lease once lease_duration has passed since the last renewal.
+        logger.error("lost leadership: %s; exiting", holding.exception())
+        logging.shutdown()
+        os._exit(LOST_LEADERSHIP_EXIT)
+    holding.cancel()
+    await elector.release()
+    running.result()
     return 0
