@@ -152,3 +152,39 @@ def test_unwritable_termination_path_does_not_crash(tmp_path):
 
 def test_termination_message_directory_is_created(tmp_path):
     assert write_termination_message(c.ProgressReport(), str(tmp_path / "runs" / "tiny" / "termination-log"))
+
+
+def test_counters_never_go_down_when_figures_do():
+    """A stop returns a discarded window's groups and a dropped group can train after all: trained, consumed and
+    dropped go down then. Prometheus reads a counter that decreases as a reset, so those are gauges, and every
+    counter the learner exports stays monotonic through both."""
+    from grpo_trainer.progress import RolloutProgress
+
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=8, epochs=1)
+
+    def scrape() -> dict[tuple[str, tuple], tuple[str, float]]:
+        """(sample name, labels) -> (family type, value)"""
+        text = render_metrics(lambda: progress.report(phase=c.LearnerPhase.RUNNING, global_step=1)).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): (family.type, s.value)
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.name.endswith("_created")}
+
+    progress.train([0, 1, 2])
+    progress.drop(3, "no_signal")
+    before = scrape()
+    progress.untrain([2])  # the stop's discarded window
+    progress.train([3])  # the dropped group's late sample trained after all
+    after = scrape()
+    assert progress.groups_trained == 3 and progress.dropped["no_signal"] == 0
+    for key, (kind, value) in before.items():
+        if kind == "counter":
+            assert after[key][1] >= value, f"counter {key} went down: {value} -> {after[key][1]}"
+    for name in (c.METRIC_GROUPS_TRAINED, c.METRIC_GROUPS_CONSUMED, c.METRIC_GROUPS_DROPPED):
+        kinds = {kind for (sample, _), (kind, _) in before.items() if sample == name}
+        assert kinds == {"gauge"}, (name, kinds)
+    no_signal = (c.METRIC_GROUPS_DROPPED, (("reason", "no_signal"),))
+    assert before[no_signal][1] == 1 and after[no_signal][1] == 0
+    assert before[(c.METRIC_GROUPS_TRAINED, ())][1] == 3 and before[(c.METRIC_GROUPS_CONSUMED, ())][1] == 4
+    assert after[(c.METRIC_GROUPS_TRAINED, ())][1] == 3 and after[(c.METRIC_GROUPS_CONSUMED, ())][1] == 3
+    # The trained figure is derived from the counters: collated - returned.
+    assert after[(c.METRIC_GROUPS_COLLATED, ())][1] - after[(c.METRIC_GROUPS_RETURNED, ())][1] == 3

@@ -65,9 +65,11 @@ class LearnerPhase(str, Enum):
 # adds the pod's labels). The chart's dashboard and alerts are tested against these constants.
 # --------------------------------------------------------------------------------------------------------------------
 METRIC_GROUPS_TOTAL = "grpo_learner_groups"  # gauge: groups the run must consume (prompts x epochs)
-METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed_total"
-METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained_total"
-METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped_total"  # label: reason
+# Gauges, not counters: these figures go down inside a process (a stop returns a discarded window's groups; a
+# dropped group can train after all), and Prometheus reads a counter that decreases as a reset.
+METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed"
+METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained"
+METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped"  # label: reason
 # Never decrease inside a process, unlike trained (a stop's discarded window returns its groups): trained =
 # collated - returned, so a trained rate is rate(collated) - rate(returned).
 METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"

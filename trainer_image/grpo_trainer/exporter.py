@@ -2,8 +2,8 @@
 
 Torch-free: it only reads a snapshot function, so the metrics are a pure rendering of the same report the operator
 reads and the termination message carries, and the two can never disagree. A custom collector (rather than gauges
-updated by the trainer) means a scrape always sees one consistent snapshot, and the counters are real counters
-(`_total`, monotonic because the report's numbers are).
+updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that never decrease inside a
+process are counters (`_total`); trained, consumed and dropped can go down (contract.py says when) and are gauges.
 """
 
 from __future__ import annotations
@@ -43,16 +43,14 @@ class ProgressCollector:
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(_without_total(name), doc, value=value)
 
-        dropped = CounterMetricFamily(
-            _without_total(c.METRIC_GROUPS_DROPPED), "Prompt groups consumed without training, by reason.",
-            labels=["reason"],
-        )
+        dropped = GaugeMetricFamily(c.METRIC_GROUPS_DROPPED, "Prompt groups consumed without training, by reason.",
+                                    labels=["reason"])
         for reason, count in report.dropped.items():
             dropped.add_metric([reason], count)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
-            counter(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
-            counter(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
+            gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
+            gauge(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
             counter(c.METRIC_GROUPS_COLLATED, "Prompt groups counted at collation (never decreases).",
                     report.groups_collated),
             counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step.",
