@@ -152,12 +152,7 @@ class ControlPlane:
         return process
 
     def stop_process(self, process: subprocess.Popen) -> None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _terminate(process)
         self.processes.remove(process)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -198,10 +193,14 @@ class ControlPlane:
     def stop(self) -> None:
         for process in reversed(self.processes):  # the API server before its etcd
             if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                _terminate(process)
         self.processes.clear()
+
+
+def _terminate(process: subprocess.Popen, grace_s: float = 15) -> None:
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -120,18 +120,24 @@ def _rollout_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-def test_a_single_killed_replica_is_restarted_and_the_run_waits_then_finishes(tiny_model_dir, tmp_path):
-    # grporun local starts its own server here (the one extra server of this test), so it can restart it.
+def _local_run_past_sync(tiny_model_dir, tmp_path, line: str) -> tuple[subprocess.Popen, Path, Path]:
+    """`grporun local` on the tiny manifest (3 epochs, its own server), once the learner's log shows `line`."""
     manifest = tiny_manifest(tmp_path, tiny_model_dir, epochs=3)
     process = subprocess.Popen([*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--poll-interval",
                                 "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
     learner_log = run_dir / "logs" / "tiny-learner-0.log"
     deadline = time.monotonic() + 900
-    while not (learner_log.exists() and "weight sync v3" in learner_log.read_text(errors="replace")):
+    while not (learner_log.exists() and line in learner_log.read_text(errors="replace")):
         assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "the learner never synced weights"
+        assert time.monotonic() < deadline, f"the learner's log never showed {line!r}"
         time.sleep(0.5)
+    return process, run_dir, learner_log
+
+
+def test_a_single_killed_replica_is_restarted_and_the_run_waits_then_finishes(tiny_model_dir, tmp_path):
+    # grporun local starts its own server here (the one extra server of this test), so it can restart it.
+    process, run_dir, learner_log = _local_run_past_sync(tiny_model_dir, tmp_path, "weight sync v3")
     [pid] = _rollout_pids(run_dir)
     os.killpg(pid, signal.SIGKILL)  # the server and its engine, as a crash would
     out, _ = process.communicate(timeout=RUN_TIMEOUT_S + 600)
@@ -149,16 +155,7 @@ def test_a_single_killed_replica_is_restarted_and_the_run_waits_then_finishes(ti
 def test_a_hung_replica_is_found_by_generation_restarted_and_caught_up(tiny_model_dir, tmp_path):
     # SIGSTOP: the server holds its port and the kernel accepts connections, but no token comes; /health would not
     # tell (a wedged engine still answers it). The balancer takes it out, grporun local's liveness restarts it.
-    manifest = tiny_manifest(tmp_path, tiny_model_dir, epochs=3)
-    process = subprocess.Popen([*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--poll-interval",
-                                "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-    run_dir = tmp_path / "runs" / "tiny"
-    learner_log = run_dir / "logs" / "tiny-learner-0.log"
-    deadline = time.monotonic() + 900
-    while not (learner_log.exists() and "weight sync v3" in learner_log.read_text(errors="replace")):
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "the learner never synced weights"
-        time.sleep(0.5)
+    process, run_dir, learner_log = _local_run_past_sync(tiny_model_dir, tmp_path, "weight sync v3")
     [pid] = _rollout_pids(run_dir)
     os.killpg(pid, signal.SIGSTOP)  # the server and its engine stop answering; the process stays
     out, _ = process.communicate(timeout=RUN_TIMEOUT_S + 600)

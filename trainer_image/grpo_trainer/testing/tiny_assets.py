@@ -125,6 +125,11 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer)}))
+    return _publish(staging, out)
+
+
+def _publish(staging: Path, out: Path) -> Path:
+    """Move a finished build into place in one rename, so a reader never sees half a model."""
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging.rename(out)
@@ -174,14 +179,7 @@ def build_tiny_reward_model(out_dir: str | os.PathLike, seed: int = 1, *, nan_ev
     tokenizer.save_pretrained(staging)
     (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer),
                                                         "nan_everywhere": nan_everywhere}))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging.rename(out)
-    except OSError:  # another process built it meanwhile: keep theirs
-        import shutil
-
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
+    return _publish(staging, out)
 
 
 def main(argv: list[str] | None = None) -> int:
