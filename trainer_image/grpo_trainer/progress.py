@@ -253,9 +253,8 @@ class RolloutProgress:
         self._transparent_before = transparent_before  # transparent positions before start_group
         self._overflow: set[int] = set()  # ids passed unfiltered as past the bound
         self._attempts: dict[int, int] = {}  # stand-in id -> how many times its slot was regenerated
-        self.groups_trained = trained
-        # Monotone within the process (Prometheus counters): trained = collated - returned. A resumed process
-        # starts them at the checkpoint's trained count.
+        # Monotone within the process (Prometheus counters); `groups_trained` is derived from them. A resumed
+        # process starts collated at the checkpoint's trained count.
         self.groups_collated = trained
         self.groups_returned = 0
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
@@ -322,7 +321,6 @@ class RolloutProgress:
                     self._after_leave(group_id)
                 self._trained_ids.add(group_id)
                 self.consumed.add(group_id)
-                self.groups_trained += 1
                 self.groups_collated += 1
                 self.last_trained_time = now
             self._advance()
@@ -337,7 +335,6 @@ class RolloutProgress:
                     continue
                 if group_id in self._trained_ids:
                     self._trained_ids.discard(group_id)
-                    self.groups_trained -= 1
                     self.groups_returned += 1
                 self.consumed.discard(group_id)
                 self._first_unconsumed = min(self._first_unconsumed, group_id)
@@ -438,6 +435,11 @@ class RolloutProgress:
     def needs(self, group_id: int) -> bool:
         """Whether the run's bound still includes this group (ids past it are the next pass's overflow)."""
         return self.needed_end is None or (group_id < self.needed_end and group_id not in self._overflow)
+
+    @property
+    def groups_trained(self) -> int:
+        """Groups that reached an optimizer step: collated, less those a stop returned."""
+        return self.groups_collated - self.groups_returned
 
     @property
     def stall_streak(self) -> int:
