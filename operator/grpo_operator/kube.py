@@ -19,7 +19,7 @@ from .api import KIND, PLURAL
 APIClientError = errors.APIClientError
 
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events",
-            "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups"}
+            "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups", "Lease": "leases"}
 
 
 def object_url(api_version: str, kind: str, namespace: str | None, name: str | None = None,

@@ -29,6 +29,8 @@ from kopf._cogs.clients import api, auth, errors
 from kopf._cogs.configs.configuration import OperatorSettings
 from kopf._cogs.structs import credentials
 
+from .kube import object_url
+
 LEASE_API = "coordination.k8s.io/v1"
 DEFAULT_LEASE_NAME = "grpo-operator"
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -76,8 +78,7 @@ class LeaseClient:
         return login_via_client(logger=self.logger, settings=self.settings)
 
     def _url(self, named: bool = True) -> str:
-        base = f"/apis/{LEASE_API}/namespaces/{self.namespace}/leases"
-        return f"{base}/{self.name}" if named else base
+        return object_url(LEASE_API, "Lease", self.namespace, self.name if named else None)
 
     async def _request(self, method: str, url: str, payload: Any = None) -> dict[str, Any]:
         if self._context is None:
