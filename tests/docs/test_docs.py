@@ -164,3 +164,10 @@ def test_a_fact_lives_in_its_own_page_only(fact):
     elsewhere = [f"{page} ({unit[:60]}...)" for page in PAGES if page != owner
                  for unit in units((REPO / page).read_text()) if restates(unit)]
     assert not elsewhere, f"{fact} belongs to {owner} alone (link to it); restated in {'; '.join(elsewhere)}"
+
+
+def test_the_cli_page_shows_the_exit_codes_the_code_uses():
+    from grpo_operator.cli.exit_codes import MEANINGS, ExitCode
+
+    rows = re.findall(r"^\| `(\d+)` \| (.+) \|$", (REPO / "docs" / "cli.md").read_text(), re.M)
+    assert rows == [(str(int(code)), MEANINGS[code]) for code in ExitCode]
