@@ -89,13 +89,13 @@ def main(args: argparse.Namespace) -> int:
 async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, timings: LeaseTimings,
                 liveness: str | None) -> int:
     """Wait for the Lease (answering the liveness probe meanwhile), then run kopf while renewing it."""
-    from kopf._cogs.configs.configuration import OperatorSettings
+    import kopf
 
     from ..leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
     from .standby import standby_liveness
 
     logger = logging.getLogger("grpo_operator.leader")
-    settings = OperatorSettings()
+    settings = kopf.OperatorSettings()
     settings.networking.request_timeout = timings.renew_deadline / 2
     elector = LeaderElector(LeaseClient(args.lease_namespace, args.lease_name, settings, logger),
                             default_identity(), timings, logger)
