@@ -16,7 +16,7 @@ from grpo_operator.cli.local.console import final_summary
 from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
 from grpo_operator.cli.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
 
