@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpo_operator.cli.local.console import WaitingLines, event_logger, final_summary, make_console
+from grpo_operator.cli.local.console import Periodic, event_logger, final_summary, make_console, progress_line
 from grpo_operator.cli.local.plan import ProcessPlan
 from grpo_operator.cli.local.processes import LocalProcess
 from grpo_operator.cli.local.supervise import LocalRun, supervise
@@ -42,7 +42,7 @@ def test_on_a_terminal_rich_logs_without_the_source_column(monkeypatch):
 
 def test_waiting_lines_come_once_per_period_from_a_period_after_the_wait_began():
     now = [0.0]
-    waiting = WaitingLines(period_s=30, clock=lambda: now[0])
+    waiting = Periodic(period_s=30, clock=lambda: now[0])
     seen = []
     for now[0], wait in [(0, True), (29, True), (30, True), (31, True), (60, True), (61, False), (62, True),
                          (91, True), (92, True)]:
@@ -89,13 +89,21 @@ def test_supervise_says_what_it_waits_for_while_a_server_loads(tmp_path):
     console.file = io.StringIO()
     try:
         with pytest.raises(KeyboardInterrupt):
-            supervise(local, console, log, poll_interval_s=0, waiting=WaitingLines(clock=lambda: next(ticks)))
+            supervise(local, console, log, poll_interval_s=0, clock=lambda: next(ticks))
     finally:
         local.stop_all()
     waits = [line for line in lines if line.startswith("waiting for")]
     assert waits == [
         f"waiting for tiny-rollout-0: /health does not answer yet (log: {tmp_path}/logs/tiny-rollout-0.log)"] * 2
     assert any(line.startswith("started tiny-rollout-0") for line in lines[:lines.index(waits[0])])
+
+
+def test_off_a_terminal_a_running_run_gets_a_progress_line_instead_of_the_bar():
+    status = {"phase": "Running", "progress": {"groupsTotal": 192, "groupsConsumed": 80, "epoch": 5, "epochs": 12,
+                                               "groupsTrained": 79, "groupsDropped": 1, "stallStreak": 0,
+                                               "stallLimit": 16, "rewardMean": 0.3214}}
+    assert progress_line(status) == ("Running: 80/192 groups, epoch 5/12, trained 79, dropped 1, stall 0/16, "
+                                     "reward 0.321, ETA -")
 
 
 def test_a_failed_summary_ends_with_the_failed_pods_log(tmp_path):

@@ -21,8 +21,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ...eta import format_duration
 
 EVENT_DISPLAY_CHARS = 300
-#: While a server loads (minutes on a CPU), a line this often says what the run waits for.
-WAITING_LINE_PERIOD_S = 30.0
+#: While a server loads (minutes on a CPU), a line this often says what the run waits for; off a terminal, where
+#: there is no bar, a progress line this often while the run trains.
+PERIODIC_LINE_S = 30.0
 
 
 def make_console() -> Console:
@@ -43,16 +44,16 @@ def event_logger(console: Console) -> Callable[[str], None]:
 
 
 @dataclass
-class WaitingLines:
-    """At most one round of "waiting for ..." lines per `period_s`, the first `period_s` after the start."""
+class Periodic:
+    """At most one round of lines per `period_s` while a condition holds, the first `period_s` after it began."""
 
-    period_s: float = WAITING_LINE_PERIOD_S
+    period_s: float = PERIODIC_LINE_S
     clock: Callable[[], float] = time.monotonic
     _next_at: float | None = field(default=None)
 
-    def due(self, waiting: bool) -> bool:
+    def due(self, holds: bool) -> bool:
         now = self.clock()
-        if not waiting:
+        if not holds:
             self._next_at = None  # the next wait is a new one: its first line comes a period after it starts
             return False
         if self._next_at is None:
@@ -100,6 +101,13 @@ def final_summary(status: dict[str, Any], logs: Mapping[str, Path] | None = None
     if phase == "Failed" and failed_pod and logs and failed_pod in logs:
         lines.append(f"log: {logs[failed_pod]}")
     return "\n".join(lines)
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """The bar's numbers as one line, for a log file."""
+    f = bar_fields(status)
+    return (f"{f['phase']}: {f['completed']}/{f['total']} groups, epoch {f['epoch']}, trained {f['trained']}, "
+            f"dropped {f['dropped']}, stall {f['stall']}, reward {f['reward']}, ETA {f['eta']}")
 
 
 def bar_fields(status: dict[str, Any]) -> dict[str, Any]:

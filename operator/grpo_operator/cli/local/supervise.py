@@ -27,7 +27,7 @@ from ...api import FINISHED_PHASES, GRPORunSpec, Phase
 from ...manifest import read_grporun
 from ...resolve import resolve_run_config
 from ..exit_codes import ExitCode
-from .console import WaitingLines, bar_fields, one_line, progress_bar
+from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
@@ -176,9 +176,9 @@ def prepare(args: argparse.Namespace) -> LocalRun:
 
 
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
-              waiting: WaitingLines | None = None) -> dict[str, Any]:
+              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Tick until the run finishes: observe, derive the status like the operator, act, draw."""
-    waiting = waiting or WaitingLines()
+    waiting, training = Periodic(clock=clock), Periodic(clock=clock)
     with progress_bar(console) as bar:
         task = bar.add_task("run", **bar_fields({}))
         while True:
@@ -199,6 +199,9 @@ def supervise(local: LocalRun, console: Console, log: Callable[[str], None], pol
                 log(f"{event.type} {event.reason}: {one_line(event.message)}")
             local.act(decision.actions, log)
             bar.update(task, **bar_fields(local.status))
+            running = local.status.get("phase") == Phase.RUNNING.value
+            if training.due(running and not console.is_terminal):  # a terminal has the bar
+                log(progress_line(local.status))
             if Phase(local.status["phase"]) in FINISHED_PHASES:
                 return local.status
             time.sleep(poll_interval_s)
