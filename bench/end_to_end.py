@@ -67,8 +67,8 @@ def run_once(context: Context, label: str, env: dict[str, str], manifest: Path =
     started = time.time()
     log_path = context.scratch / f"e2e-{label}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([str(grporun), "local", str(manifest), "--runs-dir", str(runs_dir)], cwd=ROOT,
-                                   stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"} | env)
+        process = subprocess.Popen([str(grporun), "local", "--fresh", str(manifest), "--runs-dir", str(runs_dir)],
+                                   cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
     times: dict[str, float] = {}
     config = None
     report = None

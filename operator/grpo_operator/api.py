@@ -192,14 +192,29 @@ def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
     return SpecError(*first_error(error, prefix))
 
 
+def check_reward_names(spec: GRPORunSpec) -> GRPORunSpec:
+    """The rule the CRD cannot hold: a built-in reward must exist (`grpo_trainer.rewards` owns the names, and it is
+    torch-free). The same line under `grporun validate`, `grporun local` and the operator; raises SpecError."""
+    from grpo_trainer.rewards import RewardError, check_reward_name
+
+    for index, reward in enumerate(spec.rewards):
+        if reward.name is not None:
+            try:
+                check_reward_name(reward.name)
+            except RewardError as error:
+                raise SpecError(f"spec.rewards[{index}].name", str(error)) from None
+    return spec
+
+
 def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
     """Validate a GRPORun's `.spec` (camelCase, as stored) into the typed model; raises SpecError."""
     if not isinstance(spec, dict):
         raise SpecError("spec", f"must be a mapping, not {type(spec).__name__}")
     try:
-        return GRPORunSpec.model_validate(spec)
+        parsed = GRPORunSpec.model_validate(spec)
     except ValidationError as error:
         raise spec_error_from(error) from None
+    return check_reward_names(parsed)
 
 
 def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
@@ -213,7 +228,7 @@ def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
     spec, ignored = copy.deepcopy(spec), []
     while True:
         try:
-            return GRPORunSpec.model_validate(spec), ignored
+            return check_reward_names(GRPORunSpec.model_validate(spec)), ignored
         except ValidationError as error:
             unknown = [e["loc"] for e in error.errors() if e["type"] == "extra_forbidden"]
             if not unknown or not all(_drop(spec, loc) for loc in unknown):

@@ -3,6 +3,7 @@
 It rides on kopf's own client (kopf 1.45.2 is pinned) so every call uses the credentials kopf logged in with, its
 re-authentication on 401, `settings.networking.request_timeout` and its retry backoffs; no second client library
 to configure (kubernetes==37 reads $KUBECONFIG once at import, which bites in tests and in-cluster alike).
+Only `kopf._cogs.clients` (api, errors, auth) is private here; everything else comes from kopf's public names.
 tests/support/test_kube_emulator.py checks the kopf internals used here still exist.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import kopf
 from kopf._cogs.clients import api, errors
-from kopf._cogs.configs.configuration import OperatorSettings
 
 from .api import KIND, PLURAL
 
@@ -39,7 +40,7 @@ CREATE_BACKOFFS = (0.5,)
 
 
 class Kube:
-    def __init__(self, settings: OperatorSettings, logger: logging.Logger | logging.LoggerAdapter):
+    def __init__(self, settings: kopf.OperatorSettings, logger: logging.Logger | logging.LoggerAdapter):
         self.settings, self.logger = settings, logger
 
     async def create(self, obj: dict[str, Any]) -> bool:

@@ -25,9 +25,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import kopf
 from kopf._cogs.clients import api, auth, errors
-from kopf._cogs.configs.configuration import OperatorSettings
-from kopf._cogs.structs import credentials
 
 from .kube import object_url
 
@@ -66,16 +65,15 @@ def _now() -> str:
 class LeaseClient:
     """GET/POST/PUT of one Lease over kopf's HTTP client, logged in the way kopf logs in; 401 logs in again."""
 
-    def __init__(self, namespace: str, name: str, settings: OperatorSettings, logger: logging.Logger,
-                 login: Callable[[], credentials.ConnectionInfo | None] | None = None):
+    def __init__(self, namespace: str, name: str, settings: kopf.OperatorSettings, logger: logging.Logger,
+                 login: Callable[[], kopf.ConnectionInfo | None] | None = None):
         self.namespace, self.name, self.settings, self.logger = namespace, name, settings, logger
         self._login = login or self._login_as_kopf
         self._context: auth.APIContext | None = None
 
-    def _login_as_kopf(self) -> credentials.ConnectionInfo | None:
-        from kopf._core.intents.piggybacking import login_via_client
+    def _login_as_kopf(self) -> kopf.ConnectionInfo | None:
 
-        return login_via_client(logger=self.logger, settings=self.settings)
+        return kopf.login_via_client(logger=self.logger, settings=self.settings)
 
     def _url(self, named: bool = True) -> str:
         return object_url(LEASE_API, "Lease", self.namespace, self.name if named else None)
@@ -84,7 +82,7 @@ class LeaseClient:
         if self._context is None:
             info = self._login()
             if info is None:
-                raise credentials.LoginError("the kubernetes client library is not installed")
+                raise kopf.LoginError("the kubernetes client library is not installed")
             self._context = auth.APIContext(info)
         try:
             response = await api.request(method, url, payload=payload, settings=self.settings, logger=self.logger,

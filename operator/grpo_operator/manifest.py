@@ -424,3 +424,25 @@ def read_grporun(path: str | os.PathLike[str], default_namespace: str = "default
         raise ManifestInvalid([str(error)]) from None
     metadata = defaulted["metadata"]
     return GRPORun(metadata["name"], metadata.get("namespace") or default_namespace, spec, defaulted)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Warnings: valid, and the API server admits it, but a cluster run would likely not do what the author meant
+# --------------------------------------------------------------------------------------------------------------------
+#: Paths only `grporun local` can resolve: relative to the manifest's folder, or to a home directory.
+MACHINE_LOCAL_PREFIXES = ("./", "../", "~")
+
+
+def cluster_warnings(spec: GRPORunSpec) -> list[str]:
+    """One line per warning, naming the field: what `grporun validate` reports and `--strict` refuses."""
+    warnings = []
+    if spec.checkpoint.volume is None:
+        warnings.append("spec.checkpoint.volume: not set: checkpoints live as long as the learner pod, so a "
+                        "restarted learner starts over")
+    paths = [("spec.model", spec.model), ("spec.dataset.path", spec.dataset.path)]
+    paths += [(f"spec.rewards[{index}].model", reward.model) for index, reward in enumerate(spec.rewards)]
+    for field_name, value in paths:
+        if value is not None and value.startswith(MACHINE_LOCAL_PREFIXES):
+            warnings.append(f"{field_name}: {value} is a path on this machine: only grporun local resolves it; a "
+                            "cluster's pods need a hub id or a path on a volume they mount")
+    return warnings

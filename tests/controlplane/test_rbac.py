@@ -105,7 +105,6 @@ def test_leader_election_with_the_operators_own_token_on_the_real_api_server(con
     import logging
 
     import kopf
-    from kopf._cogs.configs.configuration import OperatorSettings
 
     from grpo_operator.leader import LeaderElector, LeaseClient, LeaseTimings
 
@@ -115,7 +114,7 @@ def test_leader_election_with_the_operators_own_token_on_the_real_api_server(con
     def elector(identity: str) -> LeaderElector:
         info = kopf.ConnectionInfo(server=control_plane.url, ca_path=str(control_plane.ca), scheme="Bearer",
                                    token=operator_account.token)
-        client = LeaseClient(RELEASE_NAMESPACE, _lease_name(), OperatorSettings(), logger, login=lambda: info)
+        client = LeaseClient(RELEASE_NAMESPACE, _lease_name(), kopf.OperatorSettings(), logger, login=lambda: info)
         return LeaderElector(client, identity, timings, logger)
 
     async def scenario() -> dict:

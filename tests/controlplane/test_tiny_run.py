@@ -4,7 +4,7 @@ own network namespace) and `kubectl wait --for=condition=Succeeded`.
 
 The manifest is the shipped one with what a cluster needs instead of `grporun local`'s relative paths: the model
 and prompts at absolute paths (the process kubelet shares the host's files), and a hostPath volume both roles mount
-for the filesystem weight sync (the README's `rollout.weightSync.volume`).
+for the filesystem weight sync (`rollout.weightSync.volume`, docs/limits.md).
 """
 
 from __future__ import annotations

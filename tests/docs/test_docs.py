@@ -53,3 +53,121 @@ def test_nothing_points_outside_the_repository(path):
     lines = enumerate(text.splitlines(), 1)
     hits = [f"{path}:{number}: {line.strip()}" for number, line in lines if STRAY.search(line)]
     assert not hits, "\n".join(hits)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The front door and the pages it links to: one page owns each subject, and the others link to it.
+# --------------------------------------------------------------------------------------------------------------------
+README = REPO / "README.md"
+README_LIMIT_BYTES = 10_000
+PAGES = ["README.md", "charts/grpo-operator/README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {_slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
+
+
+def test_the_readme_fits_on_two_screens_and_opens_with_the_two_commands():
+    text = README.read_text()
+    assert len(text.encode()) <= README_LIMIT_BYTES
+    first_block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split()[:2] for line in first_block.splitlines()] == [["make", "demo"], ["make", "test"]]
+
+
+def test_the_readme_shows_the_ending_the_code_prints():
+    from grpo_operator.api import Reason
+    from grpo_operator.cli.local.console import final_summary
+
+    ending = final_summary({
+        "phase": "Succeeded", "message": "the learner reached the epoch bound and exited 0",
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": Reason.EPOCH_BOUND_REACHED}],
+        "progress": {"epoch": 12, "epochs": 12, "groupsConsumed": 192, "groupsTotal": 192, "groupsTrained": 192,
+                     "groupsDropped": 0, "globalStep": 59, "rewardMean": 0.388},
+    })
+    assert ending in README.read_text()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_and_anchor_resolves(page):
+    path = REPO / page
+    broken = []
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+            broken.append(target)
+    assert not broken, f"{page}: broken links: {', '.join(broken)}"
+
+
+def _learner_exit_codes() -> list[int]:
+    from grpo_trainer import contract
+
+    return [contract.EXIT_STALLED, contract.EXIT_PREEMPTED, contract.EXIT_INVALID_CONFIG]
+
+
+def _reasons() -> set[str]:
+    from grpo_operator.api import Reason
+
+    return {value for name, value in vars(Reason).items() if name.isupper()}
+
+
+def _values_keys() -> set[str]:
+    import yaml
+
+    return set(yaml.safe_load((REPO / "charts" / "grpo-operator" / "values.yaml").read_text()))
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [" ".join(block.split()) for block in re.split(r"\n\s*\n", text)]
+
+
+def _names_exit_codes(line: str) -> bool:
+    return sum(bool(re.search(rf"(?<![\d.]){code}(?![\d.])", line)) for code in _learner_exit_codes()) >= 2
+
+
+def _lists_reasons(paragraph: str) -> bool:
+    return len(set(re.findall(r"`(\w+)`", paragraph)) & _reasons()) >= 8
+
+
+def _is_values_row(line: str) -> bool:
+    row = re.match(r"\| `(\w+)[.`]", line)
+    return row is not None and row.group(1) in _values_keys()
+
+
+# fact -> (the page that owns it, the unit it is written in, does a unit restate it?). A page may mention an exit
+# code or a reason in passing; a line naming several exit codes, a paragraph listing the reasons, or a row of the
+# chart's values table is the fact itself.
+CANONICAL = {
+    "the learner's exit codes": ("docs/architecture.md", _lines, _names_exit_codes),
+    "the condition reasons": ("docs/operator.md", _paragraphs, _lists_reasons),
+    "the chart's values": ("charts/grpo-operator/README.md", _lines, _is_values_row),
+}
+
+
+@pytest.mark.parametrize("fact", sorted(CANONICAL))
+def test_a_fact_lives_in_its_own_page_only(fact):
+    owner, units, restates = CANONICAL[fact]
+    assert any(map(restates, units((REPO / owner).read_text()))), f"{owner} no longer holds {fact}"
+    elsewhere = [f"{page} ({unit[:60]}...)" for page in PAGES if page != owner
+                 for unit in units((REPO / page).read_text()) if restates(unit)]
+    assert not elsewhere, f"{fact} belongs to {owner} alone (link to it); restated in {'; '.join(elsewhere)}"
+
+
+def test_the_cli_page_shows_the_exit_codes_the_code_uses():
+    from grpo_operator.cli.exit_codes import MEANINGS, ExitCode
+
+    rows = re.findall(r"^\| `(\d+)` \| (.+) \|$", (REPO / "docs" / "cli.md").read_text(), re.M)
+    assert rows == [(str(int(code)), MEANINGS[code]) for code in ExitCode]

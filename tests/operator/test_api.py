@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 
 from grpo_operator.api import GRPORunSpec, GRPORunStatus, SpecError, parse_spec, parse_status
 from grpo_operator.manifest import load_crd, load_manifest, with_defaults
-from tests.support.paths import MANIFEST_FIXTURES as FIXTURES  # noqa: E402
+from tests.support.paths import MANIFEST_FIXTURES as FIXTURES
 
 SPEC_SCHEMA = load_crd().schema["properties"]["spec"]
 STATUS_SCHEMA = load_crd().schema["properties"]["status"]

@@ -18,3 +18,18 @@ def test_object_urls():
     assert object_url("v1", "Pod", "ns", "p") == "/api/v1/namespaces/ns/pods/p"
     assert object_url("grpo.dev/v1alpha1", "GRPORun", "ns", "r", "status") == \
         "/apis/grpo.dev/v1alpha1/namespaces/ns/grporuns/r/status"
+
+
+def test_the_operator_uses_kopfs_public_names_except_its_client():
+    """kopf exports OperatorSettings, ConnectionInfo, LoginError and login_via_client; only its HTTP client
+    (`kopf._cogs.clients`: api, errors, auth) has no public name. tests/support/test_kube_emulator.py checks that
+    those internals still exist."""
+    import re
+
+    from tests.support.paths import REPO
+
+    private = re.compile(r"^\s*(?:from|import) (kopf\._[\w.]*)", re.M)
+    found = {(path.relative_to(REPO).as_posix(), module)
+             for root in ("operator", "trainer_image") for path in (REPO / root).rglob("*.py")
+             for module in private.findall(path.read_text())}
+    assert {module for _, module in found} <= {"kopf._cogs.clients"}, sorted(found)

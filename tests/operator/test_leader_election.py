@@ -8,7 +8,6 @@ import logging
 
 import kopf
 import pytest
-from kopf._cogs.configs.configuration import OperatorSettings
 
 from grpo_operator.leader import LeaderElector, LeadershipLost, LeaseClient, LeaseTimings
 from tests.support.kube_emulator import LEASES, EmulatorThread, KubeClient, KubeEmulator
@@ -25,7 +24,7 @@ def api():
 
 
 def elector(url: str, identity: str, timings: LeaseTimings = FAST) -> LeaderElector:
-    settings = OperatorSettings()
+    settings = kopf.OperatorSettings()
     settings.networking.request_timeout = 2
     client = LeaseClient("default", "grpo-operator", settings, LOGGER,
                          login=lambda: kopf.ConnectionInfo(server=url, default_namespace="default"))

@@ -227,6 +227,16 @@ def test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing(cluster):
     cluster.wait_event("kappa", "InvalidSpec")
 
 
+def test_an_unknown_built_in_reward_fails_at_once_and_creates_nothing(cluster):
+    """The CRD cannot know the reward names, so the API server admits `nope`; the operator refuses it with the line
+    `grporun validate` and `grporun local` print, instead of a learner exiting 78 minutes later."""
+    cluster.apply(grporun("nu", minimal_spec(rewards=[{"name": "nope"}])))
+    cluster.wait_phase("nu", "Failed")
+    assert cluster.condition("nu", "Failed")["message"] == (
+        "spec.rewards[0].name: unknown reward 'nope'; built-in rewards: accuracy, constant, letter_a_fraction")
+    assert cluster.pods("nu") == [] and cluster.config_maps("nu") == []
+
+
 def test_image_pull_backoff_surfaces_a_reason(cluster):
     cluster.apply(grporun("lam"))
     cluster.wait_for(lambda: len(cluster.pods("lam")) == 2, what="pods")

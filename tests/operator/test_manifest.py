@@ -26,8 +26,8 @@ from grpo_operator.manifest import (
     validate_manifest,
     with_defaults,
 )
-from tests.support.paths import MANIFEST_FIXTURES as FIXTURES  # noqa: E402
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import MANIFEST_FIXTURES as FIXTURES
+from tests.support.paths import REPO
 
 GOOD_FIXTURES = sorted(FIXTURES.glob("*.yaml"))
 SCHEMA = load_crd().schema

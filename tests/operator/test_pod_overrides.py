@@ -12,6 +12,7 @@ import yaml
 
 from grpo_operator import builders, cli
 from grpo_operator.api import SpecError, parse_spec
+from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.cli.render import PLACEHOLDER_UID, render
 from grpo_operator.kueue import QUEUE_LABEL
 from grpo_operator.manifest import evaluate_rule, load_crd, load_manifest, rule_sites, with_defaults
@@ -179,8 +180,8 @@ def test_grporun_validate_names_each_managed_field(tmp_path, capsys):
         learner["spec"]["containers"][0]["ports"] = [{"containerPort": 1}]
         spec["rollout"]["podTemplateOverride"]["spec"]["restartPolicy"] = "Always"
     path = _manifest_with(tmp_path, change)
-    assert cli.main(["validate", path]) == 1
-    lines = capsys.readouterr().out.splitlines()
+    assert cli.main(["validate", path]) == ExitCode.INVALID
+    lines = capsys.readouterr().err.splitlines()
     prefix = f"{path}: spec.learner.podTemplateOverride.spec.containers[0]"
     assert sorted(lines) == sorted([
         f"{prefix}.env[2].name: is managed by the operator: GRPO_* variables, HF_HOME, HOME and PYTHONUNBUFFERED "
@@ -222,7 +223,7 @@ def test_local_names_what_it_cannot_resolve():
 
 def test_the_gpu_example_takes_hf_token_from_a_secret_runs_at_a_priority_and_is_queued_by_kueue(capsys):
     example = REPO / "examples" / "gpu.yaml"
-    assert cli.main(["validate", str(example)]) == 0, capsys.readouterr().out
+    assert cli.main(["validate", str(example)]) == 0, capsys.readouterr().err
     assert load_manifest(example)["metadata"]["labels"][QUEUE_LABEL] == "research"
     objects = list(yaml.safe_load_all(render(str(example), namespace="ml", trainer_image="img", uid=PLACEHOLDER_UID)))
     pods = [obj for obj in objects if obj["kind"] == "Pod"]

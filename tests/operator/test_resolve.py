@@ -18,7 +18,7 @@ from grpo_trainer.contract import (
     TrainingConfig,
     load_run_config,
 )
-from tests.support.paths import MANIFEST_FIXTURES as FIXTURES  # noqa: E402
+from tests.support.paths import MANIFEST_FIXTURES as FIXTURES
 
 
 def resolve(fixture: str, **overrides):

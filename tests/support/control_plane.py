@@ -23,10 +23,10 @@ import requests
 import yaml
 
 from grpo_operator.cli.local.processes import free_port
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
-ADMIN_TOKEN = "grpo-test-admin-token"  # noqa: S105 (a throwaway server on loopback)
+ADMIN_TOKEN = "grpo-test-admin-token"
 REQUIRED = ("kube-apiserver", "etcd")
 CONTROLLER_MANAGER = "kube-controller-manager"
 GC_STARTED = "Proceeding to collect garbage"  # the garbage collector's log line once its monitors synced

@@ -1,11 +1,12 @@
 """A Kubernetes API emulator that the real kopf operator can run a whole GRPORun lifecycle against.
 
-No kube-apiserver, envtest or k3s can be installed on this project's machines, so the operator is tested against
-`kmock.KubernetesEmulator` (0.8) served over real HTTP. Plain kmock keeps objects as dicts merged blindly: no
-resourceVersion, uid or generation, watches that replay a snapshot and miss what happens while they reconnect, no
-`/status` subresource, no failed JSON-patch `test`, no label selectors, no garbage collection. kopf's finalizer
-flow and its optimistic-concurrency patches need all of these, so this layer keeps kmock's HTTP server, request
-parsing, discovery documents, error rendering and request list, and replaces the storage semantics:
+The fast tier: a real kube-apiserver and etcd (`tests.support.control_plane`) take seconds to start and need their
+binaries built, so most operator tests run against `kmock.KubernetesEmulator` (0.8) served over real HTTP, and the
+control-plane tier runs the same scenarios again on the real server. Plain kmock keeps objects as dicts merged
+blindly: no resourceVersion, uid or generation, watches that replay a snapshot and miss what happens while they
+reconnect, no `/status` subresource, no failed JSON-patch `test`, no label selectors, no garbage collection. kopf's
+finalizer flow and its optimistic-concurrency patches need all of these, so this layer keeps kmock's HTTP server,
+request parsing, discovery documents, error rendering and request list, and replaces the storage semantics:
 
 - uid, creationTimestamp, resourceVersion (one cluster-wide counter) and generation (bumped when anything outside
   metadata/status changes) on every write; a write that changes nothing bumps nothing (as the real server does,

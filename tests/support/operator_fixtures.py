@@ -37,7 +37,7 @@ from tests.support.kube_emulator import (
     KubeEmulator,
     ResourceDef,
 )
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 from tests.support.specs import NAMESPACE, status_errors
 
 CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",

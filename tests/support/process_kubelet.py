@@ -32,7 +32,7 @@ import requests
 
 from tests.support.control_plane_client import Client
 from tests.support.kube_emulator import CONFIGMAPS, PODS, ApiError
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 from tests.support.pod_network import PodNetwork
 
 

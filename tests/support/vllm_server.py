@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from grpo_operator.cli.local.processes import free_port
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))
 START_TIMEOUT_S = 600

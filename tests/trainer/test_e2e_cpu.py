@@ -17,7 +17,7 @@ from grpo_operator.cli.local.plan import localize_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import resolve_run_config
 from grpo_trainer import contract as c
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
 PROMPTS = REPO / "examples" / "tiny-prompts.jsonl"

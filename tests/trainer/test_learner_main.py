@@ -6,7 +6,7 @@ import pytest
 
 from grpo_trainer import contract as c
 from grpo_trainer.learner_main import ConfigError, as_messages, load_prompts, trainer_arguments
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 
 def config(**fields) -> c.RunConfig:

@@ -108,7 +108,7 @@ class ProgressServer:
         registry.register(ProgressCollector(report_fn))
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == c.PROGRESS_PATH:
                     body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"

@@ -6,17 +6,19 @@ import argparse
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
 from ..leader import DEFAULT_LEASE_NAME, LeaseTimings
+from .exit_codes import ExitCode
+from .output import problem
 
-#: The exit status of a leader that could not renew its Lease: it stops at once, before a standby can take over,
-#: and its container restarts as a standby.
-LOST_LEADERSHIP_EXIT = 3
+EXAMPLES = """examples:
+  grporun operator --all-namespaces
+  grporun operator -n team-a -n team-b --leader-elect --lease-namespace grpo-system
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,19 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
-        print("grporun operator: pass --namespace NAME (repeatable) or --all-namespaces")
-        return 2
+        problem("operator", "pass --namespace NAME (repeatable) or --all-namespaces")
+        return ExitCode.USAGE
     try:
         timings = LeaseTimings(args.lease_duration, args.renew_deadline, args.retry_period)
     except ValueError as error:
-        print(f"grporun operator: {error}", file=sys.stderr)
-        return 2
+        problem("operator", str(error))
+        return ExitCode.USAGE
     from .preflight import cluster_problem
 
-    problem = cluster_problem()
-    if problem is not None:
-        print(f"grporun operator: {problem}", file=sys.stderr)
-        return 1
+    unusable = cluster_problem()
+    if unusable is not None:
+        problem("operator", unusable)
+        return ExitCode.FAILED
     import kopf
 
     from .. import handlers  # noqa: F401  (registers the handlers with kopf)
@@ -80,20 +82,20 @@ def main(args: argparse.Namespace) -> int:
                              memo=kopf.Memo(context=context), liveness_endpoint=liveness)
     if not args.leader_elect:
         asyncio.run(operator)
-        return 0
+        return ExitCode.OK
     return asyncio.run(_lead(operator, args, timings, liveness))
 
 
 async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, timings: LeaseTimings,
                 liveness: str | None) -> int:
     """Wait for the Lease (answering the liveness probe meanwhile), then run kopf while renewing it."""
-    from kopf._cogs.configs.configuration import OperatorSettings
+    import kopf
 
     from ..leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
     from .standby import standby_liveness
 
     logger = logging.getLogger("grpo_operator.leader")
-    settings = OperatorSettings()
+    settings = kopf.OperatorSettings()
     settings.networking.request_timeout = timings.renew_deadline / 2
     elector = LeaderElector(LeaseClient(args.lease_namespace, args.lease_name, settings, logger),
                             default_identity(), timings, logger)
@@ -106,8 +108,8 @@ async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, t
         # Stop acting now: a standby may take the Lease once lease_duration has passed since the last renewal.
         logger.error("lost leadership: %s; exiting", holding.exception())
         logging.shutdown()
-        os._exit(LOST_LEADERSHIP_EXIT)
+        os._exit(ExitCode.LOST_LEADERSHIP)  # at once, before a standby can take over
     holding.cancel()
     await elector.release()
     running.result()
-    return 0
+    return ExitCode.OK

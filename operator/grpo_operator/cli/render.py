@@ -12,9 +12,15 @@ import argparse
 import yaml
 
 from ..builders import TRAINER_IMAGE_ENV, build_children, default_trainer_image
-from ..manifest import ManifestError, ManifestInvalid, read_grporun
+from ..manifest import ManifestError, read_grporun
+from .exit_codes import ExitCode
+from .output import manifest_problem
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+EXAMPLES = """examples:
+  grporun render examples/tiny.yaml > objects.yaml
+  grporun render run.yaml -n team-a --trainer-image registry.example.com/grpo-trainer:cuda
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +40,8 @@ def render(path: str, *, namespace: str, trainer_image: str, uid: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        print(render(args.manifest, namespace=args.namespace, trainer_image=args.trainer_image, uid=args.uid), end="")
-    except ManifestInvalid as invalid:
-        for line in invalid.errors:
-            print(f"{args.manifest}: {line}")
-        return 1
+        objects = render(args.manifest, namespace=args.namespace, trainer_image=args.trainer_image, uid=args.uid)
     except ManifestError as error:
-        print(error)
-        return 1
-    return 0
+        return manifest_problem(args.manifest, error)
+    print(objects, end="")
+    return ExitCode.OK

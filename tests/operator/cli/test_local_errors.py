@@ -11,11 +11,12 @@ import yaml
 
 from grpo_operator import builders
 from grpo_operator.cli import main as grporun
+from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.cli.local.console import final_summary
 from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
 from grpo_operator.cli.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
 
@@ -174,14 +175,63 @@ def test_the_rollout_restart_limit_flag_overrides_the_manifest_and_refuses_a_neg
     path.write_text(yaml.safe_dump(manifest))
 
     def args(limit):
-        return argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False,
+        return argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=True,
                                   rollout_url=["http://127.0.0.1:9"], rollout_python=None, rollout_restart_limit=limit)
 
     assert prepare(args(None)).spec.run_policy.rollout_restart_limit == 5
     assert prepare(args(1)).spec.run_policy.rollout_restart_limit == 1
     path.write_text(yaml.safe_dump(tiny_manifest))
     assert prepare(args(None)).spec.run_policy.rollout_restart_limit == 3  # the CRD's default, one owner (api.py)
-    code = grporun(["local", str(path), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", "http://127.0.0.1:9",
-                    "--rollout-restart-limit", "-1"])
-    assert code != 0 and capsys.readouterr().err.strip().splitlines() == [
-        "grporun local: --rollout-restart-limit: must be >= 0, not -1"]
+    with pytest.raises(SystemExit) as exited:
+        grporun(["local", str(path), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", "http://127.0.0.1:9",
+                 "--rollout-restart-limit", "-1"])
+    assert exited.value.code == ExitCode.USAGE
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "grporun local: error: argument --rollout-restart-limit: must be >= 0, not -1")
+
+
+def test_an_earlier_run_folder_is_kept_unless_resume_or_fresh_says_what_to_do(tmp_path, tiny_manifest, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_manifest))
+    runs = tmp_path / "runs"
+
+    def args(**flags):
+        return argparse.Namespace(manifest=str(path), runs_dir=str(runs), rollout_url=["http://127.0.0.1:9"],
+                                  rollout_python=None, rollout_restart_limit=None,
+                                  **{"resume": False, "fresh": False, **flags})
+
+    first = prepare(args())
+    checkpoint = first.run_dir / "checkpoints" / "checkpoint-3" / "grpo_progress.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("{}")
+    code = grporun(["local", str(path), "--runs-dir", str(runs), "--rollout-url", "http://127.0.0.1:9"])
+    assert code == ExitCode.USAGE
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"grporun local: {first.run_dir} exists (config, logs, checkpoints of an earlier run): pass --resume to "
+        "continue from its newest checkpoint or --fresh to delete it and start over"]
+    assert checkpoint.is_file()  # refused: nothing was deleted
+    assert prepare(args(resume=True)).run_dir == first.run_dir and checkpoint.is_file()
+    assert prepare(args(fresh=True)).run_dir == first.run_dir and not checkpoint.exists()
+    with pytest.raises(SystemExit):  # one or the other
+        grporun(["local", str(path), "--resume", "--fresh"])
+
+
+@pytest.mark.parametrize(
+    ("change", "validate_sees_it"),
+    [(lambda s: s["training"].update(epoch=3), True),
+     (lambda s: s.update(rewards=[{"name": "nope"}]), True),
+     (lambda s: s.update(model="./no-such-model"), False)],  # a path on this machine: grporun local's own check
+    ids=["schema", "reward-name", "local-path"],
+)
+def test_a_bad_manifest_is_the_same_line_and_exit_code_in_every_command(tmp_path, tiny_manifest, capsys, change,
+                                                                        validate_sees_it):
+    local_code, local_lines = run_local(tmp_path, mutate(tiny_manifest, change), capsys)
+    path = str(tmp_path / "run.yaml")
+    assert local_code == ExitCode.INVALID and len(local_lines) == 1 and local_lines[0].startswith(f"{path}: spec.")
+    if not validate_sees_it:
+        return
+    assert grporun(["validate", path]) == ExitCode.INVALID
+    assert capsys.readouterr().err.strip().splitlines() == local_lines
+    assert grporun(["render", path]) == ExitCode.INVALID
+    rendered = capsys.readouterr()
+    assert rendered.out == "" and rendered.err.strip().splitlines() == local_lines

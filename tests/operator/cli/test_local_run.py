@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]

@@ -8,8 +8,9 @@ import sys
 import kubernetes_validate
 import yaml
 
+from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.cli.render import PLACEHOLDER_UID, render
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.paths import REPO
 
 
 def test_render_prints_valid_objects_for_the_tiny_example():
@@ -24,7 +25,7 @@ def test_render_prints_valid_objects_for_the_tiny_example():
     assert objects[-1]["spec"]["containers"][0]["image"] == "grpo-trainer:cpu"
 
 
-def test_render_of_a_bad_manifest_names_the_field_in_one_line(tmp_path):
+def test_render_of_a_bad_manifest_prints_nothing_on_stdout_and_names_the_field_on_stderr(tmp_path):
     manifest = tmp_path / "bad.yaml"
     manifest.write_text(yaml.safe_dump({"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPORun",
                                         "metadata": {"name": "bad"},
@@ -32,8 +33,9 @@ def test_render_of_a_bad_manifest_names_the_field_in_one_line(tmp_path):
                                                  "training": {"epochs": 0}}}))
     result = subprocess.run([sys.executable, "-m", "grpo_operator.cli", "render", str(manifest)],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == ExitCode.INVALID
     assert "Traceback" not in result.stdout + result.stderr
-    lines = result.stdout.strip().splitlines()
+    assert result.stdout == ""  # `grporun render bad.yaml > objects.yaml` leaves the problems on the terminal
+    lines = result.stderr.strip().splitlines()
     assert lines and all(line.startswith(f"{manifest}: spec.") for line in lines)
     assert any("spec.training.epochs" in line for line in lines)

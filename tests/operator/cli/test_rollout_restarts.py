@@ -63,7 +63,7 @@ def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_th
                                      datetime.datetime.now(datetime.UTC), generation=1)
             local.status = decision.status
             events += decision.events
-            local.act(decision.actions, console)
+            local.act(decision.actions, console.log)
             if local.status["phase"] == "Failed":
                 break
         learner_pid = learner.popen.pid
@@ -104,7 +104,7 @@ def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_sta
                                      datetime.datetime.now(datetime.UTC), generation=1)
             local.status = decision.status
             events.extend(decision.events)
-            local.act(decision.actions, console)
+            local.act(decision.actions, console.log)
             time.sleep(0.05)
 
     try:

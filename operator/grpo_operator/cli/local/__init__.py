@@ -16,51 +16,69 @@ import argparse
 import os
 import sys
 
-from rich.console import Console
-
 from ...api import Phase
-from ...manifest import ManifestError, ManifestInvalid
+from ...manifest import ManifestError
 from ...pod_overrides import local_env_notes
-from .console import final_summary
+from ..exit_codes import ExitCode
+from ..output import manifest_problem, problem
+from .console import event_logger, final_summary, make_console
 from .plan import LocalError
 from .supervise import prepare, supervise
+
+EXAMPLES = """examples:
+  grporun local examples/tiny.yaml                  # starts a vLLM server and the learner; writes runs/tiny/
+  grporun local examples/tiny.yaml --fresh          # delete runs/tiny/ from an earlier run and start over
+  grporun local examples/tiny.yaml --resume         # continue runs/tiny/ from its newest checkpoint
+  grporun local run.yaml --rollout-url http://127.0.0.1:8000   # reuse a running server (same model)
+"""
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", metavar="MANIFEST", help="a GRPORun YAML file")
-    parser.add_argument("--runs-dir", default="runs", help="where runs/<name>/ (config, logs, checkpoints) go")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep runs/<name>/ from an earlier run and resume from its newest checkpoint")
+    parser.add_argument("--runs-dir", default="runs",
+                        help="where runs/<name>/ (run.json, logs/<pod>.log, checkpoints/, weights/, output/) go")
+    earlier = parser.add_mutually_exclusive_group()
+    earlier.add_argument("--resume", action="store_true",
+                         help="keep runs/<name>/ from an earlier run and resume from its newest checkpoint")
+    earlier.add_argument("--fresh", action="store_true",
+                         help="delete runs/<name>/ from an earlier run (its checkpoints too) and start over")
     parser.add_argument("--rollout-url", action="append", metavar="URL",
                         help="use this running vLLM server (started with VLLM_SERVER_DEV_MODE=1 on the same model) "
                              "instead of starting one; repeat for several")
     parser.add_argument("--rollout-python", metavar="PATH",
                         help="the Python that has vLLM (default: $GRPO_ROLLOUT_PYTHON, else .venv-rollout)")
-    parser.add_argument("--rollout-restart-limit", type=int, metavar="N",
+    parser.add_argument("--rollout-restart-limit", type=non_negative, metavar="N",
                         help="restarts of each rollout server that exits (0 counts: a server never ends by itself) "
                              "before its exit fails the run; separate from runPolicy.backoffLimit (default: the "
                              "manifest's runPolicy.rolloutRestartLimit, 3)")
-    parser.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between looks at the processes and the learner's progress (default 1)")
 
 
 def main(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = make_console()
+    log = event_logger(console)
     try:
         local = prepare(args)
-    except ManifestInvalid as invalid:
-        for line in invalid.errors:
-            print(f"grporun local: {args.manifest}: {line}", file=sys.stderr)
-        return 2
-    except (ManifestError, LocalError) as error:
-        print(f"grporun local: {error}", file=sys.stderr)
-        return 2
-    console.log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
+    except ManifestError as error:
+        return manifest_problem(args.manifest, error)
+    except LocalError as error:
+        problem("local", str(error))
+        return error.exit_code
+    log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
     for role, role_spec in (("rollout", local.spec.rollout), ("learner", local.spec.learner)):
         for note in local_env_notes(role, role_spec.pod_template_override, os.environ):
-            console.log(note)
+            log(note)
     interrupted = False
     try:
-        status = supervise(local, console, args.poll_interval)
+        status = supervise(local, console, log, args.poll_interval)
     except KeyboardInterrupt:
         interrupted = True
         status = local.status or {}
@@ -68,6 +86,6 @@ def main(args: argparse.Namespace) -> int:
         local.stop_all()
     if interrupted:
         print("grporun local: interrupted; stopped the rollout and learner processes", file=sys.stderr)
-        return 130
-    print(final_summary(status))
-    return 0 if status.get("phase") == Phase.SUCCEEDED.value else 1
+        return ExitCode.INTERRUPTED
+    print(final_summary(status, local.logs()))
+    return ExitCode.OK if status.get("phase") == Phase.SUCCEEDED.value else ExitCode.FAILED

@@ -8,13 +8,20 @@ from typing import Any
 
 from ... import builders
 from ...api import GRPORunSpec
+from ...manifest import ManifestInvalid
 from ...status import PodObservation, Role
+from ..exit_codes import ExitCode
 
 LOCAL_HOST = "127.0.0.1"
 
 
 class LocalError(Exception):
-    """A user mistake found before anything starts; one line naming the field."""
+    """A problem found before anything starts that is not in the manifest (the manifest's own raise
+    ManifestInvalid): one line, and the exit code for it."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def localize_path(value: str, base: Path) -> str:
@@ -29,27 +36,29 @@ def _looks_local(value: str) -> bool:
 
 
 def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
-    """The spec with local paths made absolute and checked. Raises LocalError naming the field."""
+    """The spec with local paths made absolute and checked. Raises ManifestInvalid naming the field."""
     spec = spec.model_copy(deep=True)
     spec.model = localize_path(spec.model, manifest_dir)
     if _looks_local(spec.model) and not Path(spec.model).expanduser().is_dir():
-        raise LocalError(f"spec.model: {spec.model}: no such directory")
+        raise ManifestInvalid([f"spec.model: {spec.model}: no such directory"])
     if spec.dataset.path is not None:
         spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
         if not Path(spec.dataset.path).expanduser().exists():
-            raise LocalError(f"spec.dataset.path: {spec.dataset.path}: no such file or directory")
+            raise ManifestInvalid([f"spec.dataset.path: {spec.dataset.path}: no such file or directory"])
     for index, reward in enumerate(spec.rewards):
         if reward.model is not None:
             reward.model = localize_path(reward.model, manifest_dir)
             if _looks_local(reward.model) and not Path(reward.model).expanduser().is_dir():
-                raise LocalError(f"spec.rewards[{index}].model: {reward.model}: no such directory")
+                raise ManifestInvalid([f"spec.rewards[{index}].model: {reward.model}: no such directory"])
     if spec.learner.nodes != 1:
-        raise LocalError(f"spec.learner.nodes: grporun local runs on one machine; got {spec.learner.nodes}, use 1")
+        nodes = spec.learner.nodes
+        raise ManifestInvalid([f"spec.learner.nodes: grporun local runs on one machine; got {nodes}, use 1"])
     return spec
 
 
 def check_rewards(spec: GRPORunSpec) -> None:
-    """Built-in names and `module:function` imports are checked here, before minutes of server start-up."""
+    """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
+    with the spec, `api.check_reward_names`)."""
     from grpo_trainer.rewards import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
@@ -59,7 +68,7 @@ def check_rewards(spec: GRPORunSpec) -> None:
             load_reward(reward)
         except RewardError as error:
             field_name = "name" if reward.name is not None else "function"
-            raise LocalError(f"spec.rewards[{index}].{field_name}: {error}") from None
+            raise ManifestInvalid([f"spec.rewards[{index}].{field_name}: {error}"]) from None
 
 
 @dataclass(frozen=True)

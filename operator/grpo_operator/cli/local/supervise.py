@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from ... import status as st
 from ...api import FINISHED_PHASES, GRPORunSpec, Phase
 from ...manifest import read_grporun
 from ...resolve import resolve_run_config
-from .console import bar_fields, one_line, progress_bar
+from ..exit_codes import ExitCode
+from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
@@ -69,7 +71,7 @@ class LocalRun:
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
-    def act(self, actions: list[st.Action], console: Console) -> None:
+    def act(self, actions: list[st.Action], log: Callable[[str], None]) -> None:
         for action in actions:
             if isinstance(action, st.CreateChildren):
                 for process in self.processes.values():
@@ -78,7 +80,7 @@ class LocalRun:
                         self.hung.pop(process.plan.name, None)
                         if self.liveness is not None:
                             self.liveness.forget(process.plan.name)
-                        console.log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
+                        log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
             elif isinstance(action, st.DeletePods | st.RecreatePods):
                 for name in action.pods:
                     process = self.processes.get(name)
@@ -89,7 +91,23 @@ class LocalRun:
                             if process.plan.role == "learner" and self.termination_path:
                                 self.termination_path.unlink(missing_ok=True)
 
-    def stop_hung(self, log) -> None:
+    def waiting_for(self, pods: list[st.PodObservation]) -> list[str]:
+        """What the run waits for while a rollout server is up but not ready (a model load takes minutes)."""
+        external = {builders.rollout_pod_name(self.name, index): url
+                    for index, url in enumerate(self.external_rollout_urls)}
+        lines = []
+        for pod in pods:
+            if pod.role != "rollout" or pod.phase != "Running" or pod.ready:
+                continue
+            process = self.processes.get(pod.name)
+            where = f"log: {process.log_path}" if process is not None else f"the server at {external.get(pod.name)}"
+            lines.append(f"waiting for {pod.name}: /health does not answer yet ({where})")
+        return lines
+
+    def logs(self) -> dict[str, Path]:
+        return {name: process.log_path for name, process in self.processes.items()}
+
+    def stop_hung(self, log: Callable[[str], None]) -> None:
         """The kubelet's liveness rule: a rollout server that generates no token is stopped, and the state machine
         then replaces it like any server that exited. `log` takes one line per server stopped."""
         if self.liveness is None:
@@ -117,11 +135,12 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     check_rewards(spec)
     limit = getattr(args, "rollout_restart_limit", None)
     if limit is not None:  # the flag overrides the manifest's runPolicy.rolloutRestartLimit
-        if limit < 0:
-            raise LocalError(f"--rollout-restart-limit: must be >= 0, not {limit}")
         spec.run_policy.rollout_restart_limit = limit
     run_dir = Path(args.runs_dir).resolve() / run.name
-    if run_dir.exists() and not args.resume:
+    if run_dir.exists() and not (args.resume or args.fresh):
+        raise LocalError(f"{run_dir} exists (config, logs, checkpoints of an earlier run): pass --resume to continue "
+                         "from its newest checkpoint or --fresh to delete it and start over", ExitCode.USAGE)
+    if run_dir.exists() and args.fresh:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     external = list(args.rollout_url or [])
@@ -156,13 +175,19 @@ def prepare(args: argparse.Namespace) -> LocalRun:
                     termination_path, liveness=Liveness(config.model))
 
 
-def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict[str, Any]:
+def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
+              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Tick until the run finishes: observe, derive the status like the operator, act, draw."""
+    waiting, training = Periodic(clock=clock), Periodic(clock=clock)
     with progress_bar(console) as bar:
         task = bar.add_task("run", **bar_fields({}))
         while True:
-            local.stop_hung(console.log)
+            local.stop_hung(log)
             pods = local.observations()
+            waits = local.waiting_for(pods)
+            if waiting.due(bool(waits)):
+                for line in waits:
+                    log(line)
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None
             report = read_progress_blocking(learner.plan.url) if alive else None
@@ -171,9 +196,12 @@ def supervise(local: LocalRun, console: Console, poll_interval_s: float) -> dict
             )
             local.status = decision.status
             for event in decision.events:
-                console.log(f"{event.type} {event.reason}: {one_line(event.message)}")
-            local.act(decision.actions, console)
+                log(f"{event.type} {event.reason}: {one_line(event.message)}")
+            local.act(decision.actions, log)
             bar.update(task, **bar_fields(local.status))
+            running = local.status.get("phase") == Phase.RUNNING.value
+            if training.due(running and not console.is_terminal):  # a terminal has the bar
+                log(progress_line(local.status))
             if Phase(local.status["phase"]) in FINISHED_PHASES:
                 return local.status
             time.sleep(poll_interval_s)

@@ -1,0 +1,33 @@
+"""The exit codes of every `grporun` command: one meaning each, whichever command exits with it.
+
+docs/cli.md shows this table (tests/docs/test_docs.py holds the two together); `grporun --help` lists it too.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    LOST_LEADERSHIP = 3
+    INVALID = 4
+    INTERRUPTED = 130
+
+
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "done: the manifests are valid, the objects rendered, the local run Succeeded",
+    ExitCode.FAILED: "the work ran and failed: the local run ended Failed, or the operator cannot use the cluster",
+    ExitCode.USAGE: "the command line is wrong: an unknown flag, a bad value; a run folder that exists, without "
+                    "--resume or --fresh",
+    ExitCode.LOST_LEADERSHIP: "the operator lost its Lease and stopped (its container restarts as a standby)",
+    ExitCode.INVALID: "a manifest, or a file it names, is invalid or unreadable (validate --strict: a warning too)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a local run's processes are stopped",
+}
+
+
+def summary() -> str:
+    """The table as `--help` shows it."""
+    return "exit codes:\n" + "\n".join(f"  {int(code):<4} {MEANINGS[code]}" for code in ExitCode)
