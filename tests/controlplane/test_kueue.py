@@ -145,3 +145,21 @@ def test_a_run_kueue_evicts_is_suspended_without_a_restart_and_resumes_when_read
     cluster.wait_phase("ke", "Running")
     assert cluster.status("ke").get("restarts", 0) == 0
     cluster.wait_event("ke", "Evicted", "Resumed")
+
+
+def test_an_admitted_run_that_fails_invalid_spec_gives_its_quota_back_to_the_next_run(cluster):
+    admin = cluster.client
+    _queues(cluster, "2")  # room for one run of two 1-CPU pods
+    rejected = grporun("kr", minimal_spec(rollout={"resources": REQUESTS}, learner={"resources": REQUESTS},
+                                          checkpoint={"volume": {"persistentVolumeClaim": {"claimNmae": "typo"}}}))
+    rejected["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
+    cluster.apply(rejected)
+    rejected_path = f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name('kr')}"
+    cluster.wait_phase("kr", "Failed")
+    assert cluster.condition("kr", "Failed")["reason"] == "InvalidSpec"
+    finished = cluster.wait_for(lambda: (c := _conditions(_workload(admin, rejected_path)).get("Finished"))
+                                and c["status"] == "True" and c, what="the failed run's Workload marked Finished")
+    assert finished["reason"] == "Failed", finished
+    # Kueue gave the quota back: the next run in the queue is admitted and gets its pods.
+    _queued_run(cluster, "kn")
+    cluster.wait_for(lambda: len(cluster.pods("kn")) == 2, timeout=30, what="the next run admitted into the quota")
