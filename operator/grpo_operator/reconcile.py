@@ -30,7 +30,7 @@ from .api import (
     parse_status,
     parse_stored_spec,
 )
-from .kube import APIClientError, Kube, merge_patch_between
+from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
 from .pods import PodFacts
@@ -96,8 +96,6 @@ class OperatorContext:
 PROGRESS_UNKNOWN_AFTER = 3
 #: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
 CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-#: Statuses that mean the object itself is invalid: retrying the same object cannot help.
-PERMANENT_REJECTIONS = frozenset({400, 422})
 
 
 class ChildRejected(Exception):
@@ -142,8 +140,11 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     queue = kueue.queue_name(metadata)
     gate = None
     if queue and not was_finished:
-        gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
-                                pods_exist=bool(live), now=now)
+        try:
+            gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
+                                    pods_exist=bool(live), now=now)
+        except kueue.WorkloadRejected as error:
+            await _fail_permanently(context, kube, body, base_status, error, live, logger)
     decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
                              children_exist=memory.children_created, progress_error=memory.progress_error,
                              progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,

@@ -234,3 +234,18 @@ def test_an_admitted_run_whose_spec_the_operator_cannot_run_gives_its_quota_back
     assert cluster.condition("ks", "Failed")["message"].startswith("spec.training.epochs:")
     cluster.wait_for(lambda: cluster.pods("ks") == [], what="the pods deleted, as for any permanent failure")
     assert cluster.wait_for(lambda: _workload_finished(cluster, "ks"), what="the Workload marked Finished")
+
+
+@pytest.mark.slow
+def test_a_run_whose_workload_kueue_refuses_as_invalid_fails_instead_of_waiting(cluster):
+    """Kueue validates the Workload's pod templates, which are the run's own pods: a 422 is the run's spec, not a
+    missing Kueue, and no retry can change it."""
+    refusal = ('Workload.kueue.x-k8s.io "grporun-kw" is invalid: spec.podSets[0].template.spec.volumes[4]'
+               '.persistentVolumeClaim.claimName: Required value')
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault("POST", "workloads", 422, "Invalid", refusal,
+                                                                       times=1_000_000))
+    _queued(cluster, "kw")
+    status = cluster.wait_phase("kw", "Failed")
+    assert status["failure"]["reason"] == "InvalidSpec"
+    assert cluster.condition("kw", "Failed")["message"] == f"the Kueue Workload grporun-kw was rejected: {refusal}"
+    assert cluster.pods_ever_created("kw") == []
