@@ -18,6 +18,8 @@ from kopf._cogs.clients import api, errors
 from .api import KIND, PLURAL
 
 APIClientError = errors.APIClientError
+#: Statuses that mean the object itself is invalid: retrying the same object cannot help.
+PERMANENT_REJECTIONS = frozenset({400, 422})
 
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events",
             "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups", "Lease": "leases"}

@@ -21,7 +21,7 @@ from typing import Any
 from . import builders
 from .api import ROLE_LABEL, GRPORunSpec, Reason
 from .apitime import format_time
-from .kube import APIClientError, Kube
+from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP = "kueue.x-k8s.io"
@@ -162,6 +162,11 @@ def finished_status(workload: dict[str, Any], succeeded: bool, message: str,
 # ---------------------------------------------------------------------------------------------------------------------
 # I/O
 # ---------------------------------------------------------------------------------------------------------------------
+class WorkloadRejected(Exception):
+    """The API server (Kueue's webhook) refused the run's Workload as invalid: its pod templates are the run's own
+    pods, so no retry can change the answer."""
+
+
 @dataclass(frozen=True)
 class Gate:
     hold: tuple[str, str] | None
@@ -177,9 +182,12 @@ async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec:
         pods = builders.build_pods(run, namespace, uid, spec, trainer_image=trainer_image)
         try:
             await kube.create(build_workload(run, namespace, uid, queue, pods))
-        except APIClientError as error:  # no Kueue on the cluster, or its webhook refused the Workload
-            return Gate((Reason.WAITING_FOR_ADMISSION, f"the Kueue Workload {workload_name(run)} was rejected: "
-                         f"{error.message or error} (is Kueue installed?)"))
+        except APIClientError as error:
+            refusal = f"the Kueue Workload {workload_name(run)} was rejected: {error.message or error}"
+            if error.status in PERMANENT_REJECTIONS:
+                raise WorkloadRejected(refusal) from None
+            # No Kueue on the cluster (404), or its webhook is not answering yet: try again on the next pass.
+            return Gate((Reason.WAITING_FOR_ADMISSION, f"{refusal} (is Kueue installed?)"))
         return Gate(hold_of(Admission("pending"), queue))
     admission = admission_of(workload)
     if admission.state == "evicted" and admission.reserved and not pods_exist:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import aiohttp
 import kopf
@@ -30,7 +30,7 @@ from .api import (
     parse_status,
     parse_stored_spec,
 )
-from .kube import APIClientError, Kube, merge_patch_between
+from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
 from .pods import PodFacts
@@ -96,8 +96,6 @@ class OperatorContext:
 PROGRESS_UNKNOWN_AFTER = 3
 #: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
 CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-#: Statuses that mean the object itself is invalid: retrying the same object cannot help.
-PERMANENT_REJECTIONS = frozenset({400, 422})
 
 
 class ChildRejected(Exception):
@@ -110,7 +108,8 @@ class ChildRejected(Exception):
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
                         indexed_pods: list[tuple[PodObservation, PodFacts]], logger: Logger) -> bool:
-    """One pass. Returns False when the run needs no more passes (finished, cleaned up, no TTL pending)."""
+    """One pass. Returns False when the run needs no more passes until its spec changes (finished, cleaned up, no
+    TTL pending)."""
     metadata = body.get("metadata", {})
     name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
     generation = int(metadata.get("generation") or 1)
@@ -119,22 +118,21 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
     now = context.clock()
 
-    try:
-        spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
-    except SpecError as error:
-        await _write(context, kube, body, base_status, invalid_spec_status(base_status, error, now,
-                                                                           generation=generation), logger)
-        raise kopf.PermanentError(str(error)) from None
-    if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
-        memory.warned_unknown_fields = True
-        logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
-
     # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
     owned = [(obs, facts) for obs, facts in indexed_pods if facts.owner_uid == uid]
     memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
     observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
                 for obs, facts in owned]
     live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
+
+    try:
+        spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
+    except SpecError as error:
+        await _fail_permanently(context, kube, body, base_status, error, live, logger)
+    if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
+        memory.warned_unknown_fields = True
+        logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
+
     progress = None
     was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
     if not was_finished:
@@ -142,8 +140,11 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     queue = kueue.queue_name(metadata)
     gate = None
     if queue and not was_finished:
-        gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
-                                pods_exist=bool(live), now=now)
+        try:
+            gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
+                                    pods_exist=bool(live), now=now)
+        except kueue.WorkloadRejected as error:
+            await _fail_permanently(context, kube, body, base_status, error, live, logger)
     decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
                              children_exist=memory.children_created, progress_error=memory.progress_error,
                              progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
@@ -151,23 +152,47 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
         return False  # the run is gone
-    if queue and decision.status.get("phase") in {p.value for p in FINISHED_PHASES} and not memory.kueue_finished:
-        await kueue.finish(kube, name, namespace, decision.status, context.clock())
-        memory.kueue_finished = True
+    await _release_quota(context, kube, metadata, decision.status)
     try:
         await _act(context, kube, body, spec, decision, live, {obs.name for obs in observed}, logger, gate)
     except ChildRejected as error:
-        failed = invalid_spec_status(decision.status, error, context.clock(), generation=generation)
-        await _write(context, kube, body, decision.status, failed, logger)
-        for obs, facts in live:  # a permanent failure does not leave (GPU) pods behind
-            await kube.delete("v1", "Pod", namespace, obs.name)
-            memory.deleted_uids.add(facts.uid)
-        for pod in error.created_pods:
-            await kube.delete("v1", "Pod", namespace, pod)
-        raise kopf.PermanentError(str(error)) from None
+        await _fail_permanently(context, kube, body, decision.status, error, live, logger,
+                                created_pods=error.created_pods)
     context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+
+
+async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
+                            error: Exception, live: list[tuple[PodObservation, PodFacts]], logger: Logger, *,
+                            created_pods: Sequence[str] = ()) -> NoReturn:
+    """End the run as `InvalidSpec` (a retry cannot help): written with the field named, the pods of a run that ends
+    now deleted (a permanent failure leaves no GPU pod behind), its Kueue quota released. No pass follows until
+    the spec changes (run_loops.py)."""
+    metadata = body["metadata"]
+    memory = context.memory(metadata["uid"])
+    ends_now = status.get("phase") not in {p.value for p in FINISHED_PHASES}
+    failed = invalid_spec_status(status, error, context.clock(), generation=int(metadata.get("generation") or 1))
+    if await _write(context, kube, body, status, failed, logger):
+        for obs, facts in live if ends_now else []:
+            await kube.delete("v1", "Pod", metadata["namespace"], obs.name)
+            memory.deleted_uids.add(facts.uid)
+        for pod in created_pods:  # created by this pass: not in the index yet
+            await kube.delete("v1", "Pod", metadata["namespace"], pod)
+        await _release_quota(context, kube, metadata, failed.status)
+    raise kopf.PermanentError(str(error)) from None
+
+
+async def _release_quota(context: OperatorContext, kube: Kube, metadata: dict[str, Any],
+                         status: dict[str, Any]) -> None:
+    """Mark the Kueue Workload of a finished run Finished, so Kueue frees the quota it holds. Every path that ends a
+    run calls this after writing the final status; it is done once per operator process (and is idempotent)."""
+    memory = context.memory(metadata["uid"])
+    if memory.kueue_finished or not kueue.queue_name(metadata):
+        return
+    if status.get("phase") in {p.value for p in FINISHED_PHASES}:
+        await kueue.finish(kube, metadata["name"], metadata["namespace"], status, context.clock())
+        memory.kueue_finished = True
 
 
 async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, leader_name: str,

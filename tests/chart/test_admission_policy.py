@@ -12,7 +12,7 @@ import pytest
 
 from grpo_trainer.contract import MANAGED_TRAINER_ARGS
 from tests.operator.test_manifest import good
-from tests.support.chart_render import RELEASE, objects_of_kind, one_of_kind, render_objects
+from tests.support.chart_render import RELEASE, objects_of_kind, render_objects
 
 KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
@@ -23,9 +23,15 @@ def evaluate(expression: str, **activation: Any) -> Any:
     return program.evaluate({name: celpy.json_to_cel(value) for name, value in activation.items()})
 
 
+def managed_args_objects(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The managed-trainer-args policy's objects of `kind` (the chart has a tenancy policy beside it)."""
+    return [obj for obj in objects_of_kind(objects, kind) if obj["metadata"]["name"].endswith("-managed-trainer-args")]
+
+
 @pytest.fixture(scope="module")
 def policy() -> dict[str, Any]:
-    return one_of_kind(render_objects(), "ValidatingAdmissionPolicy")
+    [found] = managed_args_objects(render_objects(), "ValidatingAdmissionPolicy")
+    return found
 
 
 def variables(policy: dict[str, Any]) -> dict[str, str]:
@@ -82,11 +88,11 @@ def test_the_policy_matches_every_create_and_update_of_a_grporun_and_denies(poli
         "apiGroups": ["grpo.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
         "resources": ["grporuns"]}]
     assert [v["expression"] for v in policy["spec"]["validations"]] == ["size(variables.refused) == 0"]
-    binding = one_of_kind(render_objects(), "ValidatingAdmissionPolicyBinding")
+    [binding] = managed_args_objects(render_objects(), "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     assert policy["metadata"]["name"].startswith(RELEASE)
 
 
-def test_admission_policy_enabled_false_leaves_it_out():
+def test_admission_policy_enabled_false_leaves_out_both_policies():
     objects = render_objects({"admissionPolicy": {"enabled": False}})
     assert [obj for kind in KINDS for obj in objects_of_kind(objects, kind)] == []

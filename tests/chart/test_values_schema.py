@@ -42,6 +42,9 @@ BAD_VALUES = [
     ({"admissionPolicy": {"enabled": "no"}}, "/admissionPolicy/enabled", "got string, want boolean"),
     ({"admissionPolicy": {"failurePolicy": "Ignore"}}, "/admissionPolicy",
      "additional properties 'failurePolicy' not allowed"),
+    ({"admissionPolicy": {"tenancy": {"enabled": "no"}}}, "/admissionPolicy/tenancy/enabled",
+     "got string, want boolean"),
+    ({"admissionPolicy": {"tenancy": True}}, "/admissionPolicy/tenancy", "got boolean, want object"),
 ]
 
 

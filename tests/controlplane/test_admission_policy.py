@@ -16,9 +16,10 @@ import pytest
 from grpo_operator.api import FINALIZER, SpecError, parse_spec
 from grpo_operator.manifest import validate_manifest, with_defaults
 from grpo_trainer.contract import managed_args_message
+from tests.chart.test_admission_policy import managed_args_objects
 from tests.controlplane.test_api import _create
 from tests.operator.test_manifest import good
-from tests.support.chart_render import objects_of_kind, render_objects
+from tests.support.chart_render import render_objects
 from tests.support.kube_emulator import GRPORUNS, ApiError
 
 pytestmark = pytest.mark.controlplane
@@ -66,7 +67,7 @@ def stored_before(admin) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def policy(admin, stored_before) -> Iterator[list[dict[str, Any]]]:
     """The chart's policy and binding (default values) on the server; removed again after the module."""
-    objects = [obj for kind in PLURALS for obj in objects_of_kind(render_objects(), kind)]
+    objects = [obj for kind in PLURALS for obj in managed_args_objects(render_objects(), kind)]
     assert [obj["kind"] for obj in objects] == list(PLURALS)
     for obj in objects:
         admin.call("POST", f"{API}/{PLURALS[obj['kind']]}", json=obj)

@@ -145,3 +145,37 @@ def test_a_run_kueue_evicts_is_suspended_without_a_restart_and_resumes_when_read
     cluster.wait_phase("ke", "Running")
     assert cluster.status("ke").get("restarts", 0) == 0
     cluster.wait_event("ke", "Evicted", "Resumed")
+
+
+def test_an_admitted_run_that_fails_invalid_spec_gives_its_quota_back_to_the_next_run(cluster):
+    admin = cluster.client
+    _queues(cluster, "2")  # room for one run of two 1-CPU pods
+    cluster.refuse_pod("kr-rollout-0", "the cluster's admission refuses this pod")  # 422 when Kueue admits it
+    workload_path = _queued_run(cluster, "kr")
+    cluster.wait_phase("kr", "Failed", timeout=30)
+    failed = cluster.condition("kr", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "the cluster's admission refuses this pod" in failed["message"]
+    finished = cluster.wait_for(lambda: (c := _conditions(_workload(admin, workload_path)).get("Finished"))
+                                and c["status"] == "True" and c, what="the failed run's Workload marked Finished")
+    assert finished["reason"] == "Failed", finished
+    # Kueue gave the quota back: the next run in the queue is admitted and gets its pods.
+    _queued_run(cluster, "kn")
+    cluster.wait_for(lambda: len(cluster.pods("kn")) == 2, timeout=30, what="the next run admitted into the quota")
+
+
+def test_a_run_whose_workload_kueue_refuses_as_invalid_fails_instead_of_waiting(cluster):
+    """Kueue's webhook validates the Workload's pod templates (the run's pods): a malformed volume is refused there,
+    before any admission, and the run fails InvalidSpec instead of waiting for a Kueue that is installed."""
+    _queues(cluster, "2")
+    spec = minimal_spec(rollout={"resources": REQUESTS}, learner={"resources": REQUESTS},
+                        checkpoint={"volume": {"persistentVolumeClaim": {"claimNmae": "typo"}}})
+    body = grporun("kw", spec)
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
+    cluster.apply(body)
+    status = cluster.wait_phase("kw", "Failed", timeout=30)
+    assert status["failure"]["reason"] == "InvalidSpec"
+    message = cluster.condition("kw", "Failed")["message"]
+    assert message.startswith('the Kueue Workload grporun-kw was rejected: Workload.kueue.x-k8s.io "grporun-kw" is '
+                              "invalid"), message
+    assert "persistentVolumeClaim.claimName: Required value" in message
+    assert cluster.pods_ever_created("kw") == []

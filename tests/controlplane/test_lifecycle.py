@@ -16,7 +16,9 @@ import pytest
 
 from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again, against the real server)
     test_a_child_the_api_server_rejects_fails_the_run_naming_it,
+    test_a_clean_pod_policy_changed_after_the_run_finished_is_applied,
     test_a_rollout_server_that_exits_is_replaced_alone_until_its_restart_limit,
+    test_a_ttl_set_after_the_run_finished_deletes_it,
     test_an_unknown_built_in_reward_fails_at_once_and_creates_nothing,
     test_apply_creates_config_map_services_and_pods_owned_by_the_run,
     test_crash_restarts_then_fails_after_backoff_limit,

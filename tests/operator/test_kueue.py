@@ -197,3 +197,55 @@ def test_eviction_suspends_without_counting_a_restart_and_readmission_resumes(cl
     finished = cluster.wait_for(lambda: next((c for c in _workload(cluster, "ke")["status"]["conditions"]
                                               if c["type"] == "Finished"), None), what="Workload Finished")
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+
+
+def _workload_finished(cluster, name: str) -> dict[str, Any] | None:
+    return next((c for c in (_workload(cluster, name) or {}).get("status", {}).get("conditions", [])
+                 if c["type"] == "Finished" and c["status"] == "True"), None)
+
+
+@pytest.mark.slow
+def test_an_admitted_run_whose_pods_the_api_server_rejects_gives_its_quota_back(cluster):
+    body = grporun("kr", {**queued_spec(), "checkpoint": {
+        "volume": {"persistentVolumeClaim": {"claimNmae": "typo"}}}})
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-q"}
+    cluster.apply(body)
+    cluster.wait_for(lambda: _workload(cluster, "kr"), what="the Workload")
+    _kueue_writes(cluster, "kr", admitted_status())
+    cluster.wait_phase("kr", "Failed")
+    assert cluster.condition("kr", "Failed")["reason"] == "InvalidSpec"
+    finished = cluster.wait_for(lambda: _workload_finished(cluster, "kr"), what="the Workload marked Finished")
+    assert finished["reason"] == "Failed" and "rejected by the API server" in finished["message"]
+
+
+@pytest.mark.slow
+def test_an_admitted_run_whose_spec_the_operator_cannot_run_gives_its_quota_back(cluster, learner, progress_urls):
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    _queued(cluster, "ks")
+    cluster.wait_for(lambda: _workload(cluster, "ks"), what="the Workload")
+    _kueue_writes(cluster, "ks", admitted_status())
+    progress_urls["ks-learner-0"] = learner.url()
+    cluster.bring_up("ks")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("ks", "Running")
+    # A spec this operator cannot run (an older operator behind a newer CRD; the emulator checks no CRD rules).
+    cluster.patch_spec("ks", {"training": {"epochs": 0}})
+    cluster.wait_phase("ks", "Failed")
+    assert cluster.condition("ks", "Failed")["message"].startswith("spec.training.epochs:")
+    cluster.wait_for(lambda: cluster.pods("ks") == [], what="the pods deleted, as for any permanent failure")
+    assert cluster.wait_for(lambda: _workload_finished(cluster, "ks"), what="the Workload marked Finished")
+
+
+@pytest.mark.slow
+def test_a_run_whose_workload_kueue_refuses_as_invalid_fails_instead_of_waiting(cluster):
+    """Kueue validates the Workload's pod templates, which are the run's own pods: a 422 is the run's spec, not a
+    missing Kueue, and no retry can change it."""
+    refusal = ('Workload.kueue.x-k8s.io "grporun-kw" is invalid: spec.podSets[0].template.spec.volumes[4]'
+               '.persistentVolumeClaim.claimName: Required value')
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault("POST", "workloads", 422, "Invalid", refusal,
+                                                                       times=1_000_000))
+    _queued(cluster, "kw")
+    status = cluster.wait_phase("kw", "Failed")
+    assert status["failure"]["reason"] == "InvalidSpec"
+    assert cluster.condition("kw", "Failed")["message"] == f"the Kueue Workload grporun-kw was rejected: {refusal}"
+    assert cluster.pods_ever_created("kw") == []

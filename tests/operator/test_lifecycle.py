@@ -214,6 +214,26 @@ def test_ttl_after_finished_deletes_the_run_and_its_children(cluster, learner, p
                      what="the run's metric series removed")
 
 
+def test_a_ttl_set_after_the_run_finished_deletes_it(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "pi")
+    cluster.kubelet.exit("pi-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("pi", "Succeeded")
+    cluster.wait_idle("pi")  # finished and cleaned: nothing left to do until the spec changes
+    cluster.patch_spec("pi", {"runPolicy": {"ttlSecondsAfterFinished": 0}})  # as for a Job, a TTL set later counts
+    cluster.wait_for(lambda: cluster.run("pi") is None, what="the run deleted under the TTL set after it finished")
+
+
+def test_a_clean_pod_policy_changed_after_the_run_finished_is_applied(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "sigma", minimal_spec(runPolicy={"cleanPodPolicy": "None"}))
+    cluster.kubelet.exit("sigma-learner-0", 0, learner.report.termination_message())
+    cluster.wait_phase("sigma", "Succeeded")
+    cluster.wait_idle("sigma")
+    assert cluster.pod_names("sigma") == ["sigma-learner-0", "sigma-rollout-0"]  # kept, as the policy said
+    cluster.patch_spec("sigma", {"runPolicy": {"cleanPodPolicy": "All"}})
+    cluster.wait_for(lambda: cluster.pods("sigma") == [], what="the pods cleaned under the new cleanPodPolicy")
+    assert cluster.run("sigma")["status"]["observedGeneration"] == 2
+
+
 def test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing(cluster):
     spec = minimal_spec()
     spec["training"]["epochs"] = 0  # the CRD would refuse this; an operator must still not retry it forever

@@ -257,6 +257,12 @@ class Cluster:
         return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
                              timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
 
+    def wait_idle(self, name: str) -> None:
+        """Wait until the operator has no pass scheduled for the run (a finished run with nothing left to do)."""
+        assert self.operator is not None
+        uid = self.run(name)["metadata"]["uid"]
+        self.wait_for(lambda: uid not in self.operator.context.loops, what=f"the operator to leave {name} alone")
+
     # --- faults a real cluster produces (tests/support/control_plane_cluster.py produces them for real) ---------
     def evict(self, pod: str) -> None:
         """What the Eviction API does to a pod not bound to a node: it is deleted."""
