@@ -138,6 +138,20 @@ def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
     assert cluster.status("blind")["phase"] == "Running"
 
 
+def test_stalled_clears_once_the_progress_endpoint_answers_again(cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 60, "stallPolicy": "Report"})
+    cluster.apply(grporun("outage", spec))  # no progress URL yet: the learner's port refuses connections
+    cluster.bring_up("outage")
+    cluster.wait_for(lambda: (cluster.condition("outage", "Stalled") or {}).get("status") == "Unknown",
+                     what="Stalled=Unknown while /progress cannot be read")
+    progress_urls["outage-learner-0"] = learner.url()  # the outage ends
+    learner.update(groups_consumed=2, groups_trained=2)
+    cluster.wait_for(lambda: cluster.condition("outage", "Stalled")["status"] == "False",
+                     what="Stalled=False once reports come again")
+    assert cluster.condition("outage", "Stalled")["reason"] == "ProgressResumed"
+    assert cluster.condition("outage", "Progressing")["status"] == "True"
+
+
 def test_an_unready_rollout_server_keeps_the_run_running_and_its_clock_counting(cluster, learner, progress_urls):
     spec = minimal_spec(progress={"progressDeadlineSeconds": 2, "stallPolicy": "Report"})
     _running(cluster, learner, progress_urls, "hung", spec)

@@ -127,3 +127,18 @@ def test_the_pod_failure_policy_decides_before_the_defaults():
     assert ignored.status["disruptions"] == 1 and ignored.status.get("restarts", 0) == 0
     default = crash(exit_code=78)
     assert condition(default.status, "Failed")["reason"] == "InvalidConfig"
+
+
+def test_stalled_returns_to_false_when_progress_can_be_read_again():
+    spec = spec_of(progress={"progressDeadlineSeconds": 30, "stallPolicy": "Report"})
+    status = running_status(spec)
+    lost = step(spec, status, running_pods(), now=at(5), progress_error="timeout", progress_lost=True)
+    assert condition(lost.status, "Stalled")["status"] == "Unknown"
+    back = step(spec, lost.status, running_pods(), report(groupsConsumed=4, groupsTrained=4), now=at(10))
+    stalled = condition(back.status, "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("False", "ProgressResumed")
+    assert condition(back.status, "Progressing")["reason"] == "Training"
+    assert "ProgressResumed" in reasons(back)
+    # A report that trained nothing new clears it too: the progress is known again, and within the deadline.
+    same = step(spec, lost.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(10))
+    assert condition(same.status, "Stalled")["status"] == "False"

@@ -201,8 +201,12 @@ class _ProgressRules(RunRecord):
         if running and self.progress_error is not None and (self.progress_lost or deadline):
             return self._progress_unknown()
         if cause is None:
-            if self.conditions.is_true(ConditionType.STALLED):
-                resumed = "groups are training again"
+            # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
+            # again): `kubectl wait --for=condition=Stalled=False` and alerts must see the end of either.
+            stalled = self.conditions.get(ConditionType.STALLED)
+            if stalled is not None and stalled.status != "False":
+                resumed = ("groups are training again" if stalled.status == "True"
+                           else "the learner's progress can be read again")
                 self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
                 self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
             if running:
