@@ -67,6 +67,7 @@ class RunMemory:
     kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
     progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
     progress_error: str | None = None
+    progress_invalid: bool = False  # the last answer was a report that breaks the contract
     create_error: str | None = None  # why creating children failed last time (transient; retried with backoff)
     create_failures: int = 0
     create_retry_at: datetime.datetime | None = None
@@ -146,7 +147,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                                 pods_exist=bool(live), now=now)
     decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
                              children_exist=memory.children_created, progress_error=memory.progress_error,
-                             progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                             progress_lost=(memory.progress_invalid
+                                            or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER),
                              create_error=memory.create_error, hold=gate.hold if gate else None)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
@@ -174,17 +176,17 @@ async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, lea
                 live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
     leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
     if leader is None or leader[0].phase != "Running" or not leader[1].ip:
-        memory.progress_failures, memory.progress_error = 0, None
+        memory.progress_failures, memory.progress_error, memory.progress_invalid = 0, None, False
         return None
     if context.session is None:
         # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100 learners
         # that do not answer would hold every slot for the poll timeout and starve the polls of the other runs.
         context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
-    memory.progress_failures = 0 if error is None else memory.progress_failures + 1
-    memory.progress_error = error
-    return report
+    read = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    memory.progress_failures = 0 if read.error is None else memory.progress_failures + 1
+    memory.progress_error, memory.progress_invalid = read.error, read.invalid
+    return read.report
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],

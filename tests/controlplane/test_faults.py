@@ -20,10 +20,12 @@ from __future__ import annotations
 import pytest
 
 from tests.operator.test_faults import (  # noqa: F401 (collected here again, against the real server)
+    test_a_final_report_status_cannot_hold_does_not_keep_the_run_from_finishing,
     test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang,
     test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded,
     test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit,
     test_a_quota_error_on_create_is_retried_and_shown_not_fatal,
+    test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_is_written,
     test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods,
     test_a_spec_edited_while_suspended_is_applied_whole_on_resume,
     test_a_terminating_pod_is_recreated_once_it_is_gone,

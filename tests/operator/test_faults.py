@@ -138,6 +138,36 @@ def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
     assert cluster.status("blind")["phase"] == "Running"
 
 
+def test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_is_written(
+        cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "odd", minimal_spec())
+    good = 3
+    for bad, field in (('{"phase": "Running", "groupsTotal": 40, "rewardMean": NaN}', "rewardMean"),
+                       ('{"phase": "Running", "groupsTotal": 40, "globalStep": 99999999999999999999}', "globalStep"),
+                       ('{"phase": "Running", "groupsTotal": 40, "globalStep": 1e400, "rewardMean": NaN}',
+                        "globalStep")):
+        learner.answer(bad)
+        progressing = cluster.wait_for(
+            lambda: (c := cluster.condition("odd", "Progressing"))["status"] == "Unknown" and c,
+            what=f"Progressing=Unknown for a report with a bad {field}")
+        assert progressing["reason"] == "ProgressUnknown" and f"invalid report: {field}: " in progressing["message"]
+        assert cluster.status("odd")["phase"] == "Running"
+        good += 1
+        learner.update(groups_consumed=good + 1, groups_trained=good, global_step=good, reward_mean=0.5)
+        cluster.wait_for(lambda good=good: (cluster.status("odd").get("progress") or {}).get("groupsTrained") == good,
+                         what="the next good report written")
+        assert cluster.condition("odd", "Progressing")["status"] == "True"
+        assert cluster.condition("odd", "Stalled")["status"] == "False"
+
+
+def test_a_final_report_status_cannot_hold_does_not_keep_the_run_from_finishing(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "last", minimal_spec())
+    cluster.kubelet.exit("last-learner-0", 0, '{"phase": "Succeeded", "groupsTotal": 40, "groupsConsumed": 40, '
+                         '"groupsTrained": 40, "rewardMean": NaN, "globalStep": 99999999999999999999}')
+    cluster.wait_phase("last", "Succeeded")
+    assert cluster.status("last")["progress"]["groupsTrained"] == 3  # the last report that could be read
+
+
 def test_stalled_clears_once_the_progress_endpoint_answers_again(cluster, learner, progress_urls):
     spec = minimal_spec(progress={"progressDeadlineSeconds": 60, "stallPolicy": "Report"})
     cluster.apply(grporun("outage", spec))  # no progress URL yet: the learner's port refuses connections

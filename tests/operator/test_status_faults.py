@@ -142,3 +142,31 @@ def test_stalled_returns_to_false_when_progress_can_be_read_again():
     # A report that trained nothing new clears it too: the progress is known again, and within the deadline.
     same = step(spec, lost.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(10))
     assert condition(same.status, "Stalled")["status"] == "False"
+
+
+def test_no_report_the_learner_can_send_makes_a_status_the_api_server_refuses():
+    """The largest values the report accepts, through every derived field (totals, percentages, the estimate)."""
+    spec = spec_of()
+    most = 2**63 - 1
+    status = running_status(spec)
+    for now, consumed in ((10, 4), (80, 5), (150, 6)):  # samples a minute apart: the estimate is computed
+        hostile = report(groupsTotal=most, groupsConsumed=consumed, groupsTrained=consumed, globalStep=most,
+                         dropped={"lost": most // 2, "stale": most // 2}, stallStreak=most - 1, stallLimit=most,
+                         epochsDone=most, epochs=1.7e308, rewardMean=-1.7e308)
+        status = step(spec, status, running_pods(), hostile, now=at(now)).status  # step() checks status_errors
+    assert status["phase"] == "Running" and status["progress"]["globalStep"] == most
+    assert status["progress"]["estimatedRemainingSeconds"] == most  # years beyond count, capped to what int64 holds
+
+
+def test_a_termination_message_is_read_under_the_same_rules_as_a_report():
+    spec = spec_of()
+    status = running_status(spec)
+    final = '{"phase": "Succeeded", "groupsTotal": 40, "groupsConsumed": 40, "groupsTrained": 40, "rewardMean": NaN}'
+    done = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                                      message=final)], now=at(10))
+    assert done.status["phase"] == "Succeeded"
+    assert done.status["progress"]["groupsTrained"] == 3  # the refused report changed nothing: the last good one
+    huge = final.replace("NaN", "0.5").replace('"groupsTrained": 40', f'"groupsTrained": {2**64}')
+    crashed = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1,
+                                                         message=huge)], now=at(10))
+    assert crashed.status["progress"]["groupsTrained"] == 3 and crashed.status["restarts"] == 1

@@ -154,15 +154,32 @@ class Kubelet:
         self.client.delete(PODS, NAMESPACE, name, grace_period_seconds=0)
 
 
+class _RawReport:
+    """Stands in for a ProgressReport where ProgressServer renders one: a learner answering whatever it likes."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def model_dump_json(self, **_: Any) -> str:
+        return self.text
+
+
 class FakeLearner:
     """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
 
     def __init__(self) -> None:
         self.report = ProgressReport(phase="Running", groups_total=40, epochs=1)
-        self.server = ProgressServer(lambda: self.report, port=0, host="127.0.0.1").start()
+        self.raw: str | None = None
+        self.server = ProgressServer(lambda: _RawReport(self.raw) if self.raw is not None else self.report,
+                                     port=0, host="127.0.0.1").start()
 
     def update(self, **changes: Any) -> None:
         self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
+        self.raw = None
+
+    def answer(self, text: str) -> None:
+        """Serve `text` as the /progress body, valid or not, until the next update()."""
+        self.raw = text
 
     def url(self) -> str:
         return f"{self.server.url}/progress"
