@@ -63,6 +63,17 @@ def test_a_terminating_pod_is_recreated_once_it_is_gone(cluster, learner, progre
     assert cluster.status("gone")["restarts"] == 1
 
 
+def test_an_oom_killed_learner_says_so_with_its_container_and_memory_limit(cluster, learner, progress_urls):
+    spec = minimal_spec(learner={"resources": {"limits": {"memory": "3Gi"}}})
+    _running(cluster, learner, progress_urls, "oom", spec)
+    cluster.kubelet.exit("oom-learner-0", 137, reason="OOMKilled")
+    cluster.wait_event("oom", "Restarting")
+    event = next(e for e in cluster.events("oom") if e["reason"] == "Restarting")
+    assert "OOMKilled" in event["message"] and "container learner" in event["message"], event["message"]
+    assert "memory limit 3Gi" in event["message"]
+    assert cluster.status("oom")["restarts"] == 1
+
+
 def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit(cluster, learner, progress_urls):
     spec = minimal_spec(learner={"nodes": 2}, runPolicy={"backoffLimit": 0})
     _running(cluster, learner, progress_urls, "pre", spec)

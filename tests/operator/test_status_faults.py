@@ -170,3 +170,23 @@ def test_a_termination_message_is_read_under_the_same_rules_as_a_report():
     crashed = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1,
                                                          message=huge)], now=at(10))
     assert crashed.status["progress"]["groupsTrained"] == 3 and crashed.status["restarts"] == 1
+
+
+def test_an_oom_killed_learner_is_named_so_with_its_container_and_memory_limit():
+    spec = spec_of(runPolicy={"backoffLimit": 1})
+    status = running_status(spec)
+    oom = dict(exit_code=137, reason="OOMKilled", container="learner", memory_limit="16Gi")
+    restarted = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, **oom)], now=at(10))
+    event = next(e for e in restarted.events if e.reason == "Restarting")
+    message = condition(restarted.status, "Progressing")["message"]
+    for text in (event.message, message):
+        assert "OOMKilled" in text and "container learner" in text and "memory limit 16Gi" in text, text
+    failed = step(spec, {**restarted.status, "phase": "Running"},
+                  [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, attempt=1, **oom)], now=at(20))
+    assert failed.status["phase"] == "Failed" and failed.status["failure"]["reason"] == "OOMKilled"
+    for text in (condition(failed.status, "Failed")["message"],
+                 next(e for e in failed.events if e.reason == "BackoffLimitExceeded").message):
+        assert "OOMKilled" in text and "memory limit 16Gi" in text, text
+    unlimited = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137,
+                                                           reason="OOMKilled", container="learner")], now=at(10))
+    assert "no memory limit" in condition(unlimited.status, "Progressing")["message"]

@@ -126,14 +126,17 @@ class Kubelet:
                                    "imageID": "", "state": {"waiting": {"reason": reason, "message": message}}}],
         })
 
-    def exit(self, name: str, code: int, message: str = "") -> dict[str, Any]:
+    def exit(self, name: str, code: int, message: str = "", reason: str | None = None) -> dict[str, Any]:
+        """The main container terminated with `code`; `reason` as the kubelet says it (default Completed/Error;
+        OOMKilled when the kernel killed it for memory)."""
         role = name.rsplit("-", 2)[-2]
+        reason = reason or ("Completed" if code == 0 else "Error")
         return self._status(name, {
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "Ready", "status": "False"}],
             "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE, "imageID": "",
-                                   "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
-                                                            else "Error", "message": message}}}],
+                                   "state": {"terminated": {"exitCode": code, "reason": reason,
+                                                            "message": message}}}],
         })
 
 
