@@ -99,6 +99,16 @@ PROGRESS_UNKNOWN_AFTER = 3
 CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 #: Statuses that mean the object itself is invalid: retrying the same object cannot help.
 PERMANENT_REJECTIONS = frozenset({400, 422})
+#: PodSecurity admission answers 403 Forbidden, as quota does, but only a different pod (or namespace label) passes
+#: it; its message is the one sign that tells the two apart (`pods "x" is forbidden: violates PodSecurity ...`).
+POD_SECURITY_REFUSAL = "violates PodSecurity"
+
+
+def _permanent(error: APIClientError) -> bool:
+    """A refusal that the same object would meet again: invalid (400, 422), or against the namespace's PodSecurity
+    level. Anything else (quota, throttling, conflicts, the server's own errors) may pass on a later try."""
+    return error.status in PERMANENT_REJECTIONS or (
+        error.status == 403 and POD_SECURITY_REFUSAL in str(error.message or ""))
 
 
 class ChildRejected(Exception):
@@ -275,7 +285,7 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
         try:
             created = await kube.create(child)
         except APIClientError as error:
-            if error.status in PERMANENT_REJECTIONS:
+            if _permanent(error):
                 raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
                                     created_pods) from None
             problem = f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"

@@ -22,6 +22,7 @@ import pytest
 from tests.operator.test_faults import (  # noqa: F401 (collected here again, against the real server)
     test_a_final_report_status_cannot_hold_does_not_keep_the_run_from_finishing,
     test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang,
+    test_a_pod_security_refusal_fails_the_run_at_once_with_the_policys_message,
     test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded,
     test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit,
     test_a_quota_error_on_create_is_retried_and_shown_not_fatal,

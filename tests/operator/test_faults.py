@@ -136,6 +136,23 @@ def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(clu
     cluster.wait_for(lambda: cluster.pods("bad") == [], what="the rollout pod removed with the failed run")
 
 
+def test_a_pod_security_refusal_fails_the_run_at_once_with_the_policys_message(cluster):
+    # RDMA's IPC_LOCK, which podTemplateOverride allows, is a capability the `restricted` profile forbids.
+    violation = 'unrestricted capabilities (container "learner" must not include "IPC_LOCK" in ' \
+                'securityContext.capabilities.add)'
+    cluster.enforce_restricted_pod_security("psa-learner-0", violation)
+    learner = {"podTemplateOverride": {"spec": {"containers": [
+        {"name": "learner", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}}}
+    cluster.apply(grporun("psa", minimal_spec(learner=learner)))
+    cluster.wait_phase("psa", "Failed")
+    failed = cluster.condition("psa", "Failed")
+    assert failed["reason"] == "InvalidSpec", failed
+    assert 'violates PodSecurity "restricted' in failed["message"] and "IPC_LOCK" in failed["message"], failed
+    assert cluster.pods_ever_created("psa") == ["psa-rollout-0"]  # no retries of the refused pod, no new pods
+    cluster.wait_for(lambda: cluster.pods("psa") == [], what="the rollout pod removed with the failed run")
+    assert "CreateFailed" not in cluster.event_reasons("psa")
+
+
 def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
     spec = minimal_spec(progress={"progressDeadlineSeconds": 1, "stallPolicy": "Fail"})
     cluster.apply(grporun("blind", spec))  # no progress URL registered: the learner's port refuses connections

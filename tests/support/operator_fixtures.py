@@ -300,6 +300,13 @@ class Cluster:
             "POST", "pods", 403, "Forbidden", "pods is forbidden: exceeded quota: pods, requested: pods=1, "
             "used: pods=0, limited: pods=0", times=1_000_000)))
 
+    def enforce_restricted_pod_security(self, violating_pod: str, violation: str) -> None:
+        """The namespace enforces PodSecurity `restricted`: creating `violating_pod` is refused with 403 Forbidden
+        and the admission plugin's message (the real server's PodSecurity admission decides which pods violate)."""
+        message = f'pods "{violating_pod}" is forbidden: violates PodSecurity "restricted:latest": {violation}'
+        self.emulator_thread.call(lambda: self.emulator.inject_fault(
+            "POST", "pods", 403, "Forbidden", message, times=1_000_000, name=violating_pod))
+
     def refuse_pod(self, pod: str, message: str) -> None:
         """An admission refusal (422 Invalid) of the pod named `pod`, every time it is created."""
         self.emulator_thread.call(lambda: self.emulator.inject_fault(
