@@ -30,6 +30,7 @@ from .api import (
     parse_status,
     parse_stored_spec,
 )
+from .events import EventRecorder
 from .kube import APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
@@ -87,6 +88,7 @@ class OperatorContext:
     settings: Any = None  # kopf.OperatorSettings, captured at startup (resource handlers do not receive it)
     session: aiohttp.ClientSession | None = None
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
+    events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
 
     def memory(self, uid: str) -> RunMemory:
@@ -219,7 +221,7 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
         memory.written_status, memory.written_at = decision.status, now
     memory.last_status = decision.status
     for event in decision.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        await context.events.record(kube, body, event, now, logger)
         (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
     return True
 

@@ -8,6 +8,7 @@ asynchronous garbage collector, injected error answers); tests/support/kube_emul
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from typing import Any
@@ -124,6 +125,47 @@ def test_a_quota_error_on_create_is_retried_and_shown_not_fatal(cluster):
     cluster.wait_for(lambda: len(cluster.pods("quota")) == 2, timeout=20, what="the pods, once the quota allows")
     assert cluster.status("quota")["phase"] == "Pending"
     cluster.wait_event("quota", "CreateFailed")
+
+
+def _accelerated_clock(factor: float):
+    """The operator's clock running `factor` times faster than the wall: minutes of its backoffs and retries in
+    seconds of test."""
+    start_wall, start = time.monotonic(), datetime.datetime.now(datetime.UTC)
+    return lambda: start + datetime.timedelta(seconds=(time.monotonic() - start_wall) * factor)
+
+
+def test_a_create_blocked_for_a_minute_makes_a_handful_of_events_at_most(cluster):
+    clock = _accelerated_clock(20)
+    cluster.operator.context.clock = clock
+    cluster.limit_pods(0)
+    cluster.apply(grporun("storm", minimal_spec()))
+    cluster.wait_for(lambda: (cluster.condition("storm", "Progressing") or {}).get("reason") == "CreateFailed",
+                     what="the create failure on a condition")
+    blocked_since = clock()
+    cluster.wait_for(lambda: clock() - blocked_since > datetime.timedelta(seconds=60),
+                     what="a minute of the operator's time with the create blocked")
+    assert cluster.condition("storm", "Progressing")["reason"] == "CreateFailed"
+    failed = [e for e in cluster.events("storm") if e["reason"] == "CreateFailed"]
+    assert len(failed) == 1, [e["message"] for e in failed]
+    assert failed[0]["count"] == 1
+    assert len(cluster.events("storm")) <= 3, cluster.event_reasons("storm")
+
+
+def test_an_event_that_comes_again_is_counted_on_one_object(cluster, learner, progress_urls):
+    """The Kubernetes event recorder's aggregation: the same object, type, reason and message again moves the
+    Event's count and lastTimestamp instead of adding an Event."""
+    cluster.apply(grporun("flap", minimal_spec(progress={"stallPolicy": "Report"})))
+    cluster.bring_up("flap")
+    for _ in range(2):  # /progress refuses connections, then answers, twice over
+        progress_urls.pop("flap-learner-0", None)
+        cluster.wait_for(lambda: cluster.condition("flap", "Stalled")["status"] == "Unknown", what="an outage")
+        progress_urls["flap-learner-0"] = learner.url()
+        cluster.wait_for(lambda: cluster.condition("flap", "Stalled")["status"] == "False", what="reports again")
+    cluster.wait_for(lambda: [e["count"] for e in cluster.events("flap") if e["reason"] == "ProgressResumed"] == [2],
+                     what="the second ProgressResumed counted on the first one's Event")
+    unknown = [e for e in cluster.events("flap") if e["reason"] == "ProgressUnknown"]
+    assert [e["count"] for e in unknown] == [2] and unknown[0]["type"] == "Warning"
+    assert unknown[0]["lastTimestamp"] >= unknown[0]["firstTimestamp"]
 
 
 def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(cluster):

@@ -190,3 +190,14 @@ def test_an_oom_killed_learner_is_named_so_with_its_container_and_memory_limit()
     unlimited = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137,
                                                            reason="OOMKilled", container="learner")], now=at(10))
     assert "no memory limit" in condition(unlimited.status, "Progressing")["message"]
+
+
+def test_a_create_blocked_for_a_minute_is_one_event_not_one_a_pass():
+    spec = spec_of()
+    error = "creating Pod r-rollout-0 failed (HTTP 403): exceeded quota: pods; retrying"
+    status, events = {}, []
+    for second in range(0, 61, 5):  # a pass every 5 s (the default interval) for 60 s
+        decision = step(spec, status, [], now=at(second), create_error=error, children_exist=False)
+        status, events = decision.status, events + reasons(decision)
+    assert events.count("CreateFailed") == 1, events
+    assert condition(status, "Progressing")["reason"] == "CreateFailed"

@@ -254,7 +254,7 @@ class Cluster:
         return [e["reason"] for e in self.events(name)]
 
     def wait_event(self, name: str, *reasons: str) -> None:
-        """kopf posts events from a queue, after the status write: wait for them rather than race them."""
+        """Events are posted after the status write (and may be refused): wait for them rather than race them."""
         self.wait_for(lambda: set(reasons) <= set(self.event_reasons(name)), what=f"events {reasons} on {name}")
 
     def services(self, run: str) -> list[dict[str, Any]]:
