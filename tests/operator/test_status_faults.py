@@ -201,3 +201,16 @@ def test_a_create_blocked_for_a_minute_is_one_event_not_one_a_pass():
         status, events = decision.status, events + reasons(decision)
     assert events.count("CreateFailed") == 1, events
     assert condition(status, "Progressing")["reason"] == "CreateFailed"
+
+
+def test_a_stuck_pod_while_a_create_is_blocked_is_one_event_each():
+    spec = spec_of(rollout={"replicas": 2})
+    error = "creating Pod r-rollout-1 failed (HTTP 403): exceeded quota: pods; retrying"
+    stuck = [pod("r-rollout-0", "Pending", False, waiting_reason="ImagePullBackOff", message="back-off pulling"),
+             pod("r-learner-0", "Pending", False)]
+    status, events = {}, []
+    for second in range(0, 61, 5):
+        decision = step(spec, status, stuck, now=at(second), create_error=error if second < 40 else None)
+        status, events = decision.status, events + reasons(decision)
+    assert events.count("CreateFailed") == 1 and events.count("ImagePullBackOff") == 1, events
+    assert condition(status, "Progressing")["reason"] == "ImagePullBackOff"

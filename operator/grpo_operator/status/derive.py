@@ -315,9 +315,11 @@ class _Derivation(_ProgressRules):
     def _surface_waiting(self, default: tuple[str, str]) -> None:
         reason, message = _waiting_reason(self.pods, self.terminating) or default
         self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        # Pods being deleted are routine on every restart: no event, but the message says who is waited for.
+        # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
+        # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
+        # it would be "new" again on every pass).
         quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
-        if not quiet and not self._reported(reason):
+        if not quiet and self.create_error is None and not self._reported(reason):
             self.event("Warning", reason, message)
         self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
 
