@@ -309,6 +309,7 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload
     NOT_FINISHED = "NotFinished"

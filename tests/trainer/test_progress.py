@@ -472,6 +472,14 @@ class TestProgressCollator:
         assert collator.groups_trained is not progress.consumed
         assert progress.reward_mean == 0.5
 
+    def test_an_infinite_reward_is_not_the_reported_mean(self):
+        progress = make_progress(n=10)
+        collator = ProgressCollator(0, 2, groups_trained=set(), progress=progress)
+        collator([[_row([sample(3, rewards=(0.5, 0.5), k=0)])]])
+        collator([[_row([sample(4, rewards=(float("inf"), 0.0), k=0)])]])
+        assert progress.reward_mean == 0.5
+        assert progress.report(phase="Running", global_step=2).reward_mean == 0.5  # a report holds finite numbers
+
     def test_stop_item_is_a_tensor_per_rank(self):
         progress = make_progress(n=4)
         collator = ProgressCollator(0, 3, groups_trained=set(), progress=progress)

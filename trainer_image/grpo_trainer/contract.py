@@ -9,10 +9,12 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from .validation import error_message, field_path
 
 # --------------------------------------------------------------------------------------------------------------------
 # Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
@@ -318,41 +320,55 @@ def weight_version_number(version: str | None) -> int:
     return 0
 
 
-class RolloutReplicaReport(WireModel):
+#: The largest integer the Kubernetes API stores (int64): the operator copies the report's counts into status.
+INT64_MAX = 2**63 - 1
+#: A count in a report: within what the API server stores.
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class _ReportModel(WireModel):
+    """What a learner reports: the operator reads it from a tenant's pod and copies it into the run's status, so
+    every number is one the Kubernetes API can carry (JSON has no NaN or Infinity; integers are int64)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class RolloutReplicaReport(_ReportModel):
     """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
 
-    replica: int = Field(ge=0, description="Index in rollout.urls (the rollout pod's ordinal).")
+    replica: Count = Field(description="Index in rollout.urls (the rollout pod's ordinal).")
     url: str
     ready: bool = False
-    weight_version: str | None = Field(None, description="The weight version directory it serves (vN).")
-    samples: int = Field(0, ge=0, description="Completions it produced for the learner.")
-    failures: int = Field(0, ge=0, description="Requests that failed on it (each retried on another replica).")
-    retried: int = Field(0, ge=0)
+    # `vN`; bounded because it is copied into status.rollout.servers[].weightVersion.
+    weight_version: str | None = Field(None, max_length=64, description="The weight version directory it serves.")
+    samples: Count = Field(0, description="Completions it produced for the learner.")
+    failures: Count = Field(0, description="Requests that failed on it (each retried on another replica).")
+    retried: Count = 0
     request_seconds: float = Field(0.0, ge=0, description="Requests in flight on it, integrated over time: its share "
                                    "of the concurrent work, which least outstanding requests keeps equal.")
     last_error: str = ""
 
 
-class ProgressReport(WireModel):
+class ProgressReport(_ReportModel):
     phase: LearnerPhase = LearnerPhase.STARTING
-    groups_total: int = Field(0, ge=0, description="Groups the run must consume: prompts x epochs.")
-    groups_consumed: int = Field(0, ge=0)
-    groups_trained: int = Field(0, ge=0)
-    groups_collated: int = Field(0, ge=0, description="Groups counted at collation; never decreases in a process.")
-    groups_returned: int = Field(
-        0, ge=0, description="Collated groups a stop returned before their optimizer step; never decreases."
+    groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
+    groups_consumed: Count = 0
+    groups_trained: Count = 0
+    groups_collated: Count = Field(0, description="Groups counted at collation; never decreases in a process.")
+    groups_returned: Count = Field(
+        0, description="Collated groups a stop returned before their optimizer step; never decreases."
     )
-    dropped: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
-    epochs_done: int = Field(0, ge=0)
+    dropped: dict[str, Count] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    epochs_done: Count = 0
     epochs: float = Field(1, gt=0)
-    stall_streak: int = Field(0, ge=0, description="Groups consumed in a row without one training.")
-    stall_limit: int = Field(0, ge=0)
-    global_step: int = Field(0, ge=0)
+    stall_streak: Count = Field(0, description="Groups consumed in a row without one training.")
+    stall_limit: Count = 0
+    global_step: Count = 0
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
-    weight_syncs: int = Field(0, ge=0)
-    regenerated: int = Field(0, ge=0, description="Stale groups regenerated: neither trained nor dropped; a later "
-                             "group took each one's place.")
+    weight_syncs: Count = 0
+    regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
+                               "group took each one's place.")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 
@@ -362,6 +378,8 @@ class ProgressReport(WireModel):
         unknown = set(value) - set(DROP_REASONS)
         if unknown:
             raise ValueError(f"unknown drop reasons {sorted(unknown)}; known: {list(DROP_REASONS)}")
+        if sum(value.values()) > INT64_MAX:  # status.progress.groupsDropped is their sum
+            raise ValueError(f"the drop counts add up to more than {INT64_MAX}")
         return {reason: int(value.get(reason, 0)) for reason in DROP_REASONS}
 
     @property
@@ -390,5 +408,17 @@ class ProgressReport(WireModel):
         return text
 
 
-def parse_progress(text: str) -> ProgressReport:
-    return ProgressReport.model_validate_json(text)
+class InvalidReport(ValueError):
+    """A progress report that is not valid, as one line naming each field that is wrong (`globalStep: ...`)."""
+
+
+def parse_progress(text: str | bytes) -> ProgressReport:
+    """A /progress body or termination message. Strict types (`"5"` or `true` is no count): it comes from a pod.
+    Raises InvalidReport naming the fields."""
+    try:
+        return ProgressReport.model_validate_json(text, strict=True)
+    except ValidationError as error:
+        errors = error.errors()
+        problems = [f"{field_path('', e['loc']) or 'report'}: {error_message(e)}" for e in errors[:3]]
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""  # it ends up in a condition message
+        raise InvalidReport("; ".join(problems) + more) from None

@@ -873,9 +873,10 @@ class ProgressCollator(DataCollatorForRollout):
         self.in_flight.append(group_ids)
         if self.progress is not None:
             self.progress.train(group_ids)
-            # TRL's collator has just logged this micro-batch's nan-aware mean reward into the metric sink.
+            # TRL's collator has just logged this micro-batch's nan-aware mean reward into the metric sink. A reward
+            # function may return inf: the report holds finite numbers only (the operator copies it into status).
             rewards = self.metrics.get("reward")
-            if rewards and not math.isnan(rewards[-1]):
+            if rewards and math.isfinite(rewards[-1]):
                 self.progress.reward_mean = rewards[-1]
         return batch
 

@@ -201,8 +201,12 @@ class _ProgressRules(RunRecord):
         if running and self.progress_error is not None and (self.progress_lost or deadline):
             return self._progress_unknown()
         if cause is None:
-            if self.conditions.is_true(ConditionType.STALLED):
-                resumed = "groups are training again"
+            # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
+            # again): `kubectl wait --for=condition=Stalled=False` and alerts must see the end of either.
+            stalled = self.conditions.get(ConditionType.STALLED)
+            if stalled is not None and stalled.status != "False":
+                resumed = ("groups are training again" if stalled.status == "True"
+                           else "the learner's progress can be read again")
                 self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
                 self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
             if running:
@@ -302,22 +306,28 @@ class _Derivation(_ProgressRules):
         self._surface_waiting(default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
         return Phase.STARTING
 
+    def _reported(self, reason: str) -> bool:
+        """The last pass's status already showed `reason` on Progressing: its event was emitted then. (The condition
+        of this pass may have been overwritten by an earlier step of the same pass: not the one to compare with.)"""
+        previous = next((c for c in self.old.conditions if c.type == ConditionType.PROGRESSING.value), None)
+        return previous is not None and previous.reason == reason
+
     def _surface_waiting(self, default: tuple[str, str]) -> None:
         reason, message = _waiting_reason(self.pods, self.terminating) or default
-        previous = self.conditions.get(ConditionType.PROGRESSING)
         self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        # Pods being deleted are routine on every restart: no event, but the message says who is waited for.
+        # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
+        # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
+        # it would be "new" again on every pass).
         quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
-        if not quiet and (previous is None or previous.reason != reason):
+        if not quiet and self.create_error is None and not self._reported(reason):
             self.event("Warning", reason, message)
         self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
 
     def _surface_create_error(self) -> None:
         if self.create_error is None:
             return
-        previous = self.conditions.get(ConditionType.PROGRESSING)
         self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, self.create_error)
-        if previous is None or previous.reason != Reason.CREATE_FAILED:
+        if not self._reported(Reason.CREATE_FAILED):
             self.event("Warning", Reason.CREATE_FAILED, self.create_error)
         self.new.message = self.create_error
 

@@ -187,6 +187,11 @@ def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservati
 
 
 def exit_summary(pod: PodObservation) -> str:
+    if pod.reason == Reason.OOM_KILLED:  # exit code 137 alone reads as any SIGKILL
+        limit = (f"memory limit {pod.memory_limit}" if pod.memory_limit
+                 else "no memory limit set, the node ran out of memory")
+        code = f", exit code {pod.exit_code}" if pod.exit_code is not None else ""
+        return f"{pod.role} pod {pod.name} was OOMKilled: container {pod.container or pod.role} ({limit}){code}"
     if pod.exit_code is not None:
         return f"{pod.role} pod {pod.name} exited with code {pod.exit_code}"
     return f"{pod.role} pod {pod.name} failed ({pod.reason or 'no exit code'})"
