@@ -152,8 +152,12 @@ def run_scenario(args: argparse.Namespace) -> int:
             if state.global_step == args.sigterm_at_step:
                 sigterm_time.append(time.time())
                 os.kill(os.getpid(), signal.SIGTERM)
-            timeline.append({"step": state.global_step, "t": time.time(),
-                             "consumed": len(trainer._trained_groups)})
+            entry = {"step": state.global_step, "t": time.time(), "consumed": len(trainer._trained_groups)}
+            if not args.baseline and trainer.accelerator.is_main_process:
+                report = trainer.progress_report()  # checks the accounting identity; raises when it breaks
+                entry["report"] = {"consumed": report.groups_consumed, "trained": report.groups_trained,
+                                   "dropped": report.dropped_total, "regenerated": report.regenerated}
+            timeline.append(entry)
 
     timeline: list[dict] = []
     sigterm_time: list[float] = []

@@ -110,14 +110,19 @@ class ProgressServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
-                if path == c.PROGRESS_PATH:
-                    body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
-                elif path == c.METRICS_PATH:
-                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-                elif path in ("/healthz", "/readyz"):
-                    body, ctype = b"ok", "text/plain"
-                else:
-                    self.send_error(404, "try /progress or /metrics")
+                try:
+                    if path == c.PROGRESS_PATH:
+                        body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
+                    elif path == c.METRICS_PATH:
+                        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+                    elif path in ("/healthz", "/readyz"):
+                        body, ctype = b"ok", "text/plain"
+                    else:
+                        self.send_error(404, "try /progress or /metrics")
+                        return
+                except Exception as error:  # noqa: BLE001 - a report that cannot be made (broken accounting) says why
+                    logger.error(f"progress server: {error}")
+                    self.send_error(500, str(error).splitlines()[0])
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)

@@ -220,13 +220,24 @@ def build_learner(config: c.RunConfig):
 
 
 def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
-    report = (
-        learner.progress_report() if learner is not None else c.ProgressReport(epochs=config.training.epochs)
-    ).model_copy(update={"phase": phase, "message": message})
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
     return code
+
+
+def _final_report(config: c.RunConfig, learner) -> c.ProgressReport:
+    """The learner's last report; without figures when it has none, or when they break the accounting identity
+    (the exit then says why)."""
+    from .progress import AccountingError
+
+    if learner is not None:
+        try:
+            return learner.progress_report()
+        except AccountingError:
+            pass
+    return c.ProgressReport(epochs=config.training.epochs)
 
 
 def describe_error(error: BaseException) -> str:
@@ -256,7 +267,7 @@ def main(config: c.RunConfig) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
     entrypoint before the slow imports."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .progress import StallError
+    from .progress import AccountingError, StallError
     from .trainer import newest_checkpoint
 
     learner = None
@@ -289,7 +300,10 @@ def main(config: c.RunConfig) -> int:
             pool = getattr(learner, "rollout_pool", None)
             if pool is not None:
                 pool.stop()
-    report = learner.progress_report()
+    try:
+        report = learner.progress_report()
+    except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success
+        return _finish(config, learner, 1, c.LearnerPhase.FAILED, str(error))
     counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.

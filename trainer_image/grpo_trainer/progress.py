@@ -82,6 +82,10 @@ class RolloutPipelineError(RuntimeError):
     """Raised on every rank when rank 0's rollout pipeline failed; rank 0 chains the original exception."""
 
 
+class AccountingError(RuntimeError):
+    """A report whose consumed groups are not all trained or dropped: a bug in the accounting, never user error."""
+
+
 class ConsumedIds(MutableSet):
     """A set of group ids kept as `floor` (every id below it is a member) plus the members above it.
 
@@ -277,6 +281,8 @@ class RolloutProgress:
             self._runs.join(group_id)
         for group_id in sorted(transparent_ids):
             self._make_transparent(group_id)
+        if self.needed_end is not None:  # a checkpoint keeps the consumed overflow among its consumed positions
+            self._overflow.update(g for g in self._consumed_beyond(self.needed_end - 1))
         self._advance()
 
     # ---------------------------------------------------------------------------------------------------- reports
@@ -286,7 +292,7 @@ class RolloutProgress:
             if group_id in self.consumed:
                 return
             if not self.needs(group_id):  # past the bound, as in train(): consumed, not counted
-                self.consumed.add(group_id)
+                self._consume_overflow(group_id)
                 return
             self._record_drop(group_id, reason)
         self.check()
@@ -312,7 +318,7 @@ class RolloutProgress:
                 if group_id < self._folded or group_id in self._trained_ids or group_id in self._transparent_set:
                     continue
                 if not self.needs(group_id):
-                    self.consumed.add(group_id)
+                    self._consume_overflow(group_id)
                     continue
                 previous = self._drop_reason.pop(group_id, None)
                 if previous is not None:  # a late sample of a group swept as lost, or partly dropped, trained after all
@@ -362,6 +368,11 @@ class RolloutProgress:
                 self._attempts[stand_in] = attempts + 1
             self._advance()
             return True
+
+    def _consume_overflow(self, group_id: int) -> None:
+        # Consumed, counted nowhere: should a regeneration move the bound over it, the stand-in skips it.
+        self.consumed.add(group_id)
+        self._overflow.add(group_id)
 
     def pass_overflow(self, group_id: int) -> None:
         """Record an id passed unfiltered as past the bound: if the bound moves over it, it is not waited for."""
@@ -496,8 +507,10 @@ class RolloutProgress:
     def report(
         self, *, phase: LearnerPhase, global_step: int, weight_syncs: int = 0, message: str = ""
     ) -> ProgressReport:
+        """The figures `/progress`, the metrics and the termination message carry. Raises AccountingError when a
+        consumed group inside the bound is neither trained nor dropped (regenerated ones are not consumed)."""
         with self._lock:
-            return ProgressReport(
+            report = ProgressReport(
                 phase=phase,
                 groups_total=self.groups_total or 0,
                 groups_consumed=self.groups_consumed,
@@ -516,6 +529,11 @@ class RolloutProgress:
                 regenerated=self.regenerated,
                 message=message,
             )
+        if report.groups_consumed != report.groups_trained + report.dropped_total:
+            raise AccountingError(
+                f"progress accounting is broken: consumed {report.groups_consumed}, trained {report.groups_trained}, "
+                f"dropped {report.dropped_total} ({self._dropped_summary()}), regenerated {self.regenerated}")
+        return report
 
     def state_dict(self, *, exclude: Iterable[int] = ()) -> dict[str, Any]:
         """What a checkpoint keeps, by absolute position (prompts x passes).
