@@ -38,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--resume-newest", default=None, help="resume from the newest valid checkpoint here")
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
     parser.add_argument("--max-staleness", type=int, default=1000)
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
@@ -165,8 +166,13 @@ def run_scenario(args: argparse.Namespace) -> int:
     rank = trainer.accelerator.process_index
     started = time.time()
     outcome, message = "succeeded", ""
+    resume = args.resume_from
+    if args.resume_newest:
+        from grpo_trainer.checkpoints import newest_checkpoint
+
+        resume = newest_checkpoint(args.resume_newest)
     try:
-        trainer.train(resume_from_checkpoint=args.resume_from)
+        trainer.train(resume_from_checkpoint=resume)
         if not args.baseline and trainer.phase.value == "Preempted":
             outcome, message = "Preempted", trainer.message
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
@@ -185,6 +191,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         "ended": ended,
         "timeline": timeline,
         "sigterm_time": sigterm_time[0] if sigterm_time else None,
+        "resumed_from": resume,
     }
     if rank == 0:
         result["groups_generated"] = worker.groups_generated

@@ -267,17 +267,18 @@ def main(config: c.RunConfig) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
     entrypoint before the slow imports."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .checkpoints import UnusableCheckpoints, newest_checkpoint
     from .progress import AccountingError, StallError
-    from .trainer import newest_checkpoint
 
     learner = None
     try:
+        # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
+        resume = newest_checkpoint(config.checkpoint.directory)
         learner = build_learner(config)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
                     learner.accelerator.process_index)
-        resume = newest_checkpoint(config.checkpoint.directory)
         if resume:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
@@ -286,7 +287,7 @@ def main(config: c.RunConfig) -> int:
         learner.save_model(os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
-    except ConfigError as error:
+    except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
