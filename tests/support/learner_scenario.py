@@ -20,6 +20,7 @@ SCENARIOS = {
     "varied": lambda position, k: float(k % 2),
     "third_no_signal": lambda position, k: 0.0 if position % 3 == 0 else float(k % 2),
     "no_signal": lambda position, k: 1.0,
+    "unscorable": lambda position, k: float("nan"),  # every reward function returned None
     "last_pass_no_signal": None,  # built in main(): depends on the dataset size
 }
 
@@ -35,6 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="per-device train batch size (samples)")
     parser.add_argument("--ga", type=int, default=1)
     parser.add_argument("--stall-groups", type=int, default=0)
+    parser.add_argument("--keep-no-signal", action="store_true", help="filter.dropNoSignal: false")
     parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
@@ -118,7 +120,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
-        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
+        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
+                              filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
                               progress_server_port=args.progress_port, reward_models=reward_models)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop

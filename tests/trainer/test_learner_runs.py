@@ -231,3 +231,15 @@ def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_par
     assert second["weight_dirs"] == [f"v{second['weight_version']}"]  # old and partial directories removed
     # The learner's own version (samples, staleness) is the one the servers serve, though its checkpoint had 3.
     assert second["model_version"] == second["weight_version"]
+
+
+def test_a_reward_that_scores_nothing_stalls_as_unscorable_even_with_drop_no_signal_off(tiny_model_dir, tmp_path):
+    # Every reward returns None: TRL's worker gives every sample advantage 0. Trained, the run would end Succeeded
+    # having learned nothing; these groups are unscorable, never trained, and one pass of them is a stall.
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "unscorable", "--prompts", "6", "--epochs", "3",
+                    "--keep-no-signal", expect=EXIT_STALLED)
+    assert result["outcome"] == "StallError" and "6 prompt groups in a row" in result["message"]
+    progress = result["progress"]
+    assert progress["phase"] == "Stalled" and progress["globalStep"] == 0 and progress["groupsTrained"] == 0
+    assert progress["dropped"]["unscorable"] == 6 == progress["groupsConsumed"]
+    assert progress["dropped"]["no_signal"] == 0
