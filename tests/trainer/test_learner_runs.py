@@ -150,6 +150,9 @@ def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_p
     assert second["consumed_absolute"] == uninterrupted["consumed_absolute"] == list(range(18))
     for key in ("groupsConsumed", "groupsTrained", "dropped", "epochsDone"):
         assert second["progress"][key] == uninterrupted["progress"][key], key
+    # The counters count this process's groups from 0; trained, the run's total, carries the checkpoint's over.
+    resumed = second["progress"]
+    assert resumed["groupsCollated"] - resumed["groupsReturned"] == resumed["groupsTrained"] - saved["groups_trained"]
     assert saved["dropped"]["no_signal"] > 0 and all(p > start for p in saved["consumed_after"])
 
 

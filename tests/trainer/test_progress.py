@@ -156,7 +156,7 @@ class TestRolloutProgress:
         report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
         assert (report.groups_collated, report.groups_returned, report.groups_trained) == (4, 2, 2)
         resumed = make_progress(trained=5)
-        assert (resumed.groups_collated, resumed.groups_returned) == (5, 0)
+        assert (resumed.groups_collated, resumed.groups_returned, resumed.groups_trained) == (0, 0, 5)
 
     def test_training_a_group_dropped_earlier_moves_it(self):
         progress = make_progress()

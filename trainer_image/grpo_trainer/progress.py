@@ -257,9 +257,10 @@ class RolloutProgress:
         self._transparent_before = transparent_before  # transparent positions before start_group
         self._overflow: set[int] = set()  # ids passed unfiltered as past the bound
         self._attempts: dict[int, int] = {}  # stand-in id -> how many times its slot was regenerated
-        # Monotone within the process (Prometheus counters); `groups_trained` is derived from them. A resumed
-        # process starts collated at the checkpoint's trained count.
-        self.groups_collated = trained
+        # Counters of this process (Prometheus': they start at 0 in every process, a resumed one too);
+        # `groups_trained`, the run's total, is the checkpoint's count plus what they add.
+        self._trained_before = trained
+        self.groups_collated = 0
         self.groups_returned = 0
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
         self._lock = threading.RLock()
@@ -449,8 +450,9 @@ class RolloutProgress:
 
     @property
     def groups_trained(self) -> int:
-        """Groups that reached an optimizer step: collated, less those a stop returned."""
-        return self.groups_collated - self.groups_returned
+        """Groups that reached an optimizer step since the run began: those before the resume, plus this process's
+        collated less those a stop returned."""
+        return self._trained_before + self.groups_collated - self.groups_returned
 
     @property
     def stall_streak(self) -> int:
