@@ -193,3 +193,26 @@ def test_a_real_learner_vouches_for_its_checkpoints_and_a_restart_skips_a_torn_o
     assert second["outcome"] == "succeeded" and second["start_position"] == saved[2]["first_unconsumed"]
     assert second["consumed_absolute"] == list(range(18))
     assert second["progress"]["groupsTrained"] + sum(second["progress"]["dropped"].values()) == 18
+
+
+def resumed_through_a_checkpoint(progress: RolloutProgress, directory: Path) -> RolloutProgress:
+    """What a restart does: the state into a marker, the marker checked and read back, a new RolloutProgress."""
+    directory.mkdir()
+    write_marker(str(directory), {**progress.state_dict(), "model_version": 0, "global_step": 0})
+    return RolloutProgress.from_state(read_marker(str(directory)), set(), stall_groups=0,
+                                      groups_per_epoch=progress.groups_per_epoch, epochs=progress.epochs)
+
+
+def test_the_regeneration_limit_of_a_slot_holds_across_resumes(tmp_path):
+    # Without the per-slot count in the checkpoint, a learner preempted between regenerations regenerated a slot
+    # without bound: each restart began its count again.
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=2, epochs=1,
+                               regenerate_limit=2)
+    assert progress.regenerate(0)
+    stand_in = progress.start_group + progress.needed_end - 1  # absolute position of the slot's stand-in
+    for attempt in (2, 3):
+        progress = resumed_through_a_checkpoint(progress, tmp_path / f"checkpoint-{attempt}")
+        regenerated = progress.regenerate(stand_in - progress.start_group)
+        assert regenerated == (attempt <= progress.regenerate_limit), attempt
+        stand_in = progress.start_group + progress.needed_end - 1
+    assert progress.regenerated == 2  # the third stale generation of the slot is the caller's to drop as stale

@@ -53,6 +53,7 @@ class ProgressMarker(BaseModel):
     bound: int | None
     transparent_before: int = Field(ge=0)
     transparent_after: list[int]
+    regeneration_attempts: dict[int, int] = Field(description="Absolute position -> regenerations of its slot.")
     groups_trained: int = Field(ge=0)
     dropped: dict[DropReason, int]
     epochs_done: int = Field(ge=0)

@@ -232,6 +232,7 @@ class RolloutProgress:
         bound: int | None = None,
         transparent_ids: Iterable[int] = (),
         transparent_before: int = 0,
+        regeneration_attempts: dict[int, int] | None = None,
     ):
         if stall_groups < 0:
             raise ValueError(f"stall_groups must be >= 0, got {stall_groups}")
@@ -256,7 +257,9 @@ class RolloutProgress:
         self._transparent_set: set[int] = set()
         self._transparent_before = transparent_before  # transparent positions before start_group
         self._overflow: set[int] = set()  # ids passed unfiltered as past the bound
-        self._attempts: dict[int, int] = {}  # stand-in id -> how many times its slot was regenerated
+        # Stand-in id -> how many times its slot was regenerated; a checkpoint keeps it, so the limit holds across
+        # resumes.
+        self._attempts: dict[int, int] = dict(regeneration_attempts or {})
         # Counters of this process (Prometheus': they start at 0 in every process, a resumed one too);
         # `groups_trained`, the run's total, is the checkpoint's count plus what they add.
         self._trained_before = trained
@@ -571,6 +574,9 @@ class RolloutProgress:
                 "bound": None if self.needed_end is None else self.start_group + self.needed_end,
                 "transparent_before": self._transparent_before + bisect.bisect_left(self._transparent, start),
                 "transparent_after": [self.start_group + g for g in self._transparent if g > start],
+                # JSON keys are strings: absolute position -> regenerations of its slot, for stand-ins not settled.
+                "regeneration_attempts": {str(self.start_group + g): n for g, n in sorted(self._attempts.items())
+                                          if g >= start and (g not in self.consumed or g in excluded)},
                 "groups_trained": self.groups_trained - excluded_trained,
                 "dropped": dict(self.dropped),
                 "epochs_done": epochs_done,
@@ -607,6 +613,7 @@ class RolloutProgress:
             bound=state.get("bound"),
             transparent_ids=[g - start for g in state.get("transparent_after", ())],
             transparent_before=state.get("transparent_before", 0),
+            regeneration_attempts={int(g) - start: n for g, n in state.get("regeneration_attempts", {}).items()},
         )
 
 
