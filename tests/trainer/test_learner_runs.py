@@ -15,6 +15,7 @@ import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from grpo_operator.cli.local.processes import free_port
+from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import learner_argv
 from grpo_trainer.learner_main import trainer_arguments
@@ -204,7 +205,9 @@ def test_two_ranks_preempted_save_once_and_the_pod_exits_preempted(tiny_model_di
     assert [r["outcome"] for r in results] == ["Preempted", "Preempted"]
     assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["global_step"] == 2
     assert results[0]["checksum"] == results[1]["checksum"]
-    assert (tmp_path / "checkpoints" / "checkpoint-2" / "grpo_progress.json").is_file()
+    # The marker is written once both ranks wrote their files, and vouches for rank 1's RNG state too.
+    marker = read_marker(str(tmp_path / "checkpoints" / "checkpoint-2"))
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marker["files"])
 
 
 def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_partial_ones(tiny_model_dir, tmp_path):
