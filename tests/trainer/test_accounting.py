@@ -23,6 +23,7 @@ from grpo_trainer.progress import (
     SampleFilterQueue,
 )
 from grpo_trainer.scoring import ScoringQueue
+from tests.trainer.test_learner_runs import run as run_scenario
 
 
 def rollout(group_id: int, k: int, *, text: str, version: int = 0) -> RolloutSample:
@@ -229,19 +230,19 @@ def test_the_progress_server_answers_500_with_the_reason_when_the_accounting_bre
 
 
 @pytest.mark.slow
-def test_a_real_run_with_reward_model_drops_regenerations_and_overflow_keeps_the_identity_at_every_step(
-        tiny_model_dir, tiny_reward_model_dir, tmp_path):
-    from tests.trainer.test_learner_runs import run
-
-    # Every 3rd prompt unscorable (scoring drops it, past the bound too), every 5th position lost (regenerated once
-    # the learner is max_staleness versions past the group that revealed it), a small queue and two epochs.
-    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "10", "--epochs", "2",
-                    "--reward-model", tiny_reward_model_dir, "--unscorable-every", "3", "--lost-every", "5",
-                    "--max-staleness", "1", "--queue-maxsize", "8")
+def test_a_real_run_ends_with_every_group_of_its_bound_trained_dropped_or_regenerated(tiny_model_dir,
+                                                                                      tiny_reward_model_dir, tmp_path):
+    # 4 prompts x 1.5 epochs: the bound is positions 0-5. Position 5 never arrives; 6, the first past the bound,
+    # holds the reward model's NaN marker (every 3rd prompt), so scoring drops it; 7 and on go by as overflow and
+    # train, the learner's version moves, and 5 (revealed missing by 7) is regenerated: the bound moves over 6.
+    # Consumed without a trace, 6 ended the run one group short: "consumed 6/6, trained 4, dropped 1".
+    (result,) = run_scenario(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "4", "--epochs", "1.5",
+                             "--reward-model", tiny_reward_model_dir, "--unscorable-every", "3", "--lost-every", "6",
+                             "--max-staleness", "2", "--queue-maxsize", "8")
     progress = result["progress"]
     assert result["outcome"] == "succeeded" and progress["phase"] == "Succeeded"
-    reports = [entry["report"] for entry in result["timeline"]]
+    assert progress["regenerated"] >= 1 and progress["dropped"]["unscorable"] == 1  # position 2, inside the bound
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == 6
+    assert progress["groupsTrained"] == 5 and progress["groupsTrained"] + sum(progress["dropped"].values()) == 6
+    reports = [entry["report"] for entry in result["timeline"]]  # the report of every optimizer step
     assert reports and all(r["consumed"] == r["trained"] + r["dropped"] for r in reports)
-    assert progress["groupsConsumed"] == progress["groupsTotal"] == 20
-    assert progress["groupsTrained"] + sum(progress["dropped"].values()) == 20
-    assert progress["regenerated"] >= 1 and progress["dropped"]["unscorable"] >= 1
