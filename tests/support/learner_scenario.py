@@ -20,6 +20,7 @@ SCENARIOS = {
     "varied": lambda position, k: float(k % 2),
     "third_no_signal": lambda position, k: 0.0 if position % 3 == 0 else float(k % 2),
     "no_signal": lambda position, k: 1.0,
+    "unscorable": lambda position, k: float("nan"),  # every reward function returned None
     "last_pass_no_signal": None,  # built in main(): depends on the dataset size
 }
 
@@ -35,9 +36,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="per-device train batch size (samples)")
     parser.add_argument("--ga", type=int, default=1)
     parser.add_argument("--stall-groups", type=int, default=0)
+    parser.add_argument("--keep-no-signal", action="store_true", help="filter.dropNoSignal: false")
     parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--resume-newest", default=None, help="resume from the newest valid checkpoint here")
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
     parser.add_argument("--max-staleness", type=int, default=1000)
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
@@ -117,7 +120,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
-        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
+        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
+                              filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
                               progress_server_port=args.progress_port, reward_models=reward_models)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
@@ -152,8 +156,12 @@ def run_scenario(args: argparse.Namespace) -> int:
             if state.global_step == args.sigterm_at_step:
                 sigterm_time.append(time.time())
                 os.kill(os.getpid(), signal.SIGTERM)
-            timeline.append({"step": state.global_step, "t": time.time(),
-                             "consumed": len(trainer._trained_groups)})
+            entry = {"step": state.global_step, "t": time.time(), "consumed": len(trainer._trained_groups)}
+            if not args.baseline and trainer.accelerator.is_main_process:
+                report = trainer.progress_report()  # checks the accounting identity; raises when it breaks
+                entry["report"] = {"consumed": report.groups_consumed, "trained": report.groups_trained,
+                                   "dropped": report.dropped_total, "regenerated": report.regenerated}
+            timeline.append(entry)
 
     timeline: list[dict] = []
     sigterm_time: list[float] = []
@@ -161,8 +169,13 @@ def run_scenario(args: argparse.Namespace) -> int:
     rank = trainer.accelerator.process_index
     started = time.time()
     outcome, message = "succeeded", ""
+    resume = args.resume_from
+    if args.resume_newest:
+        from grpo_trainer.checkpoints import newest_checkpoint
+
+        resume = newest_checkpoint(args.resume_newest)
     try:
-        trainer.train(resume_from_checkpoint=args.resume_from)
+        trainer.train(resume_from_checkpoint=resume)
         if not args.baseline and trainer.phase.value == "Preempted":
             outcome, message = "Preempted", trainer.message
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
@@ -181,6 +194,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         "ended": ended,
         "timeline": timeline,
         "sigterm_time": sigterm_time[0] if sigterm_time else None,
+        "resumed_from": resume,
     }
     if rank == 0:
         result["groups_generated"] = worker.groups_generated

@@ -72,11 +72,12 @@ METRIC_GROUPS_TOTAL = "grpo_learner_groups"  # gauge: groups the run must consum
 METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed"
 METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained"
 METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped"  # label: reason
-# Never decrease inside a process, unlike trained (a stop's discarded window returns its groups): trained =
-# collated - returned, so a trained rate is rate(collated) - rate(returned).
+# Counters: they count in this process, from 0 (a resumed learner too), and never decrease, unlike trained (a stop's
+# discarded window returns its groups). Trained grows by collated - returned, so a trained rate is
+# rate(collated) - rate(returned). Totals since the run began (trained, consumed, regenerated) are gauges.
 METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"
 METRIC_GROUPS_RETURNED = "grpo_learner_groups_returned_total"
-METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated_total"  # stale groups another group replaced
+METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated"  # gauge: stale groups another group replaced
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -354,9 +355,11 @@ class ProgressReport(_ReportModel):
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
     groups_consumed: Count = 0
     groups_trained: Count = 0
-    groups_collated: Count = Field(0, description="Groups counted at collation; never decreases in a process.")
+    groups_collated: Count = Field(0, description="Groups counted at collation by this learner process (from 0 "
+                                   "after a resume); never decreases.")
     groups_returned: Count = Field(
-        0, description="Collated groups a stop returned before their optimizer step; never decreases."
+        0, description="Collated groups a stop returned before their optimizer step, in this learner process; "
+        "never decreases."
     )
     dropped: dict[str, Count] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     epochs_done: Count = 0

@@ -2,8 +2,9 @@
 
 Torch-free: it only reads a snapshot function, so the metrics are a pure rendering of the same report the operator
 reads and the termination message carries, and the two can never disagree. A custom collector (rather than gauges
-updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that never decrease inside a
-process are counters (`_total`); trained, consumed and dropped can go down (contract.py says when) and are gauges.
+updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that count in this process
+from 0 and never decrease are counters (`_total`); totals since the run began (they carry over a resume) and figures
+that can go down (trained, consumed, dropped: contract.py says when) are gauges.
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ class ProgressCollector:
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
             gauge(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
-            counter(c.METRIC_GROUPS_COLLATED, "Prompt groups counted at collation (never decreases).",
+            counter(c.METRIC_GROUPS_COLLATED, "Prompt groups counted at collation by this learner process.",
                     report.groups_collated),
-            counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step.",
-                    report.groups_returned),
+            counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step, in this "
+                    "learner process.", report.groups_returned),
             dropped,
-            counter(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated: neither trained nor dropped.",
-                    report.regenerated),
+            gauge(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated since the run began: neither trained "
+                  "nor dropped.", report.regenerated),
             gauge(c.METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
             gauge(c.METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
             gauge(c.METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),
@@ -110,14 +111,19 @@ class ProgressServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                if path == c.PROGRESS_PATH:
-                    body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
-                elif path == c.METRICS_PATH:
-                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-                elif path in ("/healthz", "/readyz"):
-                    body, ctype = b"ok", "text/plain"
-                else:
-                    self.send_error(404, "try /progress or /metrics")
+                try:
+                    if path == c.PROGRESS_PATH:
+                        body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
+                    elif path == c.METRICS_PATH:
+                        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+                    elif path in ("/healthz", "/readyz"):
+                        body, ctype = b"ok", "text/plain"
+                    else:
+                        self.send_error(404, "try /progress or /metrics")
+                        return
+                except Exception as error:  # noqa: BLE001 - a report that cannot be made (broken accounting) says why
+                    logger.error(f"progress server: {error}")
+                    self.send_error(500, str(error).splitlines()[0])
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)

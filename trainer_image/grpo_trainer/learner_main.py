@@ -220,13 +220,24 @@ def build_learner(config: c.RunConfig):
 
 
 def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
-    report = (
-        learner.progress_report() if learner is not None else c.ProgressReport(epochs=config.training.epochs)
-    ).model_copy(update={"phase": phase, "message": message})
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
     return code
+
+
+def _final_report(config: c.RunConfig, learner) -> c.ProgressReport:
+    """The learner's last report; without figures when it has none, or when they break the accounting identity
+    (the exit then says why)."""
+    from .progress import AccountingError
+
+    if learner is not None:
+        try:
+            return learner.progress_report()
+        except AccountingError:
+            pass
+    return c.ProgressReport(epochs=config.training.epochs)
 
 
 def describe_error(error: BaseException) -> str:
@@ -256,17 +267,18 @@ def main(config: c.RunConfig) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
     entrypoint before the slow imports."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .progress import StallError
-    from .trainer import newest_checkpoint
+    from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .progress import AccountingError, StallError
 
     learner = None
     try:
+        # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
+        resume = newest_checkpoint(config.checkpoint.directory)
         learner = build_learner(config)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
                     learner.accelerator.process_index)
-        resume = newest_checkpoint(config.checkpoint.directory)
         if resume:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
@@ -275,7 +287,7 @@ def main(config: c.RunConfig) -> int:
         learner.save_model(os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
-    except ConfigError as error:
+    except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
@@ -289,7 +301,10 @@ def main(config: c.RunConfig) -> int:
             pool = getattr(learner, "rollout_pool", None)
             if pool is not None:
                 pool.stop()
-    report = learner.progress_report()
+    try:
+        report = learner.progress_report()
+    except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success
+        return _finish(config, learner, 1, c.LearnerPhase.FAILED, str(error))
     counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.

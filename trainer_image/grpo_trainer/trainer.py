@@ -9,10 +9,8 @@ groups. See progress.py for the rules.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +25,14 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EpochStopCallback,
 )
 
+from .checkpoints import (
+    PROGRESS_STATE_FILE,
+    MarkerError,
+    UnusableCheckpoints,
+    read_marker,
+    write_json_atomically,
+    write_marker,
+)
 from .contract import FilterConfig, LearnerPhase, ProgressReport
 from .progress import (
     STOP_KEY,
@@ -44,7 +50,6 @@ from .scoring import RewardModel, ScoringQueue
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_STATE_FILE = "grpo_progress.json"
 # TRL's own resume file: trl/experimental/async_grpo/async_grpo_trainer.py:1860-1901 (trl 1.16.0).
 ROLLOUT_STATE_FILE = "rollout_state.json"
 # TRL's worker posts a completion up to 3 times, each bounded by `request_timeout`
@@ -323,6 +328,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             # directory in place: without its marker until done, a kill meanwhile leaves it skipped, not torn.
             os.remove(marker)
         super()._save_checkpoint(model, trial)
+        # Every rank writes its own files (its RNG state): the marker vouches for them all.
+        self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -335,17 +342,19 @@ class GRPOLearner(AsyncGRPOTrainer):
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
         start = state["first_unconsumed"]
-        _write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
-                               {"prompt_index": start, "model_version": self.model_version})
-        # Written last, and atomically: its presence marks the checkpoint complete (see newest_checkpoint).
-        _write_json_atomically(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), state)
+        write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
+                              {"prompt_index": start, "model_version": self.model_version})
+        # Written last, and atomically: it marks the checkpoint complete and vouches for its files (checkpoints.py).
+        write_marker(checkpoint_dir, state)
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any):
         checkpoint = kwargs.get("resume_from_checkpoint")
         state_file = os.path.join(checkpoint, PROGRESS_STATE_FILE) if checkpoint else None
         if state_file and os.path.isfile(state_file):
-            with open(state_file) as f:
-                state = json.load(f)
+            try:
+                state = read_marker(checkpoint)
+            except MarkerError as error:
+                raise UnusableCheckpoints(f"cannot resume from {checkpoint}: {state_file} {error}") from None
             self.progress = RolloutProgress.from_state(
                 state,
                 self._trained_groups,
@@ -372,32 +381,4 @@ class GRPOLearner(AsyncGRPOTrainer):
             self._progress_server = None
 
 
-def _write_json_atomically(path: str, payload: dict[str, Any]) -> None:
-    staging = f"{path}.tmp"
-    with open(staging, "w") as f:
-        json.dump(payload, f)
-    os.replace(staging, path)
-
-
-def newest_checkpoint(directory: str | None) -> str | None:
-    """The newest complete checkpoint a restarted learner resumes from, or None for a fresh run.
-
-    A learner killed while saving leaves a `checkpoint-N` directory without its last files; resuming from it crashed
-    every restart until the backoff limit (seen in tests/operator/cli/test_local_run.py: no trainer_state.json).
-    Complete means `grpo_progress.json`, written last, is there.
-    """
-    if not directory or not os.path.isdir(directory):
-        return None
-    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    numbered = sorted(
-        ((int(match[1]), name) for name in os.listdir(directory) if (match := pattern.match(name))), reverse=True
-    )
-    for _, name in numbered:
-        path = os.path.join(directory, name)
-        if os.path.isfile(os.path.join(path, PROGRESS_STATE_FILE)):
-            return path
-        logger.warning(f"skipping the incomplete checkpoint {path} (interrupted while saving)")
-    return None
-
-
-__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError", "newest_checkpoint"]
+__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError"]

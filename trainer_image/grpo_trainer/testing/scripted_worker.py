@@ -17,7 +17,8 @@ from collections.abc import Callable
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-#: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began.
+#: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began. NaN stands
+#: for a completion every reward function returned None for.
 RewardScript = Callable[[int, int], float]
 
 
@@ -90,8 +91,12 @@ class ScriptedRolloutWorker:
         rng = np.random.default_rng([self.seed, position % self.dataset_size])
         prompt = rng.integers(2, self.vocab_size, self.prompt_tokens)
         rewards = np.array([self.reward(position, k) for k in range(self.num_generations)], dtype=float)
-        std = float(rewards.std())
-        advantages = (rewards - rewards.mean()) / (std + 1e-8)
+        # TRL's rule for unscored completions: advantage 0, the group normalised over the scored ones.
+        scored = ~np.isnan(rewards)
+        advantages = np.zeros_like(rewards)
+        std = float(rewards[scored].std()) if scored.any() else float("nan")
+        if scored.any():
+            advantages[scored] = (rewards[scored] - rewards[scored].mean()) / (std + 1e-8)
         samples = []
         for k in range(self.num_generations):
             completion = rng.integers(2, self.vocab_size, self.completion_tokens)
