@@ -28,6 +28,7 @@ from grpo_trainer.contract import (
     RewardConfig,
     RolloutConfig,
     TrainingConfig,
+    WeightSyncConfig,
     WireModel,
 )
 from grpo_trainer.validation import field_path, first_error
@@ -94,6 +95,7 @@ class VllmSpec(WireModel):
 
 class WeightSyncSpec(WireModel):
     mode: Literal["nccl", "filesystem"] = "nccl"
+    deadline_seconds: int = WeightSyncConfig.model_fields["deadline_seconds"]
     # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "x"}}) both roles mount for
     # filesystem mode; left free-form because the CRD keeps it as x-kubernetes-preserve-unknown-fields.
     volume: dict[str, Any] | None = None
@@ -272,6 +274,7 @@ class Reason:
     ROLLOUT_RESTARTING = "RolloutRestarting"  # RolloutReady=False while a replaced server is not ready yet
     ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
     STALL_LIMIT_REACHED = "StallLimitReached"
+    WEIGHT_SYNC_STUCK = "WeightSyncStuck"  # a weight sync outlived rollout.weightSync.deadlineSeconds
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     PROGRESS_RESUMED = "ProgressResumed"
     NOT_STALLED = "NotStalled"

@@ -43,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
     parser.add_argument("--weights-dir", default=None, help="filesystem weight sync into this directory")
     parser.add_argument("--weights-server", default=None, help="the server the filesystem sync reloads")
+    parser.add_argument("--weight-sync-deadline", type=float, default=900, help="seconds a weight sync may take")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
@@ -118,7 +119,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
-                              progress_server_port=args.progress_port, reward_models=reward_models)
+                              progress_server_port=args.progress_port, reward_models=reward_models,
+                              weight_sync_deadline_s=args.weight_sync_deadline)
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
@@ -201,7 +203,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     if not args.baseline:
         trainer.close()
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
-    return {"succeeded": 0, "StallError": 42, "Preempted": 75}.get(outcome, 1)
+    return {"succeeded": 0, "StallError": 42, "WeightSyncStuck": 42, "Preempted": 75}.get(outcome, 1)
 
 
 if __name__ == "__main__":

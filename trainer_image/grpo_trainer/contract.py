@@ -51,6 +51,13 @@ class DropReason(str, Enum):
 DROP_REASONS: tuple[str, ...] = tuple(reason.value for reason in DropReason)
 
 
+class StallCause(str, Enum):
+    """What stalled a learner that ended as stalled (EXIT_STALLED); the operator names the stall by it."""
+
+    STREAK = "streak"  # progress.stallGroups groups in a row were consumed without one training
+    WEIGHT_SYNC = "weight_sync"  # a weight sync outlived rollout.weightSync.deadlineSeconds (it hung)
+
+
 class LearnerPhase(str, Enum):
     STARTING = "Starting"
     RUNNING = "Running"
@@ -84,11 +91,19 @@ METRIC_LAST_TRAINED = "grpo_learner_last_trained_timestamp_seconds"
 METRIC_STALLED = "grpo_learner_stalled"
 METRIC_REWARD_MEAN = "grpo_learner_reward_mean"
 METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
+# With weight_syncs_total, the count and sum of a summary: rate(seconds) / rate(syncs) is the mean sync time.
+METRIC_WEIGHT_SYNC_SECONDS = "grpo_learner_weight_sync_seconds_total"
+METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_seconds"
+# Gauge: how long the sync now running has run (0 between syncs); alert on it before the deadline ends the learner.
+METRIC_WEIGHT_SYNC_RUNNING_SECONDS = "grpo_learner_weight_sync_running_seconds"
+METRIC_WEIGHT_SYNC_DEADLINE = "grpo_learner_weight_sync_deadline_seconds"
+METRIC_WEIGHT_VERSION = "grpo_learner_weight_version"  # gauge: N of the vN the learner last pushed
 # Per rollout server, label `replica` (its index in rollout.urls).
 METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when the balancer sends it requests
 METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  # gauge: N of the vN it serves
 METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
 METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it
+METRIC_REPLICA_VERSION_LAG = "grpo_learner_rollout_replica_weight_version_lag"  # gauge: versions it is behind
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -106,10 +121,16 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_STALLED,
     METRIC_REWARD_MEAN,
     METRIC_WEIGHT_SYNCS,
+    METRIC_WEIGHT_SYNC_SECONDS,
+    METRIC_WEIGHT_SYNC_LAST_SECONDS,
+    METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
+    METRIC_WEIGHT_SYNC_DEADLINE,
+    METRIC_WEIGHT_VERSION,
     METRIC_REPLICA_READY,
     METRIC_REPLICA_WEIGHT_VERSION,
     METRIC_REPLICA_SAMPLES,
     METRIC_REPLICA_FAILURES,
+    METRIC_REPLICA_VERSION_LAG,
 )
 
 
@@ -245,11 +266,20 @@ class ProgressConfig(WireModel):
     stall_policy: Literal["Fail", "Report"] = "Fail"
 
 
+#: A weight sync running longer than this ends the learner as stalled (docs/learner.md, "Weight-sync deadline", has
+#: the measured figures it is drawn from).
+WEIGHT_SYNC_DEADLINE_SECONDS = 900
+
+
 class WeightSyncConfig(WireModel):
     # nccl: TRL's own WeightTransferClient (GPU). filesystem: safetensors into a directory both processes see, then
     # vLLM's reload_weights through /collective_rpc (the CPU path; no CPU transfer engine ships with vLLM).
     mode: Literal["nccl", "filesystem"] = "nccl"
     directory: str | None = None
+    deadline_seconds: int = Field(
+        WEIGHT_SYNC_DEADLINE_SECONDS, ge=1,
+        description="A weight sync still running after this long has hung: the learner ends as stalled.",
+    )
 
 
 class RolloutConfig(WireModel):
@@ -351,6 +381,12 @@ class ProgressReport(WireModel):
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
     weight_syncs: int = Field(0, ge=0)
+    weight_sync_seconds: float = Field(0.0, ge=0, description="Time spent in weight syncs, summed.")
+    weight_sync_last_seconds: float | None = Field(None, ge=0, description="How long the last finished sync took.")
+    weight_sync_running_seconds: float = Field(0.0, ge=0, description="How long the sync now running has run.")
+    weight_sync_deadline_seconds: float | None = Field(None, gt=0)
+    weight_version: int = Field(0, ge=0, description="N of the vN the learner last pushed (0: the initial weights).")
+    stall_cause: StallCause | None = Field(None, description="Set when phase is Stalled: what stalled.")
     regenerated: int = Field(0, ge=0, description="Stale groups regenerated: neither trained nor dropped; a later "
                              "group took each one's place.")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)

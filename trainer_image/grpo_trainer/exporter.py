@@ -68,12 +68,21 @@ class ProgressCollector:
                   float(report.phase == c.LearnerPhase.STALLED)),
             gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
+            counter(c.METRIC_WEIGHT_SYNC_SECONDS, "Seconds spent in finished weight syncs.",
+                    report.weight_sync_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_LAST_SECONDS, "How long the last finished weight sync took.",
+                  report.weight_sync_last_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_RUNNING_SECONDS, "How long the weight sync now running has run (0: none).",
+                  report.weight_sync_running_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_DEADLINE, "A weight sync running this long ends the learner as stalled.",
+                  report.weight_sync_deadline_seconds),
+            gauge(c.METRIC_WEIGHT_VERSION, "Weight version the learner last pushed (N of vN).", report.weight_version),
         ]
         yield from (family for family in families if family is not None)
-        yield from replica_families(report.rollout)
+        yield from replica_families(report.rollout, report.weight_version)
 
 
-def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
+def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
     """One series per rollout server, label `replica` (its index in rollout.urls)."""
     ready = GaugeMetricFamily(c.METRIC_REPLICA_READY, "1 when the rollout server takes generation requests.",
                               labels=["replica"])
@@ -85,13 +94,17 @@ def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
     failures = CounterMetricFamily(_without_total(c.METRIC_REPLICA_FAILURES),
                                    "Requests that failed on the rollout server (retried elsewhere).",
                                    labels=["replica"])
+    lag = GaugeMetricFamily(c.METRIC_REPLICA_VERSION_LAG,
+                            "Weight versions the rollout server is behind the learner's last push.", labels=["replica"])
     for replica in replicas:
         label = [str(replica.replica)]
+        served = c.weight_version_number(replica.weight_version)
         ready.add_metric(label, float(replica.ready))
-        version.add_metric(label, float(c.weight_version_number(replica.weight_version)))
+        version.add_metric(label, float(served))
+        lag.add_metric(label, float(max(learner_version - served, 0)))
         samples.add_metric(label, replica.samples)
         failures.add_metric(label, replica.failures)
-    return [ready, version, samples, failures]
+    return [ready, version, samples, failures, lag]
 
 
 def render_metrics(report_fn: ReportFn) -> bytes:

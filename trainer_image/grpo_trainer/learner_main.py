@@ -208,6 +208,7 @@ def build_learner(config: c.RunConfig):
                 stall_groups=config.progress.stall_groups,
                 progress_server_port=config.learner.http_port if is_main else None,
                 reward_models=reward_models,
+                weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
             )
     except BaseException:
         if pool is not None:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -27,7 +28,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EpochStopCallback,
 )
 
-from .contract import FilterConfig, LearnerPhase, ProgressReport
+from .contract import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig, LearnerPhase, ProgressReport, StallCause
 from .progress import (
     STOP_KEY,
     ConsumedIds,
@@ -41,6 +42,7 @@ from .progress import (
     stop_from_batch,
 )
 from .scoring import RewardModel, ScoringQueue
+from .sync_watchdog import SyncTimer, WeightSyncStuck
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             whose samples would be stale is regenerated long before (default: three times TRL's `request_timeout`,
             as TRL posts a completion up to 3 times).
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
+        weight_sync_deadline_s: a weight sync still running after this long ends the run as stalled
+            (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         progress_server_port: int | None = None,
         lost_after_s: float | None = None,
         reward_models: Sequence[RewardModel] = (),
+        weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -102,7 +107,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
         self.message = ""
-        self.weight_syncs = 0
+        self.stall_cause: StallCause | None = None
+        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
         self._training = False
@@ -117,9 +123,14 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ observability
     def progress_report(self) -> ProgressReport:
+        timer = self.sync_timer
         report = self.progress.report(
-            phase=self.phase, global_step=self.state.global_step, weight_syncs=self.weight_syncs, message=self.message
-        )
+            phase=self.phase, global_step=self.state.global_step, weight_syncs=timer.syncs, message=self.message
+        ).model_copy(update={
+            "weight_sync_seconds": timer.total_s, "weight_sync_last_seconds": timer.last_s,
+            "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
+            "weight_version": self.model_version, "stall_cause": self.stall_cause,
+        })
         rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
         return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
 
@@ -128,9 +139,21 @@ class GRPOLearner(AsyncGRPOTrainer):
         return self._progress_server.url if self._progress_server else None
 
     def _sync_weight(self) -> None:
-        super()._sync_weight()
-        self.weight_syncs += 1
+        try:
+            self.sync_timer.run(super()._sync_weight)
+        except WeightSyncStuck as stuck:
+            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, str(stuck), StallCause.WEIGHT_SYNC
+            logger.error(str(stuck))
+            # TRL destroys the transfer when training ends; a transfer stuck mid-call would wait on the same peer.
+            self.weight_transfer = None
+            raise
         self._follow_served_version()
+
+    def _select_device(self) -> None:
+        """The sync's thread trains nothing, but its collectives and copies must use this rank's device."""
+        device = self.accelerator.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
 
     def _follow_served_version(self) -> None:
         """Raise TRL's `model_version` to the version the servers now serve, when the weight transfer counts one.
@@ -265,7 +288,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         stream_stop = self._stream_stop()
         if code == StopCode.STALLED:
             message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
-            self.phase, self.message = LearnerPhase.STALLED, message
+            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, message, StallCause.STREAK
             raise StallError(message)
         message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
         self.phase, self.message = LearnerPhase.FAILED, message

@@ -107,6 +107,7 @@ class RunRecord:
         self.pods = pods
         self.progress_error: str | None = None
         self.progress_lost = False
+        self.trained_now = False  # this pass's report has more trained groups than the last one
         self.create_error: str | None = None
         self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
         self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
@@ -172,6 +173,7 @@ class _ProgressRules(RunRecord):
         previous_trained = self.old.progress.groups_trained if self.old.progress else 0
         self.new.progress = progress_status(report)
         if report.groups_trained > previous_trained:
+            self.trained_now = True
             self.new.last_progress_time = format_time(self.now)
             self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
         elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
@@ -201,7 +203,10 @@ class _ProgressRules(RunRecord):
         if running and self.progress_error is not None and (self.progress_lost or deadline):
             return self._progress_unknown()
         if cause is None:
-            if self.conditions.is_true(ConditionType.STALLED):
+            stalled = self.conditions.get(ConditionType.STALLED)
+            # A stuck weight sync restarted under `stallPolicy: Report` is over once a group trains again.
+            waits_for_training = stalled is not None and stalled.reason == Reason.WEIGHT_SYNC_STUCK
+            if self.conditions.is_true(ConditionType.STALLED) and (self.trained_now or not waits_for_training):
                 resumed = "groups are training again"
                 self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
                 self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
@@ -327,16 +332,21 @@ class _Derivation(_ProgressRules):
         verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
                                    backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
                                    max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
-                                   rules=policy.pod_failure_policy or ())
+                                   rules=policy.pod_failure_policy or (),
+                                   stall_policy=self.spec.progress.stall_policy)
         if verdict is None:
             return self._replace_servers()
         if isinstance(verdict, Succeed):
             self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
-            if verdict.stalled is not None:
-                self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
+            if verdict.stall is not None:
+                self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason, verdict.stall.message)
             self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
         elif isinstance(verdict, Restart):
+            if verdict.stall is not None and self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason,
+                                                                 verdict.stall.message):
+                self.event("Warning", verdict.stall.reason, f"{verdict.stall.message} (stallPolicy Report: "
+                           "the pods restart under backoffLimit)")
             return self._restart(verdict)
         return True
 
