@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from grpo_trainer.contract import WEIGHT_SYNC_DEADLINE_SECONDS
+
 from .report import Context, SectionUnavailable, spread, table
 
 NAME = "sync"
@@ -109,7 +111,7 @@ def run(context: Context) -> str:
     ]
     return (f"## {TITLE}\n\n{__doc__.split(chr(10), 1)[1].strip()}\n\n"
             + table(["what", "size", "time"], rows)
-            + f"\n\n{reps} syncs after one warm-up sync. The default `rollout.weightSync.deadlineSeconds` (900 s) "
-            "is about 10x the extrapolated write of an 8B model on this disk, and thousands of times the tiny "
-            "model's whole sync: a sync that reaches it is hung, not slow (docs/learner.md, \"Weight-sync "
-            "deadline\").")
+            + f"\n\n{reps} syncs after one warm-up sync. The default `rollout.weightSync.deadlineSeconds` "
+            f"({WEIGHT_SYNC_DEADLINE_SECONDS} s) is {WEIGHT_SYNC_DEADLINE_SECONDS / large_write:.0f}x the extrapolated "
+            "write of an 8B model on this disk, and thousands of times the tiny model's whole sync: a sync that "
+            "reaches it is hung, not slow (docs/learner.md, \"Weight sync: timing, deadline and several ranks\").")
