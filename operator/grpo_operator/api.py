@@ -341,6 +341,7 @@ class ProgressStatus(_StatusModel):
     global_step: int = 0
     percent: float = 0.0
     reward_mean: float | None = None
+    masked_fraction: float | None = None  # ProgressReport.masked_fraction: the training step's scoring
     # KEP-2779's names (Kubeflow TrainJob progress); filled by grpo_operator.eta.
     progress_percentage: int | None = None
     estimated_remaining_seconds: int | None = None

@@ -270,6 +270,9 @@ CEL_CASES = {
                          "spec.rollout.weightSync.mode: must be filesystem when rollout.device is cpu"),
     "nccl-replicas": (_set("spec.rollout.replicas", 2, base=_nccl),
                       "spec.rollout.replicas: must be 1 with weightSync.mode nccl"),
+    "clip-bounds-order": (_update(lambda m: m["spec"]["training"].update(vllmImportanceSamplingClipMin=3.0,
+                                                                         vllmImportanceSamplingClipMax=2.0)),
+                          "spec.training.vllmImportanceSamplingClipMin: must be below vllmImportanceSamplingClipMax"),
     "nccl-learner-ranks": (_set("spec.learner.processesPerNode", 2, base=_nccl),
                            "spec.rollout.weightSync.mode: must be filesystem when the learner has more than one "
                            "process"),

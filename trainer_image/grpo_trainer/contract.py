@@ -46,9 +46,22 @@ class DropReason(str, Enum):
     TOO_LONG = "too_long"  # prompt + completion longer than the token budget of one row
     UNSCORABLE = "unscorable"  # no sample could be scored (a reward model gave NaN/inf, or every reward was None)
     LOST = "lost"  # never reached the trainer (TRL drops rows with no trained token silently)
+    # Collated, but the training step's scoring took every sample out of the loss (a non-finite loss or logprob, or
+    # an importance ratio outside training.vllmImportanceSamplingClipMin/Max).
+    EXCLUDED = "excluded"
 
 
 DROP_REASONS: tuple[str, ...] = tuple(reason.value for reason in DropReason)
+
+
+class MaskReason(str, Enum):
+    """Why the training step's scoring took a sample out of the loss (grpo_trainer.step_scoring)."""
+
+    NON_FINITE = "non_finite"  # its loss or one of its logprobs is NaN or infinite
+    IMPORTANCE_RATIO = "importance_ratio"  # learner/rollout sequence ratio outside the spec's bounds
+
+
+MASK_REASONS: tuple[str, ...] = tuple(reason.value for reason in MaskReason)
 
 
 class StallCause(str, Enum):
@@ -91,6 +104,9 @@ METRIC_LAST_TRAINED = "grpo_learner_last_trained_timestamp_seconds"
 METRIC_STALLED = "grpo_learner_stalled"
 METRIC_REWARD_MEAN = "grpo_learner_reward_mean"
 METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
+# The training step's scoring: samples it scored, and those it took out of the loss (label: reason, MASK_REASONS).
+METRIC_SAMPLES_SCORED = "grpo_learner_step_samples_scored_total"
+METRIC_SAMPLES_MASKED = "grpo_learner_step_samples_masked_total"
 # With weight_syncs_total, the count and sum of a summary: rate(seconds) / rate(syncs) is the mean sync time.
 METRIC_WEIGHT_SYNC_SECONDS = "grpo_learner_weight_sync_seconds_total"
 METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_seconds"
@@ -121,6 +137,8 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_STALLED,
     METRIC_REWARD_MEAN,
     METRIC_WEIGHT_SYNCS,
+    METRIC_SAMPLES_SCORED,
+    METRIC_SAMPLES_MASKED,
     METRIC_WEIGHT_SYNC_SECONDS,
     METRIC_WEIGHT_SYNC_LAST_SECONDS,
     METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
@@ -243,6 +261,13 @@ class TrainingConfig(WireModel):
     token_budget: int | None = Field(
         None, ge=1, description="Tokens per row; default: the rollout server's maxModelLen."
     )
+    # Masked importance sampling at the sequence level (TRL GRPO's `sequence_mask` mode, under its names): a sample
+    # whose exp(sum of learner - rollout logprobs) is outside [clipMin, clipMax] is taken out of the loss. Off unless
+    # one is set.
+    vllm_importance_sampling_clip_min: float | None = Field(
+        None, ge=0, description="Mask samples whose learner/rollout sequence ratio is below this.")
+    vllm_importance_sampling_clip_max: float | None = Field(
+        None, gt=0, description="Mask samples whose learner/rollout sequence ratio is above this.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
     @field_validator("extra_args")
@@ -252,6 +277,13 @@ class TrainingConfig(WireModel):
         if managed:
             raise ValueError(managed_args_message(managed))
         return value
+
+    @model_validator(mode="after")
+    def _clip_bounds_in_order(self) -> TrainingConfig:
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError("vllmImportanceSamplingClipMin must be below vllmImportanceSamplingClipMax")
+        return self
 
 
 class FilterConfig(WireModel):
@@ -381,6 +413,10 @@ class ProgressReport(WireModel):
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
     weight_syncs: int = Field(0, ge=0)
+    samples_scored: int = Field(0, ge=0, description="Samples the training step's scoring saw (every rank).")
+    samples_masked: dict[str, int] = Field(
+        default_factory=lambda: dict.fromkeys(MASK_REASONS, 0),
+        description="Samples it took out of the loss, by reason.")
     weight_sync_seconds: float = Field(0.0, ge=0, description="Time spent in weight syncs, summed.")
     weight_sync_last_seconds: float | None = Field(None, ge=0, description="How long the last finished sync took.")
     weight_sync_running_seconds: float = Field(0.0, ge=0, description="How long the sync now running has run.")
@@ -399,6 +435,19 @@ class ProgressReport(WireModel):
         if unknown:
             raise ValueError(f"unknown drop reasons {sorted(unknown)}; known: {list(DROP_REASONS)}")
         return {reason: int(value.get(reason, 0)) for reason in DROP_REASONS}
+
+    @field_validator("samples_masked")
+    @classmethod
+    def _known_mask_reasons(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = set(value) - set(MASK_REASONS)
+        if unknown:
+            raise ValueError(f"unknown mask reasons {sorted(unknown)}; known: {list(MASK_REASONS)}")
+        return {reason: int(value.get(reason, 0)) for reason in MASK_REASONS}
+
+    @property
+    def masked_fraction(self) -> float | None:
+        """Of the samples the training step scored, the fraction it took out of the loss."""
+        return sum(self.samples_masked.values()) / self.samples_scored if self.samples_scored else None
 
     @property
     def dropped_total(self) -> int:

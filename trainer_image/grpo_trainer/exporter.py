@@ -47,6 +47,11 @@ class ProgressCollector:
                                     labels=["reason"])
         for reason, count in report.dropped.items():
             dropped.add_metric([reason], count)
+        masked = CounterMetricFamily(_without_total(c.METRIC_SAMPLES_MASKED),
+                                     "Samples the training step's scoring took out of the loss, by reason.",
+                                     labels=["reason"])
+        for reason, count in report.samples_masked.items():
+            masked.add_metric([reason], count)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
@@ -68,6 +73,9 @@ class ProgressCollector:
                   float(report.phase == c.LearnerPhase.STALLED)),
             gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
+            counter(c.METRIC_SAMPLES_SCORED, "Samples the training step's scoring saw, every rank's.",
+                    report.samples_scored),
+            masked,
             counter(c.METRIC_WEIGHT_SYNC_SECONDS, "Seconds spent in finished weight syncs.",
                     report.weight_sync_seconds),
             gauge(c.METRIC_WEIGHT_SYNC_LAST_SECONDS, "How long the last finished weight sync took.",

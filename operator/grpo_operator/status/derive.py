@@ -45,7 +45,8 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
         dropped=dict(report.dropped), stall_streak=report.stall_streak, stall_limit=report.stall_limit,
-        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean)
+        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean,
+        masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
 
 
 def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
