@@ -4,6 +4,7 @@ unreadable progress endpoint, an unready rollout server, transient create errors
 from __future__ import annotations
 
 from grpo_operator.status import CreateChildren, RecreatePods
+from grpo_trainer.contract import EXIT_STALLED
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, running_status, spec_of, step
 
 
@@ -214,3 +215,41 @@ def test_a_stuck_pod_while_a_create_is_blocked_is_one_event_each():
         status, events = decision.status, events + reasons(decision)
     assert events.count("CreateFailed") == 1 and events.count("ImagePullBackOff") == 1, events
     assert condition(status, "Progressing")["reason"] == "ImagePullBackOff"
+
+# --- a weight sync past its deadline ------------------------------------------------------------------------------
+def _sync_stuck_exit(attempt: int | None = None):
+    final = report(phase="Stalled", stallCause="weight_sync", groupsConsumed=3, groupsTrained=3,
+                   message="weight sync stuck: still running after 60s")
+    return [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_STALLED, reason="Error",
+                                    message=final.termination_message(), attempt=attempt)]
+
+
+def test_a_stuck_weight_sync_fails_the_run_as_weight_sync_stuck_under_policy_fail():
+    spec = spec_of(runPolicy={"backoffLimit": 5})
+    decision = step(spec, running_status(spec), _sync_stuck_exit(), now=at(60))
+    status = decision.status
+    assert status["phase"] == "Failed"
+    assert condition(status, "Stalled")["status"] == "True"
+    assert condition(status, "Stalled")["reason"] == condition(status, "Failed")["reason"] == "WeightSyncStuck"
+    assert status["failure"]["reason"] == "WeightSyncStuck" and status["failure"]["exitCode"] == EXIT_STALLED
+    assert "weight sync stuck" in status["failure"]["message"]
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
+
+
+def test_a_stuck_weight_sync_restarts_under_policy_report_and_stays_stalled_until_a_group_trains():
+    spec = spec_of(progress={"stallPolicy": "Report"}, runPolicy={"backoffLimit": 1})
+    decision = step(spec, running_status(spec), _sync_stuck_exit(attempt=0), now=at(60))
+    assert decision.actions == [RecreatePods(("r-learner-0",))]
+    assert decision.status["restarts"] == 1 and decision.status["phase"] == "Pending"
+    assert condition(decision.status, "Stalled")["reason"] == "WeightSyncStuck"
+    assert "WeightSyncStuck" in reasons(decision)
+    # Back up, at its checkpoint: still stalled until a group trains again.
+    back = step(spec, decision.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(70))
+    assert condition(back.status, "Stalled")["status"] == "True"
+    trained = step(spec, back.status, running_pods(), report(groupsConsumed=5, groupsTrained=5), now=at(80))
+    assert condition(trained.status, "Stalled")["reason"] == "ProgressResumed"
+    # Its backoff limit is the crash's: the next stuck sync fails the run, still named.
+    again = step(spec, trained.status, _sync_stuck_exit(attempt=1), now=at(90))
+    assert again.status["phase"] == "Failed"
+    assert condition(again.status, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert condition(again.status, "Stalled")["reason"] == "WeightSyncStuck"

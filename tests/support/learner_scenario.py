@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
     parser.add_argument("--weights-dir", default=None, help="filesystem weight sync into this directory")
     parser.add_argument("--weights-server", default=None, help="the server the filesystem sync reloads")
+    parser.add_argument("--weight-sync-deadline", type=float, default=900, help="seconds a weight sync may take")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
@@ -54,7 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--unscorable-every", type=int, default=0,
                         help="every Nth prompt holds the tiny reward model's NaN marker")
     parser.add_argument("--sigterm-at-step", type=int, default=None, help="the process SIGTERMs itself at step N")
+    parser.add_argument("--off-policy-every", type=int, default=0,
+                        help="every Nth group's rollout logprobs are far off the learner's (1: every group)")
+    parser.add_argument("--nan-logprobs-every", type=int, default=0, help="every Nth group's rollout logprobs are NaN")
+    parser.add_argument("--is-clip-max", type=float, default=None, help="training.vllmImportanceSamplingClipMax")
     return parser.parse_args(argv)
+
+
+def every_nth(n: int):
+    """Positions n-1, 2n-1, ...: the Nth group of each run of N (None when n is 0)."""
+    return (lambda position: position % n == n - 1) if n else None
 
 
 def main(argv=None) -> int:
@@ -76,6 +86,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     from grpo_trainer.contract import FilterConfig, RewardConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.scoring import RewardModel
+    from grpo_trainer.step_scoring import ImportanceBounds
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.trainer import GRPOLearner
@@ -98,6 +109,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
         fail_after_groups=args.worker_fails_after, prompt_text=prompt_text, queue_maxsize=args.queue_maxsize,
+        off_policy=every_nth(args.off_policy_every), nan_logprobs=every_nth(args.nan_logprobs_every),
     )
     reward_models = []
     if args.reward_model and int(os.environ.get("RANK", "0")) == 0:
@@ -122,7 +134,9 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
-                              progress_server_port=args.progress_port, reward_models=reward_models)
+                              progress_server_port=args.progress_port, reward_models=reward_models,
+                              weight_sync_deadline_s=args.weight_sync_deadline,
+                              importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
@@ -208,6 +222,8 @@ def run_scenario(args: argparse.Namespace) -> int:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()
             result["stepped_groups"] = stepped
+            result["samples_masked"] = trainer.exclusions.samples_masked
+            result["samples_scored"] = trainer.exclusions.samples_scored
             if trainer.scoring is not None:
                 result["scored_samples"] = trainer.scoring.samples_scored
                 result["unscorable_samples"] = trainer.scoring.unscorable_samples
@@ -215,7 +231,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     if not args.baseline:
         trainer.close()
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
-    return {"succeeded": 0, "StallError": 42, "Preempted": 75}.get(outcome, 1)
+    return {"succeeded": 0, "StallError": 42, "WeightSyncStuck": 42, "Preempted": 75}.get(outcome, 1)
 
 
 if __name__ == "__main__":

@@ -95,10 +95,19 @@ def test_metrics_parse_and_match_progress(finished_run):
     assert dropped == {reason: (3 if reason == "no_signal" else 0) for reason in c.DROP_REASONS}
     assert found[c.METRIC_STALLED][0].value == 0
     assert found[c.METRIC_STALL_LIMIT][0].value == 9
+    # Every sync timed: the cold one and one per step (weightSyncSteps 1), none running once the run ended.
+    syncs = found[c.METRIC_WEIGHT_SYNCS][0].value
+    assert syncs == found[c.METRIC_GLOBAL_STEP][0].value + 1
+    assert found[c.METRIC_WEIGHT_SYNC_SECONDS][0].value >= found[c.METRIC_WEIGHT_SYNC_LAST_SECONDS][0].value > 0
+    assert found[c.METRIC_WEIGHT_SYNC_RUNNING_SECONDS][0].value == 0
+    assert found[c.METRIC_WEIGHT_SYNC_DEADLINE][0].value == c.WEIGHT_SYNC_DEADLINE_SECONDS
+    # The training step scored every trained sample (6 groups of 4, and the overflow that filled the last step).
+    assert found[c.METRIC_SAMPLES_SCORED][0].value >= 6 * 4
+    assert {s.labels["reason"]: s.value for s in found[c.METRIC_SAMPLES_MASKED]} == dict.fromkeys(c.MASK_REASONS, 0)
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,
-                   c.METRIC_REPLICA_FAILURES}
+                   c.METRIC_REPLICA_FAILURES, c.METRIC_REPLICA_VERSION_LAG}
     assert set(c.LEARNER_METRIC_NAMES) - per_replica <= exported
     assert not per_replica & exported
 

@@ -48,6 +48,11 @@ class ProgressCollector:
                                     labels=["reason"])
         for reason, count in report.dropped.items():
             dropped.add_metric([reason], count)
+        masked = CounterMetricFamily(_without_total(c.METRIC_SAMPLES_MASKED),
+                                     "Samples the training step's scoring took out of the loss, by reason.",
+                                     labels=["reason"])
+        for reason, count in report.samples_masked.items():
+            masked.add_metric([reason], count)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
@@ -69,12 +74,24 @@ class ProgressCollector:
                   float(report.phase == c.LearnerPhase.STALLED)),
             gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
+            counter(c.METRIC_SAMPLES_SCORED, "Samples the training step's scoring saw, every rank's.",
+                    report.samples_scored),
+            masked,
+            counter(c.METRIC_WEIGHT_SYNC_SECONDS, "Seconds spent in finished weight syncs.",
+                    report.weight_sync_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_LAST_SECONDS, "How long the last finished weight sync took.",
+                  report.weight_sync_last_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_RUNNING_SECONDS, "How long the weight sync now running has run (0: none).",
+                  report.weight_sync_running_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_DEADLINE, "A weight sync running this long ends the learner as stalled.",
+                  report.weight_sync_deadline_seconds),
+            gauge(c.METRIC_WEIGHT_VERSION, "Weight version the learner last pushed (N of vN).", report.weight_version),
         ]
         yield from (family for family in families if family is not None)
-        yield from replica_families(report.rollout)
+        yield from replica_families(report.rollout, report.weight_version)
 
 
-def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
+def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
     """One series per rollout server, label `replica` (its index in rollout.urls)."""
     ready = GaugeMetricFamily(c.METRIC_REPLICA_READY, "1 when the rollout server takes generation requests.",
                               labels=["replica"])
@@ -86,13 +103,17 @@ def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
     failures = CounterMetricFamily(_without_total(c.METRIC_REPLICA_FAILURES),
                                    "Requests that failed on the rollout server (retried elsewhere).",
                                    labels=["replica"])
+    lag = GaugeMetricFamily(c.METRIC_REPLICA_VERSION_LAG,
+                            "Weight versions the rollout server is behind the learner's last push.", labels=["replica"])
     for replica in replicas:
         label = [str(replica.replica)]
+        served = c.weight_version_number(replica.weight_version)
         ready.add_metric(label, float(replica.ready))
-        version.add_metric(label, float(c.weight_version_number(replica.weight_version)))
+        version.add_metric(label, float(served))
+        lag.add_metric(label, float(max(learner_version - served, 0)))
         samples.add_metric(label, replica.samples)
         failures.add_metric(label, replica.failures)
-    return [ready, version, samples, failures]
+    return [ready, version, samples, failures, lag]
 
 
 def render_metrics(report_fn: ReportFn) -> bytes:

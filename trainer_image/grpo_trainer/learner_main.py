@@ -165,6 +165,7 @@ def build_learner(config: c.RunConfig):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from .rollout_pool import start_rollout_pool
+    from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
@@ -208,6 +209,9 @@ def build_learner(config: c.RunConfig):
                 stall_groups=config.progress.stall_groups,
                 progress_server_port=config.learner.http_port if is_main else None,
                 reward_models=reward_models,
+                weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
+                importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
+                                                   config.training.vllm_importance_sampling_clip_max),
             )
     except BaseException:
         if pool is not None:

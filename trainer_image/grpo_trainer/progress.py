@@ -198,7 +198,8 @@ class RolloutProgress:
     (0: one pass over the prompts).
 
     Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.scoring runs inside it,
-    before batching); the stream raises the stop, so that it reaches every rank as a stop micro-batch.
+    before batching) and, with trainer-side scoring, from `score_step` (grpo_trainer.step_scoring: `exclude`); the
+    stream raises the stop, so that it reaches every rank as a stop micro-batch.
 
     "In a row" is by group id, not by arrival time: groups finish out of order, and a group that was accepted but is
     still waiting in the batcher has not trained yet. Counting by arrival would call a run stalled while its trainable
@@ -265,6 +266,7 @@ class RolloutProgress:
         self._trained_before = trained
         self.groups_collated = 0
         self.groups_returned = 0
+        self.groups_excluded = 0  # collated groups the training step's scoring took out of the loss whole
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
         self._lock = threading.RLock()
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
@@ -334,6 +336,20 @@ class RolloutProgress:
                 self.groups_collated += 1
                 self.last_trained_time = now
             self._advance()
+
+    def exclude(self, group_id: int, reason: str | DropReason) -> None:
+        """Count a collated group whose every sample scoring took out of the loss.
+
+        Runs outside the stream (rank 0's training step, grpo_trainer.step_scoring), so the stall it may complete is
+        raised by the stream's next check. Counted once: a group that is not collated and trained here (settled,
+        dropped, excluded already, past the bound) is left as it is.
+        """
+        with self._lock:
+            if group_id < self._folded or group_id not in self._trained_ids or not self.needs(group_id):
+                return
+            self._trained_ids.discard(group_id)
+            self.groups_excluded += 1
+            self._record_drop(group_id, reason)
 
     def untrain(self, group_ids: Iterable[int]) -> None:
         """Return collated groups that never reached an optimizer step to the unconsumed set (a discarded
@@ -454,8 +470,8 @@ class RolloutProgress:
     @property
     def groups_trained(self) -> int:
         """Groups that reached an optimizer step since the run began: those before the resume, plus this process's
-        collated less those a stop returned."""
-        return self._trained_before + self.groups_collated - self.groups_returned
+        collated less those a stop returned and those the training step's scoring excluded."""
+        return self._trained_before + self.groups_collated - self.groups_returned - self.groups_excluded
 
     @property
     def stall_streak(self) -> int:
@@ -881,6 +897,8 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
 
 # -------------------------------------------------------------------------------------------------------- collation
 STOP_KEY = "rollout_stop"
+#: Each rank's row of samples as group ids (-1 pads rows to one width): the training step's scoring reports by group.
+SAMPLE_GROUP_KEY = "sample_group"
 
 
 @dataclass
@@ -893,6 +911,9 @@ class ProgressCollator(DataCollatorForRollout):
 
     progress: RolloutProgress | None = None
     in_flight: deque = field(default_factory=deque)
+    #: With trainer-side scoring (grpo_trainer.step_scoring), rank 0's samples collated per group, which tells it
+    #: when every collated sample of a group was scored.
+    samples_collated: dict[int, int] | None = None
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (item,) = examples
@@ -902,6 +923,11 @@ class ProgressCollator(DataCollatorForRollout):
             limit = self.progress.stall_limit if self.progress else 0
             return {STOP_KEY: torch.tensor([[int(item.code), streak, limit]] * self.num_processes)}
         batch = super().torch_call(examples)
+        rows = [torch.tensor([sample["group_id"] for sample in row.samples], dtype=torch.long) for row in item]
+        batch[SAMPLE_GROUP_KEY] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
+        if self.samples_collated is not None:
+            for group_id in batch[SAMPLE_GROUP_KEY][batch[SAMPLE_GROUP_KEY] >= 0].tolist():
+                self.samples_collated[group_id] = self.samples_collated.get(group_id, 0) + 1
         group_ids = frozenset({sample["group_id"] for row in item for sample in row.samples})
         self.in_flight.append(group_ids)
         if self.progress is not None:
