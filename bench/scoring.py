@@ -51,11 +51,10 @@ def per_sample_seconds(model_dir: str, reps: int) -> list[float]:
     return figures
 
 
-def step_seconds(context: Context, out: Path, reward_model: str | None, prompts: int) -> float:
+def step_seconds(context: Context, out: Path, extra: list[str], prompts: int) -> float:
+    """The median time between the learner's steps in one scenario run with `extra` arguments."""
     args = [sys.executable, str(SCENARIO), "--scenario", "varied", "--prompts", str(prompts),
-            "--model", context.model_dir, "--out", str(out)]
-    if reward_model:
-        args += ["--reward-model", reward_model]
+            "--model", context.model_dir, "--out", str(out), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(args, capture_output=True, text=True, timeout=900, check=True, env=env)
     timeline = json.loads((out / "rank0.json").read_text())["timeline"]
@@ -70,8 +69,9 @@ def run(context: Context) -> str:
     scoring = per_sample_seconds(model_dir, reps)
     without, with_model = [], []
     for rep in range(reps):  # interleaved, so the machine's load falls on both alike
-        without.append(step_seconds(context, context.scratch / f"scoring-off-{rep}", None, prompts))
-        with_model.append(step_seconds(context, context.scratch / f"scoring-on-{rep}", model_dir, prompts))
+        without.append(step_seconds(context, context.scratch / f"scoring-off-{rep}", [], prompts))
+        with_model.append(step_seconds(context, context.scratch / f"scoring-on-{rep}", ["--reward-model", model_dir],
+                                       prompts))
     ratio = [b / a for a, b in zip(without, with_model, strict=True)]
     rows = [
         ["scoring, per sample (groups of 8, one forward each)", spread([s * 1e3 for s in scoring], unit=" ms")],

@@ -8,21 +8,16 @@ one torch thread). Step time is the median interval between optimizer steps.
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from .report import Context, spread, table
+from .scoring import step_seconds
 
 NAME = "step_scoring"
 TITLE = "8. The training step's scoring (score_step, CPU)"
 SAMPLES, TOKENS, CALLS = 64, 64, 200
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "tests" / "support" / "learner_scenario.py"
 VARIANTS = {"TRL's AsyncGRPOTrainer (no step scoring)": ["--baseline"],
             "GRPOLearner, non-finite check only": [],
             "GRPOLearner, importance bounds on too": ["--is-clip-max", "3"]}
@@ -47,16 +42,6 @@ def per_sample_seconds(reps: int) -> list[float]:
             score_step(log_probs, old, loss, segment_id, SAMPLES, bounds)
         figures.append((time.process_time() - started) / (CALLS * SAMPLES))
     return figures
-
-
-def step_seconds(context: Context, out: Path, extra: list[str], prompts: int) -> float:
-    args = [sys.executable, str(SCENARIO), "--scenario", "varied", "--prompts", str(prompts),
-            "--model", context.model_dir, "--out", str(out), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(args, capture_output=True, text=True, timeout=900, check=True, env=env)
-    timeline = json.loads((out / "rank0.json").read_text())["timeline"]
-    times = [point["t"] for point in timeline]
-    return statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
 
 
 def run(context: Context) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -41,3 +43,20 @@ def nan_reward_model_dir(tmp_path_factory) -> str:
     from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
 
     return str(build_tiny_reward_model(tmp_path_factory.mktemp("nan-rm") / "model", nan_everywhere=True))
+
+
+@pytest.fixture
+def update_never_answered():
+    """A stand-in rollout server that generates (the balancer admits it) but never answers its weight update
+    (`/collective_rpc` reload_weights): a weight sync against it hangs."""
+    from grpo_operator.cli.local.processes import free_port
+    from tests.support.paths import REPO
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"),
+                               "hung-update", str(port), "--hang", "/collective_rpc"],
+                              stdout=subprocess.PIPE, text=True)
+    server.stdout.readline()
+    yield f"http://127.0.0.1:{port}"
+    server.kill()
+    server.wait()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from grpo_operator.cli.local.processes import free_port
 from grpo_trainer.contract import EXIT_STALLED
 from grpo_trainer.sync_watchdog import SyncTimer, WeightSyncStuck
 from tests.support.paths import REPO
@@ -47,18 +44,6 @@ def test_the_sync_runs_with_the_thread_setup_first():
     timer = SyncTimer(deadline_s=None, thread_setup=lambda: seen.append(threading.current_thread().name))
     timer.run(lambda: seen.append("sync"))
     assert seen == ["grpo-weight-sync", "sync"]
-
-
-@pytest.fixture
-def update_never_answered():
-    """A rollout server whose weight update (`/collective_rpc` reload_weights) never answers."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, SERVER, "hung-update", str(port), "--hang", "/collective_rpc"],
-                              stdout=subprocess.PIPE, text=True)
-    server.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    server.kill()
-    server.wait()
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ import time
 import pytest
 import yaml
 
-from grpo_operator.cli.local.processes import free_port
 from grpo_trainer.contract import EXIT_STALLED
 from tests.support.paths import REPO
 
@@ -19,18 +18,6 @@ pytestmark = pytest.mark.slow
 TINY = REPO / "examples" / "tiny.yaml"
 SERVER = str(REPO / "tests" / "support" / "completions_server.py")
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
-
-
-@pytest.fixture
-def update_never_answered():
-    """A stand-in rollout server that generates (the balancer admits it) but never answers `reload_weights`."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, SERVER, "hung-update", str(port), "--hang", "/collective_rpc"],
-                              stdout=subprocess.PIPE, text=True)
-    server.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    server.kill()
-    server.wait()
 
 
 def test_a_weight_sync_that_hangs_ends_the_local_run_as_stalled_weight_sync_stuck(
