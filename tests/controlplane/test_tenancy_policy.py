@@ -176,10 +176,12 @@ def test_the_operators_writes_and_run_policy_edits_are_not_checked_but_pod_chang
     operator = Client(control_plane, operator_account.token)
     operator.call("PATCH", path, json={"metadata": {"annotations": {"grpo.dev/example": "x"}}}, **merge)
     team.bob.call("PATCH", path, json={"spec": {"runPolicy": {"suspend": True}}}, **merge)
+    # Several learner ranks sync weights through a volume (the CRD refuses NCCL from more than one rank).
+    two_ranks = {"spec": {"learner": {"nodes": 2}, "rollout": {"weightSync": {"mode": "filesystem"}}}}
     with pytest.raises(ApiError) as refused:  # suspended, so the CRD lets the learner change
-        team.bob.call("PATCH", path, json={"spec": {"learner": {"nodes": 2}}}, **merge)
+        team.bob.call("PATCH", path, json=two_ranks, **merge)
     assert refused.value.code == 403 and "Secret private" in _message(refused.value), refused.value.message
-    team.alice.call("PATCH", path, json={"spec": {"learner": {"nodes": 2}}}, **merge)
+    team.alice.call("PATCH", path, json=two_ranks, **merge)
 
 
 def _many_secrets(count: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.specs import grporun, minimal_spec
+from tests.support.specs import MULTI_RANK_ROLLOUT, grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_an_oom_killed_learner_says_so_with_its_container_and_memory_limit(clust
 
 
 def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit(cluster, learner, progress_urls):
-    spec = minimal_spec(learner={"nodes": 2}, runPolicy={"backoffLimit": 0})
+    spec = minimal_spec(learner={"nodes": 2}, rollout=MULTI_RANK_ROLLOUT, runPolicy={"backoffLimit": 0})
     _running(cluster, learner, progress_urls, "pre", spec)
     rank0 = _uid(cluster, "pre-learner-0")
     cluster.kubelet.disrupt("pre-learner-1", "PreemptionByScheduler")
@@ -87,7 +87,7 @@ def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limi
 
 
 def test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang(cluster, learner, progress_urls):
-    _running(cluster, learner, progress_urls, "evict", minimal_spec(learner={"nodes": 2}))
+    _running(cluster, learner, progress_urls, "evict", minimal_spec(learner={"nodes": 2}, rollout=MULTI_RANK_ROLLOUT))
     rank0 = _uid(cluster, "evict-learner-0")
     cluster.evict("evict-learner-1")
     cluster.wait_for(lambda: _uid(cluster, "evict-learner-0") not in (None, rank0),

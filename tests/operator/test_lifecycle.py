@@ -17,7 +17,7 @@ from grpo_operator.api import FINALIZER
 from grpo_trainer.contract import EXIT_STALLED
 from tests.support.kube_emulator import GRPORUNS
 from tests.support.paths import REPO
-from tests.support.specs import NAMESPACE, grporun, minimal_spec
+from tests.support.specs import MULTI_RANK_ROLLOUT, NAMESPACE, grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
 
@@ -304,7 +304,7 @@ def test_a_lifecycle_survives_watch_streams_that_keep_ending(cluster, learner, p
 
 
 def test_one_failed_learner_node_restarts_the_whole_learner_gang(cluster, learner, progress_urls):
-    _running(cluster, learner, progress_urls, "xi", minimal_spec(learner={"nodes": 2}))
+    _running(cluster, learner, progress_urls, "xi", minimal_spec(learner={"nodes": 2}, rollout=MULTI_RANK_ROLLOUT))
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("xi")}
     cluster.kubelet.exit("xi-learner-1", 1, "RuntimeError: NCCL watchdog timeout")
     cluster.wait_for(lambda: cluster.pods_ever_created("xi").count("xi-learner-0") == 2

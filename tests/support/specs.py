@@ -29,6 +29,10 @@ def minimal_spec(**overrides: Any) -> dict[str, Any]:
     return defaulted["spec"]
 
 
+#: The rollout overrides for a learner of several ranks: the CRD refuses NCCL weight sync from more than one rank.
+MULTI_RANK_ROLLOUT = {"replicas": 1, "weightSync": {"mode": "filesystem"}}
+
+
 def grporun(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": spec if spec is not None else minimal_spec()}
