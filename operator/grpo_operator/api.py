@@ -99,29 +99,27 @@ class WeightSyncSpec(WireModel):
     volume: dict[str, Any] | None = None
 
 
-class RolloutSpec(WireModel):
-    replicas: int = Field(1, ge=1)
+class RolePodSpec(WireModel):
+    """The pod fields the rollout and the learner role share: image, resources, device and placement."""
+
     image: str | None = None
     image_pull_policy: ImagePullPolicy | None = None
     resources: dict[str, Any] | None = None
     device: Device = "cuda"
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
+
+
+class RolloutSpec(RolePodSpec):
+    replicas: int = Field(1, ge=1)
     vllm: VllmSpec = Field(default_factory=VllmSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
-    node_selector: dict[str, str] | None = None
-    tolerations: list[dict[str, Any]] | None = None
-    pod_template_override: PodTemplateOverride | None = None
 
 
-class LearnerSpec(WireModel):
+class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
-    image: str | None = None
-    image_pull_policy: ImagePullPolicy | None = None
-    resources: dict[str, Any] | None = None
-    device: Device = "cuda"
-    node_selector: dict[str, str] | None = None
-    tolerations: list[dict[str, Any]] | None = None
-    pod_template_override: PodTemplateOverride | None = None
 
 
 class CheckpointSpec(WireModel):
