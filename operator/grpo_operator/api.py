@@ -28,6 +28,7 @@ from grpo_trainer.contract import (
     RewardConfig,
     RolloutConfig,
     TrainingConfig,
+    WeightSyncConfig,
     WireModel,
 )
 from grpo_trainer.validation import field_path, first_error
@@ -94,6 +95,7 @@ class VllmSpec(WireModel):
 
 class WeightSyncSpec(WireModel):
     mode: Literal["nccl", "filesystem"] = "nccl"
+    deadline_seconds: int = WeightSyncConfig.model_fields["deadline_seconds"]
     # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "x"}}) both roles mount for
     # filesystem mode; left free-form because the CRD keeps it as x-kubernetes-preserve-unknown-fields.
     volume: dict[str, Any] | None = None
@@ -285,6 +287,7 @@ class Reason:
     ROLLOUT_RESTARTING = "RolloutRestarting"  # RolloutReady=False while a replaced server is not ready yet
     ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
     STALL_LIMIT_REACHED = "StallLimitReached"
+    WEIGHT_SYNC_STUCK = "WeightSyncStuck"  # a weight sync outlived rollout.weightSync.deadlineSeconds
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     PROGRESS_RESUMED = "ProgressResumed"
     NOT_STALLED = "NotStalled"
@@ -307,6 +310,7 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload
     NOT_FINISHED = "NotFinished"
@@ -351,6 +355,7 @@ class ProgressStatus(_StatusModel):
     global_step: int = 0
     percent: float = 0.0
     reward_mean: float | None = None
+    masked_fraction: float | None = None  # ProgressReport.masked_fraction: the training step's scoring
     # KEP-2779's names (Kubeflow TrainJob progress); filled by grpo_operator.eta.
     progress_percentage: int | None = None
     estimated_remaining_seconds: int | None = None

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from grpo_trainer.contract import WireModel
+from grpo_trainer.contract import INT64_MAX, WireModel
 
 from .apitime import format_time, parse_time
 
@@ -72,7 +72,8 @@ def remaining_seconds(samples: list[RateSample], consumed: int, trained: int, to
     consumed_delta, trained_delta = consumed - oldest.groups_consumed, trained - oldest.groups_trained
     if elapsed <= 0 or consumed_delta <= 0 or trained_delta <= 0:
         return None
-    return round(max(0, total - consumed) * elapsed / consumed_delta)
+    # Capped to what the API server stores: a learner may report any count up to int64.
+    return min(INT64_MAX, round(max(0, total - consumed) * elapsed / consumed_delta))
 
 
 def update_estimate(progress: Any, rate: ProgressRate | None, previous: Any, now: datetime.datetime, *,

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from . import events
 from .api import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION
 from .pods import observe_pod, pod_facts
 from .reconcile import OperatorContext, reconcile_run
@@ -29,8 +30,9 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration")
-    settings.posting.reporting_component = "grpo-operator"
-    settings.posting.event_name_prefix = "grpo-operator-"
+    # The run's events are posted by grpo_operator.events; these name whatever kopf itself may post.
+    settings.posting.reporting_component = events.COMPONENT
+    settings.posting.event_name_prefix = f"{events.COMPONENT}-"
     settings.posting.loggers = False  # events are the transitions the status package emits, not log lines
     # The 300 s default holds a reconcile pass hostage to one hung request.
     settings.networking.request_timeout = 30

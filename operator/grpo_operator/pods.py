@@ -25,9 +25,16 @@ def _main_container_status(pod: dict[str, Any]) -> dict[str, Any]:
     return next((s for s in statuses if s.get("name") == role), statuses[0] if statuses else {})
 
 
+def _main_container_spec(pod: dict[str, Any]) -> dict[str, Any]:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    role = (pod.get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)
+    return next((c for c in containers if c.get("name") == role), {})
+
+
 def observe_pod(pod: dict[str, Any]) -> PodObservation:
     metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
     container = _main_container_status(pod)
+    limits = (_main_container_spec(pod).get("resources") or {}).get("limits") or {}
     state = container.get("state") or {}
     terminated, waiting = state.get("terminated") or {}, state.get("waiting") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
@@ -51,6 +58,8 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         attempt=_annotated_count(metadata, ATTEMPT_ANNOTATION),
         rollout_restarts=_annotated_count(metadata, ROLLOUT_RESTARTS_ANNOTATION),
         conditions=frozenset(kind for kind, c in conditions.items() if kind and c.get("status") == "True"),
+        container=container.get("name"),
+        memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
     )
 
 

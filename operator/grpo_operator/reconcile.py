@@ -30,6 +30,7 @@ from .api import (
     parse_status,
     parse_stored_spec,
 )
+from .events import EventRecorder
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pod_overrides import OverrideError
@@ -68,6 +69,7 @@ class RunMemory:
     kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
     progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
     progress_error: str | None = None
+    progress_invalid: bool = False  # the last answer was a report that breaks the contract
     create_error: str | None = None  # why creating children failed last time (transient; retried with backoff)
     create_failures: int = 0
     create_retry_at: datetime.datetime | None = None
@@ -87,6 +89,7 @@ class OperatorContext:
     settings: Any = None  # kopf.OperatorSettings, captured at startup (resource handlers do not receive it)
     session: aiohttp.ClientSession | None = None
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
+    events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
 
     def memory(self, uid: str) -> RunMemory:
@@ -97,6 +100,16 @@ class OperatorContext:
 PROGRESS_UNKNOWN_AFTER = 3
 #: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
 CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: PodSecurity admission answers 403 Forbidden, as quota does, but only a different pod (or namespace label) passes
+#: it; its message is the one sign that tells the two apart (`pods "x" is forbidden: violates PodSecurity ...`).
+POD_SECURITY_REFUSAL = "violates PodSecurity"
+
+
+def _permanent(error: APIClientError) -> bool:
+    """A refusal that the same object would meet again: invalid (400, 422), or against the namespace's PodSecurity
+    level. Anything else (quota, throttling, conflicts, the server's own errors) may pass on a later try."""
+    return error.status in PERMANENT_REJECTIONS or (
+        error.status == 403 and POD_SECURITY_REFUSAL in str(error.message or ""))
 
 
 class ChildRejected(Exception):
@@ -148,7 +161,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
     decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
                              children_exist=memory.children_created, progress_error=memory.progress_error,
-                             progress_lost=memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                             progress_lost=(memory.progress_invalid
+                                            or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER),
                              create_error=memory.create_error, hold=gate.hold if gate else None)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
@@ -200,17 +214,17 @@ async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, lea
                 live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
     leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
     if leader is None or leader[0].phase != "Running" or not leader[1].ip:
-        memory.progress_failures, memory.progress_error = 0, None
+        memory.progress_failures, memory.progress_error, memory.progress_invalid = 0, None, False
         return None
     if context.session is None:
         # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100 learners
         # that do not answer would hold every slot for the poll timeout and starve the polls of the other runs.
         context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    report, error = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
-    memory.progress_failures = 0 if error is None else memory.progress_failures + 1
-    memory.progress_error = error
-    return report
+    read = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
+    memory.progress_failures = 0 if read.error is None else memory.progress_failures + 1
+    memory.progress_error, memory.progress_invalid = read.error, read.invalid
+    return read.report
 
 
 async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
@@ -233,7 +247,7 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
         memory.written_status, memory.written_at = decision.status, now
     memory.last_status = decision.status
     for event in decision.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        await context.events.record(kube, body, event, now, logger)
         (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
     return True
 
@@ -297,7 +311,7 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         try:
             created = await kube.create(child)
         except APIClientError as error:
-            if error.status in PERMANENT_REJECTIONS:
+            if _permanent(error):
                 raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
                                     created_pods) from None
             problem = f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"

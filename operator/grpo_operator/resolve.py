@@ -55,7 +55,8 @@ def resolve_run_config(
             gpu_memory_utilization=vllm.gpu_memory_utilization,
             tensor_parallel_size=vllm.tensor_parallel_size,
             device=spec.rollout.device,
-            weight_sync=WeightSyncConfig(mode=weight_sync.mode, directory=weight_sync_dir),
+            weight_sync=WeightSyncConfig(mode=weight_sync.mode, directory=weight_sync_dir,
+                                         deadline_seconds=weight_sync.deadline_seconds),
             extra_args=list(vllm.extra_args),
         ),
         learner=LearnerConfig(

@@ -1,8 +1,9 @@
 """The chart's RBAC grants the operator exactly the requests it makes, in the namespaces it watches, and nothing more.
 
-The request list: what grpo_operator does to runs and their children, plus what kopf 1.45.2 does on its own, read
-from its source: core/v1 events (kopf/_cogs/clients/events.py), customresourcedefinitions list+watch to notice CRD
-changes, and namespaces list+watch only when it watches named namespaces (kopf/_core/reactor/observation.py).
+The request list: what grpo_operator does to runs and their children (and their core/v1 events: created, then
+patched to count a repeat), plus what kopf 1.45.2 does on its own, read from its source: customresourcedefinitions
+list+watch to notice CRD changes, and namespaces list+watch only when it watches named namespaces
+(kopf/_core/reactor/observation.py).
 `grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects; it elects a leader on one
 coordination.k8s.io Lease in the release namespace (grpo_operator.leader).
 """
@@ -27,6 +28,7 @@ OPERATOR_REQUESTS = [
         for verb in ("get", "list", "watch", "create", "delete", "patch")
     ],
     ("create", "", "events", None),
+    ("patch", "", "events", None),
     *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create")],
     ("patch", "kueue.x-k8s.io", "workloads", "status"),
     *[(verb, group, "podgroups", None) for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")

@@ -20,13 +20,18 @@ from __future__ import annotations
 import pytest
 
 from tests.operator.test_faults import (  # noqa: F401 (collected here again, against the real server)
+    test_a_create_blocked_for_a_minute_makes_a_handful_of_events_at_most,
+    test_a_final_report_status_cannot_hold_does_not_keep_the_run_from_finishing,
     test_a_learner_pod_evicted_from_a_running_gang_restarts_the_gang,
+    test_a_pod_security_refusal_fails_the_run_at_once_with_the_policys_message,
     test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded,
     test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit,
     test_a_quota_error_on_create_is_retried_and_shown_not_fatal,
+    test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_is_written,
     test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods,
     test_a_spec_edited_while_suspended_is_applied_whole_on_resume,
     test_a_terminating_pod_is_recreated_once_it_is_gone,
+    test_an_event_that_comes_again_is_counted_on_one_object,
     test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created,
     test_an_unready_rollout_server_keeps_the_run_running_and_its_clock_counting,
     test_spec_fields_from_a_newer_crd_are_ignored_not_fatal,

@@ -167,7 +167,7 @@ def _full_status() -> GRPORunStatus:
                     for kind in ConditionType],
         progress=ProgressStatus(epoch=1, epochs=2.0, groups_consumed=10, groups_total=20, groups_trained=7,
                                 groups_dropped=3, dropped=dict.fromkeys(DROP_REASONS, 1), stall_streak=2,
-                                stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25,
+                                stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25, masked_fraction=0.125,
                                 progress_percentage=50, estimated_remaining_seconds=600,
                                 last_updated_time="2026-01-01T00:30:00Z"),
         progress_rate=ProgressRate(samples=[RateSample(time="2026-01-01T00:30:00Z", groups_consumed=10,

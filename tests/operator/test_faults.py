@@ -8,6 +8,7 @@ asynchronous garbage collector, injected error answers); tests/support/kube_emul
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from typing import Any
@@ -63,6 +64,17 @@ def test_a_terminating_pod_is_recreated_once_it_is_gone(cluster, learner, progre
     assert cluster.status("gone")["restarts"] == 1
 
 
+def test_an_oom_killed_learner_says_so_with_its_container_and_memory_limit(cluster, learner, progress_urls):
+    spec = minimal_spec(learner={"resources": {"limits": {"memory": "3Gi"}}})
+    _running(cluster, learner, progress_urls, "oom", spec)
+    cluster.kubelet.exit("oom-learner-0", 137, reason="OOMKilled")
+    cluster.wait_event("oom", "Restarting")
+    event = next(e for e in cluster.events("oom") if e["reason"] == "Restarting")
+    assert "OOMKilled" in event["message"] and "container learner" in event["message"], event["message"]
+    assert "memory limit 3Gi" in event["message"]
+    assert cluster.status("oom")["restarts"] == 1
+
+
 def test_a_preempted_learner_restarts_the_gang_without_using_up_the_backoff_limit(cluster, learner, progress_urls):
     spec = minimal_spec(learner={"nodes": 2}, runPolicy={"backoffLimit": 0})
     _running(cluster, learner, progress_urls, "pre", spec)
@@ -115,6 +127,47 @@ def test_a_quota_error_on_create_is_retried_and_shown_not_fatal(cluster):
     cluster.wait_event("quota", "CreateFailed")
 
 
+def _accelerated_clock(factor: float):
+    """The operator's clock running `factor` times faster than the wall: minutes of its backoffs and retries in
+    seconds of test."""
+    start_wall, start = time.monotonic(), datetime.datetime.now(datetime.UTC)
+    return lambda: start + datetime.timedelta(seconds=(time.monotonic() - start_wall) * factor)
+
+
+def test_a_create_blocked_for_a_minute_makes_a_handful_of_events_at_most(cluster):
+    clock = _accelerated_clock(20)
+    cluster.operator.context.clock = clock
+    cluster.limit_pods(0)
+    cluster.apply(grporun("storm", minimal_spec()))
+    cluster.wait_for(lambda: (cluster.condition("storm", "Progressing") or {}).get("reason") == "CreateFailed",
+                     what="the create failure on a condition")
+    blocked_since = clock()
+    cluster.wait_for(lambda: clock() - blocked_since > datetime.timedelta(seconds=60),
+                     what="a minute of the operator's time with the create blocked")
+    assert cluster.condition("storm", "Progressing")["reason"] == "CreateFailed"
+    failed = [e for e in cluster.events("storm") if e["reason"] == "CreateFailed"]
+    assert len(failed) == 1, [e["message"] for e in failed]
+    assert failed[0]["count"] == 1
+    assert len(cluster.events("storm")) <= 3, cluster.event_reasons("storm")
+
+
+def test_an_event_that_comes_again_is_counted_on_one_object(cluster, learner, progress_urls):
+    """The Kubernetes event recorder's aggregation: the same object, type, reason and message again moves the
+    Event's count and lastTimestamp instead of adding an Event."""
+    cluster.apply(grporun("flap", minimal_spec(progress={"stallPolicy": "Report"})))
+    cluster.bring_up("flap")
+    for _ in range(2):  # /progress refuses connections, then answers, twice over
+        progress_urls.pop("flap-learner-0", None)
+        cluster.wait_for(lambda: cluster.condition("flap", "Stalled")["status"] == "Unknown", what="an outage")
+        progress_urls["flap-learner-0"] = learner.url()
+        cluster.wait_for(lambda: cluster.condition("flap", "Stalled")["status"] == "False", what="reports again")
+    cluster.wait_for(lambda: [e["count"] for e in cluster.events("flap") if e["reason"] == "ProgressResumed"] == [2],
+                     what="the second ProgressResumed counted on the first one's Event")
+    unknown = [e for e in cluster.events("flap") if e["reason"] == "ProgressUnknown"]
+    assert [e["count"] for e in unknown] == [2] and unknown[0]["type"] == "Warning"
+    assert unknown[0]["lastTimestamp"] >= unknown[0]["firstTimestamp"]
+
+
 def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(cluster):
     # The learner pod alone is refused, after the rollout pod was created: 422 is permanent.
     cluster.refuse_pod("bad-learner-0", 'Pod "bad-learner-0" is invalid: spec.tolerations[0].effect: Unsupported')
@@ -123,6 +176,23 @@ def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(clu
     assert cluster.condition("bad", "Failed")["reason"] == "InvalidSpec"
     assert cluster.pods_ever_created("bad") == ["bad-rollout-0"]
     cluster.wait_for(lambda: cluster.pods("bad") == [], what="the rollout pod removed with the failed run")
+
+
+def test_a_pod_security_refusal_fails_the_run_at_once_with_the_policys_message(cluster):
+    # RDMA's IPC_LOCK, which podTemplateOverride allows, is a capability the `restricted` profile forbids.
+    violation = 'unrestricted capabilities (container "learner" must not include "IPC_LOCK" in ' \
+                'securityContext.capabilities.add)'
+    cluster.enforce_restricted_pod_security("psa-learner-0", violation)
+    learner = {"podTemplateOverride": {"spec": {"containers": [
+        {"name": "learner", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}}}
+    cluster.apply(grporun("psa", minimal_spec(learner=learner)))
+    cluster.wait_phase("psa", "Failed")
+    failed = cluster.condition("psa", "Failed")
+    assert failed["reason"] == "InvalidSpec", failed
+    assert 'violates PodSecurity "restricted' in failed["message"] and "IPC_LOCK" in failed["message"], failed
+    assert cluster.pods_ever_created("psa") == ["psa-rollout-0"]  # no retries of the refused pod, no new pods
+    cluster.wait_for(lambda: cluster.pods("psa") == [], what="the rollout pod removed with the failed run")
+    assert "CreateFailed" not in cluster.event_reasons("psa")
 
 
 def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
@@ -136,6 +206,50 @@ def test_unreadable_progress_is_reported_as_unknown_never_as_a_stall(cluster):
     # Well past progressDeadlineSeconds, the run still runs: missing data alone never fails it.
     time.sleep(3)  # three times progressDeadlineSeconds: the old operator failed the run as Stalled by now
     assert cluster.status("blind")["phase"] == "Running"
+
+
+def test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_is_written(
+        cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "odd", minimal_spec())
+    good = 3
+    for bad, field in (('{"phase": "Running", "groupsTotal": 40, "rewardMean": NaN}', "rewardMean"),
+                       ('{"phase": "Running", "groupsTotal": 40, "globalStep": 99999999999999999999}', "globalStep"),
+                       ('{"phase": "Running", "groupsTotal": 40, "globalStep": 1e400, "rewardMean": NaN}',
+                        "globalStep")):
+        learner.answer(bad)
+        progressing = cluster.wait_for(
+            lambda: (c := cluster.condition("odd", "Progressing"))["status"] == "Unknown" and c,
+            what=f"Progressing=Unknown for a report with a bad {field}")
+        assert progressing["reason"] == "ProgressUnknown" and f"invalid report: {field}: " in progressing["message"]
+        assert cluster.status("odd")["phase"] == "Running"
+        good += 1
+        learner.update(groups_consumed=good + 1, groups_trained=good, global_step=good, reward_mean=0.5)
+        cluster.wait_for(lambda good=good: (cluster.status("odd").get("progress") or {}).get("groupsTrained") == good,
+                         what="the next good report written")
+        assert cluster.condition("odd", "Progressing")["status"] == "True"
+        assert cluster.condition("odd", "Stalled")["status"] == "False"
+
+
+def test_a_final_report_status_cannot_hold_does_not_keep_the_run_from_finishing(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "last", minimal_spec())
+    cluster.kubelet.exit("last-learner-0", 0, '{"phase": "Succeeded", "groupsTotal": 40, "groupsConsumed": 40, '
+                         '"groupsTrained": 40, "rewardMean": NaN, "globalStep": 99999999999999999999}')
+    cluster.wait_phase("last", "Succeeded")
+    assert cluster.status("last")["progress"]["groupsTrained"] == 3  # the last report that could be read
+
+
+def test_stalled_clears_once_the_progress_endpoint_answers_again(cluster, learner, progress_urls):
+    spec = minimal_spec(progress={"progressDeadlineSeconds": 60, "stallPolicy": "Report"})
+    cluster.apply(grporun("outage", spec))  # no progress URL yet: the learner's port refuses connections
+    cluster.bring_up("outage")
+    cluster.wait_for(lambda: (cluster.condition("outage", "Stalled") or {}).get("status") == "Unknown",
+                     what="Stalled=Unknown while /progress cannot be read")
+    progress_urls["outage-learner-0"] = learner.url()  # the outage ends
+    learner.update(groups_consumed=2, groups_trained=2)
+    cluster.wait_for(lambda: cluster.condition("outage", "Stalled")["status"] == "False",
+                     what="Stalled=False once reports come again")
+    assert cluster.condition("outage", "Stalled")["reason"] == "ProgressResumed"
+    assert cluster.condition("outage", "Progressing")["status"] == "True"
 
 
 def test_an_unready_rollout_server_keeps_the_run_running_and_its_clock_counting(cluster, learner, progress_urls):

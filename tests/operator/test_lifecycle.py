@@ -137,6 +137,19 @@ def test_stall_exit_fails_with_reason_stalled_and_no_retry(cluster, learner, pro
     assert cluster.pods_ever_created("delta") == ["delta-learner-0", "delta-rollout-0"]  # nothing recreated
 
 
+def test_a_stuck_weight_sync_fails_the_run_as_stalled_weight_sync_stuck(cluster, learner, progress_urls):
+    _running(cluster, learner, progress_urls, "sync")
+    message = "weight sync stuck: still running after 900s (rollout.weightSync.deadlineSeconds 900)"
+    learner.update(phase="Stalled", stall_cause="weight_sync", weight_sync_running_seconds=900.0, message=message)
+    cluster.kubelet.exit("sync-learner-0", EXIT_STALLED, learner.report.termination_message())
+    status = cluster.wait_phase("sync", "Failed")
+    stalled = cluster.condition("sync", "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "WeightSyncStuck" and stalled["message"] == message
+    assert cluster.condition("sync", "Failed")["reason"] == "WeightSyncStuck"
+    assert status["failure"]["exitCode"] == EXIT_STALLED and status["failure"]["reason"] == "WeightSyncStuck"
+    assert cluster.pods_ever_created("sync") == ["sync-learner-0", "sync-rollout-0"]  # nothing recreated
+
+
 def test_crash_restarts_then_fails_after_backoff_limit(cluster, learner, progress_urls):
     _running(cluster, learner, progress_urls, "eps", minimal_spec(runPolicy={"backoffLimit": 1}))
     first_uid = cluster.kubelet.pod("eps-learner-0")["metadata"]["uid"]

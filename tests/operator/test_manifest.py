@@ -134,7 +134,8 @@ def test_manifest_defaults_fill_a_minimal_manifest_without_touching_the_input():
     spec = with_defaults(manifest)["spec"]
     assert manifest == before
     assert spec["training"]["numGenerations"] == 8 and spec["rollout"]["vllm"]["maxModelLen"] == 4096
-    assert spec["rollout"]["weightSync"] == {"mode": "nccl"} and spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert spec["rollout"]["weightSync"] == {"mode": "nccl", "deadlineSeconds": 900}
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
     assert spec["rewards"] == [{"name": "accuracy", "weight": 1.0}]
     assert "activeDeadlineSeconds" not in spec["runPolicy"]
 
@@ -225,6 +226,14 @@ def _update(change: Callable[[dict], Any], base: Callable[[], dict] = good) -> C
     return make
 
 
+def _nccl() -> dict:
+    """The good manifest with NCCL weight sync, which allows one learner process only."""
+    manifest = good()
+    manifest["spec"]["rollout"]["weightSync"] = {"mode": "nccl"}
+    manifest["spec"]["learner"].update(nodes=1, processesPerNode=1)
+    return manifest
+
+
 ONE_MATCH = "a rule sets exactly one of onExitCodes or onPodConditions"
 
 
@@ -255,12 +264,18 @@ CEL_CASES = {
                         "spec.rollout.vllm.maxModelLen: must be greater than training.maxCompletionLength"),
     "token-budget": (_set("spec.training.tokenBudget", 512),
                      "spec.training.tokenBudget: must be greater than training.maxCompletionLength"),
-    "learner-cpu-nccl": (_set("spec.learner.device", "cpu"),
+    "learner-cpu-nccl": (_set("spec.learner.device", "cpu", base=_nccl),
                          "spec.rollout.weightSync.mode: must be filesystem when learner.device is cpu"),
-    "rollout-cpu-nccl": (_set("spec.rollout.device", "cpu"),
+    "rollout-cpu-nccl": (_set("spec.rollout.device", "cpu", base=_nccl),
                          "spec.rollout.weightSync.mode: must be filesystem when rollout.device is cpu"),
-    "nccl-replicas": (_set("spec.rollout.replicas", 2),
+    "nccl-replicas": (_set("spec.rollout.replicas", 2, base=_nccl),
                       "spec.rollout.replicas: must be 1 with weightSync.mode nccl"),
+    "clip-bounds-order": (_update(lambda m: m["spec"]["training"].update(vllmImportanceSamplingClipMin=3.0,
+                                                                         vllmImportanceSamplingClipMax=2.0)),
+                          "spec.training.vllmImportanceSamplingClipMin: must be below vllmImportanceSamplingClipMax"),
+    "nccl-learner-ranks": (_set("spec.learner.processesPerNode", 2, base=_nccl),
+                           "spec.rollout.weightSync.mode: must be filesystem when the learner has more than one "
+                           "process"),
     "dataset-both": (_set("spec.dataset.path", "/data/x.jsonl"),
                      "spec.dataset: set exactly one of dataset.name (a hub dataset) or dataset.path"),
     "dataset-neither": (_set("spec.dataset", {"split": "train"}),

@@ -18,7 +18,18 @@ def test_a_terminated_pod_reads_as_exit_code_reason_and_termination_message():
         {"name": "learner", "restartCount": 0, "state": {"terminated": {"exitCode": 42, "reason": "Error",
                                                                           "message": "{\"phase\":\"Stalled\"}"}}}]}))
     assert observed == PodObservation(name="r-learner-0", role="learner", phase="Failed", ready=False, exit_code=42,
-                                      reason="Error", message='{"phase":"Stalled"}')
+                                      reason="Error", message='{"phase":"Stalled"}', container="learner")
+
+
+def test_an_oom_killed_container_reads_with_its_memory_limit():
+    killed = {"phase": "Failed", "containerStatuses": [{"name": "learner", "state": {"terminated": {
+        "exitCode": 137, "reason": "OOMKilled"}}}]}
+    body = {**pod(killed), "spec": {"containers": [
+        {"name": "sidecar", "resources": {"limits": {"memory": "64Mi"}}},
+        {"name": "learner", "resources": {"limits": {"memory": "16Gi", "cpu": "4"}}}]}}
+    observed = observe_pod(body)
+    assert (observed.reason, observed.container, observed.memory_limit) == ("OOMKilled", "learner", "16Gi")
+    assert observe_pod({**body, "spec": {"containers": [{"name": "learner"}]}}).memory_limit is None
 
 
 

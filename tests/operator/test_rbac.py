@@ -16,11 +16,18 @@ pytestmark = pytest.mark.slow
 
 
 def _lifecycle(cluster, learner, progress_urls, name: str) -> None:
-    """Create, run, crash and restart, suspend, resume, succeed and expire: every kind of call the operator makes."""
+    """Create, run, crash and restart, suspend, resume, succeed and expire: every kind of call the operator makes.
+    A suspend and resume come twice, so their events come again and are counted on the Events posted first."""
     cluster.apply(grporun(name, minimal_spec(runPolicy={"backoffLimit": 1, "ttlSecondsAfterFinished": 0})))
     progress_urls[f"{name}-learner-0"] = learner.url()
     cluster.bring_up(name)
     learner.update(groups_consumed=2, groups_trained=2)
+    cluster.wait_phase(name, "Running")
+    cluster.patch_spec(name, {"runPolicy": {"suspend": True}})
+    cluster.wait_phase(name, "Suspended")
+    cluster.patch_spec(name, {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods(name)) == 2, what="pods after resume")
+    cluster.bring_up(name)
     cluster.wait_phase(name, "Running")
     cluster.kubelet.exit(f"{name}-learner-0", 1, "crash")
     cluster.wait_for(lambda: cluster.status(name).get("restarts") == 1, what="a restart")
@@ -37,7 +44,8 @@ def _denied(cluster, values: dict) -> list[str]:
     calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
     used = {(r.verb, r.group, r.rbac_resource) for r in calls}
     assert {("create", "", "pods"), ("delete", "", "pods"), ("patch", "grpo.dev", "grporuns/status"),
-            ("delete", "grpo.dev", "grporuns"), ("create", "", "events"), ("watch", "", "pods")} <= used
+            ("delete", "grpo.dev", "grporuns"), ("create", "", "events"), ("patch", "", "events"),
+            ("watch", "", "pods")} <= used
     rules = rendered_rules(values)
     return sorted({f"{r.verb} {r.group or 'core'}/{r.rbac_resource} in {r.namespace}" for r in calls
                    if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)})

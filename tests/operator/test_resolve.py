@@ -45,7 +45,7 @@ def test_resolve_defaulted_spec_gives_the_contracts_defaults():
 def test_resolve_token_budget_defaults_to_the_servers_context_length():
     _, config = resolve("cpu-local.yaml", weight_sync_dir="/sync")
     assert config.training.token_budget == 256 == config.rollout.max_model_len
-    run, config = resolve("full-gpu.yaml")
+    run, config = resolve("full-gpu.yaml", weight_sync_dir="/weights")
     assert config.training.token_budget == 3072
     assert read_grporun(FIXTURES / "cpu-local.yaml").spec.training.token_budget is None, "the spec is not mutated"
 
@@ -55,6 +55,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
         "full-gpu.yaml",
         rollout_urls=["http://a:8000", "http://b:8000"],
         checkpoint_dir="/checkpoints",
+        weight_sync_dir="/weights",
         termination_message_path="/tmp/termination",
     )
     spec = run.spec
@@ -71,7 +72,9 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
                                             "stall_policy": "Fail"}
     assert config.rollout.urls == ["http://a:8000", "http://b:8000"]
     assert (config.rollout.max_model_len, config.rollout.gpu_memory_utilization) == (4096, 0.85)
-    assert config.rollout.extra_args == ["--enforce-eager"] and config.rollout.weight_sync.mode == "nccl"
+    assert config.rollout.extra_args == ["--enforce-eager"]
+    assert config.rollout.weight_sync.model_dump() == {"mode": "filesystem", "directory": "/weights",
+                                                       "deadline_seconds": 1200}
     assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
     assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
     assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
@@ -79,12 +82,13 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
 
 def test_resolve_filesystem_weight_sync_gets_the_callers_directory():
     _, config = resolve("cpu-local.yaml", weight_sync_dir="/shared/weights")
-    assert config.rollout.weight_sync.model_dump() == {"mode": "filesystem", "directory": "/shared/weights"}
+    assert config.rollout.weight_sync.model_dump() == {"mode": "filesystem", "directory": "/shared/weights",
+                                                       "deadline_seconds": 900}
     assert (config.rollout.device, config.learner.device) == ("cpu", "cpu")
 
 
 def test_resolve_round_trips_through_the_configmap_json():
-    _, config = resolve("full-gpu.yaml", checkpoint_dir="/ckpt")
+    _, config = resolve("full-gpu.yaml", checkpoint_dir="/ckpt", weight_sync_dir="/weights")
     assert load_run_config(config.model_dump_json(by_alias=True)) == config
 
 

@@ -116,12 +116,15 @@ def test_progress_fields_land_in_status():
     spec = spec_of()
     status = running_status(spec)
     decision = step(spec, status, running_pods(), report(groupsConsumed=10, groupsTrained=8, dropped={"no_signal": 2},
-                                                         epochsDone=0, globalStep=4, rewardMean=0.5), now=at(7))
+                                                         epochsDone=0, globalStep=4, rewardMean=0.5,
+                                                         samplesScored=64, samplesMasked={"importance_ratio": 8}),
+                  now=at(7))
     progress = decision.status["progress"]
     assert progress == {"epoch": 0, "epochs": 1.0, "groupsConsumed": 10, "groupsTotal": 40, "groupsTrained": 8,
                         "groupsDropped": 2, "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
-                                                        "unscorable": 0, "lost": 0},
+                                                        "unscorable": 0, "lost": 0, "excluded": 0},
                         "stallStreak": 0, "stallLimit": 0, "globalStep": 4, "percent": 25.0, "rewardMean": 0.5,
+                        "maskedFraction": 0.125,
                         # 7 groups in the 7 s since the first sample: 30 to go, 30 s.
                         "progressPercentage": 25, "estimatedRemainingSeconds": 30,
                         "lastUpdatedTime": "2026-01-01T12:00:07Z"}

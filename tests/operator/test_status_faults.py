@@ -4,6 +4,7 @@ unreadable progress endpoint, an unready rollout server, transient create errors
 from __future__ import annotations
 
 from grpo_operator.status import CreateChildren, RecreatePods
+from grpo_trainer.contract import EXIT_STALLED
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, running_status, spec_of, step
 
 
@@ -127,3 +128,128 @@ def test_the_pod_failure_policy_decides_before_the_defaults():
     assert ignored.status["disruptions"] == 1 and ignored.status.get("restarts", 0) == 0
     default = crash(exit_code=78)
     assert condition(default.status, "Failed")["reason"] == "InvalidConfig"
+
+
+def test_stalled_returns_to_false_when_progress_can_be_read_again():
+    spec = spec_of(progress={"progressDeadlineSeconds": 30, "stallPolicy": "Report"})
+    status = running_status(spec)
+    lost = step(spec, status, running_pods(), now=at(5), progress_error="timeout", progress_lost=True)
+    assert condition(lost.status, "Stalled")["status"] == "Unknown"
+    back = step(spec, lost.status, running_pods(), report(groupsConsumed=4, groupsTrained=4), now=at(10))
+    stalled = condition(back.status, "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("False", "ProgressResumed")
+    assert condition(back.status, "Progressing")["reason"] == "Training"
+    assert "ProgressResumed" in reasons(back)
+    # A report that trained nothing new clears it too: the progress is known again, and within the deadline.
+    same = step(spec, lost.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(10))
+    assert condition(same.status, "Stalled")["status"] == "False"
+
+
+def test_no_report_the_learner_can_send_makes_a_status_the_api_server_refuses():
+    """The largest values the report accepts, through every derived field (totals, percentages, the estimate)."""
+    spec = spec_of()
+    most = 2**63 - 1
+    status = running_status(spec)
+    for now, consumed in ((10, 4), (80, 5), (150, 6)):  # samples a minute apart: the estimate is computed
+        hostile = report(groupsTotal=most, groupsConsumed=consumed, groupsTrained=consumed, globalStep=most,
+                         dropped={"lost": most // 2, "stale": most // 2}, stallStreak=most - 1, stallLimit=most,
+                         epochsDone=most, epochs=1.7e308, rewardMean=-1.7e308)
+        status = step(spec, status, running_pods(), hostile, now=at(now)).status  # step() checks status_errors
+    assert status["phase"] == "Running" and status["progress"]["globalStep"] == most
+    assert status["progress"]["estimatedRemainingSeconds"] == most  # years beyond count, capped to what int64 holds
+
+
+def test_a_termination_message_is_read_under_the_same_rules_as_a_report():
+    spec = spec_of()
+    status = running_status(spec)
+    final = '{"phase": "Succeeded", "groupsTotal": 40, "groupsConsumed": 40, "groupsTrained": 40, "rewardMean": NaN}'
+    done = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                                      message=final)], now=at(10))
+    assert done.status["phase"] == "Succeeded"
+    assert done.status["progress"]["groupsTrained"] == 3  # the refused report changed nothing: the last good one
+    huge = final.replace("NaN", "0.5").replace('"groupsTrained": 40', f'"groupsTrained": {2**64}')
+    crashed = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1,
+                                                         message=huge)], now=at(10))
+    assert crashed.status["progress"]["groupsTrained"] == 3 and crashed.status["restarts"] == 1
+
+
+def test_an_oom_killed_learner_is_named_so_with_its_container_and_memory_limit():
+    spec = spec_of(runPolicy={"backoffLimit": 1})
+    status = running_status(spec)
+    oom = dict(exit_code=137, reason="OOMKilled", container="learner", memory_limit="16Gi")
+    restarted = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, **oom)], now=at(10))
+    event = next(e for e in restarted.events if e.reason == "Restarting")
+    message = condition(restarted.status, "Progressing")["message"]
+    for text in (event.message, message):
+        assert "OOMKilled" in text and "container learner" in text and "memory limit 16Gi" in text, text
+    failed = step(spec, {**restarted.status, "phase": "Running"},
+                  [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, attempt=1, **oom)], now=at(20))
+    assert failed.status["phase"] == "Failed" and failed.status["failure"]["reason"] == "OOMKilled"
+    for text in (condition(failed.status, "Failed")["message"],
+                 next(e for e in failed.events if e.reason == "BackoffLimitExceeded").message):
+        assert "OOMKilled" in text and "memory limit 16Gi" in text, text
+    unlimited = step(spec, status, [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137,
+                                                           reason="OOMKilled", container="learner")], now=at(10))
+    assert "no memory limit" in condition(unlimited.status, "Progressing")["message"]
+
+
+def test_a_create_blocked_for_a_minute_is_one_event_not_one_a_pass():
+    spec = spec_of()
+    error = "creating Pod r-rollout-0 failed (HTTP 403): exceeded quota: pods; retrying"
+    status, events = {}, []
+    for second in range(0, 61, 5):  # a pass every 5 s (the default interval) for 60 s
+        decision = step(spec, status, [], now=at(second), create_error=error, children_exist=False)
+        status, events = decision.status, events + reasons(decision)
+    assert events.count("CreateFailed") == 1, events
+    assert condition(status, "Progressing")["reason"] == "CreateFailed"
+
+
+def test_a_stuck_pod_while_a_create_is_blocked_is_one_event_each():
+    spec = spec_of(rollout={"replicas": 2})
+    error = "creating Pod r-rollout-1 failed (HTTP 403): exceeded quota: pods; retrying"
+    stuck = [pod("r-rollout-0", "Pending", False, waiting_reason="ImagePullBackOff", message="back-off pulling"),
+             pod("r-learner-0", "Pending", False)]
+    status, events = {}, []
+    for second in range(0, 61, 5):
+        decision = step(spec, status, stuck, now=at(second), create_error=error if second < 40 else None)
+        status, events = decision.status, events + reasons(decision)
+    assert events.count("CreateFailed") == 1 and events.count("ImagePullBackOff") == 1, events
+    assert condition(status, "Progressing")["reason"] == "ImagePullBackOff"
+
+# --- a weight sync past its deadline ------------------------------------------------------------------------------
+def _sync_stuck_exit(attempt: int | None = None):
+    final = report(phase="Stalled", stallCause="weight_sync", groupsConsumed=3, groupsTrained=3,
+                   message="weight sync stuck: still running after 60s")
+    return [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_STALLED, reason="Error",
+                                    message=final.termination_message(), attempt=attempt)]
+
+
+def test_a_stuck_weight_sync_fails_the_run_as_weight_sync_stuck_under_policy_fail():
+    spec = spec_of(runPolicy={"backoffLimit": 5})
+    decision = step(spec, running_status(spec), _sync_stuck_exit(), now=at(60))
+    status = decision.status
+    assert status["phase"] == "Failed"
+    assert condition(status, "Stalled")["status"] == "True"
+    assert condition(status, "Stalled")["reason"] == condition(status, "Failed")["reason"] == "WeightSyncStuck"
+    assert status["failure"]["reason"] == "WeightSyncStuck" and status["failure"]["exitCode"] == EXIT_STALLED
+    assert "weight sync stuck" in status["failure"]["message"]
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
+
+
+def test_a_stuck_weight_sync_restarts_under_policy_report_and_stays_stalled_until_a_group_trains():
+    spec = spec_of(progress={"stallPolicy": "Report"}, runPolicy={"backoffLimit": 1})
+    decision = step(spec, running_status(spec), _sync_stuck_exit(attempt=0), now=at(60))
+    assert decision.actions == [RecreatePods(("r-learner-0",))]
+    assert decision.status["restarts"] == 1 and decision.status["phase"] == "Pending"
+    assert condition(decision.status, "Stalled")["reason"] == "WeightSyncStuck"
+    assert "WeightSyncStuck" in reasons(decision)
+    # Back up, at its checkpoint: still stalled until a group trains again.
+    back = step(spec, decision.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(70))
+    assert condition(back.status, "Stalled")["status"] == "True"
+    trained = step(spec, back.status, running_pods(), report(groupsConsumed=5, groupsTrained=5), now=at(80))
+    assert condition(trained.status, "Stalled")["reason"] == "ProgressResumed"
+    # Its backoff limit is the crash's: the next stuck sync fails the run, still named.
+    again = step(spec, trained.status, _sync_stuck_exit(attempt=1), now=at(90))
+    assert again.status["phase"] == "Failed"
+    assert condition(again.status, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert condition(again.status, "Stalled")["reason"] == "WeightSyncStuck"

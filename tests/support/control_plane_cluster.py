@@ -183,6 +183,9 @@ class RealCluster(Cluster):
     def refuse_pod(self, pod: str, message: str) -> None:
         self.faults.refuse_pod(pod, message)
 
+    def enforce_restricted_pod_security(self, violating_pod: str, violation: str) -> None:
+        self.faults.enforce_restricted_pod_security()  # the real admission plugin finds the violation itself
+
     def close(self) -> None:
         if self.operator is not None:  # the next test's operator finds no leftover runs
             for run in self.client.list(GRPORUNS, self.namespace):

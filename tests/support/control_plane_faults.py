@@ -55,6 +55,13 @@ class ClusterFaults:
         if hard is not None:
             self._wait_refused("probe", "exceeded quota")
 
+    def enforce_restricted_pod_security(self) -> None:
+        """Label the namespace pod-security.kubernetes.io/enforce=restricted: the PodSecurity admission plugin then
+        refuses (403) every pod that breaks the profile."""
+        self._merge_patch(f"/api/v1/namespaces/{self.namespace}",
+                          {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        self._wait_refused("probe", "violates PodSecurity")  # the probe pod sets no securityContext at all
+
     def refuse_pod(self, pod: str, message: str) -> None:
         """A ValidatingAdmissionPolicy, bound to this namespace, that denies creating a pod named `pod` (422)."""
         name = f"refuse-{self.namespace}-{pod}"

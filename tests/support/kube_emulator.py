@@ -24,7 +24,9 @@ request parsing, discovery documents, error rendering and request list, and repl
 - ownerReference garbage collection: deleting an owner deletes the dependents whose owners are all gone (background
   propagation; `Orphan` keeps them); a dependent created for an owner that no longer exists is collected at once;
 - namespaced objects need their namespace to exist (404), as on a real server;
-- optional per-resource validators (e.g. the CRD's structural schema) that reject a write with 422.
+- optional per-resource validators (e.g. the CRD's structural schema) that reject a write with 422;
+- request bodies decoded as Go decodes them: NaN and Infinity are not JSON (400), an integer beyond int64 becomes
+  a float (so `type: integer` refuses it).
 
 Stricter modes a test opts into (each is what a real cluster does; the defaults keep tests short):
 - `graceful_pod_deletion`: deleting a pod only marks it Terminating (deletionTimestamp) until its kubelet confirms
@@ -270,6 +272,17 @@ class _Watcher:
 Validator = Callable[[dict[str, Any]], list[str]]
 
 
+def _not_json(token: str) -> Any:
+    """NaN and Infinity, which Python's json reads and Go's refuses: the real server answers 400."""
+    raise ValueError(f"invalid character {token[0]!r} looking for beginning of value")
+
+
+def _int64_or_float(digits: str) -> int | float:
+    """An integer as the real server decodes it: int64, else a float (which then fails `type: integer`)."""
+    value = int(digits)
+    return value if -(2**63) <= value < 2**63 else float(value)
+
+
 class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the storage semantics kopf needs (see the module docstring)."""
 
@@ -309,7 +322,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         body = await raw_request.read()
         text = body.decode(errors="replace")
         try:
-            data = json.loads(text) if text else None
+            data = json.loads(text, parse_constant=_not_json, parse_int=_int64_or_float) if text else None
         except ValueError:
             data = None
         group, version, plural, namespace, name, subresource = parsed

@@ -20,6 +20,7 @@ SCENARIOS = {
     "varied": lambda position, k: float(k % 2),
     "third_no_signal": lambda position, k: 0.0 if position % 3 == 0 else float(k % 2),
     "no_signal": lambda position, k: 1.0,
+    "unscorable": lambda position, k: float("nan"),  # every reward function returned None
     "last_pass_no_signal": None,  # built in main(): depends on the dataset size
 }
 
@@ -35,14 +36,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="per-device train batch size (samples)")
     parser.add_argument("--ga", type=int, default=1)
     parser.add_argument("--stall-groups", type=int, default=0)
+    parser.add_argument("--keep-no-signal", action="store_true", help="filter.dropNoSignal: false")
     parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--resume-newest", default=None, help="resume from the newest valid checkpoint here")
     parser.add_argument("--lost-every", type=int, default=0, help="every Nth group never reaches the trainer")
     parser.add_argument("--max-staleness", type=int, default=1000)
     parser.add_argument("--queue-maxsize", type=int, default=64, help="the worker's queue, in samples")
     parser.add_argument("--weights-dir", default=None, help="filesystem weight sync into this directory")
     parser.add_argument("--weights-server", default=None, help="the server the filesystem sync reloads")
+    parser.add_argument("--weight-sync-deadline", type=float, default=900, help="seconds a weight sync may take")
     parser.add_argument("--baseline", action="store_true", help="plain AsyncGRPOTrainer instead of GRPOLearner")
     parser.add_argument("--progress-port", type=int, default=None)
     parser.add_argument("--worker-delay", type=float, default=0.0)
@@ -51,7 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--unscorable-every", type=int, default=0,
                         help="every Nth prompt holds the tiny reward model's NaN marker")
     parser.add_argument("--sigterm-at-step", type=int, default=None, help="the process SIGTERMs itself at step N")
+    parser.add_argument("--off-policy-every", type=int, default=0,
+                        help="every Nth group's rollout logprobs are far off the learner's (1: every group)")
+    parser.add_argument("--nan-logprobs-every", type=int, default=0, help="every Nth group's rollout logprobs are NaN")
+    parser.add_argument("--is-clip-max", type=float, default=None, help="training.vllmImportanceSamplingClipMax")
     return parser.parse_args(argv)
+
+
+def every_nth(n: int):
+    """Positions n-1, 2n-1, ...: the Nth group of each run of N (None when n is 0)."""
+    return (lambda position: position % n == n - 1) if n else None
 
 
 def main(argv=None) -> int:
@@ -73,6 +86,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     from grpo_trainer.contract import FilterConfig, RewardConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.scoring import RewardModel
+    from grpo_trainer.step_scoring import ImportanceBounds
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.trainer import GRPOLearner
@@ -95,6 +109,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
         fail_after_groups=args.worker_fails_after, prompt_text=prompt_text, queue_maxsize=args.queue_maxsize,
+        off_policy=every_nth(args.off_policy_every), nan_logprobs=every_nth(args.nan_logprobs_every),
     )
     reward_models = []
     if args.reward_model and int(os.environ.get("RANK", "0")) == 0:
@@ -117,8 +132,11 @@ def run_scenario(args: argparse.Namespace) -> int:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
     else:
-        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups, filter_config=FilterConfig(),
-                              progress_server_port=args.progress_port, reward_models=reward_models)
+        trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
+                              filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
+                              progress_server_port=args.progress_port, reward_models=reward_models,
+                              weight_sync_deadline_s=args.weight_sync_deadline,
+                              importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop
     original_step = trainer.training_step
@@ -152,8 +170,12 @@ def run_scenario(args: argparse.Namespace) -> int:
             if state.global_step == args.sigterm_at_step:
                 sigterm_time.append(time.time())
                 os.kill(os.getpid(), signal.SIGTERM)
-            timeline.append({"step": state.global_step, "t": time.time(),
-                             "consumed": len(trainer._trained_groups)})
+            entry = {"step": state.global_step, "t": time.time(), "consumed": len(trainer._trained_groups)}
+            if not args.baseline and trainer.accelerator.is_main_process:
+                report = trainer.progress_report()  # checks the accounting identity; raises when it breaks
+                entry["report"] = {"consumed": report.groups_consumed, "trained": report.groups_trained,
+                                   "dropped": report.dropped_total, "regenerated": report.regenerated}
+            timeline.append(entry)
 
     timeline: list[dict] = []
     sigterm_time: list[float] = []
@@ -161,8 +183,13 @@ def run_scenario(args: argparse.Namespace) -> int:
     rank = trainer.accelerator.process_index
     started = time.time()
     outcome, message = "succeeded", ""
+    resume = args.resume_from
+    if args.resume_newest:
+        from grpo_trainer.checkpoints import newest_checkpoint
+
+        resume = newest_checkpoint(args.resume_newest)
     try:
-        trainer.train(resume_from_checkpoint=args.resume_from)
+        trainer.train(resume_from_checkpoint=resume)
         if not args.baseline and trainer.phase.value == "Preempted":
             outcome, message = "Preempted", trainer.message
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
@@ -181,6 +208,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         "ended": ended,
         "timeline": timeline,
         "sigterm_time": sigterm_time[0] if sigterm_time else None,
+        "resumed_from": resume,
     }
     if rank == 0:
         result["groups_generated"] = worker.groups_generated
@@ -194,6 +222,8 @@ def run_scenario(args: argparse.Namespace) -> int:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()
             result["stepped_groups"] = stepped
+            result["samples_masked"] = trainer.exclusions.samples_masked
+            result["samples_scored"] = trainer.exclusions.samples_scored
             if trainer.scoring is not None:
                 result["scored_samples"] = trainer.scoring.samples_scored
                 result["unscorable_samples"] = trainer.scoring.unscorable_samples
@@ -201,7 +231,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     if not args.baseline:
         trainer.close()
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
-    return {"succeeded": 0, "StallError": 42, "Preempted": 75}.get(outcome, 1)
+    return {"succeeded": 0, "StallError": 42, "WeightSyncStuck": 42, "Preempted": 75}.get(outcome, 1)
 
 
 if __name__ == "__main__":

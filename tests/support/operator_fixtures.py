@@ -126,14 +126,17 @@ class Kubelet:
                                    "imageID": "", "state": {"waiting": {"reason": reason, "message": message}}}],
         })
 
-    def exit(self, name: str, code: int, message: str = "") -> dict[str, Any]:
+    def exit(self, name: str, code: int, message: str = "", reason: str | None = None) -> dict[str, Any]:
+        """The main container terminated with `code`; `reason` as the kubelet says it (default Completed/Error;
+        OOMKilled when the kernel killed it for memory)."""
         role = name.rsplit("-", 2)[-2]
+        reason = reason or ("Completed" if code == 0 else "Error")
         return self._status(name, {
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "Ready", "status": "False"}],
             "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE, "imageID": "",
-                                   "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
-                                                            else "Error", "message": message}}}],
+                                   "state": {"terminated": {"exitCode": code, "reason": reason,
+                                                            "message": message}}}],
         })
 
 
@@ -154,15 +157,32 @@ class Kubelet:
         self.client.delete(PODS, NAMESPACE, name, grace_period_seconds=0)
 
 
+class _RawReport:
+    """Stands in for a ProgressReport where ProgressServer renders one: a learner answering whatever it likes."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def model_dump_json(self, **_: Any) -> str:
+        return self.text
+
+
 class FakeLearner:
     """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
 
     def __init__(self) -> None:
         self.report = ProgressReport(phase="Running", groups_total=40, epochs=1)
-        self.server = ProgressServer(lambda: self.report, port=0, host="127.0.0.1").start()
+        self.raw: str | None = None
+        self.server = ProgressServer(lambda: _RawReport(self.raw) if self.raw is not None else self.report,
+                                     port=0, host="127.0.0.1").start()
 
     def update(self, **changes: Any) -> None:
         self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
+        self.raw = None
+
+    def answer(self, text: str) -> None:
+        """Serve `text` as the /progress body, valid or not, until the next update()."""
+        self.raw = text
 
     def url(self) -> str:
         return f"{self.server.url}/progress"
@@ -234,7 +254,7 @@ class Cluster:
         return [e["reason"] for e in self.events(name)]
 
     def wait_event(self, name: str, *reasons: str) -> None:
-        """kopf posts events from a queue, after the status write: wait for them rather than race them."""
+        """Events are posted after the status write (and may be refused): wait for them rather than race them."""
         self.wait_for(lambda: set(reasons) <= set(self.event_reasons(name)), what=f"events {reasons} on {name}")
 
     def services(self, run: str) -> list[dict[str, Any]]:
@@ -285,6 +305,13 @@ class Cluster:
         self._quota_faults.append(self.emulator_thread.call(lambda: self.emulator.inject_fault(
             "POST", "pods", 403, "Forbidden", "pods is forbidden: exceeded quota: pods, requested: pods=1, "
             "used: pods=0, limited: pods=0", times=1_000_000)))
+
+    def enforce_restricted_pod_security(self, violating_pod: str, violation: str) -> None:
+        """The namespace enforces PodSecurity `restricted`: creating `violating_pod` is refused with 403 Forbidden
+        and the admission plugin's message (the real server's PodSecurity admission decides which pods violate)."""
+        message = f'pods "{violating_pod}" is forbidden: violates PodSecurity "restricted:latest": {violation}'
+        self.emulator_thread.call(lambda: self.emulator.inject_fault(
+            "POST", "pods", 403, "Forbidden", message, times=1_000_000, name=violating_pod))
 
     def refuse_pod(self, pod: str, message: str) -> None:
         """An admission refusal (422 Invalid) of the pod named `pod`, every time it is created."""

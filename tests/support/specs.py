@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from grpo_operator import manifest
@@ -33,7 +34,25 @@ def grporun(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
             "spec": spec if spec is not None else minimal_spec()}
 
 
+#: The API server decodes JSON integers into int64 (a larger one becomes a float, then fails `type: integer`).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def status_errors(status: dict[str, Any]) -> list[str]:
-    """Problems with a status the operator is about to write: types, enums and fields the API server would prune."""
+    """Problems with a status the operator is about to write: types, enums and fields the API server would prune,
+    and numbers its JSON cannot carry (NaN and Infinity are not JSON; integers are int64)."""
     schema = manifest.load_crd().schema["properties"]["status"]
-    return manifest.unknown_field_errors(status, schema, "status") + manifest.schema_errors(status, "status")
+    return (manifest.unknown_field_errors(status, schema, "status") + manifest.schema_errors(status, "status")
+            + wire_number_errors(status, "status"))
+
+
+def wire_number_errors(value: Any, path: str) -> list[str]:
+    if isinstance(value, dict):
+        return [error for key, item in value.items() for error in wire_number_errors(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [error for i, item in enumerate(value) for error in wire_number_errors(item, f"{path}[{i}]")]
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{path}: {value} is not a JSON number"]
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        return [f"{path}: {value} does not fit in int64"]
+    return []

@@ -1,18 +1,153 @@
-"""Which checkpoint a restarted learner resumes from."""
+"""Which checkpoint a restarted learner resumes from, and the marker that vouches for it (grpo_trainer.checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from grpo_trainer.checkpoints import (
+    PROGRESS_STATE_FILE,
+    MarkerError,
+    UnusableCheckpoints,
+    newest_checkpoint,
+    read_marker,
+    write_marker,
+)
+from grpo_trainer.progress import RolloutProgress
+
+
+def progress_state() -> dict:
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=4, epochs=2)
+    progress.train([0, 1, 3])
+    progress.drop(2, "no_signal")
+    return {**progress.state_dict(), "model_version": 3, "global_step": 3}
+
+
+def complete_checkpoint(directory: Path, step: int) -> Path:
+    checkpoint = directory / f"checkpoint-{step}"
+    (checkpoint / "sub").mkdir(parents=True)
+    (checkpoint / "model.safetensors").write_bytes(b"w" * 1000)
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "sub" / "rng_state_1.pth").write_bytes(b"r" * 10)
+    write_marker(str(checkpoint), progress_state())
+    return checkpoint
+
+
+def marker_of(checkpoint: Path) -> Path:
+    return checkpoint / PROGRESS_STATE_FILE
+
+
+def test_a_complete_marker_reads_back_its_state(tmp_path):
+    checkpoint = complete_checkpoint(tmp_path, 3)
+    state = read_marker(str(checkpoint))
+    assert {k: state[k] for k in progress_state()} == progress_state()
+    assert state["files"] == {"model.safetensors": 1000, "sub/rng_state_1.pth": 10, "trainer_state.json": 2}
 
 
 def test_resume_skips_a_checkpoint_interrupted_while_saving(tmp_path):
-    from grpo_trainer.trainer import PROGRESS_STATE_FILE, newest_checkpoint
-
     assert newest_checkpoint(str(tmp_path / "missing")) is None
-    for step, complete in ((2, True), (10, True), (12, False)):
-        checkpoint = tmp_path / f"checkpoint-{step}"
-        checkpoint.mkdir()
-        if complete:
-            (checkpoint / PROGRESS_STATE_FILE).write_text("{}")
+    for step in (2, 10):
+        complete_checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint-12").mkdir()  # no marker: cut short while saving
     (tmp_path / "checkpoint-x").mkdir()
     # checkpoint-12 is newest but was cut short; 10 beats 2 numerically, not by name
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+
+
+def test_only_checkpoints_without_a_marker_mean_a_fresh_run(tmp_path):
+    (tmp_path / "checkpoint-1").mkdir()
+    assert newest_checkpoint(str(tmp_path)) is None
+
+
+def half_written(marker: Path) -> str:
+    text = marker.read_text()
+    marker.write_text(text[: len(text) // 2])
+    return "is not valid JSON"
+
+
+def empty(marker: Path) -> str:
+    marker.write_text("")
+    return "is empty"
+
+
+def incomplete(marker: Path) -> str:
+    payload = json.loads(marker.read_text())
+    del payload["consumed_after"]
+    marker.write_text(json.dumps(payload))
+    return "consumed_after: Field required"
+
+
+def not_an_object(marker: Path) -> str:
+    marker.write_text("[1, 2]")
+    return "holds a JSON list"
+
+
+def edited(marker: Path) -> str:
+    payload = json.loads(marker.read_text())
+    payload["groups_trained"] += 1  # still schema-valid: only the digest tells
+    marker.write_text(json.dumps(payload))
+    return "does not match its digest"
+
+
+def model_cut_short(marker: Path) -> str:
+    (marker.parent / "model.safetensors").write_bytes(b"w" * 10)
+    return "vouches for model.safetensors of 1000 bytes, but it has 10"
+
+
+def file_missing(marker: Path) -> str:
+    (marker.parent / "sub" / "rng_state_1.pth").unlink()
+    return "vouches for sub/rng_state_1.pth, which is missing"
+
+
+TEARS = [half_written, empty, incomplete, not_an_object, edited, model_cut_short, file_missing]
+
+
+@pytest.mark.parametrize("tear", TEARS, ids=[t.__name__ for t in TEARS])
+def test_a_torn_checkpoint_is_skipped_for_the_newest_valid_one_with_a_warning_naming_it(tmp_path, tear, caplog):
+    complete_checkpoint(tmp_path, 2)
+    newest = complete_checkpoint(tmp_path, 4)
+    why = tear(marker_of(newest))
+    with pytest.raises(MarkerError, match=why):
+        read_marker(str(newest))
+    with caplog.at_level(logging.WARNING, logger="grpo_trainer.checkpoints"):
+        assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert str(marker_of(newest)) in warning and why in warning
+
+
+def test_when_no_marker_can_be_trusted_the_error_names_every_file_and_why(tmp_path):
+    half = marker_of(complete_checkpoint(tmp_path, 2))
+    incomplete_marker = marker_of(complete_checkpoint(tmp_path, 4))
+    half_written(half)
+    incomplete(incomplete_marker)
+    (tmp_path / "checkpoint-6").mkdir()  # no marker at all: skipped as before
+    with pytest.raises(UnusableCheckpoints) as error:
+        newest_checkpoint(str(tmp_path))
+    message = str(error.value)
+    assert f"{half} is not valid JSON" in message and f"{incomplete_marker} is incomplete" in message
+    assert "checkpoint.directory" in message and "\n" not in message
+
+
+def test_a_learner_whose_checkpoints_cannot_be_trusted_fails_once_with_the_invalid_config_code(tmp_path):
+    # The operator fails the run at once on this code (PERMANENT_EXIT_CODES) instead of retrying until the backoff
+    # limit: a restart would find the same files. The check comes before the model loads (this model does not exist).
+    from grpo_trainer import contract as c
+    from grpo_trainer.learner_main import main
+
+    empty(marker_of(complete_checkpoint(tmp_path / "checkpoints", 2)))
+    config = c.RunConfig.model_validate({
+        "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "learner": {"device": "cpu"}, "checkpoint": {"directory": str(tmp_path / "checkpoints")},
+        "output_dir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    assert c.EXIT_INVALID_CONFIG in c.PERMANENT_EXIT_CODES
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.FAILED
+    assert "checkpoint-2/grpo_progress.json is empty" in report.message
 
 
 def test_a_checkpoint_rewritten_in_place_is_not_resumed_from_while_torn(tmp_path, monkeypatch):
@@ -22,11 +157,10 @@ def test_a_checkpoint_rewritten_in_place_is_not_resumed_from_while_torn(tmp_path
 
     from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
-    from grpo_trainer.trainer import PROGRESS_STATE_FILE, GRPOLearner, newest_checkpoint
+    from grpo_trainer.trainer import GRPOLearner
 
     for step in (2, 4):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / PROGRESS_STATE_FILE).write_text("{}")
+        complete_checkpoint(tmp_path, step)
 
     def killed_while_saving(self, model, trial):
         (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"half")
@@ -42,3 +176,43 @@ def test_a_checkpoint_rewritten_in_place_is_not_resumed_from_while_torn(tmp_path
     except KeyboardInterrupt:
         pass
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
+
+
+@pytest.mark.slow
+def test_a_real_learner_vouches_for_its_checkpoints_and_a_restart_skips_a_torn_one(tiny_model_dir, tmp_path):
+    from tests.trainer.test_learner_runs import run
+
+    common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1"]
+    (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
+    checkpoints = tmp_path / "first" / "checkpoints"
+    saved = {step: read_marker(str(checkpoints / f"checkpoint-{step}")) for step in (1, 2, 3)}  # each one passes
+    assert "model.safetensors" in saved[3]["files"] and "trainer_state.json" in saved[3]["files"]
+    half_written(marker_of(checkpoints / "checkpoint-3"))  # the newest marker is cut short on the volume
+    (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-newest", str(checkpoints))
+    assert second["resumed_from"] == str(checkpoints / "checkpoint-2")
+    assert second["outcome"] == "succeeded" and second["start_position"] == saved[2]["first_unconsumed"]
+    assert second["consumed_absolute"] == list(range(18))
+    assert second["progress"]["groupsTrained"] + sum(second["progress"]["dropped"].values()) == 18
+
+
+def resumed_through_a_checkpoint(progress: RolloutProgress, directory: Path) -> RolloutProgress:
+    """What a restart does: the state into a marker, the marker checked and read back, a new RolloutProgress."""
+    directory.mkdir()
+    write_marker(str(directory), {**progress.state_dict(), "model_version": 0, "global_step": 0})
+    return RolloutProgress.from_state(read_marker(str(directory)), set(), stall_groups=0,
+                                      groups_per_epoch=progress.groups_per_epoch, epochs=progress.epochs)
+
+
+def test_the_regeneration_limit_of_a_slot_holds_across_resumes(tmp_path):
+    # Without the per-slot count in the checkpoint, a learner preempted between regenerations regenerated a slot
+    # without bound: each restart began its count again.
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=2, epochs=1,
+                               regenerate_limit=2)
+    assert progress.regenerate(0)
+    stand_in = progress.start_group + progress.needed_end - 1  # absolute position of the slot's stand-in
+    for attempt in (2, 3):
+        progress = resumed_through_a_checkpoint(progress, tmp_path / f"checkpoint-{attempt}")
+        regenerated = progress.regenerate(stand_in - progress.start_group)
+        assert regenerated == (attempt <= progress.regenerate_limit), attempt
+        stand_in = progress.start_group + progress.needed_end - 1
+    assert progress.regenerated == 2  # the third stale generation of the slot is the caller's to drop as stale

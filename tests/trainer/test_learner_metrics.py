@@ -95,10 +95,19 @@ def test_metrics_parse_and_match_progress(finished_run):
     assert dropped == {reason: (3 if reason == "no_signal" else 0) for reason in c.DROP_REASONS}
     assert found[c.METRIC_STALLED][0].value == 0
     assert found[c.METRIC_STALL_LIMIT][0].value == 9
+    # Every sync timed: the cold one and one per step (weightSyncSteps 1), none running once the run ended.
+    syncs = found[c.METRIC_WEIGHT_SYNCS][0].value
+    assert syncs == found[c.METRIC_GLOBAL_STEP][0].value + 1
+    assert found[c.METRIC_WEIGHT_SYNC_SECONDS][0].value >= found[c.METRIC_WEIGHT_SYNC_LAST_SECONDS][0].value > 0
+    assert found[c.METRIC_WEIGHT_SYNC_RUNNING_SECONDS][0].value == 0
+    assert found[c.METRIC_WEIGHT_SYNC_DEADLINE][0].value == c.WEIGHT_SYNC_DEADLINE_SECONDS
+    # The training step scored every trained sample (6 groups of 4, and the overflow that filled the last step).
+    assert found[c.METRIC_SAMPLES_SCORED][0].value >= 6 * 4
+    assert {s.labels["reason"]: s.value for s in found[c.METRIC_SAMPLES_MASKED]} == dict.fromkeys(c.MASK_REASONS, 0)
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,
-                   c.METRIC_REPLICA_FAILURES}
+                   c.METRIC_REPLICA_FAILURES, c.METRIC_REPLICA_VERSION_LAG}
     assert set(c.LEARNER_METRIC_NAMES) - per_replica <= exported
     assert not per_replica & exported
 
@@ -188,3 +197,47 @@ def test_counters_never_go_down_when_figures_do():
     assert after[(c.METRIC_GROUPS_TRAINED, ())][1] == 3 and after[(c.METRIC_GROUPS_CONSUMED, ())][1] == 3
     # The trained figure is derived from the counters: collated - returned.
     assert after[(c.METRIC_GROUPS_COLLATED, ())][1] - after[(c.METRIC_GROUPS_RETURNED, ())][1] == 3
+
+
+def scrape_progress(progress) -> dict[tuple[str, tuple], tuple[str, float]]:
+    """(sample name, labels) -> (family type, value) of the learner's /metrics for this progress."""
+    text = render_metrics(lambda: progress.report(phase=c.LearnerPhase.RUNNING, global_step=1)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): (family.type, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if not s.name.endswith("_created")}
+
+
+def test_counters_start_at_zero_in_a_resumed_process_and_totals_since_the_run_began_are_gauges():
+    # Prometheus reads a counter that starts a new process anywhere but 0 as a reset plus a jump: resumed at the
+    # checkpoint's trained count, `collated_total` went 4 before the crash, 2 at the resumed start.
+    import json as json_module
+
+    from grpo_trainer.progress import RolloutProgress
+
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=8, epochs=2)
+    progress.train([0, 1, 2, 3])
+    assert progress.regenerate(4)
+    progress.train([5])
+    progress.untrain([5])  # a stop's discarded window: returned
+    state = json_module.loads(json_module.dumps(progress.state_dict()))
+    resumed = RolloutProgress.from_state(state, set(), stall_groups=0, groups_per_epoch=8, epochs=2)
+    found = scrape_progress(resumed)
+    counters = {key: value for key, (kind, value) in found.items() if kind == "counter"}
+    assert (c.METRIC_GROUPS_COLLATED, ()) in counters and set(counters.values()) == {0.0}
+    assert found[(c.METRIC_GROUPS_TRAINED, ())] == ("gauge", 4.0)  # the run's total carries over, as a gauge
+    assert found[(c.METRIC_GROUPS_REGENERATED, ())] == ("gauge", 1.0)
+    resumed.train([1])  # absolute 5: the first group the resumed process trains
+    found = scrape_progress(resumed)
+    assert found[(c.METRIC_GROUPS_COLLATED, ())][1] == 1 and found[(c.METRIC_GROUPS_TRAINED, ())][1] == 5
+
+
+def test_a_metric_is_a_counter_exactly_when_its_name_ends_in_total():
+    from grpo_trainer.progress import RolloutProgress
+
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=8, epochs=1)
+    progress.train([0])
+    found = scrape_progress(progress)
+    kinds = {name: kind for (name, _), (kind, _) in found.items()}
+    for name in c.LEARNER_METRIC_NAMES:
+        if name in kinds:  # per-replica families are empty without a rollout pool
+            assert (kinds[name] == "counter") == name.endswith("_total"), (name, kinds[name])

@@ -15,6 +15,7 @@ import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from grpo_operator.cli.local.processes import free_port
+from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import learner_argv
 from grpo_trainer.learner_main import trainer_arguments
@@ -150,6 +151,9 @@ def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_p
     assert second["consumed_absolute"] == uninterrupted["consumed_absolute"] == list(range(18))
     for key in ("groupsConsumed", "groupsTrained", "dropped", "epochsDone"):
         assert second["progress"][key] == uninterrupted["progress"][key], key
+    # The counters count this process's groups from 0; trained, the run's total, carries the checkpoint's over.
+    resumed = second["progress"]
+    assert resumed["groupsCollated"] - resumed["groupsReturned"] == resumed["groupsTrained"] - saved["groups_trained"]
     assert saved["dropped"]["no_signal"] > 0 and all(p > start for p in saved["consumed_after"])
 
 
@@ -201,7 +205,9 @@ def test_two_ranks_preempted_save_once_and_the_pod_exits_preempted(tiny_model_di
     assert [r["outcome"] for r in results] == ["Preempted", "Preempted"]
     assert results[0]["micro_batches"] == results[1]["micro_batches"] and results[0]["global_step"] == 2
     assert results[0]["checksum"] == results[1]["checksum"]
-    assert (tmp_path / "checkpoints" / "checkpoint-2" / "grpo_progress.json").is_file()
+    # The marker is written once both ranks wrote their files, and vouches for rank 1's RNG state too.
+    marker = read_marker(str(tmp_path / "checkpoints" / "checkpoint-2"))
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marker["files"])
 
 
 def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_partial_ones(tiny_model_dir, tmp_path):
@@ -231,3 +237,15 @@ def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_par
     assert second["weight_dirs"] == [f"v{second['weight_version']}"]  # old and partial directories removed
     # The learner's own version (samples, staleness) is the one the servers serve, though its checkpoint had 3.
     assert second["model_version"] == second["weight_version"]
+
+
+def test_a_reward_that_scores_nothing_stalls_as_unscorable_even_with_drop_no_signal_off(tiny_model_dir, tmp_path):
+    # Every reward returns None: TRL's worker gives every sample advantage 0. Trained, the run would end Succeeded
+    # having learned nothing; these groups are unscorable, never trained, and one pass of them is a stall.
+    (result,) = run(tiny_model_dir, tmp_path, "--scenario", "unscorable", "--prompts", "6", "--epochs", "3",
+                    "--keep-no-signal", expect=EXIT_STALLED)
+    assert result["outcome"] == "StallError" and "6 prompt groups in a row" in result["message"]
+    progress = result["progress"]
+    assert progress["phase"] == "Stalled" and progress["globalStep"] == 0 and progress["groupsTrained"] == 0
+    assert progress["dropped"]["unscorable"] == 6 == progress["groupsConsumed"]
+    assert progress["dropped"]["no_signal"] == 0

@@ -156,7 +156,7 @@ class TestRolloutProgress:
         report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
         assert (report.groups_collated, report.groups_returned, report.groups_trained) == (4, 2, 2)
         resumed = make_progress(trained=5)
-        assert (resumed.groups_collated, resumed.groups_returned) == (5, 0)
+        assert (resumed.groups_collated, resumed.groups_returned, resumed.groups_trained) == (0, 0, 5)
 
     def test_training_a_group_dropped_earlier_moves_it(self):
         progress = make_progress()
@@ -261,6 +261,33 @@ class TestSampleFilterQueue:
         progress = make_progress(n=10)
         fq = filter_queue(progress, [sample(0, std=float("nan"), k=k) for k in range(2)])
         assert drain(fq) == [] and progress.dropped["no_signal"] == 1
+
+    @staticmethod
+    def unscored(group_id, k):
+        """TRL's worker when every reward returned None for a completion: reward NaN, advantage 0."""
+        unscored = sample(group_id, rewards=(float("nan"), float("nan")), k=k, std=float("nan"))
+        unscored.advantage = 0.0
+        return unscored
+
+    @pytest.mark.parametrize("drop_no_signal", [True, False])
+    def test_a_group_no_reward_could_score_is_unscorable_whatever_the_filter_says(self, drop_no_signal):
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [self.unscored(0, k) for k in range(2)], drop_no_signal=drop_no_signal)
+        assert drain(fq) == []  # never trained, even with dropNoSignal off (it would train zero advantages)
+        assert progress.dropped["unscorable"] == 1 and progress.dropped["no_signal"] == 0 and 0 in progress.consumed
+
+    def test_a_sample_no_reward_could_score_leaves_a_group_that_trains(self):
+        progress = make_progress(n=10)
+        scored = sample(0, rewards=(0.0, 1.0), k=1)
+        assert drain(filter_queue(progress, [self.unscored(0, 0), scored])) == [scored]
+        assert progress.dropped["unscorable"] == 0 and 0 not in progress.consumed
+
+    def test_a_pass_of_unscorable_groups_stalls_with_drop_no_signal_off(self):
+        progress = make_progress(n=3, epochs=2)
+        fq = filter_queue(progress, [self.unscored(g, k) for g in range(3) for k in range(2)], drop_no_signal=False)
+        with pytest.raises(RolloutStop) as stop:
+            drain(fq)
+        assert stop.value.code == StopCode.STALLED and "unscorable 3" in stop.value.error
 
     def test_stale_uses_trls_exact_rule(self):
         progress = make_progress(n=10)
@@ -471,6 +498,14 @@ class TestProgressCollator:
         # (drops included) decides what TRL's consumed set holds.
         assert collator.groups_trained is not progress.consumed
         assert progress.reward_mean == 0.5
+
+    def test_an_infinite_reward_is_not_the_reported_mean(self):
+        progress = make_progress(n=10)
+        collator = ProgressCollator(0, 2, groups_trained=set(), progress=progress)
+        collator([[_row([sample(3, rewards=(0.5, 0.5), k=0)])]])
+        collator([[_row([sample(4, rewards=(float("inf"), 0.0), k=0)])]])
+        assert progress.reward_mean == 0.5
+        assert progress.report(phase="Running", global_step=2).reward_mean == 0.5  # a report holds finite numbers
 
     def test_stop_item_is_a_tensor_per_rank(self):
         progress = make_progress(n=4)

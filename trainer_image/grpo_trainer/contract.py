@@ -9,10 +9,12 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from .validation import error_message, field_path
 
 # --------------------------------------------------------------------------------------------------------------------
 # Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
@@ -46,9 +48,29 @@ class DropReason(str, Enum):
     TOO_LONG = "too_long"  # prompt + completion longer than the token budget of one row
     UNSCORABLE = "unscorable"  # no sample could be scored (a reward model gave NaN/inf, or every reward was None)
     LOST = "lost"  # never reached the trainer (TRL drops rows with no trained token silently)
+    # Collated, but the training step's scoring took every sample out of the loss (a non-finite loss or logprob, or
+    # an importance ratio outside training.vllmImportanceSamplingClipMin/Max).
+    EXCLUDED = "excluded"
 
 
 DROP_REASONS: tuple[str, ...] = tuple(reason.value for reason in DropReason)
+
+
+class MaskReason(str, Enum):
+    """Why the training step's scoring took a sample out of the loss (grpo_trainer.step_scoring)."""
+
+    NON_FINITE = "non_finite"  # its loss or one of its logprobs is NaN or infinite
+    IMPORTANCE_RATIO = "importance_ratio"  # learner/rollout sequence ratio outside the spec's bounds
+
+
+MASK_REASONS: tuple[str, ...] = tuple(reason.value for reason in MaskReason)
+
+
+class StallCause(str, Enum):
+    """What stalled a learner that ended as stalled (EXIT_STALLED); the operator names the stall by it."""
+
+    STREAK = "streak"  # progress.stallGroups groups in a row were consumed without one training
+    WEIGHT_SYNC = "weight_sync"  # a weight sync outlived rollout.weightSync.deadlineSeconds (it hung)
 
 
 class LearnerPhase(str, Enum):
@@ -70,11 +92,12 @@ METRIC_GROUPS_TOTAL = "grpo_learner_groups"  # gauge: groups the run must consum
 METRIC_GROUPS_CONSUMED = "grpo_learner_groups_consumed"
 METRIC_GROUPS_TRAINED = "grpo_learner_groups_trained"
 METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped"  # label: reason
-# Never decrease inside a process, unlike trained (a stop's discarded window returns its groups): trained =
-# collated - returned, so a trained rate is rate(collated) - rate(returned).
+# Counters: they count in this process, from 0 (a resumed learner too), and never decrease, unlike trained (a stop's
+# discarded window returns its groups). Trained grows by collated - returned, so a trained rate is
+# rate(collated) - rate(returned). Totals since the run began (trained, consumed, regenerated) are gauges.
 METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"
 METRIC_GROUPS_RETURNED = "grpo_learner_groups_returned_total"
-METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated_total"  # stale groups another group replaced
+METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated"  # gauge: stale groups another group replaced
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -84,11 +107,22 @@ METRIC_LAST_TRAINED = "grpo_learner_last_trained_timestamp_seconds"
 METRIC_STALLED = "grpo_learner_stalled"
 METRIC_REWARD_MEAN = "grpo_learner_reward_mean"
 METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
+# The training step's scoring: samples it scored, and those it took out of the loss (label: reason, MASK_REASONS).
+METRIC_SAMPLES_SCORED = "grpo_learner_step_samples_scored_total"
+METRIC_SAMPLES_MASKED = "grpo_learner_step_samples_masked_total"
+# With weight_syncs_total, the count and sum of a summary: rate(seconds) / rate(syncs) is the mean sync time.
+METRIC_WEIGHT_SYNC_SECONDS = "grpo_learner_weight_sync_seconds_total"
+METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_seconds"
+# Gauge: how long the sync now running has run (0 between syncs); alert on it before the deadline ends the learner.
+METRIC_WEIGHT_SYNC_RUNNING_SECONDS = "grpo_learner_weight_sync_running_seconds"
+METRIC_WEIGHT_SYNC_DEADLINE = "grpo_learner_weight_sync_deadline_seconds"
+METRIC_WEIGHT_VERSION = "grpo_learner_weight_version"  # gauge: N of the vN the learner last pushed
 # Per rollout server, label `replica` (its index in rollout.urls).
 METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when the balancer sends it requests
 METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  # gauge: N of the vN it serves
 METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
 METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it
+METRIC_REPLICA_VERSION_LAG = "grpo_learner_rollout_replica_weight_version_lag"  # gauge: versions it is behind
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -106,10 +140,18 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_STALLED,
     METRIC_REWARD_MEAN,
     METRIC_WEIGHT_SYNCS,
+    METRIC_SAMPLES_SCORED,
+    METRIC_SAMPLES_MASKED,
+    METRIC_WEIGHT_SYNC_SECONDS,
+    METRIC_WEIGHT_SYNC_LAST_SECONDS,
+    METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
+    METRIC_WEIGHT_SYNC_DEADLINE,
+    METRIC_WEIGHT_VERSION,
     METRIC_REPLICA_READY,
     METRIC_REPLICA_WEIGHT_VERSION,
     METRIC_REPLICA_SAMPLES,
     METRIC_REPLICA_FAILURES,
+    METRIC_REPLICA_VERSION_LAG,
 )
 
 
@@ -222,6 +264,13 @@ class TrainingConfig(WireModel):
     token_budget: int | None = Field(
         None, ge=1, description="Tokens per row; default: the rollout server's maxModelLen."
     )
+    # Masked importance sampling at the sequence level (TRL GRPO's `sequence_mask` mode, under its names): a sample
+    # whose exp(sum of learner - rollout logprobs) is outside [clipMin, clipMax] is taken out of the loss. Off unless
+    # one is set.
+    vllm_importance_sampling_clip_min: float | None = Field(
+        None, ge=0, description="Mask samples whose learner/rollout sequence ratio is below this.")
+    vllm_importance_sampling_clip_max: float | None = Field(
+        None, gt=0, description="Mask samples whose learner/rollout sequence ratio is above this.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
     @field_validator("extra_args")
@@ -231,6 +280,13 @@ class TrainingConfig(WireModel):
         if managed:
             raise ValueError(managed_args_message(managed))
         return value
+
+    @model_validator(mode="after")
+    def _clip_bounds_in_order(self) -> TrainingConfig:
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError("vllmImportanceSamplingClipMin must be below vllmImportanceSamplingClipMax")
+        return self
 
 
 class FilterConfig(WireModel):
@@ -245,11 +301,20 @@ class ProgressConfig(WireModel):
     stall_policy: Literal["Fail", "Report"] = "Fail"
 
 
+#: A weight sync running longer than this ends the learner as stalled (docs/learner.md, "Weight-sync deadline", has
+#: the measured figures it is drawn from).
+WEIGHT_SYNC_DEADLINE_SECONDS = 900
+
+
 class WeightSyncConfig(WireModel):
     # nccl: TRL's own WeightTransferClient (GPU). filesystem: safetensors into a directory both processes see, then
     # vLLM's reload_weights through /collective_rpc (the CPU path; no CPU transfer engine ships with vLLM).
     mode: Literal["nccl", "filesystem"] = "nccl"
     directory: str | None = None
+    deadline_seconds: int = Field(
+        WEIGHT_SYNC_DEADLINE_SECONDS, ge=1,
+        description="A weight sync still running after this long has hung: the learner ends as stalled.",
+    )
 
 
 class RolloutConfig(WireModel):
@@ -318,41 +383,67 @@ def weight_version_number(version: str | None) -> int:
     return 0
 
 
-class RolloutReplicaReport(WireModel):
+#: The largest integer the Kubernetes API stores (int64): the operator copies the report's counts into status.
+INT64_MAX = 2**63 - 1
+#: A count in a report: within what the API server stores.
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class _ReportModel(WireModel):
+    """What a learner reports: the operator reads it from a tenant's pod and copies it into the run's status, so
+    every number is one the Kubernetes API can carry (JSON has no NaN or Infinity; integers are int64)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class RolloutReplicaReport(_ReportModel):
     """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
 
-    replica: int = Field(ge=0, description="Index in rollout.urls (the rollout pod's ordinal).")
+    replica: Count = Field(description="Index in rollout.urls (the rollout pod's ordinal).")
     url: str
     ready: bool = False
-    weight_version: str | None = Field(None, description="The weight version directory it serves (vN).")
-    samples: int = Field(0, ge=0, description="Completions it produced for the learner.")
-    failures: int = Field(0, ge=0, description="Requests that failed on it (each retried on another replica).")
-    retried: int = Field(0, ge=0)
+    # `vN`; bounded because it is copied into status.rollout.servers[].weightVersion.
+    weight_version: str | None = Field(None, max_length=64, description="The weight version directory it serves.")
+    samples: Count = Field(0, description="Completions it produced for the learner.")
+    failures: Count = Field(0, description="Requests that failed on it (each retried on another replica).")
+    retried: Count = 0
     request_seconds: float = Field(0.0, ge=0, description="Requests in flight on it, integrated over time: its share "
                                    "of the concurrent work, which least outstanding requests keeps equal.")
     last_error: str = ""
 
 
-class ProgressReport(WireModel):
+class ProgressReport(_ReportModel):
     phase: LearnerPhase = LearnerPhase.STARTING
-    groups_total: int = Field(0, ge=0, description="Groups the run must consume: prompts x epochs.")
-    groups_consumed: int = Field(0, ge=0)
-    groups_trained: int = Field(0, ge=0)
-    groups_collated: int = Field(0, ge=0, description="Groups counted at collation; never decreases in a process.")
-    groups_returned: int = Field(
-        0, ge=0, description="Collated groups a stop returned before their optimizer step; never decreases."
+    groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
+    groups_consumed: Count = 0
+    groups_trained: Count = 0
+    groups_collated: Count = Field(0, description="Groups counted at collation by this learner process (from 0 "
+                                   "after a resume); never decreases.")
+    groups_returned: Count = Field(
+        0, description="Collated groups a stop returned before their optimizer step, in this learner process; "
+        "never decreases."
     )
-    dropped: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
-    epochs_done: int = Field(0, ge=0)
+    dropped: dict[str, Count] = Field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    epochs_done: Count = 0
     epochs: float = Field(1, gt=0)
-    stall_streak: int = Field(0, ge=0, description="Groups consumed in a row without one training.")
-    stall_limit: int = Field(0, ge=0)
-    global_step: int = Field(0, ge=0)
+    stall_streak: Count = Field(0, description="Groups consumed in a row without one training.")
+    stall_limit: Count = 0
+    global_step: Count = 0
     last_trained_time: float | None = Field(None, description="Unix time of the last trained group.")
     reward_mean: float | None = None
-    weight_syncs: int = Field(0, ge=0)
-    regenerated: int = Field(0, ge=0, description="Stale groups regenerated: neither trained nor dropped; a later "
-                             "group took each one's place.")
+    weight_syncs: Count = 0
+    samples_scored: Count = Field(0, description="Samples the training step's scoring saw (every rank).")
+    samples_masked: dict[str, Count] = Field(
+        default_factory=lambda: dict.fromkeys(MASK_REASONS, 0),
+        description="Samples it took out of the loss, by reason.")
+    weight_sync_seconds: float = Field(0.0, ge=0, description="Time spent in weight syncs, summed.")
+    weight_sync_last_seconds: float | None = Field(None, ge=0, description="How long the last finished sync took.")
+    weight_sync_running_seconds: float = Field(0.0, ge=0, description="How long the sync now running has run.")
+    weight_sync_deadline_seconds: float | None = Field(None, gt=0)
+    weight_version: Count = Field(0, description="N of the vN the learner last pushed (0: the initial weights).")
+    stall_cause: StallCause | None = Field(None, description="Set when phase is Stalled: what stalled.")
+    regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
+                               "group took each one's place.")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 
@@ -362,7 +453,22 @@ class ProgressReport(WireModel):
         unknown = set(value) - set(DROP_REASONS)
         if unknown:
             raise ValueError(f"unknown drop reasons {sorted(unknown)}; known: {list(DROP_REASONS)}")
+        if sum(value.values()) > INT64_MAX:  # status.progress.groupsDropped is their sum
+            raise ValueError(f"the drop counts add up to more than {INT64_MAX}")
         return {reason: int(value.get(reason, 0)) for reason in DROP_REASONS}
+
+    @field_validator("samples_masked")
+    @classmethod
+    def _known_mask_reasons(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = set(value) - set(MASK_REASONS)
+        if unknown:
+            raise ValueError(f"unknown mask reasons {sorted(unknown)}; known: {list(MASK_REASONS)}")
+        return {reason: int(value.get(reason, 0)) for reason in MASK_REASONS}
+
+    @property
+    def masked_fraction(self) -> float | None:
+        """Of the samples the training step scored, the fraction it took out of the loss."""
+        return sum(self.samples_masked.values()) / self.samples_scored if self.samples_scored else None
 
     @property
     def dropped_total(self) -> int:
@@ -390,5 +496,17 @@ class ProgressReport(WireModel):
         return text
 
 
-def parse_progress(text: str) -> ProgressReport:
-    return ProgressReport.model_validate_json(text)
+class InvalidReport(ValueError):
+    """A progress report that is not valid, as one line naming each field that is wrong (`globalStep: ...`)."""
+
+
+def parse_progress(text: str | bytes) -> ProgressReport:
+    """A /progress body or termination message. Strict types (`"5"` or `true` is no count): it comes from a pod.
+    Raises InvalidReport naming the fields."""
+    try:
+        return ProgressReport.model_validate_json(text, strict=True)
+    except ValidationError as error:
+        errors = error.errors()
+        problems = [f"{field_path('', e['loc']) or 'report'}: {error_message(e)}" for e in errors[:3]]
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""  # it ends up in a condition message
+        raise InvalidReport("; ".join(problems) + more) from None

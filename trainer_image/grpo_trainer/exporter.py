@@ -2,8 +2,9 @@
 
 Torch-free: it only reads a snapshot function, so the metrics are a pure rendering of the same report the operator
 reads and the termination message carries, and the two can never disagree. A custom collector (rather than gauges
-updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that never decrease inside a
-process are counters (`_total`); trained, consumed and dropped can go down (contract.py says when) and are gauges.
+updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that count in this process
+from 0 and never decrease are counters (`_total`); totals since the run began (they carry over a resume) and figures
+that can go down (trained, consumed, dropped: contract.py says when) are gauges.
 """
 
 from __future__ import annotations
@@ -47,17 +48,22 @@ class ProgressCollector:
                                     labels=["reason"])
         for reason, count in report.dropped.items():
             dropped.add_metric([reason], count)
+        masked = CounterMetricFamily(_without_total(c.METRIC_SAMPLES_MASKED),
+                                     "Samples the training step's scoring took out of the loss, by reason.",
+                                     labels=["reason"])
+        for reason, count in report.samples_masked.items():
+            masked.add_metric([reason], count)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
             gauge(c.METRIC_GROUPS_TRAINED, "Prompt groups that reached an optimizer step.", report.groups_trained),
-            counter(c.METRIC_GROUPS_COLLATED, "Prompt groups counted at collation (never decreases).",
+            counter(c.METRIC_GROUPS_COLLATED, "Prompt groups counted at collation by this learner process.",
                     report.groups_collated),
-            counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step.",
-                    report.groups_returned),
+            counter(c.METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step, in this "
+                    "learner process.", report.groups_returned),
             dropped,
-            counter(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated: neither trained nor dropped.",
-                    report.regenerated),
+            gauge(c.METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated since the run began: neither trained "
+                  "nor dropped.", report.regenerated),
             gauge(c.METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
             gauge(c.METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
             gauge(c.METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),
@@ -68,12 +74,24 @@ class ProgressCollector:
                   float(report.phase == c.LearnerPhase.STALLED)),
             gauge(c.METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(c.METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
+            counter(c.METRIC_SAMPLES_SCORED, "Samples the training step's scoring saw, every rank's.",
+                    report.samples_scored),
+            masked,
+            counter(c.METRIC_WEIGHT_SYNC_SECONDS, "Seconds spent in finished weight syncs.",
+                    report.weight_sync_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_LAST_SECONDS, "How long the last finished weight sync took.",
+                  report.weight_sync_last_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_RUNNING_SECONDS, "How long the weight sync now running has run (0: none).",
+                  report.weight_sync_running_seconds),
+            gauge(c.METRIC_WEIGHT_SYNC_DEADLINE, "A weight sync running this long ends the learner as stalled.",
+                  report.weight_sync_deadline_seconds),
+            gauge(c.METRIC_WEIGHT_VERSION, "Weight version the learner last pushed (N of vN).", report.weight_version),
         ]
         yield from (family for family in families if family is not None)
-        yield from replica_families(report.rollout)
+        yield from replica_families(report.rollout, report.weight_version)
 
 
-def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
+def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
     """One series per rollout server, label `replica` (its index in rollout.urls)."""
     ready = GaugeMetricFamily(c.METRIC_REPLICA_READY, "1 when the rollout server takes generation requests.",
                               labels=["replica"])
@@ -85,13 +103,17 @@ def replica_families(replicas: list[c.RolloutReplicaReport]) -> list[Metric]:
     failures = CounterMetricFamily(_without_total(c.METRIC_REPLICA_FAILURES),
                                    "Requests that failed on the rollout server (retried elsewhere).",
                                    labels=["replica"])
+    lag = GaugeMetricFamily(c.METRIC_REPLICA_VERSION_LAG,
+                            "Weight versions the rollout server is behind the learner's last push.", labels=["replica"])
     for replica in replicas:
         label = [str(replica.replica)]
+        served = c.weight_version_number(replica.weight_version)
         ready.add_metric(label, float(replica.ready))
-        version.add_metric(label, float(c.weight_version_number(replica.weight_version)))
+        version.add_metric(label, float(served))
+        lag.add_metric(label, float(max(learner_version - served, 0)))
         samples.add_metric(label, replica.samples)
         failures.add_metric(label, replica.failures)
-    return [ready, version, samples, failures]
+    return [ready, version, samples, failures, lag]
 
 
 def render_metrics(report_fn: ReportFn) -> bytes:
@@ -110,14 +132,19 @@ class ProgressServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                if path == c.PROGRESS_PATH:
-                    body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
-                elif path == c.METRICS_PATH:
-                    body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
-                elif path in ("/healthz", "/readyz"):
-                    body, ctype = b"ok", "text/plain"
-                else:
-                    self.send_error(404, "try /progress or /metrics")
+                try:
+                    if path == c.PROGRESS_PATH:
+                        body, ctype = report_fn().model_dump_json(by_alias=True).encode(), "application/json"
+                    elif path == c.METRICS_PATH:
+                        body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+                    elif path in ("/healthz", "/readyz"):
+                        body, ctype = b"ok", "text/plain"
+                    else:
+                        self.send_error(404, "try /progress or /metrics")
+                        return
+                except Exception as error:  # noqa: BLE001 - a report that cannot be made (broken accounting) says why
+                    logger.error(f"progress server: {error}")
+                    self.send_error(500, str(error).splitlines()[0])
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", ctype)

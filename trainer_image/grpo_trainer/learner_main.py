@@ -165,6 +165,7 @@ def build_learner(config: c.RunConfig):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from .rollout_pool import start_rollout_pool
+    from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
@@ -208,6 +209,9 @@ def build_learner(config: c.RunConfig):
                 stall_groups=config.progress.stall_groups,
                 progress_server_port=config.learner.http_port if is_main else None,
                 reward_models=reward_models,
+                weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
+                importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
+                                                   config.training.vllm_importance_sampling_clip_max),
             )
     except BaseException:
         if pool is not None:
@@ -220,13 +224,24 @@ def build_learner(config: c.RunConfig):
 
 
 def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
-    report = (
-        learner.progress_report() if learner is not None else c.ProgressReport(epochs=config.training.epochs)
-    ).model_copy(update={"phase": phase, "message": message})
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
     return code
+
+
+def _final_report(config: c.RunConfig, learner) -> c.ProgressReport:
+    """The learner's last report; without figures when it has none, or when they break the accounting identity
+    (the exit then says why)."""
+    from .progress import AccountingError
+
+    if learner is not None:
+        try:
+            return learner.progress_report()
+        except AccountingError:
+            pass
+    return c.ProgressReport(epochs=config.training.epochs)
 
 
 def describe_error(error: BaseException) -> str:
@@ -256,17 +271,18 @@ def main(config: c.RunConfig) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
     entrypoint before the slow imports."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .progress import StallError
-    from .trainer import newest_checkpoint
+    from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .progress import AccountingError, StallError
 
     learner = None
     try:
+        # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
+        resume = newest_checkpoint(config.checkpoint.directory)
         learner = build_learner(config)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
                     learner.accelerator.process_index)
-        resume = newest_checkpoint(config.checkpoint.directory)
         if resume:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
@@ -275,7 +291,7 @@ def main(config: c.RunConfig) -> int:
         learner.save_model(os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
-    except ConfigError as error:
+    except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
@@ -289,7 +305,10 @@ def main(config: c.RunConfig) -> int:
             pool = getattr(learner, "rollout_pool", None)
             if pool is not None:
                 pool.stop()
-    report = learner.progress_report()
+    try:
+        report = learner.progress_report()
+    except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success
+        return _finish(config, learner, 1, c.LearnerPhase.FAILED, str(error))
     counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.

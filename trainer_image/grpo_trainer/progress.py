@@ -82,6 +82,10 @@ class RolloutPipelineError(RuntimeError):
     """Raised on every rank when rank 0's rollout pipeline failed; rank 0 chains the original exception."""
 
 
+class AccountingError(RuntimeError):
+    """A report whose consumed groups are not all trained or dropped: a bug in the accounting, never user error."""
+
+
 class ConsumedIds(MutableSet):
     """A set of group ids kept as `floor` (every id below it is a member) plus the members above it.
 
@@ -194,7 +198,8 @@ class RolloutProgress:
     (0: one pass over the prompts).
 
     Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.scoring runs inside it,
-    before batching); the stream raises the stop, so that it reaches every rank as a stop micro-batch.
+    before batching) and, with trainer-side scoring, from `score_step` (grpo_trainer.step_scoring: `exclude`); the
+    stream raises the stop, so that it reaches every rank as a stop micro-batch.
 
     "In a row" is by group id, not by arrival time: groups finish out of order, and a group that was accepted but is
     still waiting in the batcher has not trained yet. Counting by arrival would call a run stalled while its trainable
@@ -228,6 +233,7 @@ class RolloutProgress:
         bound: int | None = None,
         transparent_ids: Iterable[int] = (),
         transparent_before: int = 0,
+        regeneration_attempts: dict[int, int] | None = None,
     ):
         if stall_groups < 0:
             raise ValueError(f"stall_groups must be >= 0, got {stall_groups}")
@@ -252,11 +258,15 @@ class RolloutProgress:
         self._transparent_set: set[int] = set()
         self._transparent_before = transparent_before  # transparent positions before start_group
         self._overflow: set[int] = set()  # ids passed unfiltered as past the bound
-        self._attempts: dict[int, int] = {}  # stand-in id -> how many times its slot was regenerated
-        # Monotone within the process (Prometheus counters); `groups_trained` is derived from them. A resumed
-        # process starts collated at the checkpoint's trained count.
-        self.groups_collated = trained
+        # Stand-in id -> how many times its slot was regenerated; a checkpoint keeps it, so the limit holds across
+        # resumes.
+        self._attempts: dict[int, int] = dict(regeneration_attempts or {})
+        # Counters of this process (Prometheus': they start at 0 in every process, a resumed one too);
+        # `groups_trained`, the run's total, is the checkpoint's count plus what they add.
+        self._trained_before = trained
+        self.groups_collated = 0
         self.groups_returned = 0
+        self.groups_excluded = 0  # collated groups the training step's scoring took out of the loss whole
         self.dropped = {reason.value: 0 for reason in DropReason} | dict(dropped or {})
         self._lock = threading.RLock()
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
@@ -277,6 +287,8 @@ class RolloutProgress:
             self._runs.join(group_id)
         for group_id in sorted(transparent_ids):
             self._make_transparent(group_id)
+        if self.needed_end is not None:  # a checkpoint keeps the consumed overflow among its consumed positions
+            self._overflow.update(g for g in self._consumed_beyond(self.needed_end - 1))
         self._advance()
 
     # ---------------------------------------------------------------------------------------------------- reports
@@ -286,7 +298,7 @@ class RolloutProgress:
             if group_id in self.consumed:
                 return
             if not self.needs(group_id):  # past the bound, as in train(): consumed, not counted
-                self.consumed.add(group_id)
+                self._consume_overflow(group_id)
                 return
             self._record_drop(group_id, reason)
         self.check()
@@ -312,7 +324,7 @@ class RolloutProgress:
                 if group_id < self._folded or group_id in self._trained_ids or group_id in self._transparent_set:
                     continue
                 if not self.needs(group_id):
-                    self.consumed.add(group_id)
+                    self._consume_overflow(group_id)
                     continue
                 previous = self._drop_reason.pop(group_id, None)
                 if previous is not None:  # a late sample of a group swept as lost, or partly dropped, trained after all
@@ -324,6 +336,20 @@ class RolloutProgress:
                 self.groups_collated += 1
                 self.last_trained_time = now
             self._advance()
+
+    def exclude(self, group_id: int, reason: str | DropReason) -> None:
+        """Count a collated group whose every sample scoring took out of the loss.
+
+        Runs outside the stream (rank 0's training step, grpo_trainer.step_scoring), so the stall it may complete is
+        raised by the stream's next check. Counted once: a group that is not collated and trained here (settled,
+        dropped, excluded already, past the bound) is left as it is.
+        """
+        with self._lock:
+            if group_id < self._folded or group_id not in self._trained_ids or not self.needs(group_id):
+                return
+            self._trained_ids.discard(group_id)
+            self.groups_excluded += 1
+            self._record_drop(group_id, reason)
 
     def untrain(self, group_ids: Iterable[int]) -> None:
         """Return collated groups that never reached an optimizer step to the unconsumed set (a discarded
@@ -362,6 +388,11 @@ class RolloutProgress:
                 self._attempts[stand_in] = attempts + 1
             self._advance()
             return True
+
+    def _consume_overflow(self, group_id: int) -> None:
+        # Consumed, counted nowhere: should a regeneration move the bound over it, the stand-in skips it.
+        self.consumed.add(group_id)
+        self._overflow.add(group_id)
 
     def pass_overflow(self, group_id: int) -> None:
         """Record an id passed unfiltered as past the bound: if the bound moves over it, it is not waited for."""
@@ -438,8 +469,9 @@ class RolloutProgress:
 
     @property
     def groups_trained(self) -> int:
-        """Groups that reached an optimizer step: collated, less those a stop returned."""
-        return self.groups_collated - self.groups_returned
+        """Groups that reached an optimizer step since the run began: those before the resume, plus this process's
+        collated less those a stop returned and those the training step's scoring excluded."""
+        return self._trained_before + self.groups_collated - self.groups_returned - self.groups_excluded
 
     @property
     def stall_streak(self) -> int:
@@ -496,8 +528,10 @@ class RolloutProgress:
     def report(
         self, *, phase: LearnerPhase, global_step: int, weight_syncs: int = 0, message: str = ""
     ) -> ProgressReport:
+        """The figures `/progress`, the metrics and the termination message carry. Raises AccountingError when a
+        consumed group inside the bound is neither trained nor dropped (regenerated ones are not consumed)."""
         with self._lock:
-            return ProgressReport(
+            report = ProgressReport(
                 phase=phase,
                 groups_total=self.groups_total or 0,
                 groups_consumed=self.groups_consumed,
@@ -516,6 +550,11 @@ class RolloutProgress:
                 regenerated=self.regenerated,
                 message=message,
             )
+        if report.groups_consumed != report.groups_trained + report.dropped_total:
+            raise AccountingError(
+                f"progress accounting is broken: consumed {report.groups_consumed}, trained {report.groups_trained}, "
+                f"dropped {report.dropped_total} ({self._dropped_summary()}), regenerated {self.regenerated}")
+        return report
 
     def state_dict(self, *, exclude: Iterable[int] = ()) -> dict[str, Any]:
         """What a checkpoint keeps, by absolute position (prompts x passes).
@@ -551,6 +590,9 @@ class RolloutProgress:
                 "bound": None if self.needed_end is None else self.start_group + self.needed_end,
                 "transparent_before": self._transparent_before + bisect.bisect_left(self._transparent, start),
                 "transparent_after": [self.start_group + g for g in self._transparent if g > start],
+                # JSON keys are strings: absolute position -> regenerations of its slot, for stand-ins not settled.
+                "regeneration_attempts": {str(self.start_group + g): n for g, n in sorted(self._attempts.items())
+                                          if g >= start and (g not in self.consumed or g in excluded)},
                 "groups_trained": self.groups_trained - excluded_trained,
                 "dropped": dict(self.dropped),
                 "epochs_done": epochs_done,
@@ -587,6 +629,7 @@ class RolloutProgress:
             bound=state.get("bound"),
             transparent_ids=[g - start for g in state.get("transparent_after", ())],
             transparent_before=state.get("transparent_before", 0),
+            regeneration_attempts={int(g) - start: n for g, n in state.get("regeneration_attempts", {}).items()},
         )
 
 
@@ -600,6 +643,8 @@ class SampleFilterQueue:
 
     Duck-types the queue TRL's RolloutQueueDataset reads (`get(timeout)`, `qsize()`). Drops, each reported to
     `progress` with its reason:
+    - unscorable: no reward scored the sample (its reward is NaN: TRL's worker gives it advantage 0), whatever
+      `drop_no_signal` says;
     - no signal: `reward_std <= eps` (never `advantage == 0`: identical rewards give advantages near 1e-9) or NaN;
     - truncated: the last token is neither eos nor pad (only when `drop_truncated`);
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
@@ -688,6 +733,10 @@ class SampleFilterQueue:
 
     def drop_reason(self, sample: Any) -> DropReason | None:
         """Pure per-sample rule (no accounting): why this sample would train nothing, or None."""
+        if math.isnan(sample.metrics.get("reward", 0.0)):
+            # Every reward returned None: TRL trains it with advantage 0. Whatever dropNoSignal says, a group of
+            # these is the reward's failure, not a group without signal.
+            return DropReason.UNSCORABLE
         std = sample.metrics.get("reward_std", float("nan"))
         if self.drop_no_signal and (math.isnan(std) or std <= self.no_signal_epsilon):
             return DropReason.NO_SIGNAL
@@ -848,6 +897,8 @@ class StopAwareDataset(torch.utils.data.IterableDataset):
 
 # -------------------------------------------------------------------------------------------------------- collation
 STOP_KEY = "rollout_stop"
+#: Each rank's row of samples as group ids (-1 pads rows to one width): the training step's scoring reports by group.
+SAMPLE_GROUP_KEY = "sample_group"
 
 
 @dataclass
@@ -860,6 +911,9 @@ class ProgressCollator(DataCollatorForRollout):
 
     progress: RolloutProgress | None = None
     in_flight: deque = field(default_factory=deque)
+    #: With trainer-side scoring (grpo_trainer.step_scoring), rank 0's samples collated per group, which tells it
+    #: when every collated sample of a group was scored.
+    samples_collated: dict[int, int] | None = None
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:
         (item,) = examples
@@ -869,13 +923,19 @@ class ProgressCollator(DataCollatorForRollout):
             limit = self.progress.stall_limit if self.progress else 0
             return {STOP_KEY: torch.tensor([[int(item.code), streak, limit]] * self.num_processes)}
         batch = super().torch_call(examples)
+        rows = [torch.tensor([sample["group_id"] for sample in row.samples], dtype=torch.long) for row in item]
+        batch[SAMPLE_GROUP_KEY] = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=-1)
+        if self.samples_collated is not None:
+            for group_id in batch[SAMPLE_GROUP_KEY][batch[SAMPLE_GROUP_KEY] >= 0].tolist():
+                self.samples_collated[group_id] = self.samples_collated.get(group_id, 0) + 1
         group_ids = frozenset({sample["group_id"] for row in item for sample in row.samples})
         self.in_flight.append(group_ids)
         if self.progress is not None:
             self.progress.train(group_ids)
-            # TRL's collator has just logged this micro-batch's nan-aware mean reward into the metric sink.
+            # TRL's collator has just logged this micro-batch's nan-aware mean reward into the metric sink. A reward
+            # function may return inf: the report holds finite numbers only (the operator copies it into status).
             rewards = self.metrics.get("reward")
-            if rewards and not math.isnan(rewards[-1]):
+            if rewards and math.isfinite(rewards[-1]):
                 self.progress.reward_mean = rewards[-1]
         return batch
 

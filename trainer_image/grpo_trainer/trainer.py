@@ -9,13 +9,13 @@ groups. See progress.py for the rules.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
-import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -26,9 +26,26 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
 )
+from trl.trainer.utils import nanmax, nanmin
 
-from .contract import FilterConfig, LearnerPhase, ProgressReport
+from .checkpoints import (
+    PROGRESS_STATE_FILE,
+    MarkerError,
+    UnusableCheckpoints,
+    read_marker,
+    write_json_atomically,
+    write_marker,
+)
+from .contract import (
+    WEIGHT_SYNC_DEADLINE_SECONDS,
+    DropReason,
+    FilterConfig,
+    LearnerPhase,
+    ProgressReport,
+    StallCause,
+)
 from .progress import (
+    SAMPLE_GROUP_KEY,
     STOP_KEY,
     ConsumedIds,
     ProgressCollator,
@@ -41,10 +58,11 @@ from .progress import (
     stop_from_batch,
 )
 from .scoring import RewardModel, ScoringQueue
+from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
+from .sync_watchdog import SyncTimer, WeightSyncStuck
 
 logger = logging.getLogger(__name__)
 
-PROGRESS_STATE_FILE = "grpo_progress.json"
 # TRL's own resume file: trl/experimental/async_grpo/async_grpo_trainer.py:1860-1901 (trl 1.16.0).
 ROLLOUT_STATE_FILE = "rollout_state.json"
 # TRL's worker posts a completion up to 3 times, each bounded by `request_timeout`
@@ -63,6 +81,10 @@ class GRPOLearner(AsyncGRPOTrainer):
             whose samples would be stale is regenerated long before (default: three times TRL's `request_timeout`,
             as TRL posts a completion up to 3 times).
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
+        importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.step_scoring); samples
+            with a non-finite loss or logprob leave the loss whatever they are.
+        weight_sync_deadline_s: a weight sync still running after this long ends the run as stalled
+            (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
     """
 
     def __init__(
@@ -73,6 +95,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         progress_server_port: int | None = None,
         lost_after_s: float | None = None,
         reward_models: Sequence[RewardModel] = (),
+        weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
+        importance_bounds: ImportanceBounds | None = None,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -102,7 +126,10 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
         self.message = ""
-        self.weight_syncs = 0
+        self.stall_cause: StallCause | None = None
+        self.importance_bounds = importance_bounds or ImportanceBounds()
+        self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
+        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
         self._training = False
@@ -117,9 +144,15 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ observability
     def progress_report(self) -> ProgressReport:
+        timer = self.sync_timer
         report = self.progress.report(
-            phase=self.phase, global_step=self.state.global_step, weight_syncs=self.weight_syncs, message=self.message
-        )
+            phase=self.phase, global_step=self.state.global_step, weight_syncs=timer.syncs, message=self.message
+        ).model_copy(update={
+            "weight_sync_seconds": timer.total_s, "weight_sync_last_seconds": timer.last_s,
+            "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
+            "weight_version": self.model_version, "stall_cause": self.stall_cause,
+            "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
+        })
         rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
         return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
 
@@ -128,9 +161,21 @@ class GRPOLearner(AsyncGRPOTrainer):
         return self._progress_server.url if self._progress_server else None
 
     def _sync_weight(self) -> None:
-        super()._sync_weight()
-        self.weight_syncs += 1
+        try:
+            self.sync_timer.run(super()._sync_weight)
+        except WeightSyncStuck as stuck:
+            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, str(stuck), StallCause.WEIGHT_SYNC
+            logger.error(str(stuck))
+            # TRL destroys the transfer when training ends; a transfer stuck mid-call would wait on the same peer.
+            self.weight_transfer = None
+            raise
         self._follow_served_version()
+
+    def _select_device(self) -> None:
+        """The sync's thread trains nothing, but its collectives and copies must use this rank's device."""
+        device = self.accelerator.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
 
     def _follow_served_version(self) -> None:
         """Raise TRL's `model_version` to the version the servers now serve, when the weight transfer counts one.
@@ -198,6 +243,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             metrics=self._metrics["train"],
             token_budget=max(self.args.token_budget or 0, 0),
             progress=self.progress if main else None,
+            samples_collated=self.exclusions.samples_collated if main else None,
         )
         if main and self.phase == LearnerPhase.STARTING:
             self.phase = LearnerPhase.RUNNING
@@ -218,6 +264,168 @@ class GRPOLearner(AsyncGRPOTrainer):
             metrics=self._metrics["train"],
         )
         return self.scoring
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's compute_loss with the training step's scoring between the forward and the loss.
+
+        TRL's own: `trl/experimental/async_grpo/async_grpo_trainer.py:1497-1625 (trl 1.16.0)`, which offers no seam
+        there; this copy differs only where marked "step scoring". A sample `score_step` takes out contributes no
+        loss term and no gradient: its log-ratio is replaced before the exponential (a NaN there would turn the
+        zero gradient of a masked term into NaN), and its terms are zeroed. The token normaliser is TRL's
+        (`global_n_tokens`): masked terms count in it, as TRL GRPO's masked importance sampling keeps them.
+        """
+        mask_bool = inputs["attention_mask"].bool()
+        selected = inputs["token_index"] >= 0
+        input_ids = inputs["input_ids"][mask_bool].unsqueeze(0)
+        position_ids = inputs["position_ids"][mask_bool].unsqueeze(0)
+        shift_labels = inputs["shift_labels"][mask_bool].unsqueeze(0)
+        token_index = inputs["token_index"][selected]
+        old_log_probs = inputs["old_log_probs"][selected]
+        advantages = inputs["advantages"][selected]
+        segment_id = inputs["segment_id"][selected]
+        tree_kwargs = {
+            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
+        }
+        tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
+
+        forward_start = time.time()
+        # MoE models: request router logits so the forward returns the load-balancing loss
+        router_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
+        outputs = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            shift_labels=shift_labels,
+            fused_lm_head=True,
+            **router_kwargs,
+            **tree_kwargs,
+        )
+        log_probs = outputs.log_probs.flatten()[token_index]
+        entropy = outputs.entropy.flatten()[token_index]
+        self._last_forward_time_s = time.time() - forward_start
+
+        # step scoring: verdicts from the unmasked terms, then the loss over the kept ones only.
+        kept = ~masked_terms(self._score_step(inputs, log_probs, old_log_probs, advantages, segment_id), segment_id)
+        log_ratio = torch.where(kept, log_probs - old_log_probs, 0.0)
+        coef_1 = torch.exp(log_ratio)
+        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        per_token_loss1 = coef_1 * advantages
+        per_token_loss2 = coef_2 * advantages
+        per_token_loss = torch.where(kept, -torch.min(per_token_loss1, per_token_loss2), 0.0)  # step scoring
+
+        # DDP/FSDP averages gradients across ranks (world_size).
+        # To get correct per-token normalization we scale by 1/tokens_per_rank
+        # = world_size / global_n_tokens, so after DDP averaging the effective
+        loss = per_token_loss.sum()
+        global_n_tokens = inputs["global_n_tokens"][0]
+        world_size = self.accelerator.num_processes
+        tokens_per_rank = (global_n_tokens / world_size).clamp(min=1.0)
+        loss = loss / tokens_per_rank.to(torch.float32)
+        # For DAPO, we would scale like this instead:
+        # loss = loss / max(per_token_loss.size(0), 1)
+        loss = loss / self.current_gradient_accumulation_steps
+
+        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
+        if self.aux_loss_enabled:
+            aux_loss = outputs.aux_loss
+            loss = loss + self.router_aux_loss_coef * aux_loss / self.current_gradient_accumulation_steps
+
+        with torch.no_grad():
+            local_ratio_sum = coef_1.sum()
+            local_count = torch.full_like(local_ratio_sum, float(log_probs.numel()))
+            # Approx KL: http://joschu.net/blog/kl-approx.html
+            local_kl_sum = ((coef_1 - 1) - log_ratio).sum()
+            local_entropy_sum = entropy.sum()
+
+            # Compute the clipped probability ratios
+            is_low_clipped = (coef_1 < 1 - self.epsilon_low) & (advantages < 0)
+            is_high_clipped = (coef_1 > 1 + self.epsilon_high) & (advantages > 0)
+            is_region_clipped = is_low_clipped | is_high_clipped
+            local_low_clip_sum = is_low_clipped.float().sum()
+            local_high_clip_sum = is_high_clipped.float().sum()
+            local_region_clip_sum = is_region_clipped.float().sum()
+
+            # Batch all-reduce: [ratio_sum, kl_sum, entropy_sum, low_clip_sum, high_clip_sum, region_clip_sum, count]
+            stats = torch.stack(
+                [
+                    local_ratio_sum,
+                    local_kl_sum,
+                    local_entropy_sum,
+                    local_low_clip_sum,
+                    local_high_clip_sum,
+                    local_region_clip_sum,
+                    local_count,
+                ]
+            )
+            stats = self.accelerator.reduce(stats, reduction="sum")
+            (
+                global_ratio_sum,
+                global_kl_sum,
+                global_entropy_sum,
+                global_low_clip_sum,
+                global_high_clip_sum,
+                global_region_clip_sum,
+                global_count,
+            ) = stats.unbind(0)
+            self._metrics["train"]["ratio"].append((global_ratio_sum / global_count).item())
+            self._metrics["train"]["kl"].append((global_kl_sum / global_count).item())
+            self._metrics["train"]["entropy"].append((global_entropy_sum / global_count).item())
+            self._metrics["train"]["clip_ratio/low_mean"].append((global_low_clip_sum / global_count).item())
+            self._metrics["train"]["clip_ratio/high_mean"].append((global_high_clip_sum / global_count).item())
+            self._metrics["train"]["clip_ratio/region_mean"].append((global_region_clip_sum / global_count).item())
+
+            num_seq = int(segment_id.max()) + 1  # completions in this rank's row
+
+            def seg_sum(vals):  # per-completion segment sum over the flat selection
+                return torch.zeros(num_seq, device=vals.device).index_add_(0, segment_id, vals)
+
+            seq_tokens = seg_sum(torch.ones_like(coef_1, dtype=torch.float32))
+            seq_low = seg_sum(is_low_clipped.float())
+            seq_high = seg_sum(is_high_clipped.float())
+            per_seq_low = seq_low / seq_tokens  # NaN for a completion with no valid tokens; ignored by nan-aware min
+            per_seq_high = seq_high / seq_tokens
+            gathered_low_min = self.accelerator.gather(nanmin(per_seq_low))
+            gathered_high_max = self.accelerator.gather(nanmax(per_seq_high))
+            self._metrics["train"]["clip_ratio/low_min"].append(nanmin(gathered_low_min).item())
+            self._metrics["train"]["clip_ratio/high_max"].append(nanmax(gathered_high_max).item())
+
+            if self.aux_loss_enabled:
+                gathered_aux = self.accelerator.reduce(aux_loss.detach().to(torch.float32), reduction="sum")
+                self._metrics["train"]["aux_loss"].append((gathered_aux / world_size).item())
+
+        # Per-step accounting, accumulated across the micro-batches of one optimizer step and flushed in
+        # `training_step`. The counts are batch-wide (the collator broadcasts one value per rank), so they are read off
+        # rank-local inputs without a collective. Sample rewards and packing metrics are NOT gathered here — rank 0
+        # already logged them in the collator.
+        n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
+        mean_seq_len = float(inputs["mean_seq_len"][0])
+        self._step_forward_tokens += n_forward_tokens
+        self._step_trained_tokens += float(global_n_tokens)
+        self._step_seq_len_weighted += mean_seq_len * n_forward_tokens
+        self._step_samples += n_forward_tokens / mean_seq_len
+        self._step_forward_s += self._last_forward_time_s
+        return loss
+
+    def _score_step(self, inputs, log_probs, old_log_probs, advantages, segment_id):
+        """This rank's verdicts (grpo_trainer.step_scoring), gathered to rank 0, which excludes the groups left with
+        no sample. One gather per micro-batch, on every rank alike (it is a collective)."""
+        groups = inputs[SAMPLE_GROUP_KEY].reshape(-1)
+        num_samples = int((groups >= 0).sum())
+        with torch.no_grad():
+            ratio = torch.exp(log_probs - old_log_probs)
+            clipped = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
+            candidate = -torch.min(ratio * advantages, clipped * advantages)
+        verdicts = score_step(log_probs.detach(), old_log_probs, candidate, segment_id, num_samples,
+                              self.importance_bounds)
+        row = torch.full_like(groups, -1)
+        row[:num_samples] = verdicts
+        gathered = self.accelerator.gather(torch.stack([groups, row], dim=1)).reshape(-1, 2)
+        present = gathered[:, 1] >= 0
+        masked = int((gathered[:, 1] > 0).sum())
+        self._metrics["train"]["step_scoring/masked_frac"].append(masked / max(int(present.sum()), 1))
+        if self.accelerator.is_main_process:
+            for group_id in self.exclusions.add(gathered[:, 0].tolist(), gathered[:, 1].tolist()):
+                self.progress.exclude(group_id, DropReason.EXCLUDED)
+        return verdicts
 
     # ------------------------------------------------------------------------------------------------ stopping
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -250,7 +458,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         if self._collator is None or not self.accelerator.is_main_process:
             return
         pending = [min(ids) for ids in self._collator.in_flight if ids]
-        self.progress.fold(min(pending, default=self.progress.first_unconsumed))
+        settled = min(pending, default=self.progress.first_unconsumed)
+        self.progress.fold(settled)
+        self.exclusions.forget_below(min(settled, self.progress.first_unconsumed))
 
     def _stop(self, code: StopCode, streak: int, _limit: int) -> None:
         if code in (StopCode.DONE, StopCode.PREEMPTED):
@@ -265,7 +475,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         stream_stop = self._stream_stop()
         if code == StopCode.STALLED:
             message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
-            self.phase, self.message = LearnerPhase.STALLED, message
+            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, message, StallCause.STREAK
             raise StallError(message)
         message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
         self.phase, self.message = LearnerPhase.FAILED, message
@@ -323,6 +533,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             # directory in place: without its marker until done, a kill meanwhile leaves it skipped, not torn.
             os.remove(marker)
         super()._save_checkpoint(model, trial)
+        # Every rank writes its own files (its RNG state): the marker vouches for them all.
+        self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -335,17 +547,19 @@ class GRPOLearner(AsyncGRPOTrainer):
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
         start = state["first_unconsumed"]
-        _write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
-                               {"prompt_index": start, "model_version": self.model_version})
-        # Written last, and atomically: its presence marks the checkpoint complete (see newest_checkpoint).
-        _write_json_atomically(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), state)
+        write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
+                              {"prompt_index": start, "model_version": self.model_version})
+        # Written last, and atomically: it marks the checkpoint complete and vouches for its files (checkpoints.py).
+        write_marker(checkpoint_dir, state)
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any):
         checkpoint = kwargs.get("resume_from_checkpoint")
         state_file = os.path.join(checkpoint, PROGRESS_STATE_FILE) if checkpoint else None
         if state_file and os.path.isfile(state_file):
-            with open(state_file) as f:
-                state = json.load(f)
+            try:
+                state = read_marker(checkpoint)
+            except MarkerError as error:
+                raise UnusableCheckpoints(f"cannot resume from {checkpoint}: {state_file} {error}") from None
             self.progress = RolloutProgress.from_state(
                 state,
                 self._trained_groups,
@@ -372,32 +586,4 @@ class GRPOLearner(AsyncGRPOTrainer):
             self._progress_server = None
 
 
-def _write_json_atomically(path: str, payload: dict[str, Any]) -> None:
-    staging = f"{path}.tmp"
-    with open(staging, "w") as f:
-        json.dump(payload, f)
-    os.replace(staging, path)
-
-
-def newest_checkpoint(directory: str | None) -> str | None:
-    """The newest complete checkpoint a restarted learner resumes from, or None for a fresh run.
-
-    A learner killed while saving leaves a `checkpoint-N` directory without its last files; resuming from it crashed
-    every restart until the backoff limit (seen in tests/operator/cli/test_local_run.py: no trainer_state.json).
-    Complete means `grpo_progress.json`, written last, is there.
-    """
-    if not directory or not os.path.isdir(directory):
-        return None
-    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    numbered = sorted(
-        ((int(match[1]), name) for name in os.listdir(directory) if (match := pattern.match(name))), reverse=True
-    )
-    for _, name in numbered:
-        path = os.path.join(directory, name)
-        if os.path.isfile(os.path.join(path, PROGRESS_STATE_FILE)):
-            return path
-        logger.warning(f"skipping the incomplete checkpoint {path} (interrupted while saving)")
-    return None
-
-
-__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError", "newest_checkpoint"]
+__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError"]

@@ -75,8 +75,8 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["events"]
-  # kopf posts core/v1 events (kopf/_cogs/clients/events.py), never events.k8s.io ones.
-  verbs: ["create"]
+  # core/v1 events (grpo_operator.events, never events.k8s.io ones); patch counts a repeat on the Event posted first.
+  verbs: ["create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md).

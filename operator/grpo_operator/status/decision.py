@@ -25,6 +25,8 @@ class PodObservation:
     attempt: int | None = None  # the restart count the pod was created at (its attempt annotation)
     rollout_restarts: int | None = None  # a rollout pod: its server's restart count when it was created
     conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
+    container: str | None = None  # the main container's name (the role's)
+    memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
         dropped=dict(report.dropped), stall_streak=report.stall_streak, stall_limit=report.stall_limit,
-        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean)
+        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean,
+        masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
 
 
 def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
@@ -107,6 +108,7 @@ class RunRecord:
         self.pods = pods
         self.progress_error: str | None = None
         self.progress_lost = False
+        self.trained_now = False  # this pass's report has more trained groups than the last one
         self.create_error: str | None = None
         self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
         self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
@@ -172,6 +174,7 @@ class _ProgressRules(RunRecord):
         previous_trained = self.old.progress.groups_trained if self.old.progress else 0
         self.new.progress = progress_status(report)
         if report.groups_trained > previous_trained:
+            self.trained_now = True
             self.new.last_progress_time = format_time(self.now)
             self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
         elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
@@ -201,8 +204,15 @@ class _ProgressRules(RunRecord):
         if running and self.progress_error is not None and (self.progress_lost or deadline):
             return self._progress_unknown()
         if cause is None:
-            if self.conditions.is_true(ConditionType.STALLED):
-                resumed = "groups are training again"
+            # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
+            # again): `kubectl wait --for=condition=Stalled=False` and alerts must see the end of either. A stuck
+            # weight sync restarted under `stallPolicy: Report` is over only once a group trains again.
+            stalled = self.conditions.get(ConditionType.STALLED)
+            waits_for_training = (stalled is not None and stalled.status == "True"
+                                  and stalled.reason == Reason.WEIGHT_SYNC_STUCK and not self.trained_now)
+            if stalled is not None and stalled.status != "False" and not waits_for_training:
+                resumed = ("groups are training again" if stalled.status == "True"
+                           else "the learner's progress can be read again")
                 self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
                 self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
             if running:
@@ -302,22 +312,28 @@ class _Derivation(_ProgressRules):
         self._surface_waiting(default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
         return Phase.STARTING
 
+    def _reported(self, reason: str) -> bool:
+        """The last pass's status already showed `reason` on Progressing: its event was emitted then. (The condition
+        of this pass may have been overwritten by an earlier step of the same pass: not the one to compare with.)"""
+        previous = next((c for c in self.old.conditions if c.type == ConditionType.PROGRESSING.value), None)
+        return previous is not None and previous.reason == reason
+
     def _surface_waiting(self, default: tuple[str, str]) -> None:
         reason, message = _waiting_reason(self.pods, self.terminating) or default
-        previous = self.conditions.get(ConditionType.PROGRESSING)
         self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        # Pods being deleted are routine on every restart: no event, but the message says who is waited for.
+        # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
+        # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
+        # it would be "new" again on every pass).
         quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
-        if not quiet and (previous is None or previous.reason != reason):
+        if not quiet and self.create_error is None and not self._reported(reason):
             self.event("Warning", reason, message)
         self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
 
     def _surface_create_error(self) -> None:
         if self.create_error is None:
             return
-        previous = self.conditions.get(ConditionType.PROGRESSING)
         self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, self.create_error)
-        if previous is None or previous.reason != Reason.CREATE_FAILED:
+        if not self._reported(Reason.CREATE_FAILED):
             self.event("Warning", Reason.CREATE_FAILED, self.create_error)
         self.new.message = self.create_error
 
@@ -327,16 +343,21 @@ class _Derivation(_ProgressRules):
         verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
                                    backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
                                    max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
-                                   rules=policy.pod_failure_policy or ())
+                                   rules=policy.pod_failure_policy or (),
+                                   stall_policy=self.spec.progress.stall_policy)
         if verdict is None:
             return self._replace_servers()
         if isinstance(verdict, Succeed):
             self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
-            if verdict.stalled is not None:
-                self.conditions.set(ConditionType.STALLED, "True", Reason.STALLED, verdict.stalled)
+            if verdict.stall is not None:
+                self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason, verdict.stall.message)
             self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
         elif isinstance(verdict, Restart):
+            if verdict.stall is not None and self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason,
+                                                                 verdict.stall.message):
+                self.event("Warning", verdict.stall.reason, f"{verdict.stall.message} (stallPolicy Report: "
+                           "the pods restart under backoffLimit)")
             return self._restart(verdict)
         return True
 

@@ -4,7 +4,10 @@
 restart, or nothing happened. The rules, which docs/operator.md spells out for users:
 - learner rank 0 exiting 0 means the run succeeded: at the epoch bound, or earlier when TRL's `max_steps` ended it
   (its final report says so, and the reason is MaxStepsReached);
-- the learner's permanent exit codes (stalled, invalid config) fail the run at once: a retry cannot help;
+- the learner's permanent exit codes (stalled, invalid config) fail the run at once: a retry cannot help; except
+  that a weight sync past its deadline (the learner's report names it: `WeightSyncStuck`) is a stall on a clock,
+  which `progress.stallPolicy` handles like the progress deadline: `Fail` fails the run, `Report` reports it and
+  restarts the pods under `runPolicy.backoffLimit` (a new process opens new connections and process groups);
 - a disruption (a pod with a True DisruptionTarget condition: evicted, preempted, removed by the taint manager or
   the kubelet; a learner pod deleted from a running gang; the learner's own preempted exit code) restarts the pods
   without counting against `runPolicy.backoffLimit`: it has its own counter and the optional
@@ -33,6 +36,7 @@ from grpo_trainer.contract import (
     EXIT_SUCCEEDED,
     PERMANENT_EXIT_CODES,
     ProgressReport,
+    StallCause,
     parse_progress,
 )
 
@@ -53,11 +57,19 @@ class Succeed:
 
 
 @dataclass(frozen=True)
+class Stall:
+    """The Stalled condition a learner that ended as stalled sets: its reason and message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Fail:
     reason: str
     message: str
     failure: FailureStatus
-    stalled: str | None = None  # the Stalled condition's message, when the learner stopped as stalled
+    stall: Stall | None = None  # when the learner stopped as stalled
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class Restart:
     detail: str  # the pod's own last words (termination message), may be empty
     disruption: str | None = None  # the disruption's reason: counted as a disruption, not against backoffLimit
     counted: bool = False  # an earlier pass counted this failure already (its deletes did not all happen)
+    stall: Stall | None = None  # a stall that `stallPolicy: Report` restarts instead of failing the run
 
 
 Verdict = Succeed | Fail | Restart
@@ -80,6 +93,14 @@ def report_from_termination_message(message: str | None) -> ProgressReport | Non
         return parse_progress(message)
     except (ValidationError, ValueError):
         return None
+
+
+def stall_reason(pod: PodObservation) -> str:
+    """The Stalled condition's reason for a learner that exited EXIT_STALLED, from the cause its report names."""
+    report = report_from_termination_message(pod.message)
+    if report is not None and report.stall_cause == StallCause.WEIGHT_SYNC:
+        return Reason.WEIGHT_SYNC_STUCK
+    return Reason.STALLED
 
 
 def failure_text(pod: PodObservation) -> str:
@@ -119,12 +140,14 @@ def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> 
 
 def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation], *,
                      restarts: int, backoff_limit: int, disruptions: int = 0, max_disruptions: int | None = None,
-                     removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = ()) -> Verdict | None:
+                     removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = (),
+                     stall_policy: str = "Fail") -> Verdict | None:
     """The run's fate from its exited pods; None while nothing has exited.
 
     `restarts` and `disruptions` are those used so far; `removed_learners` are learner pods that vanished from a
     running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them. `rules` is
-    the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults.
+    the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults. `stall_policy`
+    (`progress.stallPolicy`) decides what a weight sync past its deadline does.
     """
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
@@ -151,16 +174,18 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
     if action == "Fail":
         failure.reason = Reason.POD_FAILURE_POLICY
         return Fail(Reason.POD_FAILURE_POLICY, f"{with_detail} (a runPolicy.podFailurePolicy rule says Fail)", failure)
-    if code in PERMANENT_EXIT_CODES and action is None:
-        reason = Reason.STALLED if code == EXIT_STALLED else Reason.INVALID_CONFIG
+    stall = Stall(stall_reason(first), detail or what) if code == EXIT_STALLED and action is None else None
+    reported = stall is not None and stall.reason == Reason.WEIGHT_SYNC_STUCK and stall_policy == "Report"
+    if code in PERMANENT_EXIT_CODES and action is None and not reported:
+        reason = stall.reason if stall is not None else Reason.INVALID_CONFIG
         failure.reason = reason
-        return Fail(reason, with_detail, failure, stalled=(detail or what) if reason == Reason.STALLED else None)
+        return Fail(reason, with_detail, failure, stall=stall)
     if restarts >= backoff_limit:
         failure.reason = failure.reason or Reason.BACKOFF_LIMIT_EXCEEDED
         return Fail(Reason.BACKOFF_LIMIT_EXCEEDED,
                     f"{what} after {restarts} restarts (backoffLimit {backoff_limit})"
-                    + (f": {detail}" if detail else ""), failure)
-    return Restart(_gang(failed, learner_pods), what, detail)
+                    + (f": {detail}" if detail else ""), failure, stall=stall)
+    return Restart(_gang(failed, learner_pods), what, detail, stall=stall)
 
 
 def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservation], removed: Sequence[str],
@@ -187,6 +212,11 @@ def _disrupted(failed: list[PodObservation], learner_pods: Sequence[PodObservati
 
 
 def exit_summary(pod: PodObservation) -> str:
+    if pod.reason == Reason.OOM_KILLED:  # exit code 137 alone reads as any SIGKILL
+        limit = (f"memory limit {pod.memory_limit}" if pod.memory_limit
+                 else "no memory limit set, the node ran out of memory")
+        code = f", exit code {pod.exit_code}" if pod.exit_code is not None else ""
+        return f"{pod.role} pod {pod.name} was OOMKilled: container {pod.container or pod.role} ({limit}){code}"
     if pod.exit_code is not None:
         return f"{pod.role} pod {pod.name} exited with code {pod.exit_code}"
     return f"{pod.role} pod {pod.name} failed ({pod.reason or 'no exit code'})"

@@ -95,3 +95,14 @@ def test_validate_as_a_subprocess(bad_manifest):
     bad = subprocess.run([grporun, "validate", bad_manifest], capture_output=True, text=True, timeout=120)
     assert bad.returncode == ExitCode.INVALID and bad.stdout == ""
     assert bad.stderr.splitlines()[0] == f"{bad_manifest}: spec.trainning: unknown field (did you mean training?)"
+
+
+def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tmp_path):
+    manifest = good()
+    manifest["spec"]["rollout"]["weightSync"] = {"mode": "nccl"}  # the learner has 2 nodes x 8 processes
+    path = tmp_path / "nccl.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{path}: spec.rollout.weightSync.mode: must be filesystem when the learner has more "
+                           "than one process (learner.nodes x learner.processesPerNode)")

@@ -17,7 +17,8 @@ from collections.abc import Callable
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-#: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began.
+#: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began. NaN stands
+#: for a completion every reward function returned None for.
 RewardScript = Callable[[int, int], float]
 
 
@@ -42,6 +43,8 @@ class ScriptedRolloutWorker:
         delay_s: float = 0.0,
         fail_after_groups: int | None = None,
         prompt_text: Callable[[int], str] | None = None,
+        off_policy: Callable[[int], bool] | None = None,
+        nan_logprobs: Callable[[int], bool] | None = None,
     ):
         self.dataset_size = dataset_size
         self.num_generations = num_generations
@@ -55,6 +58,10 @@ class ScriptedRolloutWorker:
         self.delay_s = delay_s
         self.fail_after_groups = fail_after_groups
         self.prompt_text = prompt_text or (lambda index: f"prompt {index}")  # prompt index -> the user's text
+        # Position -> whether the group's rollout logprobs are far from any learner's (an importance ratio of about
+        # e^(5 x completion tokens)), or NaN (a server that returned no logprob): the training step's scoring cases.
+        self.off_policy = off_policy or (lambda position: False)
+        self.nan_logprobs = nan_logprobs or (lambda position: False)
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self._loop_kwargs = {"dataset_start_index": 0}
@@ -90,9 +97,18 @@ class ScriptedRolloutWorker:
         rng = np.random.default_rng([self.seed, position % self.dataset_size])
         prompt = rng.integers(2, self.vocab_size, self.prompt_tokens)
         rewards = np.array([self.reward(position, k) for k in range(self.num_generations)], dtype=float)
-        std = float(rewards.std())
-        advantages = (rewards - rewards.mean()) / (std + 1e-8)
+        # TRL's rule for unscored completions: advantage 0, the group normalised over the scored ones.
+        scored = ~np.isnan(rewards)
+        advantages = np.zeros_like(rewards)
+        std = float(rewards[scored].std()) if scored.any() else float("nan")
+        if scored.any():
+            advantages[scored] = (rewards[scored] - rewards[scored].mean()) / (std + 1e-8)
         samples = []
+        old_log_prob = -np.log(self.vocab_size)
+        if self.off_policy(position):
+            old_log_prob -= 5.0
+        if self.nan_logprobs(position):
+            old_log_prob = np.nan
         for k in range(self.num_generations):
             completion = rng.integers(2, self.vocab_size, self.completion_tokens)
             completion[-1] = self.eos_token_id
@@ -104,7 +120,7 @@ class ScriptedRolloutWorker:
                     completion=[{"role": "assistant", "content": f"completion {k}"}],
                     input_ids=input_ids,
                     completion_mask=mask,
-                    old_log_probs=np.full(len(input_ids), -np.log(self.vocab_size), dtype=np.float32),
+                    old_log_probs=np.full(len(input_ids), old_log_prob, dtype=np.float32),
                     advantage=float(advantages[k]),
                     model_version=self.model_version,
                     group_id=group_id,

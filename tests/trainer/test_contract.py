@@ -1,0 +1,55 @@
+"""grpo_trainer.contract's progress report as the operator reads it: untrusted input from a tenant's pod, refused
+with the field named when it holds a value the Kubernetes API cannot store (the operator copies it into status)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_trainer.contract import ProgressReport, RolloutReplicaReport, parse_progress
+
+INT64_MAX = 2**63 - 1  # the API server stores integers as int64
+
+HOSTILE = [
+    ('{"rewardMean": NaN}', "rewardMean"),
+    ('{"rewardMean": Infinity}', "rewardMean"),
+    ('{"rewardMean": 1e400}', "rewardMean"),
+    ('{"globalStep": 1e400, "rewardMean": NaN}', "globalStep"),
+    (f'{{"globalStep": {INT64_MAX + 1}}}', "globalStep"),
+    ('{"groupsTrained": 99999999999999999999999}', "groupsTrained"),
+    ('{"globalStep": "5"}', "globalStep"),
+    ('{"globalStep": true}', "globalStep"),
+    ('{"globalStep": 2.5}', "globalStep"),
+    ('{"epochs": 1e400}', "epochs"),
+    ('{"lastTrainedTime": NaN}', "lastTrainedTime"),
+    ('{"phase": 7}', "phase"),
+    (f'{{"dropped": {{"lost": {INT64_MAX}, "stale": 1}}}}', "dropped"),
+    ('{"rollout": [{"replica": 0, "url": "u", "samples": -1}]}', "rollout[0].samples"),
+    ('{"rollout": [{"replica": 0, "url": "u", "requestSeconds": NaN}]}', "rollout[0].requestSeconds"),
+    ('{"rollout": [{"replica": 0, "url": "u", "weightVersion": "v' + "9" * 100 + '"}]}', "rollout[0].weightVersion"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), HOSTILE)
+def test_a_report_with_a_value_status_cannot_hold_is_refused_naming_the_field(body, field):
+    with pytest.raises(ValueError) as refused:
+        parse_progress(body)
+    assert str(refused.value).startswith(f"{field}: ") and "\n" not in str(refused.value)
+
+
+def test_the_largest_values_the_api_server_stores_are_accepted():
+    report = parse_progress(json.dumps({
+        "phase": "Running", "groupsTotal": INT64_MAX, "groupsConsumed": INT64_MAX, "groupsTrained": INT64_MAX,
+        "dropped": {"lost": INT64_MAX}, "globalStep": INT64_MAX, "epochsDone": INT64_MAX, "epochs": 1.7e308,
+        "rewardMean": -1.7e308, "lastTrainedTime": 1.7e308, "rollout": [{"replica": 0, "url": "u", "samples": 3}],
+    }))
+    assert report.global_step == INT64_MAX and report.dropped_total == INT64_MAX
+
+
+def test_what_the_learner_writes_it_reads_back():
+    report = ProgressReport(phase="Running", groups_total=12, groups_consumed=5, groups_trained=4, reward_mean=0.25,
+                            epochs=1.5, last_trained_time=1.7e9, rollout=[RolloutReplicaReport(
+                                replica=0, url="http://r:8000", ready=True, weight_version="v3", samples=9)])
+    assert parse_progress(report.model_dump_json(by_alias=True)) == report
+    assert parse_progress(report.termination_message()) == report

@@ -1,0 +1,146 @@
+"""The training step's scoring: score_step's verdicts, the groups rank 0 excludes, RolloutProgress.exclude, and real
+runs on 2 gloo ranks where it takes whole groups, or everything, out of the loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_trainer.contract import EXIT_STALLED, DropReason, LearnerPhase
+from grpo_trainer.progress import RolloutProgress, RolloutStop
+from grpo_trainer.step_scoring import ExclusionTracker, ImportanceBounds, Verdict, masked_terms, score_step
+
+
+def make_progress(n=6, epochs=1, stall_groups=0) -> RolloutProgress:
+    return RolloutProgress(set(), epochs_done=0, stall_groups=stall_groups, groups_per_epoch=n, epochs=epochs)
+
+
+# --- score_step --------------------------------------------------------------------------------------------------
+def terms(per_sample_log_ratio: list[float], tokens: int = 3):
+    """Loss terms of samples whose summed learner - rollout logprob is the given value, spread over `tokens`."""
+    segment_id = torch.arange(len(per_sample_log_ratio)).repeat_interleave(tokens)
+    old = torch.full((len(segment_id),), -2.0)
+    log_probs = old + torch.tensor(per_sample_log_ratio).repeat_interleave(tokens) / tokens
+    return log_probs, old, torch.zeros_like(old), segment_id
+
+
+def test_without_bounds_only_non_finite_samples_leave_the_loss():
+    log_probs, old, loss, segment_id = terms([0.0, 50.0, 0.0, 0.0])
+    log_probs[7] = float("nan")  # sample 2's logprob
+    old[10] = float("-inf")  # sample 3's rollout logprob
+    verdicts = score_step(log_probs, old, loss, segment_id, 4, ImportanceBounds())
+    assert verdicts.tolist() == [Verdict.KEPT, Verdict.KEPT, Verdict.NON_FINITE, Verdict.NON_FINITE]
+    assert masked_terms(verdicts, segment_id).tolist() == [False] * 6 + [True] * 6
+
+
+def test_a_non_finite_per_sample_loss_leaves_the_loss():
+    log_probs, old, loss, segment_id = terms([0.0, 0.0])
+    loss[4] = float("inf")
+    assert score_step(log_probs, old, loss, segment_id, 2, ImportanceBounds()).tolist() == [0, Verdict.NON_FINITE]
+
+
+def test_the_sequence_ratio_outside_the_bounds_masks_the_sample():
+    # Sequence ratios e^-1, e^0.5, e^2 and e^400 (which overflows float32: compared in log space).
+    log_probs, old, loss, segment_id = terms([-1.0, 0.5, 2.0, 400.0])
+    bounds = ImportanceBounds(clip_min=0.5, clip_max=10.0)
+    verdicts = score_step(log_probs, old, loss, segment_id, 4, bounds)
+    assert verdicts.tolist() == [Verdict.IMPORTANCE_RATIO, Verdict.KEPT, Verdict.KEPT, Verdict.IMPORTANCE_RATIO]
+    assert score_step(log_probs, old, loss, segment_id, 4, ImportanceBounds(clip_max=math.e ** 2.5)).tolist() == [
+        0, 0, 0, Verdict.IMPORTANCE_RATIO]
+
+
+def test_a_sample_without_loss_terms_is_kept():
+    log_probs, old, loss, segment_id = terms([0.0])
+    assert score_step(log_probs, old, loss, segment_id, 2, ImportanceBounds(clip_max=2.0)).tolist() == [0, 0]
+
+
+# --- rank 0's tracker --------------------------------------------------------------------------------------------
+def test_a_group_is_excluded_once_every_collated_sample_of_it_was_taken_out():
+    collated = {1: 4, 2: 4, 3: 2}
+    tracker = ExclusionTracker(collated)
+    masked, kept, pad = int(Verdict.IMPORTANCE_RATIO), int(Verdict.KEPT), int(Verdict.PAD)
+    # Rank 0's and rank 1's rows of one micro-batch: group 1 half scored, group 2 has a kept sample.
+    assert tracker.add([1, 1, 2, 2, -1, 2, 2, 3], [masked, masked, masked, kept, pad, masked, masked, masked]) == []
+    assert tracker.add([1, 1, 3], [masked, int(Verdict.NON_FINITE), masked]) == [1, 3]
+    assert tracker.samples_scored == 10 and tracker.samples_masked == {"non_finite": 1, "importance_ratio": 8}
+    assert collated == {}  # decided groups are forgotten
+    collated[1] = 1  # a straggler of a decided group
+    assert tracker.add([1], [masked]) == []
+
+
+# --- RolloutProgress.exclude -------------------------------------------------------------------------------------
+def test_exclude_turns_a_collated_group_into_a_drop_counted_once():
+    progress = make_progress(n=3)
+    progress.train({0, 1})
+    progress.exclude(1, DropReason.EXCLUDED)
+    progress.exclude(1, DropReason.EXCLUDED)  # a second report of the same group
+    progress.exclude(2, DropReason.EXCLUDED)  # not collated: nothing to exclude
+    report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+    assert report.groups_trained == 1 and report.dropped["excluded"] == 1 and report.groups_consumed == 2
+    assert progress.stall_streak == 1
+
+
+def test_the_stall_an_exclusion_completes_is_raised_by_the_next_check():
+    progress = make_progress(n=3, epochs=2)
+    progress.drop(0, DropReason.NO_SIGNAL)
+    progress.train({1, 2})
+    progress.exclude(1, DropReason.EXCLUDED)
+    progress.check()  # 0 and 1: two in a row, one pass is three
+    progress.exclude(2, DropReason.EXCLUDED)  # outside the stream: it raises nothing itself
+    with pytest.raises(RolloutStop, match="3 prompt groups in a row") as stop:
+        progress.check()
+    assert stop.value.error is not None
+
+
+def test_an_excluded_group_survives_a_checkpoint_as_excluded():
+    progress = make_progress(n=4, epochs=2)
+    progress.train({0, 1, 2})
+    progress.exclude(1, DropReason.EXCLUDED)
+    state = progress.state_dict()
+    resumed = RolloutProgress.from_state(state, set(), stall_groups=0, groups_per_epoch=4, epochs=2)
+    report = resumed.report(phase=LearnerPhase.RUNNING, global_step=0)
+    assert report.dropped["excluded"] == 1 and report.groups_trained == 2 and report.groups_consumed == 3
+
+
+# --- real runs, 2 gloo ranks ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_ranks_exclude_the_groups_the_importance_bound_takes_out_and_end_at_the_bound(tiny_model_dir, tmp_path):
+    from tests.trainer.test_learner_runs import run
+
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--off-policy-every", "3",
+                  "--is-clip-max", "10", ranks=2)
+    rank0, rank1 = results
+    assert rank0["outcome"] == rank1["outcome"] == "succeeded"
+    assert rank0["micro_batches"] == rank1["micro_batches"] and rank0["micro_batches"][-1] == 0
+    assert rank0["checksum"] == rank1["checksum"]
+    progress = rank0["progress"]
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == 9
+    assert progress["dropped"]["excluded"] == 3 and progress["groupsTrained"] == 6  # groups 2, 5, 8, once each
+    assert rank0["consumed_absolute"] == list(range(9))
+    # The 3 off-policy groups of 4 samples were masked; the overflow that filled the last window may add more.
+    assert rank0["samples_masked"]["importance_ratio"] >= 12 and rank0["samples_masked"]["non_finite"] == 0
+    assert progress["samplesMasked"] == rank0["samples_masked"]
+
+
+@pytest.mark.slow
+def test_two_ranks_whose_step_scoring_takes_out_everything_stall_within_one_pass(tiny_model_dir, tmp_path):
+    from tests.trainer.test_learner_runs import run
+
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", "3",
+                  "--nan-logprobs-every", "1", ranks=2, expect=EXIT_STALLED)
+    rank0, rank1 = results
+    assert rank0["outcome"] == rank1["outcome"] == "StallError"
+    assert rank0["micro_batches"] == rank1["micro_batches"] and rank0["micro_batches"][-1] == 0
+    assert rank0["checksum"] == rank1["checksum"] and all(math.isfinite(r["checksum"]) for r in results)
+    progress = rank0["progress"]
+    assert progress["phase"] == "Stalled" and progress["groupsTrained"] == 0
+    # The stream raised the stall at its first check once a pass (9 groups) was excluded; the micro-batch already
+    # collated by then (the dispatcher reads one ahead: 2 ranks x 4 samples, 2 groups) trained and was excluded too.
+    streak = int(rank0["message"].split("stalled: ")[1].split(" ")[0])
+    assert 9 <= streak <= 10 and "prompt groups in a row were consumed without one training" in rank0["message"]
+    consumed = progress["groupsConsumed"]
+    assert consumed <= 9 + 2 + 2 and rank0["consumed_absolute"] == list(range(consumed))
+    assert progress["dropped"]["excluded"] == consumed  # every group excluded, each once
+    assert rank0["samples_masked"]["non_finite"] == progress["samplesScored"] == 4 * consumed
