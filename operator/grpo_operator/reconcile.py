@@ -43,6 +43,7 @@ from .status import (
     Decision,
     DeletePods,
     DeleteRun,
+    Observation,
     PodObservation,
     RecreatePods,
     derive_status,
@@ -126,7 +127,7 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     TTL pending)."""
     metadata = body.get("metadata", {})
     run = RunRef.of(metadata)
-    name, namespace, uid, generation = run.name, run.namespace, run.uid, run.generation
+    name, namespace, uid = run.name, run.namespace, run.uid
     memory = context.memory(uid)
     kube = Kube(context.settings, logger)
     base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
@@ -159,11 +160,11 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                                     pods_exist=bool(live), now=now)
         except kueue.WorkloadRejected as error:
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
-    decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
-                             children_exist=memory.children_created, progress_error=memory.progress_error,
-                             progress_lost=(memory.progress_invalid
-                                            or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER),
-                             create_error=memory.create_error, hold=gate.hold if gate else None)
+    seen = Observation(observed, progress, now, children_exist=memory.children_created,
+                       progress_error=memory.progress_error,
+                       progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                       create_error=memory.create_error, hold=gate.hold if gate else None)
+    decision = derive_status(run, spec, base_status, seen)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
         return False  # the run is gone
