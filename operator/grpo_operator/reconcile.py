@@ -57,6 +57,7 @@ def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+# more than 8: state kept between passes, every field defaulted; never passed at construction
 @dataclasses.dataclass
 class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
@@ -77,6 +78,7 @@ class RunMemory:
     warned_unknown_fields: bool = False
 
 
+# more than 8: the operator's settings, all but the image defaulted; built once, by keyword
 @dataclasses.dataclass
 class OperatorContext:
     """The operator's configuration and shared state; handed to kopf as its memo (`memo.context`)."""

@@ -38,6 +38,7 @@ class UnusableCheckpoints(ValueError):
     starting afresh would overwrite it, so the learner stops (a retry would find the same files)."""
 
 
+# more than 8: the marker file's schema, one field per key; only validates
 class ProgressMarker(BaseModel):
     """The schema of a marker: the progress state (progress.ProgressState), the trainer's own figures, and what
     vouches for them.

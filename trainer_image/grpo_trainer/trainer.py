@@ -88,6 +88,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
     """
 
+    # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
     def __init__(
         self,
         *args: Any,

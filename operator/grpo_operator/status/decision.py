@@ -11,6 +11,7 @@ from grpo_trainer.contract import ProgressReport
 Role = Literal["rollout", "learner"]
 
 
+# more than 8: one field per fact the derivation reads of a pod; built by keyword
 @dataclass(frozen=True)
 class PodObservation:
     """What the operator needs to know about one pod (the kopf layer and `grporun local` both produce these)."""

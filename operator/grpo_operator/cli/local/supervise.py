@@ -34,6 +34,7 @@ from .processes import LocalProcess, find_rollout_python, free_port, http_ok, re
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
 
 
+# more than 8: the local run's plan and its live state; built once, by keyword
 @dataclass
 class LocalRun:
     name: str
