@@ -101,29 +101,29 @@ class WeightSyncSpec(WireModel):
     volume: dict[str, Any] | None = None
 
 
-class RolloutSpec(WireModel):
-    replicas: int = Field(1, ge=1)
+class RolePodSpec(WireModel):
+    """The pod fields the rollout and the learner role share: image, resources, device and placement."""
+
     image: str | None = None
     image_pull_policy: ImagePullPolicy | None = None
     resources: dict[str, Any] | None = None
     device: Device = "cuda"
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    pod_template_override: PodTemplateOverride | None = None
+
+
+# more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call
+class RolloutSpec(RolePodSpec):
+    replicas: int = Field(1, ge=1)
     vllm: VllmSpec = Field(default_factory=VllmSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
-    node_selector: dict[str, str] | None = None
-    tolerations: list[dict[str, Any]] | None = None
-    pod_template_override: PodTemplateOverride | None = None
 
 
-class LearnerSpec(WireModel):
+# more than 8: mirrors the CRD's spec.learner, one field per key; built by validation, not by a call
+class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
-    image: str | None = None
-    image_pull_policy: ImagePullPolicy | None = None
-    resources: dict[str, Any] | None = None
-    device: Device = "cuda"
-    node_selector: dict[str, str] | None = None
-    tolerations: list[dict[str, Any]] | None = None
-    pod_template_override: PodTemplateOverride | None = None
 
 
 class CheckpointSpec(WireModel):
@@ -171,6 +171,7 @@ class RunPolicySpec(WireModel):
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
 
 
+# more than 8: mirrors the CRD's spec, one field per key; built by validation, not by a call
 class GRPORunSpec(WireModel):
     model: str = Field(min_length=1)
     dataset: DatasetConfig
@@ -343,6 +344,7 @@ class ProgressClock(_StatusModel):
     paused_since: str | None = None  # set while the clock is paused
 
 
+# more than 8: mirrors the CRD's status.progress, one field per key; built by keyword
 class ProgressStatus(_StatusModel):
     epoch: int = 0
     epochs: float = 1
@@ -398,6 +400,7 @@ class FailureStatus(_StatusModel):
     message: str | None = None
 
 
+# more than 8: mirrors the CRD's status, one field per key; built by validation
 class GRPORunStatus(_StatusModel):
     phase: Phase | None = None
     observed_generation: int | None = None

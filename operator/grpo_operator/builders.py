@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
@@ -30,18 +31,18 @@ from grpo_trainer.rollout_health import LIVENESS_FAILURE_THRESHOLD, LIVENESS_PER
 
 from . import podgroup
 from .api import (
-    API_VERSION,
     ATTEMPT_ANNOTATION,
     GENERATION_ANNOTATION,
-    KIND,
     MANAGED_BY,
     ROLE_LABEL,
     ROLLOUT_RESTARTS_ANNOTATION,
     RUN_LABEL,
     GRPORunSpec,
+    RolePodSpec,
 )
 from .pod_overrides import apply_override
 from .resolve import resolve_run_config
+from .run_ref import RunRef
 
 #: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
 DEFAULT_TRAINER_IMAGE = "grpo-trainer:cuda"
@@ -115,54 +116,50 @@ def selector_labels(run: str, role: str) -> dict[str, str]:
     return {RUN_LABEL: run, ROLE_LABEL: role}
 
 
-def owner_reference(run: str, uid: str) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": run, "uid": uid, "controller": True,
-            "blockOwnerDeletion": True}
-
-
-def _metadata(name: str, run: str, namespace: str, uid: str, role: str | None = None) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "labels": run_labels(run, role),
-            "ownerReferences": [owner_reference(run, uid)]}
+def child_metadata(run: RunRef, name: str, role: str | None = None) -> dict[str, Any]:
+    """The metadata of a child object: its name, the run's namespace and labels, the run's ownerReference."""
+    return {"name": name, "namespace": run.namespace, "labels": run_labels(run.name, role),
+            "ownerReferences": [run.owner_reference()]}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Objects
 # ---------------------------------------------------------------------------------------------------------------------
-def build_config_map(run: str, namespace: str, uid: str, spec: GRPORunSpec, generation: int = 1) -> dict[str, Any]:
+def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
     run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
     config = resolve_run_config(
-        run, namespace, spec,
-        rollout_urls=rollout_urls(run, namespace, spec.rollout.replicas),
+        run.name, run.namespace, spec,
+        rollout_urls=rollout_urls(run.name, run.namespace, spec.rollout.replicas),
         output_dir=OUTPUT_DIR,
         checkpoint_dir=CHECKPOINT_DIR,
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
     )
-    metadata = _metadata(config_map_name(run), run, namespace, uid)
-    metadata["annotations"] = {GENERATION_ANNOTATION: str(generation)}
+    metadata = child_metadata(run, config_map_name(run.name))
+    metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {CONFIG_FILE: config.model_dump_json(by_alias=True)}}
 
 
-def _headless_service(name: str, run: str, namespace: str, uid: str, role: str, port: int) -> dict[str, Any]:
+def _headless_service(run: RunRef, name: str, role: str, port: int) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Service", "metadata": _metadata(name, run, namespace, uid, role),
+        "apiVersion": "v1", "kind": "Service", "metadata": child_metadata(run, name, role),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": selector_labels(run, role),
+            "selector": selector_labels(run.name, role),
             "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
 
-def build_rollout_service(run: str, namespace: str, uid: str) -> dict[str, Any]:
-    return _headless_service(rollout_service_name(run), run, namespace, uid, "rollout", ROLLOUT_HTTP_PORT)
+def build_rollout_service(run: RunRef) -> dict[str, Any]:
+    return _headless_service(run, rollout_service_name(run.name), "rollout", ROLLOUT_HTTP_PORT)
 
 
-def build_learner_service(run: str, namespace: str, uid: str) -> dict[str, Any]:
-    service = _headless_service(learner_service_name(run), run, namespace, uid, "learner", LEARNER_HTTP_PORT)
+def build_learner_service(run: RunRef) -> dict[str, Any]:
+    service = _headless_service(run, learner_service_name(run.name), "learner", LEARNER_HTTP_PORT)
     service["spec"]["ports"].append(
         {"name": "rendezvous", "port": MAIN_PROCESS_PORT, "targetPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
     return service
@@ -196,10 +193,10 @@ def _volumes(run: str, spec: GRPORunSpec) -> tuple[list[dict[str, Any]], list[di
     return volumes, mounts
 
 
-def _env(run: str, namespace: str, role: str) -> list[dict[str, Any]]:
+def _env(run: RunRef, role: str) -> list[dict[str, Any]]:
     return [
-        {"name": "GRPO_RUN", "value": run},
-        {"name": "GRPO_NAMESPACE", "value": namespace},
+        {"name": "GRPO_RUN", "value": run.name},
+        {"name": "GRPO_NAMESPACE", "value": run.namespace},
         {"name": "GRPO_ROLE", "value": role},
         {"name": "GRPO_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
         {"name": "GRPO_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -210,53 +207,70 @@ def _env(run: str, namespace: str, role: str) -> list[dict[str, Any]]:
     ]
 
 
-def _pod(name: str, run: str, namespace: str, uid: str, role: str, spec: GRPORunSpec, *, image: str,
-         pull_policy: str | None, command: list[str], ports: list[dict[str, Any]], resources: dict[str, Any] | None,
-         node_selector: dict[str, str] | None, tolerations: list[dict[str, Any]] | None, service: str,
-         attempt: int, probes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    volumes, mounts = _volumes(run, spec)
+@dataclass(frozen=True)
+class PodRole:
+    """What one pod has of its own role; everything else a pod shares with the other role's pods (`_pod`)."""
+
+    role: str  # rollout | learner: the container's name and the role label
+    settings: RolePodSpec  # spec.rollout or spec.learner: image, resources, placement, override
+    name: str
+    command: list[str]
+    ports: list[dict[str, Any]]
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    env: list[dict[str, Any]] = field(default_factory=list)  # after the shared variables
+    annotations: dict[str, str] = field(default_factory=dict)  # after the attempt
+
+
+_SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_name}
+
+
+def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, attempt: int) -> dict[str, Any]:
+    """A pod of either role, its override (`podTemplateOverride`) applied last."""
+    settings = role.settings
+    volumes, mounts = _volumes(run.name, spec)
     container: dict[str, Any] = {
-        "name": role,
-        "image": image,
-        "command": command,
-        "ports": ports,
-        "env": _env(run, namespace, role),
+        "name": role.role,
+        "image": settings.image or trainer_image,
+        "command": role.command,
+        "ports": role.ports,
+        "env": [*_env(run, role.role), *role.env],
         "volumeMounts": mounts,
         "securityContext": _container_security_context(),
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if pull_policy:
-        container["imagePullPolicy"] = pull_policy
-    if resources:
-        container["resources"] = resources
-    container.update(probes or {})
-    metadata = _metadata(name, run, namespace, uid, role)
-    metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt)}
+    if settings.image_pull_policy:
+        container["imagePullPolicy"] = settings.image_pull_policy
+    if settings.resources:
+        container["resources"] = settings.resources
+    container.update(role.probes)
+    metadata = child_metadata(run, role.name, role.role)
+    metadata["annotations"] = {ATTEMPT_ANNOTATION: str(attempt), **role.annotations}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "hostname": name,
-        "subdomain": service,
+        "hostname": role.name,
+        "subdomain": _SERVICE_NAMES[role.role](run.name),  # the headless Service that gives the pod its DNS name
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                             "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": volumes,
     }
-    if node_selector:
-        pod_spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        pod_spec["tolerations"] = list(tolerations)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    if settings.node_selector:
+        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        pod_spec["tolerations"] = list(settings.tolerations)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return apply_override(pod, settings.pod_template_override, f"spec.{role.role}.podTemplateOverride")
 
 
 def rollout_command() -> list[str]:
     return ["python", "-m", "grpo_trainer", "rollout", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
 
 
-def learner_command(run: str, namespace: str, spec: GRPORunSpec, rank: int) -> list[str]:
-    leader = pod_dns(learner_pod_name(run, 0), learner_service_name(run), namespace)
+def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
+    leader = pod_dns(learner_pod_name(run.name, 0), learner_service_name(run.name), run.namespace)
     return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", num_machines=spec.learner.nodes,
                         processes_per_machine=spec.learner.processes_per_node, machine_rank=rank,
                         main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
@@ -282,70 +296,57 @@ def rollout_probes() -> dict[str, dict[str, Any]]:
     }
 
 
-def build_rollout_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, index: int, *, trainer_image: str,
-                      attempt: int = 0, restarts: int = 0) -> dict[str, Any]:
+def build_rollout_pod(run: RunRef, spec: GRPORunSpec, index: int, *, trainer_image: str, attempt: int = 0,
+                      restarts: int = 0) -> dict[str, Any]:
     """`restarts`: the server's restarts so far (status.rollout.servers), kept on the pod so its exit counts once."""
-    rollout = spec.rollout
-    pod = _pod(rollout_pod_name(run, index), run, namespace, uid, "rollout", spec,
-               image=rollout.image or trainer_image, pull_policy=rollout.image_pull_policy,
-               command=rollout_command(),
-               ports=[{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}],
-               resources=rollout.resources, node_selector=rollout.node_selector, tolerations=rollout.tolerations,
-               service=rollout_service_name(run), attempt=attempt, probes=rollout_probes())
-    pod["metadata"]["annotations"][ROLLOUT_RESTARTS_ANNOTATION] = str(restarts)
-    return apply_override(pod, rollout.pod_template_override, "spec.rollout.podTemplateOverride")
+    ports = [{"name": "http", "containerPort": ROLLOUT_HTTP_PORT, "protocol": "TCP"}]
+    role = PodRole("rollout", spec.rollout, rollout_pod_name(run.name, index), rollout_command(), ports,
+                   probes=rollout_probes(), annotations={ROLLOUT_RESTARTS_ANNOTATION: str(restarts)})
+    return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
 
 
-def build_learner_pod(run: str, namespace: str, uid: str, spec: GRPORunSpec, rank: int, *, trainer_image: str,
+def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_image: str,
                       attempt: int = 0) -> dict[str, Any]:
-    learner = spec.learner
     ports = [{"name": "http", "containerPort": LEARNER_HTTP_PORT, "protocol": "TCP"}]
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
-    pod = _pod(learner_pod_name(run, rank), run, namespace, uid, "learner", spec,
-               image=learner.image or trainer_image, pull_policy=learner.image_pull_policy,
-               command=learner_command(run, namespace, spec, rank), ports=ports, resources=learner.resources,
-               node_selector=learner.node_selector, tolerations=learner.tolerations,
-               service=learner_service_name(run), attempt=attempt)
-    pod["spec"]["containers"][0]["env"].append({"name": "GRPO_LEARNER_RANK", "value": str(rank)})
-    return apply_override(pod, learner.pod_template_override, "spec.learner.podTemplateOverride")
+    role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
+                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}])
+    return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
 
 
-def build_pods(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-               attempt: int = 0, rollout_restarts: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+def build_pods(run: RunRef, spec: GRPORunSpec, *, trainer_image: str, attempt: int = 0,
+               rollout_restarts: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     restarts = rollout_restarts or {}
-    pods = [build_rollout_pod(run, namespace, uid, spec, i, trainer_image=trainer_image, attempt=attempt,
+    pods = [build_rollout_pod(run, spec, i, trainer_image=trainer_image, attempt=attempt,
                               restarts=restarts.get(i, 0))
             for i in range(spec.rollout.replicas)]
-    pods += [build_learner_pod(run, namespace, uid, spec, r, trainer_image=trainer_image, attempt=attempt)
+    pods += [build_learner_pod(run, spec, r, trainer_image=trainer_image, attempt=attempt)
              for r in range(spec.learner.nodes)]
-    return [podgroup.join(pod, run, _gang(spec)) for pod in pods]
+    return [podgroup.join(pod, run.name, _gang(spec)) for pod in pods]
 
 
 def _gang(spec: GRPORunSpec) -> podgroup.GangSpec | None:
     return spec.scheduling.gang if spec.scheduling is not None else None
 
 
-def build_pod_group(run: str, namespace: str, uid: str, spec: GRPORunSpec) -> dict[str, Any] | None:
+def build_pod_group(run: RunRef, spec: GRPORunSpec) -> dict[str, Any] | None:
     """The gang scheduler's PodGroup for every pod of the run (spec.scheduling.gang), or None."""
     gang_spec = _gang(spec)
     if gang_spec is None:
         return None
-    metadata = _metadata(podgroup.pod_group_name(run), run, namespace, uid)
-    return podgroup.build_pod_group(run, namespace, metadata, gang_spec,
-                                    min_member=spec.rollout.replicas + spec.learner.nodes)
+    metadata = child_metadata(run, podgroup.pod_group_name(run.name))
+    return podgroup.build_pod_group(metadata, gang_spec, min_member=spec.rollout.replicas + spec.learner.nodes)
 
 
-def build_children(run: str, namespace: str, uid: str, spec: GRPORunSpec, *, trainer_image: str,
-                   attempt: int = 0, generation: int = 1,
+def build_children(run: RunRef, spec: GRPORunSpec, *, trainer_image: str, attempt: int = 0,
                    rollout_restarts: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
     """Everything a run needs, in creation order (the ConfigMap first: pods mount it; the PodGroup before its pods)."""
-    pod_group = build_pod_group(run, namespace, uid, spec)
+    pod_group = build_pod_group(run, spec)
     return [
-        build_config_map(run, namespace, uid, spec, generation),
-        build_rollout_service(run, namespace, uid),
-        build_learner_service(run, namespace, uid),
+        build_config_map(run, spec),
+        build_rollout_service(run),
+        build_learner_service(run),
         *([pod_group] if pod_group else []),
-        *build_pods(run, namespace, uid, spec, trainer_image=trainer_image, attempt=attempt,
-                    rollout_restarts=rollout_restarts),
+        *build_pods(run, spec, trainer_image=trainer_image, attempt=attempt, rollout_restarts=rollout_restarts),
     ]

@@ -22,6 +22,7 @@ from . import builders
 from .api import ROLE_LABEL, GRPORunSpec, Reason
 from .apitime import format_time
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
+from .run_ref import RunRef
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP = "kueue.x-k8s.io"
@@ -41,7 +42,7 @@ def workload_name(run: str) -> str:
     return f"grporun-{run}"
 
 
-def build_workload(run: str, namespace: str, uid: str, queue: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
+def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's Workload: one pod set per role, the role's first pod as its template, the role's pod count."""
     pod_sets = []
     for role in ROLES:
@@ -54,9 +55,7 @@ def build_workload(run: str, namespace: str, uid: str, queue: str, pods: list[di
         spec["priorityClassName"] = priority_class
         spec["priorityClassSource"] = "scheduling.k8s.io/priorityclass"
     return {"apiVersion": API_VERSION, "kind": WORKLOAD,
-            "metadata": {"name": workload_name(run), "namespace": namespace, "labels": builders.run_labels(run),
-                         "ownerReferences": [builders.owner_reference(run, uid)]},
-            "spec": spec}
+            "metadata": builders.child_metadata(run, workload_name(run.name)), "spec": spec}
 
 
 def _condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -173,17 +172,17 @@ class Gate:
     flavors: dict[str, list[str]] = field(default_factory=dict)
 
 
-async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec: GRPORunSpec, *,
-               trainer_image: str, pods_exist: bool, now: datetime.datetime) -> Gate:
+async def gate(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, trainer_image: str, pods_exist: bool,
+               now: datetime.datetime) -> Gate:
     """Create the Workload if missing and say whether the run may have pods; release an evicted one's quota once
     its pods are gone. One GET per pass for a queued run."""
-    workload = await kube.read(API_VERSION, WORKLOAD, namespace, workload_name(run))
+    workload = await kube.read(API_VERSION, WORKLOAD, run.namespace, workload_name(run.name))
     if workload is None:
-        pods = builders.build_pods(run, namespace, uid, spec, trainer_image=trainer_image)
+        pods = builders.build_pods(run, spec, trainer_image=trainer_image)
         try:
-            await kube.create(build_workload(run, namespace, uid, queue, pods))
+            await kube.create(build_workload(run, queue, pods))
         except APIClientError as error:
-            refusal = f"the Kueue Workload {workload_name(run)} was rejected: {error.message or error}"
+            refusal = f"the Kueue Workload {workload_name(run.name)} was rejected: {error.message or error}"
             if error.status in PERMANENT_REJECTIONS:
                 raise WorkloadRejected(refusal) from None
             # No Kueue on the cluster (404), or its webhook is not answering yet: try again on the next pass.
@@ -192,7 +191,8 @@ async def gate(kube: Kube, run: str, namespace: str, uid: str, queue: str, spec:
     admission = admission_of(workload)
     if admission.state == "evicted" and admission.reserved and not pods_exist:
         version = status_api_version(await kube.api_group(GROUP))
-        await kube.patch_status(version, WORKLOAD, namespace, workload_name(run), released_status(workload, now))
+        await kube.patch_status(version, WORKLOAD, run.namespace, workload_name(run.name),
+                                released_status(workload, now))
     return Gate(hold_of(admission, queue), admission.flavors)
 
 

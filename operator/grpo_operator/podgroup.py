@@ -43,9 +43,9 @@ def pod_group_name(run: str) -> str:
     return run
 
 
-def build_pod_group(run: str, namespace: str, metadata: dict[str, Any], gang: GangSpec,
-                    min_member: int) -> dict[str, Any]:
-    """The PodGroup of a run; `metadata` carries the run's labels and ownerReference (the builders make it)."""
+def build_pod_group(metadata: dict[str, Any], gang: GangSpec, min_member: int) -> dict[str, Any]:
+    """The PodGroup of a run; `metadata` (the builders make it) carries its name (`pod_group_name`), namespace,
+    the run's labels and ownerReference."""
     spec: dict[str, Any] = {"minMember": min_member}
     if gang.scheduler == "coscheduling":
         if gang.schedule_timeout_seconds is not None:
@@ -55,8 +55,7 @@ def build_pod_group(run: str, namespace: str, metadata: dict[str, Any], gang: Ga
         if gang.queue is not None:
             spec["queue"] = gang.queue
         api_version = VOLCANO_API
-    return {"apiVersion": api_version, "kind": "PodGroup",
-            "metadata": {**metadata, "name": pod_group_name(run), "namespace": namespace}, "spec": spec}
+    return {"apiVersion": api_version, "kind": "PodGroup", "metadata": metadata, "spec": spec}
 
 
 def join(pod: dict[str, Any], run: str, gang: GangSpec | None) -> dict[str, Any]:

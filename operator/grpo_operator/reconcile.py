@@ -37,11 +37,13 @@ from .pod_overrides import OverrideError
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
 from .run_loops import RunLoops
+from .run_ref import RunRef
 from .status import (
     CreateChildren,
     Decision,
     DeletePods,
     DeleteRun,
+    Observation,
     PodObservation,
     RecreatePods,
     derive_status,
@@ -55,6 +57,7 @@ def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+# more than 8: state kept between passes, every field defaulted; never passed at construction
 @dataclasses.dataclass
 class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
@@ -75,6 +78,7 @@ class RunMemory:
     warned_unknown_fields: bool = False
 
 
+# more than 8: the operator's settings, all but the image defaulted; built once, by keyword
 @dataclasses.dataclass
 class OperatorContext:
     """The operator's configuration and shared state; handed to kopf as its memo (`memo.context`)."""
@@ -124,8 +128,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     """One pass. Returns False when the run needs no more passes until its spec changes (finished, cleaned up, no
     TTL pending)."""
     metadata = body.get("metadata", {})
-    name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
-    generation = int(metadata.get("generation") or 1)
+    run = RunRef.of(metadata)
+    name, namespace, uid = run.name, run.namespace, run.uid
     memory = context.memory(uid)
     kube = Kube(context.settings, logger)
     base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
@@ -154,15 +158,15 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     gate = None
     if queue and not was_finished:
         try:
-            gate = await kueue.gate(kube, name, namespace, uid, queue, spec, trainer_image=context.trainer_image,
+            gate = await kueue.gate(kube, run, queue, spec, trainer_image=context.trainer_image,
                                     pods_exist=bool(live), now=now)
         except kueue.WorkloadRejected as error:
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
-    decision = derive_status(spec, base_status, observed, progress, now, generation=generation,
-                             children_exist=memory.children_created, progress_error=memory.progress_error,
-                             progress_lost=(memory.progress_invalid
-                                            or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER),
-                             create_error=memory.create_error, hold=gate.hold if gate else None)
+    seen = Observation(observed, progress, now, children_exist=memory.children_created,
+                       progress_error=memory.progress_error,
+                       progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                       create_error=memory.create_error, hold=gate.hold if gate else None)
+    decision = derive_status(run, spec, base_status, seen)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
         return False  # the run is gone
@@ -263,15 +267,13 @@ def _fingerprint(status: dict[str, Any]) -> tuple:
 async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
                live: list[tuple[PodObservation, PodFacts]], present: set[str], logger: Logger,
                gate: kueue.Gate | None = None) -> None:
-    metadata = body["metadata"]
-    name, namespace, uid = metadata["name"], metadata["namespace"], metadata["uid"]
-    memory = context.memory(uid)
+    run = RunRef.of(body["metadata"])
+    name, namespace = run.name, run.namespace
+    memory = context.memory(run.uid)
     uids = {obs.name: facts.uid for obs, facts in live}
     for action in decision.actions:
         if isinstance(action, CreateChildren):
-            generation = int(metadata.get("generation") or 1)
-            await _create_children(context, kube, name, namespace, uid, spec, decision.status, present, generation,
-                                   logger, gate)
+            await _create_children(context, kube, run, spec, decision.status, present, logger, gate)
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
                 await kube.delete("v1", "Pod", namespace, pod)
@@ -282,12 +284,12 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
             await kube.delete(API_VERSION, KIND, namespace, name)
 
 
-async def _create_children(context: OperatorContext, kube: Kube, name: str, namespace: str, uid: str,
-                           spec: GRPORunSpec, status: dict[str, Any], present: set[str], generation: int,
-                           logger: Logger, gate: kueue.Gate | None = None) -> None:
+async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, spec: GRPORunSpec,
+                           status: dict[str, Any], present: set[str], logger: Logger,
+                           gate: kueue.Gate | None = None) -> None:
     """Create what is missing. An invalid child fails the run (ChildRejected); anything else the API server
     answers (quota, throttling, a name still held by an earlier run's object) is retried with backoff."""
-    memory = context.memory(uid)
+    memory = context.memory(run.uid)
     now = context.clock()
     if memory.create_retry_at is not None and now < memory.create_retry_at:
         return
@@ -296,8 +298,8 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
     rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
     problem, created_pods = None, []
     try:
-        children = builders.build_children(name, namespace, uid, spec, trainer_image=context.trainer_image,
-                                           attempt=attempt, generation=generation, rollout_restarts=rollout_restarts)
+        children = builders.build_children(run, spec, trainer_image=context.trainer_image, attempt=attempt,
+                                           rollout_restarts=rollout_restarts)
     except OverrideError as error:  # a managed field the API server's rules let through
         raise ChildRejected(str(error), []) from None
     if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
@@ -321,13 +323,13 @@ async def _create_children(context: OperatorContext, kube: Kube, name: str, name
             created_pods.append(child["metadata"]["name"])
         if created:
             continue
-        existing = await _existing_of(kube, child, uid)
+        existing = await _existing_of(kube, child, run.uid)
         if existing is None:
             problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
-        elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != generation:
+        elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != run.generation:
             # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
             # learner and checkpoint edits only then): their config is rendered again. A live run's never is.
-            await kube.patch(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"],
+            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
                              {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
     if problem is None:
         memory.children_created, memory.create_error, memory.create_failures = True, None, 0

@@ -10,6 +10,7 @@ import pytest
 
 from grpo_operator import builders
 from grpo_operator.api import parse_spec
+from grpo_operator.run_ref import RunRef
 from grpo_trainer.contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     LEARNER_HTTP_PORT,
@@ -25,7 +26,7 @@ UID = "0b7c2c9e-1111-2222-3333-444455556666"
 
 def children(**overrides: Any) -> list[dict[str, Any]]:
     spec = parse_spec(minimal_spec(**overrides))
-    return builders.build_children("run", "ml", UID, spec, trainer_image="registry.example/grpo-trainer:1")
+    return builders.build_children(RunRef("run", "ml", UID), spec, trainer_image="registry.example/grpo-trainer:1")
 
 
 def by_name(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -183,13 +184,13 @@ def test_spec_images_resources_and_placement_reach_the_pods():
 
 def test_the_attempt_is_annotated_on_recreated_pods():
     spec = parse_spec(minimal_spec())
-    pods = builders.build_pods("run", "ml", UID, spec, trainer_image="img", attempt=2)
+    pods = builders.build_pods(RunRef("run", "ml", UID), spec, trainer_image="img", attempt=2)
     assert {p["metadata"]["annotations"][builders.ATTEMPT_ANNOTATION] for p in pods} == {"2"}
 
 
 def test_a_rollout_pod_carries_its_servers_restarts_so_far():
     spec = parse_spec(minimal_spec(rollout={"replicas": 2}))
-    pods = by_name(builders.build_pods("run", "ml", UID, spec, trainer_image="img", rollout_restarts={1: 2}))
+    pods = by_name(builders.build_pods(RunRef("run", "ml", UID), spec, trainer_image="img", rollout_restarts={1: 2}))
     restarts = {name: p["metadata"]["annotations"].get(builders.ROLLOUT_RESTARTS_ANNOTATION)
                 for name, p in pods.items()}
     assert restarts == {"run-rollout-0": "0", "run-rollout-1": "2", "run-learner-0": None}

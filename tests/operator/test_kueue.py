@@ -14,6 +14,7 @@ import pytest
 from grpo_operator import builders, kueue
 from grpo_operator.api import parse_spec
 from grpo_operator.kube import APIClientError
+from grpo_operator.run_ref import RunRef
 from tests.operator.test_lifecycle import _owner
 from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
@@ -55,8 +56,8 @@ def queued_spec() -> dict[str, Any]:
 def test_the_workload_holds_both_roles_with_their_requests_and_priority():
     spec = parse_spec(minimal_spec(rollout={"replicas": 2, "resources": GPU}, learner={
         "nodes": 3, "resources": GPU, "podTemplateOverride": {"spec": {"priorityClassName": "research"}}}))
-    pods = builders.build_pods("r", "ml", "uid-1", spec, trainer_image="img")
-    workload = kueue.build_workload("r", "ml", "uid-1", "team-q", pods)
+    pods = builders.build_pods(RunRef("r", "ml", "uid-1"), spec, trainer_image="img")
+    workload = kueue.build_workload(RunRef("r", "ml", "uid-1"), "team-q", pods)
     assert workload["metadata"]["name"] == "grporun-r" and workload["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert workload["spec"]["queueName"] == "team-q"
     assert [(s["name"], s["count"]) for s in workload["spec"]["podSets"]] == [("rollout", 2), ("learner", 3)]
@@ -77,7 +78,7 @@ def test_admission_state_of_a_workload(status, state):
 
 def test_flavours_reach_the_pods_of_their_pod_set():
     labels, tolerations = kueue.placement([FLAVOR])
-    pod = builders.build_pods("r", "ml", "u", parse_spec(minimal_spec(learner={
+    pod = builders.build_pods(RunRef("r", "ml", "u"), parse_spec(minimal_spec(learner={
         "nodeSelector": {"zone": "a"}, "tolerations": [TAINT]})), trainer_image="img")[-1]
     placed = kueue.place(pod, labels, tolerations)
     assert placed["spec"]["nodeSelector"] == {"zone": "a", "gpu.example.com/type": "h100"}
@@ -115,8 +116,8 @@ class _NoKueue:
 
 def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
     spec = parse_spec(queued_spec())
-    gate = asyncio.run(kueue.gate(_NoKueue(), "r", "ml", "u", "team-q", spec, trainer_image="img", pods_exist=False,
-                                  now=NOW))
+    gate = asyncio.run(kueue.gate(_NoKueue(), RunRef("r", "ml", "u"), "team-q", spec, trainer_image="img",
+                                  pods_exist=False, now=NOW))
     reason, message = gate.hold
     assert reason == "WaitingForAdmission"
     assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "

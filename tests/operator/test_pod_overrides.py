@@ -17,6 +17,7 @@ from grpo_operator.cli.render import PLACEHOLDER_UID, render
 from grpo_operator.kueue import QUEUE_LABEL
 from grpo_operator.manifest import evaluate_rule, load_crd, load_manifest, rule_sites, with_defaults
 from grpo_operator.pod_overrides import OverrideError, PodTemplateOverride, apply_override, local_env_notes
+from grpo_operator.run_ref import RunRef
 from tests.support.paths import MANIFEST_FIXTURES, REPO
 from tests.support.specs import minimal_spec
 
@@ -51,7 +52,7 @@ def pods(rollout: dict | None = None, learner: dict | None = None, *, rollout_fi
     learner_spec = {"nodes": 2, **(learner_fields or {}), **({"podTemplateOverride": learner} if learner else {})}
     spec = parse_spec(minimal_spec(rollout=rollout_spec, learner=learner_spec))
     return {pod["metadata"]["name"]: pod
-            for pod in builders.build_pods("run", "ml", UID, spec, trainer_image="img")}
+            for pod in builders.build_pods(RunRef("run", "ml", UID), spec, trainer_image="img")}
 
 
 def by_role(objects: dict[str, dict[str, Any]], role: str) -> list[dict[str, Any]]:

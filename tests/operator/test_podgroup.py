@@ -10,6 +10,7 @@ import pytest
 
 from grpo_operator import builders, podgroup
 from grpo_operator.api import parse_spec
+from grpo_operator.run_ref import RunRef
 from tests.operator.test_lifecycle import _owner
 from tests.support.chart_rbac import is_allowed, rendered_rules
 from tests.support.kube_emulator import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS
@@ -22,7 +23,7 @@ def children(scheduling: dict[str, Any] | None, learner: dict[str, Any] | None =
     spec = minimal_spec(rollout={"replicas": 2}, learner={"nodes": 3, **(learner or {})})
     if scheduling is not None:
         spec["scheduling"] = scheduling
-    return builders.build_children("run", "ml", UID, parse_spec(spec), trainer_image="img")
+    return builders.build_children(RunRef("run", "ml", UID), parse_spec(spec), trainer_image="img")
 
 
 def test_no_pod_group_unless_asked():

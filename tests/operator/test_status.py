@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 from grpo_operator.api import parse_spec
+from grpo_operator.run_ref import RunRef
 from grpo_operator.status import (
     CreateChildren,
     Decision,
     DeletePods,
     DeleteRun,
+    Observation,
     PodObservation,
     RecreatePods,
     derive_status,
@@ -51,7 +53,8 @@ def report(**fields: Any) -> ProgressReport:
 
 
 def step(spec, status, pods, progress=None, now=T0, **kwargs) -> Decision:
-    decision = derive_status(spec, status, pods, progress, now, generation=kwargs.pop("generation", 1), **kwargs)
+    run = RunRef("r", "ns", "uid-r", kwargs.pop("generation", 1))
+    decision = derive_status(run, spec, status, Observation(pods, progress, now, **kwargs))
     assert status_errors(decision.status) == [], decision.status
     return decision
 

@@ -18,6 +18,7 @@ from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase, Progre
 from grpo_trainer.progress import (
     AccountingError,
     ConsumedIds,
+    ProgressState,
     RolloutProgress,
     RolloutStop,
     SampleFilterQueue,
@@ -97,8 +98,9 @@ def test_a_group_consumed_past_the_bound_before_a_resume_is_never_counted_when_t
     progress = RolloutProgress(set(), epochs_done=0, stall_groups=10, groups_per_epoch=3, epochs=1)
     progress.train([0])
     progress.drop(3, DropReason.UNSCORABLE)  # past the bound
-    state = json.loads(json.dumps(progress.state_dict()))
-    resumed = RolloutProgress.from_state(state, set(), stall_groups=10, groups_per_epoch=3, epochs=1)
+    state = json.loads(json.dumps(progress.checkpoint_state().to_dict()))
+    resumed = RolloutProgress.restore(ProgressState.from_dict(state), set(), stall_groups=10, groups_per_epoch=3,
+                                      epochs=1)
     assert resumed.regenerate(0)  # absolute 1; the bound moves over absolute 3
     assert not resumed.needs(2) and resumed.needs(3)
     consumed, accounted = identity(resumed.report(phase=LearnerPhase.RUNNING, global_step=1))
@@ -169,8 +171,8 @@ class Stream:
 
     def resume(self) -> None:
         excluded = {g for batch in self.in_flight for g in batch}
-        state = json.loads(json.dumps(self.progress.state_dict(exclude=excluded)))
-        self.progress = RolloutProgress.from_state(state, ConsumedIds(), stall_groups=10**6,
+        state = json.loads(json.dumps(self.progress.checkpoint_state(exclude=excluded).to_dict()))
+        self.progress = RolloutProgress.restore(ProgressState.from_dict(state), ConsumedIds(), stall_groups=10**6,
                                                    groups_per_epoch=self.prompts, epochs=self.epochs)
         self.next_id = 0  # the worker restarts at the first unconsumed position
         self.batcher, self.in_flight = [], []

@@ -16,14 +16,14 @@ from grpo_trainer.checkpoints import (
     read_marker,
     write_marker,
 )
-from grpo_trainer.progress import RolloutProgress
+from grpo_trainer.progress import ProgressState, RolloutProgress
 
 
 def progress_state() -> dict:
     progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=4, epochs=2)
     progress.train([0, 1, 3])
     progress.drop(2, "no_signal")
-    return {**progress.state_dict(), "model_version": 3, "global_step": 3}
+    return {**progress.checkpoint_state().to_dict(), "model_version": 3, "global_step": 3}
 
 
 def complete_checkpoint(directory: Path, step: int) -> Path:
@@ -198,8 +198,8 @@ def test_a_real_learner_vouches_for_its_checkpoints_and_a_restart_skips_a_torn_o
 def resumed_through_a_checkpoint(progress: RolloutProgress, directory: Path) -> RolloutProgress:
     """What a restart does: the state into a marker, the marker checked and read back, a new RolloutProgress."""
     directory.mkdir()
-    write_marker(str(directory), {**progress.state_dict(), "model_version": 0, "global_step": 0})
-    return RolloutProgress.from_state(read_marker(str(directory)), set(), stall_groups=0,
+    write_marker(str(directory), {**progress.checkpoint_state().to_dict(), "model_version": 0, "global_step": 0})
+    return RolloutProgress.restore(ProgressState.from_dict(read_marker(str(directory))), set(), stall_groups=0,
                                       groups_per_epoch=progress.groups_per_epoch, epochs=progress.epochs)
 
 

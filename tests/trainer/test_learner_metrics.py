@@ -212,15 +212,16 @@ def test_counters_start_at_zero_in_a_resumed_process_and_totals_since_the_run_be
     # checkpoint's trained count, `collated_total` went 4 before the crash, 2 at the resumed start.
     import json as json_module
 
-    from grpo_trainer.progress import RolloutProgress
+    from grpo_trainer.progress import ProgressState, RolloutProgress
 
     progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=8, epochs=2)
     progress.train([0, 1, 2, 3])
     assert progress.regenerate(4)
     progress.train([5])
     progress.untrain([5])  # a stop's discarded window: returned
-    state = json_module.loads(json_module.dumps(progress.state_dict()))
-    resumed = RolloutProgress.from_state(state, set(), stall_groups=0, groups_per_epoch=8, epochs=2)
+    state = json_module.loads(json_module.dumps(progress.checkpoint_state().to_dict()))
+    resumed = RolloutProgress.restore(ProgressState.from_dict(state), set(), stall_groups=0, groups_per_epoch=8,
+                                      epochs=2)
     found = scrape_progress(resumed)
     counters = {key: value for key, (kind, value) in found.items() if kind == "counter"}
     assert (c.METRIC_GROUPS_COLLATED, ()) in counters and set(counters.values()) == {0.0}

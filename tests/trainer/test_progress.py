@@ -16,6 +16,7 @@ from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
+    ProgressState,
     RolloutProgress,
     RolloutStop,
     SampleFilterQueue,
@@ -155,7 +156,9 @@ class TestRolloutProgress:
         progress.train([1])
         report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
         assert (report.groups_collated, report.groups_returned, report.groups_trained) == (4, 2, 2)
-        resumed = make_progress(trained=5)
+        checkpoint = ProgressState(first_unconsumed=0, consumed_after=[], dropped_after={}, prefix_streak=0,
+                                   groups_trained=5, dropped={}, epochs_done=0)
+        resumed = RolloutProgress.restore(checkpoint, set(), stall_groups=0, groups_per_epoch=6, epochs=1)
         assert (resumed.groups_collated, resumed.groups_returned, resumed.groups_trained) == (0, 0, 5)
 
     def test_training_a_group_dropped_earlier_moves_it(self):
@@ -179,11 +182,12 @@ class TestRolloutProgress:
         progress.train([0, 1, 3])
         progress.drop(2, "no_signal")
         progress.drop(5, "stale")
-        state = progress.state_dict(exclude={3})  # 3 was collated but had not trained at the checkpoint
+        state = progress.checkpoint_state(exclude={3}).to_dict()  # 3 was collated but had not trained at the checkpoint
         assert state["first_unconsumed"] == 3 and state["consumed_after"] == [5] and state["groups_trained"] == 2
         assert state["dropped_after"] == {"stale": [5]} and state["prefix_streak"] == 1  # group 2, right before 3
         consumed = {99}
-        resumed = RolloutProgress.from_state(state, consumed, stall_groups=0, groups_per_epoch=5, epochs=2)
+        resumed = RolloutProgress.restore(ProgressState.from_dict(state), consumed, stall_groups=0,
+                                          groups_per_epoch=5, epochs=2)
         assert resumed.start_group == 3 and consumed == {2}  # absolute 5 is worker id 2 after the restart
         assert resumed.groups_consumed == 4 and resumed.dropped["stale"] == 1 and resumed.groups_trained == 2
         assert resumed.needs(6) and not resumed.needs(7)
@@ -231,9 +235,10 @@ class TestRolloutProgress:
         progress.train([0])
         progress.regenerate(1)
         progress.train([2])
-        state = progress.state_dict()
+        state = progress.checkpoint_state().to_dict()
         consumed = set()
-        resumed = RolloutProgress.from_state(state, consumed, stall_groups=0, groups_per_epoch=4, epochs=1)
+        resumed = RolloutProgress.restore(ProgressState.from_dict(state), consumed, stall_groups=0,
+                                          groups_per_epoch=4, epochs=1)
         assert resumed.start_group == 3 and resumed.regenerated == 1 and resumed.groups_consumed == 2
         assert resumed.needs(1) and not resumed.needs(2)  # absolute 3 and the stand-in 4
 

@@ -12,7 +12,7 @@ import pytest
 
 from grpo_trainer.contract import LearnerPhase
 from grpo_trainer.exporter import ProgressServer
-from grpo_trainer.progress import ConsumedIds, RolloutProgress, RolloutStop, StopCode
+from grpo_trainer.progress import ConsumedIds, ProgressState, RolloutProgress, RolloutStop, StopCode
 
 
 def make_progress(n=10, epochs=3, stall_groups=0, consumed=None) -> RolloutProgress:
@@ -21,8 +21,10 @@ def make_progress(n=10, epochs=3, stall_groups=0, consumed=None) -> RolloutProgr
 
 
 def resumed(progress: RolloutProgress, n=10, epochs=3, stall_groups=0, exclude=()) -> RolloutProgress:
-    state = json.loads(json.dumps(progress.state_dict(exclude=exclude)))  # what the checkpoint file holds
-    return RolloutProgress.from_state(state, ConsumedIds(), stall_groups=stall_groups, groups_per_epoch=n,
+    # what the checkpoint file holds
+    state = json.loads(json.dumps(progress.checkpoint_state(exclude=exclude).to_dict()))
+    return RolloutProgress.restore(ProgressState.from_dict(state), ConsumedIds(), stall_groups=stall_groups,
+                                   groups_per_epoch=n,
                                       epochs=epochs)
 
 
@@ -130,7 +132,7 @@ class TestScale:
         assert len(folded._trained_ids) + len(folded._drop_reason) < 110
         for key in ("groups_consumed", "groups_trained", "epochs_done", "first_unconsumed", "stall_streak"):
             assert getattr(folded, key) == getattr(plain, key), key
-        assert folded.state_dict(exclude={1450}) == plain.state_dict(exclude={1450})
+        assert folded.checkpoint_state(exclude={1450}).to_dict() == plain.checkpoint_state(exclude={1450}).to_dict()
 
 
 class TestGivenBack:
@@ -139,7 +141,7 @@ class TestGivenBack:
         progress.train([0, 1, 2, 3])
         progress.untrain({2, 3})  # their accumulation window never reached an optimizer step
         assert progress.groups_trained == 2 and progress.first_unconsumed == 2 and progress.groups_consumed == 2
-        state = progress.state_dict()
+        state = progress.checkpoint_state().to_dict()
         assert state["first_unconsumed"] == 2 and state["consumed_after"] == [] and state["groups_trained"] == 2
 
     def test_consumed_ids_unfold_when_a_folded_group_is_given_back(self):

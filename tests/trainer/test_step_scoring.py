@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_trainer.contract import EXIT_STALLED, DropReason, LearnerPhase
-from grpo_trainer.progress import RolloutProgress, RolloutStop
+from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop
 from grpo_trainer.step_scoring import ExclusionTracker, ImportanceBounds, Verdict, masked_terms, score_step
 
 
@@ -98,8 +98,9 @@ def test_an_excluded_group_survives_a_checkpoint_as_excluded():
     progress = make_progress(n=4, epochs=2)
     progress.train({0, 1, 2})
     progress.exclude(1, DropReason.EXCLUDED)
-    state = progress.state_dict()
-    resumed = RolloutProgress.from_state(state, set(), stall_groups=0, groups_per_epoch=4, epochs=2)
+    state = progress.checkpoint_state().to_dict()
+    resumed = RolloutProgress.restore(ProgressState.from_dict(state), set(), stall_groups=0, groups_per_epoch=4,
+                                      epochs=2)
     report = resumed.report(phase=LearnerPhase.RUNNING, global_step=0)
     assert report.dropped["excluded"] == 1 and report.groups_trained == 2 and report.groups_consumed == 3
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .contract import DropReason
+from .progress.state import ProgressStateError, check_version
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ class UnusableCheckpoints(ValueError):
     starting afresh would overwrite it, so the learner stops (a retry would find the same files)."""
 
 
+# more than 8: the marker file's schema, one field per key; only validates
 class ProgressMarker(BaseModel):
-    """The schema of a marker: RolloutProgress.state_dict, the trainer's own figures, and what vouches for them.
+    """The schema of a marker: the progress state (progress.ProgressState), the trainer's own figures, and what
+    vouches for them.
 
     Keys beyond these are kept (a newer state may carry more); the digest covers them as well.
     """
@@ -114,6 +117,10 @@ def read_marker(checkpoint_dir: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise MarkerError(f"holds a JSON {type(payload).__name__}, not an object")
     try:
+        check_version(payload)  # a state written by a newer learner is refused, not misread
+    except ProgressStateError as error:
+        raise MarkerError(str(error)) from None
+    try:
         ProgressMarker.model_validate(payload)
     except ValidationError as error:
         problems = [f"{'.'.join(str(p) for p in e['loc']) or 'marker'}: {e['msg']}" for e in error.errors()]
@@ -121,6 +128,7 @@ def read_marker(checkpoint_dir: str) -> dict[str, Any]:
         raise MarkerError(f"is incomplete or malformed ({'; '.join(problems[:_ERRORS_SHOWN])}{more})") from None
     if _digest(payload) != payload["digest"]:
         raise MarkerError("does not match its digest: its content changed after it was written")
+
     on_disk = checkpoint_files(checkpoint_dir)
     for name, size in payload["files"].items():
         if name not in on_disk:

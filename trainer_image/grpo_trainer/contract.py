@@ -250,6 +250,7 @@ def managed_args_message(keys: list[str]) -> str:
     return "; ".join(f"{key} is set from the spec: use {MANAGED_TRAINER_ARGS[key]}" for key in keys)
 
 
+# more than 8: mirrors the run config's training section, one field per key; built by validation
 class TrainingConfig(WireModel):
     epochs: float = Field(1, gt=0)
     num_generations: int = Field(8, ge=2)
@@ -339,6 +340,7 @@ class CheckpointConfig(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+# more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
 
@@ -396,6 +398,7 @@ class _ReportModel(WireModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
 
+# more than 8: mirrors one server of the /progress report; built by keyword
 class RolloutReplicaReport(_ReportModel):
     """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
 
@@ -412,6 +415,7 @@ class RolloutReplicaReport(_ReportModel):
     last_error: str = ""
 
 
+# more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
     phase: LearnerPhase = LearnerPhase.STARTING
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")

@@ -7,7 +7,7 @@ when there are none) and rank 0 scores each complete group with the reward model
 recomputes the group-normalised advantages TRL's loss reads. Scoring a whole group before batching is what makes the
 normalisation exact: TRL's batchers split a group across micro-batches and ranks. A group with nothing left, or with
 no signal after scoring, is dropped there and counted once like every other drop, so every rank still stops at the
-same micro-batch (progress.py) and a checkpoint keeps it dropped.
+same micro-batch (the progress package) and a checkpoint keeps it dropped.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Hooks (subclass only; TRL is not patched): the data pipeline is rebuilt with SampleFilterQueue, StopAwareDataset and
 ProgressCollator; `get_batch_samples` handles the stop micro-batch the same way on every rank; TRL's count-based
 `_EpochStopCallback` is removed (the stream now decides, and counts drops too); checkpoints carry the consumed
-groups. See progress.py for the rules.
+groups. See the progress package for the rules.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from .progress import (
     STOP_KEY,
     ConsumedIds,
     ProgressCollator,
+    ProgressState,
     RolloutPipelineError,
     RolloutProgress,
     SampleFilterQueue,
@@ -87,6 +88,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
     """
 
+    # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
     def __init__(
         self,
         *args: Any,
@@ -541,12 +543,12 @@ class GRPOLearner(AsyncGRPOTrainer):
         # Collated is not trained: groups only in micro-batches not yet through an optimizer step are left out, so a
         # resumed run generates them again instead of losing them.
         in_flight = set().union(*self._collator.in_flight) if self._collator else set()
-        state = self.progress.state_dict(exclude=in_flight)
-        state["model_version"] = self.model_version
-        state["global_step"] = self.state.global_step
+        progress_state = self.progress.checkpoint_state(exclude=in_flight)
+        state = {**progress_state.to_dict(), "model_version": self.model_version,
+                 "global_step": self.state.global_step}
         # TRL's prompt_index counts only from its own set; write the position resume really starts from, so TRL's
         # resume path (AsyncRolloutWorker) agrees with ours.
-        start = state["first_unconsumed"]
+        start = progress_state.first_unconsumed
         write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
                               {"prompt_index": start, "model_version": self.model_version})
         # Written last, and atomically: it marks the checkpoint complete and vouches for its files (checkpoints.py).
@@ -560,8 +562,8 @@ class GRPOLearner(AsyncGRPOTrainer):
                 state = read_marker(checkpoint)
             except MarkerError as error:
                 raise UnusableCheckpoints(f"cannot resume from {checkpoint}: {state_file} {error}") from None
-            self.progress = RolloutProgress.from_state(
-                state,
+            self.progress = RolloutProgress.restore(
+                ProgressState.from_dict(state),
                 self._trained_groups,
                 stall_groups=self.stall_groups,
                 groups_per_epoch=self.progress.groups_per_epoch,

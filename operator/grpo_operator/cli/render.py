@@ -13,6 +13,7 @@ import yaml
 
 from ..builders import TRAINER_IMAGE_ENV, build_children, default_trainer_image
 from ..manifest import ManifestError, read_grporun
+from ..run_ref import RunRef
 from .exit_codes import ExitCode
 from .output import manifest_problem
 
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def render(path: str, *, namespace: str, trainer_image: str, uid: str) -> str:
     run = read_grporun(path, default_namespace=namespace)
-    objects = build_children(run.name, run.namespace, uid, run.spec, trainer_image=trainer_image)
+    objects = build_children(RunRef(run.name, run.namespace, uid), run.spec, trainer_image=trainer_image)
     return yaml.safe_dump_all(objects, sort_keys=False)
 
 

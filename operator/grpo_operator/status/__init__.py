@@ -28,6 +28,7 @@ from .decision import (
     DeletePods,
     DeleteRun,
     Event,
+    Observation,
     PodObservation,
     RecreatePods,
     Role,
@@ -37,6 +38,6 @@ from .exits import classify_failure, failure_text, report_from_termination_messa
 
 __all__ = [
     "STUCK_WAITING_REASONS", "Action", "CreateChildren", "Decision", "DeletePods", "DeleteRun", "Event",
-    "PodObservation", "RecreatePods", "Role", "classify_failure", "derive_status", "failure_text", "format_time",
-    "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
+    "Observation", "PodObservation", "RecreatePods", "Role", "classify_failure", "derive_status", "failure_text",
+    "format_time", "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
 ]

@@ -1,13 +1,17 @@
-"""What the pure derivation reads (PodObservation) and returns (Decision: status, events, actions)."""
+"""What the pure derivation reads (Observation, of PodObservations) and returns (Decision: status, events, actions)."""
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from grpo_trainer.contract import ProgressReport
 
 Role = Literal["rollout", "learner"]
 
 
+# more than 8: one field per fact the derivation reads of a pod; built by keyword
 @dataclass(frozen=True)
 class PodObservation:
     """What the operator needs to know about one pod (the kopf layer and `grporun local` both produce these)."""
@@ -27,6 +31,28 @@ class PodObservation:
     conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
     container: str | None = None  # the main container's name (the role's)
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the operator saw of a run in one pass, besides its spec and last status."""
+
+    #: The run's own pods; those being deleted (the ones the operator just deleted included) marked `terminating`.
+    pods: list[PodObservation]
+    #: The learner's last `/progress`, None when there is none to read.
+    progress: ProgressReport | None
+    now: datetime.datetime
+    #: False when the ConfigMap and Services may be missing (right after an operator restart, say): creating
+    #: children is idempotent, so the pass asks for it.
+    children_exist: bool = True
+    #: Why the running learner's `/progress` could not be read this time; `progress_lost`: several times in a row.
+    progress_error: str | None = None
+    progress_lost: bool = False
+    #: Why creating children failed last time (a transient API error, retried).
+    create_error: str | None = None
+    #: (reason, message) that keeps the run suspended for a reason outside its spec: Kueue has not admitted it, or
+    #: evicted it.
+    hold: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,22 @@ from ..api import (
     parse_status,
 )
 from ..eta import update_estimate
+from ..run_ref import RunRef
 from . import clock
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
-from .decision import Action, CreateChildren, Decision, DeletePods, DeleteRun, Event, PodObservation, RecreatePods, rank
+from .decision import (
+    Action,
+    CreateChildren,
+    Decision,
+    DeletePods,
+    DeleteRun,
+    Event,
+    Observation,
+    PodObservation,
+    RecreatePods,
+    rank,
+)
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view
@@ -49,25 +61,11 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
 
 
-def derive_status(spec: GRPORunSpec, status: dict[str, Any] | None, pods: list[PodObservation],
-                  progress: ProgressReport | None, now: datetime.datetime, *, generation: int,
-                  children_exist: bool = True, progress_error: str | None = None, progress_lost: bool = False,
-                  create_error: str | None = None, hold: tuple[str, str] | None = None) -> Decision:
-    """The next status of a run, the events its transitions emit and the actions the I/O layer must take.
-
-    `pods` are the run's own pods as observed (those being deleted, including the ones the operator just deleted,
-    marked `terminating`), `progress` the learner's last `/progress` (None when there is none to read),
-    `progress_error` why the running learner's `/progress` could not be read this time (`progress_lost`: several
-    times in a row), `create_error` why creating children failed last time (a transient API error, retried),
-    `children_exist` False when the ConfigMap and Services may be missing (e.g. right after an operator restart:
-    CreateChildren is idempotent). `hold` (reason, message) keeps the run suspended for a reason outside its spec:
-    Kueue has not admitted it, or evicted it.
-    """
-    derivation = _Derivation(spec, parse_status(status), pods, progress, now, generation)
-    derivation.progress_error, derivation.progress_lost = progress_error, progress_lost
-    derivation.create_error = create_error
-    derivation.hold = hold
-    derivation.decide(children_exist)
+def derive_status(run: RunRef, spec: GRPORunSpec, status: dict[str, Any] | None, seen: Observation) -> Decision:
+    """The next status of a run, the events its transitions emit and the actions the I/O layer must take, from its
+    spec, its last status and what the operator saw of it this pass (status.observedGeneration: `run.generation`)."""
+    derivation = _Derivation(run, spec, parse_status(status), seen)
+    derivation.decide()
     return derivation.decision()
 
 
@@ -95,25 +93,19 @@ def invalid_spec_status(status: dict[str, Any] | None, error: Exception, now: da
 class RunRecord:
     """The pass's inputs and what it has decided so far: the new status, its conditions, events and actions."""
 
-    def __init__(self, spec: GRPORunSpec, old: GRPORunStatus, pods: list[PodObservation],
-                 progress: ProgressReport | None, now: datetime.datetime, generation: int):
-        self.spec, self.old, self.now, self.generation = spec, old, now, generation
+    def __init__(self, run: RunRef, spec: GRPORunSpec, old: GRPORunStatus, seen: Observation):
+        self.spec, self.old, self.seen = spec, old, seen
+        self.now, self.progress = seen.now, seen.progress
         self.new = old.model_copy(deep=True)
-        self.new.observed_generation = generation
-        self.conditions = Conditions(self.new, now, generation)
+        self.new.observed_generation = run.generation
+        self.conditions = Conditions(self.new, seen.now, run.generation)
         self.events: list[Event] = []
         self.actions: list[Action] = []
-        self.terminating = [p for p in pods if p.terminating]
-        pods = [p for p in pods if not p.terminating]
-        self.pods = pods
-        self.progress_error: str | None = None
-        self.progress_lost = False
+        self.terminating = [p for p in seen.pods if p.terminating]
+        self.pods = [p for p in seen.pods if not p.terminating]
         self.trained_now = False  # this pass's report has more trained groups than the last one
-        self.create_error: str | None = None
-        self.rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: p.name)
-        self.learner_pods = sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name))
-        self.progress = progress
-        self.hold: tuple[str, str] | None = None
+        self.rollout_pods = sorted((p for p in self.pods if p.role == "rollout"), key=lambda p: p.name)
+        self.learner_pods = sorted((p for p in self.pods if p.role == "learner"), key=lambda p: rank(p.name))
 
     def decision(self) -> Decision:
         if self.new.progress is not None:
@@ -182,7 +174,7 @@ class _ProgressRules(RunRecord):
 
     def _progress_unknown(self) -> bool:
         """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
-        message = f"the learner's progress cannot be read: {self.progress_error}"
+        message = f"the learner's progress cannot be read: {self.seen.progress_error}"
         if self.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
             self.event("Warning", Reason.PROGRESS_UNKNOWN, message)
         self.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
@@ -201,7 +193,7 @@ class _ProgressRules(RunRecord):
         idle = clock.idle_seconds(self.new.progress_clock, self.now)
         cause = stall_cause(self.spec, self.new, idle, running=running)
         deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
-        if running and self.progress_error is not None and (self.progress_lost or deadline):
+        if running and self.seen.progress_error is not None and (self.seen.progress_lost or deadline):
             return self._progress_unknown()
         if cause is None:
             # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
@@ -239,14 +231,14 @@ class _ProgressRules(RunRecord):
 class _Derivation(_ProgressRules):
     """One pass of the state machine over a RunRecord."""
 
-    def decide(self, children_exist: bool) -> None:
+    def decide(self) -> None:
         if self.old.phase in FINISHED_PHASES:
             self._after_finish()
             return
         if not self.new.conditions:
             _initial_conditions(self.conditions)
         self._count_pods()
-        if self.spec.run_policy.suspend or self.hold is not None:
+        if self.spec.run_policy.suspend or self.seen.hold is not None:
             self._suspend()
             return
         if self.old.phase == Phase.SUSPENDED:
@@ -257,7 +249,7 @@ class _Derivation(_ProgressRules):
         if self._decide_on_exits():
             return
         missing = self._missing_pods()
-        if missing or not children_exist:
+        if missing or not self.seen.children_exist:
             self.actions.append(CreateChildren())
         phase = self._running_phase(missing)
         self._surface_create_error()
@@ -325,17 +317,18 @@ class _Derivation(_ProgressRules):
         # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
         # it would be "new" again on every pass).
         quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
-        if not quiet and self.create_error is None and not self._reported(reason):
+        if not quiet and self.seen.create_error is None and not self._reported(reason):
             self.event("Warning", reason, message)
         self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
 
     def _surface_create_error(self) -> None:
-        if self.create_error is None:
+        error = self.seen.create_error
+        if error is None:
             return
-        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, self.create_error)
+        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, error)
         if not self._reported(Reason.CREATE_FAILED):
-            self.event("Warning", Reason.CREATE_FAILED, self.create_error)
-        self.new.message = self.create_error
+            self.event("Warning", Reason.CREATE_FAILED, error)
+        self.new.message = error
 
     # --- exits and the end of a run ----------------------------------------------------------------------------
     def _decide_on_exits(self) -> bool:
@@ -428,8 +421,8 @@ class _Derivation(_ProgressRules):
             self.actions.append(DeletePods(tuple(sorted(p.name for p in self.pods)), reason="suspended"))
         self.tick_clock(running=False)
         reason, message = Reason.SUSPENDED, _phase_message(self.spec, Phase.SUSPENDED)
-        if not self.spec.run_policy.suspend and self.hold is not None:
-            reason, message = self.hold
+        if not self.spec.run_policy.suspend and self.seen.hold is not None:
+            reason, message = self.seen.hold
         previous = self.conditions.get(ConditionType.SUSPENDED)
         changed = self.conditions.set(ConditionType.SUSPENDED, "True", reason, message)
         if changed or previous is None or previous.reason != reason:

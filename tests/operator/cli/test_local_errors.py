@@ -16,6 +16,7 @@ from grpo_operator.cli.local.console import final_summary
 from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
 from grpo_operator.cli.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
+from grpo_operator.run_ref import RunRef
 from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
@@ -95,7 +96,7 @@ def test_processes_run_the_pods_commands_and_env():
     pod_rollout = builders.rollout_command()
     assert rollout.argv == ["/rv/python", *pod_rollout[1:-1], "/runs/tiny/run.json", "--port", "8111"]
     assert rollout.name == builders.rollout_pod_name("tiny", 0) and rollout.url == "http://127.0.0.1:8111"
-    assert learner.argv == ["/lv/python", *builders.learner_command("tiny", "default", spec, 0)[1:-1],
+    assert learner.argv == ["/lv/python", *builders.learner_command(RunRef("tiny", "default", "local"), spec, 0)[1:-1],
                             "/runs/tiny/run.json"]
     assert learner.env["GRPO_RUN"] == "tiny" and learner.env["GRPO_CONFIG"] == "/runs/tiny/run.json"
     assert "HOME" not in learner.env  # the pod's HOME is a container path

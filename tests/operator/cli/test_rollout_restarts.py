@@ -22,7 +22,7 @@ from grpo_operator.cli.local.plan import ProcessPlan
 from grpo_operator.cli.local.processes import LocalProcess, free_port
 from grpo_operator.cli.local.rollout_restarts import Liveness, exit_line
 from grpo_operator.cli.local.supervise import LocalRun
-from grpo_operator.status import derive_status
+from grpo_operator.status import Observation, derive_status
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
 from tests.support.paths import REPO
 from tests.support.specs import minimal_spec
@@ -59,8 +59,8 @@ def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_th
         for _ in range(20):
             if server.popen is not None:
                 _wait_exit(server)
-            decision = derive_status(spec, local.status, local.observations(), None,
-                                     datetime.datetime.now(datetime.UTC), generation=1)
+            decision = derive_status(local.ref, spec, local.status,
+                                     Observation(local.observations(), None, datetime.datetime.now(datetime.UTC)))
             local.status = decision.status
             events += decision.events
             local.act(decision.actions, console.log)
@@ -100,8 +100,8 @@ def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_sta
         while not condition():
             assert time.monotonic() < deadline, console.file.getvalue()
             local.stop_hung(console.log)
-            decision = derive_status(spec, local.status, local.observations(), None,
-                                     datetime.datetime.now(datetime.UTC), generation=1)
+            decision = derive_status(local.ref, spec, local.status,
+                                     Observation(local.observations(), None, datetime.datetime.now(datetime.UTC)))
             local.status = decision.status
             events.extend(decision.events)
             local.act(decision.actions, console.log)

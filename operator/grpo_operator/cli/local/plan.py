@@ -9,6 +9,7 @@ from typing import Any
 from ... import builders
 from ...api import GRPORunSpec
 from ...manifest import ManifestInvalid
+from ...run_ref import RunRef
 from ...status import PodObservation, Role
 from ..exit_codes import ExitCode
 
@@ -118,9 +119,10 @@ def plan_processes(
     since OpenMP's threads wait on each other whenever one is descheduled.
     """
     pod_config = f"{builders.CONFIG_DIR}/{builders.CONFIG_FILE}"
+    owner = RunRef(run, namespace, uid="local")  # no GRPORun object: only the pods' commands and env are used
     plans = []
     for index, port in enumerate(rollout_ports):
-        pod = builders.build_rollout_pod(run, namespace, "local", spec, index, trainer_image="local")
+        pod = builders.build_rollout_pod(owner, spec, index, trainer_image="local")
         argv = _swap(_swap(pod["spec"]["containers"][0]["command"], "python", [rollout_python]), pod_config,
                      [config_path])
         env = _pod_env(pod, config_path)
@@ -130,7 +132,7 @@ def plan_processes(
             env.setdefault(VLLM_CPU_BIND_ENV, str(index % cpu_count))
         plans.append(ProcessPlan(pod["metadata"]["name"], "rollout", [*argv, "--port", str(port)],
                                  env, f"http://{LOCAL_HOST}:{port}"))
-    pod = builders.build_learner_pod(run, namespace, "local", spec, 0, trainer_image="local")
+    pod = builders.build_learner_pod(owner, spec, 0, trainer_image="local")
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
     argv = _swap(argv, pod_config, [config_path])
     argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(main_process_port))

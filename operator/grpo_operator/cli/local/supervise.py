@@ -26,6 +26,7 @@ from ... import status as st
 from ...api import FINISHED_PHASES, GRPORunSpec, Phase
 from ...manifest import read_grporun
 from ...resolve import resolve_run_config
+from ...run_ref import RunRef
 from ..exit_codes import ExitCode
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
@@ -33,6 +34,7 @@ from .processes import LocalProcess, find_rollout_python, free_port, http_ok, re
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
 
 
+# more than 8: the local run's plan and its live state; built once, by keyword
 @dataclass
 class LocalRun:
     name: str
@@ -45,6 +47,11 @@ class LocalRun:
     status: dict[str, Any] | None = None
     liveness: Liveness | None = None
     hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
+
+    @property
+    def ref(self) -> RunRef:
+        """The run as the derivation sees it: no GRPORun object, so no uid, and a spec never edited."""
+        return RunRef(self.name, self.namespace, uid="local")
 
     def learner(self) -> LocalProcess:
         return next(p for p in self.processes.values() if p.plan.role == "learner")
@@ -191,9 +198,8 @@ def supervise(local: LocalRun, console: Console, log: Callable[[str], None], pol
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None
             report = read_progress_blocking(learner.plan.url) if alive else None
-            decision = st.derive_status(
-                local.spec, local.status, pods, report, datetime.datetime.now(datetime.UTC), generation=1,
-            )
+            seen = st.Observation(pods, report, datetime.datetime.now(datetime.UTC))
+            decision = st.derive_status(local.ref, local.spec, local.status, seen)
             local.status = decision.status
             for event in decision.events:
                 log(f"{event.type} {event.reason}: {one_line(event.message)}")
