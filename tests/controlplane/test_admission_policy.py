@@ -67,7 +67,11 @@ def stored_before(admin) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def policy(admin, stored_before) -> Iterator[list[dict[str, Any]]]:
     """The chart's policy and binding (default values) on the server; removed again after the module."""
-    objects = [obj for kind in PLURALS for obj in managed_args_objects(render_objects(), kind)]
+    yield from installed(admin, [obj for kind in PLURALS for obj in managed_args_objects(render_objects(), kind)])
+
+
+def installed(admin, objects: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """A fixture's body: a policy and its binding created on the server, deleted again when the fixture ends."""
     assert [obj["kind"] for obj in objects] == list(PLURALS)
     for obj in objects:
         admin.call("POST", f"{API}/{PLURALS[obj['kind']]}", json=obj)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.controlplane.test_admission_policy import PLURALS, installed
 from tests.support.chart_render import objects_of_kind, render_objects
 from tests.support.control_plane_client import Client
 from tests.support.kube_emulator import GRPORUNS, ApiError
@@ -20,23 +21,14 @@ from tests.support.specs import grporun, minimal_spec
 
 pytestmark = pytest.mark.controlplane
 
-API = "/apis/admissionregistration.k8s.io/v1"
-PLURALS = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-           "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 RBAC = "rbac.authorization.k8s.io/v1"
 
 
 @pytest.fixture(scope="module")
 def tenancy_policy(admin) -> Iterator[list[dict[str, Any]]]:
     """The chart's tenancy policy and its binding (default values) on the server, for this module."""
-    objects = [obj for kind in PLURALS for obj in objects_of_kind(render_objects(), kind)
-               if obj["metadata"]["name"].endswith("-tenancy")]
-    assert [obj["kind"] for obj in objects] == list(PLURALS)
-    for obj in objects:
-        admin.call("POST", f"{API}/{PLURALS[obj['kind']]}", json=obj)
-    yield objects
-    for obj in reversed(objects):
-        admin.call("DELETE", f"{API}/{PLURALS[obj['kind']]}/{obj['metadata']['name']}")
+    yield from installed(admin, [obj for kind in PLURALS for obj in objects_of_kind(render_objects(), kind)
+                                 if obj["metadata"]["name"].endswith("-tenancy")])
 
 
 @dataclass
