@@ -73,6 +73,16 @@ class StallCause(str, Enum):
     WEIGHT_SYNC = "weight_sync"  # a weight sync outlived rollout.weightSync.deadlineSeconds (it hung)
 
 
+class ReplicaState(str, Enum):
+    """Where one rollout server is in the learner's set. The set the learner should use is `rollout.urls` in the run
+    config, which may change while the learner runs; a server whose URL left it drains, then leaves the report, and
+    only then may its pod go."""
+
+    JOINING = "joining"  # in rollout.urls; not admitted yet (no one-token generation at the current weights)
+    SERVING = "serving"  # admitted: gets requests and every weight sync
+    DRAINING = "draining"  # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+
+
 class LearnerPhase(str, Enum):
     STARTING = "Starting"
     RUNNING = "Running"
@@ -402,9 +412,10 @@ class _ReportModel(WireModel):
 class RolloutReplicaReport(_ReportModel):
     """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
 
-    replica: Count = Field(description="Index in rollout.urls (the rollout pod's ordinal).")
+    replica: Count = Field(description="The rollout pod's ordinal (its index in rollout.urls while it is in it).")
     url: str
     ready: bool = False
+    state: ReplicaState = ReplicaState.SERVING
     # `vN`; bounded because it is copied into status.rollout.servers[].weightVersion.
     weight_version: str | None = Field(None, max_length=64, description="The weight version directory it serves.")
     samples: Count = Field(0, description="Completions it produced for the learner.")
