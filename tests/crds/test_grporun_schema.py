@@ -23,11 +23,12 @@ from grpo_operator.api import (
     Phase,
     ProgressClock,
     ProgressStatus,
+    RolloutServerStatus,
     RolloutStatus,
 )
 from grpo_operator.eta import ProgressRate, RateSample
 from grpo_operator.manifest import CRD_PATH, load_crd
-from grpo_trainer.contract import DROP_REASONS
+from grpo_trainer.contract import DROP_REASONS, ReplicaState
 from tests.support.specs import status_errors
 
 CRD = load_crd()
@@ -64,7 +65,9 @@ def test_crd_names_and_version():
     assert spec["names"]["singular"] == "grporun" and "grpo" in spec["names"]["shortNames"]
     [version] = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.rollout.replicas", "statusReplicasPath": ".status.rollout.replicas",
+        "labelSelectorPath": ".status.rollout.selector"}}
     assert CRD.api_version == "grpo.dev/v1alpha1" and CRD.kind == "GRPORun"
 
 
@@ -172,7 +175,12 @@ def _full_status() -> GRPORunStatus:
                                 last_updated_time="2026-01-01T00:30:00Z"),
         progress_rate=ProgressRate(samples=[RateSample(time="2026-01-01T00:30:00Z", groups_consumed=10,
                                                        groups_trained=7)]),
-        rollout=RolloutStatus(replicas=2, ready=1),
+        rollout=RolloutStatus(replicas=2, ready=1, selector="grpo.dev/run=run,grpo.dev/role=rollout",
+                              scale_refused="spec.rollout.replicas: 3 is not applied",
+                              servers=[RolloutServerStatus(replica=1, pod="run-rollout-1", ready=True, serving=False,
+                                                           weight_version="v2", samples=3, restarts=1,
+                                                           last_error="e", state=ReplicaState.DRAINING,
+                                                           drain_start_time="2026-01-01T00:40:00Z")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         message="running",
