@@ -153,8 +153,8 @@ def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dic
     (a live run's config is never rendered again); None when it lists those URLs already. Raises ValueError when
     the stored run config is not a JSON object with a `rollout` object."""
     data = dict(config_map.get("data") or {})
-    config = json.loads(data.get(CONFIG_FILE) or "null")
-    if not isinstance(config, dict) or not isinstance(config.get("rollout"), dict):
+    config = _run_config(data)
+    if config is None or not isinstance(config.get("rollout"), dict):
         raise ValueError(f"{CONFIG_FILE} in ConfigMap {config_map.get('metadata', {}).get('name')} has no "
                          "rollout object")
     if config["rollout"].get("urls") == list(urls):
@@ -166,12 +166,19 @@ def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dic
 
 def rollout_urls_of(config_map: Mapping[str, Any]) -> list[str] | None:
     """The `rollout.urls` the ConfigMap's run config lists; None when it cannot be read."""
+    config = _run_config(config_map.get("data") or {})
+    rollout = config.get("rollout") if config is not None else None
+    urls = rollout.get("urls") if isinstance(rollout, dict) else None
+    return urls if isinstance(urls, list) else None
+
+
+def _run_config(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run config a ConfigMap's data holds, as a JSON object; None when it holds none (or a torn one)."""
     try:
-        config = json.loads((config_map.get("data") or {}).get(CONFIG_FILE) or "null")
+        config = json.loads(data.get(CONFIG_FILE) or "null")
     except ValueError:
         return None
-    urls = config.get("rollout", {}).get("urls") if isinstance(config, dict) else None
-    return urls if isinstance(urls, list) else None
+    return config if isinstance(config, dict) else None
 
 
 #: TRL 1.16's `AsyncGRPOConfig.request_timeout` default: how long one generation request may take.
