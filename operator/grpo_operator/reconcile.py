@@ -181,7 +181,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     except ChildRejected as error:
         await _fail_permanently(context, kube, body, decision.status, error, live, logger,
                                 created_pods=error.created_pods)
-    context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status)
+    context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status,
+                                rollout_wanted=spec.rollout.replicas)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
 
