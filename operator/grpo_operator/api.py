@@ -374,6 +374,7 @@ class ProgressStatus(_StatusModel):
     last_updated_time: str | None = None
 
 
+# more than 8: mirrors the CRD's status.rollout.servers[], one field per key; built by keyword
 class RolloutServerStatus(_StatusModel):
     """One rollout server: its pod as the operator sees it, and the learner's view of it (its `/progress`)."""
 

@@ -33,6 +33,7 @@ class PodObservation:
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
 
 
+# more than 8: one field per fact of a pass the derivation reads; all but three defaulted, built by keyword
 @dataclass(frozen=True)
 class Observation:
     """What the operator saw of a run in one pass, besides its spec and last status."""
