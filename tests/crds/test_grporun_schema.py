@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 
 from grpo_operator.api import (
+    MAX_ROLLOUT_REPLICAS,
     Condition,
     ConditionType,
     FailureStatus,
@@ -211,3 +212,14 @@ def test_crd_status_enums_match_the_status_models():
     assert status["phase"]["enum"] == [phase.value for phase in Phase]
     assert list(status["progress"]["properties"]["dropped"]["properties"]) == list(DROP_REASONS)
     assert all(kind.value in status["conditions"]["description"] for kind in ConditionType)
+
+
+def test_crd_server_states_are_the_contracts():
+    servers = CRD.schema["properties"]["status"]["properties"]["rollout"]["properties"]["servers"]
+    assert servers["items"]["properties"]["state"]["enum"] == [state.value for state in ReplicaState]
+
+
+def test_crd_rollout_replicas_bound_is_the_operators():
+    replicas = CRD.schema["properties"]["spec"]["properties"]["rollout"]["properties"]["replicas"]
+    servers = CRD.schema["properties"]["status"]["properties"]["rollout"]["properties"]["servers"]
+    assert replicas["maximum"] == servers["maxItems"] == MAX_ROLLOUT_REPLICAS
