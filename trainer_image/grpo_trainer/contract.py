@@ -80,7 +80,8 @@ class ReplicaState(str, Enum):
 
     JOINING = "joining"  # in rollout.urls; not admitted yet (no one-token generation at the current weights)
     SERVING = "serving"  # admitted: gets requests and every weight sync
-    DRAINING = "draining"  # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+    # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+    DRAINING = "draining"
 
 
 class LearnerPhase(str, Enum):
