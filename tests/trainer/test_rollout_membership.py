@@ -250,3 +250,18 @@ def test_a_torn_or_invalid_or_empty_config_keeps_the_last_good_set_with_one_warn
     assert watch.poll() is None and "cannot read it" in caplog.text
     write_config(path, ["http://b/", "http://b"])
     assert watch.poll() == ["http://b"] and watch.current == ["http://b"]
+
+
+def test_a_draining_server_exports_not_ready_and_never_a_second_series_for_its_ordinal():
+    from grpo_trainer.exporter import render_metrics
+
+    report = c.ProgressReport(rollout=[
+        c.RolloutReplicaReport(replica=0, url="http://a", ready=True, state=c.ReplicaState.SERVING),
+        c.RolloutReplicaReport(replica=1, url="http://old", ready=True, state=c.ReplicaState.DRAINING, samples=9),
+        c.RolloutReplicaReport(replica=1, url="http://new", ready=True, state=c.ReplicaState.SERVING, samples=2),
+        c.RolloutReplicaReport(replica=2, url="http://c", ready=True, state=c.ReplicaState.DRAINING),
+    ])
+    text = render_metrics(lambda: report).decode()
+    assert f'{c.METRIC_REPLICA_READY}{{replica="2"}} 0.0' in text  # takes no new request
+    assert text.count(f'{c.METRIC_REPLICA_SAMPLES}{{replica="1"}}') == 1
+    assert f'{c.METRIC_REPLICA_SAMPLES}{{replica="1"}} 2.0' in text

@@ -188,8 +188,8 @@ class ReplicaSet:
                 replica.failures += 1
                 replica.last_error = error
                 replica.ready = False
-            if replica.state == c.ReplicaState.DRAINING and not replica.outstanding and replica in self._replicas:
-                self._replicas.remove(replica)
+            if replica.state == c.ReplicaState.DRAINING and not replica.outstanding:
+                self._replicas = [other for other in self._replicas if other is not replica]
 
     def count_retry(self, replica: Replica) -> None:
         with self._lock:
