@@ -268,13 +268,19 @@ def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_th
         config = json.loads((run_dir / "run.json").read_text())
         progress_url = f"http://127.0.0.1:{config['learner']['httpPort']}"
         _scale_to(runs, 2)
-        second_url = json.loads((run_dir / "run.json").read_text())["rollout"]["urls"][1]
+
+        def urls() -> list[str]:
+            return json.loads((run_dir / "run.json").read_text())["rollout"]["urls"]
+
+        _wait_for(lambda: len(urls()) == 2, "grporun local to add the second server to run.json", process, 60)
+        second_url = urls()[1]
 
         def second_served() -> int:
             report = _report(progress_url)
             return next((s.samples for s in (report.rollout if report else []) if s.url == second_url), 0)
 
-        _wait_for(lambda: second_served() >= 16, "the second server to produce samples", process)
+        # The second server's start: 2.5-4.5 min on the 2-core machine, far more while it is loaded.
+        _wait_for(lambda: second_served() >= 16, "the second server to produce samples", process, 1500)
         before_removal = _report(progress_url)
         served = second_served()
         _scale_to(runs, 1)
