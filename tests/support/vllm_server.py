@@ -75,13 +75,17 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit."""
+def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None,
+                        config: dict | None = None) -> Iterator[ServerProcess]:
+    """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit.
+
+    `config`: the run config (wire form) to serve, e.g. a run's own `run.json`; by default `server_config`'s. The
+    entrypoint reads only its model, seed and rollout part, so its `rollout.urls` need not name this server."""
     python = require_rollout_python()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / "run.json"
-    config_path.write_text(json.dumps(server_config(model, url, str(workdir / "weights"))))
+    config_path.write_text(json.dumps(config or server_config(model, url, str(workdir / "weights"))))
     log_path = workdir / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
