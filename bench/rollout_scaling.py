@@ -43,6 +43,8 @@ EPOCHS = 6
 #: 1→2→1: the second server is added when this share of the groups is consumed, and removed at the second.
 SCALE_UP_AT, SCALE_DOWN_AT = 0.25, 2 / 3
 RUN_TIMEOUT_S = 600.0
+#: Two servers starting together on two loaded cores: one alone took 573 s at load average 20.
+SERVER_START_TIMEOUT_S = 1500.0
 POLL_S = 0.5
 
 
@@ -287,15 +289,18 @@ def two_servers(config, workdir: Path):
         (workdir / f"server-{index}").mkdir(parents=True)
         # vLLM's CPU backend pins every server's worker to core 0 by default; one core each, as `grporun local` does.
         env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
-        managers.append(running_vllm_server(config.model, workdir / f"server-{index}", env=env, config=wire))
+        managers.append(running_vllm_server(config.model, workdir / f"server-{index}", env=env, config=wire,
+                                            start_timeout_s=SERVER_START_TIMEOUT_S))
     with contextlib.ExitStack() as stack:
         with ThreadPoolExecutor(2) as pool:
             entered = [pool.submit(manager.__enter__) for manager in managers]
         for manager, future in zip(managers, entered, strict=True):
             if future.exception() is None:
                 stack.push(manager.__exit__)
-        servers = [future.result() for future in entered]  # raises the first start-up failure, after cleanup is set
-        yield servers
+        failed = [future.exception() for future in entered if future.exception() is not None]
+        if failed:  # pytest's failure (the helper is the tests' too) is no Exception: say it as one
+            raise RuntimeError(f"a vLLM server did not start: {failed[0]}")
+        yield [future.result() for future in entered]
 
 
 def run(context: Context) -> str:
@@ -321,14 +326,40 @@ def run(context: Context) -> str:
         both.rollout.urls = [a, b]
         results["1"] = learner_run(scratch, "ours-1", "ours", one, groups)
         results["2"] = learner_run(scratch, "ours-2", "ours", both, groups)
-        results["121"] = learner_run(scratch, "ours-1-2-1", "ours", one, groups, scale=ScalePlan(b))
         ours_s = results["1"].records[-1].t - results["1"].records[0].t
         results["trl"] = learner_run(scratch, "trl-1", "trl", one, groups, wall_bound_s=ours_s)
+        results["121"] = learner_run(scratch, "ours-1-2-1", "ours", one, groups, scale=ScalePlan(b))
     load_at_end = os.getloadavg()[0]
     return render(config, results, a, b, start_s, (load_at_start, load_at_end))
 
 
 # --------------------------------------------------------------------------------------------------------- report
+HONESTY = [
+    "Why the cap, and why it is honest: on GPUs each rollout server brings its own device, so a second server adds "
+    "generation capacity. Here the servers and the learner share two cores: an uncapped server batches as many "
+    "sequences as it is sent and one server already has all the compute a second one could use (section 5: two "
+    "replicas split the requests and went no faster). vLLM's own `--max-num-seqs` (its scheduler's limit on the "
+    "sequences one engine step decodes) caps what one server can generate: the engine step's cost on the tiny model "
+    "is mostly fixed per step, so a server capped at a few sequences generates more slowly than the learner trains, "
+    "on about one core (the CPU column, read from /proc over each run, shows what each server used; each is bound to "
+    "its own core), and the second server's capacity is real work on the second core, not a sleep or a stand-in. "
+    "Nothing in the learner or the balancer knows about the cap: they see a slow server, as they would see a busy "
+    "GPU server.",
+    "",
+    "What it does not show: how much a second server speeds up a real run. The gain here is bounded by the second "
+    "core, which the learner and other jobs on this machine also use (the load average is beside the figures); on "
+    "GPUs the cap is the device's own batch limit and the gain is the second device's. It does not show start-up "
+    "cost (both servers start before the runs; a server's start-up took minutes here, section 5), more than two "
+    "servers, or a model whose per-token cost dominates the engine step. Single runs on shared cores: compare rows of "
+    "this table with each other, not with other sections.",
+    "",
+    "TRL's row: TRL's own AsyncGRPOTrainer and rollout worker straight to server A, with the filesystem weight sync "
+    "(TRL's own transfer needs NCCL), stopped after as long as our 1-server run trained. TRL trains groups without "
+    "reward signal that ours drops (`filter.dropNoSignal`), so its samples trained per s counts samples ours would "
+    "not train. Reproduce: `.venv/bin/python -m bench scaling` (one run of each row; needs .venv-rollout).",
+]
+
+
 def _share(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.0f} %"
 
@@ -387,6 +418,7 @@ def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float
                "groups consumed / trained / dropped", "completions per server (A / B, learner's count)",
                "server CPU, cores (A / B, whole run)"], rows),
     ]
+    text += ["", *HONESTY]
     scaled = results["121"]
     if scaled.added is not None and scaled.removed is not None:
         phases = scale_phases(scaled.polls, b, scaled.added, scaled.removed)

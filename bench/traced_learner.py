@@ -55,8 +55,8 @@ def run_ours(config_path: str, records: str, wall_bound_s: float | None) -> int:
 
     build = learner_main.build_learner
 
-    def build_traced(config):
-        learner = build(config)
+    def build_traced(*args, **kwargs):
+        learner = build(*args, **kwargs)
         learner.add_callback(step_recorder(records, wall_bound_s))
         return learner
 

@@ -76,7 +76,8 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None,
-                        config: dict | None = None) -> Iterator[ServerProcess]:
+                        config: dict | None = None,
+                        start_timeout_s: float = START_TIMEOUT_S) -> Iterator[ServerProcess]:
     """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit.
 
     `config`: the run config (wire form) to serve, e.g. a run's own `run.json`; by default `server_config`'s. The
@@ -95,7 +96,7 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
         )
     server = VllmServer(url, model, log_path)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout_s
         while True:
             if process.poll() is not None:
                 pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
@@ -103,7 +104,7 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server was not healthy within {START_TIMEOUT_S}s:\n{server.log_tail()}")
+                pytest.fail(f"the vLLM server was not healthy within {start_timeout_s:.0f}s:\n{server.log_tail()}")
             time.sleep(1)
         print(f"vLLM CPU server ready at {url} (log {log_path})", file=sys.stderr)
         yield ServerProcess(server, process)
