@@ -80,7 +80,8 @@ class ReplicaState(str, Enum):
 
     JOINING = "joining"  # in rollout.urls; not admitted yet (no one-token generation at the current weights)
     SERVING = "serving"  # admitted: gets requests and every weight sync
-    DRAINING = "draining"  # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+    # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+    DRAINING = "draining"
 
 
 class LearnerPhase(str, Enum):
@@ -374,6 +375,17 @@ class RunConfig(WireModel):
         if not value.strip():
             raise ValueError("model must name a hub id or a local path")
         return value
+
+
+#: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and
+#: sent again. With the pod's grace period it bounds how long a rollout server that left the run's set drains.
+TRL_REQUEST_TIMEOUT_S = 600
+
+
+def request_timeout_seconds(config: RunConfig) -> float:
+    """The run's generation request timeout: `training.extraArgs.request_timeout`, else TRL's default."""
+    value = config.training.extra_args.get("request_timeout", TRL_REQUEST_TIMEOUT_S)
+    return float(value) if isinstance(value, int | float) and value > 0 else float(TRL_REQUEST_TIMEOUT_S)
 
 
 def load_run_config(text: str) -> RunConfig:
