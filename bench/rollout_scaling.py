@@ -190,8 +190,10 @@ class RunResult:
     records: list[StepRecord]
     polls: list[Poll] = field(default_factory=list)
     final: object | None = None  # contract.ProgressReport (ours)
-    server_cpu_s: dict[str, float] = field(default_factory=dict)
+    server_cpu_s: dict[str, float] = field(default_factory=dict)  # from the first step to the learner's exit
     wall_s: float = 0.0
+    training_started: float = 0.0
+    training_wall_s: float = 0.0
     added: float | None = None
     removed: float | None = None
     returncode: int | None = None
@@ -234,7 +236,7 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
     # One OpenMP thread, as `grporun local` gives a CPU learner beside its servers on two cores.
     env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = RunResult(label, [])
-    cpu_before = {url: group_cpu_seconds(pgid) for url, pgid in servers.items()}
+    cpu_before: dict[str, float] = {}  # at the first step: the servers idle while the learner starts
     started = time.time()
     progress_url = f"http://127.0.0.1:{config.learner.http_port}"
     with open(directory / "log.txt", "w") as log:
@@ -244,6 +246,9 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
             while process.poll() is None:
                 if time.time() - started > RUN_TIMEOUT_S:
                     raise RuntimeError(f"{label}: no end within {RUN_TIMEOUT_S:.0f} s; log: {directory / 'log.txt'}")
+                if not cpu_before and records_path.exists():
+                    cpu_before = {url: group_cpu_seconds(pgid) for url, pgid in servers.items()}
+                    result.training_started = time.time()
                 report = read_progress_blocking(progress_url) if kind == "ours" else None
                 if report is not None:
                     result.polls.append(as_poll(report))
@@ -263,9 +268,13 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, 9)
                 process.wait(30)
+    print(f"[bench] scaling: {label} exited {process.returncode} after {time.time() - started:.0f} s",
+          file=sys.stderr, flush=True)
     result.returncode = process.returncode
     result.wall_s = time.time() - started
-    result.server_cpu_s = {url: group_cpu_seconds(pgid) - cpu_before[url] for url, pgid in servers.items()}
+    if cpu_before:
+        result.server_cpu_s = {url: group_cpu_seconds(pgid) - cpu_before[url] for url, pgid in servers.items()}
+        result.training_wall_s = time.time() - result.training_started
     if records_path.exists():
         result.records = [StepRecord.from_json(line) for line in records_path.read_text().splitlines() if line]
     termination = directory / "termination-log"
@@ -292,11 +301,17 @@ def two_servers(config, workdir: Path):
         managers.append(running_vllm_server(config.model, workdir / f"server-{index}", env=env, config=wire,
                                             start_timeout_s=SERVER_START_TIMEOUT_S))
     with contextlib.ExitStack() as stack:
-        with ThreadPoolExecutor(2) as pool:
-            entered = [pool.submit(manager.__enter__) for manager in managers]
-        for manager, future in zip(managers, entered, strict=True):
-            if future.exception() is None:
-                stack.push(manager.__exit__)
+        pool = ThreadPoolExecutor(2)
+        entered = [pool.submit(manager.__enter__) for manager in managers]
+        try:
+            for future in entered:
+                future.exception()  # waits
+        finally:
+            # Interrupted too: a start-up still under way is waited for, so that its server is stopped below.
+            pool.shutdown(wait=True)
+            for manager, future in zip(managers, entered, strict=True):
+                if future.exception() is None:
+                    stack.push(manager.__exit__)
         failed = [future.exception() for future in entered if future.exception() is not None]
         if failed:  # pytest's failure (the helper is the tests' too) is no Exception: say it as one
             raise RuntimeError(f"a vLLM server did not start: {failed[0]}")
@@ -318,6 +333,7 @@ def run(context: Context) -> str:
     servers_started = time.time()
     with two_servers(config, scratch / "servers") as (first, second):
         start_s = time.time() - servers_started
+        print(f"[bench] scaling: both servers ready in {start_s:.0f} s", file=sys.stderr, flush=True)
         a, b = first.server.url, second.server.url
         groups = {a: first.process.pid, b: second.process.pid}
         one = config.model_copy(deep=True)
@@ -386,7 +402,9 @@ def _split(final, urls: Iterable[str]) -> str:
 
 
 def _cpu(result: RunResult, urls: Sequence[str]) -> str:
-    return " / ".join(f"{result.server_cpu_s[url] / result.wall_s:.2f}" for url in urls)
+    if not result.server_cpu_s or result.training_wall_s <= 0:
+        return "n/a"
+    return " / ".join(f"{result.server_cpu_s[url] / result.training_wall_s:.2f}" for url in urls)
 
 
 def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float, loads: tuple[float, float]) -> str:
@@ -416,7 +434,7 @@ def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float
         "",
         table(["run", "steps counted", "training s", "learner wait share", "samples trained per s",
                "groups consumed / trained / dropped", "completions per server (A / B, learner's count)",
-               "server CPU, cores (A / B, whole run)"], rows),
+               "server CPU, cores (A / B, first step to exit)"], rows),
     ]
     text += ["", *HONESTY]
     scaled = results["121"]
