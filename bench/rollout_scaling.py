@@ -6,9 +6,11 @@ more slowly than the learner trains and a second one adds generation capacity (t
 honest on shared cores and what it does not show). Runs, one after the other, on those two servers:
 
 - ours, 1 server and 2 servers: the learner entrypoint (bench.traced_learner) to the epoch bound;
-- ours, 1→2→1: starts on one server; the bench rewrites `rollout.urls` in the run config (as the operator and
-  `grporun local scale` do) to add the second server once a quarter of the groups are consumed and to remove it
-  again at two thirds; phases come from the learner's `/progress` (the second server serving, then gone);
+- ours, 1→2→1: starts on one server; the bench rewrites `rollout.urls` in the run config to add the second server
+  once a quarter of the groups are consumed and to remove it again at two thirds; phases come from the learner's
+  `/progress` (the second server serving, then gone). That file is what the operator and `grporun local scale`
+  rewrite; `grporun local scale` would also start the second server then, which takes minutes on this machine (the
+  start-up below), so both servers run before the first run and what is measured is the learner's side;
 - TRL's unmodified AsyncGRPOTrainer on the first server with the same config, stopped after as long as our
   1-server run trained: the groups it trains before our run ends.
 
@@ -357,8 +359,9 @@ HONESTY = [
     "replicas split the requests and went no faster). vLLM's own `--max-num-seqs` (its scheduler's limit on the "
     "sequences one engine step decodes) caps what one server can generate: the engine step's cost on the tiny model "
     "is mostly fixed per step, so a server capped at a few sequences generates more slowly than the learner trains, "
-    "on about one core (the CPU column, read from /proc over each run, shows what each server used; each is bound to "
-    "its own core), and the second server's capacity is real work on the second core, not a sleep or a stand-in. "
+    "on at most one core (each is bound to its own; the CPU column, read from /proc from each run's first step to its "
+    "end, shows what each server used), and the second server's capacity is real work on the second core, not a "
+    "sleep or a stand-in. "
     "Nothing in the learner or the balancer knows about the cap: they see a slow server, as they would see a busy "
     "GPU server.",
     "",
@@ -398,7 +401,7 @@ def _split(final, urls: Iterable[str]) -> str:
     if final is None:
         return "n/a"
     by_url = {replica.url: replica.samples for replica in final.rollout}
-    return " / ".join(str(by_url.get(url, "gone")) for url in urls)
+    return " / ".join(str(by_url.get(url, "left")) for url in urls)
 
 
 def _cpu(result: RunResult, urls: Sequence[str]) -> str:
@@ -433,7 +436,8 @@ def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float
         f"section, {loads[1]:.1f} at its end, on 2 cores.",
         "",
         table(["run", "steps counted", "training s", "learner wait share", "samples trained per s",
-               "groups consumed / trained / dropped", "completions per server (A / B, learner's count)",
+               "groups consumed / trained / dropped",
+               "completions per server (A / B, the learner's final count; left: drained, gone from it)",
                "server CPU, cores (A / B, first step to exit)"], rows),
     ]
     text += ["", *HONESTY]
@@ -451,7 +455,7 @@ def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float
             f"server added to `rollout.urls` → serving: {admit}; removed → gone from the learner's report: {drain}; "
             f"completions it served while it was there: {phases.samples_while_there}.",
             "",
-            table(["phase", "steps counted", "s", "learner wait share", "samples trained per s"], phase_rows),
+            table(["phase", "steps counted", "training s", "learner wait share", "samples trained per s"], phase_rows),
         ]
     else:
         text += ["", "1→2→1: the run ended before the bench scaled it twice."]
