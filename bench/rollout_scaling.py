@@ -374,7 +374,8 @@ HONESTY = [
     "this table with each other, not with other sections.",
     "",
     "TRL's row: TRL's own AsyncGRPOTrainer and rollout worker straight to server A, with the filesystem weight sync "
-    "(TRL's own transfer needs NCCL), stopped after as long as our 1-server run trained. TRL trains groups without "
+    "(TRL's own transfer needs NCCL), stopped at its own epoch end or after as long as our 1-server run trained, "
+    "whichever came first. TRL trains groups without "
     "reward signal that ours drops (`filter.dropNoSignal`), so its samples trained per s counts samples ours would "
     "not train. Reproduce: `.venv/bin/python -m bench scaling` (one run of each row; needs .venv-rollout).",
 ]
