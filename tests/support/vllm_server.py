@@ -76,13 +76,18 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit."""
+def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None,
+                        config: dict | None = None,
+                        start_timeout_s: float = START_TIMEOUT_S) -> Iterator[ServerProcess]:
+    """A vLLM CPU server on a free port, started through the rollout entrypoint; stopped (group-wide) on exit.
+
+    `config`: the run config (wire form) to serve, e.g. a run's own `run.json`; by default `server_config`'s. The
+    entrypoint reads only its model, seed and rollout part, so its `rollout.urls` need not name this server."""
     python = require_rollout_python()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / "run.json"
-    config_path.write_text(json.dumps(server_config(model, url, str(workdir / "weights"))))
+    config_path.write_text(json.dumps(config or server_config(model, url, str(workdir / "weights"))))
     log_path = workdir / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -93,7 +98,7 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
         )
     server = VllmServer(url, model, log_path)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout_s
         while True:
             if process.poll() is not None:
                 pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
@@ -101,7 +106,7 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server was not healthy within {START_TIMEOUT_S}s:\n{server.log_tail()}")
+                pytest.fail(f"the vLLM server was not healthy within {start_timeout_s:.0f}s:\n{server.log_tail()}")
             time.sleep(1)
         print(f"vLLM CPU server ready at {url} (log {log_path})", file=sys.stderr)
         yield ServerProcess(server, process)

@@ -1,0 +1,464 @@
+"""Section 9: the learner's wait for samples with 1, 2 and 1→2→1 rollout servers, and TRL 1.16 on the same server.
+
+Two real vLLM CPU servers are started once, through the rollout entrypoint, from the run's own config: the tiny demo
+(examples/tiny.yaml) with fewer epochs and vLLM's own `--max-num-seqs` cap per server, so that one server generates
+more slowly than the learner trains and a second one adds generation capacity (the section's text says why that is
+honest on shared cores and what it does not show). Runs, one after the other, on those two servers:
+
+- ours, 1 server and 2 servers: the learner entrypoint (bench.traced_learner) to the epoch bound;
+- ours, 1→2→1: starts on one server; the bench rewrites `rollout.urls` in the run config to add the second server
+  once a quarter of the groups are consumed and to remove it again at two thirds; phases come from the learner's
+  `/progress` (the second server serving, then gone). That file is what the operator and `grporun local scale`
+  rewrite; `grporun local scale` would also start the second server then, which takes minutes on this machine (the
+  start-up below), so both servers run before the first run and what is measured is the learner's side;
+- TRL's unmodified AsyncGRPOTrainer on the first server with the same config, stopped after as long as our
+  1-server run trained: the groups it trains before our run ends.
+
+Figures per window of optimizer steps (all but the first step, whose wait includes start-up):
+wait share = Σ `perf/rollout_wait_s` / Σ step intervals; samples trained per s = Σ `batch/samples_per_step` / Σ
+step intervals. Both are TRL's own per-step figures, which both trainers log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .report import Context, SectionUnavailable, table
+
+NAME = "scaling"
+TITLE = "9. Rollout scaling: learner wait with 1, 2 and 1→2→1 servers, and TRL 1.16 on the same server"
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "examples" / "tiny.yaml"
+#: vLLM's `--max-num-seqs` on each server: sequences one engine step decodes at once.
+MAX_NUM_SEQS = 2
+EPOCHS = 6
+#: 1→2→1: the second server is added when this share of the groups is consumed, and removed at the second.
+SCALE_UP_AT, SCALE_DOWN_AT = 0.25, 2 / 3
+#: A learner's start-up alone (imports, model) took over 4 min at load average 20.
+RUN_TIMEOUT_S = 1200.0
+#: Two servers starting together on two loaded cores: one alone took 573 s at load average 20.
+SERVER_START_TIMEOUT_S = 1500.0
+POLL_S = 0.5
+
+
+# ------------------------------------------------------------------------------------------------ figures (pure)
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as bench.traced_learner logged it."""
+
+    t: float
+    step: int
+    wait_s: float
+    samples: float
+    groups: float = 0.0
+
+    @classmethod
+    def from_json(cls, line: str) -> StepRecord:
+        data = json.loads(line)
+        return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
+                   float(data.get("groups", 0.0)))
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    steps: int
+    seconds: float
+    wait_s: float
+    samples: float
+
+    @property
+    def wait_share(self) -> float:
+        return self.wait_s / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else math.nan
+
+
+def window_figures(records: Sequence[StepRecord], start: float = -math.inf, end: float = math.inf) -> WindowFigures:
+    """The steps whose whole interval (previous step's log time to its own) lies in [start, end].
+
+    The first step has no interval (its wait holds the start-up and the first weight sync) and is never counted.
+    """
+    ordered = sorted(records, key=lambda record: record.t)
+    steps, seconds, wait_s, samples = 0, 0.0, 0.0, 0.0
+    for previous, record in zip(ordered, ordered[1:], strict=False):
+        if previous.t >= start and record.t <= end:
+            steps += 1
+            seconds += record.t - previous.t
+            wait_s += record.wait_s
+            samples += record.samples
+    return WindowFigures(steps, seconds, wait_s, samples)
+
+
+@dataclass(frozen=True)
+class ServerSeen:
+    """One server in one `/progress` poll."""
+
+    state: str
+    ready: bool
+    samples: int
+
+
+@dataclass(frozen=True)
+class Poll:
+    t: float
+    groups_consumed: int
+    servers: dict[str, ServerSeen]
+
+
+@dataclass(frozen=True)
+class ScalePhases:
+    """1→2→1 as the learner reported it: when the second server was asked for, served, was asked to leave, left."""
+
+    added: float
+    serving: float | None
+    removed: float
+    gone: float | None
+    samples_while_there: int
+
+
+def scale_phases(polls: Sequence[Poll], second_url: str, added: float, removed: float) -> ScalePhases:
+    """`serving`: the first poll after `added` with the second server ready and serving; `gone`: the first poll after
+    `removed` without it; `samples_while_there`: the most completions any poll credited it with."""
+    serving = next((p.t for p in polls if p.t >= added and (s := p.servers.get(second_url)) is not None
+                    and s.ready and s.state == "serving"), None)
+    gone = next((p.t for p in polls if p.t >= removed and second_url not in p.servers), None)
+    samples = max((p.servers[second_url].samples for p in polls if second_url in p.servers), default=0)
+    return ScalePhases(added, serving, removed, gone, samples)
+
+
+def phase_windows(phases: ScalePhases, first: float, last: float) -> list[tuple[str, float, float]]:
+    """(label, start, end) of the three steady phases; the admission and the drain between them are left out."""
+    windows = [("1 server, before", first, phases.added)]
+    if phases.serving is not None:
+        windows.append(("2 servers", phases.serving, phases.removed))
+    if phases.gone is not None:
+        windows.append(("1 server, after", phases.gone, last))
+    return windows
+
+
+# ------------------------------------------------------------------------------------------------------------ I/O
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes in process group `pgid` (a server and its engine)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ...; utime stime at 11, 12
+                total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def base_config(scratch: Path):
+    """examples/tiny.yaml resolved as `grporun local` resolves it, EPOCHS long, with the per-server cap."""
+    from grpo_operator.cli.local.plan import localize_spec
+    from grpo_operator.manifest import read_grporun
+    from grpo_operator.resolve import resolve_run_config
+
+    run = read_grporun(MANIFEST)
+    spec = localize_spec(run.spec, MANIFEST.parent)
+    spec.training.epochs = EPOCHS
+    spec.rollout.vllm.extra_args = [*spec.rollout.vllm.extra_args, "--max-num-seqs", str(MAX_NUM_SEQS)]
+    return resolve_run_config(
+        run.name, run.namespace, spec, rollout_urls=["http://127.0.0.1:0"], output_dir=str(scratch / "output"),
+        checkpoint_dir=None, weight_sync_dir=str(scratch / "weights"),
+        termination_message_path=str(scratch / "termination-log"),
+    )
+
+
+def write_config(path: Path, config) -> None:
+    """Whole or not at all (a learner watching the file must never read half of it)."""
+    staging = path.with_suffix(".partial")
+    staging.write_text(config.model_dump_json(by_alias=True, indent=2))
+    os.replace(staging, path)
+
+
+@dataclass
+class RunResult:
+    label: str
+    records: list[StepRecord]
+    polls: list[Poll] = field(default_factory=list)
+    final: object | None = None  # contract.ProgressReport (ours)
+    server_cpu_s: dict[str, float] = field(default_factory=dict)  # from the first step to the learner's exit
+    wall_s: float = 0.0
+    training_started: float = 0.0
+    training_wall_s: float = 0.0
+    added: float | None = None
+    removed: float | None = None
+    returncode: int | None = None
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """1→2→1: the URL list after the first and after the second step, and the consumed shares that trigger them."""
+
+    second_url: str
+    up_at: float = SCALE_UP_AT
+    down_at: float = SCALE_DOWN_AT
+
+
+def as_poll(report) -> Poll:
+    servers = {r.url: ServerSeen(r.state.value, r.ready, r.samples) for r in report.rollout}
+    return Poll(time.time(), report.groups_consumed, servers)
+
+
+def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str, int], *,
+                scale: ScalePlan | None = None, wall_bound_s: float | None = None) -> RunResult:
+    from grpo_operator.cli.local.processes import free_port, read_progress_blocking
+    from grpo_trainer.contract import parse_progress
+
+    directory = scratch / label
+    directory.mkdir(parents=True)
+    urls = list(config.rollout.urls)
+    config = config.model_copy(deep=True, update={
+        "output_dir": str(directory / "output"),
+        "termination_message_path": str(directory / "termination-log"),
+        "learner": config.learner.model_copy(update={"http_port": free_port()}),
+    })
+    config.rollout.weight_sync.directory = str(directory / "weights")
+    config_path, records_path = directory / "run.json", directory / "steps.jsonl"
+    write_config(config_path, config)
+    command = [sys.executable, "-m", "bench.traced_learner", "--kind", kind, "--config", str(config_path),
+               "--records", str(records_path)]
+    if wall_bound_s is not None:
+        command += ["--wall-bound", f"{wall_bound_s:.1f}"]
+    # One OpenMP thread, as `grporun local` gives a CPU learner beside its servers on two cores.
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = RunResult(label, [])
+    cpu_before: dict[str, float] = {}  # at the first step: the servers idle while the learner starts
+    started = time.time()
+    progress_url = f"http://127.0.0.1:{config.learner.http_port}"
+    with open(directory / "log.txt", "w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            while process.poll() is None:
+                if time.time() - started > RUN_TIMEOUT_S:
+                    raise RuntimeError(f"{label}: no end within {RUN_TIMEOUT_S:.0f} s; log: {directory / 'log.txt'}")
+                if not cpu_before and records_path.exists():
+                    cpu_before = {url: group_cpu_seconds(pgid) for url, pgid in servers.items()}
+                    result.training_started = time.time()
+                report = read_progress_blocking(progress_url) if kind == "ours" else None
+                if report is not None:
+                    result.polls.append(as_poll(report))
+                    if scale is not None:
+                        done = report.groups_consumed / max(report.groups_total, 1)
+                        if result.added is None and done >= scale.up_at:
+                            config.rollout.urls = [*urls, scale.second_url]
+                            write_config(config_path, config)
+                            result.added = time.time()
+                        elif result.added is not None and result.removed is None and done >= scale.down_at:
+                            config.rollout.urls = urls
+                            write_config(config_path, config)
+                            result.removed = time.time()
+                time.sleep(POLL_S)
+        finally:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, 9)
+                process.wait(30)
+    print(f"[bench] scaling: {label} exited {process.returncode} after {time.time() - started:.0f} s",
+          file=sys.stderr, flush=True)
+    result.returncode = process.returncode
+    result.wall_s = time.time() - started
+    if cpu_before:
+        result.server_cpu_s = {url: group_cpu_seconds(pgid) - cpu_before[url] for url, pgid in servers.items()}
+        result.training_wall_s = time.time() - result.training_started
+    if records_path.exists():
+        result.records = [StepRecord.from_json(line) for line in records_path.read_text().splitlines() if line]
+    termination = directory / "termination-log"
+    if termination.exists() and termination.read_text().strip():
+        result.final = parse_progress(termination.read_text())
+    if len(result.records) < 3:
+        tail = (directory / "log.txt").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{label}: {len(result.records)} steps recorded (exit {process.returncode}):\n{tail}")
+    return result
+
+
+@contextlib.contextmanager
+def two_servers(config, workdir: Path):
+    """Both servers started at once (each costs minutes of start-up here), stopped whatever happens."""
+    from tests.support.vllm_server import running_vllm_server
+
+    wire = json.loads(config.model_dump_json(by_alias=True))
+    cores = os.cpu_count() or 1
+    managers = []
+    for index in range(2):
+        (workdir / f"server-{index}").mkdir(parents=True)
+        # vLLM's CPU backend pins every server's worker to core 0 by default; one core each, as `grporun local` does.
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
+        managers.append(running_vllm_server(config.model, workdir / f"server-{index}", env=env, config=wire,
+                                            start_timeout_s=SERVER_START_TIMEOUT_S))
+    with contextlib.ExitStack() as stack:
+        pool = ThreadPoolExecutor(2)
+        entered = [pool.submit(manager.__enter__) for manager in managers]
+        try:
+            for future in entered:
+                future.exception()  # waits
+        finally:
+            # Interrupted too: a start-up still under way is waited for, so that its server is stopped below.
+            pool.shutdown(wait=True)
+            for manager, future in zip(managers, entered, strict=True):
+                if future.exception() is None:
+                    stack.push(manager.__exit__)
+        failed = [future.exception() for future in entered if future.exception() is not None]
+        if failed:  # pytest's failure (the helper is the tests' too) is no Exception: say it as one
+            raise RuntimeError(f"a vLLM server did not start: {failed[0]}")
+        yield [future.result() for future in entered]
+
+
+def run(context: Context) -> str:
+    if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
+        raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
+    model = ROOT / "examples" / "tiny-assets" / "model"
+    if not (model / "config.json").exists():
+        from grpo_trainer.testing.tiny_assets import build_tiny_model
+
+        build_tiny_model(model)
+    scratch = context.scratch / "scaling"
+    config = base_config(scratch)
+    load_at_start = os.getloadavg()[0]
+    results: dict[str, RunResult] = {}
+    servers_started = time.time()
+    with two_servers(config, scratch / "servers") as (first, second):
+        start_s = time.time() - servers_started
+        print(f"[bench] scaling: both servers ready in {start_s:.0f} s", file=sys.stderr, flush=True)
+        a, b = first.server.url, second.server.url
+        groups = {a: first.process.pid, b: second.process.pid}
+        one = config.model_copy(deep=True)
+        one.rollout.urls = [a]
+        both = config.model_copy(deep=True)
+        both.rollout.urls = [a, b]
+        results["1"] = learner_run(scratch, "ours-1", "ours", one, groups)
+        results["2"] = learner_run(scratch, "ours-2", "ours", both, groups)
+        ours_s = results["1"].records[-1].t - results["1"].records[0].t
+        results["trl"] = learner_run(scratch, "trl-1", "trl", one, groups, wall_bound_s=ours_s)
+        results["121"] = learner_run(scratch, "ours-1-2-1", "ours", one, groups, scale=ScalePlan(b))
+    load_at_end = os.getloadavg()[0]
+    return render(config, results, a, b, start_s, (load_at_start, load_at_end))
+
+
+# --------------------------------------------------------------------------------------------------------- report
+HONESTY = [
+    "Why the cap, and why it is honest: on GPUs each rollout server brings its own device, so a second server adds "
+    "generation capacity. Here the servers and the learner share two cores: an uncapped server batches as many "
+    "sequences as it is sent and one server already has all the compute a second one could use (section 5: two "
+    "replicas split the requests and went no faster). vLLM's own `--max-num-seqs` (its scheduler's limit on the "
+    "sequences one engine step decodes) caps what one server can generate: the engine step's cost on the tiny model "
+    "is mostly fixed per step, so a server capped at a few sequences generates more slowly than the learner trains, "
+    "on at most one core (each is bound to its own; the CPU column, read from /proc from each run's first step to its "
+    "end, shows what each server used), and the second server's capacity is real work on the second core, not a "
+    "sleep or a stand-in. "
+    "Nothing in the learner or the balancer knows about the cap: they see a slow server, as they would see a busy "
+    "GPU server.",
+    "",
+    "What it does not show: how much a second server speeds up a real run. The gain here is bounded by the second "
+    "core, which the learner and other jobs on this machine also use (the load average is beside the figures); on "
+    "GPUs the cap is the device's own batch limit and the gain is the second device's. It does not show start-up "
+    "cost (both servers start before the runs; a server's start-up took minutes here, section 5), more than two "
+    "servers, or a model whose per-token cost dominates the engine step. Single runs on shared cores: compare rows of "
+    "this table with each other, not with other sections.",
+    "",
+    "TRL's row: TRL's own AsyncGRPOTrainer and rollout worker straight to server A, with the filesystem weight sync "
+    "(TRL's own transfer needs NCCL), stopped at its own epoch end or after as long as our 1-server run trained, "
+    "whichever came first. TRL trains groups without "
+    "reward signal that ours drops (`filter.dropNoSignal`), so its samples trained per s counts samples ours would "
+    "not train. Reproduce: `.venv/bin/python -m bench scaling` (one run of each row; needs .venv-rollout).",
+]
+
+
+def _share(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.0f} %"
+
+
+def _rate(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.1f}"
+
+
+def _figure_cells(figures: WindowFigures) -> list[str]:
+    return [str(figures.steps), f"{figures.seconds:.1f}", _share(figures.wait_share), _rate(figures.samples_per_s)]
+
+
+def _counts(final) -> str:
+    if final is None:
+        return "n/a"
+    return (f"{final.groups_consumed}/{final.groups_total} / {final.groups_trained} / {final.dropped_total}")
+
+
+def _split(final, urls: Iterable[str]) -> str:
+    if final is None:
+        return "n/a"
+    by_url = {replica.url: replica.samples for replica in final.rollout}
+    return " / ".join(str(by_url.get(url, "left")) for url in urls)
+
+
+def _cpu(result: RunResult, urls: Sequence[str]) -> str:
+    if not result.server_cpu_s or result.training_wall_s <= 0:
+        return "n/a"
+    return " / ".join(f"{result.server_cpu_s[url] / result.training_wall_s:.2f}" for url in urls)
+
+
+def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float, loads: tuple[float, float]) -> str:
+    generations = config.training.num_generations
+    rows = []
+    for key, label, urls in (("1", "ours, 1 server", [a]), ("2", "ours, 2 servers", [a, b]),
+                             ("121", "ours, 1→2→1 (whole run)", [a, b])):
+        result = results[key]
+        rows.append([label, *_figure_cells(window_figures(result.records)), _counts(result.final),
+                     _split(result.final, urls), _cpu(result, [a, b])])
+    trl = results["trl"]
+    trained = sum(record.groups for record in trl.records)
+    rows.append(["TRL AsyncGRPOTrainer, 1 server", *_figure_cells(window_figures(trl.records)),
+                 f"— / {trained:.0f} / — (its own count)", "—", _cpu(trl, [a, b])])
+    text = [
+        f"## {TITLE}",
+        "",
+        __doc__.split("\n", 1)[1].strip(),
+        "",
+        f"Config: examples/tiny.yaml (groups of {generations}, completions ≤ "
+        f"{config.training.max_completion_length} tokens, token budget {config.training.token_budget}, "
+        f"`max_inflight_tasks` {config.training.extra_args.get('max_inflight_tasks')}), {EPOCHS} epochs "
+        f"({results['1'].final.groups_total if results['1'].final else '?'} groups), vLLM "
+        f"`--max-num-seqs {MAX_NUM_SEQS}` per server, one core bound per server, one OpenMP thread for the learner. "
+        f"Both servers started together in {start_s:.0f} s. Load average (1 min) {loads[0]:.1f} at the start of the "
+        f"section, {loads[1]:.1f} at its end, on 2 cores.",
+        "",
+        table(["run", "steps counted", "training s", "learner wait share", "samples trained per s",
+               "groups consumed / trained / dropped",
+               "completions per server (A / B, the learner's final count; left: drained, gone from it)",
+               "server CPU, cores (A / B, first step to exit)"], rows),
+    ]
+    text += ["", *HONESTY]
+    scaled = results["121"]
+    if scaled.added is not None and scaled.removed is not None:
+        phases = scale_phases(scaled.polls, b, scaled.added, scaled.removed)
+        windows = phase_windows(phases, scaled.records[0].t, scaled.records[-1].t)
+        phase_rows = [[label, *_figure_cells(window_figures(scaled.records, start, end))]
+                      for label, start, end in windows]
+        admit = f"{phases.serving - phases.added:.1f} s" if phases.serving else "never (within the run)"
+        drain = f"{phases.gone - phases.removed:.1f} s" if phases.gone else "not before the run ended"
+        text += [
+            "",
+            "1→2→1 by phase (steps wholly inside each phase; the admission and the drain are left out): second "
+            f"server added to `rollout.urls` → serving: {admit}; removed → gone from the learner's report: {drain}; "
+            f"completions it served while it was there: {phases.samples_while_there}.",
+            "",
+            table(["phase", "steps counted", "training s", "learner wait share", "samples trained per s"], phase_rows),
+        ]
+    else:
+        text += ["", "1→2→1: the run ended before the bench scaled it twice."]
+    return "\n".join(text)

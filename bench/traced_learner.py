@@ -1,0 +1,112 @@
+"""One learner process against real rollout servers, recording every optimizer step (bench section 9).
+
+`python -m bench.traced_learner --kind ours|trl --config run.json --records steps.jsonl [--wall-bound S]`
+
+- ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: balancer, weight
+  sync, progress), with one callback added to the learner it builds;
+- trl: TRL 1.16's unmodified AsyncGRPOTrainer built from the same run config (the same TRL arguments, dataset,
+  rewards and tokenizer), its own AsyncRolloutWorker talking straight to the first server in `rollout.urls`. TRL's
+  weight transfer needs NCCL and a GPU; it gets the filesystem sync our learner uses, the only one a CPU server has.
+
+Each step appends one JSON line: the wall time it was logged at, the global step, and TRL's own per-step figures
+(`perf/rollout_wait_s`: seconds the trainer sat blocked on an empty rollout queue since the previous step;
+`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`). `--wall-bound S` stops training at the first step
+logged S seconds or more after the first one (TRL has no bound of its own short of its epochs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+#: TRL's per-step log keys the bench reads (TRL owns the names; trl/experimental/async_grpo/async_grpo_trainer.py).
+WAIT_KEY, SAMPLES_KEY, GROUPS_KEY, STEP_KEY = (
+    "perf/rollout_wait_s", "batch/samples_per_step", "batch/groups_per_step", "perf/step_s")
+
+
+def step_recorder(path: str, wall_bound_s: float | None):
+    from transformers import TrainerCallback
+
+    class StepRecorder(TrainerCallback):
+        deadline: float | None = None
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or WAIT_KEY not in logs:
+                return
+            record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
+                      "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
+                      "step_s": logs.get(STEP_KEY)}
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            if wall_bound_s and self.deadline is None:
+                self.deadline = record["t"] + wall_bound_s
+            if self.deadline is not None and record["t"] >= self.deadline:
+                control.should_training_stop = True
+
+    return StepRecorder()
+
+
+def run_ours(config_path: str, records: str, wall_bound_s: float | None) -> int:
+    from grpo_trainer import learner_main
+    from grpo_trainer.__main__ import main
+
+    build = learner_main.build_learner
+
+    def build_traced(*args, **kwargs):
+        learner = build(*args, **kwargs)
+        learner.add_callback(step_recorder(records, wall_bound_s))
+        return learner
+
+    learner_main.build_learner = build_traced
+    return main(["learner", "--config", config_path])
+
+
+def run_trl(config_path: str, records: str, wall_bound_s: float | None) -> int:
+    from transformers import AutoConfig, AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from grpo_trainer.__main__ import read_config
+    from grpo_trainer.cpu import enable_cpu_support
+    from grpo_trainer.learner_main import http_only_rollout_worker, load_prompts, trainer_arguments
+    from grpo_trainer.rewards import load_rewards
+    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
+
+    config = read_config(config_path)
+    args = AsyncGRPOConfig(**trainer_arguments(config))
+    args.vllm_server_base_url = config.rollout.urls[0]
+    tied = bool(getattr(AutoConfig.from_pretrained(config.model).get_text_config(), "tie_word_embeddings", False))
+    transfer = FilesystemWeightTransfer(config.rollout.urls[:1], config.rollout.weight_sync.directory,
+                                        aliases=TIED_EMBEDDING_ALIASES if tied else None)
+    enable_cpu_support()
+    with http_only_rollout_worker(config):
+        trainer = AsyncGRPOTrainer(
+            model=config.model, reward_funcs=load_rewards(config.rewards), args=args,
+            train_dataset=load_prompts(config.dataset), processing_class=AutoTokenizer.from_pretrained(config.model),
+            weight_transfer=transfer,
+        )
+    trainer.add_callback(step_recorder(records, wall_bound_s))
+    trainer.train()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.traced_learner", description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=("ours", "trl"), required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--records", required=True)
+    parser.add_argument("--wall-bound", type=float, default=None, help="stop S seconds after the first step")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    run = run_ours if args.kind == "ours" else run_trl
+    code = run(args.config, args.records, args.wall_bound)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # TRL's rollout worker thread can outlive train(); the records are written, so do not wait on it.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

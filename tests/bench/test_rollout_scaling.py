@@ -1,0 +1,81 @@
+"""bench/rollout_scaling.py: the wait share, samples per second and 1→2→1 phases come from the step and poll records."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.rollout_scaling import (
+    Poll,
+    ServerSeen,
+    StepRecord,
+    phase_windows,
+    scale_phases,
+    window_figures,
+)
+
+A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
+
+
+def steps(*rows: tuple[float, float, float]) -> list[StepRecord]:
+    return [StepRecord(t, index + 1, wait_s, samples) for index, (t, wait_s, samples) in enumerate(rows)]
+
+
+def test_the_first_step_is_never_counted():
+    # Step 1 waited 30 s (start-up, the first sync); steps 2 and 3 each took 2 s, of which 1 s and 0.5 s waiting.
+    figures = window_figures(steps((100.0, 30.0, 24), (102.0, 1.0, 24), (104.0, 0.5, 16)))
+    assert (figures.steps, figures.seconds, figures.wait_s, figures.samples) == (2, 4.0, 1.5, 40)
+    assert figures.wait_share == pytest.approx(0.375)
+    assert figures.samples_per_s == pytest.approx(10.0)
+
+
+def test_a_window_counts_only_steps_wholly_inside_it():
+    records = steps((0.0, 9, 8), (1.0, 0.1, 8), (3.0, 1.5, 8), (4.0, 0.2, 8), (8.0, 3.0, 8))
+    # [1, 4]: the intervals 1->3 and 3->4; 0->1 starts before the window, 4->8 ends after it.
+    inside = window_figures(records, start=1.0, end=4.0)
+    assert (inside.steps, inside.seconds, inside.wait_s, inside.samples) == (2, 3.0, 1.7, 16)
+
+
+def test_records_out_of_order_are_sorted_by_time():
+    ordered = steps((0.0, 5, 8), (1.0, 0.5, 8), (3.0, 1.0, 8))
+    assert window_figures(list(reversed(ordered))) == window_figures(ordered)
+
+
+def test_too_few_steps_give_no_rate_rather_than_a_division_error():
+    figures = window_figures(steps((5.0, 1.0, 8)))
+    assert figures.steps == 0 and math.isnan(figures.wait_share) and math.isnan(figures.samples_per_s)
+
+
+def test_a_step_record_reads_back_what_the_traced_learner_writes():
+    line = json.dumps({"t": 12.5, "step": 3, "wait_s": 0.25, "samples": 24.0, "groups": 3.0, "step_s": 1.0})
+    assert StepRecord.from_json(line) == StepRecord(12.5, 3, 0.25, 24.0, 3.0)
+
+
+def poll(t: float, **servers: tuple[str, bool, int]) -> Poll:
+    urls = {"a": A, "b": B}
+    return Poll(t, 0, {urls[name]: ServerSeen(*seen) for name, seen in servers.items()})
+
+
+def test_scale_phases_follow_the_learners_report_of_the_second_server():
+    polls = [
+        poll(10, a=("serving", True, 40)),
+        poll(20, a=("serving", True, 80), b=("joining", False, 0)),  # asked for at 18, not admitted yet
+        poll(25, a=("serving", True, 90), b=("serving", True, 5)),
+        poll(40, a=("serving", True, 150), b=("serving", True, 60)),
+        poll(45, a=("serving", True, 170), b=("draining", False, 64)),  # asked to leave at 42
+        poll(50, a=("serving", True, 190)),
+    ]
+    phases = scale_phases(polls, B, added=18, removed=42)
+    assert (phases.serving, phases.gone, phases.samples_while_there) == (25, 50, 64)
+    assert phase_windows(phases, first=5, last=70) == [
+        ("1 server, before", 5, 18), ("2 servers", 25, 42), ("1 server, after", 50, 70)]
+
+
+def test_a_second_server_never_admitted_leaves_out_the_phases_it_would_start():
+    polls = [poll(20, a=("serving", True, 80), b=("joining", False, 0)), poll(45, a=("serving", True, 170))]
+    phases = scale_phases(polls, B, added=18, removed=42)
+    assert phases.serving is None and phases.samples_while_there == 0
+    assert [label for label, _, _ in phase_windows(phases, first=5, last=70)] == [
+        "1 server, before", "1 server, after"]
