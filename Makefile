@@ -13,9 +13,9 @@ ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt setup-node-apt clean
 
-setup: $(VENV)/.installed setup-rollout setup-apt
+setup: $(VENV)/.installed setup-rollout setup-apt setup-node-apt
 
 $(UV):
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,15 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQ
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
 setup-apt:
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+# The node tier's container runtime and pod network (tests/support/node.py): containerd and runc run the pods, the CNI
+# plugins wire them to the node's bridge, nft serves kube-proxy. Skipped when all are there.
+NODE_APT_PACKAGES := containerd runc containernetworking-plugins nftables iptables iproute2
+setup-node-apt:
+	@{ command -v containerd && command -v runc && command -v nft && command -v iptables && command -v ip \
+	   && test -x /usr/lib/cni/bridge; } >/dev/null 2>&1 || { echo "setup: apt $(NODE_APT_PACKAGES)"; \
+	   apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 \
+	   $(NODE_APT_PACKAGES) >/dev/null; }
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
 # The demo needs the learner and vLLM venvs only. --fresh: each `make demo` starts over in runs/tiny/.
