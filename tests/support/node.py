@@ -142,6 +142,7 @@ class Node(ControlPlane):
         self.containerd_socket = workdir / "containerd" / "containerd.sock"
         self.inside_kubeconfig = workdir / "admin-inside.kubeconfig"
         self.timings: dict[str, float] = {}
+        self.report_lines: list[str] = []  # printed when the node stops (pytest shows no test's output on success)
 
     # --- processes ------------------------------------------------------------------------------------------
     def _enter(self) -> list[str]:
@@ -459,6 +460,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 raise AssertionError(f"pod {namespace}/{name} not {what} in {timeout} s: "
                                      f"{yaml.safe_dump(pod.get('status'))}\n{events}")
             time.sleep(0.5)
+
+    def report(self, line: str) -> None:
+        """A line for the session's printout (what ran on the node: runtime, image IDs)."""
+        self.report_lines.append(line)
 
     # --- stop -----------------------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -60,5 +60,7 @@ def node(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Node]:
     finally:
         node.stop()
         if reporter is not None:
+            for line in node.report_lines:
+                reporter.write_line(f"node: {line}")
             figures = ", ".join(f"{name} {seconds:.1f}" for name, seconds in node.timings.items())
             reporter.write_line(f"node: {figures}")
