@@ -16,6 +16,7 @@ pytest_plugins = [
     "tests.support.operator_fixtures",
     "tests.support.control_plane_fixtures",
     "tests.support.node_fixtures",
+    "tests.support.operator_release",
 ]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
