@@ -8,6 +8,7 @@ or a failed build is an error: `make setup-node-apt` installs the packages.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,14 +54,22 @@ def node(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Node]:
     except Unavailable as why:
         pytest.skip(f"no node: {why}")
     node = Node(tmp_path_factory.mktemp("node"), control_plane_binaries, found)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     try:
         node.start()
         yield node
     finally:
         node.stop()
-        if reporter is not None:
-            for line in node.report_lines:
-                reporter.write_line(f"node: {line}")
-            figures = ", ".join(f"{name} {seconds:.1f}" for name, seconds in node.timings.items())
-            reporter.write_line(f"node: {figures}")
+        _print(request.config, [*node.report_lines,
+                                ", ".join(f"{name} {seconds:.1f}" for name, seconds in node.timings.items())])
+
+
+def _print(config: pytest.Config, lines: list[str]) -> None:
+    """Lines on the terminal even while pytest captures the teardown's output."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.write_line("")
+        for line in lines:
+            reporter.write_line(f"node: {line}")
