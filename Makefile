@@ -13,9 +13,9 @@ ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt setup-apt-images setup-node-apt clean
 
-setup: $(VENV)/.installed setup-rollout setup-apt
+setup: $(VENV)/.installed setup-rollout setup-apt setup-node-apt
 
 $(UV):
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -47,8 +47,28 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQ
 	touch $@
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
-setup-apt:
+setup-apt: setup-apt-images
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+# The node tier's container runtime and pod network (tests/support/node.py): containerd and runc run the pods, the CNI
+# plugins wire them to the node's bridge, nft serves kube-proxy. Skipped when all are there.
+NODE_APT_PACKAGES := containerd runc containernetworking-plugins nftables iptables iproute2
+setup-node-apt:
+	@{ command -v containerd && command -v runc && command -v nft && command -v iptables && command -v ip \
+	   && test -x /usr/lib/cni/bridge; } >/dev/null 2>&1 || { echo "setup: apt $(NODE_APT_PACKAGES)"; \
+	   apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 \
+	   $(NODE_APT_PACKAGES) >/dev/null; }
+
+# Images without Docker (hack/images): mmdebstrap makes the base rootfs, buildah builds the Dockerfiles, podman
+# imports the rootfs and runs the built images (with runc: crun refuses hosts with both cgroup versions mounted).
+# Installed as root where apt-get exists and a package is missing; elsewhere the image tests say what is missing.
+IMAGE_BUILD_PACKAGES := mmdebstrap buildah podman runc
+setup-apt-images:
+	@missing=$$(for p in $(IMAGE_BUILD_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then echo "setup: not root or no apt-get, not installing" $$missing; \
+	else echo "setup: apt-get install" $$missing; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get \
+	  -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
 # The demo needs the learner and vLLM venvs only. --fresh: each `make demo` starts over in runs/tiny/.
@@ -75,10 +95,17 @@ lint: $(VENV)/.installed
 bench: setup
 	$(VENV)/bin/python -m bench
 
+# With a Docker daemon: the three images into Docker. Without one: the operator image and the trainer's CPU variant
+# with buildah into the cache folder (hack/images/build.sh prints their references and archives).
 images:
-	docker build -t grpo-operator:dev .
-	docker build -f trainer_image/Dockerfile -t grpo-trainer:cpu --build-arg VARIANT=cpu .
-	docker build -f trainer_image/Dockerfile -t grpo-trainer:cuda --build-arg VARIANT=cuda .
+	@if docker info >/dev/null 2>&1; then \
+	  docker build -t grpo-operator:dev . \
+	  && docker build -f trainer_image/Dockerfile -t grpo-trainer:cpu --build-arg VARIANT=cpu . \
+	  && docker build -f trainer_image/Dockerfile -t grpo-trainer:cuda --build-arg VARIANT=cuda . ; \
+	else \
+	  echo "images: no Docker daemon, building with buildah (hack/images/build.sh)"; \
+	  $(MAKE) --no-print-directory setup-apt-images && hack/images/build.sh operator trainer-cpu; \
+	fi
 
 clean:
 	rm -rf $(VENV) $(ROLLOUT_VENV)

@@ -15,6 +15,8 @@ pytest_plugins = [
     "tests.support.vllm_server",
     "tests.support.operator_fixtures",
     "tests.support.control_plane_fixtures",
+    "tests.support.node_fixtures",
+    "tests.support.operator_release",
 ]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

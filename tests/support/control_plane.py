@@ -69,15 +69,16 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certificates(directory: Path) -> None:
-    """A CA, a serving certificate for 127.0.0.1/localhost signed by it, and the ServiceAccount signing key."""
+def make_certificates(directory: Path, extra_sans: tuple[str, ...] = ()) -> None:
+    """A CA, a serving certificate for 127.0.0.1/localhost (and `extra_sans`, e.g. "IP:10.0.0.1") signed by it, and
+    the ServiceAccount signing key."""
     if shutil.which("openssl") is None:
         raise Unavailable("openssl is not installed (it makes the test API server's certificates)")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=grpo-test-ca",
              "-keyout", "ca.key", "-out", "ca.crt", cwd=directory)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver", "-keyout", "server.key",
              "-out", "server.csr", cwd=directory)
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (directory / "san.ext").write_text(f"subjectAltName={','.join(('IP:127.0.0.1', 'DNS:localhost', *extra_sans))}\n")
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
              "-days", "2", "-extfile", "san.ext", "-out", "server.crt", cwd=directory)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
@@ -100,6 +101,10 @@ class ControlPlane:
                                    start_new_session=True, preexec_fn=_die_with_parent)
         self.processes.append(process)
         return process
+
+    def process_name(self, process: subprocess.Popen) -> str:
+        """The name its log is under."""
+        return Path(process.args[0]).name
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.workdir / f"{name}.log"
@@ -161,7 +166,7 @@ class ControlPlane:
         while True:
             for process in self.processes:
                 if process.poll() is not None:
-                    name = Path(process.args[0]).name
+                    name = self.process_name(process)
                     raise RuntimeError(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
             try:
                 if session.get(f"{self.url}/readyz", timeout=5).status_code == 200:

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Builds the project's images from its own Dockerfiles with buildah, without Docker or a registry, into a cache
+# folder, and prints "<reference> <archive>" per image (a docker-archive that `podman load` and
+# `ctr -n k8s.io images import` read). A second call with the same inputs finds the archive and only prints it.
+#   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu
+#          hack/images/build.sh --podman-flags  the podman flags that run them from the build's store
+#   GRPO_IMAGES_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator/images)
+# Each image's key is a hash of its base, its Dockerfile, everything that Dockerfile copies and its build args.
+# The base is a Debian 12 rootfs made by mmdebstrap and a python:3.11-slim-bookworm stand-in on top of it
+# (python-standin.Containerfile). The layer store stays in the cache folder, so a changed source rebuilds only the
+# layers after the COPY that changed (torch is a layer of its own). Progress and timings go to stderr.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+root="${GRPO_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator/images}"
+store="$root/store"
+runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
+# Big temporary files of a commit go to the cache disk, not /var/tmp, and are removed after each build.
+export TMPDIR="$root/tmp"
+keep_archives=2   # per image: the newest keys stay (other branches build other keys), older ones are removed
+
+suite=bookworm
+mirror=http://deb.debian.org
+debian_packages=python3,python3-pip,python3-venv,ca-certificates
+# Package downloads inside RUN use the machine's CA bundle (egress may present its own CA): mounted read-only for
+# the build only, so nothing of it lands in an image.
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+
+storage=(--root "$store" --runroot "$runroot" --storage-driver overlay)
+# runc, not crun: crun refuses a cgroup v1 host with a cgroup2 hierarchy mounted too ("cgroups in hybrid mode").
+export BUILDAH_RUNTIME=runc
+podman_flags=("${storage[@]}" --runtime runc --cgroup-manager cgroupfs --events-backend none)
+bah() { buildah "${storage[@]}" "$@"; }
+pod() { podman "${podman_flags[@]}" "$@"; }
+# `--podman-flags`: the global podman flags that run the built images from this store, one a line.
+if [[ ${1:-} == --podman-flags ]]; then printf '%s\n' "${podman_flags[@]}"; exit 0; fi
+
+usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu)" >&2; exit 2; }
+[[ $# -gt 0 ]] || usage
+for image in "$@"; do [[ $image == operator || $image == trainer-cpu ]] || usage; done
+
+for tool in mmdebstrap buildah podman runc; do
+  command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
+done
+[[ $(id -u) == 0 ]] || { echo "building images needs root (mmdebstrap, buildah's overlay store)" >&2; exit 3; }
+have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
+
+# A hash of files (names and contents; caches and build outputs excluded, as .dockerignore does) and strings.
+hash_inputs() {
+  { for path in "$@"; do
+      if [[ -e "$repo/$path" ]]; then
+        (cd "$repo" && find "$path" -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 | sort -z | xargs -0 sha256sum)
+      else
+        echo "$path"
+      fi
+    done; } | sha256sum | cut -c1-12
+}
+
+# Runs "$@" with its output in a log; stderr gets the log's STEP lines and, every 30 s, how long it has run.
+# Also samples the disk the cache is on, so each build reports its peak use.
+run_logged() {
+  local what=$1 log=$2; shift 2
+  local start=$SECONDS used0 peak_file="$TMPDIR/.peak" ticker status=0
+  used0=$(df -B1M --output=used "$root" | tail -1)
+  echo "$used0" > "$peak_file"
+  echo "images: building $what (log: $log)" >&2
+  ( said=$SECONDS
+    while sleep 5; do
+      used=$(df -B1M --output=used "$root" | tail -1)
+      (( used > $(cat "$peak_file") )) && echo "$used" > "$peak_file"
+      (( SECONDS - said >= 30 )) && said=$SECONDS && echo "images: $what: $((SECONDS - start)) s so far" >&2
+    done ) &
+  ticker=$!
+  "$@" > "$log" 2>&1 &
+  local worker=$!
+  tail -n +1 -f --pid="$worker" "$log" 2>/dev/null | grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+' | cut -c1-150 >&2 || true
+  wait "$worker" || status=$?
+  kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
+  local peak=$(( $(cat "$peak_file") - used0 ))
+  if (( status != 0 )); then
+    echo "images: building $what FAILED after $((SECONDS - start)) s; the last lines of $log:" >&2
+    tail -n 25 "$log" >&2
+    return "$status"
+  fi
+  echo "images: built $what in $((SECONDS - start)) s (disk use rose by up to $peak MiB while it ran)" >&2
+}
+
+# The rootfs takes minutes: its key is what mmdebstrap is asked for, not this whole script.
+debian_key=$(hash_inputs "mmdebstrap minbase" "$suite" "$mirror" "$debian_packages")
+debian_ref="localhost/grpo-build/debian:$suite-$debian_key"
+python_key=$(hash_inputs "$debian_key" hack/images/python-standin.Containerfile)
+python_ref="localhost/grpo-build/python:3.11-$suite-$python_key"
+
+build_base() {
+  have_image "$python_ref" && return 0
+  if ! have_image "$debian_ref"; then
+    local rootfs="$TMPDIR/rootfs-$debian_key.tar"
+    run_logged "a Debian 12 rootfs (mmdebstrap)" "$root/logs/debian-$debian_key.log" \
+      mmdebstrap --variant=minbase --include="$debian_packages" --components=main \
+        --aptopt='APT::Install-Recommends "false"' "$suite" "$rootfs" \
+        "deb $mirror/debian $suite main" "deb $mirror/debian $suite-updates main" \
+        "deb $mirror/debian-security $suite-security main"
+    pod import --change 'CMD ["/bin/bash"]' "$rootfs" "$debian_ref" >/dev/null
+    rm -f "$rootfs"
+  fi
+  run_logged "the python:3.11-slim-bookworm stand-in" "$root/logs/python-$python_key.log" \
+    bah bud --layers --force-rm --network host --build-arg DEBIAN_IMAGE="$debian_ref" \
+      -f "$here/python-standin.Containerfile" -t "$python_ref" "$here"
+}
+
+# build_image NAME REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the repository.
+build_image() {
+  local name=$1 repository=$2 dockerfile=$3; shift 3
+  local build_args=() inputs=()
+  while [[ $1 != -- ]]; do build_args+=(--build-arg "$1"); shift; done; shift
+  inputs=("$@")
+  local key ref archive
+  key=$(hash_inputs "$python_key" "$dockerfile" "${build_args[@]}" "${inputs[@]}")
+  ref="$repository:$key"
+  archive="$root/$name-$key.docker.tar"
+  if [[ ! -s $archive ]]; then
+    build_base
+    if ! have_image "$ref"; then
+      run_logged "$name from $dockerfile" "$root/logs/$name-$key.log" \
+        bah bud --layers --force-rm --network host -v "$ca_bundle:$ca_bundle:ro" \
+          --build-arg PYTHON_IMAGE="$python_ref" "${build_args[@]}" \
+          -f "$repo/$dockerfile" -t "$ref" "$repo"
+    fi
+    local start=$SECONDS
+    rm -f "$archive.tmp"
+    bah push --quiet "$ref" "docker-archive:$archive.tmp:$ref" >&2
+    mv "$archive.tmp" "$archive"
+    echo "images: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
+    prune "$name" "$repository"
+  fi
+  touch "$archive"   # in use: prune keeps the newest
+  echo "$ref $archive"
+}
+
+# Keeps the newest archives of an image (and their images in the store), removes older ones and unused layers.
+prune() {
+  local name=$1 repository=$2 old
+  mapfile -t old < <(ls -t "$root/$name"-*.docker.tar 2>/dev/null | tail -n +$((keep_archives + 1)))
+  for archive in "${old[@]}"; do
+    local key=${archive##*/$name-}; key=${key%.docker.tar}
+    rm -f "$archive"
+    bah rmi "$repository:$key" >/dev/null 2>&1 || true
+    echo "images: removed the older $name image $key" >&2
+  done
+  [[ ${#old[@]} -eq 0 ]] || bah rmi --prune >/dev/null 2>&1 || true
+}
+
+mkdir -p "$root/logs" "$TMPDIR"
+exec 9>"$root/.build.lock"
+flock 9   # one build at a time: a second caller waits, then finds the archive
+trap 'rm -rf "${TMPDIR:?}"/*' EXIT
+
+sources=(pyproject.toml operator/grpo_operator trainer_image/grpo_trainer)
+for image in "$@"; do
+  case $image in
+    operator)
+      build_image operator localhost/grpo-operator Dockerfile \
+        -- "${sources[@]}" crds/grporun.yaml .dockerignore ;;
+    trainer-cpu)
+      # download.pytorch.org is not needed: TORCH_CPU_INDEX= takes PyPI's torch (the Dockerfile's documented route).
+      build_image trainer-cpu localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" \
+        -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
+  esac
+done

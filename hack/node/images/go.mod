@@ -1,0 +1,3 @@
+module grpo.dev/hack/node/images
+
+go 1.26.0

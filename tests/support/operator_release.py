@@ -1,0 +1,131 @@
+"""The chart installed on the real node with the helm CLI (hack/helm/build.sh), running the operator image
+(tests/support/images.py): the operator the node scenarios run against, in its container, with the chart's
+ServiceAccount and RBAC, reaching the API server through the `kubernetes` Service as any in-cluster client does.
+
+`operator_release` is a session fixture: installed once (`helm install --wait`), uninstalled at the end, when it
+checks that `helm uninstall` left none of the release's objects behind (an error of the last test otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.chart_render import CHART_DIR, RELEASE, RELEASE_NAMESPACE
+from tests.support.control_plane import Unavailable, _go
+from tests.support.images import BuiltImage, operator_image
+from tests.support.images import Unavailable as ImagesUnavailable
+from tests.support.node import Node
+from tests.support.paths import REPO
+
+HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
+INSTANCE_LABEL = f"app.kubernetes.io/instance={RELEASE}"
+# Every kind the chart makes (namespaced ones in the release namespace), for the after-uninstall check.
+CHART_KINDS = ("deployments", "replicasets", "pods", "serviceaccounts", "services", "configmaps", "roles",
+               "rolebindings", "poddisruptionbudgets", "clusterroles", "clusterrolebindings",
+               "validatingadmissionpolicies", "validatingadmissionpolicybindings")
+
+
+def helm_binary() -> Path:
+    go = _go()
+    if go is None:
+        raise Unavailable("Go is not installed: the helm CLI is built from its Go module")
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run([str(HELM_BUILD_SCRIPT)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"hack/helm/build.sh failed:\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1]) / "helm"
+
+
+_HELM = pytest.StashKey[Path | BaseException]()
+
+
+def _find_helm() -> Path | BaseException:
+    try:
+        return helm_binary()
+    except (Unavailable, RuntimeError) as why:
+        return why
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the helm CLI (the first time: many minutes) before any test runs, not within a test's timeout."""
+    if session.config.option.collectonly or not any(
+            "operator_release" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("helm: finding or building the helm CLI (hack/helm)")
+    session.config.stash[_HELM] = _find_helm()
+
+
+@dataclass
+class OperatorRelease:
+    node: Node
+    helm: Path
+    image: BuiltImage
+    namespace: str = RELEASE_NAMESPACE
+    install_s: float = 0.0
+
+    def run_helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        done = subprocess.run([str(self.helm), f"--kubeconfig={self.node.kubeconfig}", *args], capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}")
+        return done
+
+    def install(self) -> None:
+        repository, tag = self.image.reference.rsplit(":", 1)
+        values = ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                  "--set", "image.pullPolicy=Never"]
+        began = time.monotonic()
+        self.run_helm("install", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
+                      "--wait", "--timeout=5m", *values)
+        self.install_s = time.monotonic() - began
+
+    def operator_pods(self) -> list[dict]:
+        listed = self.node.kubectl("get", "pods", "-n", self.namespace, "-l", INSTANCE_LABEL, "-o", "json")
+        return json.loads(listed.stdout)["items"]
+
+    def leftovers(self) -> list[str]:
+        """The release's objects still there: `kind/name` of everything labelled with its instance."""
+        found = []
+        for kind in CHART_KINDS:
+            listed = self.node.kubectl("get", kind, "-A", "-l", INSTANCE_LABEL, "-o", "name", check=False)
+            found += listed.stdout.split()
+        return found
+
+    def uninstall(self, timeout: float = 120) -> list[str]:
+        self.run_helm("uninstall", RELEASE, "--namespace", self.namespace, "--wait", "--timeout=2m")
+        deadline = time.monotonic() + timeout
+        while (left := self.leftovers()) and time.monotonic() < deadline:  # pods and ReplicaSets go by GC
+            time.sleep(1)
+        return left
+
+
+@pytest.fixture(scope="session")
+def operator_release(request: pytest.FixtureRequest, node: Node) -> Iterator[OperatorRelease]:
+    helm = request.config.stash.get(_HELM, None) or _find_helm()
+    if isinstance(helm, Unavailable):
+        pytest.skip(f"no helm: {helm}")
+    if isinstance(helm, BaseException):
+        raise helm
+    try:
+        image = operator_image()
+    except ImagesUnavailable as why:
+        pytest.skip(f"no operator image: {why}")
+    node.import_image(image.archive)
+    release = OperatorRelease(node, helm, image)
+    release.install()
+    node.report(f"helm install of {image.reference}: {release.install_s:.1f} s")
+    try:
+        yield release
+    finally:
+        left = release.uninstall()
+        assert not left, f"helm uninstall left {left}"
