@@ -26,7 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_trainer.contract import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    LEARNER_HTTP_PORT,
+    ROLLOUT_HTTP_PORT,
+    request_timeout_seconds,
+)
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
 from grpo_trainer.rollout_health import LIVENESS_FAILURE_THRESHOLD, LIVENESS_PERIOD_S, PROBE_TIMEOUT_S
 
@@ -181,8 +186,6 @@ def _run_config(data: Mapping[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-#: TRL 1.16's `AsyncGRPOConfig.request_timeout` default: how long one generation request may take.
-TRL_REQUEST_TIMEOUT_S = 600
 #: The rollout pods' terminationGracePeriodSeconds: the kubelet's default (the pods set none, no override may).
 TERMINATION_GRACE_S = 30
 
@@ -191,10 +194,7 @@ def drain_deadline_seconds(spec: GRPORunSpec) -> int:
     """How long a removed rollout server may stay in the learner's report before its pod is deleted anyway: the
     requests in flight on it may take the request timeout (`training.extraArgs.request_timeout`, TRL's default
     otherwise), plus the pod's termination grace period."""
-    timeout = spec.training.extra_args.get("request_timeout", TRL_REQUEST_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        timeout = TRL_REQUEST_TIMEOUT_S
-    return int(timeout) + TERMINATION_GRACE_S
+    return int(request_timeout_seconds(spec.training.extra_args)) + TERMINATION_GRACE_S
 
 
 def _headless_service(run: RunRef, name: str, role: str, port: int) -> dict[str, Any]:

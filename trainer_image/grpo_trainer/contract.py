@@ -8,6 +8,7 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -374,6 +375,19 @@ class RunConfig(WireModel):
         if not value.strip():
             raise ValueError("model must name a hub id or a local path")
         return value
+
+
+#: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and
+#: sent again. With the pod's grace period it bounds how long a rollout server that left the run's set drains.
+TRL_REQUEST_TIMEOUT_S = 600
+
+
+def request_timeout_seconds(extra_args: Mapping[str, Any]) -> float:
+    """The run's generation request timeout: `training.extraArgs.request_timeout` (the spec's or the run config's),
+    else TRL's default."""
+    value = extra_args.get("request_timeout", TRL_REQUEST_TIMEOUT_S)
+    usable = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return float(value) if usable else float(TRL_REQUEST_TIMEOUT_S)
 
 
 def load_run_config(text: str) -> RunConfig:

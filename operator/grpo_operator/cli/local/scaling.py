@@ -239,4 +239,4 @@ class RolloutScaling:
 def drain_seconds(config: c.RunConfig) -> float:
     """How long a removed server may drain: its requests' timeout, then the stop's grace (the cluster's rule with
     `grporun local`'s grace in place of the pod's)."""
-    return c.request_timeout_seconds(config) + STOP_GRACE_S
+    return c.request_timeout_seconds(config.training.extra_args) + STOP_GRACE_S
