@@ -56,6 +56,9 @@ ROLLOUT_RESTARTS_ANNOTATION = f"{GROUP}/rollout-restarts"
 #: On the run's ConfigMap: the spec generation its config was rendered from.
 GENERATION_ANNOTATION = f"{GROUP}/generation"
 MANAGED_BY = "grpo-operator"
+#: `spec.managedBy` of the runs this operator reconciles (the CRD's default). A run naming another controller (Kueue's
+#: MultiKueue dispatcher, `kueue.x-k8s.io/multikueue`) is left alone, as the Job controller leaves such a Job.
+CONTROLLER_NAME = f"{GROUP}/{MANAGED_BY}"
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -184,10 +187,18 @@ class GRPORunSpec(WireModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
+    managed_by: str = Field(CONTROLLER_NAME, max_length=63)
 
     @property
     def learner_world_size(self) -> int:
         return self.learner.nodes * self.learner.processes_per_node
+
+
+def managed_by(body: dict[str, Any]) -> str:
+    """The controller that reconciles this run: `spec.managedBy`, this operator's name when unset (a run stored
+    before the field existed)."""
+    value = (body.get("spec") or {}).get("managedBy")
+    return value if isinstance(value, str) and value else CONTROLLER_NAME
 
 
 def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:

@@ -94,6 +94,7 @@ class OperatorContext:
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
     events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
+    managed_elsewhere: set[str] = dataclasses.field(default_factory=set)  # uids whose spec.managedBy is not ours
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())

@@ -204,6 +204,11 @@ STRUCTURAL_CASES = {
                    "spec.dataset.config: must be at most 256 characters long, not 300"),
     "max-properties": (_set("spec.training.extraArgs", {f"arg{i}": i for i in range(65)}),
                        "spec.training.extraArgs: must set at most 64 entries, not 65"),
+    "managed-by-not-domain-prefixed": (_set("spec.managedBy", "multikueue"), "spec.managedBy: must match "
+                                       "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                                       "[-A-Za-z0-9/._~%!$&()*+,;=:]+$, not 'multikueue'"),
+    "managed-by-too-long": (_set("spec.managedBy", "a" * 60 + ".io/x"),
+                            "spec.managedBy: must be at most 63 characters long, not 65"),
     "toleration": (_set("spec.learner.tolerations", [{"key": "gpu", "operater": "Exists"}]),
                    "spec.learner.tolerations[0].operater: unknown field (did you mean operator?)"),
 }
@@ -370,6 +375,8 @@ UPDATE_CASES = {
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
+    "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
+                   ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
 
 
