@@ -33,7 +33,7 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.validation import field_path, first_error
 
-from .eta import ProgressRate
+from .eta import ProgressRate, TrainerStatus
 from .pod_overrides import PodTemplateOverride
 from .podgroup import SchedulingSpec
 
@@ -424,6 +424,7 @@ class GRPORunStatus(_StatusModel):
     disruptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None
+    trainer_status: TrainerStatus | None = None  # Kubeflow Trainer's view of `progress` (grpo_operator.eta)
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None

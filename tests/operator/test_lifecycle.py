@@ -123,6 +123,12 @@ def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, 
                                     "Age": run["metadata"]["creationTimestamp"]}
     assert cluster.condition("beta", "RolloutReady")["status"] == "True"
     assert cluster.condition("beta", "Progressing")["reason"] == "Training"
+    # Kubeflow Trainer's status.trainerStatus (KEP-2779), as the API server stored it.
+    trainer = run["status"]["trainerStatus"]
+    assert trainer["progressPercentage"] == 25 and trainer["lastUpdatedTime"] == progress["lastUpdatedTime"]
+    assert {m["name"]: m["value"] for m in trainer["metrics"]} == {
+        "currentEpoch": "0", "totalEpochs": "1", "globalStep": "4", "groupsConsumed": "10", "groupsTotal": "40",
+        "groupsTrained": "8", "groupsDropped": "2"}
     assert cluster.metric("grpo_operator_run_groups_trained", "beta") == 8
     assert cluster.metric("grpo_operator_run_progress_ratio", "beta") == 0.25
     assert cluster.metric("grpo_operator_run_phase", "beta", phase="Running") == 1

@@ -23,7 +23,7 @@ from ..api import (
     Reason,
     parse_status,
 )
-from ..eta import update_estimate
+from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
 from . import clock
 from .conditions import Conditions, format_time, seconds_since
@@ -113,6 +113,7 @@ class RunRecord:
                 self.new.progress, self.new.progress_rate, self.old.progress, self.now,
                 running=self.new.phase == Phase.RUNNING, stalled=self.conditions.is_true(ConditionType.STALLED),
                 succeeded=self.new.phase == Phase.SUCCEEDED)
+            self.new.trainer_status = trainer_status(self.new.progress)
         return Decision(_wire(self.new), self.events, self.actions)
 
     def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
