@@ -19,7 +19,7 @@ import copy
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from grpo_trainer.contract import (
     DatasetConfig,
@@ -104,6 +104,19 @@ class WeightSyncSpec(WireModel):
     volume: dict[str, Any] | None = None
 
 
+class TopologySpec(WireModel):
+    """Kueue topology-aware scheduling of one role's pods: the node label of the topology level they share."""
+
+    required: str | None = Field(None, min_length=1, max_length=317)
+    preferred: str | None = Field(None, min_length=1, max_length=317)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TopologySpec:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("set exactly one of required or preferred")
+        return self
+
+
 class RolePodSpec(WireModel):
     """The pod fields the rollout and the learner role share: image, resources, device and placement."""
 
@@ -114,6 +127,7 @@ class RolePodSpec(WireModel):
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     pod_template_override: PodTemplateOverride | None = None
+    topology: TopologySpec | None = None
 
 
 # more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call

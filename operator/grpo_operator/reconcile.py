@@ -308,6 +308,10 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
             role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
             for child in children]
+        topologies = kueue.role_topologies(spec)
+        children = [kueue.topology_gated(child, run.name, role, topologies[role]) if child["kind"] == "Pod" and (
+            role := child["metadata"]["labels"].get(ROLE_LABEL)) in topologies else child
+            for child in children]
     for child in children:
         child_name = f"{child['kind']} {child['metadata']['name']}"
         if child["kind"] == "Pod" and child["metadata"]["name"] in present:

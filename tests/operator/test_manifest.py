@@ -178,7 +178,8 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, nodeSelector, tolerations, podTemplateOverride)"),
+                 "image, imagePullPolicy, resources, device, topology, nodeSelector, tolerations, "
+                 "podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
@@ -255,6 +256,10 @@ def _learner_container(manifest: dict) -> dict:
 
 
 CEL_CASES = {
+    "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),
+                      "spec.learner.topology: set exactly one of required or preferred"),
+    "topology-none": (_set("spec.rollout.topology", {}), "spec.rollout.topology: set exactly one of required or "
+                      "preferred"),
     "failure-rule-both": (_set("spec.runPolicy.podFailurePolicy", [
         {"action": "Fail", "onExitCodes": {"operator": "In", "values": [3]},
          "onPodConditions": [{"type": "DisruptionTarget"}]}]), f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
