@@ -25,6 +25,7 @@ from grpo_trainer.contract import (
     DatasetConfig,
     FilterConfig,
     ProgressConfig,
+    ReplicaState,
     RewardConfig,
     RolloutConfig,
     TrainingConfig,
@@ -59,6 +60,8 @@ MANAGED_BY = "grpo-operator"
 #: `spec.managedBy` of the runs this operator reconciles (the CRD's default). A run naming another controller (Kueue's
 #: MultiKueue dispatcher, `kueue.x-k8s.io/multikueue`) is left alone, as the Job controller leaves such a Job.
 CONTROLLER_NAME = f"{GROUP}/{MANAGED_BY}"
+#: The most rollout servers one run may have (spec.rollout.replicas' maximum, status.rollout.servers' maxItems).
+MAX_ROLLOUT_REPLICAS = 1024
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -132,7 +135,8 @@ class RolePodSpec(WireModel):
 
 # more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call
 class RolloutSpec(RolePodSpec):
-    replicas: int = Field(1, ge=1)
+    # Bounded by status.rollout.servers (one entry per server): a larger run could not report its servers.
+    replicas: int = Field(1, ge=1, le=MAX_ROLLOUT_REPLICAS)
     vllm: VllmSpec = Field(default_factory=VllmSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
 
@@ -311,6 +315,10 @@ class Reason:
     ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
     ALL_REPLICAS_READY = "AllReplicasReady"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    SCALED = "Scaled"  # the event when spec.rollout.replicas changes on a live run
+    DRAINED = "Drained"  # the event when a removed rollout server's pod is deleted after the learner let it go
+    DRAIN_DEADLINE_EXCEEDED = "DrainDeadlineExceeded"  # ... deleted while the learner still reported it
+    SCALE_REFUSED = "ScaleRefused"  # a live replica change the run's admission (Kueue, a gang) cannot take
     ROLLOUT_RESTARTED = "RolloutRestarted"  # the event when a rollout server that exited is replaced
     ROLLOUT_RESTARTING = "RolloutRestarting"  # RolloutReady=False while a replaced server is not ready yet
     ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
@@ -391,6 +399,7 @@ class ProgressStatus(_StatusModel):
     last_updated_time: str | None = None
 
 
+# more than 8: mirrors the CRD's status.rollout.servers[], one field per key; built by keyword
 class RolloutServerStatus(_StatusModel):
     """One rollout server: its pod as the operator sees it, and the learner's view of it (its `/progress`)."""
 
@@ -402,12 +411,16 @@ class RolloutServerStatus(_StatusModel):
     samples: int | None = None
     restarts: int = 0  # counted against runPolicy.rolloutRestartLimit
     last_error: str | None = None  # the engine's error line at its last exit
+    state: ReplicaState | None = None  # the learner's: joining, serving or draining
+    drain_start_time: str | None = None  # when its URL left the run config (scaled down); its pod goes once drained
 
 
 class RolloutStatus(_StatusModel):
-    replicas: int = 0
-    ready: int = 0
+    replicas: int = 0  # rollout pods that exist (the scale subresource's status replicas)
+    ready: int = 0  # of the servers wanted (spec.rollout.replicas), those whose pod is Ready
     restarts: int = 0
+    selector: str | None = None  # the rollout pods' label selector (the scale subresource's)
+    scale_refused: str | None = None  # why a live change of spec.rollout.replicas is not applied
     servers: list[RolloutServerStatus] = Field(default_factory=list)
 
 

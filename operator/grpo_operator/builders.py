@@ -20,8 +20,9 @@ Why the shapes are what they are:
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +117,11 @@ def selector_labels(run: str, role: str) -> dict[str, str]:
     return {RUN_LABEL: run, ROLE_LABEL: role}
 
 
+def rollout_selector(run: str) -> str:
+    """The run's rollout pods as a label selector string (`status.rollout.selector`, the scale subresource's)."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(run, "rollout").items())
+
+
 def child_metadata(run: RunRef, name: str, role: str | None = None) -> dict[str, Any]:
     """The metadata of a child object: its name, the run's namespace and labels, the run's ownerReference."""
     return {"name": name, "namespace": run.namespace, "labels": run_labels(run.name, role),
@@ -140,6 +146,55 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {CONFIG_FILE: config.model_dump_json(by_alias=True)}}
+
+
+def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dict[str, str] | None:
+    """The ConfigMap's `data` with `rollout.urls` in its run config replaced by `urls`, everything else as rendered
+    (a live run's config is never rendered again); None when it lists those URLs already. Raises ValueError when
+    the stored run config is not a JSON object with a `rollout` object."""
+    data = dict(config_map.get("data") or {})
+    config = _run_config(data)
+    if config is None or not isinstance(config.get("rollout"), dict):
+        raise ValueError(f"{CONFIG_FILE} in ConfigMap {config_map.get('metadata', {}).get('name')} has no "
+                         "rollout object")
+    if config["rollout"].get("urls") == list(urls):
+        return None
+    config["rollout"]["urls"] = list(urls)
+    data[CONFIG_FILE] = json.dumps(config, separators=(",", ":"))
+    return data
+
+
+def rollout_urls_of(config_map: Mapping[str, Any]) -> list[str] | None:
+    """The `rollout.urls` the ConfigMap's run config lists; None when it cannot be read."""
+    config = _run_config(config_map.get("data") or {})
+    rollout = config.get("rollout") if config is not None else None
+    urls = rollout.get("urls") if isinstance(rollout, dict) else None
+    return urls if isinstance(urls, list) else None
+
+
+def _run_config(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run config a ConfigMap's data holds, as a JSON object; None when it holds none (or a torn one)."""
+    try:
+        config = json.loads(data.get(CONFIG_FILE) or "null")
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
+#: TRL 1.16's `AsyncGRPOConfig.request_timeout` default: how long one generation request may take.
+TRL_REQUEST_TIMEOUT_S = 600
+#: The rollout pods' terminationGracePeriodSeconds: the kubelet's default (the pods set none, no override may).
+TERMINATION_GRACE_S = 30
+
+
+def drain_deadline_seconds(spec: GRPORunSpec) -> int:
+    """How long a removed rollout server may stay in the learner's report before its pod is deleted anyway: the
+    requests in flight on it may take the request timeout (`training.extraArgs.request_timeout`, TRL's default
+    otherwise), plus the pod's termination grace period."""
+    timeout = spec.training.extra_args.get("request_timeout", TRL_REQUEST_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        timeout = TRL_REQUEST_TIMEOUT_S
+    return int(timeout) + TERMINATION_GRACE_S
 
 
 def _headless_service(run: RunRef, name: str, role: str, port: int) -> dict[str, Any]:

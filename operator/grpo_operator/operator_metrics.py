@@ -59,7 +59,9 @@ class OperatorMetrics:
         start_http_server(port, addr=addr, registry=self.registry)
 
     def observe_run(self, namespace: str, name: str, model: str, progress_deadline_seconds: int,
-                    status: dict[str, Any]) -> None:
+                    status: dict[str, Any], *, rollout_wanted: int | None = None) -> None:
+        """`rollout_wanted`: the servers the run asks for (spec.rollout.replicas in effect); status.rollout.replicas
+        counts the pods that exist, draining ones included, so it says that only when nothing drains."""
         labels = (namespace, name)
         parsed = parse_status(status)
         previous_model = self._models.get(labels)
@@ -92,7 +94,8 @@ class OperatorMetrics:
             self.last_progress.labels(*labels).set(parse_time(parsed.last_progress_time).timestamp())
         self.progress_deadline.labels(*labels).set(progress_deadline_seconds)
         if parsed.rollout is not None:
-            self.rollout_replicas.labels(*labels).set(parsed.rollout.replicas)
+            self.rollout_replicas.labels(*labels).set(
+                parsed.rollout.replicas if rollout_wanted is None else rollout_wanted)
             self.rollout_ready.labels(*labels).set(parsed.rollout.ready)
             self.rollout_restarts.labels(*labels).set(parsed.rollout.restarts)
 

@@ -39,6 +39,7 @@ from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progres
 from .run_loops import RunLoops
 from .run_ref import RunRef
 from .status import (
+    ConfigureRollout,
     CreateChildren,
     Decision,
     DeletePods,
@@ -76,6 +77,7 @@ class RunMemory:
     create_failures: int = 0
     create_retry_at: datetime.datetime | None = None
     warned_unknown_fields: bool = False
+    rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
 # more than 8: the operator's settings, all but the image defaulted; built once, by keyword
@@ -163,10 +165,13 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                                     pods_exist=bool(live), now=now)
         except kueue.WorkloadRejected as error:
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
+    refused = None
+    if live and not was_finished:
+        spec, refused = await _scale_in_effect(kube, run, spec, memory, queue=queue)
     seen = Observation(observed, progress, now, children_exist=memory.children_created,
                        progress_error=memory.progress_error,
                        progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
-                       create_error=memory.create_error, hold=gate.hold if gate else None)
+                       create_error=memory.create_error, hold=gate.hold if gate else None, scale_refused=refused)
     decision = derive_status(run, spec, base_status, seen)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):
@@ -177,9 +182,61 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     except ChildRejected as error:
         await _fail_permanently(context, kube, body, decision.status, error, live, logger,
                                 created_pods=error.created_pods)
-    context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status)
+    context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status,
+                                rollout_wanted=spec.rollout.replicas)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+
+
+async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec, memory: RunMemory, *,
+                           queue: str | None) -> tuple[GRPORunSpec, str | None]:
+    """The spec to run a live run by, and why its replica change is refused. A run whose pods were admitted as one
+    unit (a Kueue Workload, a gang's PodGroup) keeps the rollout servers it was admitted with: Kueue does not
+    resize a Workload it manages for another controller, and a gang's minMember would no longer match its pods."""
+    admitted_by = (f"Kueue admitted its Workload {kueue.workload_name(run.name)} with that many rollout pods and "
+                   "does not resize a Workload of an external framework (docs/kueue.md, \"Scaling\")" if queue else
+                   "its pods are one gang (spec.scheduling.gang) whose PodGroup counts them" if spec.scheduling and
+                   spec.scheduling.gang else None)
+    if admitted_by is None:
+        return spec, None
+    urls = await _configured_urls(kube, run, memory)
+    if urls is None or len(urls) == spec.rollout.replicas:
+        return spec, None
+    message = (f"spec.rollout.replicas: {spec.rollout.replicas} is not applied to the running run, which keeps "
+               f"{len(urls)} rollout servers: {admitted_by}; set it back to {len(urls)}, or create a new run with "
+               "the count you need")
+    in_effect = spec.rollout.model_copy(update={"replicas": len(urls)})
+    return spec.model_copy(update={"rollout": in_effect}), message
+
+
+async def _configured_urls(kube: Kube, run: RunRef, memory: RunMemory) -> list[str] | None:
+    """The `rollout.urls` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
+    if memory.rollout_urls is None:
+        config_map = await _owned(kube, "v1", "ConfigMap", run, builders.config_map_name(run.name))
+        memory.rollout_urls = builders.rollout_urls_of(config_map) if config_map is not None else None
+    return memory.rollout_urls
+
+
+async def _configure_rollout(kube: Kube, run: RunRef, memory: RunMemory, replicas: int, logger: Logger) -> None:
+    """Make the run config list `replicas` servers (ConfigureRollout). The learner watches the file: the kubelet
+    refreshes the mounted ConfigMap in place, so no pod restarts for it."""
+    urls = builders.rollout_urls(run.name, run.namespace, replicas)
+    if memory.rollout_urls == urls:
+        return
+    name = builders.config_map_name(run.name)
+    config_map = await _owned(kube, "v1", "ConfigMap", run, name)
+    if config_map is None:
+        return  # not created yet (CreateChildren renders it with these URLs), or an earlier run's
+    try:
+        data = builders.with_rollout_urls(config_map, urls)
+    except ValueError as error:
+        logger.warning(f"cannot set rollout.urls in the run config: {error}")
+        return
+    if data is not None:
+        if await kube.patch("v1", "ConfigMap", run.namespace, name, {"data": data}) is None:
+            return
+        logger.info(f"run config: rollout.urls now lists {len(urls)} server(s)")
+    memory.rollout_urls = urls
 
 
 async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
@@ -273,7 +330,9 @@ async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPO
     memory = context.memory(run.uid)
     uids = {obs.name: facts.uid for obs, facts in live}
     for action in decision.actions:
-        if isinstance(action, CreateChildren):
+        if isinstance(action, ConfigureRollout):
+            await _configure_rollout(kube, run, memory, action.replicas, logger)
+        elif isinstance(action, CreateChildren):
             await _create_children(context, kube, run, spec, decision.status, present, logger, gate)
         elif isinstance(action, (DeletePods, RecreatePods)):
             for pod in action.pods:
@@ -303,6 +362,8 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
                                            rollout_restarts=rollout_restarts)
     except OverrideError as error:  # a managed field the API server's rules let through
         raise ChildRejected(str(error), []) from None
+    if present:  # a live run: new servers are in the run config before their pods exist
+        await _configure_rollout(kube, run, memory, spec.rollout.replicas, logger)
     if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
         placed = await kueue.placements(kube, gate.flavors)
         children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
@@ -326,6 +387,8 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
             break
         if created and child["kind"] == "Pod":
             created_pods.append(child["metadata"]["name"])
+        if created and child["kind"] == "ConfigMap":
+            memory.rollout_urls = builders.rollout_urls_of(child)
         if created:
             continue
         existing = await _existing_of(kube, child, run.uid)
@@ -333,9 +396,11 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
             problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
         elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != run.generation:
             # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
-            # learner and checkpoint edits only then): their config is rendered again. A live run's never is.
+            # learner and checkpoint edits only then, but for rollout.replicas): their config is rendered again. A
+            # live run's never is; only its rollout.urls follow rollout.replicas (ConfigureRollout).
             await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
                              {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
+            memory.rollout_urls = builders.rollout_urls_of(child)
     if problem is None:
         memory.children_created, memory.create_error, memory.create_failures = True, None, 0
         memory.create_retry_at = None
@@ -351,8 +416,17 @@ async def _existing_of(kube: Kube, child: dict[str, Any], uid: str) -> dict[str,
     """The existing object under the child's name, when the run `uid` controls it; None otherwise."""
     meta = child["metadata"]
     existing = await kube.read(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+    return existing if _controlled_by(existing, uid) else None
+
+
+async def _owned(kube: Kube, api_version: str, kind: str, run: RunRef, name: str) -> dict[str, Any] | None:
+    existing = await kube.read(api_version, kind, run.namespace, name)
+    return existing if _controlled_by(existing, run.uid) else None
+
+
+def _controlled_by(existing: dict[str, Any] | None, uid: str) -> bool:
     owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-    return existing if any(ref.get("uid") == uid and ref.get("controller") for ref in owners) else None
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)
 
 
 def _rendered_generation(config_map: dict[str, Any]) -> int:

@@ -11,6 +11,7 @@ import pytest
 
 from grpo_operator import kueue
 from tests.support.control_plane import Unavailable
+from tests.support.control_plane_client import kubectl
 from tests.support.control_plane_cluster import RealCluster, real_cluster
 from tests.support.kube_emulator import GRPORUNS, ApiError
 from tests.support.kueue_manager import KueueManager, kueue_binaries
@@ -264,3 +265,31 @@ def test_a_roles_topology_request_reaches_kueue_which_places_its_pods_in_one_dom
             admin.request("DELETE", path)
         for name in nodes:
             admin.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+def test_kubectl_scale_of_a_run_kueue_admitted_is_refused_and_the_workload_left_alone(cluster, learner,
+                                                                                     progress_urls):
+    """Kueue v0.17 resizes no Workload an external framework manages (its pod sets are immutable while it holds
+    quota): the run keeps the servers it was admitted with and says why (docs/kueue.md, "Scaling")."""
+    admin = cluster.client
+    _queues(cluster, "4")
+    body = grporun("ks", minimal_spec(rollout={"resources": REQUESTS, "weightSync": {"mode": "filesystem"}},
+                                      learner={"resources": REQUESTS}))
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
+    cluster.apply(body)
+    workload_path = f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name('ks')}"
+    cluster.wait_for(lambda: len(cluster.pods("ks")) == 2, timeout=30, what="the pods once Kueue admits the run")
+    progress_urls["ks-learner-0"] = learner.url()
+    cluster.bring_up("ks")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("ks", "Running")
+
+    kubectl(cluster.plane, cluster.plane.kubeconfig, "-n", cluster.namespace, "scale", "grporun/ks", "--replicas=2")
+    refused = cluster.wait_for(lambda: cluster.status("ks")["rollout"].get("scaleRefused"), what="the refusal")
+    assert f"Kueue admitted its Workload {kueue.workload_name('ks')} with that many rollout pods" in refused
+    cluster.wait_event("ks", "ScaleRefused")
+    assert [p["metadata"]["name"] for p in cluster.pods("ks", "rollout")] == ["ks-rollout-0"]
+    workload = _workload(admin, workload_path)
+    assert {s["name"]: s["count"] for s in workload["spec"]["podSets"]} == {"rollout": 1, "learner": 1}
+    assert _conditions(workload)["Admitted"]["status"] == "True"
+    assert cluster.status("ks")["phase"] == "Running"

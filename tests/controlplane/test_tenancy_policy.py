@@ -198,3 +198,29 @@ def test_every_secret_of_a_run_is_checked_up_to_the_policy_limit(admin, team):
     assert _message(too_many).endswith(
         "the run's pods would read 17 Secret references: the tenancy admission policy checks at most 64 references "
         "to at most 16 distinct Secrets per run"), _message(too_many)
+
+
+def test_a_scale_through_the_scale_subresource_is_not_checked(admin, team):
+    """The policy matches `grporuns`, not `grporuns/scale`: bob may scale alice's run (more copies of pods that read
+    the Secrets alice may get), while the same change as a spec patch is checked against him."""
+    spec = private_everywhere()
+    spec["rollout"]["weightSync"] = {"mode": "filesystem"}  # several servers (NCCL serves one)
+    assert _refusal(team.alice, team.namespace, _run("scaled-run", spec), dry_run=False) is None
+    for obj in _role(team.namespace, "scaler", [{"apiGroups": ["grpo.dev"], "resources": ["grporuns/scale"],
+                                                 "verbs": ["get", "patch", "update"]}], ["bob"]):
+        admin.create_object(obj, team.namespace)
+    path = _path(team.bob, team.namespace, "scaled-run")
+    merge = {"headers": {"Content-Type": "application/merge-patch+json"}}
+    deadline = time.monotonic() + 30
+    while True:  # the RBAC change reaches the authorizer asynchronously
+        try:
+            scale = team.bob.call("PATCH", f"{path}/scale", json={"spec": {"replicas": 2}}, **merge)
+            break
+        except ApiError as error:
+            assert error.code == 403 and time.monotonic() < deadline, error.message
+            time.sleep(0.5)
+    assert scale["spec"]["replicas"] == 2
+    assert admin.call("GET", path)["spec"]["rollout"]["replicas"] == 2
+    with pytest.raises(ApiError) as refused:
+        team.bob.call("PATCH", path, json={"spec": {"rollout": {"replicas": 3}}}, **merge)
+    assert refused.value.code == 403 and "Secret private" in _message(refused.value), refused.value.message

@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 
 from grpo_operator.api import (
+    MAX_ROLLOUT_REPLICAS,
     Condition,
     ConditionType,
     FailureStatus,
@@ -23,11 +24,12 @@ from grpo_operator.api import (
     Phase,
     ProgressClock,
     ProgressStatus,
+    RolloutServerStatus,
     RolloutStatus,
 )
 from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
-from grpo_trainer.contract import DROP_REASONS
+from grpo_trainer.contract import DROP_REASONS, ReplicaState
 from tests.support.specs import status_errors
 
 CRD = load_crd()
@@ -64,7 +66,9 @@ def test_crd_names_and_version():
     assert spec["names"]["singular"] == "grporun" and "grpo" in spec["names"]["shortNames"]
     [version] = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.rollout.replicas", "statusReplicasPath": ".status.rollout.replicas",
+        "labelSelectorPath": ".status.rollout.selector"}}
     assert CRD.api_version == "grpo.dev/v1alpha1" and CRD.kind == "GRPORun"
 
 
@@ -175,7 +179,12 @@ def _full_status() -> GRPORunStatus:
         trainer_status=TrainerStatus(progress_percentage=50, estimated_remaining_seconds=600,
                                      metrics=[TrainerMetric(name="groupsTrained", value="7")],
                                      last_updated_time="2026-01-01T00:30:00Z"),
-        rollout=RolloutStatus(replicas=2, ready=1),
+        rollout=RolloutStatus(replicas=2, ready=1, selector="grpo.dev/run=run,grpo.dev/role=rollout",
+                              scale_refused="spec.rollout.replicas: 3 is not applied",
+                              servers=[RolloutServerStatus(replica=1, pod="run-rollout-1", ready=True, serving=False,
+                                                           weight_version="v2", samples=3, restarts=1,
+                                                           last_error="e", state=ReplicaState.DRAINING,
+                                                           drain_start_time="2026-01-01T00:40:00Z")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         message="running",
@@ -206,3 +215,14 @@ def test_crd_status_enums_match_the_status_models():
     assert status["phase"]["enum"] == [phase.value for phase in Phase]
     assert list(status["progress"]["properties"]["dropped"]["properties"]) == list(DROP_REASONS)
     assert all(kind.value in status["conditions"]["description"] for kind in ConditionType)
+
+
+def test_crd_server_states_are_the_contracts():
+    servers = CRD.schema["properties"]["status"]["properties"]["rollout"]["properties"]["servers"]
+    assert servers["items"]["properties"]["state"]["enum"] == [state.value for state in ReplicaState]
+
+
+def test_crd_rollout_replicas_bound_is_the_operators():
+    replicas = CRD.schema["properties"]["spec"]["properties"]["rollout"]["properties"]["replicas"]
+    servers = CRD.schema["properties"]["status"]["properties"]["rollout"]["properties"]["servers"]
+    assert replicas["maximum"] == servers["maxItems"] == MAX_ROLLOUT_REPLICAS

@@ -282,3 +282,40 @@ def test_a_run_whose_workload_kueue_refuses_as_invalid_fails_instead_of_waiting(
     assert status["failure"]["reason"] == "InvalidSpec"
     assert cluster.condition("kw", "Failed")["message"] == f"the Kueue Workload grporun-kw was rejected: {refusal}"
     assert cluster.pods_ever_created("kw") == []
+
+
+def _scaled_queued_spec() -> dict[str, Any]:
+    spec = queued_spec()
+    spec["rollout"]["weightSync"] = {"mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "w"}}}
+    return spec
+
+
+@pytest.mark.slow
+def test_a_live_scale_of_an_admitted_run_is_refused_and_says_why(cluster, learner, progress_urls):
+    """Kueue counts the rollout pods in the Workload it admitted and does not resize an external framework's
+    Workload: the run keeps its servers, and says so once (docs/kueue.md, "Scaling")."""
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    body = grporun("ks", _scaled_queued_spec())
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-q"}
+    cluster.apply(body)
+    cluster.wait_for(lambda: _workload(cluster, "ks"), what="the Workload")
+    _kueue_writes(cluster, "ks", admitted_status())
+    progress_urls["ks-learner-0"] = learner.url()
+    cluster.bring_up("ks")
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase("ks", "Running")
+    config = cluster.config_maps("ks")[0]["data"]["run.json"]
+
+    cluster.patch_spec("ks", {"rollout": {"replicas": 3}})
+    refused = cluster.wait_for(lambda: cluster.status("ks")["rollout"].get("scaleRefused"), what="the refusal")
+    assert refused.startswith("spec.rollout.replicas: 3 is not applied to the running run, which keeps 1 rollout "
+                              "servers: Kueue admitted its Workload grporun-ks with that many rollout pods")
+    cluster.wait_event("ks", "ScaleRefused")
+    time.sleep(1.0)  # several passes: still one server, the run config unchanged, the refusal posted once
+    assert cluster.pod_names("ks", "rollout") == ["ks-rollout-0"]
+    assert cluster.config_maps("ks")[0]["data"]["run.json"] == config
+    assert cluster.event_reasons("ks").count("ScaleRefused") == 1
+    assert cluster.status("ks")["phase"] == "Running"
+
+    cluster.patch_spec("ks", {"rollout": {"replicas": 1}})
+    cluster.wait_for(lambda: "scaleRefused" not in cluster.status("ks")["rollout"], what="the refusal cleared")

@@ -362,8 +362,9 @@ def test_manifest_cel_rule_rejects(make, expected):
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"
-WHILE_SUSPENDED = ("rollout, learner and checkpoint can change only while the run is suspended (set runPolicy.suspend "
-                   "to true first; the pods are then recreated with the change on resume)")
+WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner and checkpoint can "
+                   "change only while the run is suspended (set runPolicy.suspend to true first; the pods are then "
+                   "recreated with the change on resume)")
 UPDATE_CASES = {
     "model": (_set("spec.model", "Qwen/Qwen3-1.7B"), [f"spec.model: {IMMUTABLE}"]),
     "dataset": (_set("spec.dataset.limit", 10), [f"spec.dataset: {IMMUTABLE}"]),
@@ -377,6 +378,10 @@ UPDATE_CASES = {
     "placement": (_update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}, tolerations=[])),
                   [f"spec: {WHILE_SUSPENDED}"]),
     "image": (_set("spec.rollout.image", "ghcr.io/example/grpo-trainer:0.1.1"), [f"spec: {WHILE_SUSPENDED}"]),
+    # The rollout servers of a running run scale live (the scale subresource); the bounds and the NCCL rule stay.
+    "replicas-live": (_set("spec.rollout.replicas", 3), []),
+    "replicas-live-and-image": (_update(lambda m: m["spec"]["rollout"].update(replicas=2, image="x:1")),
+                                [f"spec: {WHILE_SUSPENDED}"]),
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
@@ -411,6 +416,20 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     running = make()
     running["spec"]["runPolicy"]["suspend"] = False
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
+
+
+def test_manifest_live_replicas_keep_the_bounds_and_the_nccl_rule():
+    """A live scale goes through the same rules: between 1 and 1024 servers, one with NCCL weight sync."""
+    for replicas, error in ((0, "must be >= 1, not 0"), (1025, "must be <= 1024, not 1025")):
+        scaled = good()
+        scaled["spec"]["rollout"]["replicas"] = replicas
+        assert validate_manifest(scaled, old=good()) == [f"spec.rollout.replicas: {error}"]
+    running = _nccl()
+    scaled = _nccl()
+    scaled["spec"]["rollout"]["replicas"] = 2
+    assert validate_manifest(scaled, old=running) == [
+        "spec.rollout.replicas: must be 1 with weightSync.mode nccl (TRL 1.16's NCCL weight transfer opens one NCCL "
+        "group with one server); use weightSync.mode filesystem for several replicas"]
 
 
 @pytest.mark.parametrize("make, expected", UPDATE_CASES.values(), ids=UPDATE_CASES.keys())

@@ -37,3 +37,14 @@ def test_metrics_use_the_shared_names_and_forget_a_deleted_run():
     metrics.forget_run("ns", "r")
     text = generate_latest(metrics.registry).decode()
     assert 'run="r"' not in text
+
+
+def test_the_replicas_series_counts_the_servers_wanted_not_those_still_draining():
+    """After a scale-down the removed servers' pods stay until they drain: the not-ready alert compares ready
+    servers with the servers wanted, so a drain never fires it."""
+    metrics = OperatorMetrics()
+    metrics.observe_run("ns", "r", "m", 1800, {"phase": "Running", "rollout": {"replicas": 3, "ready": 1}},
+                        rollout_wanted=1)
+    labels = {"namespace": "ns", "run": "r"}
+    assert metrics.registry.get_sample_value(metric_names.RUN_ROLLOUT_REPLICAS, labels) == 1
+    assert metrics.registry.get_sample_value(metric_names.RUN_ROLLOUT_READY, labels) == 1

@@ -11,7 +11,7 @@ import pytest
 from grpo_operator import builders, podgroup
 from grpo_operator.api import parse_spec
 from grpo_operator.run_ref import RunRef
-from tests.operator.test_lifecycle import _owner
+from tests.operator.test_lifecycle import _owner, _running
 from tests.support.chart_rbac import is_allowed, rendered_rules
 from tests.support.kube_emulator import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
@@ -74,3 +74,18 @@ def test_the_operator_creates_the_pod_group_owned_by_the_run(cluster, scheduler,
     calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
     assert any(r.resource == "podgroups" for r in calls)
     assert [r for r in calls if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)] == []
+
+
+@pytest.mark.slow
+def test_a_live_scale_of_a_gang_is_refused_and_says_why(cluster, learner, progress_urls):
+    """The gang's PodGroup counts every pod of the run (minMember): the run keeps its servers and says why."""
+    spec = minimal_spec(rollout={"weightSync": {"mode": "filesystem",
+                                                "volume": {"persistentVolumeClaim": {"claimName": "w"}}}})
+    spec["scheduling"] = {"gang": {"scheduler": "coscheduling"}}
+    _running(cluster, learner, progress_urls, "gs", spec)
+    cluster.patch_spec("gs", {"rollout": {"replicas": 2}})
+    refused = cluster.wait_for(lambda: cluster.status("gs")["rollout"].get("scaleRefused"), what="the refusal")
+    assert "its pods are one gang (spec.scheduling.gang) whose PodGroup counts them" in refused
+    cluster.wait_event("gs", "ScaleRefused")
+    assert cluster.pod_names("gs", "rollout") == ["gs-rollout-0"]
+    assert cluster.client.get(COSCHEDULING_POD_GROUPS, NAMESPACE, "gs")["spec"]["minMember"] == 2

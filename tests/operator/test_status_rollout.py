@@ -114,17 +114,18 @@ def test_status_rollout_shows_each_server_as_the_pods_and_the_learner_see_it():
     ]
     pods = [pod("r-rollout-0"), pod("r-rollout-1", ready=False), pod("r-learner-0")]
     decision = step(spec, status, pods, report(groupsConsumed=5, groupsTrained=5, rollout=servers), now=at(5))
-    assert decision.status["rollout"] == {"replicas": 2, "ready": 1, "restarts": 0, "servers": [
-        {"replica": 0, "pod": "r-rollout-0", "ready": True, "serving": True, "weightVersion": "v3", "samples": 96,
-         "restarts": 0},
-        {"replica": 1, "pod": "r-rollout-1", "ready": False, "serving": False, "weightVersion": "v2", "samples": 80,
-         "restarts": 0},
-    ]}
+    assert decision.status["rollout"] == {
+        "replicas": 2, "ready": 1, "restarts": 0, "selector": "grpo.dev/run=r,grpo.dev/role=rollout", "servers": [
+            {"replica": 0, "pod": "r-rollout-0", "ready": True, "serving": True, "weightVersion": "v3",
+             "samples": 96, "restarts": 0, "state": "serving"},
+            {"replica": 1, "pod": "r-rollout-1", "ready": False, "serving": False, "weightVersion": "v2",
+             "samples": 80, "restarts": 0, "state": "serving"},
+        ]}
     # The learner's view is kept while it cannot be read (a learner restart, a poll that timed out).
     unread = step(spec, decision.status, running_pods(replicas=2), None, now=at(10))
     assert unread.status["rollout"]["servers"][1] == {"replica": 1, "pod": "r-rollout-1", "ready": True,
                                                       "serving": False, "weightVersion": "v2", "samples": 80,
-                                                      "restarts": 0}
+                                                      "restarts": 0, "state": "serving"}
 
 
 def test_the_engine_error_line_comes_from_the_summary_or_the_log_tail():

@@ -3,9 +3,11 @@
 It answers `/v1/completions` and, as if it succeeded, the weight sync's calls (`/pause`, `/collective_rpc`
 reload_weights, `/update_weight_version`, `/reset_prefix_cache`, `/resume`, `/health`).
 
-`completions_server.py NAME [PORT] [--hang PATH ...]` prints its URL on the first line of stdout and answers every
-completion with NAME as the text; a request to a PATH given with --hang is never answered (a server that hangs in
-the weight update while the rest of it answers).
+`completions_server.py NAME [PORT] [--hang PATH ...] [--delay S] [--pause-holds]` prints its URL on the first line
+of stdout and answers every completion with NAME as the text, after `--delay` seconds (0.05; a one-token probe
+always after 0.05); a request to a PATH
+given with --hang is never answered (a server that hangs in the weight update while the rest of it answers). With
+--pause-holds, completions wait between `/pause` and `/resume`, as vLLM's `pause(mode=keep)` freezes them.
 """
 
 from __future__ import annotations
@@ -16,12 +18,27 @@ import asyncio
 from aiohttp import web
 
 
-async def main(name: str, port: int, hang: frozenset[str] = frozenset()) -> None:
-    async def complete(_request: web.Request) -> web.Response:
-        await asyncio.sleep(0.05)
+async def main(name: str, port: int, hang: frozenset[str] = frozenset(), delay_s: float = 0.05,
+               pause_holds: bool = False) -> None:
+    running = asyncio.Event()
+    running.set()
+
+    async def complete(request: web.Request) -> web.Response:
+        probe = (await request.json()).get("max_tokens") == 1  # the balancer's one-token probe: never delayed
+        await asyncio.sleep(0.05 if probe else delay_s)
+        await running.wait()
         return web.json_response({"choices": [{"text": name, "token_ids": [1]}]})
 
     async def ok(_request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def pause(_request: web.Request) -> web.Response:
+        if pause_holds:
+            running.clear()
+        return web.json_response({})
+
+    async def resume(_request: web.Request) -> web.Response:
+        running.set()
         return web.json_response({})
 
     async def reload(_request: web.Request) -> web.Response:
@@ -35,7 +52,7 @@ async def main(name: str, port: int, hang: frozenset[str] = frozenset()) -> None
         raise AssertionError("unreachable")
 
     app = web.Application()
-    posts = {"/v1/completions": complete, "/resume": ok, "/pause": ok, "/update_weight_version": ok,
+    posts = {"/v1/completions": complete, "/resume": resume, "/pause": pause, "/update_weight_version": ok,
              "/collective_rpc": reload, "/reset_prefix_cache": reset}
     for path, handler in posts.items():
         app.router.add_post(path, never if path in hang else handler)
@@ -53,5 +70,7 @@ if __name__ == "__main__":
     parser.add_argument("name")
     parser.add_argument("port", type=int, nargs="?", default=0)
     parser.add_argument("--hang", action="append", default=[], help="a path never answered")
+    parser.add_argument("--delay", type=float, default=0.05, help="seconds each completion (not a probe) takes")
+    parser.add_argument("--pause-holds", action="store_true", help="completions wait while paused")
     args = parser.parse_args()
-    asyncio.run(main(args.name, args.port, frozenset(args.hang)))
+    asyncio.run(main(args.name, args.port, frozenset(args.hang), args.delay, args.pause_holds))

@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from grpo_operator.cli.local.processes import free_port
+from tests.support.control_plane import _die_with_parent
 from tests.support.paths import REPO
 
 ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))
@@ -87,6 +88,7 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
         process = subprocess.Popen(
             [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+            preexec_fn=_die_with_parent,
             env={**os.environ, **(env or {})},
         )
     server = VllmServer(url, model, log_path)

@@ -117,7 +117,7 @@ def test_a_hung_server_leaves_the_pool_at_the_pause_instead_of_holding_the_sync(
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         replicas = ReplicaSet(urls)
         for url in urls:
-            replicas.set_ready(url, True)
+            replicas.admitted(url)
         os.kill(servers[1].pid, signal.SIGSTOP)
         sync = FilesystemWeightTransfer(urls, tmp_path, replicas=replicas, pause_timeout_s=1)
         sync.pause()

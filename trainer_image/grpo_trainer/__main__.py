@@ -12,14 +12,7 @@ from pydantic import ValidationError
 
 from . import contract as c
 from . import gang, preemption
-from .validation import first_error
-
-
-def config_error_line(error: ValidationError) -> str:
-    """The first validation error as one line naming the field: `training.epochs: input should be greater than 0`."""
-    where, message = first_error(error, prefix="")
-    more = error.error_count() - 1
-    return f"{where or 'config'}: {message}" + (f" (and {more} more)" if more else "")
+from .validation import config_error_line
 
 
 def read_config(path: str) -> c.RunConfig:
@@ -86,7 +79,7 @@ def learner(config_path: str) -> int:
         return c.EXIT_INVALID_CONFIG
     from .learner_main import main as learner_main
 
-    return learner_main(config)
+    return learner_main(config, config_path)
 
 
 if __name__ == "__main__":

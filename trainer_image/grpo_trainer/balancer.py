@@ -14,6 +14,12 @@ Ready replicas are probed the same way every `liveness_interval_s`, except while
 paused server holds the probe too): a replica that generates no token within `liveness_timeout_s` is hung. It leaves
 the pool, the requests in flight on it are sent again to another replica at once (not after the request timeout),
 and it is admitted again, through the same catch-up, once it generates.
+
+With a `RolloutUrlsWatch` the set of servers follows the run config while the learner runs
+(`replicas.ReplicaSet.apply`): a new server joins through the same admission; a server that left gets no new
+request and is in no weight sync, its requests in flight finish there (or, if it fails or hangs, are sent again
+elsewhere), and it leaves the set when none is left. A sync that was running when it left may have paused it: it is
+resumed once that sync ends, so its frozen requests finish without the sync waiting on it.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from .replicas import ReplicaSet
+from .replicas import EmptyRolloutSet, ReplicaSet
 from .rollout_health import PROBE_TIMEOUT_S, generation_probe
+from .run_config_watch import WATCH_INTERVAL_S, RolloutUrlsWatch
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +60,13 @@ class RolloutBalancer:
         self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
         port: int = 0, wait_s: float = 600.0, probe_interval_s: float = 2.0, request_timeout_s: float = 600.0,
         liveness_interval_s: float = LIVENESS_INTERVAL_S, liveness_timeout_s: float = PROBE_TIMEOUT_S,
+        watch: RolloutUrlsWatch | None = None, watch_interval_s: float = WATCH_INTERVAL_S,
     ):
         self.replicas = replicas
         self.model = model
         self.admit = admit
+        self.watch = watch
+        self.watch_interval_s = watch_interval_s
         self.host, self.port = host, port
         self.wait_s = wait_s
         self.probe_interval_s = probe_interval_s
@@ -71,6 +81,8 @@ class RolloutBalancer:
         self._session: aiohttp.ClientSession | None = None
         self._probe_task: asyncio.Task | None = None
         self._liveness_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._resumes: set[asyncio.Task] = set()  # draining servers to resume after the sync that paused them
 
     @property
     def url(self) -> str:
@@ -95,6 +107,8 @@ class RolloutBalancer:
         self.port = site._server.sockets[0].getsockname()[1]
         self._probe_task = asyncio.ensure_future(self._probe_forever())
         self._liveness_task = asyncio.ensure_future(self._liveness_forever())
+        if self.watch is not None:
+            self._watch_task = asyncio.ensure_future(self._watch_forever())
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -104,7 +118,7 @@ class RolloutBalancer:
         self._thread.join(timeout=10)
 
     async def _stop(self) -> None:
-        for task in (self._probe_task, self._liveness_task):
+        for task in (self._probe_task, self._liveness_task, self._watch_task, *self._resumes):
             if task is not None:
                 task.cancel()
         if self._runner is not None:
@@ -115,7 +129,7 @@ class RolloutBalancer:
     # -- readiness ----------------------------------------------------------------------------------------------------
     async def _probe_forever(self) -> None:
         while True:
-            await asyncio.gather(*(self._probe(url) for url in self.replicas.urls if not self.replicas.is_ready(url)))
+            await asyncio.gather(*(self._probe(url) for url in self.replicas.to_admit()))
             await asyncio.sleep(self.probe_interval_s)
 
     async def _probe(self, url: str) -> None:
@@ -133,16 +147,17 @@ class RolloutBalancer:
         except Exception as admit_error:  # noqa: BLE001 - stays out of the pool; the next probe tries again
             logger.warning("rollout server %s answers but could not be brought to the current weights: %s", url,
                            admit_error)
-            self.replicas.set_ready(url, False, error=str(admit_error))
+            self.replicas.set_unready(url, error=str(admit_error))
             return
         self._down[url] = asyncio.Event()
-        self.replicas.set_ready(url, True)
-        logger.info("rollout server %s is ready", url)
+        if self.replicas.admitted(url):
+            logger.info("rollout server %s is ready", url)
 
     async def _liveness_forever(self) -> None:
         while True:
             await asyncio.sleep(self.liveness_interval_s)
-            await asyncio.gather(*(self._check_alive(url) for url in self.replicas.ready_urls()))
+            watched = self.replicas.ready_urls() + self.replicas.draining_busy_urls()
+            await asyncio.gather(*(self._check_alive(url) for url in watched))
 
     async def _check_alive(self, url: str) -> None:
         syncs = self.replicas.syncs_started
@@ -156,6 +171,45 @@ class RolloutBalancer:
         logger.warning("rollout server %s is hung (%s); it leaves the pool, its requests are sent again", url, error)
         self.replicas.fail(url, f"liveness: {error}")
         self._down.setdefault(url, asyncio.Event()).set()
+
+    # -- membership ---------------------------------------------------------------------------------------------------
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            urls = self.watch.poll()
+            if urls is not None:
+                self.apply_servers(urls)
+
+    def apply_servers(self, urls: list[str]) -> None:
+        """Make `urls` the set of servers (on the balancer's loop)."""
+        syncing, syncs_ended = self.replicas.syncing, self.replicas.syncs_ended
+        try:
+            change = self.replicas.apply(urls)
+        except EmptyRolloutSet:
+            logger.warning("an empty set of rollout servers is refused; the learner keeps %s", self.replicas.urls)
+            return
+        for url in change.joined:
+            logger.info("rollout server %s joins; it gets requests once it generates at the current weights", url)
+        for url in change.draining:
+            logger.info("rollout server %s left the run's set: it gets no new request and no weight sync, and "
+                        "leaves once its requests in flight are done", url)
+        for url in change.left:
+            logger.info("rollout server %s left the run's set (no request in flight on it)", url)
+        for url in change.draining:
+            task = asyncio.ensure_future(self._resume_after_sync(url, syncs_ended if syncing else None))
+            self._resumes.add(task)
+            task.add_done_callback(self._resumes.discard)
+
+    async def _resume_after_sync(self, url: str, syncs_ended: int | None) -> None:
+        """A sync running when `url` left may have paused it, freezing its requests; the sync no longer goes to it,
+        so it is resumed here once that sync is over (harmless when it was not paused)."""
+        if syncs_ended is None:
+            return
+        while self.replicas.syncs_ended <= syncs_ended:
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._session.post(f"{url}/resume", timeout=aiohttp.ClientTimeout(total=10)):
+                pass
 
     # -- forwarding ---------------------------------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:

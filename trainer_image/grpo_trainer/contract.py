@@ -80,7 +80,7 @@ class ReplicaState(str, Enum):
 
     JOINING = "joining"  # in rollout.urls; not admitted yet (no one-token generation at the current weights)
     SERVING = "serving"  # admitted: gets requests and every weight sync
-    DRAINING = "draining"  # left rollout.urls: no new requests, in no weight sync; its in-flight requests finish or move
+    DRAINING = "draining"  # left rollout.urls: no new requests, in no weight sync; in-flight requests finish or move
 
 
 class LearnerPhase(str, Enum):

@@ -109,10 +109,17 @@ def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: in
                                    labels=["replica"])
     lag = GaugeMetricFamily(c.METRIC_REPLICA_VERSION_LAG,
                             "Weight versions the rollout server is behind the learner's last push.", labels=["replica"])
-    for replica in replicas:
+    # A draining server keeps its ordinal; should a new server hold that ordinal meanwhile, the member's series wins
+    # (one series per label, or the scrape fails).
+    members_first = sorted(replicas, key=lambda replica: replica.state == c.ReplicaState.DRAINING)
+    labels_seen: set[int] = set()
+    for replica in members_first:
+        if replica.replica in labels_seen:
+            continue
+        labels_seen.add(replica.replica)
         label = [str(replica.replica)]
         served = c.weight_version_number(replica.weight_version)
-        ready.add_metric(label, float(replica.ready))
+        ready.add_metric(label, float(replica.ready and replica.state == c.ReplicaState.SERVING))
         version.add_metric(label, float(served))
         lag.add_metric(label, float(max(learner_version - served, 0)))
         samples.add_metric(label, replica.samples)

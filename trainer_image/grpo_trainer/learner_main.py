@@ -159,8 +159,9 @@ def load_reward_models(config: c.RunConfig) -> list:
     return models
 
 
-def build_learner(config: c.RunConfig):
-    """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU)."""
+def build_learner(config: c.RunConfig, config_path: str | None = None):
+    """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
+    balancer follows the file's `rollout.urls` while the learner runs."""
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -191,7 +192,7 @@ def build_learner(config: c.RunConfig):
     if is_main and config.rollout.weight_sync.mode == "filesystem":
         # TRL's worker and client talk to the balancer, which spreads generation over every replica.
         pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
-                                  request_timeout_s=args.request_timeout)
+                                  request_timeout_s=args.request_timeout, config_path=config_path)
         args.vllm_server_base_url = pool.url
         weight_transfer = pool.transfer
     elif is_main:
@@ -267,9 +268,10 @@ def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def main(config: c.RunConfig) -> int:
+def main(config: c.RunConfig, config_path: str | None = None) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
-    entrypoint before the slow imports."""
+    entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
+    `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
     from .progress import AccountingError, StallError
@@ -278,7 +280,7 @@ def main(config: c.RunConfig) -> int:
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
-        learner = build_learner(config)
+        learner = build_learner(config, config_path)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,

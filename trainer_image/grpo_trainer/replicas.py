@@ -1,8 +1,13 @@
-"""What the learner knows about each rollout server: ready or not, the weight version it serves, its load and output.
+"""What the learner knows about each rollout server: its place in the set, ready or not, the weight version it
+serves, its load and output.
 
 One `ReplicaSet` is shared by the balancer (routing, readiness), the weight sync (versions, a replica that fails a
 sync leaves the pool) and the progress report (`/progress` `rollout`, metrics with a `replica` label). Torch-free and
 thread-safe: the balancer runs on its own event-loop thread, the sync on the trainer's.
+
+The set follows `rollout.urls` while the learner runs (`apply`, docs/rollout.md "Scaling a running run"): a new URL
+joins (`ReplicaState.JOINING`, no traffic until the balancer admits it), an admitted one serves, a URL that left
+drains (no new request, in no weight sync) and is forgotten once nothing is in flight on it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from . import contract as c
 class Replica:
     index: int
     url: str
+    state: c.ReplicaState = c.ReplicaState.JOINING
     ready: bool = False
     weight_version: str | None = None
     outstanding: int = 0
@@ -37,33 +43,123 @@ class Replica:
         self.outstanding += delta
 
 
+@dataclass(frozen=True)
+class MembershipChange:
+    """What one `ReplicaSet.apply` did, by URL."""
+
+    joined: tuple[str, ...] = ()
+    draining: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()  # draining with nothing in flight: forgotten at once
+
+    def __bool__(self) -> bool:
+        return bool(self.joined or self.draining or self.left)
+
+
+class EmptyRolloutSet(ValueError):
+    """A set of no rollout servers: the learner could never generate again, so it is refused."""
+
+
+def normalized(urls: list[str]) -> list[str]:
+    """`urls` without trailing slashes and repeats, in their order."""
+    return list(dict.fromkeys(url.rstrip("/") for url in urls))
+
+
 class ReplicaSet:
     def __init__(self, urls: list[str]):
+        urls = normalized(urls)
         if not urls:
-            raise ValueError("at least one rollout server URL is needed")
+            raise EmptyRolloutSet("at least one rollout server URL is needed")
         self._lock = threading.Lock()
-        self._replicas = [Replica(index, url.rstrip("/")) for index, url in enumerate(urls)]
+        self._replicas = [Replica(index, url) for index, url in enumerate(urls)]
         # A weight sync holds the servers paused: the balancer's liveness probe gives no verdict meanwhile.
         self.syncing = False
         self.syncs_started = 0
+        self.syncs_ended = 0
 
     def sync_started(self) -> None:
         self.syncs_started += 1
         self.syncing = True
 
     def sync_ended(self) -> None:
+        self.syncs_ended += 1
         self.syncing = False
 
     @property
     def urls(self) -> list[str]:
-        return [replica.url for replica in self._replicas]
+        """Every replica the learner knows, draining ones too."""
+        with self._lock:
+            return [replica.url for replica in self._replicas]
 
     def __len__(self) -> int:
         return len(self._replicas)
 
     def ready_urls(self) -> list[str]:
+        """The pool: admitted replicas that are up. Routing, every weight sync step and the liveness probe use it."""
         with self._lock:
-            return [replica.url for replica in self._replicas if replica.ready]
+            return [replica.url for replica in self._replicas
+                    if replica.ready and replica.state == c.ReplicaState.SERVING]
+
+    def in_pool(self, url: str) -> bool:
+        with self._lock:
+            replica = self._find(url)
+            return replica is not None and replica.ready and replica.state == c.ReplicaState.SERVING
+
+    def draining_busy_urls(self) -> list[str]:
+        """Draining replicas that still hold requests and are believed up: the liveness probe watches them too, so a
+        hung one's requests move elsewhere."""
+        with self._lock:
+            return [replica.url for replica in self._replicas
+                    if replica.state == c.ReplicaState.DRAINING and replica.ready and replica.outstanding]
+
+    def to_admit(self) -> list[str]:
+        """Replicas in the set that are not in the pool: joining ones, and serving ones that failed."""
+        with self._lock:
+            return [replica.url for replica in self._replicas
+                    if replica.state != c.ReplicaState.DRAINING and not replica.ready]
+
+    def apply(self, urls: list[str]) -> MembershipChange:
+        """Make `urls` the set, in their order (a replica's index is its place in it; a draining one keeps its last).
+
+        A URL that comes back while it drains joins again: it missed the weight syncs meanwhile, so it is admitted
+        (caught up) before it gets traffic. Raises EmptyRolloutSet for no URL, leaving the set as it was.
+        """
+        urls = normalized(urls)
+        if not urls:
+            raise EmptyRolloutSet("the new set of rollout servers is empty")
+        joined, draining, left = [], [], []
+        with self._lock:
+            known = {replica.url: replica for replica in self._replicas}
+            members = []
+            for index, url in enumerate(urls):
+                replica = known.pop(url, None)
+                if replica is None:
+                    replica = Replica(index, url)
+                    joined.append(url)
+                elif replica.state == c.ReplicaState.DRAINING:
+                    replica.state, replica.ready = c.ReplicaState.JOINING, False
+                    joined.append(url)
+                replica.index = index
+                members.append(replica)
+            for replica in known.values():
+                if replica.state != c.ReplicaState.DRAINING:
+                    replica.state = c.ReplicaState.DRAINING
+                    draining.append(replica.url)
+                if replica.outstanding:
+                    members.append(replica)
+                else:
+                    left.append(replica.url)
+            self._replicas = members
+        return MembershipChange(tuple(joined), tuple(draining), tuple(left))
+
+    def admitted(self, url: str) -> bool:
+        """The balancer admitted `url` (it generated and caught up): it serves. False when it drains or left
+        meanwhile: it stays out of the pool."""
+        with self._lock:
+            replica = self._find(url)
+            if replica is None or replica.state == c.ReplicaState.DRAINING:
+                return False
+            replica.state, replica.ready = c.ReplicaState.SERVING, True
+            return True
 
     def acquire(self) -> Replica | None:
         """The ready replica with the fewest requests in flight (ties: the fewest served so far), now holding one more.
@@ -72,7 +168,8 @@ class ReplicaSet:
         the slowest one; the tie-break spreads an idle start evenly.
         """
         with self._lock:
-            ready = [replica for replica in self._replicas if replica.ready]
+            ready = [replica for replica in self._replicas
+                     if replica.ready and replica.state == c.ReplicaState.SERVING]
             if not ready:
                 return None
             chosen = min(ready, key=lambda replica: (replica.outstanding, replica.requests, replica.index))
@@ -81,7 +178,8 @@ class ReplicaSet:
             return chosen
 
     def release(self, replica: Replica, *, ok: bool, error: str = "", sample: bool = True) -> None:
-        """Give back the request slot; a failure takes the replica out of the pool until it is probed ready again."""
+        """Give back the request slot; a failure takes the replica out of the pool until it is probed ready again.
+        A draining replica whose last request this was leaves the set."""
         with self._lock:
             replica.hold(-1)
             if ok:
@@ -90,48 +188,61 @@ class ReplicaSet:
                 replica.failures += 1
                 replica.last_error = error
                 replica.ready = False
+            if replica.state == c.ReplicaState.DRAINING and not replica.outstanding:
+                self._replicas = [other for other in self._replicas if other is not replica]
 
     def count_retry(self, replica: Replica) -> None:
         with self._lock:
             replica.retried += 1
 
-    def set_ready(self, url: str, ready: bool, error: str = "") -> None:
+    def set_unready(self, url: str, error: str = "") -> None:
         with self._lock:
-            replica = self._by_url(url)
-            replica.ready = ready
+            replica = self._find(url)
+            if replica is None:
+                return  # drained and forgotten meanwhile
+            replica.ready = False
             if error:
                 replica.last_error = error
 
     def fail(self, url: str, error: str) -> None:
         """A failure outside a generation request (a weight sync step): out of the pool, counted."""
         with self._lock:
-            replica = self._by_url(url)
+            replica = self._find(url)
+            if replica is None:
+                return
             replica.ready = False
             replica.failures += 1
             replica.last_error = error
 
     def set_version(self, url: str, version: str) -> None:
         with self._lock:
-            self._by_url(url).weight_version = version
+            replica = self._find(url)
+            if replica is not None:
+                replica.weight_version = version
+
+    def in_flight(self, url: str) -> int:
+        """Requests in flight on `url` (0 for a server the set does not hold)."""
+        with self._lock:
+            replica = self._find(url)
+            return replica.outstanding if replica is not None else 0
 
     def is_ready(self, url: str) -> bool:
         with self._lock:
-            return self._by_url(url).ready
+            replica = self._find(url)
+            return replica is not None and replica.ready
 
     def report(self) -> list[c.RolloutReplicaReport]:
         with self._lock:
             return [
                 c.RolloutReplicaReport(
-                    replica=replica.index, url=replica.url, ready=replica.ready, weight_version=replica.weight_version,
+                    replica=replica.index, url=replica.url, ready=replica.ready, state=replica.state,
+                    weight_version=replica.weight_version,
                     samples=replica.samples, failures=replica.failures, retried=replica.retried,
                     request_seconds=round(replica.request_seconds, 3), last_error=replica.last_error[:200],
                 )
                 for replica in self._replicas
             ]
 
-    def _by_url(self, url: str) -> Replica:
+    def _find(self, url: str) -> Replica | None:
         url = url.rstrip("/")
-        for replica in self._replicas:
-            if replica.url == url:
-                return replica
-        raise KeyError(f"unknown rollout server {url}")
+        return next((replica for replica in self._replicas if replica.url == url), None)

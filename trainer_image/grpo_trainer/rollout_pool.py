@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from . import contract as c
 from .balancer import RolloutBalancer
 from .replicas import ReplicaSet
+from .run_config_watch import RolloutUrlsWatch
 from .weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
 
 #: How long a generation request waits when no replica is ready (a single replica being restarted) before it is
@@ -37,8 +38,10 @@ class RolloutPool:
 
 def start_rollout_pool(
     config: c.RunConfig, *, ready_timeout_s: float, tied_embeddings: bool, request_timeout_s: float = 600.0,
+    config_path: str | None = None,
 ) -> RolloutPool:
-    """`request_timeout_s` is TRL's own (`request_timeout`): a replica that has not answered by then is hung."""
+    """`request_timeout_s` is TRL's own (`request_timeout`): a replica that has not answered by then is hung. With
+    `config_path` (the run config file the learner read) the set of servers follows its `rollout.urls`."""
     sync = config.rollout.weight_sync
     if sync.mode != "filesystem" or not sync.directory:
         raise ValueError("the rollout pool needs rollout.weightSync.mode filesystem with a directory")
@@ -47,6 +50,7 @@ def start_rollout_pool(
         replicas.urls, sync.directory, ready_timeout_s=ready_timeout_s,
         aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
     )
+    watch = RolloutUrlsWatch(config_path, replicas.urls) if config_path else None
     balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S,
-                               request_timeout_s=request_timeout_s).start()
+                               request_timeout_s=request_timeout_s, watch=watch).start()
     return RolloutPool(replicas, transfer, balancer)

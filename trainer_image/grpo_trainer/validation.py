@@ -33,3 +33,10 @@ def first_error(error: ValidationError, prefix: str = "") -> tuple[str, str]:
     """(field path, message) of the first error; the path is `prefix` alone for an error on the whole value."""
     first = error.errors()[0]
     return field_path(prefix, first["loc"]), error_message(first)
+
+
+def config_error_line(error: ValidationError) -> str:
+    """The first validation error as one line naming the field: `training.epochs: input should be greater than 0`."""
+    where, message = first_error(error, prefix="")
+    more = error.error_count() - 1
+    return f"{where or 'config'}: {message}" + (f" (and {more} more)" if more else "")

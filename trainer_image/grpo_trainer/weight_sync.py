@@ -173,7 +173,8 @@ class FilesystemWeightTransfer:
         """Run `action(url)` on every server; with a replica set, on the replicas in the pool.
 
         With a replica set a failure takes that replica out of the pool (the balancer admits it again once it
-        generates and has caught up), and when no replica is left the sync waits, bounded by `ready_timeout_s`, for
+        generates and has caught up), a replica that is draining (it left `rollout.urls`) gets no step from the
+        moment it leaves, and when no replica is left the sync waits, bounded by `ready_timeout_s`, for
         one to come back (a single replica being restarted) instead of failing the run.
         """
         if self.replicas is None:
@@ -184,6 +185,8 @@ class FilesystemWeightTransfer:
         while True:
             done = []
             for url in self.replicas.ready_urls():
+                if not self.replicas.in_pool(url):
+                    continue  # it left the run's set (or failed) since the list was taken: the sync goes on without it
                 try:
                     action(url)
                 except WeightSyncError as error:
@@ -240,8 +243,12 @@ class FilesystemWeightTransfer:
 
     def catch_up(self, url: str) -> None:
         """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
-        current = self.directory / f"{VERSION_PREFIX}{self.version}"
-        if self.version and current.is_dir():
+        loaded = 0
+        while self.version != loaded:  # a sync that published a newer version meanwhile may not have reached it
+            loaded = self.version
+            current = self.directory / f"{VERSION_PREFIX}{loaded}"
+            if not current.is_dir():
+                break
             self._load(url, current)
             logger.info("rollout server %s caught up to %s", url, current.name)
         self._post(url, "/resume")  # a server left paused by a failed sync generates nothing

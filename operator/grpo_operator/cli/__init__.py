@@ -49,10 +49,20 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name) if name in argv[:1] else None
+        # A command's own subcommand (`grporun local scale`), named by the second word: `NESTED` in its module.
+        nested = getattr(module, "NESTED", {}).get(argv[1]) if module is not None and argv[1:2] else None
         sub_parser = sub.add_parser(name, help=help_text, description=help_text,
                                     epilog=f"{module.EXAMPLES}\n{exit_code_summary()}" if module else None,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-        if module is not None:
+        if nested is not None:
+            inner = sub_parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+            nested_module = importlib.import_module(nested)
+            nested_parser = inner.add_parser(argv[1], help=nested_module.HELP, description=nested_module.HELP,
+                                             epilog=f"{nested_module.EXAMPLES}\n{exit_code_summary()}",
+                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+            nested_module.add_arguments(nested_parser)
+            nested_parser.set_defaults(handler=nested_module.main)
+        elif module is not None:
             module.add_arguments(sub_parser)
             sub_parser.set_defaults(handler=module.main)
     return parser

@@ -18,10 +18,11 @@ class ExitCode(IntEnum):
 
 
 MEANINGS: dict[ExitCode, str] = {
-    ExitCode.OK: "done: the manifests are valid, the objects rendered, the local run Succeeded",
-    ExitCode.FAILED: "the work ran and failed: the local run ended Failed, or the operator cannot use the cluster",
+    ExitCode.OK: "done: the manifests are valid, the objects rendered, the local run Succeeded, the scale asked",
+    ExitCode.FAILED: "the work ran and failed: the local run ended Failed, or the operator cannot use the cluster; "
+                     "local scale of a run that is not running",
     ExitCode.USAGE: "the command line is wrong: an unknown flag, a bad value; a run folder that exists, without "
-                    "--resume or --fresh",
+                    "--resume or --fresh; local scale of an unknown run, or to a count out of its bounds",
     ExitCode.LOST_LEADERSHIP: "the operator lost its Lease and stopped (its container restarts as a standby)",
     ExitCode.INVALID: "a manifest, or a file it names, is invalid or unreadable (validate --strict: a warning too)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a local run's processes are stopped",

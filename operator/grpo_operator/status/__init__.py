@@ -8,6 +8,7 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - exits.py: the failure policy, `classify_failure` (exit codes, backoff, gang restarts);
 - rollout_exits.py: rollout servers that exit, replaced alone within `runPolicy.rolloutRestartLimit`;
 - servers.py: `status.rollout`, each server as its pod and the learner see it;
+- scaling.py: a live replica change, the removed servers deleted once the learner has drained them;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);
 - deadlines.py: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules;
 - conditions.py: metav1.Condition bookkeeping and the API server's time format;
@@ -23,6 +24,7 @@ kubeflow/trainer#3666).
 from .conditions import format_time, parse_time
 from .decision import (
     Action,
+    ConfigureRollout,
     CreateChildren,
     Decision,
     DeletePods,
@@ -37,7 +39,8 @@ from .derive import STUCK_WAITING_REASONS, derive_status, invalid_spec_status, p
 from .exits import classify_failure, failure_text, report_from_termination_message
 
 __all__ = [
-    "STUCK_WAITING_REASONS", "Action", "CreateChildren", "Decision", "DeletePods", "DeleteRun", "Event",
+    "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "Decision", "DeletePods", "DeleteRun",
+    "Event",
     "Observation", "PodObservation", "RecreatePods", "Role", "classify_failure", "derive_status", "failure_text",
     "format_time", "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
 ]

@@ -33,6 +33,7 @@ class PodObservation:
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
 
 
+# more than 8: one field per fact of a pass the derivation reads; all but three defaulted, built by keyword
 @dataclass(frozen=True)
 class Observation:
     """What the operator saw of a run in one pass, besides its spec and last status."""
@@ -53,6 +54,9 @@ class Observation:
     #: (reason, message) that keeps the run suspended for a reason outside its spec: Kueue has not admitted it, or
     #: evicted it.
     hold: tuple[str, str] | None = None
+    #: Why a live change of spec.rollout.replicas is not applied (the run's admission counts its pods); the spec
+    #: handed to the derivation then has the replica count in effect.
+    scale_refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,17 @@ class Action:
 
 @dataclass(frozen=True)
 class CreateChildren(Action):
-    """Create the ConfigMap, Services and every missing pod (idempotent: 409 means it is there already)."""
+    """Create the ConfigMap, Services and every missing pod (idempotent: 409 means it is there already). On a run
+    whose pods exist, the run config's `rollout.urls` first list spec.rollout.replicas servers (a scale-up)."""
+
+
+@dataclass(frozen=True)
+class ConfigureRollout(Action):
+    """Make the run config's `rollout.urls` (in the run's ConfigMap) list these servers, first of this pass's
+    actions after a scale-down: a removed server's URL leaves it before its pod may go (idempotent; a missing
+    ConfigMap is left to CreateChildren)."""
+
+    replicas: int
 
 
 @dataclass(frozen=True)

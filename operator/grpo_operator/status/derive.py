@@ -23,13 +23,15 @@ from ..api import (
     Reason,
     parse_status,
 )
+from ..builders import drain_deadline_seconds, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
-from . import clock
+from . import clock, scaling
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
 from .decision import (
     Action,
+    ConfigureRollout,
     CreateChildren,
     Decision,
     DeletePods,
@@ -42,7 +44,7 @@ from .decision import (
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
-from .servers import count_restart, readiness, rollout_status, take_learner_view
+from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
 
 #: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
 #: Initializing forever on an image-pull error).
@@ -94,7 +96,7 @@ class RunRecord:
     """The pass's inputs and what it has decided so far: the new status, its conditions, events and actions."""
 
     def __init__(self, run: RunRef, spec: GRPORunSpec, old: GRPORunStatus, seen: Observation):
-        self.spec, self.old, self.seen = spec, old, seen
+        self.run, self.spec, self.old, self.seen = run, spec, old, seen
         self.now, self.progress = seen.now, seen.progress
         self.new = old.model_copy(deep=True)
         self.new.observed_generation = run.generation
@@ -104,7 +106,10 @@ class RunRecord:
         self.terminating = [p for p in seen.pods if p.terminating]
         self.pods = [p for p in seen.pods if not p.terminating]
         self.trained_now = False  # this pass's report has more trained groups than the last one
-        self.rollout_pods = sorted((p for p in self.pods if p.role == "rollout"), key=lambda p: p.name)
+        rollout_pods = sorted((p for p in self.pods if p.role == "rollout"), key=lambda p: rank(p.name))
+        # The servers spec.rollout.replicas asks for; the others (the highest ordinals, left by a scale-down) drain.
+        self.rollout_pods = [p for p in rollout_pods if rank(p.name) < spec.rollout.replicas]
+        self.surplus_pods = [p for p in rollout_pods if rank(p.name) >= spec.rollout.replicas]
         self.learner_pods = sorted((p for p in self.pods if p.role == "learner"), key=lambda p: rank(p.name))
 
     def decision(self) -> Decision:
@@ -249,6 +254,7 @@ class _Derivation(_ProgressRules):
         self._take_progress()
         if self._decide_on_exits():
             return
+        self._scale()
         missing = self._missing_pods()
         if missing or not self.seen.children_exist:
             self.actions.append(CreateChildren())
@@ -261,7 +267,9 @@ class _Derivation(_ProgressRules):
 
     # --- observations ------------------------------------------------------------------------------------------
     def _count_pods(self) -> None:
-        self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods, self.old.rollout)
+        self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods + self.surplus_pods,
+                                          self.old.rollout, selector=rollout_selector(self.run.name),
+                                          now=format_time(self.now))
         learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
         self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
         self._rollout_ready()
@@ -330,6 +338,29 @@ class _Derivation(_ProgressRules):
         if not self._reported(Reason.CREATE_FAILED):
             self.event("Warning", Reason.CREATE_FAILED, error)
         self.new.message = error
+
+    # --- a live replica change ----------------------------------------------------------------------------------
+    def _scale(self) -> None:
+        """After a scale-down, take the removed servers out of the run config's `rollout.urls` (first of the pass's
+        actions: a server leaves it before its pod may go) and delete those the learner has let go. (A scale-up's
+        new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
+        if self.surplus_pods:
+            self.actions.insert(0, ConfigureRollout(self.spec.rollout.replicas))
+        rollout = self.new.rollout
+        refused = self.seen.scale_refused
+        if refused is not None and refused != (self.old.rollout.scale_refused if self.old.rollout else None):
+            self.event("Warning", Reason.SCALE_REFUSED, refused)
+        rollout.scale_refused = refused
+        before = len(wanted_servers(self.old.rollout)) if self.old.rollout else None
+        if before is not None and before != self.spec.rollout.replicas and self.old.phase is not None:
+            self.event("Normal", Reason.SCALED, scaling.scale_message(before, self.spec.rollout.replicas))
+        learner_running = any(p.phase == "Running" for p in self.learner_pods)
+        gone = scaling.removals(self.surplus_pods, rollout.servers, self.progress, learner_running=learner_running,
+                                now=self.now, deadline_s=drain_deadline_seconds(self.spec))
+        if gone:
+            self.actions.append(DeletePods(tuple(removal.pod for removal in gone), reason="drained"))
+        for removal in gone:
+            self.event(removal.type, removal.reason, removal.message)
 
     # --- exits and the end of a run ----------------------------------------------------------------------------
     def _decide_on_exits(self) -> bool:

@@ -13,31 +13,50 @@ from .decision import PodObservation, rank
 from .rollout_exits import ServerRestart
 
 
-def rollout_status(replicas: int, pods: Sequence[PodObservation], old: RolloutStatus | None) -> RolloutStatus:
-    """The servers from this pass's pods; restarts and the learner's last view are carried over from `old`."""
+def rollout_status(wanted: int, pods: Sequence[PodObservation], old: RolloutStatus | None, *,
+                   selector: str, now: str) -> RolloutStatus:
+    """The servers from this pass's pods; restarts and the learner's last view are carried over from `old`.
+
+    `wanted` servers (spec.rollout.replicas) are listed by replica index, then each surplus pod (an index at or past
+    `wanted`, left by a scale-down), draining since the pass that first saw it surplus (`now`, the API's time format)
+    until its pod is gone."""
     previous = {server.replica: server for server in (old.servers if old else [])}
     by_replica = {rank(pod.name): pod for pod in pods}
     servers = []
-    for replica in range(replicas):
+    for replica in sorted(set(range(wanted)) | set(by_replica)):
         pod = by_replica.get(replica)
         server = previous.get(replica) or RolloutServerStatus(replica=replica)
-        server = server.model_copy(update={"pod": pod.name if pod else server.pod,
-                                           "ready": pod is not None and pod.phase == "Running" and pod.ready})
+        surplus = replica >= wanted
+        server = server.model_copy(update={
+            "pod": pod.name if pod else server.pod, "ready": pod is not None and pod.phase == "Running" and pod.ready,
+            "drain_start_time": (server.drain_start_time or now) if surplus else None})
         servers.append(server)
-    return RolloutStatus(replicas=replicas, ready=sum(server.ready for server in servers),
-                         restarts=sum(server.restarts for server in servers), servers=servers)
+    wanted_servers = servers[:wanted]
+    return RolloutStatus(replicas=len(pods), ready=sum(server.ready for server in wanted_servers),
+                         restarts=sum(server.restarts for server in servers), selector=selector,
+                         scale_refused=old.scale_refused if old else None, servers=servers)
 
 
 def take_learner_view(status: RolloutStatus, report: ProgressReport) -> None:
+    by_replica = {server.replica: server for server in status.servers}
     for seen in report.rollout:
-        if seen.replica < len(status.servers):
-            server = status.servers[seen.replica]
+        if (server := by_replica.get(seen.replica)) is not None:
             server.serving, server.weight_version, server.samples = seen.ready, seen.weight_version, seen.samples
+            server.state = seen.state
+    reported = {seen.replica for seen in report.rollout}
+    for server in status.servers:
+        if server.replica not in reported:
+            server.state = None  # the learner does not use it (any more, or yet)
+
+
+def wanted_servers(status: RolloutStatus) -> list[RolloutServerStatus]:
+    """The servers spec.rollout.replicas asks for (surplus ones, draining, follow them in `status.servers`)."""
+    return [server for server in status.servers if server.drain_start_time is None]
 
 
 def count_restart(status: RolloutStatus, restart: ServerRestart) -> int:
     """One more restart of the server; its new count."""
-    server = status.servers[restart.replica]
+    server = next(server for server in status.servers if server.replica == restart.replica)
     server.restarts += 1
     server.last_error = restart.error
     status.restarts += 1
@@ -47,12 +66,13 @@ def count_restart(status: RolloutStatus, restart: ServerRestart) -> int:
 def readiness(status: RolloutStatus, limit: int, stuck: Mapping[int, str] | None = None) -> tuple[bool, str, str]:
     """RolloutReady as (true, reason, message). The message names each server that is not ready after restarts (its
     last exit) or whose pod will not start by itself (`stuck`, by replica: e.g. `Unschedulable: 0/4 nodes ...`)."""
-    message = f"{status.ready}/{status.replicas} rollout servers ready"
-    if status.ready == status.replicas:
+    wanted = wanted_servers(status)
+    message = f"{status.ready}/{len(wanted)} rollout servers ready"
+    if status.ready == len(wanted):
         return True, Reason.ALL_REPLICAS_READY, message
     stuck = stuck or {}
     details = []
-    for server in status.servers:
+    for server in wanted:
         if server.ready or not (server.restarts or server.replica in stuck):
             continue
         name = server.pod or f"replica {server.replica}"
@@ -60,5 +80,5 @@ def readiness(status: RolloutStatus, limit: int, stuck: Mapping[int, str] | None
         parts += [f"last exit: {server.last_error}"] if server.restarts and server.last_error else []
         parts += [stuck[server.replica]] if server.replica in stuck else []
         details.append(f"{name} is not ready, {', '.join(parts)}")
-    restarting = any(not server.ready and server.restarts for server in status.servers)
+    restarting = any(not server.ready and server.restarts for server in wanted)
     return False, Reason.ROLLOUT_RESTARTING if restarting else Reason.REPLICAS_NOT_READY, "; ".join([message, *details])

@@ -7,7 +7,8 @@ comes from the operator's own pure state machine (grpo_operator.status.derive_st
 as pods. So a run that succeeds here exercises the same entrypoints, exit codes and status rules as in a cluster.
 
 The package is split by concern: plan.py (pure: manifest -> processes), processes.py (starting, stopping and
-reading them), supervise.py (the run's loop) and console.py (what is printed).
+reading them), supervise.py (the run's loop), scaling.py (its rollout servers changed while it runs; the
+`grporun local scale NAME N` command is scale_command.py) and console.py (what is printed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ EXAMPLES = """examples:
   grporun local examples/tiny.yaml --fresh          # delete runs/tiny/ from an earlier run and start over
   grporun local examples/tiny.yaml --resume         # continue runs/tiny/ from its newest checkpoint
   grporun local run.yaml --rollout-url http://127.0.0.1:8000   # reuse a running server (same model)
+  grporun local scale tiny 2                        # while it runs (another terminal): 2 rollout servers
 """
+
+#: `grporun local WORD ...`: subcommands of their own (a manifest of that name: write it `./WORD`).
+NESTED = {"scale": "grpo_operator.cli.local.scale_command"}
 
 
 def non_negative(text: str) -> int:

@@ -108,6 +108,29 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
 VLLM_CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
+def cpu_bind(spec: GRPORunSpec, index: int, servers: int, cpu_count: int | None) -> str | None:
+    """The core a CPU rollout server's worker is bound to when several share the machine, else None (vLLM's own)."""
+    if cpu_count and spec.rollout.device == "cpu" and servers > 1:
+        # vLLM's CPU backend pins each server's worker to the same core by default: two servers on core 0 got
+        # 14 % and 30 % of it. One core each, round robin over the machine's.
+        return str(index % cpu_count)
+    return None
+
+
+def plan_rollout(owner: RunRef, spec: GRPORunSpec, index: int, port: int, config_path: str, rollout_python: str,
+                 bind: str | None = None) -> ProcessPlan:
+    """Rollout pod `index` as a local process on `port` (`bind`: see `cpu_bind`)."""
+    pod_config = f"{builders.CONFIG_DIR}/{builders.CONFIG_FILE}"
+    pod = builders.build_rollout_pod(owner, spec, index, trainer_image="local")
+    argv = _swap(_swap(pod["spec"]["containers"][0]["command"], "python", [rollout_python]), pod_config,
+                 [config_path])
+    env = _pod_env(pod, config_path)
+    if bind is not None:
+        env.setdefault(VLLM_CPU_BIND_ENV, bind)
+    return ProcessPlan(pod["metadata"]["name"], "rollout", [*argv, "--port", str(port)], env,
+                       f"http://{LOCAL_HOST}:{port}")
+
+
 def plan_processes(
     run: str, namespace: str, spec: GRPORunSpec, config_path: str, *, rollout_python: str, learner_python: str,
     rollout_ports: list[int], learner_http_port: int, main_process_port: int, cpu_count: int | None = None,
@@ -120,18 +143,11 @@ def plan_processes(
     """
     pod_config = f"{builders.CONFIG_DIR}/{builders.CONFIG_FILE}"
     owner = RunRef(run, namespace, uid="local")  # no GRPORun object: only the pods' commands and env are used
-    plans = []
-    for index, port in enumerate(rollout_ports):
-        pod = builders.build_rollout_pod(owner, spec, index, trainer_image="local")
-        argv = _swap(_swap(pod["spec"]["containers"][0]["command"], "python", [rollout_python]), pod_config,
-                     [config_path])
-        env = _pod_env(pod, config_path)
-        if cpu_count and spec.rollout.device == "cpu" and len(rollout_ports) > 1:
-            # vLLM's CPU backend pins each server's worker to the same core by default: two servers on core 0 got
-            # 14 % and 30 % of it. One core each, round robin over the machine's.
-            env.setdefault(VLLM_CPU_BIND_ENV, str(index % cpu_count))
-        plans.append(ProcessPlan(pod["metadata"]["name"], "rollout", [*argv, "--port", str(port)],
-                                 env, f"http://{LOCAL_HOST}:{port}"))
+    plans = [
+        plan_rollout(owner, spec, index, port, config_path, rollout_python,
+                     cpu_bind(spec, index, len(rollout_ports), cpu_count))
+        for index, port in enumerate(rollout_ports)
+    ]
     pod = builders.build_learner_pod(owner, spec, 0, trainer_image="local")
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
     argv = _swap(argv, pod_config, [config_path])

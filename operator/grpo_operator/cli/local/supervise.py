@@ -29,9 +29,19 @@ from ...resolve import resolve_run_config
 from ...run_ref import RunRef
 from ..exit_codes import ExitCode
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
-from .plan import LOCAL_HOST, LocalError, check_rewards, localize_spec, observe, plan_processes
+from .plan import (
+    LOCAL_HOST,
+    LocalError,
+    check_rewards,
+    cpu_bind,
+    localize_spec,
+    observe,
+    plan_processes,
+    plan_rollout,
+)
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
+from .scaling import RolloutScaling, drain_seconds, scale_bounds
 
 
 # more than 8: the local run's plan and its live state; built once, by keyword
@@ -47,6 +57,7 @@ class LocalRun:
     status: dict[str, Any] | None = None
     liveness: Liveness | None = None
     hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
+    scaling: RolloutScaling | None = None  # `grporun local scale` while the run runs
 
     @property
     def ref(self) -> RunRef:
@@ -129,9 +140,18 @@ class LocalRun:
                 self.hung[process.plan.name] = f"{EXIT_LINE_PREFIX}stopped by its liveness probe: {why}"
                 process.stop(grace_s=HUNG_STOP_GRACE_S)
 
+    def forget_server(self, name: str) -> None:
+        """A rollout server that left the run's set: no liveness verdict, no restart, for it any more."""
+        self.hung.pop(name, None)
+        if self.liveness is not None:
+            self.liveness.forget(name)
+
     def stop_all(self) -> None:
         for process in self.processes.values():
             process.stop()
+        if self.scaling is not None:
+            self.scaling.stop_all()
+            self.scaling.end()
 
 
 def prepare(args: argparse.Namespace) -> LocalRun:
@@ -159,7 +179,13 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     else:
         rollout_ports = [free_port() for _ in range(spec.rollout.replicas)]
         urls = [f"http://{LOCAL_HOST}:{port}" for port in rollout_ports]
-    rollout_python = find_rollout_python(args.rollout_python) if not external else sys.executable
+    if external:
+        try:  # only to start more servers if the run is scaled up
+            rollout_python: str | None = find_rollout_python(args.rollout_python)
+        except LocalError:
+            rollout_python = None
+    else:
+        rollout_python = find_rollout_python(args.rollout_python)
     termination_path = run_dir / "termination-log"
     config = resolve_run_config(
         run.name, run.namespace, spec, rollout_urls=urls, output_dir=str(run_dir / "output"),
@@ -171,15 +197,25 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
     config_path = run_dir / "run.json"
     config_path.write_text(config.model_dump_json(by_alias=True, indent=2))
+    cpu_count = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count()  # the user's setting wins
     plans = plan_processes(
-        run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python,
+        run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python or sys.executable,
         learner_python=sys.executable, rollout_ports=rollout_ports, learner_http_port=learner_port,
-        main_process_port=free_port(),
-        cpu_count=None if "OMP_NUM_THREADS" in os.environ else os.cpu_count(),  # the user's setting wins
+        main_process_port=free_port(), cpu_count=cpu_count,
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
-    return LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                    termination_path, liveness=Liveness(config.model))
+    local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
+                     termination_path, liveness=Liveness(config.model))
+
+    def plan_server(ordinal: int, port: int):
+        return plan_rollout(local.ref, spec, ordinal, port, str(config_path), rollout_python,
+                            cpu_bind(spec, ordinal, ordinal + 1, cpu_count))
+
+    bounds = scale_bounds(config, external=len(external), can_start=rollout_python is not None,
+                          cpu_count=os.cpu_count())
+    local.scaling = RolloutScaling(run_dir, config_path, config, bounds, plan_server, drain_seconds(config))
+    local.scaling.begin()
+    return local
 
 
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
@@ -190,6 +226,8 @@ def supervise(local: LocalRun, console: Console, log: Callable[[str], None], pol
         task = bar.add_task("run", **bar_fields({}))
         while True:
             local.stop_hung(log)
+            if local.scaling is not None:
+                local.scaling.follow(local, log)
             pods = local.observations()
             waits = local.waiting_for(pods)
             if waiting.due(bool(waits)):
@@ -198,6 +236,8 @@ def supervise(local: LocalRun, console: Console, log: Callable[[str], None], pol
             learner = local.learner()
             alive = learner.popen is not None and learner.poll() is None
             report = read_progress_blocking(learner.plan.url) if alive else None
+            if local.scaling is not None:  # after the report: it was taken once run.json names the new set
+                local.scaling.finish_drains(report, alive, log)
             seen = st.Observation(pods, report, datetime.datetime.now(datetime.UTC))
             decision = st.derive_status(local.ref, local.spec, local.status, seen)
             local.status = decision.status

@@ -1,0 +1,72 @@
+"""A live change of `spec.rollout.replicas`: which removed rollout servers may go now.
+
+Scaling up needs no rule of its own: the new ordinals are missing pods (created as any missing pod is) and their URLs
+join the run config's `rollout.urls` (ConfigureRollout), where the learner finds them. Scaling down takes the highest
+ordinals out of `rollout.urls` first; the learner then drains each (no new requests, in no weight sync, its requests
+in flight finish or move) and drops it from its `/progress` report. Only then is its pod deleted, or once the drain
+deadline has passed since its URL left the config, whatever the learner still says (docs/rollout.md, "Scaling a
+running run").
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from grpo_trainer.contract import ProgressReport
+
+from ..api import Reason, RolloutServerStatus
+from .conditions import seconds_since
+from .decision import PodObservation, rank
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A surplus rollout pod to delete now, and the event that says why."""
+
+    pod: str
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def removals(surplus: Sequence[PodObservation], servers: Sequence[RolloutServerStatus],
+             report: ProgressReport | None, *, learner_running: bool, now: datetime.datetime,
+             deadline_s: int) -> list[Removal]:
+    """The surplus pods (ordinals past spec.rollout.replicas) that may be deleted this pass.
+
+    `report` is the learner's latest `/progress` (None when it could not be read); `learner_running`: a learner pod
+    is running, so a missing report means "unknown", not "no learner"; `deadline_s` the drain deadline."""
+    by_replica = {server.replica: server for server in servers}
+    reported = {seen.replica: seen for seen in report.rollout} if report is not None else None
+    out = []
+    for pod in surplus:
+        replica = rank(pod.name)
+        server = by_replica.get(replica)
+        if pod.phase in ("Succeeded", "Failed"):
+            out.append(Removal(pod.name, "Normal", Reason.DRAINED, f"{pod.name} left the rollout set and has exited"))
+        elif not learner_running:
+            out.append(Removal(pod.name, "Normal", Reason.DRAINED,
+                               f"{pod.name} left the rollout set; no learner is running to drain it"))
+        elif reported is not None and replica not in reported:
+            out.append(Removal(pod.name, "Normal", Reason.DRAINED,
+                               f"{pod.name} left the rollout set and the learner has drained it"))
+        elif server is not None and server.drain_start_time is not None and (
+                seconds_since(now, server.drain_start_time) >= deadline_s):
+            seen = reported.get(replica) if reported is not None else None
+            still = (f"the learner still reports it {seen.state.value}" if seen is not None
+                     else "the learner's progress cannot be read")
+            out.append(Removal(pod.name, "Warning", Reason.DRAIN_DEADLINE_EXCEEDED,
+                               f"{pod.name} left the rollout set {deadline_s} s ago (the drain deadline) and {still}: "
+                               "deleting it anyway; its requests in flight are sent again to the other servers"))
+    return out
+
+
+def scale_message(before: int, after: int) -> str:
+    if after > before:
+        return f"rollout scaled from {before} to {after} servers: creating {after - before} rollout pod(s)"
+    return (f"rollout scaled from {before} to {after} servers: the learner drains {before - after} server(s), "
+            "then their pods are deleted")
+

@@ -1,0 +1,310 @@
+"""`grporun local scale NAME N`: a running local run's rollout servers, scaled.
+
+The command's own checks and the supervisor's side (start the added server through the state machine, rewrite the
+run config the learner watches, stop a removed server once the learner's report no longer lists it) run against
+scripted servers (tests/support/completions_server.py); the slow test scales a real run with real vLLM servers
+1 -> 2 -> 1 while it trains to its exact bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_operator import builders
+from grpo_operator import status as st
+from grpo_operator.cli import main as grporun
+from grpo_operator.cli.exit_codes import ExitCode
+from grpo_operator.cli.local.plan import ProcessPlan
+from grpo_operator.cli.local.processes import http_get, http_ok
+from grpo_operator.cli.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
+from grpo_operator.cli.local.supervise import LocalRun, prepare
+from grpo_trainer import contract as c
+from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
+from tests.support.paths import REPO
+
+SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+TINY = REPO / "examples" / "tiny.yaml"
+
+
+def scale(runs: Path, *words: str, capsys) -> tuple[int, list[str], list[str]]:
+    try:
+        code = grporun(["local", "scale", *words, "--runs-dir", str(runs)])
+    except SystemExit as exited:  # argparse's own usage errors
+        code = exited.code
+    captured = capsys.readouterr()
+    return code, captured.out.strip().splitlines(), captured.err.strip().splitlines()
+
+
+def test_scale_refuses_an_unknown_run_a_run_not_running_and_counts_out_of_bounds(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code, _, err = scale(runs, "tiny", "2", capsys=capsys)
+    assert code == ExitCode.USAGE and len(err) == 1 and err[0].startswith("grporun local scale: NAME: no run 'tiny'")
+    run_dir = runs / "tiny"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text("{}")
+    code, _, err = scale(runs, "tiny", "2", capsys=capsys)
+    assert code == ExitCode.FAILED and err == [f"grporun local scale: run 'tiny' is not running: no grporun local "
+                                               f"supervises {run_dir}/"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    bounds = ScaleBounds(1, 2, "one server per CPU core of this machine (2)")
+    SupervisorRecord(dead.pid, 1, bounds).write(run_dir)  # left by a supervisor that was killed
+    assert scale(runs, "tiny", "2", capsys=capsys)[0] == ExitCode.FAILED
+    SupervisorRecord(os.getpid(), 1, bounds).write(run_dir)
+    code, _, err = scale(runs, "tiny", "3", capsys=capsys)
+    assert code == ExitCode.USAGE and err == [
+        "grporun local scale: N: 3 is above 2, the most for this run: one server per CPU core of this machine (2)"]
+    for bad, says in (("0", "must be at least 1, not 0"), ("two", "must be a whole number, not 'two'")):
+        code, _, err = scale(runs, "tiny", bad, capsys=capsys)
+        assert code == ExitCode.USAGE and err[-1] == f"grporun local scale: error: argument N: {says}" + (
+            ": a run needs a rollout server" if bad == "0" else "")
+    assert not (run_dir / REPLICAS_FILE).exists()  # nothing was asked
+    code, out, err = scale(runs, "tiny", "2", capsys=capsys)
+    assert code == ExitCode.OK and not err and out[0].startswith("run tiny: 1 -> 2 rollout servers asked")
+    assert (run_dir / REPLICAS_FILE).read_text() == "2\n"
+
+
+def test_scale_below_the_given_servers_is_refused():
+    bounds = ScaleBounds(2, 4, "one server per CPU core", "2 server(s) came with --rollout-url and are not this "
+                         "run's to stop")
+    assert bounds.problem(1) == "1 is below 2: 2 server(s) came with --rollout-url and are not this run's to stop"
+    assert bounds.problem(3) is None
+
+
+@pytest.fixture
+def local_run(tmp_path, tiny_model_dir):
+    """A prepared local run on one scripted server (given as --rollout-url); added servers are scripted too, and the
+    learner is a process that sleeps."""
+    first = subprocess.Popen([sys.executable, SERVER, "s0"], stdout=subprocess.PIPE, text=True)
+    first_url = first.stdout.readline().strip()
+    manifest = yaml.safe_load(TINY.read_text())
+    manifest["spec"]["model"] = tiny_model_dir
+    manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False,
+                                       fresh=False, rollout_url=[first_url], rollout_python=sys.executable,
+                                       rollout_restart_limit=None))
+
+    def scripted_server(ordinal: int, port: int) -> ProcessPlan:
+        return ProcessPlan(builders.rollout_pod_name(local.name, ordinal), "rollout",
+                           [sys.executable, SERVER, f"s{ordinal}", str(port)], {}, f"http://127.0.0.1:{port}")
+
+    local.scaling.plan_server = scripted_server
+    learner = local.learner()
+    learner.plan = ProcessPlan(learner.plan.name, "learner", [sys.executable, "-c", "import time; time.sleep(300)"],
+                               {}, learner.plan.url)
+    yield local, first_url
+    local.stop_all()
+    first.kill()
+    first.wait()
+
+
+def run_config_urls(local: LocalRun) -> list[str]:
+    return json.loads((local.run_dir / "run.json").read_text())["rollout"]["urls"]
+
+
+def tick(local: LocalRun, log) -> None:
+    """One pass of the supervisor's loop without the learner's report: follow the request, derive, act."""
+    local.scaling.follow(local, log)
+    seen = st.Observation(local.observations(), None, datetime.datetime.now(datetime.UTC))
+    decision = st.derive_status(local.ref, local.spec, local.status, seen)
+    local.status = decision.status
+    local.act(decision.actions, log)
+
+
+def report_of(*servers: tuple[str, c.ReplicaState]) -> c.ProgressReport:
+    return c.ProgressReport(rollout=[c.RolloutReplicaReport(replica=i, url=url, state=state)
+                                     for i, (url, state) in enumerate(servers)])
+
+
+def test_a_scaled_local_run_starts_the_added_server_rewrites_the_config_and_stops_a_removed_one_once_drained(
+        local_run):
+    local, first_url = local_run
+    log: list[str] = []
+    assert (local.run_dir / SUPERVISOR_FILE).is_file()
+    tick(local, log.append)  # the run's own pods: the learner starts
+    (local.run_dir / REPLICAS_FILE).write_text("2\n")
+    tick(local, log.append)
+    added = local.processes["tiny-rollout-1"]
+    assert local.spec.rollout.replicas == 2 and added.popen is not None  # started by the state machine
+    assert run_config_urls(local) == [first_url, added.plan.url]
+    assert any("RolloutScaled: 1 -> 2 rollout servers: starting tiny-rollout-1" in line for line in log)
+    deadline = time.monotonic() + 30
+    while not http_ok(f"{added.plan.url}/health"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    (local.run_dir / REPLICAS_FILE).write_text("1\n")
+    tick(local, log.append)
+    assert run_config_urls(local) == [first_url] and "tiny-rollout-1" not in local.processes
+    assert local.spec.rollout.replicas == 1
+    # The learner still reports it (it has not read the file yet, then while it drains): it keeps running.
+    for state in (c.ReplicaState.SERVING, c.ReplicaState.DRAINING):
+        local.scaling.finish_drains(report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, state)), True,
+                                    log.append)
+        assert added.poll() is None
+    local.scaling.finish_drains(None, True, log.append)  # no report this tick: no verdict
+    assert added.poll() is None
+    local.scaling.finish_drains(report_of((first_url, c.ReplicaState.SERVING)), True, log.append)
+    assert added.poll() is not None and not local.scaling.draining
+    assert log[-1] == "Normal RolloutDrained: tiny-rollout-1: the learner sends it nothing more; stopped"
+    assert [p.name for p in local.observations() if p.role == "rollout"] == ["tiny-rollout-0"]
+
+
+def test_a_removed_server_still_draining_at_its_deadline_is_stopped_with_a_warning(local_run):
+    local, first_url = local_run
+    log: list[str] = []
+    now = [0.0]
+    local.scaling.clock = lambda: now[0]
+    tick(local, log.append)
+    (local.run_dir / REPLICAS_FILE).write_text("2\n")
+    tick(local, log.append)
+    added = local.processes["tiny-rollout-1"]
+    (local.run_dir / REPLICAS_FILE).write_text("1\n")
+    tick(local, log.append)
+    draining = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
+    now[0] = local.scaling.drain_s - 1
+    local.scaling.finish_drains(draining, True, log.append)
+    assert added.poll() is None
+    now[0] = local.scaling.drain_s + 1
+    local.scaling.finish_drains(draining, True, log.append)
+    assert added.poll() is not None
+    assert log[-1].startswith(f"Warning RolloutDrainDeadline: tiny-rollout-1: still draining after "
+                              f"{local.scaling.drain_s:.0f}s")
+
+
+def test_a_server_asked_back_while_draining_serves_again_in_its_own_process(local_run):
+    local, first_url = local_run
+    log: list[str] = []
+    tick(local, log.append)
+    (local.run_dir / REPLICAS_FILE).write_text("2\n")
+    tick(local, log.append)
+    added = local.processes["tiny-rollout-1"]
+    pid = added.popen.pid
+    (local.run_dir / REPLICAS_FILE).write_text("1\n")
+    tick(local, log.append)
+    (local.run_dir / REPLICAS_FILE).write_text("2 \n")
+    tick(local, log.append)
+    assert local.processes["tiny-rollout-1"].popen.pid == pid and not local.scaling.draining
+    assert run_config_urls(local) == [first_url, added.plan.url]
+
+
+def test_an_unusable_request_is_refused_once_and_changes_nothing(local_run):
+    local, first_url = local_run
+    log: list[str] = []
+    for text in ("tw", "two\n", "two\n", "9\n", "0\n"):
+        (local.run_dir / REPLICAS_FILE).write_text(text)
+        local.scaling.follow(local, log.append)
+    refused = [line for line in log if "ScaleRefused" in line]
+    assert len(refused) == 4  # a file left as it is is not refused again
+    assert "'two' is not a whole number" in refused[1] and str(local.run_dir / REPLICAS_FILE) in refused[1]
+    assert "9 is above" in refused[2] and "0 is below 1" in refused[3]
+    assert run_config_urls(local) == [first_url] and local.spec.rollout.replicas == 1
+
+
+def test_a_request_left_by_an_earlier_run_does_not_apply_and_the_end_removes_the_files(local_run, tmp_path):
+    local, _ = local_run
+    local.stop_all()
+    assert not (local.run_dir / SUPERVISOR_FILE).exists() and not (local.run_dir / REPLICAS_FILE).exists()
+    (local.run_dir / REPLICAS_FILE).write_text("2\n")
+    local.scaling.begin()  # what a --resume of the folder does first
+    assert not (local.run_dir / REPLICAS_FILE).exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Real vLLM servers
+# ----------------------------------------------------------------------------------------------------------------------
+RUN_TIMEOUT_S = 1800
+#: 16 prompts x 60 = 960 groups: training (about 4 groups/s on the 2-core machine, BENCHMARKS.md section 5) outlasts
+#: a second CPU server's start (2.5-4.5 min there).
+SCALED_RUN_EPOCHS = 60
+
+
+def _wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, f"the run ended before {what}: " + process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def _report(progress_url: str) -> c.ProgressReport | None:
+    body = http_get(f"{progress_url}{c.PROGRESS_PATH}")
+    return c.parse_progress(body) if body else None
+
+
+def _scale_to(runs: Path, replicas: int) -> None:
+    scaled = subprocess.run([*GRPORUN, "scale", "tiny", str(replicas), "--runs-dir", str(runs)], capture_output=True,
+                            text=True, timeout=120)
+    assert scaled.returncode == 0, scaled.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_the_removed_server(
+        vllm_server, tmp_path):
+    # The session's server is the run's first (given with --rollout-url); `grporun local scale` starts the second
+    # as a real vLLM server through the rollout entrypoint as soon as the run is up, so it loads while the learner
+    # starts, then drains and stops it while the learner trains. Enough epochs that training outlasts the load.
+    manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=SCALED_RUN_EPOCHS)
+    runs = tmp_path / "runs"
+    run_dir = runs / "tiny"
+    process = subprocess.Popen([*GRPORUN, str(manifest), "--runs-dir", str(runs), "--rollout-url", vllm_server.url,
+                                "--poll-interval", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               cwd=tmp_path)
+    learner_log = run_dir / "logs" / "tiny-learner-0.log"
+    try:
+        _wait_for(lambda: SupervisorRecord.read(run_dir) is not None, "the run to start", process)
+        config = json.loads((run_dir / "run.json").read_text())
+        progress_url = f"http://127.0.0.1:{config['learner']['httpPort']}"
+        _scale_to(runs, 2)
+
+        def urls() -> list[str]:
+            return json.loads((run_dir / "run.json").read_text())["rollout"]["urls"]
+
+        _wait_for(lambda: len(urls()) == 2, "grporun local to add the second server to run.json", process, 60)
+        second_url = urls()[1]
+
+        def second_served() -> int:
+            report = _report(progress_url)
+            return next((s.samples for s in (report.rollout if report else []) if s.url == second_url), 0)
+
+        # The second server's start: 2.5-4.5 min on the 2-core machine, far more while it is loaded.
+        _wait_for(lambda: second_served() >= 16, "the second server to produce samples", process, 1500)
+        before_removal = _report(progress_url)
+        served = second_served()
+        _scale_to(runs, 1)
+        out, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0 and "phase: Succeeded" in out, out[-4000:]
+    assert before_removal.groups_consumed < before_removal.groups_total  # scaled down while it trained
+    assert "RolloutScaled: 1 -> 2" in out and "RolloutScaled: 2 -> 1" in out
+    assert "RolloutDrained: tiny-rollout-1" in out and "RolloutDrainDeadline" not in out
+    report = c.parse_progress((run_dir / "termination-log").read_text())
+    assert report.groups_consumed == report.groups_total  # the exact epoch bound
+    assert report.groups_trained + report.dropped_total == report.groups_total  # each group trained (or filtered) once
+    assert report.dropped[c.DropReason.LOST.value] == 0
+    assert [server.url for server in report.rollout] == [vllm_server.url]  # the removed one left the report
+    log = learner_log.read_text(errors="replace")
+    left = log.index(f"rollout server {second_url} left the run's set")
+    after = log[left:].splitlines()
+    syncs_after = [line for line in after if "weight sync v" in line and "server(s)" in line]
+    # From the moment it left, every sync went to the one server left, and none tried the removed one.
+    assert syncs_after and all("to 1 server(s)" in line for line in syncs_after), syncs_after
+    assert not [line for line in after if "weight sync:" in line and second_url in line]
+    print(f"1->2->1: the second server produced {served} samples before its removal "
+          f"(at {before_removal.groups_consumed}/{before_removal.groups_total} groups); {len(syncs_after)} syncs "
+          f"after it left, all to 1 server; dropped {report.dropped}, regenerated {report.regenerated}")

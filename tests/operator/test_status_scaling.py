@@ -1,0 +1,173 @@
+"""A live change of spec.rollout.replicas in the pure status derivation: a scale-up creates the new servers' pods
+and keeps the learner; a scale-down takes the removed servers out of the run config first, then deletes each pod
+once the learner no longer reports it, or after the drain deadline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_operator import builders
+from grpo_operator.run_ref import RunRef
+from grpo_operator.status import ConfigureRollout, CreateChildren, DeletePods
+from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, spec_of, step
+from tests.operator.test_status_rollout import crashed, running_with
+
+#: request_timeout 5 s + the pods' 30 s grace period.
+QUICK_DRAIN = {"extraArgs": {"request_timeout": 5}}
+DEADLINE = 35
+
+
+def servers(*states: str) -> list[dict]:
+    """The learner's report of servers 0.. in these states (`-` leaves that replica out)."""
+    return [{"replica": i, "url": f"http://r-rollout-{i}.r-rollout.ns.svc:8000", "ready": state == "serving",
+             "state": state} for i, state in enumerate(states) if state != "-"]
+
+
+def scaled(replicas: int):
+    return spec_of(rollout={"replicas": replicas}, training=QUICK_DRAIN)
+
+
+def test_a_scale_up_creates_the_new_servers_and_keeps_the_learner_running():
+    status = running_with(scaled(1), 1)
+    decision = step(scaled(3), status, running_pods(replicas=1), report(groupsConsumed=4, groupsTrained=4,
+                                                                        rollout=servers("serving")), now=at(5))
+    assert decision.actions == [CreateChildren()]  # the missing ordinals 1 and 2; no pod is deleted or recreated
+    assert decision.status["phase"] == "Running"
+    assert "Scaled" in reasons(decision)
+    rollout = decision.status["rollout"]
+    assert rollout["replicas"] == 1  # pods that exist: the scale subresource's status replicas
+    assert rollout["selector"] == "grpo.dev/run=r,grpo.dev/role=rollout"
+    assert [server["replica"] for server in rollout["servers"]] == [0, 1, 2]
+    assert condition(decision.status, "RolloutReady")["message"] == "1/3 rollout servers ready"
+    up = step(scaled(3), decision.status, running_pods(replicas=3), report(groupsConsumed=5, groupsTrained=5,
+              rollout=servers("serving", "joining", "serving")), now=at(10))
+    assert up.actions == [] and up.status["rollout"]["replicas"] == 3
+    assert [s.get("state") for s in up.status["rollout"]["servers"]] == ["serving", "joining", "serving"]
+    assert "Scaled" not in reasons(up)
+
+
+def test_a_scale_down_waits_for_the_learner_to_drain_each_removed_server():
+    status = running_with(scaled(3), 3)
+    progress = report(groupsConsumed=4, groupsTrained=4, rollout=servers("serving", "serving", "serving"))
+    down = step(scaled(1), status, running_pods(replicas=3), progress, now=at(5))
+    # The URLs leave the run config first; the learner has not seen that yet, so no pod goes.
+    assert down.actions == [ConfigureRollout(1)]
+    assert "Scaled" in reasons(down) and down.status["phase"] == "Running"
+    rollout = down.status["rollout"]
+    assert rollout["replicas"] == 3
+    assert [(s["replica"], s.get("drainStartTime")) for s in rollout["servers"]] == [
+        (0, None), (1, "2026-01-01T12:00:05Z"), (2, "2026-01-01T12:00:05Z")]
+    assert condition(down.status, "RolloutReady")["message"] == "1/1 rollout servers ready"
+    # Server 2 has left the learner's report; server 1 still drains.
+    progress = report(groupsConsumed=5, groupsTrained=5, rollout=servers("serving", "draining"))
+    one_left = step(scaled(1), down.status, running_pods(replicas=3), progress, now=at(10))
+    assert one_left.actions == [ConfigureRollout(1), DeletePods(("r-rollout-2",), reason="drained")]
+    assert reasons(one_left) == ["Drained"]
+    assert one_left.status["rollout"]["servers"][1]["state"] == "draining"
+    # The drain start is kept from the first pass that saw the server surplus, not restarted by later passes.
+    assert one_left.status["rollout"]["servers"][1]["drainStartTime"] == "2026-01-01T12:00:05Z"
+    pods = [p for p in running_pods(replicas=3) if p.name != "r-rollout-2"]
+    gone = step(scaled(1), one_left.status, pods, report(groupsConsumed=6, groupsTrained=6,
+                rollout=servers("serving")), now=at(15))
+    assert gone.actions == [ConfigureRollout(1), DeletePods(("r-rollout-1",), reason="drained")]
+    assert gone.status["phase"] == "Running" and gone.status["restarts"] == 0
+
+
+def test_a_server_still_reported_after_the_drain_deadline_is_deleted_with_a_warning():
+    status = running_with(scaled(2), 2)
+    still = report(groupsConsumed=4, groupsTrained=4, rollout=servers("serving", "draining"))
+    down = step(scaled(1), status, running_pods(replicas=2), still, now=at(5))
+    waiting = step(scaled(1), down.status, running_pods(replicas=2), still, now=at(5 + DEADLINE - 1))
+    assert waiting.actions == [ConfigureRollout(1)]
+    overdue = step(scaled(1), waiting.status, running_pods(replicas=2), still, now=at(5 + DEADLINE))
+    assert overdue.actions == [ConfigureRollout(1), DeletePods(("r-rollout-1",), reason="drained")]
+    [event] = [e for e in overdue.events if e.reason == "DrainDeadlineExceeded"]
+    assert event.type == "Warning"
+    assert event.message.startswith("r-rollout-1 left the rollout set 35 s ago (the drain deadline) and the learner "
+                                    "still reports it draining: deleting it anyway")
+
+
+def test_an_unreadable_learner_report_waits_for_the_drain_deadline():
+    status = running_with(scaled(2), 2)
+    down = step(scaled(1), status, running_pods(replicas=2), None, now=at(5),
+                progress_error="connection refused")
+    assert down.actions == [ConfigureRollout(1)]
+    overdue = step(scaled(1), down.status, running_pods(replicas=2), None, now=at(5 + DEADLINE),
+                   progress_error="connection refused")
+    assert DeletePods(("r-rollout-1",), reason="drained") in overdue.actions
+    [event] = [e for e in overdue.events if e.reason == "DrainDeadlineExceeded"]
+    assert "the learner's progress cannot be read" in event.message
+
+
+def test_with_no_learner_running_a_removed_server_goes_at_once():
+    status = running_with(scaled(2), 2)
+    pods = [pod("r-rollout-0"), pod("r-rollout-1"), pod("r-learner-0", "Pending", False)]
+    down = step(scaled(1), status, pods, None, now=at(5))
+    assert DeletePods(("r-rollout-1",), reason="drained") in down.actions
+    assert down.actions[0] == ConfigureRollout(1)
+
+
+def test_a_removed_server_that_exits_is_deleted_not_restarted():
+    status = running_with(scaled(2), 2)
+    pods = [pod("r-rollout-0"), crashed("r-rollout-1", code=1), pod("r-learner-0")]
+    decision = step(scaled(1), status, pods, report(groupsConsumed=4, groupsTrained=4,
+                    rollout=servers("serving", "draining")), now=at(5))
+    assert decision.actions == [ConfigureRollout(1), DeletePods(("r-rollout-1",), reason="drained")]
+    assert "RolloutRestarted" not in reasons(decision)
+    assert decision.status["rollout"]["restarts"] == 0 and decision.status["phase"] == "Running"
+
+
+def test_a_refused_scale_is_reported_once_and_cleared():
+    status = running_with(scaled(2), 2)
+    why = "spec.rollout.replicas: 3 is not applied to the running run, which keeps 2 rollout servers: ..."
+    first = step(scaled(2), status, running_pods(replicas=2), report(groupsConsumed=4, groupsTrained=4), now=at(5),
+                 scale_refused=why)
+    assert reasons(first) == ["ScaleRefused"] and first.status["rollout"]["scaleRefused"] == why
+    again = step(scaled(2), first.status, running_pods(replicas=2), report(groupsConsumed=4, groupsTrained=4),
+                 now=at(10), scale_refused=why)
+    assert "ScaleRefused" not in reasons(again) and again.actions == []
+    cleared = step(scaled(2), again.status, running_pods(replicas=2), report(groupsConsumed=4, groupsTrained=4),
+                   now=at(15))
+    assert "scaleRefused" not in cleared.status["rollout"]
+
+
+# --- builders ----------------------------------------------------------------------------------------------------
+RUN = RunRef("r", "ns", "uid-r", 1)
+
+
+def test_the_run_config_gets_new_rollout_urls_and_keeps_the_rest():
+    config_map = builders.build_config_map(RUN, scaled(1))
+    config = json.loads(config_map["data"]["run.json"])
+    urls = builders.rollout_urls("r", "ns", 3)
+    data = builders.with_rollout_urls(config_map, urls)
+    rewritten = json.loads(data["run.json"])
+    assert rewritten["rollout"]["urls"] == urls == [
+        f"http://r-rollout-{i}.r-rollout.ns.svc:8000" for i in range(3)]
+    assert {**rewritten, "rollout": None} == {**config, "rollout": None}
+    assert {k: v for k, v in rewritten["rollout"].items() if k != "urls"} == {
+        k: v for k, v in config["rollout"].items() if k != "urls"}
+    assert builders.rollout_urls_of({"data": data}) == urls
+    assert builders.with_rollout_urls({"data": data}, urls) is None  # already there: no write
+
+
+@pytest.mark.parametrize("text", ["", "{\"rollout\": [", "[]", "{\"model\": \"m\"}"])
+def test_a_torn_run_config_is_refused_not_rewritten(text):
+    with pytest.raises(ValueError, match="run.json in ConfigMap r-config has no rollout object"):
+        builders.with_rollout_urls({"metadata": {"name": "r-config"}, "data": {"run.json": text}}, ["u"])
+    assert builders.rollout_urls_of({"data": {"run.json": text}}) is None
+
+
+def test_the_drain_deadline_is_the_request_timeout_plus_the_grace_period():
+    assert builders.drain_deadline_seconds(spec_of()) == 600 + 30
+    assert builders.drain_deadline_seconds(scaled(1)) == DEADLINE
+    assert builders.drain_deadline_seconds(spec_of(training={"extraArgs": {"request_timeout": "x"}})) == 630
+
+
+def test_the_rollout_selector_selects_what_the_rollout_pods_carry():
+    pod_labels = builders.build_rollout_pod(RUN, scaled(1), 0, trainer_image="img")["metadata"]["labels"]
+    selector = builders.rollout_selector("r")
+    assert dict(part.split("=") for part in selector.split(",")).items() <= pod_labels.items()
+    learner_labels = builders.build_learner_pod(RUN, scaled(1), 0, trainer_image="img")["metadata"]["labels"]
+    assert not dict(part.split("=") for part in selector.split(",")).items() <= learner_labels.items()
