@@ -19,7 +19,7 @@ import copy
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from grpo_trainer.contract import (
     DatasetConfig,
@@ -34,7 +34,7 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.validation import field_path, first_error
 
-from .eta import ProgressRate
+from .eta import ProgressRate, TrainerStatus
 from .pod_overrides import PodTemplateOverride
 from .podgroup import SchedulingSpec
 
@@ -57,6 +57,9 @@ ROLLOUT_RESTARTS_ANNOTATION = f"{GROUP}/rollout-restarts"
 #: On the run's ConfigMap: the spec generation its config was rendered from.
 GENERATION_ANNOTATION = f"{GROUP}/generation"
 MANAGED_BY = "grpo-operator"
+#: `spec.managedBy` of the runs this operator reconciles (the CRD's default). A run naming another controller (Kueue's
+#: MultiKueue dispatcher, `kueue.x-k8s.io/multikueue`) is left alone, as the Job controller leaves such a Job.
+CONTROLLER_NAME = f"{GROUP}/{MANAGED_BY}"
 #: The most rollout servers one run may have (spec.rollout.replicas' maximum, status.rollout.servers' maxItems).
 MAX_ROLLOUT_REPLICAS = 1024
 
@@ -104,6 +107,19 @@ class WeightSyncSpec(WireModel):
     volume: dict[str, Any] | None = None
 
 
+class TopologySpec(WireModel):
+    """Kueue topology-aware scheduling of one role's pods: the node label of the topology level they share."""
+
+    required: str | None = Field(None, min_length=1, max_length=317)
+    preferred: str | None = Field(None, min_length=1, max_length=317)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TopologySpec:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("set exactly one of required or preferred")
+        return self
+
+
 class RolePodSpec(WireModel):
     """The pod fields the rollout and the learner role share: image, resources, device and placement."""
 
@@ -114,6 +130,7 @@ class RolePodSpec(WireModel):
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     pod_template_override: PodTemplateOverride | None = None
+    topology: TopologySpec | None = None
 
 
 # more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call
@@ -188,10 +205,18 @@ class GRPORunSpec(WireModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
+    managed_by: str = Field(CONTROLLER_NAME, max_length=63)
 
     @property
     def learner_world_size(self) -> int:
         return self.learner.nodes * self.learner.processes_per_node
+
+
+def managed_by(body: dict[str, Any]) -> str:
+    """The controller that reconciles this run: `spec.managedBy`, this operator's name when unset (a run stored
+    before the field existed)."""
+    value = (body.get("spec") or {}).get("managedBy")
+    return value if isinstance(value, str) and value else CONTROLLER_NAME
 
 
 def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
@@ -426,6 +451,7 @@ class GRPORunStatus(_StatusModel):
     disruptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
     progress: ProgressStatus | None = None
+    trainer_status: TrainerStatus | None = None  # Kubeflow Trainer's view of `progress` (grpo_operator.eta)
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None

@@ -12,6 +12,7 @@ learner, a run that just started), while the Stalled condition is True, and whil
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any
 
 from pydantic import ConfigDict, Field
@@ -97,6 +98,56 @@ def update_estimate(progress: Any, rate: ProgressRate | None, previous: Any, now
     if not running:
         return None  # suspended, restarting or failed: the next rate starts afresh when training does
     return ProgressRate(samples=samples) if samples else None
+
+
+#: KEP-2779 types these as int32.
+INT32_MAX = 2**31 - 1
+#: status.progress's figures that status.trainerStatus.metrics[] repeats, as (metric name, field), in this order.
+TRAINER_METRICS = (
+    ("currentEpoch", "epoch"), ("totalEpochs", "epochs"), ("globalStep", "global_step"),
+    ("groupsConsumed", "groups_consumed"), ("groupsTotal", "groups_total"), ("groupsTrained", "groups_trained"),
+    ("groupsDropped", "groups_dropped"), ("rewardMean", "reward_mean"), ("maskedFraction", "masked_fraction"),
+)
+
+
+class TrainerMetric(_StatusModel):
+    name: str
+    value: str
+
+
+class TrainerStatus(_StatusModel):
+    """Kubeflow Trainer's `status.trainerStatus` (KEP-2779), field for field, so what reads a TrainJob's progress
+    reads a GRPORun's."""
+
+    progress_percentage: int | None = Field(None, ge=0, le=100)
+    estimated_remaining_seconds: int | None = Field(None, ge=0, le=INT32_MAX)
+    metrics: list[TrainerMetric] = Field(default_factory=list)
+    last_updated_time: str | None = None
+
+
+def _metric_value(value: Any) -> str | None:
+    """A figure as KEP-2779's string value: integers whole, other numbers to 6 significant digits; None for a missing
+    or non-finite one (not a number a dashboard can plot)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return format(value, ".6g")
+    return None
+
+
+def trainer_status(progress: Any) -> TrainerStatus:
+    """status.trainerStatus from this pass's status.progress (after `update_estimate`): its percentage, estimate and
+    update time, and its counts as name/value metrics. Only the fixed names above, so what the learner reports can
+    add no entry and no field, and every value is a short string."""
+    metrics = [TrainerMetric(name=name, value=value) for name, attribute in TRAINER_METRICS
+               if (value := _metric_value(getattr(progress, attribute, None))) is not None]
+    estimate = progress.estimated_remaining_seconds
+    return TrainerStatus(
+        progress_percentage=progress.progress_percentage,
+        estimated_remaining_seconds=None if estimate is None else min(max(estimate, 0), INT32_MAX),
+        metrics=metrics, last_updated_time=progress.last_updated_time)
 
 
 def format_duration(seconds: int | None) -> str:

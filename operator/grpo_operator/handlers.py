@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from . import events
-from .api import FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION
+from .api import CONTROLLER_NAME, FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION, managed_by
 from .pods import observe_pod, pod_facts
 from .reconcile import OperatorContext, reconcile_run
 from .run_loops import RunLoops
@@ -95,6 +95,15 @@ async def lifecycle(type: str | None, body: kopf.Body, namespace: str, name: str
         context.loops.forget(uid)
         context.metrics.forget_run(namespace, name)
         context.runs.pop(uid, None)
+        context.managed_elsewhere.discard(uid)
+        return
+    controller = managed_by(dict(body))
+    if controller != CONTROLLER_NAME:
+        # As the Job controller does: no children, no status, nothing written onto the run (its status is the other
+        # controller's). The operator's log says it once per run (docs/operator.md, "Runs another controller manages").
+        if uid not in context.managed_elsewhere:
+            context.managed_elsewhere.add(uid)
+            logger.info(f"spec.managedBy is {controller!r}, not {CONTROLLER_NAME!r}: leaving this run to it")
         return
 
     async def run_pass(latest: kopf.Body, pass_logger: Any) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import builders
-from .api import ROLE_LABEL, GRPORunSpec, Reason
+from .api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
 from .apitime import format_time
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 from .run_ref import RunRef
@@ -30,6 +30,13 @@ API_VERSION = f"{GROUP}/v1beta1"
 WORKLOAD = "Workload"
 RESOURCE_FLAVOR = "ResourceFlavor"
 ROLES = ("rollout", "learner")
+#: Topology-aware scheduling (Kueue's TopologyUngater): a pod carrying the gate, the Workload annotation, its pod set
+#: label and its pod set's topology annotation is held until Kueue gives it the node labels of its assigned domain.
+TOPOLOGY_GATE = f"{GROUP}/topology"
+WORKLOAD_ANNOTATION = f"{GROUP}/workload"
+PODSET_LABEL = f"{GROUP}/podset"
+TOPOLOGY_ANNOTATIONS = {"required": f"{GROUP}/podset-required-topology",
+                        "preferred": f"{GROUP}/podset-preferred-topology"}
 #: The condition types and the reason Kueue's own job integrations use.
 ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
 
@@ -42,13 +49,29 @@ def workload_name(run: str) -> str:
     return f"grporun-{run}"
 
 
-def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's Workload: one pod set per role, the role's first pod as its template, the role's pod count."""
+def role_topologies(spec: GRPORunSpec) -> dict[str, TopologySpec]:
+    """Role -> its `topology` (spec.rollout.topology, spec.learner.topology), for the roles that set one."""
+    return {role: topology for role, topology in (("rollout", spec.rollout.topology),
+                                                   ("learner", spec.learner.topology)) if topology is not None}
+
+
+def topology_request(topology: TopologySpec) -> dict[str, str]:
+    """A pod set's `topologyRequest`, as Kueue's own integrations derive it from the podset-*-topology annotations."""
+    return topology.model_dump(exclude_none=True)
+
+
+def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]],
+                   topologies: dict[str, TopologySpec] | None = None) -> dict[str, Any]:
+    """The run's Workload: one pod set per role, the role's first pod as its template, the role's pod count, and
+    the role's topology request if it has one."""
     pod_sets = []
     for role in ROLES:
         mine = [pod for pod in pods if pod["metadata"]["labels"].get(ROLE_LABEL) == role]
         template = {"metadata": {"labels": dict(mine[0]["metadata"]["labels"])}, "spec": mine[0]["spec"]}
-        pod_sets.append({"name": role, "count": len(mine), "template": template})
+        pod_set: dict[str, Any] = {"name": role, "count": len(mine), "template": template}
+        if role in (topologies or {}):
+            pod_set["topologyRequest"] = topology_request(topologies[role])
+        pod_sets.append(pod_set)
     spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets}
     priority_class = next((p["spec"]["priorityClassName"] for p in pods if p["spec"].get("priorityClassName")), None)
     if priority_class:
@@ -123,6 +146,19 @@ def place(pod: dict[str, Any], labels: dict[str, str], tolerations: list[dict[st
     return {**pod, "spec": spec}
 
 
+def topology_gated(pod: dict[str, Any], run: str, role: str, topology: TopologySpec) -> dict[str, Any]:
+    """The pod held by Kueue's topology gate until Kueue's TopologyUngater puts its assigned domain's node labels in
+    its nodeSelector (what Kueue does for the pods of the job kinds it knows)."""
+    metadata = pod["metadata"]
+    (kind, level), = topology_request(topology).items()
+    annotations = {**metadata.get("annotations", {}), WORKLOAD_ANNOTATION: workload_name(run),
+                   TOPOLOGY_ANNOTATIONS[kind]: level}
+    labels = {**metadata.get("labels", {}), PODSET_LABEL: role}
+    gates = [g for g in pod["spec"].get("schedulingGates", []) if g.get("name") != TOPOLOGY_GATE]
+    return {**pod, "metadata": {**metadata, "annotations": annotations, "labels": labels},
+            "spec": {**pod["spec"], "schedulingGates": [*gates, {"name": TOPOLOGY_GATE}]}}
+
+
 def _set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reason: str, message: str,
                    now: datetime.datetime) -> list[dict[str, Any]]:
     current = next((c for c in conditions if c.get("type") == kind), None)
@@ -180,7 +216,7 @@ async def gate(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, traine
     if workload is None:
         pods = builders.build_pods(run, spec, trainer_image=trainer_image)
         try:
-            await kube.create(build_workload(run, queue, pods))
+            await kube.create(build_workload(run, queue, pods, role_topologies(spec)))
         except APIClientError as error:
             refusal = f"the Kueue Workload {workload_name(run.name)} was rejected: {error.message or error}"
             if error.status in PERMANENT_REJECTIONS:

@@ -96,6 +96,7 @@ class OperatorContext:
     runs: dict[str, RunMemory] = dataclasses.field(default_factory=dict)  # by the run's uid
     events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
+    managed_elsewhere: set[str] = dataclasses.field(default_factory=set)  # uids whose spec.managedBy is not ours
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())
@@ -367,6 +368,10 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         placed = await kueue.placements(kube, gate.flavors)
         children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
             role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
+            for child in children]
+        topologies = kueue.role_topologies(spec)
+        children = [kueue.topology_gated(child, run.name, role, topologies[role]) if child["kind"] == "Pod" and (
+            role := child["metadata"]["labels"].get(ROLE_LABEL)) in topologies else child
             for child in children]
     for child in children:
         child_name = f"{child['kind']} {child['metadata']['name']}"

@@ -16,7 +16,8 @@ from tests.support.promql_names import unknown_metrics
 
 ALERTS_FILE = CHART_DIR / "files" / "alerts.yaml"
 ALERT_TESTS = REPO / "tests" / "fixtures" / "alerts.test.yaml"
-EXPECTED_ALERTS = {"GRPORunStalled", "GRPORunNoProgress", "GRPORunRolloutNotReady", "GRPORunFailed", "GRPOOperatorDown"}
+EXPECTED_ALERTS = {"GRPORunStalled", "GRPORunNoProgress", "GRPORunRolloutNotReady", "GRPORunFailed", "GRPOOperatorDown",
+                   "GRPORunRolloutAtMaxReplicas"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,9 @@ MUTATIONS = [
      '          and on (namespace, run) (grpo_operator_run_phase{phase="Running"} == 1)\n        for: 1m\n',
      "        for: 1m\n"),
     ("operator-down ignores a missing target", 'absent(up{job=~".*grpo-operator.*"}) or ', ""),
+    ("at-max ignores whether the learner waits", "[5m])) > 0.2)\n", "[5m])) >= 0)\n"),
+    ("at-max ignores the maximum", "  >= on (namespace, horizontalpodautoscaler)",
+     "  <= on (namespace, horizontalpodautoscaler)"),
 ]
 
 

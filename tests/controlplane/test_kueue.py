@@ -13,9 +13,9 @@ from grpo_operator import kueue
 from tests.support.control_plane import Unavailable
 from tests.support.control_plane_client import kubectl
 from tests.support.control_plane_cluster import RealCluster, real_cluster
-from tests.support.kube_emulator import ApiError
+from tests.support.kube_emulator import GRPORUNS, ApiError
 from tests.support.kueue_manager import KueueManager, kueue_binaries
-from tests.support.specs import grporun, minimal_spec
+from tests.support.specs import MULTI_RANK_ROLLOUT, grporun, minimal_spec
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 
@@ -180,6 +180,91 @@ def test_a_run_whose_workload_kueue_refuses_as_invalid_fails_instead_of_waiting(
                               "invalid"), message
     assert "persistentVolumeClaim.claimName: Required value" in message
     assert cluster.pods_ever_created("kw") == []
+
+
+RACK = "topology.example.com/rack"
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def _tas_nodes(admin, namespace: str) -> list[str]:
+    """Three Ready nodes of 4 CPUs in the test's pool: two in rack a, one in rack b (no kubelet: nothing runs)."""
+    names = []
+    for index, rack in enumerate(("a", "a", "b")):
+        name = f"{namespace}-node-{index}"
+        labels = {"topology.example.com/pool": namespace, RACK: f"{namespace}-{rack}", HOSTNAME: name}
+        admin.call("POST", "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node",
+                                                   "metadata": {"name": name, "labels": labels}})
+        names.append(name)
+        capacity = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}
+        admin.call("PATCH", f"/api/v1/nodes/{name}/status", json={
+            "status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}},
+            headers={"Content-Type": "application/merge-patch+json"})
+        # The API server's admission taints a new node not-ready; no node controller runs here to lift it.
+        admin.call("PATCH", f"/api/v1/nodes/{name}", json={"spec": {"taints": None}},
+                   headers={"Content-Type": "application/merge-patch+json"})
+    return names
+
+
+def test_a_roles_topology_request_reaches_kueue_which_places_its_pods_in_one_domain(cluster):
+    """spec.learner.topology.required = rack: the Workload's learner pod set carries it, the real Kueue (a Topology,
+    a ResourceFlavor naming it, Ready nodes in two racks) admits it into one rack, and its TopologyUngater gives the
+    run's gated learner pods that rack's node labels."""
+    admin, namespace = cluster.client, cluster.namespace
+    topology, flavor, queue = f"{namespace}-topo", f"{namespace}-tas", f"{namespace}-tas-cq"
+    nodes = _tas_nodes(admin, namespace)
+    created = [f"{KUEUE_API}/topologies/{topology}", f"{KUEUE_API}/resourceflavors/{flavor}",
+               f"{KUEUE_API}/clusterqueues/{queue}"]
+    try:
+        admin.call("POST", f"{KUEUE_API}/topologies", json={
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology", "metadata": {"name": topology},
+            "spec": {"levels": [{"nodeLabel": RACK}, {"nodeLabel": HOSTNAME}]}})
+        admin.call("POST", f"{KUEUE_API}/resourceflavors", json={
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+            "spec": {"nodeLabels": {"topology.example.com/pool": namespace}, "topologyName": topology}})
+        admin.call("POST", f"{KUEUE_API}/clusterqueues", json={
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": queue},
+            "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                     "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor,
+                                         "resources": [{"name": "cpu", "nominalQuota": "12"},
+                                                       {"name": "memory", "nominalQuota": "24Gi"}]}]}]}})
+        admin.call("POST", f"{KUEUE_API}/namespaces/{namespace}/localqueues", json={
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "racks"},
+            "spec": {"clusterQueue": queue}})
+        # Two learner ranks of 3 CPUs: only rack a (two 4-CPU nodes) holds both, rack b (one) holds one.
+        spec = minimal_spec(rollout={**MULTI_RANK_ROLLOUT, "resources": REQUESTS},
+                            learner={"nodes": 2, "resources": {"requests": {"cpu": "3", "memory": "1Gi"}},
+                                     "topology": {"required": RACK}})
+        body = grporun("kt", spec)
+        body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "racks"}
+        cluster.apply(body)
+        workload_path = f"{KUEUE_API}/namespaces/{namespace}/workloads/{kueue.workload_name('kt')}"
+        workload = cluster.wait_for(lambda: _workload(admin, workload_path), what="the Workload")
+        pod_sets = {s["name"]: s for s in workload["spec"]["podSets"]}
+        assert pod_sets["learner"]["topologyRequest"]["required"] == RACK
+        try:
+            admitted = cluster.wait_for(
+                lambda: (w := _workload(admin, workload_path)) and _conditions(w).get("Admitted", {}).get("status")
+                == "True" and w, timeout=30, what="Kueue's admission into one rack")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; Kueue says {_conditions(_workload(admin, workload_path))}") from None
+        learner_assignment = next(a for a in admitted["status"]["admission"]["podSetAssignments"]
+                                  if a["name"] == "learner")
+        # Kueue names the lowest level's domains (the nodes); the rack is what chose them.
+        assert learner_assignment["topologyAssignment"]["levels"] == [HOSTNAME], learner_assignment
+        cluster.wait_for(lambda: len(cluster.pods("kt", "learner")) == 2, timeout=30, what="the learner pods")
+        placed = cluster.wait_for(
+            lambda: (pods := cluster.pods("kt", "learner")) and all(
+                not p["spec"].get("schedulingGates") and HOSTNAME in p["spec"].get("nodeSelector", {}) for p in pods)
+            and pods, timeout=30, what="Kueue's TopologyUngater placing the learner pods")
+        assert {p["spec"]["nodeSelector"][HOSTNAME] for p in placed} == set(nodes[:2])  # both of rack a's nodes
+    finally:
+        cluster.client.request("DELETE", cluster.client.path(
+            GRPORUNS, namespace, "kt")[len(cluster.client.url):])
+        for path in reversed(created):
+            admin.request("DELETE", path)
+        for name in nodes:
+            admin.request("DELETE", f"/api/v1/nodes/{name}")
 
 
 def test_kubectl_scale_of_a_run_kueue_admitted_is_refused_and_the_workload_left_alone(cluster, learner,

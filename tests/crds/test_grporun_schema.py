@@ -27,7 +27,7 @@ from grpo_operator.api import (
     RolloutServerStatus,
     RolloutStatus,
 )
-from grpo_operator.eta import ProgressRate, RateSample
+from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
 from grpo_trainer.contract import DROP_REASONS, ReplicaState
 from tests.support.specs import status_errors
@@ -176,6 +176,9 @@ def _full_status() -> GRPORunStatus:
                                 last_updated_time="2026-01-01T00:30:00Z"),
         progress_rate=ProgressRate(samples=[RateSample(time="2026-01-01T00:30:00Z", groups_consumed=10,
                                                        groups_trained=7)]),
+        trainer_status=TrainerStatus(progress_percentage=50, estimated_remaining_seconds=600,
+                                     metrics=[TrainerMetric(name="groupsTrained", value="7")],
+                                     last_updated_time="2026-01-01T00:30:00Z"),
         rollout=RolloutStatus(replicas=2, ready=1, selector="grpo.dev/run=run,grpo.dev/role=rollout",
                               scale_refused="spec.rollout.replicas: 3 is not applied",
                               servers=[RolloutServerStatus(replica=1, pod="run-rollout-1", ready=True, serving=False,

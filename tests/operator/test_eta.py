@@ -55,6 +55,40 @@ def test_the_estimate_follows_the_recent_rate_not_the_average_since_the_start():
     assert progress["estimatedRemainingSeconds"] == 44 * 60
 
 
+def test_the_trainer_status_is_kubeflow_trainers_view_of_the_progress():
+    """status.trainerStatus has exactly KEP-2779's fields and shape: integers, name/value strings, a timestamp."""
+    run = Run()
+    for minute in range(5):
+        progress = run.observe(60 * minute, consumed=100 * minute, trained=90 * minute)
+    trainer = run.status["trainerStatus"]
+    assert set(trainer) == {"progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"}
+    assert trainer["progressPercentage"] == progress["progressPercentage"] == 40
+    assert trainer["estimatedRemainingSeconds"] == progress["estimatedRemainingSeconds"] == 360
+    assert trainer["lastUpdatedTime"] == progress["lastUpdatedTime"]
+    assert [m["name"] for m in trainer["metrics"]] == ["currentEpoch", "totalEpochs", "globalStep", "groupsConsumed",
+                                                        "groupsTotal", "groupsTrained", "groupsDropped"]
+    values = {m["name"]: m["value"] for m in trainer["metrics"]}
+    assert values["groupsConsumed"] == "400" and values["groupsTrained"] == "360" and values["totalEpochs"] == "1"
+
+
+def test_trainer_metrics_are_finite_short_strings_whatever_the_learner_sends():
+    status = eta.trainer_status(_Progress(epochs=1.7e308, reward_mean=float("nan"), masked_fraction=0.123456789,
+                                          estimated_remaining_seconds=2**63 - 1, global_step=2**63 - 1))
+    values = {m.name: m.value for m in status.metrics}
+    assert "rewardMean" not in values  # NaN is no value a dashboard can plot
+    assert values["totalEpochs"] == "1.7e+308" and values["maskedFraction"] == "0.123457"
+    assert values["globalStep"] == str(2**63 - 1) and all(len(v) < 64 for v in values.values())
+    assert status.estimated_remaining_seconds == 2**31 - 1  # KEP-2779's int32
+
+
+class _Progress:
+    def __init__(self, **fields: Any):
+        defaults = {"epoch": 0, "epochs": 1.0, "global_step": 0, "groups_consumed": 0, "groups_total": 0,
+                    "groups_trained": 0, "groups_dropped": 0, "reward_mean": None, "masked_fraction": None,
+                    "progress_percentage": None, "estimated_remaining_seconds": None, "last_updated_time": None}
+        self.__dict__.update({**defaults, **fields})
+
+
 def test_a_stall_clears_the_estimate():
     run = Run()
     for minute in range(3):

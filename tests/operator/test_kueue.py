@@ -66,6 +66,38 @@ def test_the_workload_holds_both_roles_with_their_requests_and_priority():
     assert workload["spec"]["priorityClassName"] == "research"
 
 
+RACK = "topology.example.com/rack"
+BLOCK = "topology.example.com/block"
+
+
+def test_each_roles_topology_request_goes_into_its_pod_set():
+    spec = parse_spec(minimal_spec(rollout={"resources": GPU, "topology": {"preferred": BLOCK}},
+                                   learner={"nodes": 2, "resources": GPU, "topology": {"required": RACK}}))
+    run = RunRef("r", "ml", "uid-1")
+    workload = kueue.build_workload(run, "team-q", builders.build_pods(run, spec, trainer_image="img"),
+                                    kueue.role_topologies(spec))
+    requests = {s["name"]: s.get("topologyRequest") for s in workload["spec"]["podSets"]}
+    assert requests == {"rollout": {"preferred": BLOCK}, "learner": {"required": RACK}}
+    no_topology = parse_spec(minimal_spec())
+    assert kueue.role_topologies(no_topology) == {}
+    plain = kueue.build_workload(run, "q", builders.build_pods(run, no_topology, trainer_image="img"), {})
+    assert all("topologyRequest" not in s for s in plain["spec"]["podSets"])
+
+
+def test_a_pod_of_a_topology_role_waits_for_kueue_to_place_it():
+    """What Kueue's TopologyUngater needs to find the pod and give it its domain's node labels."""
+    spec = parse_spec(minimal_spec(learner={"topology": {"required": RACK}}))
+    pod = next(p for p in builders.build_pods(RunRef("r", "ml", "uid-1"), spec, trainer_image="img")
+               if p["metadata"]["labels"]["grpo.dev/role"] == "learner")
+    gated = kueue.topology_gated(pod, "r", "learner", spec.learner.topology)
+    assert gated["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/topology"}]
+    assert gated["metadata"]["annotations"]["kueue.x-k8s.io/workload"] == "grporun-r"
+    assert gated["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == RACK
+    assert gated["metadata"]["labels"]["kueue.x-k8s.io/podset"] == "learner"
+    assert kueue.topology_gated(gated, "r", "learner", spec.learner.topology) == gated  # one gate, however often
+    assert "schedulingGates" not in pod["spec"], "the built pod is not changed"
+
+
 @pytest.mark.parametrize("status, state", [
     ({}, "pending"),
     ({"conditions": [_condition("QuotaReserved", "True")], "admission": {"podSetAssignments": []}}, "pending"),

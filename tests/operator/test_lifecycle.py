@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from grpo_operator.api import FINALIZER
+from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
 from grpo_trainer.contract import EXIT_STALLED
 from tests.support.kube_emulator import GRPORUNS
 from tests.support.paths import REPO
@@ -71,6 +71,23 @@ def test_apply_creates_config_map_services_and_pods_owned_by_the_run(cluster):
     cluster.wait_event("alpha", "Created")
 
 
+def test_a_run_another_controller_manages_gets_no_children_and_no_status(cluster):
+    """spec.managedBy names Kueue's MultiKueue (which runs it on a worker cluster): as the Job controller does, the
+    operator creates nothing for it and writes nothing onto it. A run of its own applied after it is reconciled,
+    so the operator has seen both."""
+    cluster.apply(grporun("elsewhere", minimal_spec(managedBy="kueue.x-k8s.io/multikueue")))
+    cluster.apply(grporun("ours"))
+    cluster.wait_for(lambda: len(cluster.pods("ours")) == 2, what="the operator's own run's pods")
+    cluster.wait_phase("ours", "Pending")
+    run = cluster.run("elsewhere")
+    assert run["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    assert cluster.pods("elsewhere") == [] and cluster.services("elsewhere") == []
+    assert cluster.config_maps("elsewhere") == [] and cluster.events("elsewhere") == []
+    assert not run.get("status") and not run["metadata"].get("finalizers")
+    assert not [key for key in run["metadata"].get("annotations") or {} if key.startswith(KOPF_ANNOTATION_PREFIX)]
+    assert cluster.run("ours")["spec"]["managedBy"] == CONTROLLER_NAME  # the default: this operator
+
+
 def test_deleting_a_run_completes_with_no_operator_running_and_its_children_go(cluster):
     cluster.apply(grporun("delta"))
     cluster.wait_for(lambda: len(cluster.pods("delta")) == 2, what="2 pods")
@@ -106,6 +123,12 @@ def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, 
                                     "Age": run["metadata"]["creationTimestamp"]}
     assert cluster.condition("beta", "RolloutReady")["status"] == "True"
     assert cluster.condition("beta", "Progressing")["reason"] == "Training"
+    # Kubeflow Trainer's status.trainerStatus (KEP-2779), as the API server stored it.
+    trainer = run["status"]["trainerStatus"]
+    assert trainer["progressPercentage"] == 25 and trainer["lastUpdatedTime"] == progress["lastUpdatedTime"]
+    assert {m["name"]: m["value"] for m in trainer["metrics"]} == {
+        "currentEpoch": "0", "totalEpochs": "1", "globalStep": "4", "groupsConsumed": "10", "groupsTotal": "40",
+        "groupsTrained": "8", "groupsDropped": "2"}
     assert cluster.metric("grpo_operator_run_groups_trained", "beta") == 8
     assert cluster.metric("grpo_operator_run_progress_ratio", "beta") == 0.25
     assert cluster.metric("grpo_operator_run_phase", "beta", phase="Running") == 1

@@ -178,7 +178,8 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, nodeSelector, tolerations, podTemplateOverride)"),
+                 "image, imagePullPolicy, resources, device, topology, nodeSelector, tolerations, "
+                 "podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
@@ -204,6 +205,11 @@ STRUCTURAL_CASES = {
                    "spec.dataset.config: must be at most 256 characters long, not 300"),
     "max-properties": (_set("spec.training.extraArgs", {f"arg{i}": i for i in range(65)}),
                        "spec.training.extraArgs: must set at most 64 entries, not 65"),
+    "managed-by-not-domain-prefixed": (_set("spec.managedBy", "multikueue"), "spec.managedBy: must match "
+                                       "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                                       "[-A-Za-z0-9/._~%!$&()*+,;=:]+$, not 'multikueue'"),
+    "managed-by-too-long": (_set("spec.managedBy", "a" * 60 + ".io/x"),
+                            "spec.managedBy: must be at most 63 characters long, not 65"),
     "toleration": (_set("spec.learner.tolerations", [{"key": "gpu", "operater": "Exists"}]),
                    "spec.learner.tolerations[0].operater: unknown field (did you mean operator?)"),
 }
@@ -250,6 +256,10 @@ def _learner_container(manifest: dict) -> dict:
 
 
 CEL_CASES = {
+    "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),
+                      "spec.learner.topology: set exactly one of required or preferred"),
+    "topology-none": (_set("spec.rollout.topology", {}), "spec.rollout.topology: set exactly one of required or "
+                      "preferred"),
     "failure-rule-both": (_set("spec.runPolicy.podFailurePolicy", [
         {"action": "Fail", "onExitCodes": {"operator": "In", "values": [3]},
          "onPodConditions": [{"type": "DisruptionTarget"}]}]), f"spec.runPolicy.podFailurePolicy[0]: {ONE_MATCH}"),
@@ -375,6 +385,8 @@ UPDATE_CASES = {
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
+    "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
+                   ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
 
 

@@ -157,6 +157,7 @@ def test_no_report_the_learner_can_send_makes_a_status_the_api_server_refuses():
         status = step(spec, status, running_pods(), hostile, now=at(now)).status  # step() checks status_errors
     assert status["phase"] == "Running" and status["progress"]["globalStep"] == most
     assert status["progress"]["estimatedRemainingSeconds"] == most  # years beyond count, capped to what int64 holds
+    assert status["trainerStatus"]["estimatedRemainingSeconds"] == 2**31 - 1  # KEP-2779's int32
 
 
 def test_a_termination_message_is_read_under_the_same_rules_as_a_report():

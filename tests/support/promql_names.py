@@ -13,8 +13,12 @@ import re
 from grpo_operator.metric_names import OPERATOR_METRIC_NAMES, RECONCILE_SECONDS
 from grpo_trainer.contract import LEARNER_METRIC_NAMES
 
-#: Series a query may name besides the project's own: Prometheus' scrape health.
-PROMETHEUS_SERIES = frozenset({"up", "ALERTS"})
+#: Series a query may name besides the project's own: Prometheus' scrape health, and kube-state-metrics' view of
+#: the autoscaler of a run's rollout servers.
+PROMETHEUS_SERIES = frozenset({
+    "up", "ALERTS", "kube_horizontalpodautoscaler_status_current_replicas",
+    "kube_horizontalpodautoscaler_spec_max_replicas", "kube_horizontalpodautoscaler_info",
+})
 _HISTOGRAM_SERIES = {f"{RECONCILE_SECONDS}{suffix}" for suffix in ("_bucket", "_sum", "_count")}
 KNOWN_METRICS = (frozenset(OPERATOR_METRIC_NAMES) | frozenset(LEARNER_METRIC_NAMES) | PROMETHEUS_SERIES
                  | _HISTOGRAM_SERIES)

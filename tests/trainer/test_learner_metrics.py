@@ -104,6 +104,9 @@ def test_metrics_parse_and_match_progress(finished_run):
     # The training step scored every trained sample (6 groups of 4, and the overflow that filled the last step).
     assert found[c.METRIC_SAMPLES_SCORED][0].value >= 6 * 4
     assert {s.labels["reason"]: s.value for s in found[c.METRIC_SAMPLES_MASKED]} == dict.fromkeys(c.MASK_REASONS, 0)
+    # The scripted worker generates slower than the tiny model trains: the learner waited, and said so.
+    assert found[c.METRIC_ROLLOUT_WAIT_SECONDS][0].value > 0
+    assert found[c.METRIC_ROLLOUT_QUEUE_SAMPLES][0].value >= 0
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,

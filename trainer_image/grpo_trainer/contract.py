@@ -128,6 +128,10 @@ METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_second
 METRIC_WEIGHT_SYNC_RUNNING_SECONDS = "grpo_learner_weight_sync_running_seconds"
 METRIC_WEIGHT_SYNC_DEADLINE = "grpo_learner_weight_sync_deadline_seconds"
 METRIC_WEIGHT_VERSION = "grpo_learner_weight_version"  # gauge: N of the vN the learner last pushed
+# The autoscaling signal (docs/rollout.md): rate() of the wait counter is the share of time the learner waited for a
+# sample; a counter, not a ratio over a window the learner would have to choose.
+METRIC_ROLLOUT_WAIT_SECONDS = "grpo_learner_rollout_wait_seconds_total"
+METRIC_ROLLOUT_QUEUE_SAMPLES = "grpo_learner_rollout_queue_samples"  # gauge: scored samples waiting for the learner
 # Per rollout server, label `replica` (its index in rollout.urls).
 METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when the balancer sends it requests
 METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  # gauge: N of the vN it serves
@@ -158,6 +162,8 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
     METRIC_WEIGHT_SYNC_DEADLINE,
     METRIC_WEIGHT_VERSION,
+    METRIC_ROLLOUT_WAIT_SECONDS,
+    METRIC_ROLLOUT_QUEUE_SAMPLES,
     METRIC_REPLICA_READY,
     METRIC_REPLICA_WEIGHT_VERSION,
     METRIC_REPLICA_SAMPLES,
@@ -473,6 +479,10 @@ class ProgressReport(_ReportModel):
     stall_cause: StallCause | None = Field(None, description="Set when phase is Stalled: what stalled.")
     regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
                                "group took each one's place.")
+    rollout_wait_seconds: float = Field(0.0, ge=0, description="Seconds this learner process waited for a sample "
+                                        "from the rollout queue, the wait in progress included; never decreases.")
+    rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
+                                                "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     message: str = ""
 

@@ -86,6 +86,10 @@ class ProgressCollector:
             gauge(c.METRIC_WEIGHT_SYNC_DEADLINE, "A weight sync running this long ends the learner as stalled.",
                   report.weight_sync_deadline_seconds),
             gauge(c.METRIC_WEIGHT_VERSION, "Weight version the learner last pushed (N of vN).", report.weight_version),
+            counter(c.METRIC_ROLLOUT_WAIT_SECONDS, "Seconds this learner process waited for a sample from the rollout "
+                    "queue (rate: the share of time it waited).", report.rollout_wait_seconds),
+            gauge(c.METRIC_ROLLOUT_QUEUE_SAMPLES, "Scored samples waiting in the rollout queue for the learner.",
+                  report.rollout_queue_samples),
         ]
         yield from (family for family in families if family is not None)
         yield from replica_families(report.rollout, report.weight_version)

@@ -58,6 +58,7 @@ from .progress import (
     StopCode,
     stop_from_batch,
 )
+from .rollout_wait import RolloutWaitMeter
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
@@ -137,6 +138,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         self._training = False
         self.discarded_micro_batches = 0  # fetched in the window a stop cut short: never trained
         self.window_groups: set[int] = set()  # rank 0: the groups of the window now training (worker ids)
+        self.rollout_wait: RolloutWaitMeter | None = None  # rank 0, once the pipeline is built
         self._progress_server = None
         if progress_server_port is not None and self.accelerator.is_main_process:
             from .exporter import ProgressServer
@@ -155,6 +157,9 @@ class GRPOLearner(AsyncGRPOTrainer):
             "weight_version": self.model_version, "stall_cause": self.stall_cause,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
         })
+        if self.rollout_wait is not None:
+            report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
+                                               "rollout_queue_samples": self.rollout_wait.qsize()})
         rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
         return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
 
@@ -219,8 +224,12 @@ class GRPOLearner(AsyncGRPOTrainer):
                 end_token_ids={*self.eos_token_ids, self.processing_class.pad_token_id},
                 lost_after_s=self.lost_after_s,
             )
+            # One meter per process, whatever rebuilds the pipeline: its counter never goes back to 0.
+            if self.rollout_wait is None:
+                self.rollout_wait = RolloutWaitMeter(source)
+            self.rollout_wait.inner = source
             dataset = RolloutQueueDataset(
-                rollout_queue=source,
+                rollout_queue=self.rollout_wait,
                 model_version_fn=lambda: self.model_version,
                 check_health_fn=self.rollout_worker.check_health,
                 stale_after_s=self.args.heartbeat_stale_after_s,

@@ -24,7 +24,7 @@ from ..api import (
     parse_status,
 )
 from ..builders import drain_deadline_seconds, rollout_selector
-from ..eta import update_estimate
+from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
 from . import clock, scaling
 from .conditions import Conditions, format_time, seconds_since
@@ -118,6 +118,7 @@ class RunRecord:
                 self.new.progress, self.new.progress_rate, self.old.progress, self.now,
                 running=self.new.phase == Phase.RUNNING, stalled=self.conditions.is_true(ConditionType.STALLED),
                 succeeded=self.new.phase == Phase.SUCCEEDED)
+            self.new.trainer_status = trainer_status(self.new.progress)
         return Decision(_wire(self.new), self.events, self.actions)
 
     def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
