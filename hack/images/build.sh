@@ -145,9 +145,9 @@ build_image() {
           -f "$repo/$dockerfile" -t "$ref" "$repo"
     fi
     local start=$SECONDS
-    rm -f "$archive.tmp"
-    bah push --quiet "$ref" "docker-archive:$archive.tmp:$ref" >&2
-    mv "$archive.tmp" "$archive"
+    local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
+    bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
+    mv "$partial" "$archive"
     echo "images: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
     prune "$name" "$repository"
   fi
