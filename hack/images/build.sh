@@ -4,6 +4,7 @@
 # `ctr -n k8s.io images import` read). A second call with the same inputs finds the archive and only prints it.
 #   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu
 #          hack/images/build.sh --podman-flags  the podman flags that run them from the build's store
+#          hack/images/build.sh --clean         removes the store, archives and logs
 #   GRPO_IMAGES_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator/images)
 # Each image's key is a hash of its base, its Dockerfile, everything that Dockerfile copies and its build args.
 # The base is a Debian 12 rootfs made by mmdebstrap and a python:3.11-slim-bookworm stand-in on top of it
@@ -15,8 +16,8 @@ repo="$(cd "$here/../.." && pwd)"
 root="${GRPO_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator/images}"
 store="$root/store"
 runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
-# Big temporary files of a commit go to the cache disk, not /var/tmp, and are removed after each build.
-export TMPDIR="$root/tmp"
+# Big temporary files of a commit go to the cache disk, not /var/tmp, in a folder per call removed at its end.
+tmp_root="$root/tmp"
 keep_archives=2   # per image: the newest keys stay (other branches build other keys), older ones are removed
 
 suite=bookworm
@@ -34,6 +35,15 @@ bah() { buildah "${storage[@]}" "$@"; }
 pod() { podman "${podman_flags[@]}" "$@"; }
 # `--podman-flags`: the global podman flags that run the built images from this store, one a line.
 if [[ ${1:-} == --podman-flags ]]; then printf '%s\n' "${podman_flags[@]}"; exit 0; fi
+# `--clean`: removes the store, the archives and the logs (the next build starts from mmdebstrap).
+if [[ ${1:-} == --clean ]]; then
+  [[ -d $root ]] || exit 0
+  bah rm --all >/dev/null 2>&1 || true
+  bah rmi --all --force >/dev/null 2>&1 || true
+  rm -rf "${store:?}" "${runroot:?}" "$root"/*.docker.tar "$root/logs" "$tmp_root"
+  echo "images: removed $root's store, archives and logs" >&2
+  exit 0
+fi
 
 usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu)" >&2; exit 2; }
 [[ $# -gt 0 ]] || usage
@@ -93,6 +103,9 @@ python_ref="localhost/grpo-build/python:3.11-$suite-$python_key"
 
 build_base() {
   have_image "$python_ref" && return 0
+  exec 8>"$root/.build-base.lock"
+  flock 8   # one base build at a time; a second caller waits, then finds it
+  have_image "$python_ref" && { exec 8>&-; return 0; }
   if ! have_image "$debian_ref"; then
     local rootfs="$TMPDIR/rootfs-$debian_key.tar"
     run_logged "a Debian 12 rootfs (mmdebstrap)" "$root/logs/debian-$debian_key.log" \
@@ -106,6 +119,7 @@ build_base() {
   run_logged "the python:3.11-slim-bookworm stand-in" "$root/logs/python-$python_key.log" \
     bah bud --layers --force-rm --network host --build-arg DEBIAN_IMAGE="$debian_ref" \
       -f "$here/python-standin.Containerfile" -t "$python_ref" "$here"
+  exec 8>&-
 }
 
 # build_image NAME REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the repository.
@@ -119,6 +133,10 @@ build_image() {
   ref="$repository:$key"
   archive="$root/$name-$key.docker.tar"
   if [[ ! -s $archive ]]; then
+    exec 7>"$root/.build-$name.lock"
+    flock 7   # one build of an image at a time: a second caller waits, then finds the archive
+  fi
+  if [[ ! -s $archive ]]; then
     build_base
     if ! have_image "$ref"; then
       run_logged "$name from $dockerfile" "$root/logs/$name-$key.log" \
@@ -127,17 +145,19 @@ build_image() {
           -f "$repo/$dockerfile" -t "$ref" "$repo"
     fi
     local start=$SECONDS
-    rm -f "$archive.tmp"
-    bah push --quiet "$ref" "docker-archive:$archive.tmp:$ref" >&2
-    mv "$archive.tmp" "$archive"
+    local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
+    bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
+    mv "$partial" "$archive"
     echo "images: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
     prune "$name" "$repository"
   fi
+  exec 7>&-
   touch "$archive"   # in use: prune keeps the newest
   echo "$ref $archive"
 }
 
-# Keeps the newest archives of an image (and their images in the store), removes older ones and unused layers.
+# Keeps the newest archives of an image (and their images in the store) and removes older ones. Their cached
+# intermediate layers stay (a later build may reuse them; `--clean` removes everything).
 prune() {
   local name=$1 repository=$2 old
   mapfile -t old < <(ls -t "$root/$name"-*.docker.tar 2>/dev/null | tail -n +$((keep_archives + 1)))
@@ -147,13 +167,12 @@ prune() {
     bah rmi "$repository:$key" >/dev/null 2>&1 || true
     echo "images: removed the older $name image $key" >&2
   done
-  [[ ${#old[@]} -eq 0 ]] || bah rmi --prune >/dev/null 2>&1 || true
 }
 
-mkdir -p "$root/logs" "$TMPDIR"
-exec 9>"$root/.build.lock"
-flock 9   # one build at a time: a second caller waits, then finds the archive
-trap 'rm -rf "${TMPDIR:?}"/*' EXIT
+mkdir -p "$root/logs" "$tmp_root"
+TMPDIR="$(mktemp -d "$tmp_root/XXXXXX")"
+export TMPDIR
+trap 'rm -rf "${TMPDIR:?}"' EXIT
 
 sources=(pyproject.toml operator/grpo_operator trainer_image/grpo_trainer)
 for image in "$@"; do
