@@ -86,9 +86,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     builds, _ = _planned(config, wanted)
     if builds.queue:
+        order = ", one after the other" if len(builds.queue) > 1 else ""
         first = sum(1 for item in session.items if not _needs(item))
-        _reporter(config)(f"builds: {', '.join(b.name for b in builds.queue)} in the background, one after "
-                          f"the other (logs in {builds.logs}); the {first} tests that need no binaries run first")
+        meanwhile = f"; the {first} tests that need no binaries run first" if first else ""
+        _reporter(config)(f"builds: {', '.join(b.name for b in builds.queue)} in the background{order} "
+                          f"(logs in {builds.logs}){meanwhile}")
     builds.start()
 
 
