@@ -122,7 +122,7 @@ def run_inner_pytest(tmp_path: Path, control_plane_body: str, kueue_body: str = 
         """))
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     env = {key: value for key, value in os.environ.items() if key not in ("KUBEBUILDER_ASSETS", "PYTEST_ADDOPTS")}
-    env.update(PYTHONPATH=str(REPO), BUILD_PROGRESS_INTERVAL_S="1")
+    env.update(PYTHONPATH=str(REPO), BUILD_PROGRESS_INTERVAL_S="1", TMPDIR=str(tmp_path))  # its build logs too
     # timeout=2 (pytest-timeout): the build takes longer, and waiting for it is not charged to the test.
     return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "timeout=2",
                            str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
