@@ -8,6 +8,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=../lib/progress.sh
+source "$here/../lib/progress.sh"
 recipe_hash="$(cat "$here/versions.env" "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" "$0" | sha256sum | cut -c1-12)"
 root="${GRPO_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator}"
 dir="$root/k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-$recipe_hash"
@@ -25,8 +27,7 @@ grep -q "k8s.io/kubernetes $KUBERNETES_VERSION" "$here/go.mod" || { echo "go.mod
 grep -q "k8s.io/api => k8s.io/api $KUBERNETES_STAGING_VERSION" "$here/go.mod" || { echo "go.mod does not pin the staging modules at $KUBERNETES_STAGING_VERSION" >&2; exit 2; }
 grep -q "go.etcd.io/etcd/server/v3 $ETCD_VERSION" "$here/go.mod" || { echo "go.mod does not pin etcd $ETCD_VERSION" >&2; exit 2; }
 mkdir -p "$root"
-exec 9>"$root/.build.lock"
-flock 9   # one build at a time: a second pytest run waits for the first build and then finds the binaries
+build_lock "$root/.build.lock" controlplane   # one build at a time: a second pytest run waits, then finds them
 mapfile -t wanted < <(missing)
 if [[ ${#wanted[@]} -eq 0 ]]; then echo "$dir"; exit 0; fi
 tmp="$(mktemp -d "$root/.build-XXXXXX")"
@@ -37,12 +38,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-start=$SECONDS
 cd "$here"
 # -mod=mod: go.sum is complete, this only lets `go build` read the module graph without a vendor folder.
 # nice: the build takes the machine's cores for a long while; the tests running beside it keep theirs.
-CGO_ENABLED=0 nice -n 10 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" "${wanted[@]}" >&2
-echo "built ${wanted[*]} in $((SECONDS - start)) s into $dir" >&2
+export CGO_ENABLED=0
+build_run controlplane "${wanted[*]##*/} into $dir" \
+  nice -n 10 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" "${wanted[@]}" >&2
 mkdir -p "$dir"
 mv "$tmp"/* "$dir/"
 echo "$dir"

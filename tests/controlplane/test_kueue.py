@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from grpo_operator import kueue
-from tests.support.control_plane import Unavailable
 from tests.support.control_plane_client import kubectl
 from tests.support.control_plane_cluster import RealCluster, real_cluster
 from tests.support.kube_emulator import GRPORUNS, ApiError
-from tests.support.kueue_manager import KueueManager, kueue_binaries
+from tests.support.kueue_manager import KueueManager
 from tests.support.specs import MULTI_RANK_ROLLOUT, grporun, minimal_spec
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
@@ -24,12 +23,8 @@ REQUESTS = {"requests": {"cpu": "1", "memory": "1Gi"}}
 
 
 @pytest.fixture(scope="module")
-def kueue_manager(control_plane, admin) -> Iterator[KueueManager]:
-    try:
-        bin_dir = kueue_binaries()
-    except Unavailable as why:
-        pytest.skip(f"no Kueue: {why}")
-    manager = KueueManager(control_plane, admin, bin_dir)
+def kueue_manager(control_plane, admin, kueue_binaries) -> Iterator[KueueManager]:
+    manager = KueueManager(control_plane, admin, kueue_binaries)
     try:
         yield manager.start()
     finally:

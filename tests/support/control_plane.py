@@ -3,8 +3,9 @@ token file for the admin, ServiceAccount tokens from the TokenRequest API for ev
 
 Binaries: `$KUBEBUILDER_ASSETS` when it names a folder with `kube-apiserver` and `etcd` (the envtest convention),
 otherwise `hack/controlplane/build.sh` builds them from Go modules into a cache folder (the versions are in
-`hack/controlplane/versions.env`). No controller-manager and no scheduler: nothing garbage-collects, nothing
-schedules, and a namespace's "default" ServiceAccount is created by whoever makes the namespace. A test that needs
+`hack/controlplane/versions.env`), in the background while other tests run (control_plane_fixtures.py). No
+controller-manager and no scheduler: nothing garbage-collects, nothing schedules, and a namespace's "default"
+ServiceAccount is created by whoever makes the namespace. A test that needs
 the garbage collector starts kube-controller-manager with that controller alone for its own duration
 (`garbage_collector` in control_plane_fixtures.py); build.sh builds it beside the others.
 """
@@ -23,9 +24,11 @@ import requests
 import yaml
 
 from grpo_operator.cli.local.processes import free_port
+from tests.support.builds import Build
 from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
+BUILD_NAME = "controlplane"  # its name in hack/lib/build-times
 ADMIN_TOKEN = "grpo-test-admin-token"
 REQUIRED = ("kube-apiserver", "etcd")
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -41,23 +44,30 @@ def _go() -> str | None:
     return shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
 
 
-def binaries() -> Path:
-    """The folder holding kube-apiserver, etcd (and kubectl when there is one); builds them when needed."""
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if assets:
-        missing = [name for name in REQUIRED if not (Path(assets) / name).is_file()]
-        if missing:
-            raise Unavailable(f"KUBEBUILDER_ASSETS={assets} has no {', '.join(missing)}")
-        return Path(assets)
+def assets() -> Path | None:
+    """`$KUBEBUILDER_ASSETS` when it is set: the binaries are there and nothing is built."""
+    folder = os.environ.get("KUBEBUILDER_ASSETS")
+    if not folder:
+        return None
+    missing = [name for name in REQUIRED if not (Path(folder) / name).is_file()]
+    if missing:
+        raise Unavailable(f"KUBEBUILDER_ASSETS={folder} has no {', '.join(missing)}")
+    return Path(folder)
+
+
+def go_build(name: str, script: Path, what: str) -> Build:
+    """The build `script` (not started yet) with Go on its PATH; Unavailable without Go."""
     go = _go()
     if go is None:
-        raise Unavailable("Go is not installed: kube-apiserver and etcd are built from Go modules "
-                          "(or set KUBEBUILDER_ASSETS to a folder with them)")
-    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    done = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the control plane failed:\n{done.stderr[-4000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+        raise Unavailable(f"Go is not installed: {what} built from Go modules")
+    return Build(name, script, {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"})
+
+
+def build() -> Build:
+    """kube-apiserver, etcd, kubectl and kube-controller-manager's build (hack/controlplane/build.sh); it only
+    prints the folder where they are built already."""
+    return go_build(BUILD_NAME, BUILD_SCRIPT, "kube-apiserver and etcd are "
+                    "(or set KUBEBUILDER_ASSETS to a folder with them)")
 
 
 def _die_with_parent() -> None:

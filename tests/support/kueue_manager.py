@@ -15,7 +15,6 @@ process kubelet is).
 from __future__ import annotations
 
 import base64
-import functools
 import os
 import shutil
 import socket
@@ -26,29 +25,22 @@ from pathlib import Path
 import yaml
 
 from grpo_operator.cli.local.processes import free_port
-from tests.support.control_plane import ControlPlane, Unavailable, _die_with_parent, _go
+from tests.support.builds import Build
+from tests.support.control_plane import ControlPlane, Unavailable, _die_with_parent, go_build
 from tests.support.control_plane_client import Client
 from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "kueue" / "build.sh"
+BUILD_NAME = "kueue"  # its name in hack/lib/build-times
 NAMESPACE = "kueue-system"
 GRPORUN_FRAMEWORK = "GRPORun.v1alpha1.grpo.dev"
 
 
-@functools.cache
-def kueue_binaries() -> Path:
-    """The folder with the `kueue` manager and its `crds/`; built on first use (pytest builds it after collection,
-    before the first test, so the build is not charged to a test's timeout)."""
-    go = _go()
-    if go is None:
-        raise Unavailable("Go is not installed: Kueue is built from its Go module")
+def build() -> Build:
+    """The build of the `kueue` manager and its `crds/` (hack/kueue/build.sh); Unavailable where it cannot run."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         raise Unavailable("Kueue's manager runs in a mount namespace of its own: needs root and unshare")
-    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    done = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"building Kueue failed:\n{done.stderr[-4000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return go_build(BUILD_NAME, BUILD_SCRIPT, "Kueue is")
 
 
 def webhook_converted_crds(crds: Path) -> set[str]:

@@ -1,0 +1,151 @@
+"""The long builds' progress (hack/lib/progress.sh), and how a pytest run overlaps them with the tests that need none
+of their binaries (tests/support/builds.py, control_plane_fixtures.py): fake build scripts stand in for the Go
+builds, and a pytest run of its own shows what reaches the terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.support.builds import PROGRESS_PREFIX, BuildFailed, Builds
+from tests.support.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
+from tests.support.control_plane import go_build
+from tests.support.kueue_manager import BUILD_NAME as KUEUE_BUILD
+from tests.support.paths import REPO
+
+PROGRESS = REPO / "hack" / "lib" / "progress.sh"
+BUILD_TIMES = REPO / "hack" / "lib" / "build-times"
+
+
+def fake_build(path: Path, name: str, body: str) -> Path:
+    """A build script like hack/*/build.sh: progress through hack/lib/progress.sh, `body` as the build, and the
+    folder it built into as its last line of output."""
+    out = path.parent / f"{path.stem}-bin"
+    path.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        set -euo pipefail
+        source {PROGRESS}
+        build_lock {path.parent}/.build.lock {name}
+        build_run {name} "a fake {name}" bash -c {body!r} >&2
+        mkdir -p {out}
+        echo {out}
+        """))
+    path.chmod(0o755)
+    return out
+
+
+def recorded_minutes(name: str) -> str:
+    row = next(line.split() for line in BUILD_TIMES.read_text().splitlines() if line.split()[:1] == [name])
+    seconds = int(row[1])
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def test_a_slow_build_says_what_it_builds_how_long_so_far_and_how_long_it_took_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILD_PROGRESS_INTERVAL_S", "1")
+    out = fake_build(tmp_path / "build.sh", CONTROL_PLANE_BUILD, "sleep 3.5")
+    builds = Builds(tmp_path / "logs", [go_build(CONTROL_PLANE_BUILD, tmp_path / "build.sh", "it is")])
+    builds.start()
+    lines: list[str] = []
+    assert builds.wait(CONTROL_PLANE_BUILD, lines.append) == out
+    took_here = f"a cold build took {recorded_minutes(CONTROL_PLANE_BUILD)} on the 2-core development machine"
+    assert lines[0] == f"build: controlplane: building a fake controlplane ({took_here})"
+    so_far = [line for line in lines if re.fullmatch(rf"build: controlplane: building a fake controlplane, \ds so far "
+                                                      rf"\({re.escape(took_here)}\)", line)]
+    assert len(so_far) >= 2, lines
+    assert re.fullmatch(r"build: controlplane: built a fake controlplane in \ds", lines[-1]), lines
+    assert all(line.startswith(PROGRESS_PREFIX) for line in lines)
+
+
+def test_a_build_waiting_for_the_lock_says_so(tmp_path):
+    fake_build(tmp_path / "build.sh", KUEUE_BUILD, "true")
+    with open(tmp_path / ".build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another build holds the lock
+        builds = Builds(tmp_path / "logs", [go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is")])
+        builds.start()
+        lines: list[str] = []
+        while not any("waiting for another build" in line for line in lines):
+            builds.poll(lines.append)
+            time.sleep(0.1)
+        assert not builds.queue[0].done
+    builds.wait(KUEUE_BUILD, lines.append)
+    assert lines[-1] == f"build: {KUEUE_BUILD}: built a fake {KUEUE_BUILD} in 0s"
+
+
+def test_a_failed_build_raises_with_its_log_tail(tmp_path):
+    fake_build(tmp_path / "build.sh", KUEUE_BUILD, "echo 'undefined: v1.SomeType' >&2; exit 2")
+    builds = Builds(tmp_path / "logs", [go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is")])
+    builds.start()
+    lines: list[str] = []
+    try:
+        builds.wait(KUEUE_BUILD, lines.append)
+    except BuildFailed as failed:
+        assert "undefined: v1.SomeType" in str(failed)
+        assert "exited with 2" in str(failed)
+    else:
+        raise AssertionError("the build failed and wait() returned")
+    assert lines[-1].startswith(f"build: {KUEUE_BUILD}: building a fake {KUEUE_BUILD} failed after")
+
+
+# A pytest run of its own: the plugin with the fake builds in place of the Go builds. Its tests are written in the
+# order a test module might hold them: those that need binaries first.
+INNER_TESTS = """
+def test_needs_kueue(kueue_binaries, control_plane_binaries):
+    print("ran kueue", kueue_binaries)
+
+def test_needs_the_control_plane(control_plane_binaries):
+    print("ran control plane", control_plane_binaries)
+
+def test_needs_nothing_1():
+    pass
+
+def test_needs_nothing_2():
+    pass
+"""
+
+
+def run_inner_pytest(tmp_path: Path, control_plane_body: str, kueue_body: str = "true") -> subprocess.CompletedProcess:
+    fake_build(tmp_path / "controlplane.sh", CONTROL_PLANE_BUILD, control_plane_body)
+    fake_build(tmp_path / "kueue.sh", KUEUE_BUILD, kueue_body)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""\
+        from pathlib import Path
+        import tests.support.control_plane, tests.support.kueue_manager
+        tests.support.control_plane.BUILD_SCRIPT = Path({str(tmp_path / "controlplane.sh")!r})
+        tests.support.kueue_manager.BUILD_SCRIPT = Path({str(tmp_path / "kueue.sh")!r})
+        pytest_plugins = ["tests.support.control_plane_fixtures"]
+        """))
+    (tmp_path / "test_inner.py").write_text(INNER_TESTS)
+    env = {key: value for key, value in os.environ.items() if key not in ("KUBEBUILDER_ASSETS", "PYTEST_ADDOPTS")}
+    env.update(PYTHONPATH=str(REPO), BUILD_PROGRESS_INTERVAL_S="1", TMPDIR=str(tmp_path))  # its build logs too
+    # timeout=2 (pytest-timeout): the build takes longer, and waiting for it is not charged to the test.
+    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "timeout=2",
+                           str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_pytest_runs_the_tests_that_need_no_binaries_first_and_shows_the_builds_progress(tmp_path):
+    done = run_inner_pytest(tmp_path, "sleep 3.5")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    ran = re.findall(r"test_inner.py::(\w+) PASSED", out)
+    assert ran == ["test_needs_nothing_1", "test_needs_nothing_2", "test_needs_the_control_plane", "test_needs_kueue"]
+    # Past pytest's output capture, while the test that needs the control plane waits for it.
+    assert re.search(r"build: controlplane: building a fake controlplane, \ds so far", out), out
+    assert out.index("build: controlplane: built") < out.index("build: kueue: building")  # one after the other
+    assert "builds: controlplane, kueue in the background" in out
+    assert "the 2 tests that need no binaries run first" in out
+
+
+def test_a_failed_build_fails_the_tests_that_need_it_with_its_log_tail_and_skips_nothing(tmp_path):
+    done = run_inner_pytest(tmp_path, "echo 'compile: undefined: apiserver.Thing' >&2; exit 1")
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert re.findall(r"test_inner.py::(\w+) PASSED", out) == ["test_needs_nothing_1", "test_needs_nothing_2"]
+    assert re.findall(r"test_inner.py::(\w+) ERROR", out) == ["test_needs_the_control_plane", "test_needs_kueue"]
+    assert "BuildFailed" in out and "compile: undefined: apiserver.Thing" in out
+    assert "SKIPPED" not in out and "skipped" not in out
