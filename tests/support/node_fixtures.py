@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.control_plane import Unavailable, binaries
+from tests.support.control_plane import Unavailable
 from tests.support.node import DEBIAN_PACKAGES, Node, missing_prerequisites, node_binaries, unavailable_reason
 
 _NODE_BINARIES = pytest.StashKey[Path | BaseException]()
@@ -39,7 +39,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def node(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Node]:
+def node(request: pytest.FixtureRequest, tmp_path_factory, control_plane_binaries: Path) -> Iterator[Node]:
     why = unavailable_reason()
     if why is not None:
         pytest.skip(f"no node: {why}")
@@ -49,10 +49,6 @@ def node(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Node]:
     found = request.config.stash.get(_NODE_BINARIES, None) or _find(None)
     if isinstance(found, BaseException):
         raise found
-    try:
-        control_plane_binaries = binaries()
-    except Unavailable as why:
-        pytest.skip(f"no node: {why}")
     node = Node(tmp_path_factory.mktemp("node"), control_plane_binaries, found)
     try:
         node.start()
