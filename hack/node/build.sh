@@ -11,6 +11,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 controlplane="$here/../controlplane"
 # shellcheck source=../controlplane/versions.env
 source "$controlplane/versions.env"
+# shellcheck source=../lib/progress.sh
+source "$here/../lib/progress.sh"
 coredns_version="$(awk '$1 == "github.com/coredns/coredns" {print $2}' "$here/coredns/go.mod")"
 recipe_hash="$(cat "$controlplane/versions.env" "$controlplane/go.mod" "$controlplane/go.sum" "$here/go.sum.extra" \
   "$here/coredns/go.mod" "$here/coredns/go.sum" "$here/coredns/main.go" "$here/images/go.mod" \
@@ -29,25 +31,11 @@ missing() { for name in "${outputs[@]}"; do [[ -e "$dir/$name" ]] || echo "$name
 if [[ -z "$(missing)" ]]; then echo "$dir"; exit 0; fi
 command -v go >/dev/null || { echo "go is not installed: cannot build the node's binaries" >&2; exit 3; }
 mkdir -p "$root"
-exec 9>"$root/.build.lock"
-flock 9   # one build at a time (the control plane's too): a second pytest run waits, then finds the outputs
+build_lock "$root/.build.lock" node   # one build at a time (the control plane's too): a second run waits, then finds them
 mapfile -t wanted < <(missing)
 if [[ ${#wanted[@]} -eq 0 ]]; then echo "$dir"; exit 0; fi
 tmp="$(mktemp -d "$root/.build-XXXXXX")"
-ticker=""
-trap 'rm -rf "$tmp"; [[ -z "$ticker" ]] || kill "$ticker" 2>/dev/null' EXIT
-# step WHAT TYPICAL COMMAND...: runs one build step, saying what it builds, how long it took on 2 shared cores here,
-# every minute how long it has taken so far, and how long it took.
-step() {
-  local what=$1 typical=$2; shift 2
-  local start=$SECONDS
-  echo "node: building $what (about $typical on 2 cores)" >&2
-  ( while sleep 60; do echo "node: still building $what, $((SECONDS - start)) s so far" >&2; done ) &
-  ticker=$!
-  "$@" >&2
-  kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true; ticker=""
-  echo "node: built $what in $((SECONDS - start)) s" >&2
-}
+trap 'rm -rf "$tmp"' EXIT
 want() { local name; for name in "${wanted[@]}"; do [[ "$name" == "$1" ]] && return 0; done; return 1; }
 minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
 ldflags="-s -w"
@@ -64,19 +52,19 @@ if [[ ${#k8s_packages[@]} -gt 0 ]]; then
   mkdir "$tmp/k8s"
   cp "$controlplane/go.mod" "$controlplane/go.sum" "$tmp/k8s/"
   cat "$here/go.sum.extra" >> "$tmp/k8s/go.sum"
-  step "${k8s_packages[*]##*/} $KUBERNETES_VERSION" "3 min" \
+  build_run node-kubernetes "${k8s_packages[*]##*/} $KUBERNETES_VERSION" \
     bash -c 'cd "$1" && shift && "$@"' _ "$tmp/k8s" \
-    env CGO_ENABLED=0 nice -n 10 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$tmp/" "${k8s_packages[@]}"
+    env CGO_ENABLED=0 nice -n 10 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$tmp/" "${k8s_packages[@]}" >&2
 fi
 if want coredns; then
-  step "coredns $coredns_version" "1.5 min" \
+  build_run node-coredns "coredns $coredns_version" \
     bash -c 'cd "$1" && shift && "$@"' _ "$here/coredns" \
-    env CGO_ENABLED=0 nice -n 10 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/coredns" .
+    env CGO_ENABLED=0 nice -n 10 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/coredns" . >&2
 fi
 if want pause.tar || want testbox.tar; then
-  step "the pause and testbox images" "5 s" \
+  build_run node-images "the pause and testbox images" \
     bash -c 'cd "$1" && shift && "$@"' _ "$here/images" \
-    env CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/" ./pause ./testbox
+    env CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/" ./pause ./testbox >&2
   python3 "$here/image_archive.py" localhost/grpo-node-pause:1 "$tmp/pause.tar" --entrypoint /pause "$tmp/pause"
   python3 "$here/image_archive.py" localhost/grpo-node-testbox:1 "$tmp/testbox.tar" --entrypoint /testbox \
     "$tmp/testbox"

@@ -99,7 +99,7 @@ def node_binaries(report=None) -> Path:
     lines = []
     for line in process.stderr:
         lines.append(line)
-        if report is not None and line.startswith("node:"):
+        if report is not None and line.startswith("build:"):
             report(line.rstrip())
     out = process.stdout.read()
     if process.wait() != 0:
