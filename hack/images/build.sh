@@ -128,8 +128,12 @@ build_image() {
   local build_args=() inputs=()
   while [[ $1 != -- ]]; do build_args+=(--build-arg "$1"); shift; done; shift
   inputs=("$@")
-  local key ref archive
-  key=$(hash_inputs "$python_key" "$dockerfile" "${build_args[@]}" "${inputs[@]}")
+  local key ref archive layers=--layers uncached=()
+  # buildah 1.28 keys a cached RUN step without the stage a `--mount=type=bind,from=` reads: a new wheel from the
+  # build stage reused the old install layer, and the operator image ran the previous build's code. Such a
+  # Dockerfile builds without the layer cache (the operator image: about 2 min).
+  if grep -q -- '--mount=type=bind,from=' "$repo/$dockerfile"; then layers=--layers=false uncached=(no-layer-cache); fi
+  key=$(hash_inputs "$python_key" "$dockerfile" "${uncached[@]}" "${build_args[@]}" "${inputs[@]}")
   ref="$repository:$key"
   archive="$root/$name-$key.docker.tar"
   if [[ ! -s $archive ]]; then
@@ -140,7 +144,7 @@ build_image() {
     build_base
     if ! have_image "$ref"; then
       run_logged "$name from $dockerfile" "$root/logs/$name-$key.log" \
-        bah bud --layers --force-rm --network host -v "$ca_bundle:$ca_bundle:ro" \
+        bah bud "$layers" --force-rm --network host -v "$ca_bundle:$ca_bundle:ro" \
           --build-arg PYTHON_IMAGE="$python_ref" "${build_args[@]}" \
           -f "$repo/$dockerfile" -t "$ref" "$repo"
     fi
@@ -159,10 +163,10 @@ build_image() {
 # Keeps the newest archives of an image (and their images in the store) and removes older ones. Their cached
 # intermediate layers stay (a later build may reuse them; `--clean` removes everything).
 prune() {
-  local name=$1 repository=$2 old
+  local name=$1 repository=$2 old archive key
   mapfile -t old < <(ls -t "$root/$name"-*.docker.tar 2>/dev/null | tail -n +$((keep_archives + 1)))
   for archive in "${old[@]}"; do
-    local key=${archive##*/$name-}; key=${key%.docker.tar}
+    key=${archive##*/$name-}; key=${key%.docker.tar}
     rm -f "$archive"
     bah rmi "$repository:$key" >/dev/null 2>&1 || true
     echo "images: removed the older $name image $key" >&2

@@ -132,5 +132,6 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
 def test_make_images_builds_the_trainer_from_the_repository_root():
     makefile = (REPO / "Makefile").read_text()
     for variant in ("cpu", "cuda"):
-        pattern = rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.$"
+        # The build context is the last argument: the line may go on in the Makefile's shell (`; \`).
+        pattern = rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.( ;)?( \\)?$"
         assert re.search(pattern, makefile, re.M), variant
