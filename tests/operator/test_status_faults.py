@@ -54,6 +54,20 @@ def test_a_learner_pod_removed_from_a_running_gang_restarts_the_gang():
     assert decision.status["disruptions"] == 1
 
 
+def test_a_learner_pod_seen_terminating_in_a_running_gang_restarts_the_gang_once_it_is_gone():
+    # The Eviction API or `kubectl delete pod` of one rank: a pass may see it Terminating before it is gone. Rank 0
+    # must not be left alone waiting on a rendezvous that ended, then joined by a new rank 1.
+    spec = spec_of(learner={"nodes": 2})
+    status = step(spec, step(spec, {}, []).status, running_pods(nodes=2)).status
+    evicted = [pod("r-rollout-0"), pod("r-learner-0"), pod("r-learner-1", terminating=True)]
+    decision = step(spec, status, evicted, now=at(10))
+    assert decision.actions == [RecreatePods(("r-learner-0",))]
+    assert decision.status["disruptions"] == 1 and decision.status.get("restarts", 0) == 0
+    gone = step(spec, decision.status, [pod("r-rollout-0"), pod("r-learner-0", terminating=True)], now=at(11))
+    assert gone.status["disruptions"] == 1  # one removal, counted once
+    assert RecreatePods(("r-learner-0",)) not in gone.actions
+
+
 def test_a_replayed_pass_does_not_count_the_same_crash_twice():
     spec = spec_of(runPolicy={"backoffLimit": 3})
     status = running_status(spec)

@@ -434,10 +434,13 @@ class _Derivation(_ProgressRules):
         return True
 
     def _removed_learners(self) -> list[str]:
-        """Learner pods that vanished from a running gang (the Eviction API, a manual delete)."""
+        """Learner pods that vanished from a running gang, or are going (the Eviction API, a manual delete). One seen
+        while Terminating counts: the operator's own deletes leave the run Pending, so in a Running or Starting run
+        someone else deleted it, and waiting until it is gone would leave the rest of the gang on an ended rendezvous
+        (by then the run is Pending and the gap looks like a pod still to create)."""
         if self.old.phase not in (Phase.RUNNING, Phase.STARTING) or not self.learner_pods:
             return []
-        present = {rank(p.name) for p in self.learner_pods + self.terminating if p.role == "learner"}
+        present = {rank(p.name) for p in self.learner_pods if p.role == "learner"}
         run = self.learner_pods[0].name.rsplit("-", 1)[0]
         return [f"{run}-{r}" for r in range(self.spec.learner.nodes) if r not in present]
 
