@@ -82,8 +82,9 @@ demo-rm: $(VENV)/.learner setup-rollout
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets --reward-model examples/tiny-assets/reward-model
 	$(VENV)/bin/grporun local --fresh examples/tiny-rm.yaml
 
+# The slowest tests close the report: where a run's time went, on the machine it ran on.
 test: setup lint
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=25
 
 # The quick loop: everything but the real trainer runs, the vLLM server, kopf lifecycles and a real Prometheus.
 test-fast: $(VENV)/.installed lint
