@@ -11,6 +11,7 @@ running run").
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -32,6 +33,30 @@ class Removal:
     message: str
 
 
+class DrainEnd(enum.Enum):
+    """Why a removed rollout server may stop now (the same rule for pods and for `grporun local`'s processes)."""
+
+    EXITED = "exited"            # it is gone by itself
+    NO_LEARNER = "no-learner"    # nothing to drain it: a learner that starts reads the new set
+    DRAINED = "drained"          # the learner's report no longer lists it
+    DEADLINE = "deadline"        # past the drain deadline, whatever the learner says
+
+
+def drain_end(*, exited: bool, learner_running: bool, still_reported: bool | None,
+              past_deadline: bool) -> DrainEnd | None:
+    """Whether a draining server may go, and why; None while it drains. `still_reported` is None when the learner's
+    report could not be read: unknown, so only the deadline ends the drain then."""
+    if exited:
+        return DrainEnd.EXITED
+    if not learner_running:
+        return DrainEnd.NO_LEARNER
+    if still_reported is False:
+        return DrainEnd.DRAINED
+    if past_deadline:
+        return DrainEnd.DEADLINE
+    return None
+
+
 def removals(surplus: Sequence[PodObservation], servers: Sequence[RolloutServerStatus],
              report: ProgressReport | None, *, learner_running: bool, now: datetime.datetime,
              deadline_s: int) -> list[Removal]:
@@ -45,16 +70,19 @@ def removals(surplus: Sequence[PodObservation], servers: Sequence[RolloutServerS
     for pod in surplus:
         replica = rank(pod.name)
         server = by_replica.get(replica)
-        if pod.phase in ("Succeeded", "Failed"):
+        started = server.drain_start_time if server is not None else None
+        end = drain_end(exited=pod.phase in ("Succeeded", "Failed"), learner_running=learner_running,
+                        still_reported=None if reported is None else replica in reported,
+                        past_deadline=started is not None and seconds_since(now, started) >= deadline_s)
+        if end is DrainEnd.EXITED:
             out.append(Removal(pod.name, "Normal", Reason.DRAINED, f"{pod.name} left the rollout set and has exited"))
-        elif not learner_running:
+        elif end is DrainEnd.NO_LEARNER:
             out.append(Removal(pod.name, "Normal", Reason.DRAINED,
                                f"{pod.name} left the rollout set; no learner is running to drain it"))
-        elif reported is not None and replica not in reported:
+        elif end is DrainEnd.DRAINED:
             out.append(Removal(pod.name, "Normal", Reason.DRAINED,
                                f"{pod.name} left the rollout set and the learner has drained it"))
-        elif server is not None and server.drain_start_time is not None and (
-                seconds_since(now, server.drain_start_time) >= deadline_s):
+        elif end is DrainEnd.DEADLINE:
             seen = reported.get(replica) if reported is not None else None
             still = (f"the learner still reports it {seen.state.value}" if seen is not None
                      else "the learner's progress cannot be read")

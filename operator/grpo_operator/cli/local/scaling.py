@@ -21,11 +21,19 @@ from typing import TYPE_CHECKING
 from grpo_trainer import contract as c
 
 from ... import builders
+from ...status.scaling import DrainEnd, drain_end
 from .plan import ProcessPlan
 from .processes import STOP_GRACE_S, LocalProcess, free_port
 
 if TYPE_CHECKING:
     from .supervise import LocalRun
+
+_DRAINED_LINES = {
+    DrainEnd.NO_LEARNER: "Normal RolloutDrained: {name}: the learner is not running; stopped",
+    DrainEnd.DRAINED: "Normal RolloutDrained: {name}: the learner sends it nothing more; stopped",
+    DrainEnd.DEADLINE: ("Warning RolloutDrainDeadline: {name}: still draining after {drain_s:.0f}s (the request "
+                        "timeout plus the stop grace); stopped anyway, its requests are sent again"),
+}
 
 #: In the run folder: the count of rollout servers asked for, and who supervises the run (the scale command reads it).
 REPLICAS_FILE = "rollout-replicas"
@@ -213,22 +221,17 @@ class RolloutScaling:
         """Stop each draining server the learner is done with: absent from its report, or the learner is not
         running (a restarted learner reads run.json afresh), or past its drain deadline (then a warning)."""
         for name, leaving in list(self.draining.items()):
-            reported = report is not None and any(server.url == leaving.url for server in report.rollout)
-            if leaving.process.popen is None or leaving.process.poll() is not None:
-                why = None  # never started, or gone by itself
-            elif not learner_alive:
-                why = f"Normal RolloutDrained: {name}: the learner is not running; stopped"
-            elif report is not None and not reported:
-                why = f"Normal RolloutDrained: {name}: the learner sends it nothing more; stopped"
-            elif self.clock() > leaving.deadline:
-                why = (f"Warning RolloutDrainDeadline: {name}: still draining after {self.drain_s:.0f}s (the request "
-                       "timeout plus the stop grace); stopped anyway, its requests are sent again")
-            else:
+            end = drain_end(exited=leaving.process.popen is None or leaving.process.poll() is not None,
+                            learner_running=learner_alive,
+                            still_reported=None if report is None else any(
+                                server.url == leaving.url for server in report.rollout),
+                            past_deadline=self.clock() > leaving.deadline)
+            if end is None:
                 continue
             leaving.process.stop()
             del self.draining[name]
-            if why is not None:
-                log(why)
+            if end is not DrainEnd.EXITED:  # never started, or gone by itself: nothing to say
+                log(_DRAINED_LINES[end].format(name=name, drain_s=self.drain_s))
 
     def stop_all(self) -> None:
         for leaving in self.draining.values():
