@@ -165,10 +165,22 @@ def _kueue_writes(cluster, name: str, status: dict[str, Any]) -> None:
     cluster.client.patch(WORKLOADS, NAMESPACE, kueue.workload_name(name), {"status": status}, subresource="status")
 
 
-def _queued(cluster, name: str) -> dict[str, Any]:
-    body = grporun(name, queued_spec())
+def _queued(cluster, name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = grporun(name, spec or queued_spec())
     body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-q"}
     return cluster.apply(body)
+
+
+def _admitted_and_running(cluster, learner, progress_urls, name: str, spec: dict[str, Any] | None = None) -> None:
+    """A queued run whose Workload Kueue admits, its pods up and its learner reporting: Running."""
+    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
+    _queued(cluster, name, spec)
+    cluster.wait_for(lambda: _workload(cluster, name), what="the Workload")
+    _kueue_writes(cluster, name, admitted_status())
+    progress_urls[f"{name}-learner-0"] = learner.url()
+    cluster.bring_up(name)
+    learner.update(groups_consumed=4, groups_trained=4)
+    cluster.wait_phase(name, "Running")
 
 
 @pytest.mark.slow
@@ -197,14 +209,7 @@ def test_a_queued_run_waits_for_admission_then_runs_on_its_flavour(cluster, lear
 
 @pytest.mark.slow
 def test_eviction_suspends_without_counting_a_restart_and_readmission_resumes(cluster, learner, progress_urls):
-    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
-    _queued(cluster, "ke")
-    cluster.wait_for(lambda: _workload(cluster, "ke"), what="the Workload")
-    _kueue_writes(cluster, "ke", admitted_status())
-    progress_urls["ke-learner-0"] = learner.url()
-    cluster.bring_up("ke")
-    learner.update(groups_consumed=4, groups_trained=4)
-    cluster.wait_phase("ke", "Running")
+    _admitted_and_running(cluster, learner, progress_urls, "ke")
 
     _kueue_writes(cluster, "ke", evicted_status())
     cluster.wait_phase("ke", "Suspended")
@@ -253,14 +258,7 @@ def test_an_admitted_run_whose_pods_the_api_server_rejects_gives_its_quota_back(
 
 @pytest.mark.slow
 def test_an_admitted_run_whose_spec_the_operator_cannot_run_gives_its_quota_back(cluster, learner, progress_urls):
-    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
-    _queued(cluster, "ks")
-    cluster.wait_for(lambda: _workload(cluster, "ks"), what="the Workload")
-    _kueue_writes(cluster, "ks", admitted_status())
-    progress_urls["ks-learner-0"] = learner.url()
-    cluster.bring_up("ks")
-    learner.update(groups_consumed=4, groups_trained=4)
-    cluster.wait_phase("ks", "Running")
+    _admitted_and_running(cluster, learner, progress_urls, "ks")
     # A spec this operator cannot run (an older operator behind a newer CRD; the emulator checks no CRD rules).
     cluster.patch_spec("ks", {"training": {"epochs": 0}})
     cluster.wait_phase("ks", "Failed")
@@ -294,16 +292,7 @@ def _scaled_queued_spec() -> dict[str, Any]:
 def test_a_live_scale_of_an_admitted_run_is_refused_and_says_why(cluster, learner, progress_urls):
     """Kueue counts the rollout pods in the Workload it admitted and does not resize an external framework's
     Workload: the run keeps its servers, and says so once (docs/kueue.md, "Scaling")."""
-    cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
-    body = grporun("ks", _scaled_queued_spec())
-    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-q"}
-    cluster.apply(body)
-    cluster.wait_for(lambda: _workload(cluster, "ks"), what="the Workload")
-    _kueue_writes(cluster, "ks", admitted_status())
-    progress_urls["ks-learner-0"] = learner.url()
-    cluster.bring_up("ks")
-    learner.update(groups_consumed=4, groups_trained=4)
-    cluster.wait_phase("ks", "Running")
+    _admitted_and_running(cluster, learner, progress_urls, "ks", _scaled_queued_spec())
     config = cluster.config_maps("ks")[0]["data"]["run.json"]
 
     cluster.patch_spec("ks", {"rollout": {"replicas": 3}})

@@ -144,6 +144,17 @@ def test_a_removed_server_finishes_its_requests_in_flight_gets_no_new_ones_then_
     assert [replica.url for replica in replicas.report()] == [a]
 
 
+def _b_draining_with_two_in_flight(replicas, balancer, run_json, a: str, b: str):
+    """Both servers admitted, four requests sent (two in flight on b), then b taken out of the run config: b drains.
+    Returns the generation's loop and its future."""
+    wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
+    loop, first = in_background(generate(balancer.url, 4))
+    wait_for(lambda: replicas.in_flight(b) == 2, "two requests in flight on b")
+    write_config(run_json, [a])
+    wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+    return loop, first
+
+
 def test_a_removed_server_that_dies_with_requests_in_flight_has_them_sent_again(scripted, tmp_path):
     a = scripted("a")
     b_process = subprocess.Popen([sys.executable, SERVER, "b", "--delay", "30"], stdout=subprocess.PIPE, text=True)
@@ -151,11 +162,7 @@ def test_a_removed_server_that_dies_with_requests_in_flight_has_them_sent_again(
         b = b_process.stdout.readline().strip()
         replicas, balancer = balancer_on(tmp_path / "run.json", [a, b])
         try:
-            wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
-            loop, first = in_background(generate(balancer.url, 4))
-            wait_for(lambda: replicas.in_flight(b) == 2, "two requests in flight on b")
-            write_config(tmp_path / "run.json", [a])
-            wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+            loop, first = _b_draining_with_two_in_flight(replicas, balancer, tmp_path / "run.json", a, b)
             b_process.kill()  # its pod deleted before it drained (the operator's drain deadline)
             results = first.result(timeout=30)
             loop.call_soon_threadsafe(loop.stop)
@@ -204,11 +211,7 @@ def test_a_server_that_comes_back_while_draining_is_admitted_again_before_traffi
     admitted: list[str] = []
     replicas, balancer = balancer_on(tmp_path / "run.json", [a, b], admit=admitted.append)
     try:
-        wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
-        loop, first = in_background(generate(balancer.url, 4))
-        wait_for(lambda: replicas.in_flight(b) == 2, "two requests in flight on b")
-        write_config(tmp_path / "run.json", [a])
-        wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+        loop, first = _b_draining_with_two_in_flight(replicas, balancer, tmp_path / "run.json", a, b)
         write_config(tmp_path / "run.json", [a, b])
         wait_for(lambda: states(replicas).get(b) == c.ReplicaState.SERVING, "b to serve again")
         first.result(timeout=30)
