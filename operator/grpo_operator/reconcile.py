@@ -401,6 +401,11 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
             await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
                              {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
             memory.rollout_urls = builders.rollout_urls_of(child)
+        elif child["kind"] == "PodGroup" and not present and existing.get("spec") != child["spec"]:
+            # The same edit (more servers or learner nodes) changes the gang's size: a group still counting the old
+            # pods would have its scheduler place part of the gang, or hold the rest forever.
+            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
+                             {"spec": child["spec"]})
     if problem is None:
         memory.children_created, memory.create_error, memory.create_failures = True, None, 0
         memory.create_retry_at = None

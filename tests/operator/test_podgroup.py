@@ -89,3 +89,24 @@ def test_a_live_scale_of_a_gang_is_refused_and_says_why(cluster, learner, progre
     cluster.wait_event("gs", "ScaleRefused")
     assert cluster.pod_names("gs", "rollout") == ["gs-rollout-0"]
     assert cluster.client.get(COSCHEDULING_POD_GROUPS, NAMESPACE, "gs")["spec"]["minMember"] == 2
+
+
+@pytest.mark.slow
+def test_a_gang_edited_while_suspended_resumes_with_a_pod_group_that_counts_its_new_pods(cluster, learner,
+                                                                                          progress_urls):
+    spec = minimal_spec()
+    spec["scheduling"] = {"gang": {"scheduler": "coscheduling"}}
+    _running(cluster, learner, progress_urls, "ge", spec)
+    cluster.patch_spec("ge", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("ge", "Suspended")
+    cluster.wait_for(lambda: cluster.pods("ge") == [], what="the pods deleted")
+    cluster.patch_spec("ge", {"rollout": {"replicas": 2, "weightSync": {
+        "mode": "filesystem", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}}}})
+    cluster.patch_spec("ge", {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods("ge")) == 3, what="two rollout pods and the learner")
+    # A group still asking for 2 would let the scheduler place part of the gang, or hold the third pod forever.
+    cluster.wait_for(lambda: cluster.client.get(COSCHEDULING_POD_GROUPS, NAMESPACE, "ge")["spec"]["minMember"] == 3,
+                     what="the PodGroup's minMember to count the three pods")
+    rules = rendered_rules({"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}})
+    calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
+    assert [r for r in calls if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)] == []

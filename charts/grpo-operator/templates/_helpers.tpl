@@ -87,8 +87,9 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   verbs: ["patch"]
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
-  # spec.scheduling.gang: the PodGroup of the coscheduling plugin or of Volcano.
-  verbs: ["get", "create"]
+  # spec.scheduling.gang: the PodGroup of the coscheduling plugin or of Volcano; patched when a suspended run's
+  # edit changes the gang's size.
+  verbs: ["get", "create", "patch"]
 {{- end }}
 
 {{/*
