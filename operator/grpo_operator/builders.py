@@ -60,8 +60,9 @@ CHECKPOINT_DIR = "/var/lib/grpo/checkpoints"
 OUTPUT_DIR = "/var/lib/grpo/output"
 WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
-#: Any non-root uid works; fixed so files on a shared checkpoint volume stay writable across restarts.
-RUN_AS_USER = 1000
+#: The trainer image's own user (its HOME and caches are that user's), fixed so files on a shared checkpoint volume
+#: stay writable across restarts.
+RUN_AS_USER = 10001
 
 
 def default_trainer_image() -> str:

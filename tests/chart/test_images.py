@@ -104,6 +104,15 @@ def test_trainer_image_pins_what_the_project_pins():
     assert entrypoint == '["python", "-m", "grpo_trainer"]'
 
 
+def test_run_pods_run_as_the_trainer_images_user():
+    """The operator's rollout and learner pods take the image's own uid: its HOME (HF_HOME, caches) is that
+    user's, and a volume a user prepares for the image's user is writable by the pods."""
+    from grpo_operator import builders
+
+    users = [args for instruction, args in _instructions(TRAINER_DOCKERFILE) if instruction == "USER"]
+    assert int(users[-1].split(":")[0]) == builders.RUN_AS_USER
+
+
 def test_build_context_leaves_the_venvs_out():
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv", ".venv-rollout", ".git"} <= set(ignored)
