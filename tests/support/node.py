@@ -60,9 +60,10 @@ SCHEDULER_TOKEN = "grpo-node-scheduler-token"
 KERNEL_DEFAULTS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 # What a node's pods need of the controller-manager: ServiceAccounts and the CA ConfigMap for their tokens,
 # EndpointSlices for DNS and kube-proxy, the not-ready taint lifted, Deployments, cascading deletes, namespace
-# deletion, the aggregated view/edit roles, PodDisruptionBudgets for the Eviction API.
+# deletion, the aggregated view/edit roles, PodDisruptionBudgets for the Eviction API, PersistentVolumeClaims bound
+# to PersistentVolumes (the kubelet mounts a claim only once it is Bound).
 CONTROLLERS = ("serviceaccount,root-ca-cert-publisher,endpointslice,nodelifecycle,garbagecollector,namespace,"
-               "clusterrole-aggregation,deployment,replicaset,disruption")
+               "clusterrole-aggregation,deployment,replicaset,disruption,persistentvolume-binder")
 REQUIRED_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "nft", "ip", "unshare", "nsenter", "openssl")
 DEBIAN_PACKAGES = "make setup-node-apt"
 
