@@ -73,6 +73,10 @@ def run_pods(node: Node, namespace: str) -> list[dict]:
     return json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
 
 
+def run_phase(node: Node, namespace: str) -> str:
+    return node.kubectl("get", "grporun", RUN, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False).stdout
+
+
 def what_a_user_sees(release: OperatorRelease, namespace: str) -> str:
     """The run's status, the pods' state (`kubectl describe`), the last lines of each pod's log and the operator's."""
     node = release.node
@@ -108,7 +112,8 @@ def run_to_succeeded(release: OperatorRelease, namespace: str, manifest: dict) -
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, dict] = {}
     try:
-        while wait.poll() is None:
+        # A Failed run never becomes Succeeded: stop waiting at once instead of at kubectl wait's timeout.
+        while wait.poll() is None and run_phase(node, namespace) != "Failed":
             containers_seen(run_pods(node, namespace), seen)
             time.sleep(2)
     finally:
