@@ -122,8 +122,10 @@ def run_to_succeeded(release: OperatorRelease, namespace: str, manifest: dict) -
         waited = wait.communicate()[0]
     containers_seen(run_pods(node, namespace), seen)
     node.report(f"tiny run in {namespace}: {time.monotonic() - began:.1f} s from apply to Succeeded")
+    # The containers' last states as seen while they ran: a failed run's pods may be gone by now.
+    states = {name: status.get("state") for name, status in seen.items()}
     assert wait.returncode == 0, (f"kubectl wait exited {wait.returncode}: {waited}\n"
-                                  f"{what_a_user_sees(release, namespace)}")
+                                  f"containers last seen: {json.dumps(states)}\n{what_a_user_sees(release, namespace)}")
     run = json.loads(node.kubectl("get", "grporun", RUN, "-n", namespace, "-o", "json").stdout)
     progress = run["status"]["progress"]
     assert run["status"]["phase"] == "Succeeded" and progress["groupsConsumed"] == progress["groupsTotal"], (
