@@ -142,3 +142,12 @@ def test_trainer_image_has_one_torch_both_environments_share(trainer_image):
 def _torch_version() -> str:
     """The torch the Dockerfile installs (its ARG default: the builds pass no TORCH_VERSION)."""
     return re.search(r"^ARG TORCH_VERSION=(\S+)$", (REPO / "trainer_image" / "Dockerfile").read_text(), re.M)[1]
+
+
+def test_trainer_image_compiles_with_inductor_against_its_interpreter_headers(trainer_image):
+    """vLLM's CPU backend compiles its model with torch's inductor in C++-wrapper mode, whose generated code includes
+    the interpreter's Python.h: an image without its interpreter's headers fails at the rollout server's warm-up."""
+    script = ("import torch, torch._inductor.config as c; c.cpp_wrapper = True; "
+              "print(torch.compile(lambda x: x.sin() + 1)(torch.ones(4)).sum().item())")
+    done = images.run_container(trainer_image, "-c", script, entrypoint="/opt/rollout/bin/python")
+    assert done.returncode == 0, output(done)

@@ -60,9 +60,10 @@ SCHEDULER_TOKEN = "grpo-node-scheduler-token"
 KERNEL_DEFAULTS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 # What a node's pods need of the controller-manager: ServiceAccounts and the CA ConfigMap for their tokens,
 # EndpointSlices for DNS and kube-proxy, the not-ready taint lifted, Deployments, cascading deletes, namespace
-# deletion, the aggregated view/edit roles, PodDisruptionBudgets for the Eviction API.
+# deletion, the aggregated view/edit roles, PodDisruptionBudgets for the Eviction API, PersistentVolumeClaims bound
+# to PersistentVolumes (the kubelet mounts a claim only once it is Bound).
 CONTROLLERS = ("serviceaccount,root-ca-cert-publisher,endpointslice,nodelifecycle,garbagecollector,namespace,"
-               "clusterrole-aggregation,deployment,replicaset,disruption")
+               "clusterrole-aggregation,deployment,replicaset,disruption,persistentvolume-binder")
 REQUIRED_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "nft", "ip", "unshare", "nsenter", "openssl")
 DEBIAN_PACKAGES = "make setup-node-apt"
 
@@ -105,6 +106,11 @@ def node_binaries(report=None) -> Path:
     if process.wait() != 0:
         raise RuntimeError(f"hack/node/build.sh failed:\n{''.join(lines)[-4000:]}")
     return Path(out.strip().splitlines()[-1])
+
+
+def _imported_references(output: str) -> list[str]:
+    """The references `ctr image import` says it unpacked ("unpacking <reference> (sha256:...)...done")."""
+    return [line.split()[1] for line in output.splitlines() if line.startswith("unpacking ")]
 
 
 @dataclass(frozen=True)
@@ -358,10 +364,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def import_image(self, archive: Path | str) -> None:
         """Load an image archive (docker-archive or OCI) into the node's containerd: pods name it by its reference
-        with `imagePullPolicy: Never` (nothing is pulled, there is no registry)."""
+        with `imagePullPolicy: Never` (nothing is pulled, there is no registry).
+
+        Once unpacked, the layer blobs are removed, as the CRI's `discard_unpacked_layers` does for pulled images:
+        containers start from the unpacked snapshots, and the blobs would hold a second copy of the image (7.5 GB
+        for the trainer image) on a disk the node shares with this machine's other work."""
         began = time.monotonic()
-        self._ctr("image", "import", str(archive))
+        done = self._ctr("image", "import", str(archive))
+        references = _imported_references(done.stdout)
+        if not references:
+            raise RuntimeError(f"ctr image import {archive} unpacked no image: {done.stdout}{done.stderr}")
+        for reference in references:
+            self._discard_layers(reference)
         self.timings[f"import {Path(archive).name} s"] = time.monotonic() - began
+
+    def _discard_layers(self, reference: str) -> None:
+        listed = self._ctr("image", "ls", f"name=={reference}")
+        digest = listed.stdout.splitlines()[1].split()[2]
+        manifests = [json.loads(self._ctr("content", "get", digest).stdout)]
+        if "manifests" in manifests[0]:  # an index: its manifests, each with its own layers
+            manifests = [json.loads(self._ctr("content", "get", entry["digest"]).stdout)
+                         for entry in manifests[0]["manifests"]]
+        layers = {layer["digest"] for manifest in manifests for layer in manifest.get("layers", [])}
+        if layers:
+            self._ctr("content", "rm", *sorted(layers))
 
     def _start_kubelet(self) -> None:
         folder = self.workdir / "kubelet"
@@ -384,6 +410,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "volumePluginDir": str(folder / "volume-plugins"),
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            # The disk is this machine's, filled and freed by other work: once it has room again, the node takes
+            # pods within seconds instead of the default 5 minutes.
+            "evictionPressureTransitionPeriod": "10s",
             "maxPods": 30,
         }
         (folder / "config.yaml").write_text(yaml.safe_dump(config))

@@ -1,6 +1,8 @@
 """The chart installed on the real node with the helm CLI (hack/helm/build.sh), running the operator image
 (tests/support/images.py): the operator the node scenarios run against, in its container, with the chart's
 ServiceAccount and RBAC, reaching the API server through the `kubernetes` Service as any in-cluster client does.
+The release's `trainerImage` is the trainer image's CPU variant, imported into the node beside the operator's: the
+runs' rollout and learner pods run from it.
 
 `operator_release` is a session fixture: installed once (`helm install --wait`), uninstalled at the end, when it
 checks that `helm uninstall` left none of the release's objects behind (an error of the last test otherwise).
@@ -20,7 +22,7 @@ import pytest
 
 from tests.support.chart_render import CHART_DIR, RELEASE, RELEASE_NAMESPACE
 from tests.support.control_plane import Unavailable, _go
-from tests.support.images import BuiltImage, operator_image
+from tests.support.images import BuiltImage, operator_image, trainer_image
 from tests.support.images import Unavailable as ImagesUnavailable
 from tests.support.node import Node
 from tests.support.paths import REPO
@@ -70,6 +72,7 @@ class OperatorRelease:
     node: Node
     helm: Path
     image: BuiltImage
+    trainer: BuiltImage
     namespace: str = RELEASE_NAMESPACE
     install_s: float = 0.0
 
@@ -82,8 +85,10 @@ class OperatorRelease:
 
     def install(self) -> None:
         repository, tag = self.image.reference.rsplit(":", 1)
+        trainer_repository, trainer_tag = self.trainer.reference.rsplit(":", 1)
         values = ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-                  "--set", "image.pullPolicy=Never"]
+                  "--set", "image.pullPolicy=Never", "--set", f"trainerImage.repository={trainer_repository}",
+                  "--set-string", f"trainerImage.tag={trainer_tag}"]
         began = time.monotonic()
         self.run_helm("install", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
                       "--wait", "--timeout=5m", *values)
@@ -117,13 +122,15 @@ def operator_release(request: pytest.FixtureRequest, node: Node) -> Iterator[Ope
     if isinstance(helm, BaseException):
         raise helm
     try:
-        image = operator_image()
+        image, trainer = operator_image(), trainer_image()
     except ImagesUnavailable as why:
-        pytest.skip(f"no operator image: {why}")
-    node.import_image(image.archive)
-    release = OperatorRelease(node, helm, image)
+        pytest.skip(f"no operator or trainer image: {why}")
+    for built in (image, trainer):
+        node.import_image(built.archive)
+        node.report(f"import of {built.reference}: {node.timings[f'import {built.archive.name} s']:.1f} s")
+    release = OperatorRelease(node, helm, image, trainer)
     release.install()
-    node.report(f"helm install of {image.reference}: {release.install_s:.1f} s")
+    node.report(f"helm install of {image.reference} (trainer image {trainer.reference}): {release.install_s:.1f} s")
     try:
         yield release
     finally:
