@@ -8,8 +8,7 @@ the control plane's serving certificate (valid for 127.0.0.1, signed by the CA t
 registered as an external framework, as docs/kueue.md asks a cluster admin to do.
 
 Kueue reads the metrics server's certificate from a fixed path, /etc/kueue/metrics/certs, even with the metrics
-server off; the manager runs in a mount namespace of its own where /etc is a folder of the test's (root, as the
-process kubelet is).
+server off; the manager runs in a mount namespace of its own where /etc is a folder of the test's (root).
 """
 
 from __future__ import annotations
