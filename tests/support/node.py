@@ -362,13 +362,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             raise RuntimeError(f"ctr {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
         return done
 
-    def import_image(self, archive: Path | str) -> None:
+    def import_image(self, archive: Path | str) -> float:
         """Load an image archive (docker-archive or OCI) into the node's containerd: pods name it by its reference
         with `imagePullPolicy: Never` (nothing is pulled, there is no registry).
 
         Once unpacked, the layer blobs are removed, as the CRI's `discard_unpacked_layers` does for pulled images:
         containers start from the unpacked snapshots, and the blobs would hold a second copy of the image (7.5 GB
-        for the trainer image) on a disk the node shares with this machine's other work."""
+        for the trainer image) on a disk the node shares with this machine's other work. Returns the seconds it
+        took."""
         began = time.monotonic()
         done = self._ctr("image", "import", str(archive))
         references = _imported_references(done.stdout)
@@ -376,7 +377,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             raise RuntimeError(f"ctr image import {archive} unpacked no image: {done.stdout}{done.stderr}")
         for reference in references:
             self._discard_layers(reference)
-        self.timings[f"import {Path(archive).name} s"] = time.monotonic() - began
+        seconds = self.timings[f"import {Path(archive).name} s"] = time.monotonic() - began
+        return seconds
 
     def _discard_layers(self, reference: str) -> None:
         listed = self._ctr("image", "ls", f"name=={reference}")

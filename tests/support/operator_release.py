@@ -126,8 +126,7 @@ def operator_release(request: pytest.FixtureRequest, node: Node) -> Iterator[Ope
     except ImagesUnavailable as why:
         pytest.skip(f"no operator or trainer image: {why}")
     for built in (image, trainer):
-        node.import_image(built.archive)
-        node.report(f"import of {built.reference}: {node.timings[f'import {built.archive.name} s']:.1f} s")
+        node.report(f"import of {built.reference}: {node.import_image(built.archive):.1f} s")
     release = OperatorRelease(node, helm, image, trainer)
     release.install()
     node.report(f"helm install of {image.reference} (trainer image {trainer.reference}): {release.install_s:.1f} s")
