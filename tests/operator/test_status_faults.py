@@ -68,6 +68,21 @@ def test_a_learner_pod_seen_terminating_in_a_running_gang_restarts_the_gang_once
     assert RecreatePods(("r-learner-0",)) not in gone.actions
 
 
+def test_a_drained_run_whose_only_learner_is_terminating_counts_one_disruption():
+    # `kubectl drain`: the Eviction API takes every pod of a one-learner run at once. A pass that sees them all
+    # Terminating must count the disruption then: once they are gone the gaps look like pods still to create.
+    spec = spec_of()
+    status = running_status(spec)
+    drained = [pod("r-rollout-0", terminating=True), pod("r-learner-0", terminating=True)]
+    decision = step(spec, status, drained, now=at(10))
+    assert decision.status["phase"] == "Pending" and decision.status["disruptions"] == 1, decision.status
+    assert decision.status.get("restarts", 0) == 0 and "Disrupted" in reasons(decision)
+    assert not [a for a in decision.actions if isinstance(a, RecreatePods)]  # both are going already
+    gone = step(spec, decision.status, [], now=at(11))
+    assert gone.status["disruptions"] == 1  # one drain, counted once
+    assert any(isinstance(a, CreateChildren) for a in gone.actions)
+
+
 def test_a_replayed_pass_does_not_count_the_same_crash_twice():
     spec = spec_of(runPolicy={"backoffLimit": 3})
     status = running_status(spec)

@@ -23,7 +23,7 @@ from ..api import (
     Reason,
     parse_status,
 )
-from ..builders import drain_deadline_seconds, rollout_selector
+from ..builders import drain_deadline_seconds, learner_pod_name, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
 from . import clock, scaling
@@ -408,7 +408,8 @@ class _Derivation(_ProgressRules):
 
     def _restart(self, verdict: Restart) -> bool:
         """Recreate the verdict's pods; True when the pass ends here (the learner restarts: the run is Pending)."""
-        self.actions.append(RecreatePods(verdict.pods))
+        if verdict.pods:  # none when every pod to restart is going already (a drain)
+            self.actions.append(RecreatePods(verdict.pods))
         # Rollout servers alone (a disrupted one, one a podFailurePolicy rule restarts): a running learner goes on.
         servers_only = self.old.phase == Phase.RUNNING and not {p.name for p in self.learner_pods} & set(verdict.pods)
         resume = "the learner goes on" if servers_only else "resuming from the last checkpoint"
@@ -438,11 +439,10 @@ class _Derivation(_ProgressRules):
         while Terminating counts: the operator's own deletes leave the run Pending, so in a Running or Starting run
         someone else deleted it, and waiting until it is gone would leave the rest of the gang on an ended rendezvous
         (by then the run is Pending and the gap looks like a pod still to create)."""
-        if self.old.phase not in (Phase.RUNNING, Phase.STARTING) or not self.learner_pods:
+        if self.old.phase not in (Phase.RUNNING, Phase.STARTING):
             return []
-        present = {rank(p.name) for p in self.learner_pods if p.role == "learner"}
-        run = self.learner_pods[0].name.rsplit("-", 1)[0]
-        return [f"{run}-{r}" for r in range(self.spec.learner.nodes) if r not in present]
+        present = {rank(p.name) for p in self.learner_pods}
+        return [learner_pod_name(self.run.name, r) for r in range(self.spec.learner.nodes) if r not in present]
 
     def _after_finish(self) -> None:
         self.clean_pods()
