@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import requests
@@ -128,3 +130,30 @@ def test_a_hung_server_leaves_the_pool_at_the_pause_instead_of_holding_the_sync(
     report = {r.url: r for r in replicas.report()}
     assert report[urls[0]].ready and not report[urls[1]].ready
     assert "/pause: no answer within 1s" in report[urls[1]].last_error
+
+
+def test_a_learner_told_to_stop_leaves_a_sync_held_by_a_frozen_server_at_once(tmp_path):
+    # SIGTERM (a node drain) while the pause waits on a server that stopped answering: the learner has the pod's
+    # grace period to reach its checkpoint, so the sync stops waiting on servers (a restarted learner syncs them all
+    # first). Without it the pause waited its timeout, then the sync waited for a server to come back.
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+                               str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        replicas = ReplicaSet([url])
+        replicas.admitted(url)
+        os.kill(server.pid, signal.SIGSTOP)
+        sync = FilesystemWeightTransfer([url], tmp_path, replicas=replicas, pause_timeout_s=120, ready_timeout_s=600)
+        threading.Timer(0.5, sync.stop_waiting).start()
+        began = time.monotonic()
+        sync.pause()
+        sync.send_weights(iter([("weight", torch.ones(2))]))
+        sync.resume()
+        waited = time.monotonic() - began
+    finally:
+        server.kill()
+        server.wait()
+    assert waited < 60, f"the sync held the stopping learner {waited:.0f} s"  # the pause's timeout alone is 120 s
+    assert sorted(os.listdir(tmp_path)) == ["v1"]  # the weights are still published for the restarted learner

@@ -62,6 +62,7 @@ from .rollout_wait import RolloutWaitMeter
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
+from .weight_sync import FilesystemWeightTransfer
 
 logger = logging.getLogger(__name__)
 
@@ -501,6 +502,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         if not self._training:
             return False
         self.progress.request_stop("preempted: SIGTERM received; checkpoint saved for the restart")
+        if isinstance(self.weight_transfer, FilesystemWeightTransfer):
+            # A drain stops the rollout servers with the learner: a sync waiting on them would outlast the grace.
+            self.weight_transfer.stop_waiting()
         return True
 
     def _stream_stop(self):

@@ -109,24 +109,58 @@ class FilesystemWeightTransfer:
         self.pause_timeout_s = pause_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.aliases = dict(aliases or {})
+        # Set on SIGTERM (`stop_waiting`): the learner has the pod's grace period (30 s by default) to checkpoint.
+        self._stopping = threading.Event()
         self.version = 0
         self.sync_seconds: list[float] = []
         self.bytes_written = 0
 
     # -- HTTP ---------------------------------------------------------------------------------------------------------
+    def stop_waiting(self) -> None:
+        """The learner is stopping (SIGTERM): a sync under way stops waiting on servers and returns, so the trainer
+        reaches its checkpoint within the grace period. The weights are still written; a restarted learner loads
+        every server before it takes traffic, so none is left behind. Called from the signal handler."""
+        self._stopping.set()
+
     def _post(self, url: str, path: str, *, timeout_s: float | None = None, **kwargs) -> requests.Response:
         timeout_s = timeout_s or self.timeout_s
         try:
-            response = requests.post(f"{url}{path}", timeout=timeout_s, **kwargs)
+            response = self._abandonable(lambda: requests.post(f"{url}{path}", timeout=timeout_s, **kwargs))
         except requests.Timeout as error:
             raise WeightSyncError(f"weight sync: POST {url}{path}: no answer within {timeout_s:.0f}s") from error
         except requests.RequestException as error:
             raise WeightSyncError(f"weight sync: POST {url}{path} failed: {error}") from error
+        if response is None:
+            raise WeightSyncError(f"weight sync: POST {url}{path} left unanswered: the learner is stopping")
         if response.status_code != 200:
             raise WeightSyncError(
                 f"weight sync: POST {url}{path} answered {response.status_code}: {response.text[:500]}"
             )
         return response
+
+    def _abandonable(self, call):
+        """`call()`'s result, or None once `stop_waiting` was called while it ran: a socket read cannot be cancelled,
+        so it runs on a daemon thread that ends with its timeout or with the process."""
+        if self._stopping.is_set():
+            return None
+        outcome: list = []
+
+        def target() -> None:
+            try:
+                outcome.append((call(), None))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                outcome.append((None, error))
+
+        thread = threading.Thread(target=target, name="grpo-weight-sync-http", daemon=True)
+        thread.start()
+        while thread.is_alive() and not self._stopping.is_set():
+            thread.join(0.2)
+        if not outcome:
+            return None
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        return result
 
     def _reload(self, url: str, checkpoint: Path) -> None:
         response = self._post(
@@ -179,12 +213,19 @@ class FilesystemWeightTransfer:
         """
         if self.replicas is None:
             for url in self.server_urls:
-                action(url)
+                try:
+                    action(url)
+                except WeightSyncError:
+                    if self._stopping.is_set():
+                        return []
+                    raise
             return self.server_urls
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             done = []
             for url in self.replicas.ready_urls():
+                if self._stopping.is_set():
+                    break
                 if not self.replicas.in_pool(url):
                     continue  # it left the run's set (or failed) since the list was taken: the sync goes on without it
                 try:
@@ -195,7 +236,7 @@ class FilesystemWeightTransfer:
                     self.replicas.fail(url, str(error))
                 else:
                     done.append(url)
-            if done:
+            if done or self._stopping.is_set():
                 return done
             if time.monotonic() > deadline:
                 raise WeightSyncError(f"weight sync: {what}: no rollout server was ready within "
