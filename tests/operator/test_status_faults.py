@@ -10,14 +10,16 @@ from tests.operator.test_status import at, condition, pod, reasons, report, runn
 
 def test_a_pod_being_deleted_holds_its_slot_and_the_run_says_it_waits_for_it():
     spec = spec_of()
-    status = running_status(spec)
-    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1, terminating=True)]
-    decision = step(spec, status, pods, now=at(10))
+    crashed = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1, attempt=0)]
+    restarting = step(spec, running_status(spec), crashed, now=at(5))  # the operator deletes the crashed pod
+    assert restarting.actions == [RecreatePods(("r-learner-0",))]
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1, terminating=True, attempt=0)]
+    decision = step(spec, restarting.status, pods, now=at(10))
     assert CreateChildren() not in decision.actions  # a create now would be a 409 on the old pod's name
     assert decision.status["phase"] == "Pending"
     assert condition(decision.status, "Progressing")["reason"] == "PodTerminating"
     assert "r-learner-0 is being deleted" in decision.status["message"]
-    assert decision.status.get("restarts", 0) == 0  # its exit was handled when it was deleted
+    assert decision.status["restarts"] == 1 and decision.status.get("disruptions", 0) == 0  # its exit, counted once
 
 
 def test_waiting_to_run_again_is_bounded_by_the_startup_deadline():
@@ -77,6 +79,8 @@ def test_a_drained_run_whose_only_learner_is_terminating_counts_one_disruption()
     decision = step(spec, status, drained, now=at(10))
     assert decision.status["phase"] == "Pending" and decision.status["disruptions"] == 1, decision.status
     assert decision.status.get("restarts", 0) == 0 and "Disrupted" in reasons(decision)
+    [disrupted] = [e.message for e in decision.events if e.reason == "Disrupted"]
+    assert disrupted.endswith("resuming from the last checkpoint"), disrupted  # the learner does not go on
     assert not [a for a in decision.actions if isinstance(a, RecreatePods)]  # both are going already
     gone = step(spec, decision.status, [], now=at(11))
     assert gone.status["disruptions"] == 1  # one drain, counted once

@@ -411,7 +411,8 @@ class _Derivation(_ProgressRules):
         if verdict.pods:  # none when every pod to restart is going already (a drain)
             self.actions.append(RecreatePods(verdict.pods))
         # Rollout servers alone (a disrupted one, one a podFailurePolicy rule restarts): a running learner goes on.
-        servers_only = self.old.phase == Phase.RUNNING and not {p.name for p in self.learner_pods} & set(verdict.pods)
+        learners = {p.name for p in self.learner_pods} & set(verdict.pods) or self._removed_learners()
+        servers_only = self.old.phase == Phase.RUNNING and not learners
         resume = "the learner goes on" if servers_only else "resuming from the last checkpoint"
         if not verdict.counted:
             detail = f": {verdict.detail}" if verdict.detail else ""
