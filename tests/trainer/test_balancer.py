@@ -7,11 +7,13 @@ that die, hang or refuse on cue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import aiohttp
@@ -246,3 +248,37 @@ async def _generate_window(url: str, total: int, window: int) -> None:
                     assert response.status == 200
 
         await asyncio.gather(*(client() for _ in range(window)))
+
+
+def _generate_until_disconnected(url: str) -> None:
+    with contextlib.suppress(aiohttp.ClientError):  # the stop closes its connection
+        asyncio.run(_generate(url, 1))
+
+
+def test_a_stopping_learner_does_not_wait_on_a_request_a_frozen_server_holds(servers):
+    # The learner stops its balancer after the checkpoint, within the pod's 30 s grace period, and a drain stops
+    # or freezes the servers at the same moment. aiohttp's shutdown waits 60 s for a handler still in flight: past
+    # the stop's own 30 s bound, and past the grace period (the kubelet's SIGKILL, exit 137).
+    hung = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "hung"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        url = hung.stdout.readline().strip()
+        replicas = ReplicaSet([url])
+        balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+        try:
+            _wait_ready(replicas, 1)
+            os.kill(hung.pid, signal.SIGSTOP)
+            threading.Thread(target=_generate_until_disconnected, args=(balancer.url,), daemon=True).start()
+            deadline = time.monotonic() + 10
+            while replicas.in_flight(url) == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert replicas.in_flight(url) == 1
+            began = time.monotonic()
+            balancer.stop()
+            stopped_s = time.monotonic() - began
+        finally:
+            balancer.stop()
+    finally:
+        hung.kill()
+        hung.wait()
+    assert stopped_s < 10, f"the stop waited {stopped_s:.0f} s on the frozen server's request"

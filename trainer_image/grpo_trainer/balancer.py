@@ -100,7 +100,10 @@ class RolloutBalancer:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # The requests still in flight at the stop are the learner's own worker's, which has stopped. aiohttp's
+        # default waits 60 s for them: a drained node's frozen or stopping servers held the learner past its grace
+        # period (the kubelet's SIGKILL, after the checkpoint was saved).
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
