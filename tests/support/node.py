@@ -492,6 +492,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                                      f"{yaml.safe_dump(pod.get('status'))}\n{events}")
             time.sleep(0.5)
 
+    def signal_container(self, container_id: str, signum: int) -> list[int]:
+        """`signum` to every process of the container (`containerd://ID`), found by its pids cgroup; their PIDs."""
+        found = list((CGROUP_ROOT / "pids" / self.cgroup_name).rglob(f"{container_id.removeprefix('containerd://')}"))
+        assert found, f"no cgroup for container {container_id}"
+        pids = [int(pid) for pid in (found[0] / "cgroup.procs").read_text().split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        return pids
+
     def report(self, line: str) -> None:
         """A line for the session's printout (what ran on the node: runtime, image IDs)."""
         self.report_lines.append(line)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.support.paths import REPO
+from tests.support.vllm_server import EAGER_VLLM_ARGS
 
 TINY = REPO / "examples" / "tiny.yaml"
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
@@ -29,6 +30,7 @@ def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1,
     manifest["spec"]["model"] = model  # the session server's model: a reused server serves one model
     manifest["spec"]["dataset"]["path"] = str(REPO / "examples" / "tiny-prompts.jsonl")
     manifest["spec"]["training"]["epochs"] = epochs
+    manifest["spec"]["rollout"]["vllm"]["extraArgs"] = list(EAGER_VLLM_ARGS)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return path

@@ -1,0 +1,20 @@
+"""What the node tier's run tests share: the tiny model and prompts in one folder the pods can read."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.node_runs import shared_folder
+from tests.support.paths import REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory, tiny_model_dir: str) -> Path:
+    """The model and the prompts, in one folder readable by the pods' user."""
+    data = tmp_path_factory.mktemp("tiny-data")
+    shutil.copytree(tiny_model_dir, data / "model")
+    shutil.copy(REPO / "examples" / "tiny-prompts.jsonl", data / "tiny-prompts.jsonl")
+    return shared_folder(data, writable=False)

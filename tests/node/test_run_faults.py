@@ -1,0 +1,119 @@
+"""What happens to a run on a real node, from the user's side: the kubelet's probes, signals and memory limits, the
+Eviction API, and a two-pod learner gang. Each fault is one a cluster makes: a server frozen with SIGSTOP (its
+liveness probe finds it), `kubectl drain`, `kubectl delete pod`, a memory limit the learner exceeds. The operator
+is the chart's, in its container (tests/support/operator_release.py); the pods run the trainer image."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from grpo_operator.api import RUN_LABEL
+from grpo_trainer.contract import EXIT_PREEMPTED
+from tests.support.node import NODE_NAME
+from tests.support.node_runs import RUN, NodeRun, host_folder, shared_folder, tiny_manifest
+from tests.support.operator_release import OperatorRelease
+from tests.support.vllm_server import EAGER_VLLM_ARGS
+
+pytestmark = [pytest.mark.node, pytest.mark.slow]
+
+LEARNER, ROLLOUT = f"{RUN}-learner-0", f"{RUN}-rollout-0"
+RESUMED = "resumed: restarting at group"
+
+
+def _run(release: OperatorRelease, name: str, tmp_path: Path) -> NodeRun:
+    return NodeRun(release, release.node.create_namespace(name), tmp_path)
+
+
+def _resumable_manifest(tiny_data: Path, tmp_path: Path) -> dict:
+    """The tiny run with its checkpoints on a folder that outlives the pods, so a restarted learner resumes. Its
+    servers skip vLLM's compiled warm-up (test_tiny_run.py runs the compiled path): these runs start up to three."""
+    manifest = tiny_manifest(host_folder(tiny_data), host_folder(shared_folder(tmp_path / "weights", writable=True)))
+    manifest["spec"]["checkpoint"]["volume"] = host_folder(shared_folder(tmp_path / "checkpoints", writable=True))
+    manifest["spec"]["rollout"]["vllm"]["extraArgs"] = list(EAGER_VLLM_ARGS)
+    return manifest
+
+
+def _exit_codes(run: NodeRun, pod: str) -> list[int]:
+    return [state["exitCode"] for key, state in run.history.exits().items() if key.startswith(f"{pod}/")]
+
+
+def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_resumes_at_the_bound(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+    node = operator_release.node
+    run = _run(operator_release, "faults-drain", tmp_path)
+    try:
+        run.apply(_resumable_manifest(tiny_data, tmp_path))
+        run.wait_for_log(LEARNER, "weight sync v2:")
+        # SIGSTOP: the server keeps its port and /health's socket, but nothing answers; only the liveness probe's
+        # generated token tells. The kubelet kills the container, the operator replaces the server.
+        [server] = run.pod(ROLLOUT)["status"]["containerStatuses"]
+        node.signal_container(server["containerID"], signal.SIGSTOP)
+        run.wait_for(lambda: len(run.history.uids(ROLLOUT)) >= 2, "the frozen server replaced", timeout=600)
+        run.wait_for_log(LEARNER, "caught up to", timeout=600)
+
+        # `kubectl drain` of the run's pods: the Eviction API, SIGTERM within the grace period.
+        node.kubectl("drain", NODE_NAME, f"--pod-selector={RUN_LABEL}={RUN}", "--delete-emptydir-data",
+                     "--ignore-daemonsets", "--timeout=180s", timeout=240)
+        run.wait_for(lambda: len(run.history.uids(LEARNER)) >= 2, "the evicted learner recreated", timeout=120)
+        node.kubectl("uncordon", NODE_NAME)
+        status = run.wait_succeeded()
+    finally:
+        node.kubectl("uncordon", NODE_NAME, check=False)
+        run.close()
+    events = node.kubectl("get", "events", "-n", run.namespace, "--field-selector",
+                          f"involvedObject.name={ROLLOUT}").stdout
+    assert "Liveness probe failed" in events, events
+    [replaced] = status["rollout"]["servers"]
+    assert replaced.get("restarts", 0) >= 1, status["rollout"]  # the liveness kill: the server's own counter
+    assert EXIT_PREEMPTED in _exit_codes(run, LEARNER), run.history.exits()  # checkpointed on SIGTERM, then left
+    assert status["disruptions"] >= 1 and status.get("restarts", 0) == 0, status  # not against backoffLimit
+    assert RESUMED in run.logs(LEARNER)  # from the checkpoint the evicted learner wrote, every group once
+
+
+def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gang(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+    node = operator_release.node
+    run = _run(operator_release, "faults-gang", tmp_path)
+    manifest = _resumable_manifest(tiny_data, tmp_path)
+    manifest["spec"]["learner"]["nodes"] = 2
+    manifest["spec"]["training"]["epochs"] = 6  # two ranks on two cores: half the steps of the other runs
+    rank1 = f"{RUN}-learner-1"
+    try:
+        run.apply(manifest)
+        run.wait_for_log(LEARNER, "weight sync v2:")
+        first = {name: run.history.uids(name) for name in (LEARNER, rank1)}
+        node.kubectl("delete", "pod", rank1, "-n", run.namespace, "--wait=false")
+        run.wait_for(lambda: all(len(run.history.uids(name)) >= 2 for name in first), "both ranks recreated",
+                     timeout=300)
+        status = run.wait_succeeded()
+        learner = run.pod(LEARNER) or {}
+    finally:
+        run.close()
+    leader = f"{LEARNER}.{RUN}-learner.{run.namespace}.svc"
+    assert any(leader in arg for arg in learner["spec"]["containers"][0]["command"]), learner["spec"]
+    assert EXIT_PREEMPTED in _exit_codes(run, rank1), run.history.exits()
+    assert status["disruptions"] >= 1 and status.get("restarts", 0) == 0, status
+    assert RESUMED in run.logs(LEARNER)
+
+
+def test_a_learner_over_its_memory_limit_is_oomkilled_retried_within_backoff_limit_and_the_reason_shown(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+    run = _run(operator_release, "faults-oom", tmp_path)
+    manifest = _resumable_manifest(tiny_data, tmp_path)
+    limits = {"memory": "200Mi"}  # torch and TRL alone take more to import
+    manifest["spec"]["learner"]["resources"] = {"requests": limits, "limits": limits}
+    manifest["spec"]["runPolicy"] = {"backoffLimit": 1}
+    try:
+        run.apply(manifest)
+        run.wait_for(lambda: run.phase() == "Failed", "the run Failed once the retry was OOMKilled too", timeout=600)
+        status = run.status()
+    finally:
+        run.close()
+    killed = [state for key, state in run.history.exits().items() if key.startswith(f"{LEARNER}/")]
+    assert [state["reason"] for state in killed] == ["OOMKilled", "OOMKilled"], run.history.exits()
+    assert status.get("restarts") == 1 and status["failure"]["reason"] == "OOMKilled", status
+    [failed] = [c for c in status["conditions"] if c["type"] == "Failed"]
+    assert failed["reason"] == "BackoffLimitExceeded" and "memory limit 200Mi" in failed["message"], failed
