@@ -14,8 +14,38 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .progress import StallError
+
+
+class DaemonCall:
+    """`call()` on a daemon thread that the caller waits on as long as it chooses: what it raised is re-raised by
+    `result()`, and a call left running ends with the process (a collective in C or a socket read cannot be
+    cancelled)."""
+
+    def __init__(self, call: Callable[[], Any], name: str):
+        self._outcome: list[tuple[Any, BaseException | None]] = []
+
+        def target() -> None:
+            try:
+                self._outcome.append((call(), None))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                self._outcome.append((None, error))
+
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float | None) -> bool:
+        """Wait up to `timeout_s` (None: until it ends); True once the call has ended."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        value, error = self._outcome[0]
+        if error is not None:
+            raise error
+        return value
 
 
 class WeightSyncStuck(StallError):
@@ -42,22 +72,13 @@ class SyncTimer:
 
     def run(self, sync: Callable[[], None]) -> None:
         """Run `sync` to its end, re-raising what it raised; raise WeightSyncStuck when it outlives the deadline."""
-        outcome: list[BaseException | None] = []
-
-        def target() -> None:
-            try:
-                self.thread_setup()
-                sync()
-            except BaseException as error:  # noqa: BLE001 - handed to the training thread
-                outcome.append(error)
-            else:
-                outcome.append(None)
+        def setup_and_sync() -> None:
+            self.thread_setup()
+            sync()
 
         self._started = started = time.monotonic()
-        thread = threading.Thread(target=target, name="grpo-weight-sync", daemon=True)
-        thread.start()
-        thread.join(self.deadline_s)
-        if thread.is_alive():
+        call = DaemonCall(setup_and_sync, "grpo-weight-sync")
+        if not call.join(self.deadline_s):
             raise WeightSyncStuck(
                 f"weight sync stuck: still running after {time.monotonic() - started:.0f}s "
                 f"(rollout.weightSync.deadlineSeconds {self.deadline_s:g}); see the learner log for the step it "
@@ -66,6 +87,5 @@ class SyncTimer:
         self._started = None
         self.last_s = time.monotonic() - started
         self.total_s += self.last_s
-        if outcome[0] is not None:
-            raise outcome[0]
+        call.result()
         self.syncs += 1

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from . import contract as c
 from .replicas import ReplicaSet
 from .rollout_health import PROBE_TIMEOUT_S
+from .sync_watchdog import DaemonCall
 
 logger = logging.getLogger(__name__)
 
@@ -139,28 +140,15 @@ class FilesystemWeightTransfer:
         return response
 
     def _abandonable(self, call):
-        """`call()`'s result, or None once `stop_waiting` was called while it ran: a socket read cannot be cancelled,
-        so it runs on a daemon thread that ends with its timeout or with the process."""
+        """`call()`'s result, or None once `stop_waiting` was called while it ran (left running on its thread until
+        its timeout or the process ends)."""
         if self._stopping.is_set():
             return None
-        outcome: list = []
-
-        def target() -> None:
-            try:
-                outcome.append((call(), None))
-            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
-                outcome.append((None, error))
-
-        thread = threading.Thread(target=target, name="grpo-weight-sync-http", daemon=True)
-        thread.start()
-        while thread.is_alive() and not self._stopping.is_set():
-            thread.join(0.2)
-        if not outcome:
-            return None
-        result, error = outcome[0]
-        if error is not None:
-            raise error
-        return result
+        running = DaemonCall(call, "grpo-weight-sync-http")
+        while not running.join(0.2):
+            if self._stopping.is_set():
+                return None
+        return running.result()
 
     def _reload(self, url: str, checkpoint: Path) -> None:
         response = self._post(
