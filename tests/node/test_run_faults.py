@@ -37,7 +37,7 @@ def _resumable_manifest(tiny_data: Path, tmp_path: Path) -> dict:
 
 
 def _exit_codes(run: NodeRun, pod: str) -> list[int]:
-    return [state["exitCode"] for key, state in run.history.exits().items() if key.startswith(f"{pod}/")]
+    return [state["exitCode"] for state in run.history.exits_of(pod)]
 
 
 @pytest.mark.long  # 11 min: a liveness kill (about 3 min of probing and grace) and three server starts
@@ -113,8 +113,8 @@ def test_a_learner_over_its_memory_limit_is_oomkilled_retried_within_backoff_lim
         status = run.status()
     finally:
         run.close()
-    killed = [state for key, state in run.history.exits().items() if key.startswith(f"{LEARNER}/")]
-    assert [state["reason"] for state in killed] == ["OOMKilled", "OOMKilled"], run.history.exits()
+    assert [state["reason"] for state in run.history.exits_of(LEARNER)] == ["OOMKilled", "OOMKilled"], (
+        run.history.exits())
     assert status.get("restarts") == 1 and status["failure"]["reason"] == "OOMKilled", status
     [failed] = [c for c in status["conditions"] if c["type"] == "Failed"]
     assert failed["reason"] == "BackoffLimitExceeded" and "memory limit 200Mi" in failed["message"], failed

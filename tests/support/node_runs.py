@@ -110,6 +110,10 @@ class PodHistory:
                     ended[f"{pod['metadata']['name']}/{pod['metadata']['uid']}"] = status["state"]["terminated"]
         return ended
 
+    def exits_of(self, name: str) -> list[dict]:
+        """The terminated states of the pod `name`'s containers, one per UID it had."""
+        return [state for key, state in self.exits().items() if key.startswith(f"{name}/")]
+
     def uids(self, name: str) -> list[str]:
         """The UIDs the pod `name` had, in the order they appeared."""
         found: list[str] = []
@@ -136,6 +140,7 @@ class NodeRun:
     namespace: str
     workdir: Path
     history: PodHistory = field(init=False)
+    began: float = field(init=False, default=0.0)  # when the run was applied
 
     def __post_init__(self) -> None:
         self.history = PodHistory(self.release.node, self.namespace, self.workdir / "pods.json")
