@@ -81,7 +81,9 @@ run_logged() {
       (( SECONDS - said >= 30 )) && said=$SECONDS && echo "images: $what: $((SECONDS - start)) s so far" >&2
     done ) &
   ticker=$!
-  "$@" > "$log" 2>&1 &
+  # Without the lock descriptors (7, 8): mmdebstrap hands apt a pipe on the next free descriptor and has dpkg's
+  # /bin/sh write to it, and dash cannot redirect to a descriptor above 9 ("Bad fd number": the rootfs failed).
+  "$@" > "$log" 2>&1 7>&- 8>&- &
   local worker=$!
   tail -n +1 -f --pid="$worker" "$log" 2>/dev/null | grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+' | cut -c1-150 >&2 || true
   wait "$worker" || status=$?
