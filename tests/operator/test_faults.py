@@ -101,6 +101,8 @@ def test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods(cl
     learner.update(phase="Succeeded", groups_consumed=40, groups_trained=40, epochs_done=1)
     cluster.kubelet.exit("again-learner-0", 0, learner.report.termination_message())
     cluster.wait_phase("again", "Succeeded")
+    # A finished run's rollout server goes once the run is Succeeded (its deletion may still be under way then).
+    cluster.wait_for(lambda: cluster.pod_names("again") == ["again-learner-0"], what="the rollout server removed")
     cluster.delete_run("again")
     cluster.wait_for(lambda: cluster.run("again") is None, what="the old run gone")
     assert cluster.pod_names("again") == ["again-learner-0"]  # the garbage collector has not caught up yet
