@@ -127,6 +127,20 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
         process.wait(timeout=10)
 
 
+def sync_weights(server: VllmServer, named_parameters, weights_dir: Path):
+    """Sync `named_parameters` into `server` as a learner's weight sync does (as version v1 in `weights_dir`); the
+    sync. The session's server serves whatever the last run trained into it: a test that reads its samples syncs
+    the weights it expects first."""
+    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer  # torch: only when used
+
+    sync = FilesystemWeightTransfer([server.url], weights_dir, aliases=TIED_EMBEDDING_ALIASES)
+    sync.init_weight_transfer()
+    sync.pause()
+    sync.send_weights(iter(list(named_parameters)))
+    sync.resume()
+    return sync
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
     with running_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm")) as running:

@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 import requests
 
+from tests.support.vllm_server import sync_weights
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 #: Concurrent requests and prompt length: 96 x 200 = 19,200 prompt tokens, several times any per-step token budget
@@ -52,8 +54,14 @@ def test_seeded_concurrent_long_prompts_do_not_kill_the_cpu_engine(vllm_server):
     assert requests.get(f"{vllm_server.url}/health", timeout=10).status_code == 200
 
 
-def test_a_seed_still_fixes_the_sample(vllm_server):
+def test_a_seed_still_fixes_the_sample(vllm_server, tmp_path):
     # The per-request seed's purpose: independent samples across replicas, and the same seed gives the same sample.
+    # On the tiny model's own weights: a run that trained its task into the shared server leaves it answering the
+    # same token whatever the seed.
+    from transformers import AutoModelForCausalLM
+
+    sync_weights(vllm_server, AutoModelForCausalLM.from_pretrained(vllm_server.model).named_parameters(),
+                 tmp_path / "weights")
     prompt = list(range(10, 10 + PROMPT_TOKENS))
 
     def sample(seed: int) -> list[int]:

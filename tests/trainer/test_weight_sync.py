@@ -24,6 +24,7 @@ from grpo_trainer.weight_sync import (
     write_checkpoint,
 )
 from tests.support.paths import REPO
+from tests.support.vllm_server import sync_weights
 
 PROMPT = [1, 93, 91, 306, 207, 288]
 
@@ -97,11 +98,7 @@ def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server
         for name, parameter in model.named_parameters():
             if perturbed in name:  # "" perturbs everything
                 parameter.add_(torch.randn_like(parameter) * 0.3)
-    sync = FilesystemWeightTransfer([vllm_server.url], tmp_path / "weights", aliases=TIED_EMBEDDING_ALIASES)
-    sync.init_weight_transfer()
-    sync.pause()
-    sync.send_weights(iter(list(model.named_parameters())))
-    sync.resume()
+    sync = sync_weights(vllm_server, model.named_parameters(), tmp_path / "weights")
     assert greedy_logprob_vllm(vllm_server.url, vllm_server.model) == pytest.approx(greedy_logprob_hf(model), abs=1e-4)
     assert requests.get(f"{vllm_server.url}/weight_info", timeout=10).json()["weight_version"] == "v1"
     assert len(sync.sync_seconds) == 1
