@@ -13,6 +13,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../lib/progress.sh
+source "$here/../lib/progress.sh"
 root="${GRPO_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator/images}"
 store="$root/store"
 runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
@@ -66,35 +68,39 @@ hash_inputs() {
     done; } | sha256sum | cut -c1-12
 }
 
-# Runs "$@" with its output in a log; stderr gets the log's STEP lines and, every 30 s, how long it has run.
-# Also samples the disk the cache is on, so each build reports its peak use.
+# run_logged NAME WHAT LOG COMMAND...: runs COMMAND with its output in LOG, saying what it builds, how long so far and
+# how long it took here (hack/lib/progress.sh, as build NAME), and its STEP lines as they come. Also samples the disk
+# the cache is on, so each build reports its peak use.
 run_logged() {
-  local what=$1 log=$2; shift 2
-  local start=$SECONDS used0 peak_file="$TMPDIR/.peak" ticker status=0
+  local name=$1 what=$2 log=$3; shift 3
+  local used0 peak_file="$TMPDIR/.peak" sampler status=0
   used0=$(df -B1M --output=used "$root" | tail -1)
   echo "$used0" > "$peak_file"
-  echo "images: building $what (log: $log)" >&2
-  ( said=$SECONDS
-    while sleep 5; do
+  ( while sleep 5; do
       used=$(df -B1M --output=used "$root" | tail -1)
       (( used > $(cat "$peak_file") )) && echo "$used" > "$peak_file"
-      (( SECONDS - said >= 30 )) && said=$SECONDS && echo "images: $what: $((SECONDS - start)) s so far" >&2
     done ) &
-  ticker=$!
+  sampler=$!
+  build_run "$name" "$what" _logged "$name" "$log" "$@" || status=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+  echo "build: $name: disk use rose by up to $(( $(cat "$peak_file") - used0 )) MiB while it ran (log: $log)" >&2
+  if (( status != 0 )); then
+    echo "the last lines of $log:" >&2
+    tail -n 25 "$log" >&2
+  fi
+  return "$status"
+}
+
+_logged() {
+  local name=$1 log=$2; shift 2
   # Without the lock descriptors (7, 8): mmdebstrap hands apt a pipe on the next free descriptor and has dpkg's
   # /bin/sh write to it, and dash cannot redirect to a descriptor above 9 ("Bad fd number": the rootfs failed).
   "$@" > "$log" 2>&1 7>&- 8>&- &
   local worker=$!
-  tail -n +1 -f --pid="$worker" "$log" 2>/dev/null | grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+' | cut -c1-150 >&2 || true
-  wait "$worker" || status=$?
-  kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
-  local peak=$(( $(cat "$peak_file") - used0 ))
-  if (( status != 0 )); then
-    echo "images: building $what FAILED after $((SECONDS - start)) s; the last lines of $log:" >&2
-    tail -n 25 "$log" >&2
-    return "$status"
-  fi
-  echo "images: built $what in $((SECONDS - start)) s (disk use rose by up to $peak MiB while it ran)" >&2
+  # Each stage line-buffered (cut would hold the STEP lines back until the build ends).
+  tail -n +1 -f --pid="$worker" "$log" 2>/dev/null | grep --line-buffered -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+' \
+    | sed -u -E "s/^(.{150}).*/\1/; s/^/build: $name: /" >&2 || true
+  wait "$worker"
 }
 
 # The rootfs takes minutes: its key is what mmdebstrap is asked for, not this whole script.
@@ -110,7 +116,7 @@ build_base() {
   have_image "$python_ref" && { exec 8>&-; return 0; }
   if ! have_image "$debian_ref"; then
     local rootfs="$TMPDIR/rootfs-$debian_key.tar"
-    run_logged "a Debian 12 rootfs (mmdebstrap)" "$root/logs/debian-$debian_key.log" \
+    run_logged image-rootfs "a Debian 12 rootfs (mmdebstrap)" "$root/logs/debian-$debian_key.log" \
       mmdebstrap --variant=minbase --include="$debian_packages" --components=main \
         --aptopt='APT::Install-Recommends "false"' "$suite" "$rootfs" \
         "deb $mirror/debian $suite main" "deb $mirror/debian $suite-updates main" \
@@ -118,15 +124,16 @@ build_base() {
     pod import --change 'CMD ["/bin/bash"]' "$rootfs" "$debian_ref" >/dev/null
     rm -f "$rootfs"
   fi
-  run_logged "the python:3.11-slim-bookworm stand-in" "$root/logs/python-$python_key.log" \
+  run_logged image-python "the python:3.11-slim-bookworm stand-in" "$root/logs/python-$python_key.log" \
     bah bud --layers --force-rm --network host --build-arg DEBIAN_IMAGE="$debian_ref" \
       -f "$here/python-standin.Containerfile" -t "$python_ref" "$here"
   exec 8>&-
 }
 
-# build_image NAME REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the repository.
+# build_image NAME PROGRESS REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the
+# repository; PROGRESS names the build in its progress lines and in hack/lib/build-times.
 build_image() {
-  local name=$1 repository=$2 dockerfile=$3; shift 3
+  local name=$1 progress=$2 repository=$3 dockerfile=$4; shift 4
   local build_args=() inputs=()
   while [[ $1 != -- ]]; do build_args+=(--build-arg "$1"); shift; done; shift
   inputs=("$@")
@@ -145,7 +152,7 @@ build_image() {
   if [[ ! -s $archive ]]; then
     build_base
     if ! have_image "$ref"; then
-      run_logged "$name from $dockerfile" "$root/logs/$name-$key.log" \
+      run_logged "$progress" "$name from $dockerfile" "$root/logs/$name-$key.log" \
         bah bud "$layers" --force-rm --network host -v "$ca_bundle:$ca_bundle:ro" \
           --build-arg PYTHON_IMAGE="$python_ref" "${build_args[@]}" \
           -f "$repo/$dockerfile" -t "$ref" "$repo"
@@ -154,7 +161,7 @@ build_image() {
     local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
     bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
     mv "$partial" "$archive"
-    echo "images: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
+    echo "build: $progress: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
     prune "$name" "$repository"
   fi
   exec 7>&-
@@ -184,11 +191,11 @@ sources=(pyproject.toml operator/grpo_operator trainer_image/grpo_trainer)
 for image in "$@"; do
   case $image in
     operator)
-      build_image operator localhost/grpo-operator Dockerfile \
+      build_image operator operator-image localhost/grpo-operator Dockerfile \
         -- "${sources[@]}" crds/grporun.yaml .dockerignore ;;
     trainer-cpu)
       # download.pytorch.org is not needed: TORCH_CPU_INDEX= takes PyPI's torch (the Dockerfile's documented route).
-      build_image trainer-cpu localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" \
+      build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" \
         -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
   esac
 done

@@ -18,23 +18,6 @@ pytestmark = pytest.mark.images
 NON_ROOT_USER = "10001:10001"  # the chart's runAsUser/runAsGroup: runAsNonRoot can only verify a numeric user
 
 
-def _built(build) -> images.BuiltImage:
-    try:
-        return build()
-    except images.Unavailable as why:
-        pytest.skip(f"images cannot be built here: {why}")
-
-
-@pytest.fixture(scope="module")
-def operator_image() -> images.BuiltImage:
-    return _built(images.operator_image)
-
-
-@pytest.fixture(scope="module")
-def trainer_image() -> images.BuiltImage:
-    return _built(images.trainer_image)
-
-
 def output(done) -> str:
     return f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 

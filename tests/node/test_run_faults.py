@@ -40,7 +40,6 @@ def _exit_codes(run: NodeRun, pod: str) -> list[int]:
     return [state["exitCode"] for state in run.history.exits_of(pod)]
 
 
-@pytest.mark.long  # 11 min: a liveness kill (about 3 min of probing and grace) and three server starts
 def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_resumes_at_the_bound(
         operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
     node = operator_release.node

@@ -24,7 +24,7 @@ import requests
 import yaml
 
 from grpo_operator.cli.local.processes import free_port
-from tests.support.builds import Build
+from tests.support.builds import Build, Unavailable
 from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
@@ -34,10 +34,6 @@ REQUIRED = ("kube-apiserver", "etcd")
 CONTROLLER_MANAGER = "kube-controller-manager"
 GC_STARTED = "Proceeding to collect garbage"  # the garbage collector's log line once its monitors synced
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-class Unavailable(Exception):
-    """The control plane cannot run on this machine; the message says why (tests skip with it)."""
 
 
 def _go() -> str | None:
@@ -60,12 +56,15 @@ def go_build(name: str, script: Path, what: str) -> Build:
     go = _go()
     if go is None:
         raise Unavailable(f"Go is not installed: {what} built from Go modules")
-    return Build(name, script, {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"})
+    return Build(name, [str(script)], {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"})
 
 
-def build() -> Build:
-    """kube-apiserver, etcd, kubectl and kube-controller-manager's build (hack/controlplane/build.sh); it only
-    prints the folder where they are built already."""
+def build() -> Build | str:
+    """kube-apiserver, etcd, kubectl and kube-controller-manager's build (hack/controlplane/build.sh), which only
+    prints the folder where they are built already; or `$KUBEBUILDER_ASSETS`, where nothing is built."""
+    found = assets()
+    if found is not None:
+        return str(found)
     return go_build(BUILD_NAME, BUILD_SCRIPT, "kube-apiserver and etcd are "
                     "(or set KUBEBUILDER_ASSETS to a folder with them)")
 

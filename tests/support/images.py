@@ -1,9 +1,9 @@
 """The project's images, built from its own Dockerfiles by hack/images/build.sh (buildah; no Docker, no registry).
 
-`operator_image()` and `trainer_image()` build on first use (cached by content in the cache folder, so later calls
-and later runs only look the archive up) and return the image's reference and its docker-archive, which
-`ctr -n k8s.io images import` and `podman load` read. `podman(...)` runs podman on the build's own layer store, so
-a test can run a built image without loading it anywhere.
+`build(name)` is the build of one image (run by build_fixtures.py in the background, cached by content in the cache
+folder, so later runs only look the archive up); its result is the image's reference and its docker-archive, which
+`ctr -n k8s.io images import` and `podman load` read (`BuiltImage.parse`). `podman(...)` runs podman on the build's
+own layer store, so a test can run a built image without loading it anywhere.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.builds import Build, Unavailable
 from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "images" / "build.sh"
@@ -24,14 +25,21 @@ TOOLS = ("mmdebstrap", "buildah", "podman", "runc")
 ULIMITS = ("--ulimit", "nofile=16384:16384", "--ulimit", "nproc=16384:16384")
 
 
-class Unavailable(Exception):
-    """Images cannot be built on this machine; the message says why (tests skip with it)."""
+#: The builds (as build_fixtures.py and their progress lines name them) and the argument build.sh takes for each.
+OPERATOR_BUILD, TRAINER_BUILD = "operator-image", "trainer-image"
+SCRIPT_IMAGE = {OPERATOR_BUILD: "operator", TRAINER_BUILD: "trainer-cpu"}
 
 
 @dataclass(frozen=True)
 class BuiltImage:
     reference: str  # localhost/<name>:<content key>, the name a pod's `image:` uses (imagePullPolicy: Never)
     archive: Path  # a docker-archive holding that reference
+
+    @classmethod
+    def parse(cls, line: str) -> BuiltImage:
+        """From build.sh's "<reference> <archive>" line."""
+        reference, archive = line.split(" ", 1)
+        return cls(reference, Path(archive))
 
 
 def missing_prerequisite() -> str | None:
@@ -46,26 +54,13 @@ def missing_prerequisite() -> str | None:
     return None
 
 
-@functools.cache
-def _build(name: str) -> BuiltImage:
+def build(name: str) -> Build:
+    """The build of image `name` (not started: build_fixtures.py runs it in the images' lane); Unavailable where
+    images cannot be built here."""
     why = missing_prerequisite()
     if why:
         raise Unavailable(why)
-    done = subprocess.run([str(BUILD_SCRIPT), name], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the {name} image failed:\n{done.stderr[-4000:]}")
-    reference, archive = done.stdout.strip().splitlines()[-1].split(" ", 1)
-    return BuiltImage(reference, Path(archive))
-
-
-def operator_image() -> BuiltImage:
-    """The operator image (`Dockerfile`): `grporun`, the CRD at GRPO_CRD_PATH."""
-    return _build("operator")
-
-
-def trainer_image() -> BuiltImage:
-    """The trainer image's CPU variant (`trainer_image/Dockerfile`, VARIANT=cpu): the learner and rollout roles."""
-    return _build("trainer-cpu")
+    return Build(name, [str(BUILD_SCRIPT), SCRIPT_IMAGE[name]], dict(os.environ), lane="images")
 
 
 @functools.cache

@@ -41,11 +41,13 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.control_plane import ADMIN_TOKEN, ControlPlane, Unavailable, _die_with_parent, _openssl
+from tests.support.builds import Build
+from tests.support.control_plane import ADMIN_TOKEN, ControlPlane, _die_with_parent, _openssl, go_build
 from tests.support.control_plane import make_certificates as make_serving_certificates
 from tests.support.paths import REPO
 
 NODE_BUILD_SCRIPT = REPO / "hack" / "node" / "build.sh"
+BUILD_NAME = "node"  # what build_fixtures.py and its progress lines call hack/node/build.sh
 NODE_NAME = "grpo-node"
 PAUSE_IMAGE = "localhost/grpo-node-pause:1"
 TESTBOX_IMAGE = "localhost/grpo-node-testbox:1"
@@ -87,25 +89,10 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
-def node_binaries(report=None) -> Path:
-    """The folder hack/node/build.sh prints, building what is missing (minutes the first time). Each line the build
-    prints goes to `report` as it comes."""
-    from tests.support.control_plane import _go
-    go = _go()
-    if go is None:
-        raise Unavailable("Go is not installed: the kubelet and CoreDNS are built from Go modules")
-    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    process = subprocess.Popen([str(NODE_BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env)
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if report is not None and line.startswith("build:"):
-            report(line.rstrip())
-    out = process.stdout.read()
-    if process.wait() != 0:
-        raise RuntimeError(f"hack/node/build.sh failed:\n{''.join(lines)[-4000:]}")
-    return Path(out.strip().splitlines()[-1])
+def build() -> Build:
+    """hack/node/build.sh (not started), which prints the folder of the kubelet, kube-scheduler, kube-proxy, CoreDNS
+    and the two image archives, building what is missing (minutes the first time)."""
+    return go_build(BUILD_NAME, NODE_BUILD_SCRIPT, "the kubelet and CoreDNS are")
 
 
 def _imported_references(output: str) -> list[str]:

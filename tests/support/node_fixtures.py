@@ -1,6 +1,6 @@
 """The `node` session fixture: one real node (tests/support/node.py) per pytest run, started by the first test that
-asks for it. Its binaries are found or built (hack/node/build.sh) right after collection, when a `node` test was
-collected, so the build is not charged to the first test's timeout and says what it builds while it builds.
+asks for it. Its binaries come from the `node_binaries` build (build_fixtures.py: built in the background once the
+tests are collected, and waited for outside the first test's timeout).
 
 Skips, with the reason, only where a node cannot exist (not root, no cgroups, no overlay). A missing Debian package
 or a failed build is an error: `make setup-node-apt` installs the packages.
@@ -14,42 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.control_plane import Unavailable
-from tests.support.node import DEBIAN_PACKAGES, Node, missing_prerequisites, node_binaries, unavailable_reason
-
-_NODE_BINARIES = pytest.StashKey[Path | BaseException]()
-
-
-def _find(report) -> Path | BaseException:
-    try:
-        return node_binaries(report)
-    except (Unavailable, RuntimeError) as why:
-        return why
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly or not any(item.get_closest_marker("node") for item in session.items):
-        return
-    if unavailable_reason() is not None:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    write = reporter.write_line if reporter is not None else print
-    write("node: finding or building kubelet, kube-scheduler, kube-proxy, CoreDNS and the node's images (hack/node)")
-    session.config.stash[_NODE_BINARIES] = _find(write)
+from tests.support.node import DEBIAN_PACKAGES, Node, missing_prerequisites, unavailable_reason
 
 
 @pytest.fixture(scope="session")
-def node(request: pytest.FixtureRequest, tmp_path_factory, control_plane_binaries: Path) -> Iterator[Node]:
+def node(request: pytest.FixtureRequest, tmp_path_factory, control_plane_binaries: Path,
+         node_binaries: Path) -> Iterator[Node]:
     why = unavailable_reason()
     if why is not None:
         pytest.skip(f"no node: {why}")
     missing = missing_prerequisites()
     if missing:
         raise RuntimeError(f"the node needs {', '.join(missing)}: `{DEBIAN_PACKAGES}` installs them")
-    found = request.config.stash.get(_NODE_BINARIES, None) or _find(None)
-    if isinstance(found, BaseException):
-        raise found
-    node = Node(tmp_path_factory.mktemp("node"), control_plane_binaries, found)
+    node = Node(tmp_path_factory.mktemp("node"), control_plane_binaries, node_binaries)
     try:
         node.start()
         yield node

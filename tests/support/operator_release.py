@@ -11,7 +11,6 @@ checks that `helm uninstall` left none of the release's objects behind (an error
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.builds import Build
 from tests.support.chart_render import CHART_DIR, RELEASE, RELEASE_NAMESPACE
-from tests.support.control_plane import Unavailable, _go
-from tests.support.images import BuiltImage, operator_image, trainer_image
-from tests.support.images import Unavailable as ImagesUnavailable
+from tests.support.control_plane import go_build
+from tests.support.images import BuiltImage
 from tests.support.node import Node
 from tests.support.paths import REPO
 
 HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
+HELM_BUILD = "helm"  # its name in hack/lib/build-times
 INSTANCE_LABEL = f"app.kubernetes.io/instance={RELEASE}"
 # Every kind the chart makes (namespaced ones in the release namespace), for the after-uninstall check.
 CHART_KINDS = ("deployments", "replicasets", "pods", "serviceaccounts", "services", "configmaps", "roles",
@@ -35,36 +35,9 @@ CHART_KINDS = ("deployments", "replicasets", "pods", "serviceaccounts", "service
                "validatingadmissionpolicies", "validatingadmissionpolicybindings")
 
 
-def helm_binary() -> Path:
-    go = _go()
-    if go is None:
-        raise Unavailable("Go is not installed: the helm CLI is built from its Go module")
-    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    done = subprocess.run([str(HELM_BUILD_SCRIPT)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"hack/helm/build.sh failed:\n{done.stderr[-4000:]}")
-    return Path(done.stdout.strip().splitlines()[-1]) / "helm"
-
-
-_HELM = pytest.StashKey[Path | BaseException]()
-
-
-def _find_helm() -> Path | BaseException:
-    try:
-        return helm_binary()
-    except (Unavailable, RuntimeError) as why:
-        return why
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the helm CLI (the first time: many minutes) before any test runs, not within a test's timeout."""
-    if session.config.option.collectonly or not any(
-            "operator_release" in getattr(item, "fixturenames", ()) for item in session.items):
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("helm: finding or building the helm CLI (hack/helm)")
-    session.config.stash[_HELM] = _find_helm()
+def helm_build() -> Build:
+    """hack/helm/build.sh (not started), which prints the folder holding `helm`."""
+    return go_build(HELM_BUILD, HELM_BUILD_SCRIPT, "the helm CLI is")
 
 
 @dataclass
@@ -115,21 +88,14 @@ class OperatorRelease:
 
 
 @pytest.fixture(scope="session")
-def operator_release(request: pytest.FixtureRequest, node: Node) -> Iterator[OperatorRelease]:
-    helm = request.config.stash.get(_HELM, None) or _find_helm()
-    if isinstance(helm, Unavailable):
-        pytest.skip(f"no helm: {helm}")
-    if isinstance(helm, BaseException):
-        raise helm
-    try:
-        image, trainer = operator_image(), trainer_image()
-    except ImagesUnavailable as why:
-        pytest.skip(f"no operator or trainer image: {why}")
-    for built in (image, trainer):
+def operator_release(node: Node, helm_binary: Path, operator_image: BuiltImage,
+                     trainer_image: BuiltImage) -> Iterator[OperatorRelease]:
+    for built in (operator_image, trainer_image):
         node.report(f"import of {built.reference}: {node.import_image(built.archive):.1f} s")
-    release = OperatorRelease(node, helm, image, trainer)
+    release = OperatorRelease(node, helm_binary, operator_image, trainer_image)
     release.install()
-    node.report(f"helm install of {image.reference} (trainer image {trainer.reference}): {release.install_s:.1f} s")
+    node.report(f"helm install of {operator_image.reference} (trainer image {trainer_image.reference}): "
+                f"{release.install_s:.1f} s")
     try:
         yield release
     finally:

@@ -1,6 +1,6 @@
 """The long builds' progress (hack/lib/progress.sh), and how a pytest run overlaps them with the tests that need none
-of their binaries (tests/support/builds.py, control_plane_fixtures.py): fake build scripts stand in for the Go
-builds, and a pytest run of its own shows what reaches the terminal."""
+of their outputs (tests/support/builds.py, build_fixtures.py): fake build scripts stand in for the Go builds, and a
+pytest run of its own (alone, and on two xdist workers) shows what reaches the terminal."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.support.builds import PROGRESS_PREFIX, BuildFailed, Builds
+import pytest
+
+from tests.support.builds import PROGRESS_PREFIX, Board, BuildFailed, Builds
 from tests.support.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
 from tests.support.control_plane import go_build
 from tests.support.kueue_manager import BUILD_NAME as KUEUE_BUILD
@@ -40,6 +42,17 @@ def fake_build(path: Path, name: str, body: str) -> Path:
     return out
 
 
+def run_builds(tmp_path: Path, *builds, lines: list[str]) -> Builds:
+    (tmp_path / "board").mkdir()
+    queue = Builds(tmp_path / "logs", Board(tmp_path / "board"), list(builds))
+    queue.poll(lines.append)
+    return queue
+
+
+def wait(builds: Builds, name: str, lines: list[str]) -> str:
+    return builds.board.wait(name, lambda: builds.poll(lines.append)).value()
+
+
 def recorded_minutes(name: str) -> str:
     row = next(line.split() for line in BUILD_TIMES.read_text().splitlines() if line.split()[:1] == [name])
     seconds = int(row[1])
@@ -49,10 +62,9 @@ def recorded_minutes(name: str) -> str:
 def test_a_slow_build_says_what_it_builds_how_long_so_far_and_how_long_it_took_here(tmp_path, monkeypatch):
     monkeypatch.setenv("BUILD_PROGRESS_INTERVAL_S", "1")
     out = fake_build(tmp_path / "build.sh", CONTROL_PLANE_BUILD, "sleep 3.5")
-    builds = Builds(tmp_path / "logs", [go_build(CONTROL_PLANE_BUILD, tmp_path / "build.sh", "it is")])
-    builds.start()
     lines: list[str] = []
-    assert builds.wait(CONTROL_PLANE_BUILD, lines.append) == out
+    builds = run_builds(tmp_path, go_build(CONTROL_PLANE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
+    assert wait(builds, CONTROL_PLANE_BUILD, lines) == str(out)
     took_here = f"a cold build took {recorded_minutes(CONTROL_PLANE_BUILD)} on the 2-core development machine"
     assert lines[0] == f"build: controlplane: building a fake controlplane ({took_here})"
     so_far = [line for line in lines if re.fullmatch(rf"build: controlplane: building a fake controlplane, \ds so far "
@@ -66,34 +78,47 @@ def test_a_build_waiting_for_the_lock_says_so(tmp_path):
     fake_build(tmp_path / "build.sh", KUEUE_BUILD, "true")
     with open(tmp_path / ".build.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another build holds the lock
-        builds = Builds(tmp_path / "logs", [go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is")])
-        builds.start()
         lines: list[str] = []
+        builds = run_builds(tmp_path, go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
         while not any("waiting for another build" in line for line in lines):
             builds.poll(lines.append)
             time.sleep(0.1)
         assert not builds.queue[0].done
-    builds.wait(KUEUE_BUILD, lines.append)
+    wait(builds, KUEUE_BUILD, lines)
     assert lines[-1] == f"build: {KUEUE_BUILD}: built a fake {KUEUE_BUILD} in 0s"
 
 
 def test_a_failed_build_raises_with_its_log_tail(tmp_path):
     fake_build(tmp_path / "build.sh", KUEUE_BUILD, "echo 'undefined: v1.SomeType' >&2; exit 2")
-    builds = Builds(tmp_path / "logs", [go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is")])
-    builds.start()
     lines: list[str] = []
-    try:
-        builds.wait(KUEUE_BUILD, lines.append)
-    except BuildFailed as failed:
-        assert "undefined: v1.SomeType" in str(failed)
-        assert "exited with 2" in str(failed)
-    else:
-        raise AssertionError("the build failed and wait() returned")
+    builds = run_builds(tmp_path, go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
+    with pytest.raises(BuildFailed, match="exited with 2") as failed:
+        wait(builds, KUEUE_BUILD, lines)
+    assert "undefined: v1.SomeType" in str(failed.value)
     assert lines[-1].startswith(f"build: {KUEUE_BUILD}: building a fake {KUEUE_BUILD} failed after")
 
 
 # A pytest run of its own: the plugin with the fake builds in place of the Go builds. Its tests are written in the
-# order a test module might hold them: those that need binaries first.
+# order a test module might hold them: those that need binaries first. `control_plane` stands in for the real session
+# fixture of that name, whose tests form one xdist group: it records the worker that set it up.
+INNER_CONFTEST = """
+import os
+from pathlib import Path
+
+import pytest
+
+import tests.support.control_plane, tests.support.kueue_manager
+tests.support.control_plane.BUILD_SCRIPT = Path({control_plane_script!r})
+tests.support.kueue_manager.BUILD_SCRIPT = Path({kueue_script!r})
+pytest_plugins = ["tests.support.build_fixtures"]
+
+
+@pytest.fixture(scope="session")
+def control_plane(control_plane_binaries):
+    with open({set_up!r}, "a") as record:
+        record.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+    return control_plane_binaries
+"""
 INNER_TESTS = """
 def test_needs_kueue(kueue_binaries, control_plane_binaries):
     print("ran kueue", kueue_binaries)
@@ -101,51 +126,77 @@ def test_needs_kueue(kueue_binaries, control_plane_binaries):
 def test_needs_the_control_plane(control_plane_binaries):
     print("ran control plane", control_plane_binaries)
 
+import pytest
+
+@pytest.mark.parametrize("n", range(6))
+def test_uses_the_control_plane(control_plane, n):
+    pass
+
 def test_needs_nothing_1():
     pass
 
 def test_needs_nothing_2():
     pass
 """
+NEED_NOTHING = ["test_needs_nothing_1", "test_needs_nothing_2"]
+NEED_BUILDS = ["test_needs_the_control_plane", *(f"test_uses_the_control_plane[{n}]" for n in range(6)),
+               "test_needs_kueue"]
 
 
-def run_inner_pytest(tmp_path: Path, control_plane_body: str, kueue_body: str = "true") -> subprocess.CompletedProcess:
+def run_inner_pytest(tmp_path: Path, control_plane_body: str, kueue_body: str = "true",
+                     *xdist: str) -> subprocess.CompletedProcess:
     fake_build(tmp_path / "controlplane.sh", CONTROL_PLANE_BUILD, control_plane_body)
     fake_build(tmp_path / "kueue.sh", KUEUE_BUILD, kueue_body)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""\
-        from pathlib import Path
-        import tests.support.control_plane, tests.support.kueue_manager
-        tests.support.control_plane.BUILD_SCRIPT = Path({str(tmp_path / "controlplane.sh")!r})
-        tests.support.kueue_manager.BUILD_SCRIPT = Path({str(tmp_path / "kueue.sh")!r})
-        pytest_plugins = ["tests.support.control_plane_fixtures"]
-        """))
+    (tmp_path / "conftest.py").write_text(INNER_CONFTEST.format(
+        control_plane_script=str(tmp_path / "controlplane.sh"), kueue_script=str(tmp_path / "kueue.sh"),
+        set_up=str(tmp_path / "control-plane-set-up")))
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
-    env = {key: value for key, value in os.environ.items() if key not in ("KUBEBUILDER_ASSETS", "PYTEST_ADDOPTS")}
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("KUBEBUILDER_ASSETS", "PYTEST_ADDOPTS") and not key.startswith("PYTEST_XDIST")}
     env.update(PYTHONPATH=str(REPO), BUILD_PROGRESS_INTERVAL_S="1", TMPDIR=str(tmp_path))  # its build logs too
     # timeout=2 (pytest-timeout): the build takes longer, and waiting for it is not charged to the test.
-    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "timeout=2",
+    return subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "timeout=2", *xdist,
                            str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def outcomes(out: str, outcome: str) -> list[str]:
+    """The inner tests with `outcome`, in the order reported (pytest alone, or under xdist), each once (the summary
+    repeats errors)."""
+    found = re.findall(rf"test_inner.py::([\w\[\]]+) {outcome}|{outcome} test_inner.py::([\w\[\]]+)", out)
+    return list(dict.fromkeys(alone or distributed for alone, distributed in found))
 
 
 def test_pytest_runs_the_tests_that_need_no_binaries_first_and_shows_the_builds_progress(tmp_path):
     done = run_inner_pytest(tmp_path, "sleep 3.5")
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    ran = re.findall(r"test_inner.py::(\w+) PASSED", out)
-    assert ran == ["test_needs_nothing_1", "test_needs_nothing_2", "test_needs_the_control_plane", "test_needs_kueue"]
+    assert outcomes(out, "PASSED") == NEED_NOTHING + NEED_BUILDS
     # Past pytest's output capture, while the test that needs the control plane waits for it.
     assert re.search(r"build: controlplane: building a fake controlplane, \ds so far", out), out
     assert out.index("build: controlplane: built") < out.index("build: kueue: building")  # one after the other
-    assert "builds: controlplane, kueue in the background" in out
-    assert "the 2 tests that need no binaries run first" in out
+    assert "builds: controlplane, kueue in the background, one at a time per lane" in out
+    assert "the 2 tests that need none of them run first" in out
+
+
+def test_on_two_xdist_workers_the_builds_run_once_and_a_group_shares_its_session_fixture(tmp_path):
+    done = run_inner_pytest(tmp_path, "sleep 3.5", "true", "-n", "2")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert sorted(outcomes(out, "PASSED")) == sorted(NEED_NOTHING + NEED_BUILDS)
+    # The controller runs the builds and prints their progress while a worker waits for them.
+    assert out.count("builds: controlplane, kueue in the background") == 1, out
+    assert re.search(r"build: controlplane: building a fake controlplane, \ds so far", out), out
+    assert out.count("build: controlplane: built") == 1 and out.count("build: kueue: built") == 1, out
+    # One worker set the session fixture up once for the six tests of its group.
+    assert len((tmp_path / "control-plane-set-up").read_text().split()) == 1
 
 
 def test_a_failed_build_fails_the_tests_that_need_it_with_its_log_tail_and_skips_nothing(tmp_path):
     done = run_inner_pytest(tmp_path, "echo 'compile: undefined: apiserver.Thing' >&2; exit 1")
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
-    assert re.findall(r"test_inner.py::(\w+) PASSED", out) == ["test_needs_nothing_1", "test_needs_nothing_2"]
-    assert re.findall(r"test_inner.py::(\w+) ERROR", out) == ["test_needs_the_control_plane", "test_needs_kueue"]
+    assert outcomes(out, "PASSED") == NEED_NOTHING
+    assert outcomes(out, "ERROR") == NEED_BUILDS
     assert "BuildFailed" in out and "compile: undefined: apiserver.Thing" in out
     assert "SKIPPED" not in out and "skipped" not in out
