@@ -13,7 +13,7 @@ ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-long test-fast lint bench images setup setup-rollout setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-apt setup-node-apt
 
@@ -82,13 +82,12 @@ demo-rm: $(VENV)/.learner setup-rollout
 	$(VENV)/bin/python -m grpo_trainer.testing.tiny_assets --reward-model examples/tiny-assets/reward-model
 	$(VENV)/bin/grporun local --fresh examples/tiny-rm.yaml
 
-# The slowest tests close the report: where a run's time went, on the machine it ran on. The `long` scenarios
-# (docs/development.md) would take the suite past CI's 90 minutes: `make test-long` runs them.
+# Two workers (pytest-xdist): the tests that share the control plane, the node or the vLLM server go to one worker
+# as one group each, the others to whichever worker is free, and the builds they wait for run in the background
+# (tests/support/build_fixtures.py). Most of the tiers wait on pods and servers more than they compute: on 2 cores,
+# two workers overlap that waiting with the tests that compute. The slowest tests close the report.
 test: setup lint
-	$(VENV)/bin/python -m pytest -q -ra --durations=25 -m "not long"
-
-test-long: setup lint
-	$(VENV)/bin/python -m pytest -q -ra --durations=5 -m long
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2
 
 # The quick loop: everything but the real trainer runs, the vLLM server, kopf lifecycles and a real Prometheus.
 test-fast: $(VENV)/.installed lint
