@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds Kueue's manager (sigs.k8s.io/kueue/cmd/kueue, the version go.mod pins) for the test control plane, and copies
 # its CRDs beside it, into a cache folder that it prints. A second call only prints it.
-# Usage: hack/kueue/build.sh [--print-dir]; GRPO_CONTROLPLANE_CACHE moves the cache root as for hack/controlplane.
-# A module of its own: Kueue pins other k8s.io versions than the control plane (docs/development.md says which).
+# Usage: hack/kueue/build.sh [--print-dir]; GRPO_CONTROLPLANE_CACHE moves the cache root as for hack/k8s.
+# A module of its own: Kueue v0.17 pins k8s.io v0.35 modules, and one of its dependencies (kubeflow/trainer) no
+# longer compiles against hack/k8s's v0.37 (docs/development.md says which).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=../lib/progress.sh
@@ -22,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 cd "$here"
 export CGO_ENABLED=0
 build_run kueue "Kueue $version's manager into $dir" \
-  nice -n 10 go build -mod=mod -trimpath -ldflags "-s -w" -o "$tmp/kueue" sigs.k8s.io/kueue/cmd/kueue >&2
+  go build -mod=mod -trimpath -ldflags "-s -w" -o "$tmp/kueue" sigs.k8s.io/kueue/cmd/kueue >&2
 source_dir="$(go list -mod=mod -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
 # The CRDs, and the kustomization whose patches say which of them convert through Kueue's webhook.
 mkdir -p "$tmp/crds/bases"

@@ -55,13 +55,20 @@ COLLECTED_FILE = "collected.json"  # what a worker's collection needs and its gr
 _RUN = pytest.StashKey["BuildRun"]()
 
 
+def _fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures a test uses, not its parameters (a schema test's parameter may be called `node`)."""
+    callspec = getattr(item, "callspec", None)
+    return set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
+
+
 def _needs(item: pytest.Item) -> list[BuildKind]:
-    names = getattr(item, "fixturenames", ())
+    names = _fixtures(item)
     return [kind for kind in BUILDS if kind.fixture in names]
 
 
 def _group(item: pytest.Item) -> str | None:
-    return next((group for fixture, group in GROUPS.items() if fixture in item.fixturenames), None)
+    names = _fixtures(item)
+    return next((group for fixture, group in GROUPS.items() if fixture in names), None)
 
 
 def _order(item: pytest.Item) -> int:

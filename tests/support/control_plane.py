@@ -2,8 +2,8 @@
 token file for the admin, ServiceAccount tokens from the TokenRequest API for everyone else) and RBAC authorization.
 
 Binaries: `$KUBEBUILDER_ASSETS` when it names a folder with `kube-apiserver` and `etcd` (the envtest convention),
-otherwise `hack/controlplane/build.sh` builds them from Go modules into a cache folder (the versions are in
-`hack/controlplane/versions.env`), in the background while other tests run (control_plane_fixtures.py). No
+otherwise `hack/k8s/build.sh controlplane` builds them from Go modules into a cache folder (the versions are its
+go.mod's), in the background while other tests run (build_fixtures.py). No
 controller-manager and no scheduler: nothing garbage-collects, nothing schedules, and a namespace's "default"
 ServiceAccount is created by whoever makes the namespace. A test that needs
 the garbage collector starts kube-controller-manager with that controller alone for its own duration
@@ -27,8 +27,9 @@ from grpo_operator.cli.local.processes import free_port
 from tests.support.builds import Build, Unavailable
 from tests.support.paths import REPO
 
-BUILD_SCRIPT = REPO / "hack" / "controlplane" / "build.sh"
-BUILD_NAME = "controlplane"  # its name in hack/lib/build-times
+#: Builds one set of the Go commands the tiers run from one Go module: `controlplane` (here), `node`, `helm`.
+BUILD_SCRIPT = REPO / "hack" / "k8s" / "build.sh"
+BUILD_NAME = "controlplane"  # the set, and its name in hack/lib/build-times
 ADMIN_TOKEN = "grpo-test-admin-token"
 REQUIRED = ("kube-apiserver", "etcd")
 CONTROLLER_MANAGER = "kube-controller-manager"
@@ -51,22 +52,26 @@ def assets() -> Path | None:
     return Path(folder)
 
 
-def go_build(name: str, script: Path, what: str) -> Build:
-    """The build `script` (not started yet) with Go on its PATH; Unavailable without Go."""
+def go_build(name: str, command: list[str], what: str) -> Build:
+    """The build `command` (not started yet) with Go on its PATH; Unavailable without Go."""
     go = _go()
     if go is None:
         raise Unavailable(f"Go is not installed: {what} built from Go modules")
-    return Build(name, [str(script)], {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"})
+    return Build(name, command, {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"})
+
+
+def k8s_build(set_name: str, what: str) -> Build:
+    """hack/k8s/build.sh's build of `set_name` (not started), which prints the folder of its commands."""
+    return go_build(set_name, [str(BUILD_SCRIPT), set_name], what)
 
 
 def build() -> Build | str:
-    """kube-apiserver, etcd, kubectl and kube-controller-manager's build (hack/controlplane/build.sh), which only
+    """kube-apiserver, etcd, kubectl and kube-controller-manager's build (hack/k8s/build.sh controlplane), which only
     prints the folder where they are built already; or `$KUBEBUILDER_ASSETS`, where nothing is built."""
     found = assets()
     if found is not None:
         return str(found)
-    return go_build(BUILD_NAME, BUILD_SCRIPT, "kube-apiserver and etcd are "
-                    "(or set KUBEBUILDER_ASSETS to a folder with them)")
+    return k8s_build(BUILD_NAME, "kube-apiserver and etcd are (or set KUBEBUILDER_ASSETS to a folder with them)")
 
 
 def _die_with_parent() -> None:

@@ -39,7 +39,7 @@ def build() -> Build:
     """The build of the `kueue` manager and its `crds/` (hack/kueue/build.sh); Unavailable where it cannot run."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         raise Unavailable("Kueue's manager runs in a mount namespace of its own: needs root and unshare")
-    return go_build(BUILD_NAME, BUILD_SCRIPT, "Kueue is")
+    return go_build(BUILD_NAME, [str(BUILD_SCRIPT)], "Kueue is")
 
 
 def webhook_converted_crds(crds: Path) -> set[str]:

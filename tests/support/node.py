@@ -20,7 +20,7 @@ Why each piece is the way it is:
 - Root here lacks CAP_SYS_RESOURCE: the kubelet's oomScoreAdj is 0 and containerd restricts oom_score_adj.
 - `failCgroupV1: false`: kubelet 1.37 refuses cgroup v1 hosts otherwise.
 
-Binaries: hack/controlplane/build.sh (etcd, kube-apiserver, kube-controller-manager, kubectl) and hack/node/build.sh
+Binaries: hack/k8s/build.sh's `controlplane` (etcd, kube-apiserver, kube-controller-manager, kubectl) and `node`
 (kubelet, kube-scheduler, kube-proxy, CoreDNS, the pause and testbox image archives); containerd, runc, the CNI
 plugins and nft from Debian (`make setup-node-apt`).
 """
@@ -42,12 +42,10 @@ from pathlib import Path
 import yaml
 
 from tests.support.builds import Build
-from tests.support.control_plane import ADMIN_TOKEN, ControlPlane, _die_with_parent, _openssl, go_build
+from tests.support.control_plane import ADMIN_TOKEN, ControlPlane, _die_with_parent, _openssl, k8s_build
 from tests.support.control_plane import make_certificates as make_serving_certificates
-from tests.support.paths import REPO
 
-NODE_BUILD_SCRIPT = REPO / "hack" / "node" / "build.sh"
-BUILD_NAME = "node"  # what build_fixtures.py and its progress lines call hack/node/build.sh
+BUILD_NAME = "node"  # hack/k8s/build.sh's set, and its name in hack/lib/build-times
 NODE_NAME = "grpo-node"
 PAUSE_IMAGE = "localhost/grpo-node-pause:1"
 TESTBOX_IMAGE = "localhost/grpo-node-testbox:1"
@@ -90,9 +88,9 @@ def missing_prerequisites() -> list[str]:
 
 
 def build() -> Build:
-    """hack/node/build.sh (not started), which prints the folder of the kubelet, kube-scheduler, kube-proxy, CoreDNS
-    and the two image archives, building what is missing (minutes the first time)."""
-    return go_build(BUILD_NAME, NODE_BUILD_SCRIPT, "the kubelet and CoreDNS are")
+    """hack/k8s/build.sh node (not started), which prints the folder of the kubelet, kube-scheduler, kube-proxy,
+    CoreDNS and the two image archives, building what is missing (minutes the first time)."""
+    return k8s_build(BUILD_NAME, "the kubelet and CoreDNS are")
 
 
 def _imported_references(output: str) -> list[str]:

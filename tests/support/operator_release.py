@@ -1,4 +1,4 @@
-"""The chart installed on the real node with the helm CLI (hack/helm/build.sh), running the operator image
+"""The chart installed on the real node with the helm CLI (hack/k8s/build.sh helm), running the operator image
 (tests/support/images.py): the operator the node scenarios run against, in its container, with the chart's
 ServiceAccount and RBAC, reaching the API server through the `kubernetes` Service as any in-cluster client does.
 The release's `trainerImage` is the trainer image's CPU variant, imported into the node beside the operator's: the
@@ -21,13 +21,11 @@ import pytest
 
 from tests.support.builds import Build
 from tests.support.chart_render import CHART_DIR, RELEASE, RELEASE_NAMESPACE
-from tests.support.control_plane import go_build
+from tests.support.control_plane import k8s_build
 from tests.support.images import BuiltImage
 from tests.support.node import Node
-from tests.support.paths import REPO
 
-HELM_BUILD_SCRIPT = REPO / "hack" / "helm" / "build.sh"
-HELM_BUILD = "helm"  # its name in hack/lib/build-times
+HELM_BUILD = "helm"  # hack/k8s/build.sh's set, and its name in hack/lib/build-times
 INSTANCE_LABEL = f"app.kubernetes.io/instance={RELEASE}"
 # Every kind the chart makes (namespaced ones in the release namespace), for the after-uninstall check.
 CHART_KINDS = ("deployments", "replicasets", "pods", "serviceaccounts", "services", "configmaps", "roles",
@@ -36,8 +34,8 @@ CHART_KINDS = ("deployments", "replicasets", "pods", "serviceaccounts", "service
 
 
 def helm_build() -> Build:
-    """hack/helm/build.sh (not started), which prints the folder holding `helm`."""
-    return go_build(HELM_BUILD, HELM_BUILD_SCRIPT, "the helm CLI is")
+    """hack/k8s/build.sh helm (not started), which prints the folder holding `helm`."""
+    return k8s_build(HELM_BUILD, "the helm CLI is")
 
 
 @dataclass

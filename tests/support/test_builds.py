@@ -63,7 +63,7 @@ def test_a_slow_build_says_what_it_builds_how_long_so_far_and_how_long_it_took_h
     monkeypatch.setenv("BUILD_PROGRESS_INTERVAL_S", "1")
     out = fake_build(tmp_path / "build.sh", CONTROL_PLANE_BUILD, "sleep 3.5")
     lines: list[str] = []
-    builds = run_builds(tmp_path, go_build(CONTROL_PLANE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
+    builds = run_builds(tmp_path, go_build(CONTROL_PLANE_BUILD, [str(tmp_path / "build.sh")], "it is"), lines=lines)
     assert wait(builds, CONTROL_PLANE_BUILD, lines) == str(out)
     took_here = f"a cold build took {recorded_minutes(CONTROL_PLANE_BUILD)} on the 2-core development machine"
     assert lines[0] == f"build: controlplane: building a fake controlplane ({took_here})"
@@ -79,7 +79,7 @@ def test_a_build_waiting_for_the_lock_says_so(tmp_path):
     with open(tmp_path / ".build.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another build holds the lock
         lines: list[str] = []
-        builds = run_builds(tmp_path, go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
+        builds = run_builds(tmp_path, go_build(KUEUE_BUILD, [str(tmp_path / "build.sh")], "it is"), lines=lines)
         while not any("waiting for another build" in line for line in lines):
             builds.poll(lines.append)
             time.sleep(0.1)
@@ -91,7 +91,7 @@ def test_a_build_waiting_for_the_lock_says_so(tmp_path):
 def test_a_failed_build_raises_with_its_log_tail(tmp_path):
     fake_build(tmp_path / "build.sh", KUEUE_BUILD, "echo 'undefined: v1.SomeType' >&2; exit 2")
     lines: list[str] = []
-    builds = run_builds(tmp_path, go_build(KUEUE_BUILD, tmp_path / "build.sh", "it is"), lines=lines)
+    builds = run_builds(tmp_path, go_build(KUEUE_BUILD, [str(tmp_path / "build.sh")], "it is"), lines=lines)
     with pytest.raises(BuildFailed, match="exited with 2") as failed:
         wait(builds, KUEUE_BUILD, lines)
     assert "undefined: v1.SomeType" in str(failed.value)
