@@ -120,52 +120,43 @@ def _rollout_pids(run_dir: Path) -> list[int]:
     return pids
 
 
-def _local_run_past_sync(tiny_model_dir, tmp_path, line: str) -> tuple[subprocess.Popen, Path, Path]:
-    """`grporun local` on the tiny manifest (3 epochs, its own server), once the learner's log shows `line`."""
-    manifest = tiny_manifest(tmp_path, tiny_model_dir, epochs=3)
+def _wait_for_log(process: subprocess.Popen, learner_log: Path, line: str, count: int = 1) -> None:
+    deadline = time.monotonic() + 900
+    while not (learner_log.exists() and learner_log.read_text(errors="replace").count(line) >= count):
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, f"the learner's log never showed {line!r} {count} time(s)"
+        time.sleep(0.5)
+
+
+def test_a_replica_that_hangs_then_dies_is_restarted_each_time_and_caught_up(tiny_model_dir, tmp_path):
+    # grporun local starts its own server here (the one extra server of this test), so it can restart it. One run
+    # for both faults: a server's start is most of either's cost.
+    manifest = tiny_manifest(tmp_path, tiny_model_dir, epochs=5)  # groups left for the second fault
     process = subprocess.Popen([*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--poll-interval",
                                 "0.5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
     learner_log = run_dir / "logs" / "tiny-learner-0.log"
-    deadline = time.monotonic() + 900
-    while not (learner_log.exists() and line in learner_log.read_text(errors="replace")):
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, f"the learner's log never showed {line!r}"
-        time.sleep(0.5)
-    return process, run_dir, learner_log
-
-
-def test_a_single_killed_replica_is_restarted_and_the_run_waits_then_finishes(tiny_model_dir, tmp_path):
-    # grporun local starts its own server here (the one extra server of this test), so it can restart it.
-    process, run_dir, learner_log = _local_run_past_sync(tiny_model_dir, tmp_path, "weight sync v3")
-    [pid] = _rollout_pids(run_dir)
-    os.killpg(pid, signal.SIGKILL)  # the server and its engine, as a crash would
+    _wait_for_log(process, learner_log, "weight sync v3")
+    # A hang. SIGSTOP: the server holds its port and the kernel accepts connections, but no token comes; /health
+    # would not tell (a wedged engine still answers it). The balancer takes it out, grporun local's liveness restarts
+    # it. A stop during a weight sync holds the sync's /pause on the stopped server until the restart ends it (seen:
+    # "pause took 162.7s"; the balancer's own liveness verdict waits out syncs). The hang comes first: liveness
+    # counts failures only once a server has answered a probe with a token, which a server this far into the run has.
+    [hung] = _rollout_pids(run_dir)
+    os.killpg(hung, signal.SIGSTOP)
+    _wait_for_log(process, learner_log, "caught up to v")  # the restarted server loaded the current weights
+    # Then a crash of the restarted server, its engine with it: its exit restarts it, and the run waits for it.
+    [crashed] = [pid for pid in _rollout_pids(run_dir) if pid != hung]
+    os.killpg(crashed, signal.SIGKILL)
     out, _ = process.communicate(timeout=RUN_TIMEOUT_S + 600)
     assert process.returncode == 0 and "phase: Succeeded" in out, out[-4000:]
-    assert "RolloutRestarted" in out and "restart 1/" in out
-    log = learner_log.read_text(errors="replace")
-    assert "caught up to v" in log  # the restarted server loaded the current weights before it took traffic
+    restarted = [line for line in out.splitlines() if "RolloutRestarted" in line]
+    assert len(restarted) == 2, restarted
+    assert "restart 1/" in restarted[0] and "hung:" in restarted[0]  # not an exit: its liveness probes found no token
+    assert "restart 2/" in restarted[1] and "hung:" not in restarted[1]  # an exit
+    assert learner_log.read_text(errors="replace").count("caught up to v") >= 2  # each restart caught up first
     report = _final_report(run_dir)
     assert report.groups_consumed == report.groups_total  # the exact epoch bound
     [replica] = report.rollout
     assert replica.ready and c.weight_version_number(replica.weight_version) == report.weight_syncs
     assert replica.failures >= 1
-
-
-def test_a_hung_replica_is_found_by_generation_restarted_and_caught_up(tiny_model_dir, tmp_path):
-    # SIGSTOP: the server holds its port and the kernel accepts connections, but no token comes; /health would not
-    # tell (a wedged engine still answers it). The balancer takes it out, grporun local's liveness restarts it.
-    process, run_dir, learner_log = _local_run_past_sync(tiny_model_dir, tmp_path, "weight sync v3")
-    [pid] = _rollout_pids(run_dir)
-    os.killpg(pid, signal.SIGSTOP)  # the server and its engine stop answering; the process stays
-    out, _ = process.communicate(timeout=RUN_TIMEOUT_S + 600)
-    assert process.returncode == 0 and "phase: Succeeded" in out, out[-4000:]
-    assert "RolloutRestarted" in out and "hung:" in out  # not an exit: its liveness probes found no token
-    # A stop that lands during a weight sync holds the sync's /pause on the stopped server until the restart ends
-    # it (seen: "pause took 162.7s"; the balancer's own liveness verdict waits out syncs). Either way the restarted
-    # server loaded the current weights before it took traffic.
-    assert "caught up to v" in learner_log.read_text(errors="replace")
-    report = _final_report(run_dir)
-    assert report.groups_consumed == report.groups_total  # the exact epoch bound
-    [replica] = report.rollout
-    assert replica.ready and c.weight_version_number(replica.weight_version) == report.weight_syncs

@@ -1,4 +1,5 @@
-"""`grporun local` end to end: the tiny example reaches Succeeded; Ctrl-C leaves no process behind."""
+"""`grporun local` end to end: the tiny example reaches Succeeded, its learner (`python -m grpo_trainer learner`, as
+the pod runs it) ending with the termination message the operator reads; Ctrl-C leaves no process behind."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_trainer import contract as c
 from tests.support.paths import REPO
 from tests.support.vllm_server import EAGER_VLLM_ARGS
 
@@ -43,11 +45,20 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
          "--poll-interval", "0.5"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
-    learner_log = tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log"
-    assert result.returncode == 0, result.stdout + result.stderr + learner_log.read_text(errors="replace")[-3000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    learner_log = (run_dir / "logs" / "tiny-learner-0.log").read_text(errors="replace")
+    assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
     assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
     assert "groups consumed 16/16" in result.stdout
-    assert (tmp_path / "runs" / "tiny" / "run.json").is_file()
+    assert (run_dir / "run.json").is_file()
+    # What the operator reads of the learner: its termination message.
+    report = c.parse_progress((run_dir / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.SUCCEEDED and report.groups_consumed == report.groups_total == 16
+    assert set(report.dropped) == set(c.DROP_REASONS)  # every reason reported, zero or not
+    assert report.groups_trained > 0 and report.global_step > 0
+    assert report.weight_syncs >= report.global_step  # one sync per step (weightSyncSteps 1) plus the cold one
+    assert "AsyncRolloutWorker child is ready" in learner_log  # TRL's own worker generated the rollouts
+    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
 
 
 def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):
