@@ -305,12 +305,25 @@ def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_th
     assert report.dropped[c.DropReason.LOST.value] == 0
     assert [server.url for server in report.rollout] == [vllm_server.url]  # the removed one left the report
     log = learner_log.read_text(errors="replace")
-    left = log.index(f"rollout server {second_url} left the run's set")
+    left = log.rindex("\n", 0, log.index(f"rollout server {second_url} left the run's set")) + 1
     after = log[left:].splitlines()
-    syncs_after = [line for line in after if "weight sync v" in line and "server(s)" in line]
-    # From the moment it left, every sync went to the one server left, and none tried the removed one.
+    left_at = _logged_at(after[0])
+    # A sync's line is written when it ends; one that began before the server left may have loaded it first.
+    syncs_after = [line for line in after if "weight sync v" in line and "server(s)" in line
+                   and _logged_at(line) - _sync_seconds(line) > left_at]
+    # Every sync that began after it left went to the one server left, and none tried the removed one.
     assert syncs_after and all("to 1 server(s)" in line for line in syncs_after), syncs_after
     assert not [line for line in after if "weight sync:" in line and second_url in line]
     print(f"1->2->1: the second server produced {served} samples before its removal "
           f"(at {before_removal.groups_consumed}/{before_removal.groups_total} groups); {len(syncs_after)} syncs "
           f"after it left, all to 1 server; dropped {report.dropped}, regenerated {report.regenerated}")
+
+
+def _logged_at(line: str) -> float:
+    """The seconds since the epoch of a learner log line (`2026-12-02 09:32:27,310 INFO ...`)."""
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _sync_seconds(line: str) -> float:
+    """How long the sync of a `weight sync vN: ... in 0.55s` line took."""
+    return float(line.rsplit(" in ", 1)[1].rstrip("s"))
