@@ -56,6 +56,7 @@ API_SERVICE_IP = "10.96.0.1"
 API_PORT = 6443  # inside the node's namespace, where every port is free
 KUBELET_TOKEN = "grpo-node-kubelet-token"
 SCHEDULER_TOKEN = "grpo-node-scheduler-token"
+IMPORT_TIMEOUT_S = 1200
 # The kubelet checks these with protectKernelDefaults; the mount namespace shows it these values.
 KERNEL_DEFAULTS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 # What a node's pods need of the controller-manager: ServiceAccounts and the CA ConfigMap for their tokens,
@@ -356,7 +357,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for the trainer image) on a disk the node shares with this machine's other work. Returns the seconds it
         took."""
         began = time.monotonic()
-        done = self._ctr("image", "import", str(archive))
+        # The trainer image's 7.6 GB took 181-272 s on a loaded 2-core machine, and over 300 s beside a second test
+        # worker running vLLM.
+        done = self._ctr("image", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
         references = _imported_references(done.stdout)
         if not references:
             raise RuntimeError(f"ctr image import {archive} unpacked no image: {done.stdout}{done.stderr}")
