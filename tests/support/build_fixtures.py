@@ -9,8 +9,9 @@ skip; only a missing prerequisite (no Go, not root) skips, saying which.
 
 The builds run in the process that owns the terminal, so their progress lines reach it: the pytest process itself,
 or pytest-xdist's controller, which hands its workers the board the outcomes go to. Under xdist the tests that
-share an expensive session fixture (the control plane, the node, the vLLM server) form one `xdist_group`, so that
-each is started once per run (`--dist loadgroup`); the other tests go to whichever worker is free.
+share an expensive session fixture (the control plane, the node, the vLLM server) form one scheduling group, so
+that each is started once per run; a free worker gets the longest group whose builds are done, else a test whose
+builds are done, and waits for a build only when nothing else is left (`next_unit`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ BUILDS = (
     BuildKind(kueue_manager.BUILD_NAME, "kueue_binaries", kueue_manager.build),
 )
 # The session fixtures that make a test part of a group under xdist: each is started by the worker that runs it.
-GROUPS = {"control_plane": "control-plane", "node": "node", "vllm_server": "vllm-server"}
+# Longest first, so that the two longest go to different workers: measured alone on the 2-core machine, the
+# vLLM server's 16 tests took 1031 s, the node's 11 942 s, the control plane's 155 258 s.
+GROUPS = {"vllm_server": "vllm-server", "node": "node", "control_plane": "control-plane"}
 BOARD_INPUT = "grpo_builds_board"  # the key of xdist's workerinput that names the board
 COLLECTED_FILE = "collected.json"  # what a worker's collection needs and its groups, for the controller
 
@@ -196,9 +199,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if _is_worker(config):
         groups = {item.nodeid: group for item in session.items if (group := _group(item))}
+        needs = {item.nodeid: [kind.name for kind in kinds] for item in session.items if (kinds := _needs(item))}
         board = config.stash[_RUN].board
         partial = board.folder / f".{COLLECTED_FILE}.{config.workerinput['workerid']}"
-        partial.write_text(json.dumps({"needed": needed, "groups": groups}))
+        partial.write_text(json.dumps({"needed": needed, "groups": groups, "needs": needs}))
         partial.replace(board.folder / COLLECTED_FILE)
         return
     if not needed:
@@ -223,10 +227,29 @@ def pytest_xdist_node_collection_finished(node, ids) -> None:
         run.start(needed, _reporter(node.config))
 
 
+@dataclass(frozen=True)
+class Unit:
+    """What xdist's scheduler hands a worker at once: a group's tests, or one test."""
+
+    scope: str  # a group's name, or the test's nodeid
+    needs: frozenset[str]  # the builds its tests wait for
+
+
+def next_unit(queue: list[Unit], built: set[str], idle: bool) -> Unit | None:
+    """The unit a worker gets next: the first group, then the first test, whose builds all have an outcome. With
+    none, an idle worker gets the first unit of the queue anyway (it waits for its builds), and a busy one gets
+    nothing until it finishes a test."""
+    ready = [unit for unit in queue if unit.needs <= built]
+    ready.sort(key=lambda unit: unit.scope not in GROUPS.values())  # stable: groups first, in the queue's order
+    if ready:
+        return ready[0]
+    return queue[0] if idle and queue else None
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `-n N` (xdist's `load` distribution), each of `GROUPS` goes to one worker as one unit, the largest
-    first, and every other test to whichever worker is free."""
+    """Under `-n N` (xdist's `load` distribution), each of `GROUPS` goes to one worker as one unit, and every other
+    test to whichever worker is free, each in the order `next_unit` chooses."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -234,12 +257,44 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     board = config.stash[_RUN].board
 
     class GroupScheduling(LoadScopeScheduling):
-        groups: dict[str, str] | None = None  # read once the workers have collected
+        collected: dict | None = None  # read once the workers have collected
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:
-                self.groups = _collected(board)["groups"]
-            return self.groups.get(nodeid, nodeid)
+            if self.collected is None:
+                self.collected = _collected(board)
+            return self.collected["groups"].get(nodeid, nodeid)
+
+        def _queue(self) -> list[Unit]:
+            """The work queue's units, the groups first in `GROUPS`' order (xdist puts the most tests first)."""
+            order = list(GROUPS.values())
+            needs = self.collected["needs"]
+            units = [Unit(scope, frozenset(name for nodeid in tests for name in needs.get(nodeid, ())))
+                     for scope, tests in self.workqueue.items()]
+            return sorted(units, key=lambda unit: order.index(unit.scope) if unit.scope in order else len(order))
+
+        def _choose(self, idle: bool) -> bool:
+            """Put the unit `next_unit` chooses first in the work queue; False when it chooses none."""
+            built = {kind.name for kind in BUILDS if board.outcome(kind.name) is not None}
+            unit = next_unit(self._queue(), built, idle)
+            if unit is not None:
+                self.workqueue.move_to_end(unit.scope, last=False)
+            return unit is not None
+
+        def _assign_work_unit(self, node) -> None:
+            self._choose(idle=True)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # xdist's, but a worker still running tests does not take a unit whose builds are not done
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            # A worker runs a test only once it holds the next one (or is told to stop): with one left it is idle.
+            pending = self._pending_of(self.assigned_work[node])
+            if pending <= 2 and self._choose(idle=pending <= 1):
+                super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.build_fixtures import Unit, next_unit
 from tests.support.builds import PROGRESS_PREFIX, Board, BuildFailed, Builds
 from tests.support.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
 from tests.support.control_plane import go_build
@@ -132,13 +133,11 @@ import pytest
 def test_uses_the_control_plane(control_plane, n):
     pass
 
-def test_needs_nothing_1():
-    pass
-
-def test_needs_nothing_2():
+@pytest.mark.parametrize("n", range(4))
+def test_needs_nothing(n):
     pass
 """
-NEED_NOTHING = ["test_needs_nothing_1", "test_needs_nothing_2"]
+NEED_NOTHING = [f"test_needs_nothing[{n}]" for n in range(4)]
 NEED_BUILDS = ["test_needs_the_control_plane", *(f"test_uses_the_control_plane[{n}]" for n in range(6)),
                "test_needs_kueue"]
 
@@ -176,7 +175,7 @@ def test_pytest_runs_the_tests_that_need_no_binaries_first_and_shows_the_builds_
     assert re.search(r"build: controlplane: building a fake controlplane, \ds so far", out), out
     assert out.index("build: controlplane: built") < out.index("build: kueue: building")  # one after the other
     assert "builds: controlplane, kueue in the background, one at a time per lane" in out
-    assert "the 2 tests that need none of them run first" in out
+    assert "the 4 tests that need none of them run first" in out
 
 
 def test_on_two_xdist_workers_the_builds_run_once_and_a_group_shares_its_session_fixture(tmp_path):
@@ -190,6 +189,39 @@ def test_on_two_xdist_workers_the_builds_run_once_and_a_group_shares_its_session
     assert out.count("build: controlplane: built") == 1 and out.count("build: kueue: built") == 1, out
     # One worker set the session fixture up once for the six tests of its group.
     assert len((tmp_path / "control-plane-set-up").read_text().split()) == 1
+    # Neither worker started waiting for the build while a test that needs none was left: each ran some of them.
+    workers = {test: worker for worker, test in re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED test_inner.py::([\w\[\]]+)",
+                                                         out)}
+    assert {workers[test] for test in NEED_NOTHING} == {"gw0", "gw1"}, out
+
+
+def units(*scopes: str) -> list[Unit]:
+    """Units named `scope` or `scope|build,build` (the builds it needs)."""
+    return [Unit(scope.partition("|")[0], frozenset(filter(None, scope.partition("|")[2].split(","))))
+            for scope in scopes]
+
+
+QUEUE = units("vllm-server", "node|node,trainer-image", "control-plane|controlplane", "a.py::t1",
+              "b.py::t2|operator-image")
+
+
+def test_a_free_worker_gets_the_first_group_whose_builds_are_done():
+    assert next_unit(QUEUE, {"controlplane", "node", "trainer-image", "operator-image"}, idle=True).scope == \
+        "vllm-server"
+    assert next_unit(QUEUE[1:], {"controlplane", "node", "trainer-image"}, idle=False).scope == "node"
+    assert next_unit(QUEUE[1:], {"controlplane"}, idle=False).scope == "control-plane"
+
+
+def test_a_test_whose_builds_are_done_comes_before_a_group_waiting_for_its_builds():
+    assert next_unit(QUEUE[1:], set(), idle=True).scope == "a.py::t1"
+    assert next_unit([QUEUE[1], QUEUE[4]], {"operator-image"}, idle=False).scope == "b.py::t2"
+
+
+def test_a_worker_waits_for_a_build_only_when_it_has_nothing_else_to_run():
+    waiting = units("node|node", "b.py::t2|operator-image")
+    assert next_unit(waiting, set(), idle=False) is None  # it asks again when it finishes a test
+    assert next_unit(waiting, set(), idle=True).scope == "node"
+    assert next_unit([], set(), idle=True) is None
 
 
 def test_a_failed_build_fails_the_tests_that_need_it_with_its_log_tail_and_skips_nothing(tmp_path):
