@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.build_fixtures import Unit, next_unit
-from tests.support.builds import PROGRESS_PREFIX, Board, BuildFailed, Builds
+from tests.support.builds import BUILD_NICENESS, PROGRESS_PREFIX, Board, BuildFailed, Builds
 from tests.support.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
 from tests.support.control_plane import go_build
 from tests.support.kueue_manager import BUILD_NAME as KUEUE_BUILD
@@ -87,6 +87,18 @@ def test_a_build_waiting_for_the_lock_says_so(tmp_path):
         assert not builds.queue[0].done
     wait(builds, KUEUE_BUILD, lines)
     assert lines[-1] == f"build: {KUEUE_BUILD}: built a fake {KUEUE_BUILD} in 0s"
+
+
+def test_a_build_runs_ahead_of_the_tests_on_the_cores(tmp_path):
+    niceness = tmp_path / "niceness"
+    fake_build(tmp_path / "build.sh", KUEUE_BUILD, f"nice > {niceness}")
+    lines: list[str] = []
+    wait(run_builds(tmp_path, go_build(KUEUE_BUILD, [str(tmp_path / "build.sh")], "it is"), lines=lines),
+         KUEUE_BUILD, lines)
+    ours = os.nice(0)
+    # Only root may raise a priority; elsewhere the build runs at the tests' own.
+    expected = max(ours + BUILD_NICENESS, -20) if os.geteuid() == 0 else ours
+    assert int(niceness.read_text()) == expected
 
 
 def test_a_failed_build_raises_with_its_log_tail(tmp_path):

@@ -24,7 +24,9 @@ from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vll
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-RUN_TIMEOUT_S = 900
+# A hang guard: the hang-then-die run took 427 s alone and 509 s beside a second test worker; on a cold machine
+# it may run while the builds, ahead of it on the cores, take most of them.
+RUN_TIMEOUT_S = 1800
 
 
 #: vLLM's CPU backend pins its worker to the last core of the machine's first node by default: every server on one
