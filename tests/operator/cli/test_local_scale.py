@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -319,9 +320,20 @@ def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_th
           f"after it left, all to 1 server; dropped {report.dropped}, regenerated {report.regenerated}")
 
 
+#: A log record's time; tqdm's bar (written without a newline) may come before it on the same line.
+LOGGED_AT = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
+
+
 def _logged_at(line: str) -> float:
-    """The seconds since the epoch of a learner log line (`2026-12-02 09:32:27,310 INFO ...`)."""
-    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    """The seconds since the epoch of a learner log line (`2026-12-02 09:32:27,310 INFO ...`): its last record's."""
+    return datetime.datetime.strptime(LOGGED_AT.findall(line)[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_a_log_lines_time_is_read_past_a_progress_bar_before_it():
+    bar = "  1%|          | 116/15360 [02:11<4:03:06,  1.05it/s]"
+    assert _logged_at(f"{bar}2026-12-02 09:32:27,310 INFO x: left") == _logged_at("2026-12-02 09:32:27,310 INFO x")
+    later, earlier = _logged_at("2026-12-02 09:32:27,310 INFO x"), _logged_at("2026-12-02 09:32:26,300 INFO x")
+    assert later - earlier == pytest.approx(1.01)
 
 
 def _sync_seconds(line: str) -> float:
