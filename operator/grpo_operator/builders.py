@@ -187,15 +187,27 @@ def _run_config(data: Mapping[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-#: The rollout pods' terminationGracePeriodSeconds: the kubelet's default (the pods set none, no override may).
-TERMINATION_GRACE_S = 30
+#: The pods' terminationGracePeriodSeconds unless `podTemplateOverride.spec` sets it. A rollout server only stops:
+#: Kubernetes' default. A learner checkpoints on SIGTERM: it finishes its micro-batch (20 s for the tiny model on a
+#: loaded 2-core node), writes model and optimizer state, then TRL stops its rollout worker (up to 20 s); in 30 s it
+#: was killed mid-way and its restart counted against the backoff limit.
+ROLLOUT_TERMINATION_GRACE_S = 30
+LEARNER_TERMINATION_GRACE_S = 120
+
+
+def _termination_grace_seconds(settings: RolePodSpec, default: int) -> int:
+    """A role's pods' termination grace period: the override's, else the role's default."""
+    override = settings.pod_template_override
+    chosen = override.spec.termination_grace_period_seconds if override and override.spec else None
+    return default if chosen is None else chosen
 
 
 def drain_deadline_seconds(spec: GRPORunSpec) -> int:
     """How long a removed rollout server may stay in the learner's report before its pod is deleted anyway: the
     requests in flight on it may take the request timeout (`training.extraArgs.request_timeout`, TRL's default
     otherwise), plus the pod's termination grace period."""
-    return int(request_timeout_seconds(spec.training.extra_args)) + TERMINATION_GRACE_S
+    grace = _termination_grace_seconds(spec.rollout, ROLLOUT_TERMINATION_GRACE_S)
+    return int(request_timeout_seconds(spec.training.extra_args)) + grace
 
 
 def _headless_service(run: RunRef, name: str, role: str, port: int) -> dict[str, Any]:
@@ -278,6 +290,7 @@ class PodRole:
 
 
 _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_name}
+_TERMINATION_GRACE_S = {"rollout": ROLLOUT_TERMINATION_GRACE_S, "learner": LEARNER_TERMINATION_GRACE_S}
 
 
 def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, attempt: int) -> dict[str, Any]:
@@ -306,6 +319,7 @@ def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, a
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": _TERMINATION_GRACE_S[role.role],
         "hostname": role.name,
         "subdomain": _SERVICE_NAMES[role.role](run.name),  # the headless Service that gives the pod its DNS name
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,

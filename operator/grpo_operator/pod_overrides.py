@@ -111,6 +111,7 @@ class PodSpecOverride(WireModel):
     volumes: list[dict[str, Any]] | None = None  # core/v1 Volume, each with its own name
     containers: list[ContainerOverride] | None = None
     shm_size: str | None = None  # the sizeLimit of the in-memory /dev/shm volume
+    termination_grace_period_seconds: int | None = Field(None, ge=0)
     restart_policy: str | None = None
 
     _managed = field_validator("restart_policy")(_refuse)
@@ -157,7 +158,8 @@ def _apply_spec(spec: dict[str, Any], override: PodSpecOverride, where: str) -> 
                          ("topologySpreadConstraints", override.topology_spread_constraints),
                          ("priorityClassName", override.priority_class_name),
                          ("schedulerName", override.scheduler_name),
-                         ("runtimeClassName", override.runtime_class_name)):
+                         ("runtimeClassName", override.runtime_class_name),
+                         ("terminationGracePeriodSeconds", override.termination_grace_period_seconds)):
         if value is not None:
             spec[field] = copy.deepcopy(value)
     managed_volumes = {volume["name"] for volume in spec["volumes"]}

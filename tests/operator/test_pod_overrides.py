@@ -98,6 +98,18 @@ def test_each_override_reaches_the_pods_of_its_role_and_nothing_else():
         assert pod["metadata"]["labels"]["grpo.dev/run"] == "run"
 
 
+def test_a_learner_gets_time_to_checkpoint_on_sigterm_and_an_override_sets_each_roles_grace_period():
+    def grace(objects: dict[str, dict[str, Any]], role: str) -> set[int]:
+        return {pod["spec"]["terminationGracePeriodSeconds"] for pod in by_role(objects, role)}
+    plain = pods()
+    assert (grace(plain, "rollout"), grace(plain, "learner")) == ({30}, {120})
+    overridden = pods({"spec": {"terminationGracePeriodSeconds": 5}},
+                      {"spec": {"terminationGracePeriodSeconds": 900}})
+    assert (grace(overridden, "rollout"), grace(overridden, "learner")) == ({5}, {900})
+    with pytest.raises(SpecError, match="terminationGracePeriodSeconds"):
+        pods(learner={"spec": {"terminationGracePeriodSeconds": -1}})
+
+
 def test_hf_token_from_a_secret_reaches_both_roles():
     override = {"spec": {"containers": [{"name": "{role}", "env": [HF_TOKEN_FROM_SECRET]}]}}
 

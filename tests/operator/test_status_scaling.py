@@ -163,6 +163,8 @@ def test_the_drain_deadline_is_the_request_timeout_plus_the_grace_period():
     assert builders.drain_deadline_seconds(spec_of()) == 600 + 30
     assert builders.drain_deadline_seconds(scaled(1)) == DEADLINE
     assert builders.drain_deadline_seconds(spec_of(training={"extraArgs": {"request_timeout": "x"}})) == 630
+    slow_stop = spec_of(rollout={"podTemplateOverride": {"spec": {"terminationGracePeriodSeconds": 90}}})
+    assert builders.drain_deadline_seconds(slow_stop) == 600 + 90
 
 
 def test_the_rollout_selector_selects_what_the_rollout_pods_carry():
