@@ -33,7 +33,12 @@ from grpo_trainer.contract import (
     request_timeout_seconds,
 )
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
-from grpo_trainer.rollout_health import LIVENESS_FAILURE_THRESHOLD, LIVENESS_PERIOD_S, PROBE_TIMEOUT_S
+from grpo_trainer.rollout_health import (
+    LIVENESS_FAILURE_THRESHOLD,
+    LIVENESS_PERIOD_S,
+    PROBE_TIMEOUT_S,
+    STARTUP_WAIT_S,
+)
 
 from . import podgroup
 from .api import (
@@ -346,18 +351,24 @@ def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
                         main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
 
 
-#: Model download and load before the first /health: up to an hour before the kubelet gives up on a rollout server.
-ROLLOUT_STARTUP_PERIOD_S, ROLLOUT_STARTUP_FAILURES = 10, 360
+#: Model download and load before the first /health: up to an hour (12 runs of the startup probe's wait) before the
+#: kubelet gives up on a rollout server.
+ROLLOUT_STARTUP_PERIOD_S, ROLLOUT_STARTUP_FAILURES = 10, 12
+#: Every failed probe is a Warning event on the pod, and the kubelet passes 25 per pod, then one per 5 min: readiness
+#: every 10 s (Kubernetes' default) leaves room for the liveness failures after a server froze.
+ROLLOUT_READINESS_PERIOD_S = 10
 
 
 def rollout_probes() -> dict[str, dict[str, Any]]:
     """Readiness by /health; liveness by a generated token (`python -m grpo_trainer probe`), since a hung server and
-    one whose engine died both keep answering /health. Liveness starts once /health first answers (startupProbe)."""
+    one whose engine died both keep answering /health. Liveness starts once the startup probe saw /health answer
+    (`probe --startup` waits for it up to STARTUP_WAIT_S in one run)."""
     health = {"httpGet": {"path": "/health", "port": ROLLOUT_HTTP_PORT}}
     probe_command = ["python", "-m", "grpo_trainer", "probe", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
     return {
-        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
-        "startupProbe": {**health, "periodSeconds": ROLLOUT_STARTUP_PERIOD_S,
+        "readinessProbe": {**health, "periodSeconds": ROLLOUT_READINESS_PERIOD_S, "failureThreshold": 3},
+        "startupProbe": {"exec": {"command": [*probe_command, "--startup"]},
+                         "periodSeconds": ROLLOUT_STARTUP_PERIOD_S, "timeoutSeconds": STARTUP_WAIT_S + 10,
                          "failureThreshold": ROLLOUT_STARTUP_FAILURES},
         "livenessProbe": {"exec": {"command": probe_command}, "periodSeconds": LIVENESS_PERIOD_S,
                           # the probe's own timeout plus the interpreter's start

@@ -17,7 +17,7 @@ from grpo_trainer.contract import (
     ROLLOUT_HTTP_PORT,
     load_run_config,
 )
-from grpo_trainer.rollout_health import PROBE_TIMEOUT_S
+from grpo_trainer.rollout_health import PROBE_TIMEOUT_S, STARTUP_WAIT_S
 from tests.support.specs import minimal_spec
 
 KUBERNETES_VERSION = "1.33"
@@ -122,7 +122,11 @@ def test_rollout_liveness_proves_generation_once_the_server_has_started():
     liveness = main["livenessProbe"]
     assert liveness["exec"]["command"] == ["python", "-m", "grpo_trainer", "probe", "--config", "/etc/grpo/run.json"]
     assert liveness["timeoutSeconds"] > PROBE_TIMEOUT_S
-    assert main["startupProbe"]["httpGet"] == {"path": "/health", "port": ROLLOUT_HTTP_PORT}
+    startup = main["startupProbe"]
+    assert startup["exec"]["command"] == [*liveness["exec"]["command"], "--startup"]
+    # One run waits minutes for /health; a slow model load fails it once per wait, not once per 10 s.
+    assert startup["timeoutSeconds"] > STARTUP_WAIT_S >= 240
+    assert startup["failureThreshold"] * (STARTUP_WAIT_S + startup["periodSeconds"]) >= 3600
 
 
 @pytest.mark.parametrize("name", ["run-rollout-0", "run-learner-0"])

@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe = sub.add_parser("probe", help="exit 0 when the local rollout server generates one token (its liveness)")
     probe.add_argument("--config", required=True, help="the resolved run config (run.json)")
     probe.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
-    probe.add_argument("--timeout", type=float, default=None, help="seconds to wait for the token (default 30)")
+    probe.add_argument("--timeout", type=float, default=None,
+                       help="seconds to wait for the token (default 30), or with --startup for /health (default 290)")
+    probe.add_argument("--startup", action="store_true",
+                       help="exit 0 once the server's /health answers (its model is loaded): the startup probe")
     return parser
 
 
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo rollout: {describe_config_error(args.config, error)}", file=sys.stderr)
         return c.EXIT_INVALID_CONFIG
     if args.role == "probe":
+        if args.startup:
+            return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
     from .rollout import main as rollout_main
 
@@ -60,6 +65,17 @@ def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int
     error = probe_generation(f"http://127.0.0.1:{port}", config.model, timeout_s or PROBE_TIMEOUT_S)
     if error is not None:
         print(f"grpo probe: the rollout server generated no token: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def startup_probe(port: int, timeout_s: float | None = None) -> int:
+    """Waits for the server on `port` to answer /health: one probe run covers minutes of model load."""
+    from .rollout_health import STARTUP_WAIT_S, wait_healthy
+
+    error = wait_healthy(f"http://127.0.0.1:{port}", timeout_s or STARTUP_WAIT_S)
+    if error is not None:
+        print(f"grpo probe: the rollout server has not started: {error}", file=sys.stderr)
         return 1
     return 0
 

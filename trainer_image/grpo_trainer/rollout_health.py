@@ -17,6 +17,12 @@ PROBE_PROMPT = [1, 2, 3]
 #: and the server is restarted. A weight sync holds a server paused for seconds, far below that.
 LIVENESS_PERIOD_S = 20
 LIVENESS_FAILURE_THRESHOLD = 3
+#: The pod's startup probe waits this long for `/health` inside one run, so a model load costs one failure (one
+#: Warning event) per 5 min. The kubelet lets 25 Warnings per pod through, then one per 5 min: a plain 10 s probe
+#: spent them all in a 5 min load, and the liveness failures of a server that hung later were never shown.
+STARTUP_WAIT_S = 290
+#: How often the startup probe asks `/health` while it waits.
+STARTUP_POLL_S = 1.0
 
 
 async def generation_probe(
@@ -45,3 +51,26 @@ def probe_generation(url: str, model: str, timeout_s: float = PROBE_TIMEOUT_S) -
             return await generation_probe(session, url, model, timeout_s)
 
     return asyncio.run(once())
+
+
+def wait_healthy(url: str, timeout_s: float = STARTUP_WAIT_S) -> str | None:
+    """None as soon as `url`'s `/health` answers 200 (the server has loaded its model); after `timeout_s` without
+    that, why not, in one line."""
+    async def poll() -> str | None:
+        loop = asyncio.get_running_loop()
+        deadline, last = loop.time() + timeout_s, "no answer yet"
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(f"{url}/health",
+                                           timeout=aiohttp.ClientTimeout(total=STARTUP_POLL_S * 5)) as response:
+                        if response.status == 200:
+                            return None
+                        last = f"HTTP {response.status}"
+                except (aiohttp.ClientError, TimeoutError) as error:
+                    last = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                if loop.time() + STARTUP_POLL_S > deadline:
+                    return f"/health did not answer within {timeout_s:.0f}s ({last})"
+                await asyncio.sleep(STARTUP_POLL_S)
+
+    return asyncio.run(poll())
