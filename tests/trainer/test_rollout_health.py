@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from grpo_operator.cli.local.processes import free_port
 from grpo_trainer import contract as c
@@ -19,10 +20,16 @@ from tests.support.paths import REPO
 SERVER = str(REPO / "tests" / "support" / "completions_server.py")
 
 
-def test_the_liveness_command_passes_on_a_generating_server_and_fails_on_a_hung_one(tmp_path):
+def _run_config(tmp_path: Path) -> Path:
+    """A run config the probes read (the model's name is all they use)."""
     config = tmp_path / "run.json"
     run = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]})
     config.write_text(run.model_dump_json(by_alias=True))
+    return config
+
+
+def test_the_liveness_command_passes_on_a_generating_server_and_fails_on_a_hung_one(tmp_path):
+    config = _run_config(tmp_path)
     port = free_port()
     server = subprocess.Popen([sys.executable, SERVER, "s", str(port)], stdout=subprocess.PIPE, text=True)
     probe = [sys.executable, "-m", "grpo_trainer", "probe", "--config", str(config), "--port", str(port),
@@ -40,9 +47,7 @@ def test_the_liveness_command_passes_on_a_generating_server_and_fails_on_a_hung_
 
 
 def test_the_startup_probe_waits_in_one_run_for_a_server_that_comes_up_and_fails_for_one_that_does_not(tmp_path):
-    config = tmp_path / "run.json"
-    run = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]})
-    config.write_text(run.model_dump_json(by_alias=True))
+    config = _run_config(tmp_path)
     port = free_port()
 
     def startup_probe(timeout_s: int) -> subprocess.Popen:
