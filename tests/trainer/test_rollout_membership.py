@@ -24,6 +24,7 @@ from grpo_trainer import contract as c
 from grpo_trainer.balancer import RolloutBalancer
 from grpo_trainer.replicas import EmptyRolloutSet, ReplicaSet
 from grpo_trainer.run_config_watch import RolloutUrlsWatch
+from grpo_trainer.sync_watchdog import DaemonCall
 from grpo_trainer.weight_sync import FilesystemWeightTransfer
 from tests.support.paths import REPO
 
@@ -204,6 +205,64 @@ def test_a_server_removed_during_a_weight_sync_is_in_none_of_its_steps_and_its_f
     # Had the reload gone to b, it would have failed on b after 5 s (a failure, and a sync that waited on it).
     assert b not in replicas.urls and report[a].failures == 0
     assert [status for status, _ in results] == [200] * 4 and [text for _, text in results].count("b") == 2
+
+
+def test_a_replica_that_leaves_during_a_weight_sync_step_on_it_stays_reported_until_the_step_ends():
+    replicas = ReplicaSet(["http://a", "http://b", "http://c"])
+    for url in ("http://a", "http://b"):
+        assert replicas.admitted(url)
+    with replicas.sync_step("http://c") as held:
+        assert not held  # not in the pool yet: a sync leaves it out
+    with replicas.sync_step("http://c", admitting=True) as held:
+        assert held  # its catch-up
+        change = replicas.apply(["http://a"])
+        assert change.draining == ("http://b", "http://c") and change.left == ("http://b",)
+        assert replicas.urls == ["http://a", "http://c"]
+    assert replicas.urls == ["http://a"] and not replicas.admitted("http://c")
+    replicas.apply(["http://a", "http://b"])
+    assert replicas.admitted("http://b")
+    with replicas.sync_step("http://b") as held:
+        assert held
+        replicas.apply(["http://a"])
+        assert states(replicas)["http://b"] == c.ReplicaState.DRAINING
+        with replicas.sync_step("http://b") as again:
+            assert not again  # draining: the next step of the sync leaves it out
+    assert replicas.urls == ["http://a"]
+
+
+def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_step(scripted, tmp_path, caplog):
+    # `grporun local` and the operator stop a removed server once the learner's report no longer lists it. A
+    # `/resume` under way on it when it left was cut off by that stop: a failed step and a warning naming a server
+    # the run had let go.
+    a = scripted("a")
+    b_process = subprocess.Popen([sys.executable, SERVER, "b", "--slow", "/resume"], stdout=subprocess.PIPE,
+                                 text=True)
+    caplog.set_level(logging.WARNING, logger="grpo_trainer.weight_sync")
+    try:
+        b = b_process.stdout.readline().strip()
+        replicas, balancer = balancer_on(tmp_path / "run.json", [a, b])
+        sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", replicas=replicas, timeout_s=30)
+        sync.init_weight_transfer()
+        try:
+            wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
+            sync.pause()
+            sync.send_weights(iter([("w", torch.ones(2))]))
+            resume = DaemonCall(sync.resume, "test-resume")
+            assert b_process.stdout.readline().strip() == "began /resume"
+            write_config(tmp_path / "run.json", [a])
+            wait_for(lambda: states(replicas).get(b) != c.ReplicaState.SERVING, "the balancer to apply the new set")
+            wait_for(lambda: b not in replicas.urls, "the report to drop b", timeout_s=20)
+            stopped_while_resuming = not resume.join(0)
+            b_process.kill()  # as the supervisor does the moment the report drops it
+            assert resume.join(30)
+        finally:
+            balancer.stop()
+    finally:
+        b_process.kill()
+        b_process.wait()
+    assert not stopped_while_resuming  # the report kept b until its /resume was answered
+    assert [record.getMessage() for record in caplog.records if b in record.getMessage()] == []
+    assert [replica.url for replica in replicas.report()] == [a]
 
 
 def test_a_server_that_comes_back_while_draining_is_admitted_again_before_traffic(scripted, tmp_path):

@@ -144,14 +144,17 @@ class RolloutBalancer:
         error = await generation_probe(self._session, url, self.model)
         if error is not None:
             return
-        try:
-            if self.admit is not None:
-                await asyncio.get_running_loop().run_in_executor(None, self.admit, url)
-        except Exception as admit_error:  # noqa: BLE001 - stays out of the pool; the next probe tries again
-            logger.warning("rollout server %s answers but could not be brought to the current weights: %s", url,
-                           admit_error)
-            self.replicas.set_unready(url, error=str(admit_error))
-            return
+        with self.replicas.sync_step(url, admitting=True) as held:
+            if not held:
+                return  # it left the run's set since the probe began
+            try:
+                if self.admit is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, self.admit, url)
+            except Exception as admit_error:  # noqa: BLE001 - stays out of the pool; the next probe tries again
+                logger.warning("rollout server %s answers but could not be brought to the current weights: %s", url,
+                               admit_error)
+                self.replicas.set_unready(url, error=str(admit_error))
+                return
         self._down[url] = asyncio.Event()
         if self.replicas.admitted(url):
             logger.info("rollout server %s is ready", url)
@@ -195,7 +198,7 @@ class RolloutBalancer:
             logger.info("rollout server %s joins; it gets requests once it generates at the current weights", url)
         for url in change.draining:
             logger.info("rollout server %s left the run's set: it gets no new request and no weight sync, and "
-                        "leaves once its requests in flight are done", url)
+                        "leaves once its requests (or a weight-sync step) in flight are done", url)
         for url in change.left:
             logger.info("rollout server %s left the run's set (no request in flight on it)", url)
         for url in change.draining:

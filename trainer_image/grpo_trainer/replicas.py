@@ -7,13 +7,17 @@ thread-safe: the balancer runs on its own event-loop thread, the sync on the tra
 
 The set follows `rollout.urls` while the learner runs (`apply`, docs/rollout.md "Scaling a running run"): a new URL
 joins (`ReplicaState.JOINING`, no traffic until the balancer admits it), an admitted one serves, a URL that left
-drains (no new request, in no weight sync) and is forgotten once nothing is in flight on it.
+drains (no new request, in no weight sync) and is forgotten once nothing is in flight on it: no request, and no
+weight-sync step that began before it left. Whoever stops a drained server waits for that (its absence from the
+report), so no step is cut off by the stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from . import contract as c
@@ -28,6 +32,7 @@ class Replica:
     ready: bool = False
     weight_version: str | None = None
     outstanding: int = 0
+    sync_steps: int = 0  # weight-sync steps (a pause, a reload, a resume, a catch-up) in flight on it
     requests: int = 0
     samples: int = 0
     failures: int = 0
@@ -41,6 +46,10 @@ class Replica:
         self.request_seconds += self.outstanding * (now - self.changed_at)
         self.changed_at = now
         self.outstanding += delta
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.outstanding or self.sync_steps)
 
 
 @dataclass(frozen=True)
@@ -99,10 +108,26 @@ class ReplicaSet:
             return [replica.url for replica in self._replicas
                     if replica.ready and replica.state == c.ReplicaState.SERVING]
 
-    def in_pool(self, url: str) -> bool:
+    @contextlib.contextmanager
+    def sync_step(self, url: str, *, admitting: bool = False) -> Iterator[bool]:
+        """Hold `url` for one weight-sync step; yields whether it is held: a replica in the pool, or with `admitting`
+        one being admitted (in the set, not draining). One that leaves the set meanwhile stays in it, draining, until
+        the step ends: a server stopped once the report dropped it had cut off a `/resume` under way."""
         with self._lock:
             replica = self._find(url)
-            return replica is not None and replica.ready and replica.state == c.ReplicaState.SERVING
+            if admitting:
+                held = replica is not None and replica.state != c.ReplicaState.DRAINING
+            else:
+                held = replica is not None and replica.ready and replica.state == c.ReplicaState.SERVING
+            if held:
+                replica.sync_steps += 1
+        try:
+            yield held
+        finally:
+            if held:
+                with self._lock:
+                    replica.sync_steps -= 1
+                    self._forget_if_drained(replica)
 
     def draining_busy_urls(self) -> list[str]:
         """Draining replicas that still hold requests and are believed up: the liveness probe watches them too, so a
@@ -144,7 +169,7 @@ class ReplicaSet:
                 if replica.state != c.ReplicaState.DRAINING:
                     replica.state = c.ReplicaState.DRAINING
                     draining.append(replica.url)
-                if replica.outstanding:
+                if replica.busy:
                     members.append(replica)
                 else:
                     left.append(replica.url)
@@ -188,8 +213,7 @@ class ReplicaSet:
                 replica.failures += 1
                 replica.last_error = error
                 replica.ready = False
-            if replica.state == c.ReplicaState.DRAINING and not replica.outstanding:
-                self._replicas = [other for other in self._replicas if other is not replica]
+            self._forget_if_drained(replica)
 
     def count_retry(self, replica: Replica) -> None:
         with self._lock:
@@ -242,6 +266,11 @@ class ReplicaSet:
                 )
                 for replica in self._replicas
             ]
+
+    def _forget_if_drained(self, replica: Replica) -> None:
+        """A draining replica with nothing left in flight leaves the set (called under the lock)."""
+        if replica.state == c.ReplicaState.DRAINING and not replica.busy:
+            self._replicas = [other for other in self._replicas if other is not replica]
 
     def _find(self, url: str) -> Replica | None:
         url = url.rstrip("/")

@@ -214,16 +214,17 @@ class FilesystemWeightTransfer:
             for url in self.replicas.ready_urls():
                 if self._stopping.is_set():
                     break
-                if not self.replicas.in_pool(url):
-                    continue  # it left the run's set (or failed) since the list was taken: the sync goes on without it
-                try:
-                    action(url)
-                except WeightSyncError as error:
-                    logger.warning("weight sync: %s failed on %s; it leaves the pool until it catches up: %s", what,
-                                   url, error)
-                    self.replicas.fail(url, str(error))
-                else:
-                    done.append(url)
+                with self.replicas.sync_step(url) as held:
+                    if not held:
+                        continue  # it left the run's set (or failed) since the list was taken: the sync goes on
+                    try:
+                        action(url)
+                    except WeightSyncError as error:
+                        logger.warning("weight sync: %s failed on %s; it leaves the pool until it catches up: %s",
+                                       what, url, error)
+                        self.replicas.fail(url, str(error))
+                    else:
+                        done.append(url)
             if done or self._stopping.is_set():
                 return done
             if time.monotonic() > deadline:
