@@ -200,18 +200,21 @@ ROLLOUT_TERMINATION_GRACE_S = 30
 LEARNER_TERMINATION_GRACE_S = 120
 
 
-def _termination_grace_seconds(settings: RolePodSpec, default: int) -> int:
+_TERMINATION_GRACE_S = {"rollout": ROLLOUT_TERMINATION_GRACE_S, "learner": LEARNER_TERMINATION_GRACE_S}
+
+
+def _termination_grace_seconds(settings: RolePodSpec, role: str) -> int:
     """A role's pods' termination grace period: the override's, else the role's default."""
     override = settings.pod_template_override
     chosen = override.spec.termination_grace_period_seconds if override and override.spec else None
-    return default if chosen is None else chosen
+    return _TERMINATION_GRACE_S[role] if chosen is None else chosen
 
 
 def drain_deadline_seconds(spec: GRPORunSpec) -> int:
     """How long a removed rollout server may stay in the learner's report before its pod is deleted anyway: the
     requests in flight on it may take the request timeout (`training.extraArgs.request_timeout`, TRL's default
     otherwise), plus the pod's termination grace period."""
-    grace = _termination_grace_seconds(spec.rollout, ROLLOUT_TERMINATION_GRACE_S)
+    grace = _termination_grace_seconds(spec.rollout, "rollout")
     return int(request_timeout_seconds(spec.training.extra_args)) + grace
 
 
@@ -295,7 +298,6 @@ class PodRole:
 
 
 _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_name}
-_TERMINATION_GRACE_S = {"rollout": ROLLOUT_TERMINATION_GRACE_S, "learner": LEARNER_TERMINATION_GRACE_S}
 
 
 def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, attempt: int) -> dict[str, Any]:
@@ -324,7 +326,7 @@ def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, a
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": _TERMINATION_GRACE_S[role.role],
+        "terminationGracePeriodSeconds": _termination_grace_seconds(settings, role.role),
         "hostname": role.name,
         "subdomain": _SERVICE_NAMES[role.role](run.name),  # the headless Service that gives the pod its DNS name
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,

@@ -21,8 +21,10 @@ LIVENESS_FAILURE_THRESHOLD = 3
 #: Warning event) per 5 min. The kubelet lets 25 Warnings per pod through, then one per 5 min: a plain 10 s probe
 #: spent them all in a 5 min load, and the liveness failures of a server that hung later were never shown.
 STARTUP_WAIT_S = 290
-#: How often the startup probe asks `/health` while it waits.
+#: How often the startup probe asks `/health` while it waits, and how long one ask may take: a loading server
+#: answers at once or refuses the connection, so a slow answer is a busy machine, not a verdict.
 STARTUP_POLL_S = 1.0
+HEALTH_REQUEST_TIMEOUT_S = 5.0
 
 
 async def generation_probe(
@@ -63,7 +65,7 @@ def wait_healthy(url: str, timeout_s: float = STARTUP_WAIT_S) -> str | None:
             while True:
                 try:
                     async with session.get(f"{url}/health",
-                                           timeout=aiohttp.ClientTimeout(total=STARTUP_POLL_S * 5)) as response:
+                                           timeout=aiohttp.ClientTimeout(total=HEALTH_REQUEST_TIMEOUT_S)) as response:
                         if response.status == 200:
                             return None
                         last = f"HTTP {response.status}"
