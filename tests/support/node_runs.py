@@ -196,12 +196,15 @@ class NodeRun:
         """`check()`'s first true value; an error with what a user would look at once the run Failed or the time
         is up."""
         deadline = time.monotonic() + timeout
-        while not (value := check()):
+        while True:
+            # The phase before the check: read after it, a run that failed in between (what a check may wait for)
+            # looked like a failure the check had not seen.
             phase = self.phase()
+            if value := check():
+                return value
             assert phase != "Failed" and time.monotonic() < deadline, (
                 f"{what}: not seen in {timeout:.0f} s (run {phase or 'without a phase'})\n{self.what_a_user_sees()}")
             time.sleep(1)
-        return value
 
     def wait_for_log(self, pod: str, line: str, timeout: float = RUN_TIMEOUT_S) -> str:
         return self.wait_for(lambda: log if line in (log := self.logs(pod)) else None,

@@ -1,0 +1,33 @@
+"""The node tier's run helper, without a node: what `NodeRun.wait_for` concludes from a run's phase."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.node_runs import NodeRun
+
+
+class ScriptedRun(NodeRun):
+    """A run whose phase turns to `Failed` at the `failed_from`-th read (no cluster behind it)."""
+
+    def __init__(self, failed_from: int):  # none of NodeRun's fields: nothing is asked of a cluster
+        self.reads, self.failed_from = 0, failed_from
+
+    def phase(self) -> str:
+        self.reads += 1
+        return "Failed" if self.reads >= self.failed_from else "Running"
+
+    def what_a_user_sees(self) -> str:
+        return "(what a user sees)"
+
+
+def test_a_run_that_fails_between_two_reads_is_what_a_check_waiting_for_failed_sees():
+    run = ScriptedRun(failed_from=2)
+    assert run.wait_for(lambda: run.phase() == "Failed", "the run Failed", timeout=5)
+
+
+def test_a_run_that_failed_before_what_is_awaited_stops_the_wait_at_once():
+    run = ScriptedRun(failed_from=1)
+    with pytest.raises(AssertionError, match="the learner's log: not seen in 600 s \\(run Failed\\)"):
+        run.wait_for(lambda: False, "the learner's log", timeout=600)
+    assert run.reads == 1
