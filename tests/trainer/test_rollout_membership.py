@@ -240,6 +240,9 @@ def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_s
     caplog.set_level(logging.WARNING, logger="grpo_trainer.weight_sync")
     try:
         b = b_process.stdout.readline().strip()
+        # b's admission posts /resume too: the sync's is the one after those, so its lines are counted.
+        b_lines: list[str] = []
+        DaemonCall(lambda: b_lines.extend(line.strip() for line in b_process.stdout), "test-b-stdout")
         replicas, balancer = balancer_on(tmp_path / "run.json", [a, b])
         sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", replicas=replicas, timeout_s=30)
         sync.init_weight_transfer()
@@ -247,8 +250,9 @@ def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_s
             wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
             sync.pause()
             sync.send_weights(iter([("w", torch.ones(2))]))
+            admission_resumes = b_lines.count("began /resume")
             resume = DaemonCall(sync.resume, "test-resume")
-            assert b_process.stdout.readline().strip() == "began /resume"
+            wait_for(lambda: b_lines.count("began /resume") > admission_resumes, "the sync's /resume on b")
             write_config(tmp_path / "run.json", [a])
             wait_for(lambda: states(replicas).get(b) != c.ReplicaState.SERVING, "the balancer to apply the new set")
             wait_for(lambda: b not in replicas.urls, "the report to drop b", timeout_s=20)
