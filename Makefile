@@ -48,7 +48,8 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQ
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
 setup-apt: setup-apt-images
-	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq -o DPkg::Lock::Timeout=600 \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 prometheus >/dev/null; }
 
 # The node tier's container runtime and pod network (tests/support/node.py): containerd and runc run the pods, the CNI
 # plugins wire them to the node's bridge, nft serves kube-proxy. Skipped when all are there.
@@ -67,7 +68,7 @@ setup-apt-images:
 	@missing=$$(for p in $(IMAGE_BUILD_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then echo "setup: not root or no apt-get, not installing" $$missing; \
-	else echo "setup: apt-get install" $$missing; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get \
+	else echo "setup: apt-get install" $$missing; apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get \
 	  -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.

