@@ -25,7 +25,14 @@ from grpo_operator.status import (
     derive_status,
     invalid_spec_status,
 )
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, ProgressReport
+from grpo_trainer.contract import (
+    DROP_REASONS,
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    ProgressReport,
+    parse_progress,
+)
 from tests.support.specs import minimal_spec, status_errors
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -134,6 +141,26 @@ def test_progress_fields_land_in_status():
     assert decision.status["lastProgressTime"] == "2026-01-01T12:00:07Z"
     assert decision.status["progressClock"]["anchorTime"] == "2026-01-01T12:00:07Z"
 
+
+
+def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
+    """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
+    (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a
+    replica state it does not know leaves the server's state unset, and Progressing stays True."""
+    spec = spec_of()
+    status = running_status(spec)
+    newer = parse_progress(json.dumps({
+        "phase": "Balancing", "groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 7, "newCounter": 5,
+        "dropped": {"no_signal": 1, "reward_timeout": 2},
+        "rollout": [{"replica": 0, "url": "u", "ready": True, "state": "warming", "samples": 4, "gpuUtil": 0.9}]}))
+    decision = step(spec, status, running_pods(), newer, now=at(7))
+    progress = decision.status["progress"]
+    assert progress["groupsDropped"] == 3 and progress["dropped"]["no_signal"] == 1
+    assert set(progress["dropped"]) == set(DROP_REASONS)
+    server = decision.status["rollout"]["servers"][0]
+    assert server["samples"] == 4 and "state" not in server
+    assert condition(decision.status, "Progressing")["status"] == "True"
+    assert condition(decision.status, "Stalled")["status"] == "False"
 
 # --- exits ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("policy", "deleted"), [("Running", ("r-rollout-0",)),

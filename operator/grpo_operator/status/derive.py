@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract import DROP_REASONS, ProgressReport
 
 from ..api import (
     FINISHED_PHASES,
@@ -55,11 +55,14 @@ STUCK_WAITING_REASONS = frozenset({
 
 
 def progress_status(report: ProgressReport) -> ProgressStatus:
+    """status.progress from a report. `dropped` lists the reasons the CRD declares (the API server prunes others); a
+    reason only a newer learner knows still counts in `groupsDropped`."""
     return ProgressStatus(
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
-        dropped=dict(report.dropped), stall_streak=report.stall_streak, stall_limit=report.stall_limit,
-        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean,
+        dropped={reason: report.dropped[reason] for reason in DROP_REASONS}, stall_streak=report.stall_streak,
+        stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
+        reward_mean=report.reward_mean,
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract import ProgressReport, ReplicaState
 
 from ..api import Reason, RolloutServerStatus, RolloutStatus
 from .decision import PodObservation, rank
@@ -42,7 +42,8 @@ def take_learner_view(status: RolloutStatus, report: ProgressReport) -> None:
     for seen in report.rollout:
         if (server := by_replica.get(seen.replica)) is not None:
             server.serving, server.weight_version, server.samples = seen.ready, seen.weight_version, seen.samples
-            server.state = seen.state
+            # A state only a newer learner knows is left out: status declares the states this version knows.
+            server.state = seen.state if isinstance(seen.state, ReplicaState) else None
     reported = {seen.replica for seen in report.rollout}
     for server in status.servers:
         if server.replica not in reported:
