@@ -24,6 +24,7 @@ from grpo_operator.api import (
     Phase,
     ProgressClock,
     ProgressStatus,
+    RemovedServerStatus,
     RolloutServerStatus,
     RolloutStatus,
 )
@@ -184,7 +185,8 @@ def _full_status() -> GRPORunStatus:
                               servers=[RolloutServerStatus(replica=1, pod="run-rollout-1", ready=True, serving=False,
                                                            weight_version="v2", samples=3, restarts=1,
                                                            last_error="e", state=ReplicaState.DRAINING,
-                                                           drain_start_time="2026-01-01T00:40:00Z")]),
+                                                           drain_start_time="2026-01-01T00:40:00Z")],
+                              removed_servers=[RemovedServerStatus(replica=2, restarts=1, last_error="e")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         message="running",
