@@ -344,10 +344,13 @@ class _Derivation(_ProgressRules):
 
     # --- a live replica change ----------------------------------------------------------------------------------
     def _scale(self) -> None:
-        """After a scale-down, take the removed servers out of the run config's `rollout.urls` (first of the pass's
-        actions: a server leaves it before its pod may go) and delete those the learner has let go. (A scale-up's
-        new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
-        if self.surplus_pods:
+        """Keep the run config's `rollout.urls` at the spec's servers and delete the removed servers the learner has
+        let go. While removed servers' pods remain, or the config lists another count (a scale back up while servers
+        drain: no pod is missing, but their URLs must join again), ConfigureRollout comes first of the pass's
+        actions: a server leaves the config before its pod may go, and joins it before the learner is expected to
+        use it. (A scale-up's new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
+        configured = self.seen.configured_servers
+        if self.surplus_pods or (configured is not None and configured != self.spec.rollout.replicas):
             self.actions.insert(0, ConfigureRollout(self.spec.rollout.replicas))
         rollout = self.new.rollout
         refused = self.seen.scale_refused
