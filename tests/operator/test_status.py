@@ -283,6 +283,35 @@ def test_a_finished_run_keeps_cleaning_pods_that_are_still_running():
     assert step(spec, finished, pods, now=at(101)).actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
 
 
+
+def test_a_finished_run_claims_no_server_once_its_rollout_pods_go():
+    """status.rollout.replicas is the scale subresource's count and `kubectl get`'s: after cleanPodPolicy deleted
+    the servers, a finished run shows none, and RolloutReady says why (quietly: no event after the end)."""
+    spec = spec_of()
+    learner_done = pod("r-learner-0", "Succeeded", False, exit_code=0)
+    finished = step(spec, running_status(spec), [pod("r-rollout-0"), learner_done], now=at(100))
+    assert finished.actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
+    going = step(spec, finished.status, [pod("r-rollout-0", terminating=True), learner_done], now=at(101))
+    gone = step(spec, going.status, [learner_done], now=at(102))
+    for after in (going, gone):
+        assert after.actions == [] and after.events == [] and after.status["phase"] == "Succeeded"
+        rollout = after.status["rollout"]
+        assert (rollout["replicas"], rollout["ready"]) == (0, 0)
+        assert rollout["servers"][0]["pod"] == "r-rollout-0" and not rollout["servers"][0]["ready"]
+        ready = condition(after.status, "RolloutReady")
+        assert (ready["status"], ready["reason"]) == ("False", "Finished")
+        assert ready["message"] == "the run has finished: 0/1 rollout servers ready"
+        assert after.status["learner"]["ready"] == 0
+
+
+def test_a_finished_run_that_keeps_its_servers_shows_them():
+    spec = spec_of(runPolicy={"cleanPodPolicy": "None"})
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0)]
+    finished = step(spec, running_status(spec), pods, now=at(100)).status
+    later = step(spec, finished, pods, now=at(101)).status
+    assert (later["rollout"]["replicas"], later["rollout"]["ready"]) == (1, 1)
+    assert condition(later, "RolloutReady")["status"] == "True"
+
 # --- stall detection --------------------------------------------------------------------------------------------
 def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():
     spec = spec_of()

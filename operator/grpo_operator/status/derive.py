@@ -269,13 +269,28 @@ class _Derivation(_ProgressRules):
         self.set_phase(phase)
 
     # --- observations ------------------------------------------------------------------------------------------
-    def _count_pods(self) -> None:
+    def _count_pods(self, *, finished: bool = False) -> None:
+        """status.rollout and status.learner from the pods that exist. A finished run is counted too: once
+        cleanPodPolicy has deleted its servers it claims none (the scale subresource and `kubectl get` read these)."""
         self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods + self.surplus_pods,
                                           self.old.rollout, selector=rollout_selector(self.run.name),
                                           now=format_time(self.now))
         learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
         self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
-        self._rollout_ready()
+        if finished:
+            self._finished_rollout_ready()
+        else:
+            self._rollout_ready()
+
+    def _finished_rollout_ready(self) -> None:
+        """RolloutReady of a finished run: what its remaining pods show, False with reason Finished once its servers
+        are gone; no event (the run's end was announced)."""
+        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit)
+        if not ready:
+            wanted = len(wanted_servers(self.new.rollout))
+            reason, message = (Reason.FINISHED,
+                               f"the run has finished: {self.new.rollout.ready}/{wanted} rollout servers ready")
+        self.conditions.set(ConditionType.ROLLOUT_READY, "True" if ready else "False", reason, message)
 
     def _rollout_ready(self) -> None:
         stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
@@ -452,6 +467,7 @@ class _Derivation(_ProgressRules):
         return [learner_pod_name(self.run.name, r) for r in range(self.spec.learner.nodes) if r not in present]
 
     def _after_finish(self) -> None:
+        self._count_pods(finished=True)
         self.clean_pods()
         ttl = self.spec.run_policy.ttl_seconds_after_finished
         if ttl is not None and self.new.completion_time and seconds_since(self.now, self.new.completion_time) >= ttl:
