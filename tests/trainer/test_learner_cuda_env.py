@@ -210,29 +210,35 @@ def test_the_cuda_learner_builds_trls_nccl_client_and_stops_only_at_the_gpu(
 
 @pytest.mark.slow
 def test_vllms_requirements_hold_in_the_cuda_learner_but_those_left_out(cuda_learner_python):
-    """Each of vllm's own requirements (its wheel's metadata) is met, but those the list leaves out on purpose."""
+    """Each of vllm's own requirements (its wheel's metadata) is met, but those the list leaves out on purpose; every
+    other package's are all met (what `pip check` checks)."""
     probe = """
 import importlib.metadata as m, json
 from packaging.requirements import Requirement
-unmet = []
-for text in m.requires("vllm"):
-    requirement = Requirement(text)
-    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-        continue
-    try:
-        version = m.version(requirement.name)
-    except m.PackageNotFoundError:
-        unmet.append(requirement.name)
-        continue
-    if not requirement.specifier.contains(version, prereleases=True):
-        unmet.append(requirement.name)
-print(json.dumps({"vllm": m.version("vllm"), "transformers": m.version("transformers"), "unmet": unmet}))
+
+def unmet(distribution):
+    for text in distribution.requires or []:
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            version = m.version(requirement.name)
+        except m.PackageNotFoundError:
+            yield requirement.name
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            yield requirement.name
+
+others = {d.metadata["Name"]: list(unmet(d)) for d in m.distributions() if d.metadata["Name"] != "vllm"}
+print(json.dumps({"vllm": m.version("vllm"), "transformers": m.version("transformers"),
+                  "unmet": list(unmet(m.distribution("vllm"))), "others": {k: v for k, v in others.items() if v}}))
 """
     done = subprocess.run([str(cuda_learner_python), "-c", probe], capture_output=True, text=True, check=True)
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["vllm"] == VLLM_VERSION
     assert f"transformers=={found['transformers']}" in LEARNER_PINS  # the learner's, not vllm's <5.20
     assert {_name(name) for name in found["unmet"]} <= LEFT_OUT
+    assert found["others"] == {}
 
 
 @pytest.mark.slow
