@@ -63,6 +63,9 @@ CONFIG_DIR = "/etc/grpo"
 CONFIG_FILE = "run.json"
 CHECKPOINT_DIR = "/var/lib/grpo/checkpoints"
 OUTPUT_DIR = "/var/lib/grpo/output"
+#: Where the learner's rank 0 mounts spec.output.volume; the model goes to a folder named after the run in it.
+MODEL_OUTPUT_DIR = "/var/lib/grpo/model"
+MODEL_OUTPUT_VOLUME = "model"
 WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
 #: The trainer image's own user (its HOME and caches are that user's), fixed so files on a shared checkpoint volume
@@ -142,9 +145,27 @@ def child_metadata(run: RunRef, name: str, role: str | None = None) -> dict[str,
 # ---------------------------------------------------------------------------------------------------------------------
 # Objects
 # ---------------------------------------------------------------------------------------------------------------------
+def output_uri(run: str, volume: Mapping[str, Any]) -> str:
+    """Where users find a run's model on spec.output.volume: `pvc://CLAIM/RUN`, `file:///PATH/RUN` for a host path,
+    `nfs://SERVER/PATH/RUN`, else `KIND:///RUN` (the folder inside whatever the volume source is)."""
+    if claim := (volume.get("persistentVolumeClaim") or {}).get("claimName"):
+        return f"pvc://{claim}/{run}"
+    if path := (volume.get("hostPath") or {}).get("path"):
+        return f"file://{path.rstrip('/')}/{run}"
+    nfs = volume.get("nfs") or {}
+    if nfs.get("server") and nfs.get("path"):
+        folder = "/".join(part for part in (nfs["path"].strip("/"), run) if part)
+        return f"nfs://{nfs['server']}/{folder}"
+    kind = next(iter(volume), "volume")
+    return f"{kind}:///{run}"
+
+
 def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
     run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
+    output = None
+    if spec.output is not None:
+        output = (f"{MODEL_OUTPUT_DIR}/{run.name}", output_uri(run.name, spec.output.volume))
     config = resolve_run_config(
         run.name, run.namespace, spec,
         rollout_urls=rollout_urls(run.name, run.namespace, spec.rollout.replicas),
@@ -152,6 +173,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
         checkpoint_dir=CHECKPOINT_DIR,
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
+        output=output,
     )
     metadata = child_metadata(run, config_map_name(run.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
@@ -295,6 +317,8 @@ class PodRole:
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     env: list[dict[str, Any]] = field(default_factory=list)  # after the shared variables
     annotations: dict[str, str] = field(default_factory=dict)  # after the attempt
+    volumes: list[dict[str, Any]] = field(default_factory=list)  # after the shared volumes
+    mounts: list[dict[str, Any]] = field(default_factory=list)  # after the shared mounts
 
 
 _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_name}
@@ -304,6 +328,7 @@ def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, a
     """A pod of either role, its override (`podTemplateOverride`) applied last."""
     settings = role.settings
     volumes, mounts = _volumes(run.name, spec)
+    volumes, mounts = [*volumes, *role.volumes], [*mounts, *role.mounts]
     container: dict[str, Any] = {
         "name": role.role,
         "image": settings.image or trainer_image,
@@ -393,8 +418,13 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     ports = [{"name": "http", "containerPort": LEARNER_HTTP_PORT, "protocol": "TCP"}]
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
+    volumes, mounts = [], []
+    if spec.output is not None and rank == 0:
+        # Rank 0 alone writes the model: the other learner pods need not reach the volume (a ReadWriteOnce claim).
+        volumes = [{"name": MODEL_OUTPUT_VOLUME, **spec.output.volume}]
+        mounts = [{"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR}]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
-                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}])
+                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}], volumes=volumes, mounts=mounts)
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
 
 

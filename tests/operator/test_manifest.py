@@ -327,7 +327,7 @@ CEL_CASES = {
                            f"{_LEARNER_OVERRIDE}.spec.restartPolicy: is managed by the operator"),
         "volume": (_update(lambda m: _learner_override(m)["spec"]["volumes"].append(
             {"name": "config", "emptyDir": {}})),
-            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints and weights"),
+            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints, weights and model"),
         "env": (_update(lambda m: _learner_container(m)["env"].append({"name": "GRPO_CONFIG", "value": "/x"})),
                 f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
         "env-home": (_update(lambda m: _learner_container(m)["env"].append({"name": "HF_HOME", "value": "/x"})),
@@ -362,7 +362,8 @@ def test_manifest_cel_rule_rejects(make, expected):
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"
-WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner and checkpoint can "
+WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner, checkpoint and "
+                   "output can "
                    "change only while the run is suspended (set runPolicy.suspend to true first; the pods are then "
                    "recreated with the change on resume)")
 UPDATE_CASES = {
@@ -405,6 +406,7 @@ POD_EDITS = {
     "placement-and-resume": _update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}) or
                                     m["spec"]["runPolicy"].update(suspend=False), base=_suspended),
     "checkpoint": _set("spec.checkpoint.saveSteps", 10, base=_suspended),
+    "output": _set("spec.output", {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}, base=_suspended),
 }
 
 

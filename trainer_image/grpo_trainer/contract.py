@@ -470,7 +470,7 @@ class ExportReport(_ReportModel):
     step: Count = Field(description="The optimizer step the exported weights are from.")
     bytes: Count = Field(description="The exported files' total size, the manifest included.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description=f"The sha256 of {EXPORT_MANIFEST_FILE}.")
-    time: float = Field(ge=0, description="Unix time the export completed.")
+    time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
 
 
 # more than 8: mirrors the /progress wire format, one field per key; built by keyword
