@@ -183,6 +183,8 @@ STRUCTURAL_CASES = {
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
+    "output-without-volume": (_set("spec.output", {}), "spec.output.volume: required field is missing"),
+    "output-empty-volume": (_set("spec.output", {"volume": {}}), "spec.output.volume: {} should be non-empty"),
     "wrong-type": (_set("spec.training.epochs", "two"), "spec.training.epochs: must be a number, not 'two'"),
     "wrong-type-object": (_set("spec.rollout", "big"), "spec.rollout: must be a mapping, not 'big'"),
     "integer-not-float": (_set("spec.rollout.replicas", 1.5), "spec.rollout.replicas: must be an integer, not 1.5"),
