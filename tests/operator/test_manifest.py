@@ -364,8 +364,7 @@ def test_manifest_cel_rule_rejects(make, expected):
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"
-WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner, checkpoint and "
-                   "output can "
+WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner and checkpoint can "
                    "change only while the run is suspended (set runPolicy.suspend to true first; the pods are then "
                    "recreated with the change on resume)")
 UPDATE_CASES = {
@@ -375,6 +374,9 @@ UPDATE_CASES = {
     "training": (_set("spec.training.extraArgs", {"beta": 0.1}), [f"spec.training: {IMMUTABLE}"]),
     "training-default": (_set("spec.training.seed", _DELETE), [f"spec.training: {IMMUTABLE}"]),
     "filter": (_set("spec.filter.dropTruncated", False), [f"spec.filter: {IMMUTABLE}"]),
+    "output": (_set("spec.output", {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}),
+               ["spec.output: can change only while the run is suspended (set runPolicy.suspend to true first; the "
+                "learner is then recreated with it on resume)"]),
     # What Kueue and people change on a live run: suspend/resume and deadlines. Placement, images, sizes and the
     # checkpoint change only while suspended (test_manifest_pods_change_only_while_the_run_is_suspended).
     "suspend": (_set("spec.runPolicy.suspend", True), []),
@@ -408,7 +410,6 @@ POD_EDITS = {
     "placement-and-resume": _update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}) or
                                     m["spec"]["runPolicy"].update(suspend=False), base=_suspended),
     "checkpoint": _set("spec.checkpoint.saveSteps", 10, base=_suspended),
-    "output": _set("spec.output", {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}, base=_suspended),
 }
 
 
@@ -420,6 +421,27 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     running = make()
     running["spec"]["runPolicy"]["suspend"] = False
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
+
+
+_MODELS = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+_OTHER = {"volume": {"persistentVolumeClaim": {"claimName": "other"}}}
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, _MODELS), (_MODELS, _OTHER), (_MODELS, None)],
+                         ids=["added", "changed", "removed"])
+def test_manifest_output_changes_only_while_the_run_is_suspended(before, after):
+    def manifest(output: dict | None, suspend: bool) -> dict:
+        made = good()
+        if output is not None:
+            made["spec"]["output"] = output
+        made["spec"]["runPolicy"]["suspend"] = suspend
+        return made
+
+    assert validate_manifest(manifest(after, suspend=False), old=manifest(before, suspend=False)) == [
+        "spec.output: can change only while the run is suspended (set runPolicy.suspend to true first; the learner "
+        "is then recreated with it on resume)"]
+    assert validate_manifest(manifest(after, suspend=True), old=manifest(before, suspend=True)) == []
+    assert validate_manifest(manifest(before, suspend=False), old=manifest(before, suspend=False)) == []
 
 
 def test_manifest_live_replicas_keep_the_bounds_and_the_nccl_rule():
