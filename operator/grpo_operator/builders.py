@@ -268,7 +268,9 @@ def _container_security_context() -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _volumes(run: str, spec: GRPORunSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(run: str, spec: GRPORunSpec, *, exports_model: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and mounts; `exports_model`: learner rank 0's pod, which alone writes the trained model, so
+    the other pods need not reach spec.output's volume (a ReadWriteOnce claim)."""
     # vLLM and torch.distributed need a /dev/shm larger than the container runtime's 64 MiB default.
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(run)}},
@@ -288,6 +290,9 @@ def _volumes(run: str, spec: GRPORunSpec) -> tuple[list[dict[str, Any]], list[di
     if spec.rollout.weight_sync.mode == "filesystem":
         volumes.append({"name": "weights", **(spec.rollout.weight_sync.volume or {"emptyDir": {}})})
         mounts.append({"name": "weights", "mountPath": WEIGHT_SYNC_DIR})
+    if exports_model and spec.output is not None:
+        volumes.append({"name": MODEL_OUTPUT_VOLUME, **spec.output.volume})
+        mounts.append({"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR})
     return volumes, mounts
 
 
@@ -317,8 +322,6 @@ class PodRole:
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
     env: list[dict[str, Any]] = field(default_factory=list)  # after the shared variables
     annotations: dict[str, str] = field(default_factory=dict)  # after the attempt
-    volumes: list[dict[str, Any]] = field(default_factory=list)  # after the shared volumes
-    mounts: list[dict[str, Any]] = field(default_factory=list)  # after the shared mounts
 
 
 _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_name}
@@ -327,8 +330,7 @@ _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_na
 def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, attempt: int) -> dict[str, Any]:
     """A pod of either role, its override (`podTemplateOverride`) applied last."""
     settings = role.settings
-    volumes, mounts = _volumes(run.name, spec)
-    volumes, mounts = [*volumes, *role.volumes], [*mounts, *role.mounts]
+    volumes, mounts = _volumes(run.name, spec, exports_model=role.name == learner_pod_name(run.name, 0))
     container: dict[str, Any] = {
         "name": role.role,
         "image": settings.image or trainer_image,
@@ -418,13 +420,8 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     ports = [{"name": "http", "containerPort": LEARNER_HTTP_PORT, "protocol": "TCP"}]
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
-    volumes, mounts = [], []
-    if spec.output is not None and rank == 0:
-        # Rank 0 alone writes the model: the other learner pods need not reach the volume (a ReadWriteOnce claim).
-        volumes = [{"name": MODEL_OUTPUT_VOLUME, **spec.output.volume}]
-        mounts = [{"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR}]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
-                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}], volumes=volumes, mounts=mounts)
+                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}])
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
 
 
