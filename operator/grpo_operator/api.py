@@ -424,13 +424,22 @@ class RolloutServerStatus(_StatusModel):
     drain_start_time: str | None = None  # when its URL left the run config (scaled down); its pod goes once drained
 
 
+class RemovedServerStatus(_StatusModel):
+    """A server a scale-down removed that had restarted: its count holds again if a scale-up brings it back."""
+
+    replica: int
+    restarts: int = 0
+    last_error: str | None = None
+
+
 class RolloutStatus(_StatusModel):
     replicas: int = 0  # rollout pods that exist (the scale subresource's status replicas)
     ready: int = 0  # of the servers wanted (spec.rollout.replicas), those whose pod is Ready
-    restarts: int = 0
+    restarts: int = 0  # all servers', removed ones' included
     selector: str | None = None  # the rollout pods' label selector (the scale subresource's)
     scale_refused: str | None = None  # why a live change of spec.rollout.replicas is not applied
     servers: list[RolloutServerStatus] = Field(default_factory=list)
+    removed_servers: list[RemovedServerStatus] | None = None  # None when no removed server had restarted
 
 
 class LearnerStatus(_StatusModel):

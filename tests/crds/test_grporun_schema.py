@@ -25,6 +25,7 @@ from grpo_operator.api import (
     Phase,
     ProgressClock,
     ProgressStatus,
+    RemovedServerStatus,
     RolloutServerStatus,
     RolloutStatus,
 )
@@ -187,7 +188,8 @@ def _full_status() -> GRPORunStatus:
                               servers=[RolloutServerStatus(replica=1, pod="run-rollout-1", ready=True, serving=False,
                                                            weight_version="v2", samples=3, restarts=1,
                                                            last_error="e", state=ReplicaState.DRAINING,
-                                                           drain_start_time="2026-01-01T00:40:00Z")]),
+                                                           drain_start_time="2026-01-01T00:40:00Z")],
+                              removed_servers=[RemovedServerStatus(replica=2, restarts=1, last_error="e")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),

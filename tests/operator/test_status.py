@@ -26,12 +26,14 @@ from grpo_operator.status import (
     invalid_spec_status,
 )
 from grpo_trainer.contract import (
+    DROP_REASONS,
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
     ExportReport,
     ProgressReport,
+    parse_progress,
 )
 from tests.support.specs import minimal_spec, status_errors
 
@@ -141,6 +143,26 @@ def test_progress_fields_land_in_status():
     assert decision.status["lastProgressTime"] == "2026-01-01T12:00:07Z"
     assert decision.status["progressClock"]["anchorTime"] == "2026-01-01T12:00:07Z"
 
+
+
+def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
+    """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
+    (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a
+    replica state it does not know leaves the server's state unset, and Progressing stays True."""
+    spec = spec_of()
+    status = running_status(spec)
+    newer = parse_progress(json.dumps({
+        "phase": "Balancing", "groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 7, "newCounter": 5,
+        "dropped": {"no_signal": 1, "reward_timeout": 2},
+        "rollout": [{"replica": 0, "url": "u", "ready": True, "state": "warming", "samples": 4, "gpuUtil": 0.9}]}))
+    decision = step(spec, status, running_pods(), newer, now=at(7))
+    progress = decision.status["progress"]
+    assert progress["groupsDropped"] == 3 and progress["dropped"]["no_signal"] == 1
+    assert set(progress["dropped"]) == set(DROP_REASONS)
+    server = decision.status["rollout"]["servers"][0]
+    assert server["samples"] == 4 and "state" not in server
+    assert condition(decision.status, "Progressing")["status"] == "True"
+    assert condition(decision.status, "Stalled")["status"] == "False"
 
 # --- exits ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("policy", "deleted"), [("Running", ("r-rollout-0",)),
@@ -329,6 +351,35 @@ def test_a_finished_run_keeps_cleaning_pods_that_are_still_running():
     finished = step(spec, running_status(spec), pods, now=at(100)).status
     assert step(spec, finished, pods, now=at(101)).actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
 
+
+
+def test_a_finished_run_claims_no_server_once_its_rollout_pods_go():
+    """status.rollout.replicas is the scale subresource's count and `kubectl get`'s: after cleanPodPolicy deleted
+    the servers, a finished run shows none, and RolloutReady says why (quietly: no event after the end)."""
+    spec = spec_of()
+    learner_done = pod("r-learner-0", "Succeeded", False, exit_code=0)
+    finished = step(spec, running_status(spec), [pod("r-rollout-0"), learner_done], now=at(100))
+    assert finished.actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
+    going = step(spec, finished.status, [pod("r-rollout-0", terminating=True), learner_done], now=at(101))
+    gone = step(spec, going.status, [learner_done], now=at(102))
+    for after in (going, gone):
+        assert after.actions == [] and after.events == [] and after.status["phase"] == "Succeeded"
+        rollout = after.status["rollout"]
+        assert (rollout["replicas"], rollout["ready"]) == (0, 0)
+        assert rollout["servers"][0]["pod"] == "r-rollout-0" and not rollout["servers"][0]["ready"]
+        ready = condition(after.status, "RolloutReady")
+        assert (ready["status"], ready["reason"]) == ("False", "Finished")
+        assert ready["message"] == "the run has finished: 0/1 rollout servers ready"
+        assert after.status["learner"]["ready"] == 0
+
+
+def test_a_finished_run_that_keeps_its_servers_shows_them():
+    spec = spec_of(runPolicy={"cleanPodPolicy": "None"})
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0)]
+    finished = step(spec, running_status(spec), pods, now=at(100)).status
+    later = step(spec, finished, pods, now=at(101)).status
+    assert (later["rollout"]["replicas"], later["rollout"]["ready"]) == (1, 1)
+    assert condition(later, "RolloutReady")["status"] == "True"
 
 # --- stall detection --------------------------------------------------------------------------------------------
 def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():

