@@ -72,7 +72,7 @@ def resolve_run_config(
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
         output=None if output is None else OutputConfig(directory=output[0], uri=output[1],
-                                                       run_spec=spec.model_dump(mode="json", by_alias=True)),
+                                                       run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
         output_dir=output_dir,
         termination_message_path=termination_message_path,
     )
