@@ -71,8 +71,9 @@ def resolve_run_config(
             device=spec.learner.device,
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
-        output=None if output is None else OutputConfig(directory=output[0], uri=output[1],
-                                                       run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
+        output=None if output is None else OutputConfig(
+            directory=output[0], uri=output[1],
+            run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
         output_dir=output_dir,
         termination_message_path=termination_message_path,
     )
