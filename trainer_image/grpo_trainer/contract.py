@@ -31,14 +31,17 @@ from .validation import error_message, field_path
 # Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
 # backoff; anything else is a crash the operator retries under the run's backoff.
 # 42, 75 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
-# exception, 2 = argparse, 137/143 = killed); 75 is sysexits' EX_TEMPFAIL, 78 its EX_CONFIG.
+# exception, 2 = argparse, 137/143 = killed); 74 is sysexits' EX_IOERR, 75 its EX_TEMPFAIL, 78 its EX_CONFIG.
 # --------------------------------------------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
 EXIT_STALLED = 42
+# Trained to the end, but the model could not be written to `output` (no space, no permission): a retry would
+# train nothing new and hit the same volume, so the run fails; its last checkpoint stays.
+EXIT_EXPORT_FAILED = 74
 EXIT_PREEMPTED = 75  # SIGTERM: the learner saved a checkpoint and stopped; a restart resumes from it
 EXIT_INVALID_CONFIG = 78
 #: Exit codes after which a retry cannot help: the operator fails the run at once.
-PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_INVALID_CONFIG})
+PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG})
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: Kubernetes truncates termination messages to 4096 bytes; the final progress must fit.
@@ -367,6 +370,14 @@ class CheckpointConfig(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+class OutputConfig(WireModel):
+    """Where the learner exports the trained model at the end of a run (the GRPORun's `spec.output`)."""
+
+    directory: str = Field(min_length=1, description="The model's folder; staged beside it, then renamed into place.")
+    uri: str = Field(min_length=1, description="Where users find it (`pvc://claim/run`, `file:///path`): reported.")
+    run_spec: dict[str, Any] = Field(default_factory=dict, description="The GRPORun spec, kept in the manifest.")
+
+
 # more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
@@ -382,6 +393,7 @@ class RunConfig(WireModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    output: OutputConfig | None = None
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
 
@@ -500,6 +512,21 @@ class RolloutReplicaReport(_ReportModel):
     last_error: str = ""
 
 
+#: An export manifest's name in the model's folder, written last: a folder without it is not a complete model.
+EXPORT_MANIFEST_FILE = "grpo-export.json"
+
+
+class ExportReport(_ReportModel):
+    """The model the learner exported at the end of the run; the operator copies it into `status.output`."""
+
+    uri: str = Field(min_length=1, max_length=1024, description="Where users find the model (OutputConfig.uri).")
+    path: str = Field(min_length=1, max_length=1024, description="The model's folder, as the learner sees it.")
+    step: Count = Field(description="The optimizer step the exported weights are from.")
+    bytes: Count = Field(description="The exported files' total size, the manifest included.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description=f"The sha256 of {EXPORT_MANIFEST_FILE}.")
+    time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
+
+
 # more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
     phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
@@ -539,6 +566,7 @@ class ProgressReport(_ReportModel):
     rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
+    output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
     message: str = ""
 
     @field_validator("dropped")
