@@ -22,8 +22,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from grpo_trainer.contract import (
+    AttentionSetting,
     DatasetConfig,
     FilterConfig,
+    LearnerConfig,
     ProgressConfig,
     ReplicaState,
     RewardConfig,
@@ -145,6 +147,7 @@ class RolloutSpec(RolePodSpec):
 class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
+    attention: AttentionSetting = LearnerConfig.model_fields["attention"]
 
 
 class CheckpointSpec(WireModel):

@@ -172,11 +172,17 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from .attention import AttentionUnavailable, choose_kernel, probe_device
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
+    try:
+        attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
+    except AttentionUnavailable as error:
+        raise ConfigError(str(error)) from None
+    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     try:
         reward_funcs = load_rewards(config.rewards)
     except RewardError as error:
@@ -220,6 +226,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
+                attention_kernel=attention.kernel,
             )
     except BaseException:
         if pool is not None:
