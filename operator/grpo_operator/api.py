@@ -349,6 +349,7 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    FIT_WARNING = "LikelyOutOfMemory"  # the event when the fit check estimates the learner past its GPU's memory
     OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload

@@ -338,3 +338,19 @@ def check_spec_fit(spec: GRPORunSpec, config: Mapping[str, Any]) -> FitReport:
         max_model_len=rollout.vllm.max_model_len, tensor_parallel_size=rollout.vllm.tensor_parallel_size,
         gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
     )
+
+
+def operator_check(spec: GRPORunSpec) -> tuple[FitReport, str]:
+    """The operator's check before a run's pods start: (the report, why it was skipped or ""). The operator reads
+    a model's config.json only where its own filesystem has the path (a hub id or a volume only the pods mount is
+    skipped, and said so); a CPU run is not checked."""
+    if spec.learner.device != "cuda" and spec.rollout.device != "cuda":
+        return FitReport([], [], []), ""
+    config, why = read_model_config(spec.model) if os.path.isabs(os.path.expanduser(spec.model)) else (
+        None, f"spec.model {spec.model} is a hub id, and its config.json is read only from a local path")
+    if config is None:
+        return FitReport([], [], []), why
+    try:
+        return check_spec_fit(spec, config), ""
+    except ModelConfigError as error:
+        return FitReport([], [], []), f"spec.model {spec.model}: {error}"

@@ -157,3 +157,23 @@ def test_the_model_config_is_read_only_from_a_local_directory(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{")
     config, why = fit.read_model_config(str(tmp_path / "m"))
     assert config is None and why.startswith(f"spec.model {tmp_path / 'm'}: cannot read config.json (")
+
+
+def test_the_operator_reads_only_an_absolute_path_it_has_and_says_why_it_skipped(tmp_path):
+    from grpo_operator.api import parse_spec
+    from tests.support.specs import minimal_spec
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(QWEN25_05B))
+    report, skipped = fit.operator_check(parse_spec(minimal_spec(model=str(tmp_path / "m"))))
+    assert skipped == "" and report.notes[0].startswith("spec.learner: the learner needs ~")
+    report, skipped = fit.operator_check(parse_spec(minimal_spec(model="Qwen/Qwen2.5-7B")))
+    assert report.notes == [] and skipped.endswith("is a hub id, and its config.json is read only from a local path")
+    report, skipped = fit.operator_check(parse_spec(minimal_spec(model="/models/tiny")))
+    assert skipped == "spec.model /models/tiny: no such directory here"
+    (tmp_path / "m" / "config.json").write_text("{}")
+    report, skipped = fit.operator_check(parse_spec(minimal_spec(model=str(tmp_path / "m"))))
+    assert skipped == f"spec.model {tmp_path / 'm'}: config.json has no hidden_size"
+    cpu = minimal_spec(model=str(tmp_path / "m"), learner={"device": "cpu"},
+                       rollout={"device": "cpu", "weightSync": {"mode": "filesystem"}})
+    assert fit.operator_check(parse_spec(cpu)) == (fit.FitReport([], [], []), "")
