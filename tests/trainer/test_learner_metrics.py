@@ -134,6 +134,11 @@ def test_the_attention_kernel_is_one_labelled_series_once_chosen():
     chosen = samples_by_name(render_metrics(lambda: c.ProgressReport(attention_kernel="varlen")).decode())
     assert [(s.labels, s.value) for s in chosen[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "varlen"}, 1)]
     assert c.METRIC_ATTENTION_KERNEL not in samples_by_name(render_metrics(lambda: c.ProgressReport()).decode())
+    # A newer learner's kernel this version does not know is still reported, by name.
+    newer = c.parse_progress('{"attentionKernel": "fa4"}')
+    assert newer.attention_kernel == "fa4"
+    assert [s.labels for s in samples_by_name(render_metrics(lambda: newer).decode())[c.METRIC_ATTENTION_KERNEL]] == [
+        {"kernel": "fa4"}]
 
 
 def test_stalled_report_renders_as_stalled_gauge():

@@ -557,9 +557,8 @@ class ProgressReport(_ReportModel):
     rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
-    # A string rather than AttentionKernel: an operator older than the learner still reads a newer kernel's name.
-    attention_kernel: str | None = Field(None, max_length=32, description="The kernel answering the tree "
-                                         "attention (fa3, varlen, sdpa); None before the learner chose one.")
+    attention_kernel: _known_or_text(AttentionKernel) | None = Field(
+        None, description="The kernel answering the tree attention; None before the learner chose one.")
     message: str = ""
 
     @field_validator("dropped")

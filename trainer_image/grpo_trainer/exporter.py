@@ -57,7 +57,7 @@ class ProgressCollector:
         if report.attention_kernel is not None:
             attention = GaugeMetricFamily(c.METRIC_ATTENTION_KERNEL, "1, labelled with the kernel that answers the "
                                           "tree attention (fa3, varlen or sdpa).", labels=["kernel"])
-            attention.add_metric([report.attention_kernel], 1)
+            attention.add_metric([getattr(report.attention_kernel, "value", report.attention_kernel)], 1)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),

@@ -169,7 +169,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
             "weight_version": self.model_version, "stall_cause": self.stall_cause,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
-            "attention_kernel": self.attention_kernel.value,
+            "attention_kernel": self.attention_kernel,
         })
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
