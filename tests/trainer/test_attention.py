@@ -208,6 +208,21 @@ def test_the_varlen_kernel_asks_torch_for_bottom_right_causal_gqa(monkeypatch):
     assert calls[0][0][3] is cu_q and calls[0][0][4] is cu_k and calls[0][0][5:] == (5, 7)
 
 
+@pytest.mark.parametrize(("kernel", "bf16", "fp16", "dtype", "refused"), [
+    (AttentionKernel.VARLEN, True, False, "float32", False),  # TRL's GPU default: bf16 autocast over fp32 weights
+    (AttentionKernel.FA3, False, True, "float32", False),
+    (AttentionKernel.VARLEN, False, False, "bfloat16", False),
+    (AttentionKernel.VARLEN, False, False, "float32", True),
+    (AttentionKernel.FA3, False, False, None, True),
+    (AttentionKernel.SDPA, False, False, "float32", False),
+])
+def test_a_flash_kernel_needs_half_precision_before_the_model_loads(kernel, bf16, fp16, dtype, refused):
+    problem = attention.precision_problem(kernel, bf16=bf16, fp16=fp16, dtype=dtype)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem.startswith(f"learner.attention: {kernel.value} computes in float16 or bfloat16")
+
+
 def test_the_varlen_kernel_refuses_float32_naming_the_field():
     q, k, v, cu_q, cu_k = packed(torch.float32)
     with pytest.raises(AttentionUnavailable, match=r"^learner\.attention: varlen runs in float16 or bfloat16"):

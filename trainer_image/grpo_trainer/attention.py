@@ -110,6 +110,15 @@ def choose_kernel(requested: str, facts: DeviceFacts) -> KernelChoice:
     return KernelChoice(AttentionKernel.SDPA, f"auto: {passed_over}")
 
 
+def precision_problem(kernel: AttentionKernel, *, bf16: bool, fp16: bool, dtype: str | None) -> str | None:
+    """Why `kernel` cannot run at the trainer's precision (flash kernels take float16/bfloat16 only), or None. TRL
+    casts attention inputs to the autocast dtype (bf16/fp16) or else to the weights' dtype."""
+    if kernel is AttentionKernel.SDPA or bf16 or fp16 or str(dtype) in ("bfloat16", "float16"):
+        return None
+    return (f"learner.attention: {kernel.value} computes in float16 or bfloat16, and training.extraArgs turn mixed "
+            f"precision off with {dtype or 'float32'} weights: keep bf16 on, or set learner.attention: sdpa")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Facts about this process's device
 # --------------------------------------------------------------------------------------------------------------------

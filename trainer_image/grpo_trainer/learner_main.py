@@ -172,7 +172,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from .attention import AttentionUnavailable, choose_kernel, probe_device
+    from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
@@ -192,6 +192,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         args = AsyncGRPOConfig(**trainer_arguments(config))
     except (TypeError, ValueError) as error:
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
+    if problem:
+        raise ConfigError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         model_config = AutoConfig.from_pretrained(config.model)
