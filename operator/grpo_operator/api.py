@@ -22,8 +22,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from grpo_trainer.contract import (
+    AttentionSetting,
     DatasetConfig,
     FilterConfig,
+    LearnerConfig,
     ProgressConfig,
     ReplicaState,
     RewardConfig,
@@ -145,6 +147,7 @@ class RolloutSpec(RolePodSpec):
 class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
+    attention: AttentionSetting = LearnerConfig.model_fields["attention"]
 
 
 class CheckpointSpec(WireModel):
@@ -353,6 +356,7 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    FIT_WARNING = "LikelyOutOfMemory"  # the event when the fit check estimates the learner past its GPU's memory
     OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload

@@ -18,7 +18,7 @@ import kopf
 
 from grpo_trainer.contract import ProgressReport
 
-from . import builders, kueue
+from . import builders, fit, kueue
 from .api import (
     API_VERSION,
     FINISHED_PHASES,
@@ -26,6 +26,7 @@ from .api import (
     KIND,
     ROLE_LABEL,
     GRPORunSpec,
+    Reason,
     SpecError,
     parse_status,
     parse_stored_spec,
@@ -44,6 +45,7 @@ from .status import (
     Decision,
     DeletePods,
     DeleteRun,
+    Event,
     Observation,
     PodObservation,
     RecreatePods,
@@ -77,6 +79,7 @@ class RunMemory:
     create_failures: int = 0
     create_retry_at: datetime.datetime | None = None
     warned_unknown_fields: bool = False
+    fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
@@ -155,6 +158,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
 
     progress = None
     was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+    if not was_finished and not live and not memory.children_created and not memory.fit_checked:
+        await _check_fit(context, kube, body, base_status, spec, live, logger)
     if not was_finished:
         progress = await _poll(context, memory, namespace, builders.learner_pod_name(name, 0), live, logger)
     queue = kueue.queue_name(metadata)
@@ -189,6 +194,25 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                                 rollout_wanted=spec.rollout.replicas)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+
+
+async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
+                     spec: GRPORunSpec, live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
+    """Before a run's pods start: a model that cannot fit the GPU its nodeSelector names fails the run as
+    InvalidSpec with the numbers (grpo_operator.fit); a likely misfit is a Warning event; a skipped check is logged."""
+    context.memory(body["metadata"]["uid"]).fit_checked = True
+    report, skipped = fit.operator_check(spec)
+    if skipped:
+        logger.info(f"fit check skipped: {skipped}")
+    if report.errors:
+        field, message = report.errors[0].split(": ", 1)
+        await _fail_permanently(context, kube, body, status, SpecError(field, message), live, logger)
+    for warning in report.warnings:
+        logger.warning(warning)
+        await context.events.record(kube, body, Event("Warning", Reason.FIT_WARNING, warning), context.clock(),
+                                    logger)
+    for note in report.notes:
+        logger.info(f"fit: {note}")
 
 
 async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec, memory: RunMemory, *,

@@ -69,6 +69,7 @@ def resolve_run_config(
             nodes=spec.learner.nodes,
             processes_per_node=spec.learner.processes_per_node,
             device=spec.learner.device,
+            attention=spec.learner.attention,
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
         output=None if output is None else OutputConfig(

@@ -178,7 +178,7 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, topology, nodeSelector, tolerations, "
+                 "image, imagePullPolicy, resources, device, attention, topology, nodeSelector, tolerations, "
                  "podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),

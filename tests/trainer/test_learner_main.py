@@ -105,3 +105,40 @@ def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_rew
         load_reward_models(run_config({"model": tiny_model_dir}))  # a causal LM: transformers gives it a 2-label head
     (loaded,) = load_reward_models(run_config({"name": "constant"}, {"model": tiny_reward_model_dir, "weight": 0.5}))
     assert loaded.weight == 0.5 and loaded.model.device.type == "cpu"
+
+
+@pytest.mark.parametrize("kernel", ["varlen", "fa3"])
+def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_path, kernel):
+    # Before the model loads (this one does not exist): a retry would choose the same kernel on the same device.
+    from grpo_trainer.learner_main import main
+
+    config = c.RunConfig.model_validate({
+        "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "learner": {"device": "cpu", "attention": kernel}, "output_dir": str(tmp_path / "out"),
+        "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == (f"learner.attention: {kernel} cannot run here: it needs a CUDA GPU and the learner "
+                              "runs on cpu")
+
+
+def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_invalid_config(tmp_path, monkeypatch):
+    # On an A100 (the rule picks varlen), `extraArgs: {bf16: false}` leaves float32 attention, which flash kernels
+    # cannot compute: said before the model loads (this one does not exist), not at the first forward.
+    from grpo_trainer import attention
+    from grpo_trainer.learner_main import main
+
+    monkeypatch.setattr(attention, "probe_device", lambda device_type: attention.DeviceFacts("cuda", (8, 0)))
+    dataset = tmp_path / "p.jsonl"
+    dataset.write_text('{"prompt": "hi"}\n')
+    config = c.RunConfig.model_validate({
+        "model": str(tmp_path / "no-model"), "dataset": {"path": str(dataset)}, "rewards": [{"name": "constant"}],
+        "rollout": {"weightSync": {"mode": "filesystem", "directory": str(tmp_path / "w")}},
+        "training": {"extraArgs": {"bf16": False}}, "output_dir": str(tmp_path / "out"),
+        "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message.startswith("learner.attention: varlen computes in float16 or bfloat16, and "
+                                     "training.extraArgs turn mixed precision off with float32 weights")

@@ -107,6 +107,9 @@ def test_metrics_parse_and_match_progress(finished_run):
     # The scripted worker generates slower than the tiny model trains: the learner waited, and said so.
     assert found[c.METRIC_ROLLOUT_WAIT_SECONDS][0].value > 0
     assert found[c.METRIC_ROLLOUT_QUEUE_SAMPLES][0].value >= 0
+    # A CPU learner's tree attention: the per-segment SDPA kernel, in the metric and in /progress alike.
+    assert [(s.labels, s.value) for s in found[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "sdpa"}, 1)]
+    assert c.parse_progress(fetch(trainer.progress_url + c.PROGRESS_PATH)).attention_kernel == "sdpa"
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,
@@ -125,6 +128,17 @@ def test_promtool_finds_no_problem_in_the_metrics(finished_run):
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     complaints = check.stdout.strip() + check.stderr.strip()
     assert check.returncode == 0 and complaints == "", complaints
+
+
+def test_the_attention_kernel_is_one_labelled_series_once_chosen():
+    chosen = samples_by_name(render_metrics(lambda: c.ProgressReport(attention_kernel="varlen")).decode())
+    assert [(s.labels, s.value) for s in chosen[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "varlen"}, 1)]
+    assert c.METRIC_ATTENTION_KERNEL not in samples_by_name(render_metrics(lambda: c.ProgressReport()).decode())
+    # A newer learner's kernel this version does not know is still reported, by name.
+    newer = c.parse_progress('{"attentionKernel": "fa4"}')
+    assert newer.attention_kernel == "fa4"
+    assert [s.labels for s in samples_by_name(render_metrics(lambda: newer).decode())[c.METRIC_ATTENTION_KERNEL]] == [
+        {"kernel": "fa4"}]
 
 
 def test_stalled_report_renders_as_stalled_gauge():

@@ -141,6 +141,8 @@ METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_second
 METRIC_WEIGHT_SYNC_RUNNING_SECONDS = "grpo_learner_weight_sync_running_seconds"
 METRIC_WEIGHT_SYNC_DEADLINE = "grpo_learner_weight_sync_deadline_seconds"
 METRIC_WEIGHT_VERSION = "grpo_learner_weight_version"  # gauge: N of the vN the learner last pushed
+# Info-style gauge, value 1, label `kernel` (an AttentionKernel value): the kernel answering the tree attention.
+METRIC_ATTENTION_KERNEL = "grpo_learner_attention_kernel_info"
 # The autoscaling signal (docs/rollout.md): rate() of the wait counter is the share of time the learner waited for a
 # sample; a counter, not a ratio over a window the learner would have to choose.
 METRIC_ROLLOUT_WAIT_SECONDS = "grpo_learner_rollout_wait_seconds_total"
@@ -175,6 +177,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
     METRIC_WEIGHT_SYNC_DEADLINE,
     METRIC_WEIGHT_VERSION,
+    METRIC_ATTENTION_KERNEL,
     METRIC_ROLLOUT_WAIT_SECONDS,
     METRIC_ROLLOUT_QUEUE_SAMPLES,
     METRIC_REPLICA_READY,
@@ -358,10 +361,25 @@ class RolloutConfig(WireModel):
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server flags.")
 
 
+class AttentionKernel(str, Enum):
+    """The kernel that answers TRL's tree attention (grpo_trainer.attention has the rule that picks one)."""
+
+    FA3 = "fa3"  # the FlashAttention-3 hub kernel, baked into the image; Hopper (compute capability 9.0) only
+    VARLEN = "varlen"  # torch's own varlen flash attention; CUDA compute capability 8.0 and up
+    SDPA = "sdpa"  # per packed segment, torch's scaled_dot_product_attention; any device
+
+
+#: `learner.attention`: a kernel, or auto (the rule picks one for the device).
+AttentionSetting = Literal["auto", "fa3", "varlen", "sdpa"]
+
+
 class LearnerConfig(WireModel):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     device: Literal["cuda", "cpu"] = "cuda"
+    attention: AttentionSetting = Field(
+        "auto", description="The tree-attention kernel; auto: fa3 where baked in and on Hopper, else varlen on a "
+        "CUDA GPU (compute capability 8.0+), else sdpa.")
     http_port: int = LEARNER_HTTP_PORT
 
 
@@ -567,6 +585,8 @@ class ProgressReport(_ReportModel):
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
+    attention_kernel: _known_or_text(AttentionKernel) | None = Field(
+        None, description="The kernel answering the tree attention; None before the learner chose one.")
     message: str = ""
 
     @field_validator("dropped")

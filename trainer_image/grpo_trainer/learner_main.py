@@ -173,11 +173,17 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
+    try:
+        attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
+    except AttentionUnavailable as error:
+        raise ConfigError(str(error)) from None
+    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     try:
         reward_funcs = load_rewards(config.rewards)
     except RewardError as error:
@@ -187,6 +193,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         args = AsyncGRPOConfig(**trainer_arguments(config))
     except (TypeError, ValueError) as error:
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
+    if problem:
+        raise ConfigError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         model_config = AutoConfig.from_pretrained(config.model)
@@ -221,6 +230,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
+                attention_kernel=attention.kernel,
             )
     except BaseException:
         if pool is not None:

@@ -29,6 +29,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 )
 from trl.trainer.utils import nanmax, nanmin
 
+from .attention import AUTO, choose_kernel, install, probe_device
 from .checkpoints import (
     PROGRESS_STATE_FILE,
     MarkerError,
@@ -39,6 +40,7 @@ from .checkpoints import (
 )
 from .contract import (
     WEIGHT_SYNC_DEADLINE_SECONDS,
+    AttentionKernel,
     DropReason,
     FilterConfig,
     LearnerPhase,
@@ -89,6 +91,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             with a non-finite loss or logprob leave the loss whatever they are.
         weight_sync_deadline_s: a weight sync still running after this long ends the run as stalled
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
+        attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
+            this process's device.
     """
 
     # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
@@ -102,13 +106,21 @@ class GRPOLearner(AsyncGRPOTrainer):
         reward_models: Sequence[RewardModel] = (),
         weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
         importance_bounds: ImportanceBounds | None = None,
+        attention_kernel: AttentionKernel | None = None,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        if training_args is not None and training_args.use_cpu:
+        on_cpu = training_args is not None and training_args.use_cpu
+        if on_cpu:
             from .cpu import enable_cpu_support
 
             enable_cpu_support()
+        if attention_kernel is None:
+            choice = choose_kernel(AUTO, probe_device("cpu" if on_cpu else "cuda"))
+            logger.info("tree attention: %s (%s)", choice.kernel.value, choice.reason)
+            attention_kernel = choice.kernel
+        install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
+        self.attention_kernel = attention_kernel
         super().__init__(*args, **kwargs)
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
@@ -158,6 +170,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
             "weight_version": self.model_version, "stall_cause": self.stall_cause,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
+            "attention_kernel": self.attention_kernel,
         })
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
