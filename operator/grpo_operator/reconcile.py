@@ -200,13 +200,12 @@ async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec,
     counts every pod) keeps the rollout servers it started with. (A Kueue run's rule is kueue.within_admission.)"""
     if not (spec.scheduling and spec.scheduling.gang):
         return spec, None
-    admitted_by = "its pods are one gang (spec.scheduling.gang) whose PodGroup counts them"
     urls = await _configured_urls(kube, run, memory)
     if urls is None or len(urls) == spec.rollout.replicas:
         return spec, None
     message = (f"spec.rollout.replicas: {spec.rollout.replicas} is not applied to the running run, which keeps "
-               f"{len(urls)} rollout servers: {admitted_by}; set it back to {len(urls)}, or create a new run with "
-               "the count you need")
+               f"{len(urls)} rollout servers: its pods are one gang (spec.scheduling.gang) whose PodGroup counts "
+               f"them; set it back to {len(urls)}, or create a new run with the count you need")
     in_effect = spec.rollout.model_copy(update={"replicas": len(urls)})
     return spec.model_copy(update={"rollout": in_effect}), message
 
