@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import time
 from typing import Any
 
@@ -204,6 +205,56 @@ def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
     assert reason == "WaitingForAdmission"
     assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "
                        "(is Kueue installed?)")
+
+
+class _KueueWith:
+    """A cluster whose Workload is `workload`; records the operator's patches, refusing them with `refusal`."""
+
+    def __init__(self, workload: dict[str, Any], refusal: APIClientError | None = None):
+        self.workload, self.refusal, self.patches = workload, refusal, []
+        self.logger = logging.getLogger("test")
+
+    async def read(self, *args: Any) -> dict[str, Any]:
+        return self.workload
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        self.patches.append((kind, name, patch))
+
+
+def _gate(kube, spec: dict[str, Any]) -> kueue.Gate:
+    return asyncio.run(kueue.gate(kube, RunRef("r", "ml", "u"), "team-q", parse_spec(spec), trainer_image="img",
+                                  pods_exist=False, now=NOW))
+
+
+def test_a_workload_that_holds_no_quota_is_resized_to_the_spec_if_it_has_not_changed_since_read():
+    queued = {"metadata": {"resourceVersion": "7"}, "spec": _admitted_workload(1, 1)["spec"], "status": {}}
+    kube = _KueueWith(queued)
+    gate = _gate(kube, minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold[0] == "WaitingForAdmission" and gate.admitted == {}
+    ((kind, name, patch),) = kube.patches
+    assert (kind, name, patch["metadata"]) == ("Workload", "grporun-r", {"resourceVersion": "7"})
+    assert [(s["name"], s["count"]) for s in patch["spec"]["podSets"]] == [("rollout", 3), ("learner", 1)]
+
+    _gate(kube, minimal_spec())  # the counts it has: nothing to write
+    assert len(kube.patches) == 1
+
+
+def test_a_workload_that_holds_quota_is_not_resized_and_holds_the_run_to_its_admission():
+    kube = _KueueWith({"metadata": {"resourceVersion": "7"}, **_admitted_workload(1, 1)})
+    gate = _gate(kube, minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold is None and gate.admitted == {"rollout": 1, "learner": 1}
+    assert kube.patches == []
+
+
+def test_a_resize_kueue_refuses_is_tried_again_later():
+    """Kueue reserved quota between the read and the write (its webhook refuses the pod sets' change), or the
+    Workload changed (409): the run keeps waiting, and the next pass reads the Workload again."""
+    queued = {"metadata": {"resourceVersion": "7"}, "spec": _admitted_workload(1, 1)["spec"], "status": {}}
+    refusal = APIClientError({"message": "spec.podSets: field is immutable"}, status=422, headers={})
+    gate = _gate(_KueueWith(queued, refusal), minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold[0] == "WaitingForAdmission"
 
 
 # --- the flow -----------------------------------------------------------------------------------------------------
