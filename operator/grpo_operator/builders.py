@@ -197,9 +197,14 @@ def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dic
     return data
 
 
+def run_config_of(config_map: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run config in a ConfigMap, as a JSON object; None when it holds none (or a torn one)."""
+    return _run_config(config_map.get("data") or {})
+
+
 def rollout_urls_of(config_map: Mapping[str, Any]) -> list[str] | None:
     """The `rollout.urls` the ConfigMap's run config lists; None when it cannot be read."""
-    config = _run_config(config_map.get("data") or {})
+    config = run_config_of(config_map)
     rollout = config.get("rollout") if config is not None else None
     urls = rollout.get("urls") if isinstance(rollout, dict) else None
     return urls if isinstance(urls, list) else None
