@@ -20,7 +20,7 @@ from . import contract as c
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
-from .rewards import RewardError, load_rewards
+from .rewards import RewardError, RewardResultError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
 
@@ -264,6 +264,13 @@ def describe_error(error: BaseException) -> str:
     return text
 
 
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or during, outermost first."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
 def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -299,6 +306,9 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
+        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
+        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
+            return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(broken_reward))
         return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()

@@ -26,6 +26,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
 )
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
 
 from .checkpoints import (
@@ -59,6 +60,7 @@ from .progress import (
     stop_from_batch,
 )
 from .rollout_wait import RolloutWaitMeter
+from .rollout_worker import SupervisedRolloutWorker
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
@@ -109,6 +111,9 @@ class GRPOLearner(AsyncGRPOTrainer):
 
             enable_cpu_support()
         super().__init__(*args, **kwargs)
+        if type(self.rollout_worker) is AsyncRolloutWorker:
+            # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
+            self.rollout_worker.__class__ = SupervisedRolloutWorker
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
         self.remove_callback(_EpochStopCallback)
