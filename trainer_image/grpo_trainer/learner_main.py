@@ -98,6 +98,8 @@ def load_prompts(dataset_config: c.DatasetConfig):
                 loaded = datasets.load_from_disk(path)
                 dataset = loaded[dataset_config.split] if isinstance(loaded, datasets.DatasetDict) else loaded
             elif os.path.isfile(path):
+                if _has_no_rows(path):  # datasets' builders fail on it with StopIteration or a bare generation error
+                    raise ConfigError(f"dataset.path {path!r}: the file has no rows")
                 kind = "json" if path.endswith((".json", ".jsonl")) else path.rsplit(".", 1)[-1]
                 dataset = datasets.load_dataset(kind, data_files=path, split="train")
             else:
@@ -120,6 +122,13 @@ def load_prompts(dataset_config: c.DatasetConfig):
         dataset = dataset.remove_columns("prompt")
     remove = [field] if field != "prompt" else []
     return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=remove)
+
+
+def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
+    """An empty file, or one of blank lines only (read up to its first non-blank byte, at most `sniff_bytes`)."""
+    with open(path, "rb") as file:
+        head = file.read(sniff_bytes)
+    return not head.strip() and len(head) < sniff_bytes
 
 
 @contextlib.contextmanager
@@ -161,7 +170,16 @@ def load_reward_models(config: c.RunConfig) -> list:
 
 def build_learner(config: c.RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
-    balancer follows the file's `rollout.urls` while the learner runs."""
+    balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
+    model and TRL load, so a mistake in it ends the learner at once."""
+    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
+        raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
+    try:
+        reward_funcs = load_rewards(config.rewards)
+    except RewardError as error:
+        raise ConfigError(str(error)) from None
+    dataset = load_prompts(config.dataset)
+
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -170,11 +188,6 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
-    try:
-        reward_funcs = load_rewards(config.rewards)
-    except RewardError as error:
-        raise ConfigError(str(error)) from None
-    dataset = load_prompts(config.dataset)
     try:
         args = AsyncGRPOConfig(**trainer_arguments(config))
     except (TypeError, ValueError) as error:
