@@ -138,7 +138,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.stall_cause: StallCause | None = None
         self.importance_bounds = importance_bounds or ImportanceBounds()
         self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
-        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device)
+        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device,
+                                    waiting_on=self._sync_waiting_on)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
         self._training = False
@@ -183,6 +184,16 @@ class GRPOLearner(AsyncGRPOTrainer):
             self.weight_transfer = None
             raise
         self._follow_served_version()
+
+    def _sync_waiting_on(self) -> str:
+        """For a stalled sync's message: the server and step it waits on where this rank can see them."""
+        transfer = self.weight_transfer
+        if isinstance(transfer, FilesystemWeightTransfer):
+            return transfer.waiting_on()
+        if not self.accelerator.is_main_process:
+            return "this rank waits for rank 0 in the sync (rank 0's message names the server)"
+        return (f"TRL's weight transfer to {self.args.vllm_server_base_url} did not return; the learner log has the "
+                "step it was in (pause, transfer, resume)")
 
     def _select_device(self) -> None:
         """The sync's thread trains nothing, but its collectives and copies must use this rank's device."""
