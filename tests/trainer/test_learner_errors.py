@@ -38,6 +38,19 @@ def test_the_root_cause_and_its_last_frame_survive_the_wrapping():
     assert "(at test_learner_errors.py:" in text and "in _health_check)" in text
 
 
+def test_a_wrapper_that_only_repeats_its_cause_is_not_said_twice():
+    try:
+        try:
+            _health_check()
+        except ConnectionError as cause:
+            raise RolloutPipelineError(f"ConnectionError: {cause}") from cause
+    except RolloutPipelineError as error:
+        text = describe_error(error)
+    assert text.startswith("RolloutPipelineError: ConnectionError: rollout server 10.0.0.7:8000 refused the "
+                           "connection (at test_learner_errors.py:")
+    assert "caused by" not in text
+
+
 def test_an_unchained_error_names_its_own_frame():
     try:
         _health_check()
@@ -98,4 +111,7 @@ def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_si
     code, report, log = _run_with_reward(tmp_path, completions_server, "kills_its_process")
     assert code == 1 and code not in c.PERMANENT_EXIT_CODES, log[-4000:]
     assert report.phase == LearnerPhase.FAILED
-    assert "rollout worker child (pid " in report.message and "killed by signal 9 (SIGKILL)" in report.message
+    assert "rollout worker child (pid " in report.message
+    assert ("killed by signal 9 (SIGKILL); it runs the reward functions "
+            "'tests.support.bad_rewards:kills_its_process'") in report.message
+    assert "Empty" not in report.message  # the queue poll that found the death is not its cause

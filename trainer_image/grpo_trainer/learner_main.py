@@ -272,9 +272,11 @@ def describe_error(error: BaseException) -> str:
     if frames:
         last = frames[-1]
         text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-    if root is not error:
-        text = f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
-    return text
+    if root is error:
+        return text
+    if str(error) == f"{type(root).__name__}: {root}":  # the wrapper only repeats its cause (rank 0's pipeline stop)
+        return f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:

@@ -71,13 +71,19 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
             return RolloutWorkerDied(f"TRL's rollout worker child failed: {type_name}: {message}")
         if process is not None and process._popen is not None and process.exitcode is not None:
             return RolloutWorkerDied(f"TRL's rollout worker child (pid {process.pid}) died: "
-                                     f"{describe_exit(process.exitcode)}")
+                                     f"{describe_exit(process.exitcode)}; it runs the reward functions "
+                                     f"{', '.join(self.reward_labels())}")
         return None
+
+    def reward_labels(self) -> list[str]:
+        """The configured names of the reward functions the child runs (user code: the first suspect)."""
+        funcs = self._loop_kwargs.get("reward_funcs") or []
+        return [repr(getattr(func, "label", getattr(func, "__name__", type(func).__name__))) for func in funcs]
 
     def check_health(self, stale_after_s: float) -> None:
         failure = self.child_failure()
         if failure is not None:
-            raise failure
+            raise failure from None  # not "during handling of queue.Empty": the poll that found it
         super().check_health(stale_after_s)
 
     def stop(self) -> None:
