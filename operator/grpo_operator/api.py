@@ -152,6 +152,12 @@ class CheckpointSpec(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+class OutputSpec(WireModel):
+    # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "models"}}) the learner's rank 0
+    # mounts; the model goes to a folder named after the run in it. Free-form like checkpoint.volume.
+    volume: dict[str, Any] = Field(min_length=1)
+
+
 class ExitCodeMatch(WireModel):
     operator: Literal["In", "NotIn"]
     values: list[int] = Field(min_length=1)
@@ -203,6 +209,7 @@ class GRPORunSpec(WireModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    output: OutputSpec | None = None
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)
@@ -351,6 +358,8 @@ class Reason:
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload
     NOT_FINISHED = "NotFinished"
     FINISHED = "Finished"
+    EXPORTED = "Exported"  # the event when the learner wrote the trained model to spec.output
+    EXPORT_FAILED = "ExportFailed"  # the model could not be written to spec.output: the run fails
 
 
 class _StatusModel(WireModel):
@@ -415,13 +424,22 @@ class RolloutServerStatus(_StatusModel):
     drain_start_time: str | None = None  # when its URL left the run config (scaled down); its pod goes once drained
 
 
+class RemovedServerStatus(_StatusModel):
+    """A server a scale-down removed that had restarted: its count holds again if a scale-up brings it back."""
+
+    replica: int
+    restarts: int = 0
+    last_error: str | None = None
+
+
 class RolloutStatus(_StatusModel):
     replicas: int = 0  # rollout pods that exist (the scale subresource's status replicas)
     ready: int = 0  # of the servers wanted (spec.rollout.replicas), those whose pod is Ready
-    restarts: int = 0
+    restarts: int = 0  # all servers', removed ones' included
     selector: str | None = None  # the rollout pods' label selector (the scale subresource's)
     scale_refused: str | None = None  # why a live change of spec.rollout.replicas is not applied
     servers: list[RolloutServerStatus] = Field(default_factory=list)
+    removed_servers: list[RemovedServerStatus] | None = None  # None when no removed server had restarted
 
 
 class LearnerStatus(_StatusModel):
@@ -436,6 +454,16 @@ class FailureStatus(_StatusModel):
     exit_code: int | None = None
     reason: str | None = None
     message: str | None = None
+
+
+class OutputStatus(_StatusModel):
+    """The trained model the learner exported to spec.output (its report, grpo_trainer.contract.ExportReport)."""
+
+    uri: str
+    step: int
+    bytes: int
+    sha256: str  # of the export's manifest, which lists every file's sha256
+    time: str
 
 
 # more than 8: mirrors the CRD's status, one field per key; built by validation
@@ -455,6 +483,7 @@ class GRPORunStatus(_StatusModel):
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None
+    output: OutputStatus | None = None
     message: str | None = None
 
 

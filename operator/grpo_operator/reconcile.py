@@ -165,13 +165,16 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
                                     pods_exist=bool(live), now=now)
         except kueue.WorkloadRejected as error:
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
-    refused = None
+    refused, configured = None, None
     if live and not was_finished:
         spec, refused = await _scale_in_effect(kube, run, spec, memory, queue=queue)
+        urls = await _configured_urls(kube, run, memory)
+        configured = None if urls is None else len(urls)
     seen = Observation(observed, progress, now, children_exist=memory.children_created,
                        progress_error=memory.progress_error,
                        progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
-                       create_error=memory.create_error, hold=gate.hold if gate else None, scale_refused=refused)
+                       create_error=memory.create_error, hold=gate.hold if gate else None, scale_refused=refused,
+                       configured_servers=configured)
     decision = derive_status(run, spec, base_status, seen)
     if not await _write(context, kube, body, base_status, decision, logger,
                         interval=spec.progress.status_interval_seconds):

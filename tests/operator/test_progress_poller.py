@@ -105,3 +105,15 @@ def test_a_report_of_the_most_rollout_servers_status_holds_fits_well_under_the_c
     size = len(report.model_dump_json(by_alias=True).encode())
     assert size < MAX_REPORT_BYTES / 2, size
     assert RawLearner(report.model_dump_json(by_alias=True).encode()).poll().report == report
+
+
+def test_a_newer_learners_report_is_read_not_refused():
+    """A learner image upgraded before the operator: fields, drop reasons and phases this version does not know
+    must not make the report unreadable (the run's Stalled and Progressing would go Unknown)."""
+    body = (b'{"phase": "Balancing", "groupsTotal": 10, "groupsTrained": 4, "tokensPerSecond": 9.5, '
+            b'"dropped": {"stale": 1, "reward_timeout": 2}, '
+            b'"rollout": [{"replica": 0, "url": "u", "ready": true, "kvCacheUsage": 0.5}]}')
+    read = RawLearner(body).poll()
+    assert read.error is None and not read.invalid
+    assert read.report.phase == "Balancing" and read.report.groups_trained == 4 and read.report.dropped_total == 3
+    assert read.report.rollout[0].ready

@@ -97,6 +97,8 @@ def test_resolve_round_trips_through_the_configmap_json():
     [
         ("minimal.yaml", {"rollout_urls": []}, "rollout_urls: at least one rollout server URL"),
         ("cpu-local.yaml", {"weight_sync_dir": None}, "weight_sync_dir: filesystem weight sync needs a directory"),
+        # The fixtures have no spec.output: a folder for one is a caller that misread the spec.
+        ("minimal.yaml", {"output": ("/models/run", "pvc://models/run")}, "output: a folder and URI exactly when"),
     ],
 )
 def test_resolve_rejects_a_caller_that_leaves_out_what_the_spec_needs(fixture, overrides, message):

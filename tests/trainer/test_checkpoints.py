@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -44,7 +46,9 @@ def test_a_complete_marker_reads_back_its_state(tmp_path):
     checkpoint = complete_checkpoint(tmp_path, 3)
     state = read_marker(str(checkpoint))
     assert {k: state[k] for k in progress_state()} == progress_state()
-    assert state["files"] == {"model.safetensors": 1000, "sub/rng_state_1.pth": 10, "trainer_state.json": 2}
+    contents = {"model.safetensors": b"w" * 1000, "sub/rng_state_1.pth": b"r" * 10, "trainer_state.json": b"{}"}
+    assert state["files"] == {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                              for name, data in contents.items()}
 
 
 def test_resume_skips_a_checkpoint_interrupted_while_saving(tmp_path):
@@ -102,7 +106,18 @@ def file_missing(marker: Path) -> str:
     return "vouches for sub/rng_state_1.pth, which is missing"
 
 
-TEARS = [half_written, empty, incomplete, not_an_object, edited, model_cut_short, file_missing]
+def damage_in_place(path: Path) -> None:
+    """Bytes overwritten at the start of the file, its size unchanged (a safetensors header length turned huge)."""
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 8)
+
+
+def model_damaged_in_place(marker: Path) -> str:
+    damage_in_place(marker.parent / "model.safetensors")
+    return f"vouches for model.safetensors, whose content changed after it was written: {marker.parent}/model"
+
+
+TEARS = [half_written, empty, incomplete, not_an_object, edited, model_cut_short, file_missing, model_damaged_in_place]
 
 
 @pytest.mark.parametrize("tear", TEARS, ids=[t.__name__ for t in TEARS])
@@ -129,6 +144,65 @@ def test_when_no_marker_can_be_trusted_the_error_names_every_file_and_why(tmp_pa
     message = str(error.value)
     assert f"{half} is not valid JSON" in message and f"{incomplete_marker} is incomplete" in message
     assert "checkpoint.directory" in message and "\n" not in message
+
+
+def test_when_the_only_checkpoint_has_a_damaged_file_the_error_names_that_file(tmp_path):
+    checkpoint = complete_checkpoint(tmp_path, 2)
+    damage_in_place(checkpoint / "sub" / "rng_state_1.pth")
+    with pytest.raises(UnusableCheckpoints) as error:
+        newest_checkpoint(str(tmp_path))
+    assert f"{checkpoint}/sub/rng_state_1.pth is damaged" in str(error.value)
+
+
+def test_a_file_damaged_after_a_resume_checked_it_is_found_by_the_next_check(tmp_path):
+    checkpoint = complete_checkpoint(tmp_path, 2)
+    read_marker(str(checkpoint))
+    model = checkpoint / "model.safetensors"
+    damage_in_place(model)
+    (checkpoint / "model.safetensors").touch()  # another modification time, whatever the clock's resolution
+    with pytest.raises(MarkerError, match="model.safetensors is damaged"):
+        read_marker(str(checkpoint))
+
+
+# --- markers of earlier learners ------------------------------------------------------------------------------
+def write_size_only_marker(checkpoint: Path, state: dict) -> None:
+    """The marker as learners wrote it before the files' hashes (write_marker and checkpoint_files of then)."""
+    files = {}
+    for path in checkpoint.rglob("*"):
+        relative = path.relative_to(checkpoint).as_posix()
+        if path.is_file() and relative not in (PROGRESS_STATE_FILE, PROGRESS_STATE_FILE + ".tmp"):
+            files[relative] = path.stat().st_size
+    payload = {**state, "files": dict(sorted(files.items()))}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    payload["digest"] = hashlib.sha256(canonical.encode()).hexdigest()
+    (checkpoint / PROGRESS_STATE_FILE).write_text(json.dumps(payload))
+
+
+def before_regeneration_attempts() -> dict:
+    """The first marker's progress state: no `version`, no `regeneration_attempts`."""
+    state = {k: v for k, v in progress_state().items() if k not in ("version", "regeneration_attempts")}
+    assert set(state) == {"first_unconsumed", "consumed_after", "dropped_after", "prefix_streak", "regenerated",
+                          "bound", "transparent_before", "transparent_after", "groups_trained", "dropped",
+                          "epochs_done", "model_version", "global_step"}
+    return state
+
+
+def with_version_one() -> dict:
+    """The marker's progress state before the files' hashes: version 1, `regeneration_attempts` included."""
+    return {**progress_state(), "version": 1}
+
+
+@pytest.mark.parametrize("state", [before_regeneration_attempts, with_version_one])
+def test_a_size_only_marker_of_an_earlier_learner_is_resumed_from(tmp_path, state):
+    complete_checkpoint(tmp_path, 2)
+    earlier = complete_checkpoint(tmp_path, 4)
+    write_size_only_marker(earlier, state())
+    assert newest_checkpoint(str(tmp_path)) == str(earlier)
+    restored = ProgressState.from_dict(read_marker(str(earlier)))
+    assert restored == dataclasses.replace(ProgressState.from_dict(progress_state()), version=1)
+    # Its files are still checked by size.
+    model_cut_short(marker_of(earlier))
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
 
 
 def test_a_learner_whose_checkpoints_cannot_be_trusted_fails_once_with_the_invalid_config_code(tmp_path):
@@ -186,11 +260,17 @@ def test_a_real_learner_vouches_for_its_checkpoints_and_a_restart_skips_a_torn_o
     (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
     checkpoints = tmp_path / "first" / "checkpoints"
     saved = {step: read_marker(str(checkpoints / f"checkpoint-{step}")) for step in (1, 2, 3)}  # each one passes
-    assert "model.safetensors" in saved[3]["files"] and "trainer_state.json" in saved[3]["files"]
-    half_written(marker_of(checkpoints / "checkpoint-3"))  # the newest marker is cut short on the volume
+    assert "trainer_state.json" in saved[3]["files"]
+    model = checkpoints / "checkpoint-3" / "model.safetensors"
+    assert saved[3]["files"]["model.safetensors"] == {
+        "size": model.stat().st_size, "sha256": hashlib.sha256(model.read_bytes()).hexdigest()}
+    # The newest model file is damaged in place, its size unchanged (every restart failed loading it, naming no
+    # file), and the marker before it is cut short on the volume: the restart resumes from the one before both.
+    damage_in_place(model)
+    half_written(marker_of(checkpoints / "checkpoint-2"))
     (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-newest", str(checkpoints))
-    assert second["resumed_from"] == str(checkpoints / "checkpoint-2")
-    assert second["outcome"] == "succeeded" and second["start_position"] == saved[2]["first_unconsumed"]
+    assert second["resumed_from"] == str(checkpoints / "checkpoint-1")
+    assert second["outcome"] == "succeeded" and second["start_position"] == saved[1]["first_unconsumed"]
     assert second["consumed_absolute"] == list(range(18))
     assert second["progress"]["groupsTrained"] + sum(second["progress"]["dropped"].values()) == 18
 

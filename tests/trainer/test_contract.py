@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from grpo_trainer.contract import ProgressReport, RolloutReplicaReport, parse_progress
+from grpo_trainer.contract import (
+    TERMINATION_MESSAGE_MAX_BYTES,
+    ExportReport,
+    LearnerPhase,
+    ProgressReport,
+    ReplicaState,
+    RolloutReplicaReport,
+    StallCause,
+    parse_progress,
+)
 
 INT64_MAX = 2**63 - 1  # the API server stores integers as int64
 
@@ -28,6 +37,15 @@ HOSTILE = [
     ('{"rollout": [{"replica": 0, "url": "u", "samples": -1}]}', "rollout[0].samples"),
     ('{"rollout": [{"replica": 0, "url": "u", "requestSeconds": NaN}]}', "rollout[0].requestSeconds"),
     ('{"rollout": [{"replica": 0, "url": "u", "weightVersion": "v' + "9" * 100 + '"}]}', "rollout[0].weightVersion"),
+    # The exported model: copied into status.output, so held to what status can say.
+    (f'{{"output": {{"uri": "u", "path": "p", "step": 1, "bytes": 1, "sha256": "{"G" * 64}", "time": 1}}}}',
+     "output.sha256"),
+    ('{"output": {"uri": "u", "path": "p", "step": -1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
+     "output.step"),
+    ('{"output": {"uri": "u", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1e300}}',
+     "output.time"),
+    ('{"output": {"uri": "", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
+     "output.uri"),
 ]
 
 
@@ -53,3 +71,60 @@ def test_what_the_learner_writes_it_reads_back():
                                 replica=0, url="http://r:8000", ready=True, weight_version="v3", samples=9)])
     assert parse_progress(report.model_dump_json(by_alias=True)) == report
     assert parse_progress(report.termination_message()) == report
+
+
+def test_the_exported_model_survives_the_termination_messages_bound():
+    export = ExportReport(uri="pvc://models/" + "r" * 1000, path="/var/lib/grpo/model/" + "r" * 1000, step=INT64_MAX,
+                          bytes=INT64_MAX, sha256="f" * 64, time=1.7e9)
+    report = ProgressReport(phase="Succeeded", groups_total=12, output=export, message="m" * 5000, rollout=[
+        RolloutReplicaReport(replica=index, url=f"http://r-{index}:8000") for index in range(64)])
+    message = report.termination_message()
+    assert len(message.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    assert parse_progress(message).output == export  # the rollout detail and the message give way first
+
+
+NEWER_LEARNER = {
+    "phase": "Paused", "groupsTotal": 12, "groupsConsumed": 6, "groupsTrained": 3, "stallCause": "reward_timeout",
+    "dropped": {"no_signal": 1, "reward_timeout": 2}, "samplesMasked": {"non_finite": 1, "clipped": 4},
+    "samplesScored": 10, "tokensPerSecond": 812.5, "newSection": {"nested": [1, 2]},
+    "rollout": [{"replica": 0, "url": "u", "state": "warming", "samples": 3, "kvCacheUsage": 0.5}],
+}
+
+
+def test_a_newer_learners_report_is_read_with_what_this_version_does_not_know_carried_as_text():
+    """A learner image upgraded before the operator: fields it added are ignored, reasons, phases and states it
+    added are kept as their names, and the counts still add up."""
+    report = parse_progress(json.dumps(NEWER_LEARNER))
+    assert report.phase == "Paused" and report.stall_cause == "reward_timeout"
+    assert report.dropped["reward_timeout"] == 2 and report.dropped_total == 3
+    assert report.dropped["stale"] == 0  # the reasons this version knows are all there
+    assert report.samples_masked["clipped"] == 4 and report.masked_fraction == 0.5
+    assert report.rollout[0].state == "warming" and report.rollout[0].samples == 3
+    assert not hasattr(report, "tokens_per_second")
+    assert parse_progress(report.termination_message()) == report
+
+
+def test_known_names_still_read_as_this_versions_enums():
+    report = parse_progress('{"phase": "Stalled", "stallCause": "weight_sync", '
+                            '"rollout": [{"replica": 0, "url": "u", "state": "draining"}]}')
+    assert report.phase is LearnerPhase.STALLED and report.stall_cause is StallCause.WEIGHT_SYNC
+    assert report.rollout[0].state is ReplicaState.DRAINING
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ('{"dropped": {"reward_timeout": "2"}}', "dropped.reward_timeout"),
+    ('{"dropped": {"reward_timeout": -1}}', "dropped.reward_timeout"),
+    ('{"dropped": {"reward_timeout": 1.5}}', "dropped.reward_timeout"),
+    ('{"dropped": {"Not A Reason": 1}}', "dropped"),
+    ('{"dropped": {"' + "r" * 100 + '": 1}}', "dropped"),
+    ('{"dropped": {' + ", ".join(f'"r{i}": 1' for i in range(100)) + '}}', "dropped"),
+    ('{"samplesMasked": {"clipped": NaN}}', "samplesMasked.clipped"),
+    ('{"phase": "' + "P" * 100 + '"}', "phase"),
+    ('{"phase": ""}', "phase"),
+    ('{"stallCause": 3}', "stallCause"),
+    ('{"rollout": [{"replica": 0, "url": "u", "state": true}]}', "rollout[0].state"),
+])
+def test_what_a_newer_learner_adds_is_still_held_to_strict_types_and_bounds(body, field):
+    with pytest.raises(ValueError) as refused:
+        parse_progress(body)
+    assert str(refused.value).startswith(f"{field}: ") and "\n" not in str(refused.value)

@@ -281,6 +281,16 @@ class TestSampleFilterQueue:
         assert drain(fq) == []  # never trained, even with dropNoSignal off (it would train zero advantages)
         assert progress.dropped["unscorable"] == 1 and progress.dropped["no_signal"] == 0 and 0 in progress.consumed
 
+    @pytest.mark.parametrize("reward", [float("inf"), float("-inf")])
+    @pytest.mark.parametrize("drop_no_signal", [True, False])
+    def test_a_group_whose_every_reward_is_infinite_is_unscorable(self, reward, drop_no_signal):
+        # Unscorable means non-finite: an infinite reward is the reward's failure, not a group without signal (its
+        # reward_std is NaN, which no_signal would otherwise take; with dropNoSignal off it would train).
+        progress = make_progress(n=10)
+        infinite = [sample(0, rewards=(reward, reward), k=k) for k in range(2)]
+        assert drain(filter_queue(progress, infinite, drop_no_signal=drop_no_signal)) == []
+        assert progress.dropped["unscorable"] == 1 and progress.dropped["no_signal"] == 0 and 0 in progress.consumed
+
     def test_a_sample_no_reward_could_score_leaves_a_group_that_trains(self):
         progress = make_progress(n=10)
         scored = sample(0, rewards=(0.0, 1.0), k=1)

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from grpo_trainer.contract import EXIT_STALLED, DropReason, LearnerPhase
-from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop
-from grpo_trainer.step_scoring import ExclusionTracker, ImportanceBounds, Verdict, masked_terms, score_step
+from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop, StallError, StopCode
+from grpo_trainer.step_scoring import (
+    Decisions,
+    ExclusionTracker,
+    ImportanceBounds,
+    Verdict,
+    masked_terms,
+    score_step,
+)
 
 
 def make_progress(n=6, epochs=1, stall_groups=0) -> RolloutProgress:
@@ -62,12 +69,24 @@ def test_a_group_is_excluded_once_every_collated_sample_of_it_was_taken_out():
     tracker = ExclusionTracker(collated)
     masked, kept, pad = int(Verdict.IMPORTANCE_RATIO), int(Verdict.KEPT), int(Verdict.PAD)
     # Rank 0's and rank 1's rows of one micro-batch: group 1 half scored, group 2 has a kept sample.
-    assert tracker.add([1, 1, 2, 2, -1, 2, 2, 3], [masked, masked, masked, kept, pad, masked, masked, masked]) == []
-    assert tracker.add([1, 1, 3], [masked, int(Verdict.NON_FINITE), masked]) == [1, 3]
+    assert tracker.add([1, 1, 2, 2, -1, 2, 2, 3], [masked, masked, masked, kept, pad, masked, masked, masked]) == (
+        Decisions())
+    assert tracker.add([1, 1, 3], [masked, int(Verdict.NON_FINITE), masked]) == Decisions(excluded=[1, 3])
     assert tracker.samples_scored == 10 and tracker.samples_masked == {"non_finite": 1, "importance_ratio": 8}
     assert collated == {}  # decided groups are forgotten
     collated[1] = 1  # a straggler of a decided group
-    assert tracker.add([1], [masked]) == []
+    assert tracker.add([1], [masked]) == Decisions()
+
+
+def test_a_straggler_decides_on_its_own_verdict():
+    collated = {1: 2, 2: 2}
+    tracker = ExclusionTracker(collated)
+    masked, kept = int(Verdict.NON_FINITE), int(Verdict.KEPT)
+    assert tracker.add([1, 1, 2, 2], [masked, masked, kept, masked]) == Decisions(excluded=[1])
+    collated.update({1: 1, 2: 1})  # a late sample of each, collated after the group was decided
+    assert tracker.add([1, 2], [kept, masked]) == Decisions(readmitted=[1])  # 1 trained after all; 2 trained already
+    collated[1] = 1
+    assert tracker.add([1], [kept]) == Decisions()  # readmitted once
 
 
 # --- RolloutProgress.exclude -------------------------------------------------------------------------------------
@@ -92,6 +111,82 @@ def test_the_stall_an_exclusion_completes_is_raised_by_the_next_check():
     with pytest.raises(RolloutStop, match="3 prompt groups in a row") as stop:
         progress.check()
     assert stop.value.error is not None
+
+
+def test_a_late_sample_of_an_excluded_group_does_not_turn_it_into_a_trained_one():
+    progress = make_progress(n=3)
+    progress.train({0, 1})
+    progress.exclude(0, DropReason.EXCLUDED)
+    progress.train({0})  # a late sample of it collated: its own verdict decides
+    report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+    assert report.groups_trained == 1 and report.dropped["excluded"] == 1 and progress.stall_streak == 1
+    progress.readmit(0)  # the training step's scoring kept that sample: the group trained
+    progress.readmit(0)
+    progress.readmit(1)  # trained already: nothing to undo
+    report = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+    assert report.groups_trained == 2 and report.dropped["excluded"] == 0 and progress.stall_streak == 0
+    assert report.groups_consumed == 2
+
+
+def test_a_run_whose_last_groups_are_excluded_after_the_stream_ended_it_stalls():
+    # The stream ends the run once the bound's groups are collated (counted as trained); the training step's
+    # scoring of the last micro-batches comes after. `end_stop` is the confirmation once they all trained.
+    progress = make_progress(n=4)
+    progress.train({0, 1, 2, 3})
+    with pytest.raises(RolloutStop) as stop:
+        progress.check()
+    assert stop.value.code == StopCode.DONE
+    for group_id in range(4):
+        progress.exclude(group_id, DropReason.EXCLUDED)
+    end = progress.end_stop()
+    assert end.code == StopCode.STALLED and "4 prompt groups in a row" in end.error and "excluded 4" in end.error
+
+
+def test_a_run_that_trained_a_group_ends_at_the_bound_when_confirmed():
+    progress = make_progress(n=4)
+    progress.train({0, 1, 2, 3})
+    progress.exclude(3, DropReason.EXCLUDED)
+    assert progress.end_stop().code == StopCode.DONE
+
+
+def learner_at_the_end(progress: RolloutProgress):
+    """A GRPOLearner as `_stop` finds it on one rank at the end of the stream (only what `_stop` reads)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from grpo_trainer.progress import StopAwareDataset
+    from grpo_trainer.trainer import GRPOLearner
+
+    learner = object.__new__(GRPOLearner)
+    learner.accelerator = SimpleNamespace(is_main_process=True, device=torch.device("cpu"))
+    learner.progress = progress
+    learner.control = TrainerControl()
+    learner.args = SimpleNamespace(save_strategy="no")
+    learner._train_stream = StopAwareDataset([], progress)
+    learner._train_stream.stop = RolloutStop()
+    learner.phase, learner.message, learner.stall_cause = LearnerPhase.RUNNING, "", None
+    return learner
+
+
+def test_the_learner_ends_a_pass_excluded_whole_after_the_stream_ended_with_the_stall_error():
+    progress = make_progress(n=4)
+    progress.train({0, 1, 2, 3})  # collated: the stream raised the end here
+    for group_id in range(4):  # the training step's scoring of the last micro-batches
+        progress.exclude(group_id, DropReason.EXCLUDED)
+    learner = learner_at_the_end(progress)
+    with pytest.raises(StallError, match="4 prompt groups in a row were consumed without one training"):
+        learner._stop(StopCode.DONE, 0, 4)
+    assert learner.phase == LearnerPhase.STALLED and not learner.control.should_training_stop
+
+
+def test_the_learner_ends_at_the_bound_when_a_group_trained():
+    progress = make_progress(n=4)
+    progress.train({0, 1, 2, 3})
+    progress.exclude(0, DropReason.EXCLUDED)
+    learner = learner_at_the_end(progress)
+    learner._stop(StopCode.DONE, 0, 4)
+    assert learner.control.should_training_stop and learner.phase == LearnerPhase.RUNNING
 
 
 def test_an_excluded_group_survives_a_checkpoint_as_excluded():
@@ -126,10 +221,14 @@ def test_two_ranks_exclude_the_groups_the_importance_bound_takes_out_and_end_at_
 
 
 @pytest.mark.slow
-def test_two_ranks_whose_step_scoring_takes_out_everything_stall_within_one_pass(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("epochs", [3, 1])
+def test_two_ranks_whose_step_scoring_takes_out_everything_stall_within_one_pass(tiny_model_dir, tmp_path, epochs):
+    # With 3 epochs the stream raises the stall itself; with 1 it ends the run at the bound once the last groups
+    # are collated, before their scoring excluded them (that run ended Succeeded, 0 trained, 9 excluded), and the
+    # learner turns the end into the stall once they trained, at the same micro-batch on both ranks.
     from tests.trainer.test_learner_runs import run
 
-    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", "3",
+    results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", str(epochs),
                   "--nan-logprobs-every", "1", ranks=2, expect=EXIT_STALLED)
     rank0, rank1 = results
     assert rank0["outcome"] == rank1["outcome"] == "StallError"
@@ -144,4 +243,6 @@ def test_two_ranks_whose_step_scoring_takes_out_everything_stall_within_one_pass
     consumed = progress["groupsConsumed"]
     assert consumed <= 9 + 2 + 2 and rank0["consumed_absolute"] == list(range(consumed))
     assert progress["dropped"]["excluded"] == consumed  # every group excluded, each once
-    assert rank0["samples_masked"]["non_finite"] == progress["samplesScored"] == 4 * consumed
+    assert rank0["samples_masked"]["non_finite"] == progress["samplesScored"]
+    # One pass ends at the bound: the last micro-batch also carries the next pass's overflow, scored, not counted.
+    assert progress["samplesScored"] == 4 * consumed if epochs > 1 else progress["samplesScored"] >= 4 * consumed

@@ -1,9 +1,13 @@
 """Checkpoint markers: `grpo_progress.json` says a checkpoint is complete and holds the progress it resumes with.
 
 The marker is written last and atomically, yet a volume can still tear it: a full disk, a copy cut short, a rename
-that is not atomic on a FUSE or object-store volume. So a marker is checked before it is trusted: the progress state
-against a schema, every file of the checkpoint against the size the marker recorded, and a SHA-256 digest over both.
-Resume takes the newest checkpoint whose marker passes, warning about each one skipped and why.
+that is not atomic on a FUSE or object-store volume, a file damaged in place. So a marker is checked before it is
+trusted: the progress state against a schema, every file of the checkpoint against the size and SHA-256 the marker
+recorded, and a SHA-256 digest over all of it. Resume takes the newest checkpoint whose marker passes, warning about
+each one skipped and why.
+
+Markers written by learners before the files' hashes (each file's size alone, and before that without
+`regeneration_attempts` too) are read as they were written: their files are checked by size only.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import logging
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,6 +32,8 @@ PROGRESS_STATE_FILE = "grpo_progress.json"
 _STAGING_SUFFIX = ".tmp"
 #: Validation errors named in a message, at most.
 _ERRORS_SHOWN = 3
+#: Files hashed at once: hashlib lets go of the GIL while it hashes, so a checkpoint's shards hash side by side.
+_HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
 class MarkerError(ValueError):
@@ -36,6 +43,15 @@ class MarkerError(ValueError):
 class UnusableCheckpoints(ValueError):
     """Checkpoints exist, and their markers say complete, but none can be trusted: resuming would lose progress and
     starting afresh would overwrite it, so the learner stops (a retry would find the same files)."""
+
+
+class FileRecord(BaseModel):
+    """What a marker records of one file of its checkpoint."""
+
+    model_config = ConfigDict(extra="allow")
+
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 # more than 8: the marker file's schema, one field per key; only validates
@@ -56,13 +72,17 @@ class ProgressMarker(BaseModel):
     bound: int | None
     transparent_before: int = Field(ge=0)
     transparent_after: list[int]
-    regeneration_attempts: dict[int, int] = Field(description="Absolute position -> regenerations of its slot.")
+    # Absent from markers written before it: no slot had a regeneration counted.
+    regeneration_attempts: dict[int, int] = Field(
+        default_factory=dict, description="Absolute position -> regenerations of its slot.")
     groups_trained: int = Field(ge=0)
     dropped: dict[DropReason, int]
     epochs_done: int = Field(ge=0)
     model_version: int = Field(ge=0)
     global_step: int = Field(ge=0)
-    files: dict[str, int] = Field(description="Every other file of the checkpoint, relative path -> size in bytes.")
+    files: dict[str, FileRecord | int] = Field(
+        description="Every other file of the checkpoint, relative path -> its size and SHA-256 (a size in bytes "
+                    "alone in markers written before the hashes).")
     digest: str = Field(description="SHA-256 of the marker's other keys, canonical JSON.")
 
 
@@ -84,9 +104,25 @@ def checkpoint_files(checkpoint_dir: str) -> dict[str, int]:
     return dict(sorted(files.items()))
 
 
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _hashes(checkpoint_dir: str, names: list[str]) -> dict[str, str]:
+    paths = [os.path.join(checkpoint_dir, name) for name in names]
+    with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
+        return dict(zip(names, pool.map(file_sha256, paths), strict=True))
+
+
 def write_marker(checkpoint_dir: str, state: dict[str, Any]) -> None:
-    """Vouch for the checkpoint as it is on disk now: call it once every other file is written."""
-    payload = {**state, "files": checkpoint_files(checkpoint_dir)}
+    """Vouch for the checkpoint as it is on disk now: call it once every other file is written.
+
+    Each file is hashed right after the save, while it is still in the page cache."""
+    sizes = checkpoint_files(checkpoint_dir)
+    hashes = _hashes(checkpoint_dir, list(sizes))
+    files = {name: {"size": size, "sha256": hashes[name]} for name, size in sizes.items()}
+    payload = {**state, "files": files}
     payload["digest"] = _digest(payload)
     write_json_atomically(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), payload)
 
@@ -130,12 +166,49 @@ def read_marker(checkpoint_dir: str) -> dict[str, Any]:
         raise MarkerError("does not match its digest: its content changed after it was written")
 
     on_disk = checkpoint_files(checkpoint_dir)
-    for name, size in payload["files"].items():
+    recorded = {name: record if isinstance(record, dict) else {"size": record}
+                for name, record in payload["files"].items()}
+    for name, record in recorded.items():
         if name not in on_disk:
             raise MarkerError(f"vouches for {name}, which is missing")
-        if on_disk[name] != size:
-            raise MarkerError(f"vouches for {name} of {size} bytes, but it has {on_disk[name]}")
+        if on_disk[name] != record["size"]:
+            raise MarkerError(f"vouches for {name} of {record['size']} bytes, but it has {on_disk[name]}")
+    hashed = sorted(name for name, record in recorded.items() if "sha256" in record)
+    if len(hashed) < len(recorded):
+        logger.info(f"{path} records no SHA-256 for some files (written by an older learner): "
+                    "those are checked by size only")
+    if hashed and not _verified_before(checkpoint_dir, payload):
+        actual = _hashes(checkpoint_dir, hashed)
+        for name in hashed:
+            if actual[name] != recorded[name]["sha256"]:
+                raise MarkerError(
+                    f"vouches for {name}, whose content changed after it was written: "
+                    f"{os.path.join(checkpoint_dir, name)} is damaged (SHA-256 {actual[name]}, "
+                    f"recorded {recorded[name]['sha256']})")
+        _remember_verified(checkpoint_dir, payload)
     return payload
+
+
+# Checkpoints whose files this process hashed and found as their marker records them, each with the files'
+# identities then: the resume reads the marker newest_checkpoint checked moments before, and hashing a large
+# checkpoint twice costs as long again. A file written since has another modification time and is hashed again.
+_verified: set[tuple[str, str, tuple[tuple[str, int, int, int], ...]]] = set()
+
+
+def _identity(checkpoint_dir: str, payload: dict[str, Any]) -> tuple[str, str, tuple[tuple[str, int, int, int], ...]]:
+    files = []
+    for name in sorted(payload["files"]):
+        stat = os.stat(os.path.join(checkpoint_dir, name))
+        files.append((name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return os.path.realpath(checkpoint_dir), payload["digest"], tuple(files)
+
+
+def _remember_verified(checkpoint_dir: str, payload: dict[str, Any]) -> None:
+    _verified.add(_identity(checkpoint_dir, payload))
+
+
+def _verified_before(checkpoint_dir: str, payload: dict[str, Any]) -> bool:
+    return _identity(checkpoint_dir, payload) in _verified
 
 
 def newest_checkpoint(directory: str | None) -> str | None:

@@ -8,11 +8,21 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from .validation import error_message, field_path
@@ -21,14 +31,17 @@ from .validation import error_message, field_path
 # Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
 # backoff; anything else is a crash the operator retries under the run's backoff.
 # 42, 75 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
-# exception, 2 = argparse, 137/143 = killed); 75 is sysexits' EX_TEMPFAIL, 78 its EX_CONFIG.
+# exception, 2 = argparse, 137/143 = killed); 74 is sysexits' EX_IOERR, 75 its EX_TEMPFAIL, 78 its EX_CONFIG.
 # --------------------------------------------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
 EXIT_STALLED = 42
+# Trained to the end, but the model could not be written to `output` (no space, no permission): a retry would
+# train nothing new and hit the same volume, so the run fails; its last checkpoint stays.
+EXIT_EXPORT_FAILED = 74
 EXIT_PREEMPTED = 75  # SIGTERM: the learner saved a checkpoint and stopped; a restart resumes from it
 EXIT_INVALID_CONFIG = 78
 #: Exit codes after which a retry cannot help: the operator fails the run at once.
-PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_INVALID_CONFIG})
+PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG})
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: Kubernetes truncates termination messages to 4096 bytes; the final progress must fit.
@@ -357,6 +370,14 @@ class CheckpointConfig(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+class OutputConfig(WireModel):
+    """Where the learner exports the trained model at the end of a run (the GRPORun's `spec.output`)."""
+
+    directory: str = Field(min_length=1, description="The model's folder; staged beside it, then renamed into place.")
+    uri: str = Field(min_length=1, description="Where users find it (`pvc://claim/run`, `file:///path`): reported.")
+    run_spec: dict[str, Any] = Field(default_factory=dict, description="The GRPORun spec, kept in the manifest.")
+
+
 # more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
@@ -372,6 +393,7 @@ class RunConfig(WireModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    output: OutputConfig | None = None
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
 
@@ -421,11 +443,55 @@ INT64_MAX = 2**63 - 1
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
+#: A reason, phase or state named in a report: a newer learner may name one this version does not know, which is
+#: carried as its text (bounded like a label value: it reaches status keys and messages).
+REPORTED_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+#: The most drop or mask reasons one report may name (this version knows 7 and 2).
+MAX_REPORTED_REASONS = 32
+_Name = TypeVar("_Name", bound=Enum)
+
+
+def _reported_name(value: object) -> str:
+    if not isinstance(value, str):  # no coercion: `7` or `true` is no name
+        raise ValueError(f"input should be a string, not {type(value).__name__}")
+    if not REPORTED_NAME.fullmatch(value):
+        raise ValueError(f"{value[:70]!r} is not a name (a letter, then up to 62 letters, digits or underscores)")
+    return value
+
+
+def _known_or_text(names: type[_Name]) -> Any:
+    """A report field of enum `names` that keeps a name this version does not know as text: a learner image
+    upgraded before the operator must not make every report unreadable."""
+    def validate(value: object) -> _Name | str:
+        text = _reported_name(value)
+        try:
+            return names(text)
+        except ValueError:
+            return text
+    return Annotated[names | str, PlainValidator(validate),
+                     PlainSerializer(lambda value: getattr(value, "value", value), return_type=str,
+                                     when_used="json")]
+
+
+def _reason_counts(known: tuple[str, ...], what: str, value: dict[str, int]) -> dict[str, int]:
+    """Counts by reason: every reason this version knows (0 when absent) first, then those only a newer learner
+    knows, by name; their sum must fit what the API server stores."""
+    newer = [reason for reason in value if reason not in known]
+    if len(newer) > MAX_REPORTED_REASONS:
+        raise ValueError(f"more than {MAX_REPORTED_REASONS} {what} this version does not know")
+    for reason in newer:
+        _reported_name(reason)
+    if sum(value.values()) > INT64_MAX:
+        raise ValueError(f"the {what} counts add up to more than {INT64_MAX}")
+    return {**{reason: int(value.get(reason, 0)) for reason in known}, **{reason: value[reason] for reason in newer}}
+
+
 class _ReportModel(WireModel):
     """What a learner reports: the operator reads it from a tenant's pod and copies it into the run's status, so
-    every number is one the Kubernetes API can carry (JSON has no NaN or Infinity; integers are int64)."""
+    every number is one the Kubernetes API can carry (JSON has no NaN or Infinity; integers are int64). A field a
+    newer learner added is ignored (forward-compatible, as Kubernetes clients are); wrong types are still refused."""
 
-    model_config = ConfigDict(allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
 
 # more than 8: mirrors one server of the /progress report; built by keyword
@@ -435,7 +501,7 @@ class RolloutReplicaReport(_ReportModel):
     replica: Count = Field(description="The rollout pod's ordinal (its index in rollout.urls while it is in it).")
     url: str
     ready: bool = False
-    state: ReplicaState = ReplicaState.SERVING
+    state: _known_or_text(ReplicaState) = ReplicaState.SERVING
     # `vN`; bounded because it is copied into status.rollout.servers[].weightVersion.
     weight_version: str | None = Field(None, max_length=64, description="The weight version directory it serves.")
     samples: Count = Field(0, description="Completions it produced for the learner.")
@@ -446,9 +512,24 @@ class RolloutReplicaReport(_ReportModel):
     last_error: str = ""
 
 
+#: An export manifest's name in the model's folder, written last: a folder without it is not a complete model.
+EXPORT_MANIFEST_FILE = "grpo-export.json"
+
+
+class ExportReport(_ReportModel):
+    """The model the learner exported at the end of the run; the operator copies it into `status.output`."""
+
+    uri: str = Field(min_length=1, max_length=1024, description="Where users find the model (OutputConfig.uri).")
+    path: str = Field(min_length=1, max_length=1024, description="The model's folder, as the learner sees it.")
+    step: Count = Field(description="The optimizer step the exported weights are from.")
+    bytes: Count = Field(description="The exported files' total size, the manifest included.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description=f"The sha256 of {EXPORT_MANIFEST_FILE}.")
+    time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
+
+
 # more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
-    phase: LearnerPhase = LearnerPhase.STARTING
+    phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
     groups_consumed: Count = 0
     groups_trained: Count = 0
@@ -476,7 +557,8 @@ class ProgressReport(_ReportModel):
     weight_sync_running_seconds: float = Field(0.0, ge=0, description="How long the sync now running has run.")
     weight_sync_deadline_seconds: float | None = Field(None, gt=0)
     weight_version: Count = Field(0, description="N of the vN the learner last pushed (0: the initial weights).")
-    stall_cause: StallCause | None = Field(None, description="Set when phase is Stalled: what stalled.")
+    stall_cause: _known_or_text(StallCause) | None = Field(None, description="Set when phase is Stalled: what "
+                                                           "stalled.")
     regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
                                "group took each one's place.")
     rollout_wait_seconds: float = Field(0.0, ge=0, description="Seconds this learner process waited for a sample "
@@ -484,25 +566,18 @@ class ProgressReport(_ReportModel):
     rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
+    output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
     message: str = ""
 
     @field_validator("dropped")
     @classmethod
-    def _known_reasons(cls, value: dict[str, int]) -> dict[str, int]:
-        unknown = set(value) - set(DROP_REASONS)
-        if unknown:
-            raise ValueError(f"unknown drop reasons {sorted(unknown)}; known: {list(DROP_REASONS)}")
-        if sum(value.values()) > INT64_MAX:  # status.progress.groupsDropped is their sum
-            raise ValueError(f"the drop counts add up to more than {INT64_MAX}")
-        return {reason: int(value.get(reason, 0)) for reason in DROP_REASONS}
+    def _drop_reasons(cls, value: dict[str, int]) -> dict[str, int]:
+        return _reason_counts(DROP_REASONS, "drop reasons", value)  # status.progress.groupsDropped is their sum
 
     @field_validator("samples_masked")
     @classmethod
-    def _known_mask_reasons(cls, value: dict[str, int]) -> dict[str, int]:
-        unknown = set(value) - set(MASK_REASONS)
-        if unknown:
-            raise ValueError(f"unknown mask reasons {sorted(unknown)}; known: {list(MASK_REASONS)}")
-        return {reason: int(value.get(reason, 0)) for reason in MASK_REASONS}
+    def _mask_reasons(cls, value: dict[str, int]) -> dict[str, int]:
+        return _reason_counts(MASK_REASONS, "mask reasons", value)
 
     @property
     def masked_fraction(self) -> float | None:

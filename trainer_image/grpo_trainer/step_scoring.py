@@ -10,13 +10,14 @@ here needs the learner's own forward, so it runs in the training step, on every 
   against grows with staleness: the learner has moved on from the policy that generated the sample.
 
 The verdicts of every rank reach rank 0 in one small gather per micro-batch; `ExclusionTracker` there turns them into
-`RolloutProgress.exclude` calls for the groups whose every collated sample was taken out.
+`RolloutProgress.exclude` calls for the groups whose every collated sample was taken out (and `readmit` calls for an
+excluded group a late sample of which was kept).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import torch
@@ -80,13 +81,22 @@ def masked_terms(verdicts: torch.Tensor, segment_id: torch.Tensor) -> torch.Tens
     return verdicts[segment_id] != int(Verdict.KEPT)
 
 
+@dataclass
+class Decisions:
+    """What one micro-batch's verdicts decided, in id order."""
+
+    excluded: list[int] = field(default_factory=list)  # every collated sample taken out: `RolloutProgress.exclude`
+    readmitted: list[int] = field(default_factory=list)  # excluded, then a late sample kept: `RolloutProgress.readmit`
+
+
 class ExclusionTracker:
     """Rank 0: which collated groups lost every sample, from every rank's verdicts.
 
     `samples_collated` is the collator's count per group (ProgressCollator), which runs ahead of training: a group
     is decided once as many of its samples were scored as were collated. A group of which one sample was kept
     trained; one whose scored samples were all taken out is excluded. A straggler sample collated after its group
-    was decided is not counted again.
+    was decided is decided on its own verdict: kept, it readmits an excluded group (it trained); taken out, it
+    changes nothing.
     """
 
     def __init__(self, samples_collated: dict[int, int]):
@@ -94,11 +104,12 @@ class ExclusionTracker:
         self._scored: dict[int, int] = {}
         self._kept: set[int] = set()
         self._decided: set[int] = set()
+        self._excluded: set[int] = set()  # decided groups that are excluded now
         self.samples_scored = 0
         self.samples_masked = dict.fromkeys(MASK_REASON.values(), 0)
 
-    def add(self, group_ids: list[int], verdicts: list[int]) -> list[int]:
-        """Take one micro-batch's verdicts (all ranks); returns the groups to exclude, in id order."""
+    def add(self, group_ids: list[int], verdicts: list[int]) -> Decisions:
+        """Take one micro-batch's verdicts (all ranks); returns the groups to exclude and to readmit."""
         touched = set()
         for group_id, verdict in zip(group_ids, verdicts, strict=True):
             if verdict == Verdict.PAD:
@@ -110,7 +121,7 @@ class ExclusionTracker:
                 self.samples_masked[MASK_REASON[Verdict(verdict)]] += 1
             self._scored[group_id] = self._scored.get(group_id, 0) + 1
             touched.add(group_id)
-        excluded = []
+        decisions = Decisions()
         for group_id in sorted(touched):
             if self._scored[group_id] < self.samples_collated.get(group_id, 0):
                 continue  # more of it was collated: wait for their verdicts
@@ -118,11 +129,17 @@ class ExclusionTracker:
             self._scored.pop(group_id)
             self._kept.discard(group_id)
             self.samples_collated.pop(group_id, None)
-            if not kept and group_id not in self._decided:
-                excluded.append(group_id)
-            self._decided.add(group_id)
-        return excluded
+            if group_id not in self._decided:
+                self._decided.add(group_id)
+                if not kept:
+                    self._excluded.add(group_id)
+                    decisions.excluded.append(group_id)
+            elif kept and group_id in self._excluded:
+                self._excluded.discard(group_id)
+                decisions.readmitted.append(group_id)
+        return decisions
 
     def forget_below(self, group_id: int) -> None:
         """Groups below `group_id` are settled (RolloutProgress folded them): no straggler of theirs is counted."""
         self._decided = {g for g in self._decided if g >= group_id}
+        self._excluded = {g for g in self._excluded if g >= group_id}

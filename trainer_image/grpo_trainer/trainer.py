@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import broadcast
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -451,8 +452,11 @@ class GRPOLearner(AsyncGRPOTrainer):
         masked = int((gathered[:, 1] > 0).sum())
         self._metrics["train"]["step_scoring/masked_frac"].append(masked / max(int(present.sum()), 1))
         if self.accelerator.is_main_process:
-            for group_id in self.exclusions.add(gathered[:, 0].tolist(), gathered[:, 1].tolist()):
+            decisions = self.exclusions.add(gathered[:, 0].tolist(), gathered[:, 1].tolist())
+            for group_id in decisions.excluded:
                 self.progress.exclude(group_id, DropReason.EXCLUDED)
+            for group_id in decisions.readmitted:
+                self.progress.readmit(group_id)
         return verdicts
 
     # ------------------------------------------------------------------------------------------------ stopping
@@ -491,6 +495,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.exclusions.forget_below(min(settled, self.progress.first_unconsumed))
 
     def _stop(self, code: StopCode, streak: int, _limit: int) -> None:
+        if code == StopCode.DONE:
+            code, streak = self._confirm_end(streak)
         if code in (StopCode.DONE, StopCode.PREEMPTED):
             self.control.should_training_stop = True
             if self.args.save_strategy == SaveStrategy.STEPS:
@@ -508,6 +514,24 @@ class GRPOLearner(AsyncGRPOTrainer):
         message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
         self.phase, self.message = LearnerPhase.FAILED, message
         raise RolloutPipelineError(message) from (stream_stop.__cause__ if stream_stop else None)
+
+    def _confirm_end(self, streak: int) -> tuple[StopCode, int]:
+        """The stream's end at the bound, confirmed now that every micro-batch collated before it trained.
+
+        The stream decided with the groups it had collated, counted as trained; the training step's scoring (rank
+        0's `exclude`) may have taken out whole groups of the last micro-batches since. Rank 0 applies the stall
+        rules again (`RolloutProgress.end_stop`) and every rank takes its verdict from one broadcast, at this same
+        micro-batch: a pass excluded whole ends with the stall error, never as a success that trained nothing.
+        """
+        verdict = [int(StopCode.DONE), streak]
+        if self.accelerator.is_main_process:
+            stop = self.progress.end_stop()
+            verdict = [int(stop.code), self.progress.stall_streak]
+            if stop.code != StopCode.DONE and self._train_stream is not None:
+                self._train_stream.stop = stop
+        shared = broadcast(torch.tensor(verdict, dtype=torch.long, device=self.accelerator.device), from_process=0)
+        code, streak = (int(v) for v in shared.tolist())
+        return StopCode(code), streak
 
     def request_preemption(self) -> bool:
         """SIGTERM while training: stop at the next micro-batch on every rank, save, and end as preempted.

@@ -57,6 +57,9 @@ class Observation:
     #: Why a live change of spec.rollout.replicas is not applied (the run's admission counts its pods); the spec
     #: handed to the derivation then has the replica count in effect.
     scale_refused: str | None = None
+    #: How many servers the run config's `rollout.urls` lists (as last read or written); None when not known (no
+    #: live pods, or no ConfigMap yet). A live run's config is rewritten while it differs from the spec's count.
+    configured_servers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ class CreateChildren(Action):
 @dataclass(frozen=True)
 class ConfigureRollout(Action):
     """Make the run config's `rollout.urls` (in the run's ConfigMap) list these servers, first of this pass's
-    actions after a scale-down: a removed server's URL leaves it before its pod may go (idempotent; a missing
-    ConfigMap is left to CreateChildren)."""
+    actions: after a scale-down, a removed server's URL leaves it before its pod may go; after a scale back up, a
+    server still draining joins it again (idempotent; a missing ConfigMap is left to CreateChildren)."""
 
     replicas: int
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport
 
 from ..api import (
     FINISHED_PHASES,
@@ -18,6 +18,7 @@ from ..api import (
     GRPORunSpec,
     GRPORunStatus,
     LearnerStatus,
+    OutputStatus,
     Phase,
     ProgressStatus,
     Reason,
@@ -55,12 +56,21 @@ STUCK_WAITING_REASONS = frozenset({
 
 
 def progress_status(report: ProgressReport) -> ProgressStatus:
+    """status.progress from a report. `dropped` lists the reasons the CRD declares (the API server prunes others); a
+    reason only a newer learner knows still counts in `groupsDropped`."""
     return ProgressStatus(
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
-        dropped=dict(report.dropped), stall_streak=report.stall_streak, stall_limit=report.stall_limit,
-        global_step=report.global_step, percent=round(report.percent, 1), reward_mean=report.reward_mean,
+        dropped={reason: report.dropped[reason] for reason in DROP_REASONS}, stall_streak=report.stall_streak,
+        stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
+        reward_mean=report.reward_mean,
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
+
+
+def output_status(report: ExportReport) -> OutputStatus:
+    exported = datetime.datetime.fromtimestamp(report.time, datetime.UTC)
+    return OutputStatus(uri=report.uri, step=report.step, bytes=report.bytes, sha256=report.sha256,
+                        time=format_time(exported))
 
 
 def derive_status(run: RunRef, spec: GRPORunSpec, status: dict[str, Any] | None, seen: Observation) -> Decision:
@@ -266,13 +276,28 @@ class _Derivation(_ProgressRules):
         self.set_phase(phase)
 
     # --- observations ------------------------------------------------------------------------------------------
-    def _count_pods(self) -> None:
+    def _count_pods(self, *, finished: bool = False) -> None:
+        """status.rollout and status.learner from the pods that exist. A finished run is counted too: once
+        cleanPodPolicy has deleted its servers it claims none (the scale subresource and `kubectl get` read these)."""
         self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods + self.surplus_pods,
                                           self.old.rollout, selector=rollout_selector(self.run.name),
                                           now=format_time(self.now))
         learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
         self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
-        self._rollout_ready()
+        if finished:
+            self._finished_rollout_ready()
+        else:
+            self._rollout_ready()
+
+    def _finished_rollout_ready(self) -> None:
+        """RolloutReady of a finished run: what its remaining pods show, False with reason Finished once its servers
+        are gone; no event (the run's end was announced)."""
+        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit)
+        if not ready:
+            wanted = len(wanted_servers(self.new.rollout))
+            reason, message = (Reason.FINISHED,
+                               f"the run has finished: {self.new.rollout.ready}/{wanted} rollout servers ready")
+        self.conditions.set(ConditionType.ROLLOUT_READY, "True" if ready else "False", reason, message)
 
     def _rollout_ready(self) -> None:
         stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
@@ -341,10 +366,13 @@ class _Derivation(_ProgressRules):
 
     # --- a live replica change ----------------------------------------------------------------------------------
     def _scale(self) -> None:
-        """After a scale-down, take the removed servers out of the run config's `rollout.urls` (first of the pass's
-        actions: a server leaves it before its pod may go) and delete those the learner has let go. (A scale-up's
-        new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
-        if self.surplus_pods:
+        """Keep the run config's `rollout.urls` at the spec's servers and delete the removed servers the learner has
+        let go. While removed servers' pods remain, or the config lists another count (a scale back up while servers
+        drain: no pod is missing, but their URLs must join again), ConfigureRollout comes first of the pass's
+        actions: a server leaves the config before its pod may go, and joins it before the learner is expected to
+        use it. (A scale-up's new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
+        configured = self.seen.configured_servers
+        if self.surplus_pods or (configured is not None and configured != self.spec.rollout.replicas):
             self.actions.insert(0, ConfigureRollout(self.spec.rollout.replicas))
         rollout = self.new.rollout
         refused = self.seen.scale_refused
@@ -369,10 +397,14 @@ class _Derivation(_ProgressRules):
                                    backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
                                    max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
                                    rules=policy.pod_failure_policy or (),
-                                   stall_policy=self.spec.progress.stall_policy)
+                                   stall_policy=self.spec.progress.stall_policy,
+                                   output_expected=self.spec.output is not None)
         if verdict is None:
             return self._replace_servers()
         if isinstance(verdict, Succeed):
+            if verdict.output is not None:
+                self.new.output = output_status(verdict.output)
+                self.event("Normal", Reason.EXPORTED, _exported_message(verdict.output))
             self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
             if verdict.stall is not None:
@@ -446,6 +478,7 @@ class _Derivation(_ProgressRules):
         return [learner_pod_name(self.run.name, r) for r in range(self.spec.learner.nodes) if r not in present]
 
     def _after_finish(self) -> None:
+        self._count_pods(finished=True)
         self.clean_pods()
         ttl = self.spec.run_policy.ttl_seconds_after_finished
         if ttl is not None and self.new.completion_time and seconds_since(self.now, self.new.completion_time) >= ttl:
@@ -474,6 +507,11 @@ class _Derivation(_ProgressRules):
         self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
         # Waiting to run again is timed from the resume, not from the suspension.
         self.new.progress_clock = clock.restart_pause(self.new.progress_clock, self.now)
+
+def _exported_message(report: ExportReport) -> str:
+    return (f"model exported to {report.uri}: step {report.step}, {report.bytes} bytes, manifest sha256 "
+            f"{report.sha256}")
+
 
 def _initial_conditions(conditions: Conditions) -> None:
     set_ = conditions.set

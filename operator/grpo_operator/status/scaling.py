@@ -84,7 +84,7 @@ def removals(surplus: Sequence[PodObservation], servers: Sequence[RolloutServerS
                                f"{pod.name} left the rollout set and the learner has drained it"))
         elif end is DrainEnd.DEADLINE:
             seen = reported.get(replica) if reported is not None else None
-            still = (f"the learner still reports it {seen.state.value}" if seen is not None
+            still = (f"the learner still reports it {getattr(seen.state, 'value', seen.state)}" if seen is not None
                      else "the learner's progress cannot be read")
             out.append(Removal(pod.name, "Warning", Reason.DRAIN_DEADLINE_EXCEEDED,
                                f"{pod.name} left the rollout set {deadline_s} s ago (the drain deadline) and {still}: "

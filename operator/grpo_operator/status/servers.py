@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract import ProgressReport, ReplicaState
 
-from ..api import Reason, RolloutServerStatus, RolloutStatus
+from ..api import Reason, RemovedServerStatus, RolloutServerStatus, RolloutStatus
 from .decision import PodObservation, rank
 from .rollout_exits import ServerRestart
 
@@ -19,22 +19,32 @@ def rollout_status(wanted: int, pods: Sequence[PodObservation], old: RolloutStat
 
     `wanted` servers (spec.rollout.replicas) are listed by replica index, then each surplus pod (an index at or past
     `wanted`, left by a scale-down), draining since the pass that first saw it surplus (`now`, the API's time format)
-    until its pod is gone."""
+    until its pod is gone. A server that leaves with restarts counted is kept in `removed_servers`, so a scale-up
+    that brings it back finds its count (restartLimit is per server, and the total must not go down)."""
     previous = {server.replica: server for server in (old.servers if old else [])}
+    removed = {server.replica: server for server in (old.removed_servers or [] if old else [])}
     by_replica = {rank(pod.name): pod for pod in pods}
+    listed = set(range(wanted)) | set(by_replica)
     servers = []
-    for replica in sorted(set(range(wanted)) | set(by_replica)):
+    for replica in sorted(listed):
         pod = by_replica.get(replica)
-        server = previous.get(replica) or RolloutServerStatus(replica=replica)
+        back = removed.get(replica)
+        server = previous.get(replica) or RolloutServerStatus(
+            replica=replica, restarts=back.restarts if back else 0, last_error=back.last_error if back else None)
         surplus = replica >= wanted
         server = server.model_copy(update={
             "pod": pod.name if pod else server.pod, "ready": pod is not None and pod.phase == "Running" and pod.ready,
             "drain_start_time": (server.drain_start_time or now) if surplus else None})
         servers.append(server)
     wanted_servers = servers[:wanted]
+    left = [RemovedServerStatus(replica=server.replica, restarts=server.restarts, last_error=server.last_error)
+            for server in previous.values() if server.replica not in listed and server.restarts]
+    still_removed = sorted([*left, *(server for server in removed.values() if server.replica not in listed)],
+                           key=lambda server: server.replica)
     return RolloutStatus(replicas=len(pods), ready=sum(server.ready for server in wanted_servers),
-                         restarts=sum(server.restarts for server in servers), selector=selector,
-                         scale_refused=old.scale_refused if old else None, servers=servers)
+                         restarts=sum(server.restarts for server in [*servers, *still_removed]), selector=selector,
+                         scale_refused=old.scale_refused if old else None, servers=servers,
+                         removed_servers=still_removed or None)
 
 
 def take_learner_view(status: RolloutStatus, report: ProgressReport) -> None:
@@ -42,7 +52,8 @@ def take_learner_view(status: RolloutStatus, report: ProgressReport) -> None:
     for seen in report.rollout:
         if (server := by_replica.get(seen.replica)) is not None:
             server.serving, server.weight_version, server.samples = seen.ready, seen.weight_version, seen.samples
-            server.state = seen.state
+            # A state only a newer learner knows is left out: status declares the states this version knows.
+            server.state = seen.state if isinstance(seen.state, ReplicaState) else None
     reported = {seen.replica for seen in report.rollout}
     for server in status.servers:
         if server.replica not in reported:

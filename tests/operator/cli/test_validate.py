@@ -72,10 +72,12 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
     tiny = str(REPO / "examples" / "tiny.yaml")
     assert cli.main(["validate", tiny]) == ExitCode.OK
     out = capsys.readouterr()
-    assert out.out.splitlines() == [f"OK {tiny} (3 warnings)"]
+    assert out.out.splitlines() == [f"OK {tiny} (4 warnings)"]
     assert out.err.splitlines() == [
         f"{tiny}: warning: spec.checkpoint.volume: not set: checkpoints live as long as the learner pod, so a "
         "restarted learner starts over",
+        f"{tiny}: warning: spec.output: not set, and no checkpoint is on a persistent volume: the trained model is "
+        "lost with the learner pod (set spec.output.volume to keep it)",
         f"{tiny}: warning: spec.model: ./tiny-assets/model is a path on this machine: only grporun local resolves it; "
         "a cluster's pods need a hub id or a path on a volume they mount",
         f"{tiny}: warning: spec.dataset.path: ./tiny-prompts.jsonl is a path on this machine: only grporun local "
@@ -84,7 +86,29 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
     assert cli.main(["validate", "--strict", tiny]) == ExitCode.INVALID
     gpu = str(REPO / "examples" / "gpu.yaml")  # a checkpoint PVC and a hub model: nothing to warn of
     assert cli.main(["validate", "--strict", gpu]) == ExitCode.OK
-    assert capsys.readouterr().err.count("warning") == 3
+    assert capsys.readouterr().err.count("warning") == 4
+
+
+@pytest.mark.parametrize(("checkpoint", "output", "warned"), [
+    # The model is kept somewhere: nothing to say of it.
+    (None, {"persistentVolumeClaim": {"claimName": "models"}}, ["spec.checkpoint.volume: not set"]),
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, None, []),
+    # Work that would be lost.
+    ({"emptyDir": {}}, None, ["spec.checkpoint.volume: an emptyDir", "spec.output: not set"]),
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, {"emptyDir": {}}, ["spec.output.volume: an emptyDir"]),
+])
+def test_validate_warns_when_the_trained_model_would_be_lost(capsys, tmp_path, checkpoint, output, warned):
+    manifest = good()
+    manifest["spec"]["checkpoint"].pop("volume", None)
+    if checkpoint is not None:
+        manifest["spec"]["checkpoint"]["volume"] = checkpoint
+    if output is not None:
+        manifest["spec"]["output"] = {"volume": output}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.OK
+    found = [line.removeprefix(f"{path}: warning: ") for line in capsys.readouterr().err.splitlines()]
+    assert len(found) == len(warned), found
+    assert all(line.startswith(start) for line, start in zip(found, warned, strict=True)), found
 
 
 def test_validate_as_a_subprocess(bad_manifest):

@@ -202,6 +202,10 @@ class RolloutProgress:
                 if not self.needs(group_id):
                     self._consume_overflow(group_id)
                     continue
+                if self._drop_reason.get(group_id) == DropReason.EXCLUDED.value:
+                    # The training step's scoring took every sample of it out: a late sample trains it only if
+                    # that sample is kept (`readmit`), which its own verdict decides after this.
+                    continue
                 previous = self._drop_reason.pop(group_id, None)
                 if previous is not None:  # a late sample of a group swept as lost, or partly dropped, trained after all
                     self.dropped[previous] -= 1
@@ -226,6 +230,22 @@ class RolloutProgress:
             self._trained_ids.discard(group_id)
             self.groups_excluded += 1
             self._record_drop(group_id, reason)
+
+    def readmit(self, group_id: int) -> None:
+        """Count an excluded group as trained after all: the training step's scoring kept a late sample of it.
+
+        Undoes `exclude`, and only that: a group dropped for another reason, or settled, is left as it is."""
+        now = self._clock()
+        with self._lock:
+            if group_id < self._folded or self._drop_reason.get(group_id) != DropReason.EXCLUDED.value:
+                return
+            del self._drop_reason[group_id]
+            self.dropped[DropReason.EXCLUDED.value] -= 1
+            self.groups_excluded -= 1
+            self._runs.leave(group_id)
+            self._after_leave(group_id)
+            self._trained_ids.add(group_id)
+            self.last_trained_time = now
 
     def untrain(self, group_ids: Iterable[int]) -> None:
         """Return collated groups that never reached an optimizer step to the unconsumed set (a discarded
@@ -318,22 +338,38 @@ class RolloutProgress:
         Also ends it, without error, once the run's groups are consumed. The stall is checked first: in a one-epoch
         run where everything was dropped, "all consumed" is also true, and reporting success with zero steps would
         hide the failure. A requested stop (SIGTERM) comes before both.
+
+        The stream checks with what it knows: the training step's scoring may still exclude groups it collated, so
+        the end it raises is confirmed by `end_stop` once they all trained.
         """
         if self.stop_requested is not None:
             raise RolloutStop(self.stop_requested, code=StopCode.PREEMPTED)
+        stall = self._stall()
+        if stall is not None:
+            raise stall
+        if self.all_consumed:
+            raise RolloutStop()
+
+    def end_stop(self) -> RolloutStop:
+        """How a run whose stream ended at the bound really ends, once every group collated before the end trained
+        and was scored: the stall when the exclusions that came after the stream's decision make a full pass
+        without one group training (or nothing trained at all), else the end at the bound."""
+        with self._lock:
+            return self._stall() or RolloutStop()
+
+    def _stall(self) -> RolloutStop | None:
         streak = self.stall_streak
         if streak >= self.stall_limit:
-            raise RolloutStop(
+            return RolloutStop(
                 f"stalled: {streak} prompt groups in a row were consumed without one training "
                 f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()})"
             )
-        if self.all_consumed:
-            if self.groups_trained == 0:
-                raise RolloutStop(
-                    f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
-                    f"(dropped: {self._dropped_summary()})"
-                )
-            raise RolloutStop()
+        if self.all_consumed and self.groups_trained == 0:
+            return RolloutStop(
+                f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
+                f"(dropped: {self._dropped_summary()})"
+            )
+        return None
 
     @property
     def all_consumed(self) -> bool:

@@ -32,8 +32,8 @@ class SampleFilterQueue:
 
     Duck-types the queue TRL's RolloutQueueDataset reads (`get(timeout)`, `qsize()`). Drops, each reported to
     `progress` with its reason:
-    - unscorable: no reward scored the sample (its reward is NaN: TRL's worker gives it advantage 0), whatever
-      `drop_no_signal` says;
+    - unscorable: no reward scored the sample (its reward is NaN: TRL's worker gives it advantage 0) or its reward
+      is infinite, whatever `drop_no_signal` says;
     - no signal: `reward_std <= eps` (never `advantage == 0`: identical rewards give advantages near 1e-9) or NaN;
     - truncated: the last token is neither eos nor pad (only when `drop_truncated`);
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
@@ -123,9 +123,10 @@ class SampleFilterQueue:
 
     def drop_reason(self, sample: Any) -> DropReason | None:
         """Pure per-sample rule (no accounting): why this sample would train nothing, or None."""
-        if math.isnan(sample.metrics.get("reward", 0.0)):
-            # Every reward returned None: TRL trains it with advantage 0. Whatever dropNoSignal says, a group of
-            # these is the reward's failure, not a group without signal.
+        if not math.isfinite(sample.metrics.get("reward", 0.0)):
+            # Every reward returned None (NaN: TRL trains it with advantage 0), or a reward returned an infinity
+            # (its group's std is NaN). Whatever dropNoSignal says, a group of these is the reward's failure, not a
+            # group without signal.
             return DropReason.UNSCORABLE
         std = sample.metrics.get("reward_std", float("nan"))
         if self.drop_no_signal and (math.isnan(std) or std <= self.no_signal_epsilon):

@@ -2,7 +2,9 @@
 
 Positions are absolute (prompts x passes), so a resumed worker, whose ids start at 0 again, can be placed. The JSON
 carries `version`: a learner refuses a state newer than it understands instead of misreading it, and reads the
-states of the versions before. A state without `version` predates it and is version 1 (the same keys).
+states of the versions before. A state without `version` predates it and is version 1 (the same keys). Version 2
+has the keys of 1; the checkpoint marker that carries it records each file's SHA-256 beside its size, which a
+learner that reads only version 1 would take for a torn marker.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 #: The version this learner writes; it reads every version up to it.
-PROGRESS_STATE_VERSION = 1
+PROGRESS_STATE_VERSION = 2
 #: Validation errors named in a message, at most.
 _ERRORS_SHOWN = 3
 
@@ -62,7 +64,7 @@ class ProgressState:  # more than 8: one field per key of the checkpoint's progr
         check_version(payload)
         known = {f.name for f in dataclasses.fields(cls)}
         try:
-            return _ADAPTER.validate_python({k: v for k, v in payload.items() if k in known})
+            return _ADAPTER.validate_python({"version": 1} | {k: v for k, v in payload.items() if k in known})
         except ValidationError as error:
             problems = [f"{'.'.join(str(p) for p in e['loc']) or 'state'}: {e['msg']}" for e in error.errors()]
             more = f" and {len(problems) - _ERRORS_SHOWN} more" if len(problems) > _ERRORS_SHOWN else ""
