@@ -140,7 +140,7 @@ class FilesystemWeightTransfer:
         """What the sync waits on now, for a stalled sync's message: each server call under way (server, call,
         step, for how long), or the weights' write, or nothing (the sync then waits in the ranks' barrier)."""
         now = time.monotonic()
-        calls = sorted(self._under_way.values(), key=lambda call: call[2])
+        calls = sorted(self._under_way.copy().values(), key=lambda call: call[2])  # copy: the sync thread edits it
         if calls:
             return "; ".join(f"{url} did not answer {path} ({SYNC_STEPS.get(path, path)}) in {now - began:.0f}s"
                              for url, path, began in calls)
