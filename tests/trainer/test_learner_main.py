@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from grpo_trainer import contract as c
@@ -74,6 +77,10 @@ def test_dataset_mistakes_name_the_field(tmp_path):
         load_prompts(c.DatasetConfig(path=str(data)))
     renamed = load_prompts(c.DatasetConfig(path=str(data), prompt_field="question"))
     assert renamed.column_names == ["prompt"]
+    for name, content in [("blank.jsonl", "\n \n"), ("empty.csv", "")]:
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ConfigError, match=r"^dataset.path '.*': the file has no rows$"):
+            load_prompts(c.DatasetConfig(path=str(tmp_path / name)))
 
 
 def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
@@ -142,3 +149,31 @@ def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_inva
     report = c.parse_progress((tmp_path / "termination-log").read_text())
     assert report.message.startswith("learner.attention: varlen computes in float16 or bfloat16, and "
                                      "training.extraArgs turn mixed precision off with float32 weights")
+
+
+def _run_learner_entrypoint(tmp_path, **fields) -> subprocess.CompletedProcess:
+    import json
+
+    config = tmp_path / "run.json"
+    base = {"model": "m", "dataset": {"path": str(REPO / "examples" / "tiny-prompts.jsonl")},
+            "rewards": [{"name": "constant"}], "learner": {"device": "cpu"},
+            "terminationMessagePath": str(tmp_path / "termination-log")}
+    config.write_text(json.dumps({**base, **fields}))
+    return subprocess.run([sys.executable, "-m", "grpo_trainer", "learner", "--config", str(config)],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+
+
+def test_an_empty_dataset_file_is_refused_as_invalid_config_naming_the_field(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = _run_learner_entrypoint(tmp_path, dataset={"path": str(empty)})
+    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert f"dataset.path {str(empty)!r}: the file has no rows" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_no_rollout_url_is_refused_as_invalid_config_naming_the_field(tmp_path):
+    done = _run_learner_entrypoint(tmp_path, rollout={"urls": []})
+    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert "rollout.urls is empty: a run needs at least one rollout server" in done.stderr
+    assert "Traceback" not in done.stderr

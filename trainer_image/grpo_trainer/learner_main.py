@@ -21,7 +21,7 @@ from . import contract as c
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
-from .rewards import RewardError, load_rewards
+from .rewards import RewardError, RewardResultError, load_rewards
 
 logger = logging.getLogger("grpo_trainer.learner")
 
@@ -99,6 +99,8 @@ def load_prompts(dataset_config: c.DatasetConfig):
                 loaded = datasets.load_from_disk(path)
                 dataset = loaded[dataset_config.split] if isinstance(loaded, datasets.DatasetDict) else loaded
             elif os.path.isfile(path):
+                if _has_no_rows(path):  # datasets' builders fail on it with StopIteration or a bare generation error
+                    raise ConfigError(f"dataset.path {path!r}: the file has no rows")
                 kind = "json" if path.endswith((".json", ".jsonl")) else path.rsplit(".", 1)[-1]
                 dataset = datasets.load_dataset(kind, data_files=path, split="train")
             else:
@@ -121,6 +123,13 @@ def load_prompts(dataset_config: c.DatasetConfig):
         dataset = dataset.remove_columns("prompt")
     remove = [field] if field != "prompt" else []
     return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=remove)
+
+
+def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
+    """An empty file, or one of blank lines only (read up to its first non-blank byte, at most `sniff_bytes`)."""
+    with open(path, "rb") as file:
+        head = file.read(sniff_bytes)
+    return not head.strip() and len(head) < sniff_bytes
 
 
 @contextlib.contextmanager
@@ -169,26 +178,31 @@ def load_reward_models(config: c.RunConfig) -> list:
 
 def build_learner(config: c.RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
-    balancer follows the file's `rollout.urls` while the learner runs."""
-    from transformers import AutoConfig, AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
+    balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
+    model and TRL load, so a mistake in it ends the learner at once."""
     from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
-    from .rollout_pool import start_rollout_pool
-    from .step_scoring import ImportanceBounds
-    from .trainer import GRPOLearner
-    from .weight_sync import make_weight_transfer
 
     try:
         attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
     except AttentionUnavailable as error:
         raise ConfigError(str(error)) from None
     logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
+    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
+        raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
     try:
         reward_funcs = load_rewards(config.rewards)
     except RewardError as error:
         raise ConfigError(str(error)) from None
     dataset = load_prompts(config.dataset)
+
+    from transformers import AutoConfig, AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from .rollout_pool import start_rollout_pool
+    from .step_scoring import ImportanceBounds
+    from .trainer import GRPOLearner
+    from .weight_sync import make_weight_transfer
+
     try:
         args = AsyncGRPOConfig(**trainer_arguments(config))
     except (TypeError, ValueError) as error:
@@ -315,9 +329,18 @@ def describe_error(error: BaseException) -> str:
     if frames:
         last = frames[-1]
         text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-    if root is not error:
-        text = f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
-    return text
+    if root is error:
+        return text
+    if str(error) == f"{type(root).__name__}: {root}":  # the wrapper only repeats its cause (rank 0's pipeline stop)
+        return f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or during, outermost first."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
@@ -362,6 +385,9 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         return _finish(config, learner, c.EXIT_EXPORT_FAILED, c.LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
+        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
+        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
+            return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(broken_reward))
         return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()

@@ -27,6 +27,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
 )
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
 
 from .attention import AUTO, choose_kernel, install, probe_device
@@ -62,6 +63,7 @@ from .progress import (
     stop_from_batch,
 )
 from .rollout_wait import RolloutWaitMeter
+from .rollout_worker import SupervisedRolloutWorker
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
@@ -122,6 +124,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
         self.attention_kernel = attention_kernel
         super().__init__(*args, **kwargs)
+        if type(self.rollout_worker) is AsyncRolloutWorker:
+            # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
+            self.rollout_worker.__class__ = SupervisedRolloutWorker
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
         self.remove_callback(_EpochStopCallback)
@@ -146,7 +151,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.stall_cause: StallCause | None = None
         self.importance_bounds = importance_bounds or ImportanceBounds()
         self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
-        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device)
+        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device,
+                                    waiting_on=self._sync_waiting_on)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
         self._training = False
@@ -192,6 +198,16 @@ class GRPOLearner(AsyncGRPOTrainer):
             self.weight_transfer = None
             raise
         self._follow_served_version()
+
+    def _sync_waiting_on(self) -> str:
+        """For a stalled sync's message: the server and step it waits on where this rank can see them."""
+        transfer = self.weight_transfer
+        if isinstance(transfer, FilesystemWeightTransfer):
+            return transfer.waiting_on()
+        if not self.accelerator.is_main_process:
+            return "this rank waits for rank 0 in the sync (rank 0's message names the server)"
+        return (f"TRL's weight transfer to {self.args.vllm_server_base_url} did not return; the learner log has the "
+                "step it was in (pause, transfer, resume)")
 
     def _select_device(self) -> None:
         """The sync's thread trains nothing, but its collectives and copies must use this rank's device."""
