@@ -1,11 +1,20 @@
-"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages."""
+"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages, the LoRA
+adapter's peft config."""
 
 from __future__ import annotations
 
 import pytest
 
 from grpo_trainer import contract as c
-from grpo_trainer.learner_main import ConfigError, as_messages, load_prompts, trainer_arguments
+from grpo_trainer.learner_main import (
+    ConfigError,
+    as_messages,
+    check_lora_targets,
+    head_module_names,
+    load_prompts,
+    peft_config,
+    trainer_arguments,
+)
 from tests.support.paths import REPO
 
 
@@ -105,3 +114,42 @@ def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_rew
         load_reward_models(run_config({"model": tiny_model_dir}))  # a causal LM: transformers gives it a 2-label head
     (loaded,) = load_reward_models(run_config({"name": "constant"}, {"model": tiny_reward_model_dir, "weight": 0.5}))
     assert loaded.weight == 0.5 and loaded.model.device.type == "cpu"
+
+
+def test_training_lora_becomes_peft_lora_config_for_a_causal_lm():
+    from peft import LoraConfig, TaskType
+
+    lora = peft_config(c.LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "self_attn.v_proj"]))
+    assert isinstance(lora, LoraConfig) and lora.task_type == TaskType.CAUSAL_LM
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (4, 8.0, 0.1)
+    assert set(lora.target_modules) == {"q_proj", "self_attn.v_proj"}
+    assert lora.bias == "none" and not lora.modules_to_save  # nothing outside the adapter trains
+    assert peft_config(None) is None  # no training.lora: full fine-tuning
+
+
+def test_unset_lora_targets_adapt_every_linear_layer_but_the_head(tiny_model_dir):
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft_config(c.LoraConfig()))
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert not isinstance(model.get_output_embeddings(), BaseTunerLayer)
+
+
+def _gpt2_config():
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16)  # ties lm_head to wte
+
+
+def test_a_lora_target_naming_a_models_own_head_is_a_config_error_naming_the_field():
+    """The spec refuses lm_head and embed_tokens by name; a model that calls its tied embedding otherwise (GPT-2's
+    wte) is refused by the learner before the model loads, as a config error rather than a crash."""
+    assert head_module_names(_gpt2_config()) == ["transformer.wte", "lm_head"]
+    with pytest.raises(ConfigError, match=r"^training\.lora\.targetModules: \['wte'\] select the model's output"):
+        check_lora_targets(c.LoraConfig(target_modules=["c_attn", "wte"]), _gpt2_config())
+    check_lora_targets(c.LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
+    check_lora_targets(c.LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
+    check_lora_targets(None, _gpt2_config())

@@ -283,11 +283,6 @@ def managed_args_message(keys: list[str]) -> str:
 LORA_REFUSED_MODULES = ("lm_head", "embed_tokens")
 
 
-def lora_target_matches(module_name: str, target: str) -> bool:
-    """Whether peft's `target_modules` entry `target` selects the module `module_name` (exact or a dotted suffix)."""
-    return module_name == target or module_name.endswith(f".{target}")
-
-
 class LoraConfig(WireModel):
     """A LoRA adapter trained in place of the full policy (peft's LoraConfig through TRL's `peft_config`)."""
 
