@@ -106,3 +106,14 @@ def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tm
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"{path}: spec.rollout.weightSync.mode: must be filesystem when the learner has more "
                            "than one process (learner.nodes x learner.processesPerNode)")
+
+
+def test_validate_refuses_a_lora_adapter_on_the_head_in_one_line(capsys, tmp_path):
+    manifest = good()
+    manifest["spec"]["training"]["lora"] = {"r": 8, "targetModules": ["q_proj", "lm_head"]}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"{path}: spec.training.lora.targetModules: must not name lm_head or embed_tokens: the learner "
+                    "scores log-probabilities with the output embedding's base weight, so an adapter there would "
+                    "never be scored")
