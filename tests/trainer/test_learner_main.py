@@ -153,3 +153,32 @@ def test_a_lora_target_naming_a_models_own_head_is_a_config_error_naming_the_fie
     check_lora_targets(c.LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
     check_lora_targets(c.LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
     check_lora_targets(None, _gpt2_config())
+
+
+def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_own_head(tmp_path, tiny_model_dir):
+    """Before the model loads and before any rollout server is waited for: a retry would find the same spec."""
+    import shutil
+
+    from transformers import GPT2LMHeadModel
+
+    from grpo_trainer.learner_main import main
+
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(_gpt2_config()).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(f"{tiny_model_dir}/{name}", model_dir / name)
+    config = c.RunConfig.model_validate({
+        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / "tiny-prompts.jsonl")},
+        "rewards": [{"name": "constant"}], "training": {"lora": {"targetModules": ["c_attn", "wte"]},
+                                                 # no server: without the check, the run fails otherwise, soon
+                                                 "extraArgs": {"vllm_server_timeout": 5}},
+        "learner": {"device": "cpu"},
+        "rollout": {"device": "cpu", "urls": ["http://127.0.0.1:9"],
+                    "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}},
+        "checkpoint": {"directory": str(tmp_path / "checkpoints")},
+        "outputDir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.FAILED
+    assert report.message.startswith("training.lora.targetModules: ['wte'] select the model's output embedding")
