@@ -76,7 +76,7 @@ STATUS_PAIRS = list(field_pairs(GRPORunStatus, STATUS_SCHEMA, "status"))
 
 
 _BOUND_ATTRIBUTE = {annotated_types.Gt: "gt", annotated_types.Ge: "ge", annotated_types.Le: "le",
-                    annotated_types.MinLen: "min_length"}
+                    annotated_types.Lt: "lt", annotated_types.MinLen: "min_length"}
 
 
 def _bound(field: FieldInfo, kind: type) -> Any:
@@ -110,7 +110,8 @@ def test_spec_model_and_crd_agree_on_defaults_and_ranges(path, field, node):
         assert not field.is_required() and field.get_default(call_default_factory=True) is None, path
     exclusive = node.get("exclusiveMinimum") is True
     assert _bound(field, annotated_types.Gt if exclusive else annotated_types.Ge) == node.get("minimum")
-    assert _bound(field, annotated_types.Le) == node.get("maximum")
+    exclusive_max = node.get("exclusiveMaximum") is True
+    assert _bound(field, annotated_types.Lt if exclusive_max else annotated_types.Le) == node.get("maximum")
     # The CRD may be stricter than the model (minLength on names), never laxer.
     min_len = _bound(field, annotated_types.MinLen)
     assert min_len is None or min_len == node.get("minLength", node.get("minItems", node.get("minProperties"))), path

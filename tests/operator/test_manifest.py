@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from grpo_operator.api import SpecError, parse_spec
 from grpo_operator.manifest import (
     ManifestError,
     ManifestInvalid,
@@ -212,6 +213,15 @@ STRUCTURAL_CASES = {
                                        "[-A-Za-z0-9/._~%!$&()*+,;=:]+$, not 'multikueue'"),
     "managed-by-too-long": (_set("spec.managedBy", "a" * 60 + ".io/x"),
                             "spec.managedBy: must be at most 63 characters long, not 65"),
+    "lora-rank": (_set("spec.training.lora.r", 0), "spec.training.lora.r: must be >= 1, not 0"),
+    "lora-alpha": (_set("spec.training.lora.alpha", 0), "spec.training.lora.alpha: must be > 0, not 0"),
+    "lora-dropout": (_set("spec.training.lora.dropout", 1), "spec.training.lora.dropout: must be < 1, not 1"),
+    "lora-no-targets": (_set("spec.training.lora.targetModules", []),
+                        "spec.training.lora.targetModules: must list at least 1 item"),
+    "lora-empty-target": (_set("spec.training.lora.targetModules", ["q_proj", ""]),
+                          "spec.training.lora.targetModules[1]: must not be empty"),
+    "lora-unknown": (_set("spec.training.lora.rank", 4),
+                     "spec.training.lora.rank: unknown field (known: r, alpha, dropout, targetModules)"),
     "toleration": (_set("spec.learner.tolerations", [{"key": "gpu", "operater": "Exists"}]),
                    "spec.learner.tolerations[0].operater: unknown field (did you mean operator?)"),
 }
@@ -288,6 +298,9 @@ CEL_CASES = {
     "nccl-learner-ranks": (_set("spec.learner.processesPerNode", 2, base=_nccl),
                            "spec.rollout.weightSync.mode: must be filesystem when the learner has more than one "
                            "process"),
+    **{f"lora-head-{target}": (_set("spec.training.lora.targetModules", ["q_proj", target]),
+                               "spec.training.lora.targetModules: must not name lm_head or embed_tokens")
+       for target in ("lm_head", "model.lm_head", "embed_tokens", "model.embed_tokens")},
     "dataset-both": (_set("spec.dataset.path", "/data/x.jsonl"),
                      "spec.dataset: set exactly one of dataset.name (a hub dataset) or dataset.path"),
     "dataset-neither": (_set("spec.dataset", {"split": "train"}),
@@ -361,6 +374,17 @@ CEL_CASES = {
 def test_manifest_cel_rule_rejects(make, expected):
     errors = validate_manifest(make())
     assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+LORA_CASES = {name: case for name, case in {**STRUCTURAL_CASES, **CEL_CASES}.items() if name.startswith("lora-")}
+
+
+@pytest.mark.parametrize("make, expected", LORA_CASES.values(), ids=LORA_CASES.keys())
+def test_manifest_lora_mistakes_are_refused_by_the_spec_model_naming_the_same_field(make, expected):
+    """The operator and the learner check a run with the pydantic models, not the CRD: they refuse what it refuses."""
+    with pytest.raises(SpecError) as refused:
+        parse_spec(with_defaults(make())["spec"])
+    assert refused.value.field_path == expected.split(": ")[0]
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"

@@ -59,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="every Nth group's rollout logprobs are far off the learner's (1: every group)")
     parser.add_argument("--nan-logprobs-every", type=int, default=0, help="every Nth group's rollout logprobs are NaN")
     parser.add_argument("--is-clip-max", type=float, default=None, help="training.vllmImportanceSamplingClipMax")
+    parser.add_argument("--lora-rank", type=int, default=0, help="training.lora with this rank (0: no LoRA)")
     return parser.parse_args(argv)
 
 
@@ -128,6 +129,11 @@ def run_scenario(args: argparse.Namespace) -> int:
         transfer = FilesystemWeightTransfer([args.weights_server], args.weights_dir)
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
                   weight_transfer=transfer)
+    if args.lora_rank:
+        from grpo_trainer.contract import LoraConfig
+        from grpo_trainer.learner_main import peft_config
+
+        common["peft_config"] = peft_config(LoraConfig(r=args.lora_rank))
     if args.baseline:
         enable_cpu_support()
         trainer = AsyncGRPOTrainer(args.model, **common)
@@ -165,7 +171,13 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer.get_batch_samples = recording_fetch
         preemption.route_to(trainer.request_preemption)
 
+    def adapter_checksum() -> float:
+        return sum(float(p.detach().double().sum()) for name, p in trainer.model.named_parameters() if "lora_" in name)
+
     class Timeline(TrainerCallback):
+        def on_train_begin(self, _args, _state, _control, **_kwargs):
+            adapter_at_start.append(adapter_checksum())  # after a resume loaded the checkpoint
+
         def on_step_end(self, _args, state, _control, **_kwargs):
             if state.global_step == args.sigterm_at_step:
                 sigterm_time.append(time.time())
@@ -178,6 +190,7 @@ def run_scenario(args: argparse.Namespace) -> int:
             timeline.append(entry)
 
     timeline: list[dict] = []
+    adapter_at_start: list[float] = []
     sigterm_time: list[float] = []
     trainer.add_callback(Timeline())
     rank = trainer.accelerator.process_index
@@ -204,6 +217,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         "global_step": trainer.state.global_step,
         "micro_batches": micro_batches,
         "checksum": checksum,
+        "adapter_checksum": adapter_checksum(),
+        "adapter_checksum_at_start": adapter_at_start[0] if adapter_at_start else None,
         "seconds": ended - started,
         "ended": ended,
         "timeline": timeline,

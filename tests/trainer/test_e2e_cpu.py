@@ -78,3 +78,45 @@ def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_pa
     assert "stalled" in report.message.lower()
     assert "grpo learner: Stalled" in log
     print(f"constant reward stalled after {seconds:.0f}s: {report.message}")
+
+
+def test_a_lora_run_reaches_the_bound_and_the_server_serves_base_plus_adapter(vllm_server, tmp_path):
+    """training.lora: TRL trains a peft adapter, each filesystem sync sends the base weights with the adapter merged
+    in, checkpoints hold the adapter, and the final model is the merged model with the adapter beside it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
+
+    config_path, config = tiny_run_config(
+        tmp_path, vllm_server, training__epochs=2.0,
+        training__lora=c.LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]),
+        checkpoint__save_steps=2,
+    )
+    code, seconds = run_learner(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == c.EXIT_SUCCEEDED, log[-4000:]
+    report = termination_report(config)
+    prompts = len(PROMPTS.read_text().splitlines())
+    assert report.phase == c.LearnerPhase.SUCCEEDED and report.epochs_done == 2
+    assert report.groups_consumed == report.groups_total == 2 * prompts
+    assert report.groups_trained + report.dropped_total == 2 * prompts and report.groups_trained > 0
+
+    final = Path(config.output_dir) / "final"
+    merged = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    assert not [name for name in merged.state_dict() if "lora" in name]  # a plain model: vLLM serves it as is
+    base = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32)
+    from_adapter = PeftModel.from_pretrained(base, final / "adapter").merge_and_unload()
+    assert greedy_logprob_hf(from_adapter) == pytest.approx(greedy_logprob_hf(merged), abs=1e-5)
+    untrained = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32)
+    assert greedy_logprob_hf(merged) != pytest.approx(greedy_logprob_hf(untrained), abs=1e-4)  # the adapter trained
+    # The last sync (after the last step) left the server on the merged policy.
+    assert greedy_logprob_vllm(vllm_server.url, vllm_server.model) == pytest.approx(greedy_logprob_hf(merged),
+                                                                                    abs=1e-4)
+    checkpoints = sorted(Path(config.checkpoint.directory).glob("checkpoint-*"))
+    assert checkpoints
+    for checkpoint in checkpoints:
+        files = {path.name for path in checkpoint.iterdir()}
+        assert "adapter_model.safetensors" in files and "model.safetensors" not in files, files
+    print(f"LoRA run reached the bound in {seconds:.0f}s: {report.message}")

@@ -1,4 +1,5 @@
-"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages."""
+"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages, the LoRA
+adapter's peft config."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import sys
 import pytest
 
 from grpo_trainer import contract as c
-from grpo_trainer.learner_main import ConfigError, as_messages, load_prompts, trainer_arguments
+from grpo_trainer.learner_main import (
+    ConfigError,
+    as_messages,
+    check_lora_targets,
+    head_module_names,
+    load_prompts,
+    peft_config,
+    trainer_arguments,
+)
 from tests.support.paths import REPO
 
 
@@ -177,3 +186,71 @@ def test_no_rollout_url_is_refused_as_invalid_config_naming_the_field(tmp_path):
     assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
     assert "rollout.urls is empty: a run needs at least one rollout server" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_training_lora_becomes_peft_lora_config_for_a_causal_lm():
+    from peft import LoraConfig, TaskType
+
+    lora = peft_config(c.LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "self_attn.v_proj"]))
+    assert isinstance(lora, LoraConfig) and lora.task_type == TaskType.CAUSAL_LM
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (4, 8.0, 0.1)
+    assert set(lora.target_modules) == {"q_proj", "self_attn.v_proj"}
+    assert lora.bias == "none" and not lora.modules_to_save  # nothing outside the adapter trains
+    assert peft_config(None) is None  # no training.lora: full fine-tuning
+
+
+def test_unset_lora_targets_adapt_every_linear_layer_but_the_head(tiny_model_dir):
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft_config(c.LoraConfig()))
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert not isinstance(model.get_output_embeddings(), BaseTunerLayer)
+
+
+def _gpt2_config():
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16)  # ties lm_head to wte
+
+
+def test_a_lora_target_naming_a_models_own_head_is_a_config_error_naming_the_field():
+    """The spec refuses lm_head and embed_tokens by name; a model that calls its tied embedding otherwise (GPT-2's
+    wte) is refused by the learner before the model loads, as a config error rather than a crash."""
+    assert head_module_names(_gpt2_config()) == ["transformer.wte", "lm_head"]
+    with pytest.raises(ConfigError, match=r"^training\.lora\.targetModules: \['wte'\] select the model's output"):
+        check_lora_targets(c.LoraConfig(target_modules=["c_attn", "wte"]), _gpt2_config())
+    check_lora_targets(c.LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
+    check_lora_targets(c.LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
+    check_lora_targets(None, _gpt2_config())
+
+
+def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_own_head(tmp_path, tiny_model_dir):
+    """Before the model loads and before any rollout server is waited for: a retry would find the same spec."""
+    import shutil
+
+    from transformers import GPT2LMHeadModel
+
+    from grpo_trainer.learner_main import main
+
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(_gpt2_config()).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(f"{tiny_model_dir}/{name}", model_dir / name)
+    config = c.RunConfig.model_validate({
+        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / "tiny-prompts.jsonl")},
+        "rewards": [{"name": "constant"}], "training": {"lora": {"targetModules": ["c_attn", "wte"]},
+                                                 # no server: without the check, the run fails otherwise, soon
+                                                 "extraArgs": {"vllm_server_timeout": 5}},
+        "learner": {"device": "cpu"},
+        "rollout": {"device": "cpu", "urls": ["http://127.0.0.1:9"],
+                    "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}},
+        "checkpoint": {"directory": str(tmp_path / "checkpoints")},
+        "outputDir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.FAILED
+    assert report.message.startswith("training.lora.targetModules: ['wte'] select the model's output embedding")

@@ -130,8 +130,10 @@ def test_a_fast_worker_with_max_staleness_1_ends_at_the_epoch_bound(tiny_model_d
     assert result["micro_batches"][-1] == 0 and result["micro_batches"].count(0) == 1
 
 
-def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_path):
-    common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1"]
+def test_a_resumed_lora_run_finishes_with_the_same_consumed_set_and_its_adapter(tiny_model_dir, tmp_path):
+    """training.lora's run (a peft adapter): the checkpoint holds the adapter, and resume continues from it."""
+    common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1",
+              "--lora-rank", "4"]
     (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")
     assert first["progress"]["message"].startswith("stopped at max_steps=3 before the epoch bound")
     checkpoints = sorted((tmp_path / "first" / "checkpoints").glob("checkpoint-*"),
@@ -142,9 +144,15 @@ def test_a_resumed_run_finishes_with_the_same_consumed_set(tiny_model_dir, tmp_p
     start = saved["first_unconsumed"]
     assert trl_state["prompt_index"] == start > 0  # TRL's own resume cursor moved past the dropped groups
 
+    assert (checkpoints[-1] / "adapter_model.safetensors").is_file()
+    assert not (checkpoints[-1] / "model.safetensors").exists()  # the base weights never change: not saved
+
     (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-from", str(checkpoints[-1]))
+    # The resumed learner starts from the checkpoint's adapter (lora_B starts at zero: a fresh one sums otherwise).
+    assert second["adapter_checksum_at_start"] == pytest.approx(first["adapter_checksum"], rel=1e-9, abs=1e-9)
+    assert first["adapter_checksum"] != pytest.approx(first["adapter_checksum_at_start"], abs=1e-6)
     (uninterrupted,) = run(tiny_model_dir, tmp_path / "whole", "--scenario", "third_no_signal", "--prompts", "9",
-                           "--epochs", "2")
+                           "--epochs", "2", "--lora-rank", "4")
     assert second["outcome"] == "succeeded"
     assert second["start_position"] == start  # the worker restarts at the first unconsumed group: no group before
     # it (dropped ones included) is generated again

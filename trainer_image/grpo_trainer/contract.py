@@ -283,6 +283,36 @@ def managed_args_message(keys: list[str]) -> str:
     return "; ".join(f"{key} is set from the spec: use {MANAGED_TRAINER_ARGS[key]}" for key in keys)
 
 
+#: Modules a LoRA adapter may not target (a `targetModules` entry naming one, alone or as a dotted path's end).
+#: The output embedding: TRL's fused log-probabilities read the head's base weight, so an adapter on it would train a
+#: policy the learner never scores. The input embedding: a model that ties the two shares that weight.
+LORA_REFUSED_MODULES = ("lm_head", "embed_tokens")
+
+
+class LoraConfig(WireModel):
+    """A LoRA adapter trained in place of the full policy (peft's LoraConfig through TRL's `peft_config`)."""
+
+    r: int = Field(8, ge=1, description="The adapter's rank.")
+    alpha: float = Field(16.0, gt=0, description="Scales the adapter's update by alpha / r (peft's lora_alpha).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1,
+        description="Module names (or dotted suffixes) to adapt; default: every linear layer but the output layer.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _not_the_head(cls, value: list[str] | None) -> list[str] | None:
+        if any(target.rsplit(".", 1)[-1] in LORA_REFUSED_MODULES for target in value or []):
+            raise ValueError(LORA_HEAD_MESSAGE)
+        return value
+
+
+#: Said by the spec's validation and the CRD's rule alike (tests/operator/test_manifest.py holds them together).
+LORA_HEAD_MESSAGE = ("must not name lm_head or embed_tokens: the learner scores log-probabilities with the output "
+                     "embedding's base weight, so an adapter there would never be scored")
+
+
 # more than 8: mirrors the run config's training section, one field per key; built by validation
 class TrainingConfig(WireModel):
     epochs: float = Field(1, gt=0)
@@ -305,6 +335,7 @@ class TrainingConfig(WireModel):
         None, ge=0, description="Mask samples whose learner/rollout sequence ratio is below this.")
     vllm_importance_sampling_clip_max: float | None = Field(
         None, gt=0, description="Mask samples whose learner/rollout sequence ratio is above this.")
+    lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of every weight.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
     @field_validator("extra_args")

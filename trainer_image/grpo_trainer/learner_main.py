@@ -85,6 +85,59 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
     return arguments
 
 
+#: peft's own word for "every linear layer but the output layer": what an unset `training.lora.targetModules` adapts.
+ALL_LINEAR = "all-linear"
+#: Under the final model's folder: the LoRA adapter itself (peft's save_pretrained), beside the merged model.
+FINAL_ADAPTER_FOLDER = "adapter"
+
+
+def peft_config(lora: c.LoraConfig | None):
+    """peft's LoraConfig for `training.lora` (None: full fine-tuning). TRL wraps the policy with it."""
+    if lora is None:
+        return None
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules) if lora.target_modules else ALL_LINEAR,
+        task_type=TaskType.CAUSAL_LM,
+    )
+
+
+def lora_target_matches(module_name: str, target: str) -> bool:
+    """Whether a peft `target_modules` entry selects a module: its full name, or the end of its dotted path."""
+    return module_name == target or module_name.endswith(f".{target}")
+
+
+def head_module_names(model_config) -> list[str]:
+    """The names of the model's output embedding, and of its input embedding when the two are tied: what a LoRA
+    adapter may not target. Found on a weightless (meta-device) copy of the model; [] if it cannot be built."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config)
+    except (ValueError, KeyError, TypeError):  # not a causal LM transformers builds from its config: TRL checks
+        return []
+    heads = [model.get_output_embeddings()]
+    if getattr(model_config.get_text_config(), "tie_word_embeddings", False):
+        heads.append(model.get_input_embeddings())
+    return [name for name, module in model.named_modules() if any(module is head for head in heads if head is not None)]
+
+
+def check_lora_targets(lora: c.LoraConfig | None, model_config) -> None:
+    """Refuse a LoRA target that selects the head, under whatever name this model gives it (the spec refuses the
+    usual names before the run starts). TRL refuses an adapted head as well, but as a crash the run would retry."""
+    if lora is None or not lora.target_modules:
+        return
+    heads = head_module_names(model_config)
+    refused = [target for target in lora.target_modules if any(lora_target_matches(head, target) for head in heads)]
+    if refused:
+        raise ConfigError(f"training.lora.targetModules: {refused} select the model's output embedding "
+                          f"({', '.join(heads)}), which the learner scores with its base weight: leave it out")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # I/O
 # ----------------------------------------------------------------------------------------------------------------------
@@ -216,6 +269,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     except (OSError, ValueError) as error:
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
     tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
+    check_lora_targets(config.training.lora, model_config)
     is_main = int(os.environ.get("RANK", "0")) == 0
     reward_models = load_reward_models(config) if is_main else []
     pool = None
@@ -236,6 +290,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 args=args,
                 train_dataset=dataset,
                 processing_class=tokenizer,
+                peft_config=peft_config(config.training.lora),
                 weight_transfer=weight_transfer,
                 filter_config=config.filter,
                 stall_groups=config.progress.stall_groups,
@@ -256,6 +311,23 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     return learner
 
 
+def save_final_model(learner, directory: str) -> None:
+    """The trained policy in `directory` as a transformers model (what vLLM and `from_pretrained` load). A LoRA run
+    saves its adapter (peft) in `directory/adapter` and, in `directory`, the base weights with the adapter merged in."""
+    from accelerate.utils import is_peft_model
+
+    model = learner.accelerator.unwrap_model(learner.model)
+    if not is_peft_model(model):
+        learner.save_model(directory)
+        return
+    learner.save_model(os.path.join(directory, FINAL_ADAPTER_FOLDER))
+    if learner.accelerator.is_main_process:
+        # The run is over: merging in place (peft's merge_and_unload) costs no second copy of the weights.
+        model.merge_and_unload().save_pretrained(directory)
+        learner.processing_class.save_pretrained(directory)
+    learner.accelerator.wait_for_everyone()
+
+
 def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
     """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export); rank 0's report, None
     on the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes."""
@@ -264,11 +336,11 @@ def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
     assert config.output is not None
     directory = Path(config.output.directory)
     if not learner.accelerator.is_main_process:
-        learner.save_model(str(staging_path(directory)))
+        save_final_model(learner, str(staging_path(directory)))
         return None
 
     def save(folder: Path) -> None:
-        learner.save_model(str(folder))
+        save_final_model(learner, str(folder))
         # Sampling defaults travel with the model: vLLM and `generate` read them from generation_config.json.
         generation_config = getattr(learner.accelerator.unwrap_model(learner.model), "generation_config", None)
         if generation_config is not None and not (folder / "generation_config.json").exists():
@@ -374,7 +446,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         if config.output is not None:
             exported = export_trained_model(config, learner)
         else:
-            learner.save_model(os.path.join(config.output_dir, "final"))
+            save_final_model(learner, os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
     except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files

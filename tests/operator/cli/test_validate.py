@@ -190,3 +190,14 @@ def test_validate_says_the_estimate_of_a_model_that_fits(capsys, tmp_path, tiny_
     assert out[1].startswith(f"{path}: fit: spec.learner: the learner needs ~")
     assert out[1].endswith("within the 24 GiB of its GPU")
     assert out[2].startswith(f"{path}: fit: spec.rollout.vllm: a rollout server needs ")
+
+
+def test_validate_refuses_a_lora_adapter_on_the_head_in_one_line(capsys, tmp_path):
+    manifest = good()
+    manifest["spec"]["training"]["lora"] = {"r": 8, "targetModules": ["q_proj", "lm_head"]}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"{path}: spec.training.lora.targetModules: must not name lm_head or embed_tokens: the learner "
+                    "scores log-probabilities with the output embedding's base weight, so an adapter there would "
+                    "never be scored")
