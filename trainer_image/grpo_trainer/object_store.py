@@ -241,6 +241,8 @@ def upload_folder(folder: str | os.PathLike[str], location: Location, *, client:
     than as the old model with new files. Objects an earlier upload left under the prefix that the new manifest
     does not list are removed once it is in place. Big files go in parts (boto3's transfer manager)."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ObjectStoreError(f"{folder}: not a folder: nothing to upload to {location.uri}")
     client = client or client_from_env()
     key = None
     try:
