@@ -23,7 +23,7 @@ import pytest
 
 from grpo_operator.cli.local.processes import LOCAL_HOST, free_port
 from tests.support.builds import Build
-from tests.support.control_plane import Unavailable, _die_with_parent, go_build
+from tests.support.control_plane import _die_with_parent, go_build
 from tests.support.paths import REPO
 
 BUILD_SCRIPT = REPO / "hack" / "s3" / "build.sh"
@@ -43,7 +43,7 @@ _buckets = itertools.count()
 
 
 def build() -> Build:
-    """The build of SeaweedFS's `weed` (hack/s3/build.sh); Unavailable without Go."""
+    """The build of SeaweedFS's `weed` (hack/s3/build.sh); Unavailable without Go (the tests that need it skip)."""
     return go_build(BUILD_NAME, [str(BUILD_SCRIPT)], "the S3 test server (SeaweedFS) is")
 
 
@@ -136,15 +136,7 @@ class S3Server:
 def s3_server(seaweedfs_binaries: Path, tmp_path_factory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("s3-server"), seaweedfs_binaries)
     try:
-        server.start()
-    except Unavailable as why:
-        server.stop()
-        pytest.skip(f"no S3 server: {why}")
-    except BaseException:
-        server.stop()
-        raise
-    try:
-        yield server
+        yield server.start()
     finally:
         server.stop()
 
