@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
+from grpo_operator.cli.local.processes import free_port
 from grpo_trainer.object_store import (
     MANIFEST_FILE,
     InvalidObjectStoreURI,
@@ -83,6 +84,31 @@ def test_a_manifest_with_a_wrong_size_or_digest_is_refused(entry, why):
 def test_a_folder_that_is_not_there_is_not_uploaded_as_an_empty_model(tmp_path):
     with pytest.raises(ObjectStoreError, match=r"missing: not a folder: nothing to upload to s3://models/runs/tiny"):
         upload_folder(tmp_path / "missing", Location("models", "runs/tiny"), client=object())
+
+
+def test_no_credentials_anywhere_is_named(tmp_path, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    # nowhere else for boto3's chain to look: no config files, no instance metadata
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    client = client_from_env({"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}"})
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}\n")
+    with pytest.raises(ObjectStoreError) as refused:
+        upload_folder(tmp_path / "model", Location("models", "runs/tiny"), client=client)
+    assert str(refused.value) == ("s3://models/runs/tiny/grpo-export.json: no credentials: set AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY (for example from a Secret)")
+
+
+def test_an_endpoint_that_does_not_answer_is_named(tmp_path):
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    client = client_from_env({"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "a",
+                              "AWS_SECRET_ACCESS_KEY": "b"})
+    with pytest.raises(ObjectStoreError) as refused:
+        download_folder(Location("models", "runs/tiny"), tmp_path / "downloaded", client=client)
+    assert str(refused.value) == f"s3://models/runs/tiny/grpo-export.json: cannot reach the object store at {endpoint}"
 
 
 def test_the_client_reads_the_endpoint_from_the_environment():

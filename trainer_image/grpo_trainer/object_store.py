@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -141,7 +142,9 @@ def describe(error: BaseException, location: Location, key: str | None = None) -
     if isinstance(error, botocore.exceptions.NoCredentialsError):
         return f"{where}: no credentials: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV} (for example from a Secret)"
     if isinstance(error, botocore.exceptions.EndpointConnectionError | botocore.exceptions.ConnectTimeoutError):
-        return f"{where}: cannot reach the object store at {error.kwargs.get('endpoint_url', 'its endpoint')}"
+        url = urllib.parse.urlsplit(str(error.kwargs.get("endpoint_url", "")))
+        endpoint = f"{url.scheme}://{url.netloc}" if url.netloc else "its endpoint"
+        return f"{where}: cannot reach the object store at {endpoint}"
     if isinstance(error, OSError) and error.strerror:
         return f"{where}: {error.strerror}{f' ({error.filename})' if error.filename else ''}"
     text = str(error).splitlines()
