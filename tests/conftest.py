@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.support.control_plane_fixtures",
     "tests.support.node_fixtures",
     "tests.support.operator_release",
+    "tests.support.s3_server",
     "tests.support.build_fixtures",  # last: it imports the modules above, which pytest registers (and rewrites) first
 ]
 

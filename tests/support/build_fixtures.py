@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import control_plane, images, kueue_manager, node, operator_release
+from tests.support import control_plane, images, kueue_manager, node, operator_release, s3_server
 from tests.support.builds import Board, Build, Builds, Outcome, Poller, Report, Unavailable
 
 
@@ -39,19 +39,21 @@ class BuildKind:
 
 
 # In the order they start in their lane and the order of the tests that wait for them: the control plane's tests
-# first, then the images', then the node's (they need everything but Kueue), then Kueue's.
+# first, then the images', then the node's (they need everything but Kueue), then the S3 server's, then Kueue's.
 BUILDS = (
     BuildKind(control_plane.BUILD_NAME, "control_plane_binaries", control_plane.build),
     BuildKind(images.OPERATOR_BUILD, "operator_image", lambda: images.build(images.OPERATOR_BUILD)),
     BuildKind(images.TRAINER_BUILD, "trainer_image", lambda: images.build(images.TRAINER_BUILD)),
     BuildKind(node.BUILD_NAME, "node_binaries", node.build),
     BuildKind(operator_release.HELM_BUILD, "helm_binary", operator_release.helm_build),
+    BuildKind(s3_server.BUILD_NAME, "seaweedfs_binaries", s3_server.build),
     BuildKind(kueue_manager.BUILD_NAME, "kueue_binaries", kueue_manager.build),
 )
 # The session fixtures that make a test part of a group under xdist: each is started by the worker that runs it.
 # Longest first, so that the two longest go to different workers: measured alone on the 2-core machine, the
-# vLLM server's 16 tests took 1031 s, the node's 11 942 s, the control plane's 155 258 s.
-GROUPS = {"vllm_server": "vllm-server", "node": "node", "control_plane": "control-plane"}
+# vLLM server's 16 tests took 1031 s, the node's 11 942 s, the control plane's 155 258 s; the S3 server's few take
+# seconds, but grouped they start one server per run rather than one per worker.
+GROUPS = {"vllm_server": "vllm-server", "node": "node", "control_plane": "control-plane", "s3_server": "s3-server"}
 BOARD_INPUT = "grpo_builds_board"  # the key of xdist's workerinput that names the board
 COLLECTED_FILE = "collected.json"  # what a worker's collection needs and its groups, for the controller
 
@@ -358,6 +360,11 @@ def node_binaries(request: pytest.FixtureRequest) -> Path:
 @pytest.fixture(scope="session")
 def helm_binary(request: pytest.FixtureRequest) -> Path:
     return Path(_outcome(request.config, _kind("helm_binary"))) / "helm"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_binaries(request: pytest.FixtureRequest) -> Path:
+    return Path(_outcome(request.config, _kind("seaweedfs_binaries")))
 
 
 @pytest.fixture(scope="session")
