@@ -17,8 +17,8 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from grpo_operator.cli.local.processes import free_port
+from grpo_trainer import contract as c
 from grpo_trainer.object_store import (
-    MANIFEST_FILE,
     InvalidObjectStoreURI,
     Location,
     ObjectStoreError,
@@ -65,7 +65,8 @@ def test_parse_uri_refuses_naming_the_field(uri, why):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../b", "./a", "a//b", "", MANIFEST_FILE, 3])
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../b", "./a", "a//b", "", c.EXPORT_MANIFEST_FILE,
+                                  3])
 def test_a_manifest_naming_a_path_outside_the_folder_is_refused(path):
     with pytest.raises(ObjectStoreError, match="is not a file path under the folder"):
         check_manifest({"files": [{"path": path, "bytes": 1, "sha256": SHA}]}, "s3://b/p/grpo-export.json")
@@ -145,7 +146,7 @@ def test_a_folder_round_trips_with_its_big_files_in_parts(s3_server, s3_bucket, 
     # the weights (~0.5 MB) go in parts: a threshold below their size
     upload = upload_folder(model, location, client=client, transfer=TransferConfig(multipart_threshold=64 << 10))
 
-    manifest_bytes = client.get_object(Bucket=s3_bucket, Key=f"runs/tiny/{MANIFEST_FILE}")["Body"].read()
+    manifest_bytes = client.get_object(Bucket=s3_bucket, Key=f"runs/tiny/{c.EXPORT_MANIFEST_FILE}")["Body"].read()
     assert upload.sha256 == hashlib.sha256(manifest_bytes).hexdigest()
     listed = json.loads(manifest_bytes)["files"]
     assert [entry["path"] for entry in listed] == sorted(_files(model))
@@ -157,7 +158,7 @@ def test_a_folder_round_trips_with_its_big_files_in_parts(s3_server, s3_bucket, 
     downloaded = tmp_path / "downloaded"
     manifest = download_folder(location, downloaded, client=client)
     assert manifest["files"] == listed
-    assert _files(downloaded) == {**_files(model), MANIFEST_FILE: manifest_bytes}
+    assert _files(downloaded) == {**_files(model), c.EXPORT_MANIFEST_FILE: manifest_bytes}
 
 
 @pytest.mark.s3
@@ -166,7 +167,7 @@ def test_a_folder_carrying_its_own_manifest_is_uploaded_with_it_verbatim(s3_serv
     files = [{"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
              for path, data in _files(model).items()]
     own = json.dumps({"kind": "GRPOModelExport", "spec": {"model": "tiny"}, "files": files}).encode()
-    (model / MANIFEST_FILE).write_bytes(own)
+    (model / c.EXPORT_MANIFEST_FILE).write_bytes(own)
     location = Location(s3_bucket, "exported")
     upload = upload_folder(model, location, client=client)
     assert upload.sha256 == hashlib.sha256(own).hexdigest()
@@ -301,4 +302,4 @@ def test_a_download_into_a_folder_holding_files_is_refused(s3_server, s3_bucket,
         download_folder(location, tmp_path / "busy", client=client)
     (tmp_path / "empty").mkdir()
     download_folder(location, tmp_path / "empty", client=client)
-    assert (tmp_path / "empty" / MANIFEST_FILE).exists()
+    assert (tmp_path / "empty" / c.EXPORT_MANIFEST_FILE).exists()

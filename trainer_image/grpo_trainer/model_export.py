@@ -74,16 +74,22 @@ def reward_trend(log_history: Iterable[Mapping[str, Any]], points: int = REWARD_
     return [trend[index] for index in picks]
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def file_digests(folder: Path) -> list[dict[str, Any]]:
-    """Every file under `folder` (sorted, relative POSIX paths) with its size and sha256."""
+    """Every file under `folder` but the manifest (sorted, relative POSIX paths) with its size and sha256: what a
+    manifest lists."""
     files = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-        files.append({"path": path.relative_to(folder).as_posix(), "bytes": path.stat().st_size,
-                      "sha256": digest.hexdigest()})
+        relative = path.relative_to(folder).as_posix()
+        if relative != EXPORT_MANIFEST_FILE:
+            files.append({"path": relative, "bytes": path.stat().st_size, "sha256": sha256_of(path)})
     return files
 
 
@@ -216,7 +222,7 @@ def verify_export(directory: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise ExportError(f"{directory}: not a complete export: {manifest_path.name}: {error}") from None
     listed = {entry["path"]: entry for entry in manifest.get("files", [])}
-    found = {entry["path"]: entry for entry in file_digests(directory) if entry["path"] != EXPORT_MANIFEST_FILE}
+    found = {entry["path"]: entry for entry in file_digests(directory)}
     for name in sorted(set(listed) | set(found)):
         if name not in found:
             raise ExportError(f"{directory}: {name} is in the manifest but missing")

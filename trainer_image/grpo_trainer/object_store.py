@@ -2,10 +2,10 @@
 verified.
 
 An object store has no rename, so a folder cannot be staged and moved into place as on a volume. Instead the
-manifest (`MANIFEST_FILE`: every file's path, size and sha256) is the commit: an upload removes the prefix's old
-manifest, writes every file, and puts the manifest last; a reader treats a prefix without a manifest as absent, and
-checks each file it downloads against the manifest. An upload killed halfway leaves files without a manifest: no
-model, never half of one.
+manifest (`contract.EXPORT_MANIFEST_FILE`: every file's path, size and sha256) is the commit: an upload removes the
+prefix's old manifest, writes every file, and puts the manifest last; a reader treats a prefix without a manifest as
+absent, and checks each file it downloads against the manifest. An upload killed halfway leaves files without a
+manifest: no model, never half of one.
 
 Where and as whom comes from the environment boto3 reads (so a Kubernetes Secret can be mounted as env):
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL for an
@@ -31,8 +31,9 @@ import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-#: The manifest's name under the prefix (and in a folder that already carries one): written last.
-MANIFEST_FILE = "grpo-export.json"
+from .contract import EXPORT_MANIFEST_FILE
+from .model_export import file_digests, sha256_of
+
 #: A manifest bigger than this is not one of ours (a model's manifest is a few KB per thousand files).
 MANIFEST_MAX_BYTES = 16 << 20
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -44,7 +45,6 @@ REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 #: both ends.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 # The error codes S3 (and the servers that speak it) answer with, by cause.
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _CREDENTIAL_CODES = {
@@ -81,7 +81,7 @@ class Location:
 
     @property
     def manifest_key(self) -> str:
-        return self.key(MANIFEST_FILE)
+        return self.key(EXPORT_MANIFEST_FILE)
 
 
 def parse_uri(uri: str, field: str) -> Location:
@@ -156,27 +156,9 @@ def _is_missing_key(error: BaseException) -> bool:
             and str(error.response.get("Error", {}).get("Code", "")) in _MISSING_KEY_CODES)
 
 
-def file_digests(folder: Path) -> list[dict[str, Any]]:
-    """Every file under `folder` but the manifest (sorted relative POSIX paths) with its size and sha256."""
-    files = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        relative = path.relative_to(folder).as_posix()
-        if relative != MANIFEST_FILE:
-            files.append({"path": relative, "bytes": path.stat().st_size, "sha256": _sha256(path)})
-    return files
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _safe_relative(path: Any) -> bool:
     """A manifest's path names a file under the folder: relative, no '..', no empty or '.' segment."""
-    if not isinstance(path, str) or not path or "\\" in path or path == MANIFEST_FILE:
+    if not isinstance(path, str) or not path or "\\" in path or path == EXPORT_MANIFEST_FILE:
         return False
     parts = PurePosixPath(path).parts
     return not path.startswith("/") and "/".join(parts) == path and all(part not in (".", "..") for part in parts)
@@ -216,7 +198,7 @@ def _manifest_for(folder: Path) -> tuple[bytes, list[dict[str, Any]]]:
     """The manifest to upload: the folder's own (checked against its files) where it carries one, else one listing
     its files."""
     files = file_digests(folder)
-    own = folder / MANIFEST_FILE
+    own = folder / EXPORT_MANIFEST_FILE
     if not own.exists():
         return (json.dumps({"files": files}, indent=2) + "\n").encode(), files
     data = own.read_bytes()
@@ -228,11 +210,11 @@ def _manifest_for(folder: Path) -> tuple[bytes, list[dict[str, Any]]]:
     for entry in listed:
         found = by_path.pop(entry["path"], None)
         if found is None:
-            raise ObjectStoreError(f"{folder}: {entry['path']} is in {MANIFEST_FILE} but missing")
+            raise ObjectStoreError(f"{folder}: {entry['path']} is in {EXPORT_MANIFEST_FILE} but missing")
         if (found["sha256"], found["bytes"]) != (entry["sha256"], entry["bytes"]):
-            raise ObjectStoreError(f"{folder}: {entry['path']} does not match its sha256 in {MANIFEST_FILE}")
+            raise ObjectStoreError(f"{folder}: {entry['path']} does not match its sha256 in {EXPORT_MANIFEST_FILE}")
     if by_path:
-        raise ObjectStoreError(f"{folder}: {min(by_path)} is not in {MANIFEST_FILE}")
+        raise ObjectStoreError(f"{folder}: {min(by_path)} is not in {EXPORT_MANIFEST_FILE}")
     return data, listed
 
 
@@ -322,7 +304,7 @@ def download_folder(location: Location, folder: str | os.PathLike[str], *, clien
     client = client or client_from_env()
     fetched = _fetch_manifest(client, location)
     if fetched is None:
-        raise ObjectStoreError(f"{location.uri}: no model there: {MANIFEST_FILE} is missing "
+        raise ObjectStoreError(f"{location.uri}: no model there: {EXPORT_MANIFEST_FILE} is missing "
                                "(nothing was uploaded, or the upload did not finish)")
     data, manifest = fetched
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
@@ -346,10 +328,10 @@ def download_folder(location: Location, folder: str | os.PathLike[str], *, clien
         key = None
         for entry in files:
             path = stage / entry["path"]
-            if path.stat().st_size != entry["bytes"] or _sha256(path) != entry["sha256"]:
+            if path.stat().st_size != entry["bytes"] or sha256_of(path) != entry["sha256"]:
                 raise ObjectStoreError(f"{location.uri}: {entry['path']} does not match its sha256 in "
-                                       f"{MANIFEST_FILE}: it changed after the upload")
-        (stage / MANIFEST_FILE).write_bytes(data)
+                                       f"{EXPORT_MANIFEST_FILE}: it changed after the upload")
+        (stage / EXPORT_MANIFEST_FILE).write_bytes(data)
         os.replace(stage, folder)
     except ObjectStoreError:
         shutil.rmtree(stage, ignore_errors=True)
@@ -357,7 +339,7 @@ def download_folder(location: Location, folder: str | os.PathLike[str], *, clien
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError) as error:
         shutil.rmtree(stage, ignore_errors=True)
         if key is not None and _is_missing_key(error):
-            raise ObjectStoreError(f"s3://{location.bucket}/{key}: in {MANIFEST_FILE} but missing from the store") \
-                from None
+            raise ObjectStoreError(f"s3://{location.bucket}/{key}: in {EXPORT_MANIFEST_FILE} but missing from the "
+                                   "store") from None
         raise ObjectStoreError(describe(error, location, key)) from None
     return manifest
