@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from grpo_trainer import contract as c
 from grpo_trainer import learner_main
@@ -22,7 +23,9 @@ class FinishedLearner:
     def __init__(self, is_main: bool = True):
         self.accelerator = SimpleNamespace(is_main_process=is_main, num_processes=1, process_index=0,
                                            unwrap_model=lambda model: model)
-        self.model = SimpleNamespace(generation_config=None)
+        # A module (what accelerate's is_peft_model inspects) that is not a peft model: the plain save.
+        self.model = torch.nn.Module()
+        self.model.generation_config = None
         self.state = SimpleNamespace(log_history=[{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}])
         self.phase, self.message = c.LearnerPhase.SUCCEEDED, ""
         self.saved: list[str] = []
