@@ -19,16 +19,14 @@ from boto3.s3.transfer import TransferConfig
 from grpo_operator.cli.local.processes import free_port
 from grpo_trainer import contract as c
 from grpo_trainer.object_store import (
-    InvalidObjectStoreURI,
-    Location,
     ObjectStoreError,
     check_manifest,
     client_from_env,
     download_folder,
-    parse_uri,
     read_manifest,
     upload_folder,
 )
+from grpo_trainer.store_uri import InvalidObjectStoreURI, Location, parse_uri
 from tests.support.paths import REPO
 
 SHA = "0" * 64
@@ -232,9 +230,10 @@ def test_nothing_at_a_prefix_reads_as_absent(s3_server, s3_bucket, tmp_path):
 KILLED_BEFORE_THE_MANIFEST = textwrap.dedent("""\
     import os, signal, sys
     from grpo_trainer import object_store
+    from grpo_trainer.store_uri import parse_uri
     # the process dies the moment it would write the manifest: every file is uploaded, the manifest is not
     object_store._put_manifest = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
-    object_store.upload_folder(sys.argv[1], object_store.parse_uri(sys.argv[2], "uri"))
+    object_store.upload_folder(sys.argv[1], parse_uri(sys.argv[2], "uri"))
     """)
 
 

@@ -33,6 +33,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
 from .contract import EXPORT_MANIFEST_FILE
 from .model_export import file_digests, sha256_of
+from .store_uri import Location
 
 #: A manifest bigger than this is not one of ours (a model's manifest is a few KB per thousand files).
 MANIFEST_MAX_BYTES = 16 << 20
@@ -41,9 +42,6 @@ ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
 SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"
 REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
-#: S3's bucket naming rules: 3-63 characters, lowercase letters, digits, dots and hyphens, a letter or digit at
-#: both ends.
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # The error codes S3 (and the servers that speak it) answer with, by cause.
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
@@ -59,52 +57,6 @@ _CREDENTIAL_CODES = {
 
 class ObjectStoreError(Exception):
     """An object-store operation failed; the message is one line naming the location and the cause."""
-
-
-class InvalidObjectStoreURI(ValueError):
-    """A URI that is not `s3://bucket[/prefix]`; the message names the field it came from."""
-
-
-@dataclass(frozen=True)
-class Location:
-    """`s3://bucket/prefix`: the prefix without slashes at its ends, "" for the whole bucket."""
-
-    bucket: str
-    prefix: str = ""
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-
-    def key(self, relative: str) -> str:
-        return f"{self.prefix}/{relative}" if self.prefix else relative
-
-    @property
-    def manifest_key(self) -> str:
-        return self.key(EXPORT_MANIFEST_FILE)
-
-
-def parse_uri(uri: str, field: str) -> Location:
-    """The location `uri` names; InvalidObjectStoreURI naming `field` when it is not `s3://bucket[/prefix]`."""
-    def refuse(why: str) -> InvalidObjectStoreURI:
-        return InvalidObjectStoreURI(f"{field}: {uri!r} is not an object store URI: {why}")
-
-    if not isinstance(uri, str):
-        raise refuse("not a string")
-    scheme, separator, rest = uri.partition("://")
-    if not separator or scheme != "s3":
-        raise refuse("it must start with s3://")
-    if any(character in rest for character in "?#\\") or any(ord(character) < 0x20 for character in rest):
-        raise refuse("no query, fragment, backslash or control character is allowed")
-    bucket, _, prefix = rest.partition("/")
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        raise refuse(f"{bucket!r} is not a bucket name (3-63 lowercase letters, digits, dots and hyphens)")
-    prefix = prefix.rstrip("/")
-    if prefix:
-        parts = prefix.split("/")
-        if any(part in ("", ".", "..") for part in parts):
-            raise refuse("the prefix has an empty, '.' or '..' segment")
-    return Location(bucket, prefix)
 
 
 def endpoint_url(environ: Mapping[str, str] = os.environ) -> str | None:
