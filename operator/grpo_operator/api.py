@@ -16,10 +16,11 @@ the contract's own exactly-one rules, which is what the operator needs once the 
 from __future__ import annotations
 
 import copy
+import urllib.parse
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from grpo_trainer.contract import (
     AttentionSetting,
@@ -34,10 +35,11 @@ from grpo_trainer.contract import (
     WeightSyncConfig,
     WireModel,
 )
+from grpo_trainer.store_uri import InvalidObjectStoreURI, parse_uri
 from grpo_trainer.validation import field_path, first_error
 
 from .eta import ProgressRate, TrainerStatus
-from .pod_overrides import PodTemplateOverride
+from .pod_overrides import LocalObjectReference, PodTemplateOverride
 from .podgroup import SchedulingSpec
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -158,7 +160,45 @@ class CheckpointSpec(WireModel):
 class OutputSpec(WireModel):
     # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "models"}}) the learner's rank 0
     # mounts; the model goes to a folder named after the run in it. Free-form like checkpoint.volume.
-    volume: dict[str, Any] = Field(min_length=1)
+    volume: dict[str, Any] | None = Field(None, min_length=1)
+    # `s3://bucket/prefix`: the model is uploaded there (after it is written to `volume`, or to a folder of the pod).
+    uri: str | None = Field(None, max_length=1024)
+    # A Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN): the learner's credentials
+    # for `uri`. Without one, boto3's own chain applies (a pod's web identity, an instance role).
+    credentials_secret_ref: LocalObjectReference | None = None
+    # An S3-compatible server's URL (MinIO, SeaweedFS, Ceph); AWS's own without it.
+    endpoint: str | None = Field(None, max_length=1024)
+    region: str | None = Field(None, min_length=1, max_length=64)
+
+    @field_validator("uri")
+    @classmethod
+    def _object_store_uri(cls, uri: str | None) -> str | None:
+        if uri is not None:
+            try:
+                parse_uri(uri, "spec.output.uri")
+            except InvalidObjectStoreURI as error:
+                raise ValueError(error.reason) from None
+        return uri
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_url(cls, endpoint: str | None) -> str | None:
+        if endpoint is not None:
+            parts = urllib.parse.urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+                raise ValueError(f"{endpoint!r} is not an http(s) URL of an S3-compatible server")
+        return endpoint
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> OutputSpec:
+        if self.volume is None and self.uri is None:
+            raise ValueError("set volume, uri or both: where the trained model goes")
+        if self.uri is None:
+            store_only = [name for name, value in (("credentialsSecretRef", self.credentials_secret_ref),
+                                                   ("endpoint", self.endpoint), ("region", self.region)) if value]
+            if store_only:
+                raise ValueError(f"{', '.join(store_only)}: only for an object store: set uri too")
+        return self
 
 
 class ExitCodeMatch(WireModel):

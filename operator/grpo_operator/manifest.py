@@ -449,8 +449,8 @@ def cluster_warnings(spec: GRPORunSpec) -> list[str]:
                         "learner starts over")
     if spec.output is None and not _persistent(spec.checkpoint.volume):
         warnings.append("spec.output: not set, and no checkpoint is on a persistent volume: the trained model is lost "
-                        "with the learner pod (set spec.output.volume to keep it)")
-    elif spec.output is not None and not _persistent(spec.output.volume):
+                        "with the learner pod (set spec.output.volume or spec.output.uri to keep it)")
+    elif spec.output is not None and spec.output.uri is None and not _persistent(spec.output.volume):
         warnings.append("spec.output.volume: an emptyDir is deleted with the learner pod, and the exported model "
                         "with it")
     paths = [("spec.model", spec.model), ("spec.dataset.path", spec.dataset.path)]

@@ -106,6 +106,9 @@ REFERENCES = {
                           "spec.checkpoint.volume"),
     "output volume": (minimal_spec(output={"volume": {"csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}}),
                       "spec.output.volume"),
+    "object store credentials": (minimal_spec(output={"uri": "s3://models/runs",
+                                                      "credentialsSecretRef": {"name": "s"}}),
+                                 "spec.output.credentialsSecretRef"),
     "weight sync volume": (minimal_spec(rollout={"weightSync": {"mode": "filesystem", "volume": {
         "projected": {"sources": [{"secret": {"name": "s"}}]}}}}), "spec.rollout.weightSync.volume"),
     "env secretKeyRef": (with_pod("rollout", {"containers": [{"name": "rollout", "env": [

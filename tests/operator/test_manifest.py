@@ -184,7 +184,11 @@ STRUCTURAL_CASES = {
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
-    "output-without-volume": (_set("spec.output", {}), "spec.output.volume: required field is missing"),
+    "output-bad-uri": (_set("spec.output", {"uri": "s3://Models/run"}),
+                       "spec.output.uri: must match ^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$, not "
+                       "'s3://Models/run'"),
+    "output-bad-endpoint": (_set("spec.output", {"uri": "s3://models/run", "endpoint": "minio:9000"}),
+                            "spec.output.endpoint: must match ^https?://[^/?#]+, not 'minio:9000'"),
     "output-empty-volume": (_set("spec.output", {"volume": {}}), "spec.output.volume: {} should be non-empty"),
     "wrong-type": (_set("spec.training.epochs", "two"), "spec.training.epochs: must be a number, not 'two'"),
     "wrong-type-object": (_set("spec.rollout", "big"), "spec.rollout: must be a mapping, not 'big'"),
@@ -268,6 +272,10 @@ def _learner_container(manifest: dict) -> dict:
 
 
 CEL_CASES = {
+    "output-nowhere": (_set("spec.output", {}), "spec.output: set volume, uri or both: where the trained model goes"),
+    "output-store-settings-without-uri": (
+        _set("spec.output", {"volume": {"emptyDir": {}}, "credentialsSecretRef": {"name": "s3"}}),
+        "spec.output: credentialsSecretRef, endpoint and region are only for an object store: set uri too"),
     "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),
                       "spec.learner.topology: set exactly one of required or preferred"),
     "topology-none": (_set("spec.rollout.topology", {}), "spec.rollout.topology: set exactly one of required or "

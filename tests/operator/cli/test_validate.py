@@ -81,7 +81,7 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
         f"{tiny}: warning: spec.checkpoint.volume: not set: checkpoints live as long as the learner pod, so a "
         "restarted learner starts over",
         f"{tiny}: warning: spec.output: not set, and no checkpoint is on a persistent volume: the trained model is "
-        "lost with the learner pod (set spec.output.volume to keep it)",
+        "lost with the learner pod (set spec.output.volume or spec.output.uri to keep it)",
         f"{tiny}: warning: spec.model: ./tiny-assets/model is a path on this machine: only grporun local resolves it; "
         "a cluster's pods need a hub id or a path on a volume they mount",
         f"{tiny}: warning: spec.dataset.path: ./tiny-prompts.jsonl is a path on this machine: only grporun local "
@@ -95,11 +95,15 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
 
 @pytest.mark.parametrize(("checkpoint", "output", "warned"), [
     # The model is kept somewhere: nothing to say of it.
-    (None, {"persistentVolumeClaim": {"claimName": "models"}}, ["spec.checkpoint.volume: not set"]),
+    (None, {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}, ["spec.checkpoint.volume: not set"]),
     ({"persistentVolumeClaim": {"claimName": "ckpt"}}, None, []),
+    # Staged in an emptyDir, then uploaded: kept in the object store.
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, {"volume": {"emptyDir": {}}, "uri": "s3://models/run"}, []),
+    ({"emptyDir": {}}, {"uri": "s3://models/run"}, ["spec.checkpoint.volume: an emptyDir"]),
     # Work that would be lost.
     ({"emptyDir": {}}, None, ["spec.checkpoint.volume: an emptyDir", "spec.output: not set"]),
-    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, {"emptyDir": {}}, ["spec.output.volume: an emptyDir"]),
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, {"volume": {"emptyDir": {}}},
+     ["spec.output.volume: an emptyDir"]),
 ])
 def test_validate_warns_when_the_trained_model_would_be_lost(capsys, tmp_path, checkpoint, output, warned):
     manifest = good()
@@ -107,7 +111,7 @@ def test_validate_warns_when_the_trained_model_would_be_lost(capsys, tmp_path, c
     if checkpoint is not None:
         manifest["spec"]["checkpoint"]["volume"] = checkpoint
     if output is not None:
-        manifest["spec"]["output"] = {"volume": output}
+        manifest["spec"]["output"] = output
     path = write(tmp_path, manifest)
     assert cli.main(["validate", str(path)]) == ExitCode.OK
     found = [line.removeprefix(f"{path}: warning: ") for line in capsys.readouterr().err.splitlines()]
@@ -125,6 +129,16 @@ def test_validate_as_a_subprocess(bad_manifest):
     bad = subprocess.run([grporun, "validate", bad_manifest], capture_output=True, text=True, timeout=120)
     assert bad.returncode == ExitCode.INVALID and bad.stdout == ""
     assert bad.stderr.splitlines()[0] == f"{bad_manifest}: spec.trainning: unknown field (did you mean training?)"
+
+
+def test_validate_refuses_an_object_store_uri_naming_the_field(capsys, tmp_path):
+    manifest = good()
+    manifest["spec"]["output"] = {"uri": "s3://models/runs/../other"}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: spec.output.uri: 's3://models/runs/../other' is not an object store URI: the prefix has an empty, "
+        "'.' or '..' segment"]
 
 
 def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tmp_path):
