@@ -39,6 +39,7 @@ from grpo_trainer.rollout_health import (
     PROBE_TIMEOUT_S,
     STARTUP_WAIT_S,
 )
+from grpo_trainer.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV
 
 from . import podgroup
 from .api import (
@@ -49,6 +50,7 @@ from .api import (
     ROLLOUT_RESTARTS_ANNOTATION,
     RUN_LABEL,
     GRPORunSpec,
+    OutputSpec,
     RolePodSpec,
 )
 from .pod_overrides import apply_override
@@ -160,12 +162,38 @@ def output_uri(run: str, volume: Mapping[str, Any]) -> str:
     return f"{kind}:///{run}"
 
 
+def model_directory(run: str, output: OutputSpec) -> str:
+    """The folder learner rank 0 exports the model to: on spec.output.volume, else in the pod's own `output`
+    emptyDir, from where it is uploaded to spec.output.uri."""
+    return f"{MODEL_OUTPUT_DIR if output.volume is not None else OUTPUT_DIR}/{run}"
+
+
+def object_store_env(output: OutputSpec | None) -> list[dict[str, Any]]:
+    """The variables boto3 reads for spec.output.uri, on the pod that uploads: the credentials Secret's keys (its
+    session token optional), the endpoint, the region."""
+    if output is None or output.uri is None:
+        return []
+    env: list[dict[str, Any]] = []
+    if output.credentials_secret_ref is not None:
+        secret = output.credentials_secret_ref.name
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+                for key in (ACCESS_KEY_ENV, SECRET_KEY_ENV)]
+        env.append({"name": SESSION_TOKEN_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": secret, "key": SESSION_TOKEN_ENV, "optional": True}}})
+    if output.endpoint is not None:
+        env.append({"name": ENDPOINT_ENV[0], "value": output.endpoint})
+    if output.region is not None:
+        env.append({"name": REGION_ENV[0], "value": output.region})
+    return env
+
+
 def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
     run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
     output = None
     if spec.output is not None:
-        output = (f"{MODEL_OUTPUT_DIR}/{run.name}", output_uri(run.name, spec.output.volume))
+        output = (model_directory(run.name, spec.output),
+                  spec.output.uri or output_uri(run.name, spec.output.volume or {}))
     config = resolve_run_config(
         run.name, run.namespace, spec,
         rollout_urls=rollout_urls(run.name, run.namespace, spec.rollout.replicas),
@@ -295,7 +323,7 @@ def _volumes(run: str, spec: GRPORunSpec, *, exports_model: bool) -> tuple[list[
     if spec.rollout.weight_sync.mode == "filesystem":
         volumes.append({"name": "weights", **(spec.rollout.weight_sync.volume or {"emptyDir": {}})})
         mounts.append({"name": "weights", "mountPath": WEIGHT_SYNC_DIR})
-    if exports_model and spec.output is not None:
+    if exports_model and spec.output is not None and spec.output.volume is not None:
         volumes.append({"name": MODEL_OUTPUT_VOLUME, **spec.output.volume})
         mounts.append({"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR})
     return volumes, mounts
@@ -425,8 +453,10 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     ports = [{"name": "http", "containerPort": LEARNER_HTTP_PORT, "protocol": "TCP"}]
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
+    # Rank 0 alone exports the model, and alone reads the object store's credentials.
+    env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *(object_store_env(spec.output) if rank == 0 else [])]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
-                   env=[{"name": "GRPO_LEARNER_RANK", "value": str(rank)}])
+                   env=env)
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
 
 

@@ -46,6 +46,9 @@ SPECS = {
                                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
                        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
                        "output": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}},
+    "object store output": {"learner": {"nodes": 2},
+                            "output": {"uri": "s3://models/runs", "credentialsSecretRef": {"name": "s3-models"},
+                                       "endpoint": "http://minio.storage:9000", "region": "eu-west-1"}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
 }
@@ -113,6 +116,39 @@ def test_the_output_volume_is_mounted_by_the_learner_that_exports_and_named_in_t
     for name in ("run-learner-1", "run-rollout-0"):  # a ReadWriteOnce claim is needed by rank 0 alone
         assert "model" not in {volume["name"] for volume in objects[name]["spec"]["volumes"]}
         assert "model" not in {mount["name"] for mount in container(objects[name])["volumeMounts"]}
+
+
+def test_an_object_store_output_is_staged_in_the_pod_and_uploaded_with_the_secrets_keys_as_env():
+    output = {"uri": "s3://models/runs/qwen", "credentialsSecretRef": {"name": "s3-models"},
+              "endpoint": "http://minio.storage:9000", "region": "eu-west-1"}
+    objects = by_name(children(output=output, learner={"nodes": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.output is not None
+    assert config.output.directory == f"{builders.OUTPUT_DIR}/run"  # the pod's own emptyDir: no volume to mount
+    assert config.output.uri == "s3://models/runs/qwen"
+    rank0 = objects["run-learner-0"]
+    assert "model" not in {volume["name"] for volume in rank0["spec"]["volumes"]}
+    env = {var["name"]: var for var in container(rank0)["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "s3-models", "key": "AWS_ACCESS_KEY_ID"}}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "s3-models",
+                                                                          "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.storage:9000"
+    assert env["AWS_REGION"]["value"] == "eu-west-1"
+    for name in ("run-learner-1", "run-rollout-0"):  # the credentials go to the pod that uploads alone
+        assert not any(var["name"].startswith("AWS_") for var in container(objects[name])["env"])
+
+
+def test_an_object_store_output_beside_a_volume_is_written_to_the_volume_then_uploaded():
+    output = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}, "uri": "s3://models/runs/qwen"}
+    objects = by_name(children(output=output))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.output is not None
+    assert (config.output.directory, config.output.uri) == (f"{builders.MODEL_OUTPUT_DIR}/run", "s3://models/runs/qwen")
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models"}} in objects["run-learner-0"]["spec"][
+        "volumes"]
+    env = {var["name"] for var in container(objects["run-learner-0"])["env"]}
+    assert not env & {"AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL_S3"}  # no Secret, no endpoint: the pod's own identity
 
 
 def test_without_an_output_no_model_volume_and_no_output_in_the_run_config():

@@ -33,15 +33,10 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
 from .contract import EXPORT_MANIFEST_FILE
 from .model_export import file_digests, sha256_of
-from .store_uri import Location
+from .store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, Location
 
 #: A manifest bigger than this is not one of ours (a model's manifest is a few KB per thousand files).
 MANIFEST_MAX_BYTES = 16 << 20
-ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
-SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
-SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"
-REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # The error codes S3 (and the servers that speak it) answer with, by cause.
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "NotFound", "404"})

@@ -1,5 +1,6 @@
-"""Object store locations (`s3://bucket/prefix`): parsed and refused naming the field, without the client library (the
-operator checks spec.output.uri with it; grpo_trainer.object_store reads and writes them)."""
+"""Object store locations (`s3://bucket/prefix`) and the variables that say where and as whom, without the client
+library: the operator checks spec.output.uri and sets the variables with it; grpo_trainer.object_store reads and
+writes the locations."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from dataclasses import dataclass
 from .contract import EXPORT_MANIFEST_FILE
 
 SCHEME = "s3://"
+# The variables boto3 reads (the operator sets them on the pod that uploads, from spec.output; grporun local passes
+# its own environment on), the first of each tuple the one the operator sets.
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
+SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"
+REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 #: S3's bucket naming rules: 3-63 characters, lowercase letters, digits, dots and hyphens, a letter or digit at
 #: both ends.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
