@@ -423,8 +423,21 @@ class OutputConfig(WireModel):
     """Where the learner exports the trained model at the end of a run (the GRPORun's `spec.output`)."""
 
     directory: str = Field(min_length=1, description="The model's folder; staged beside it, then renamed into place.")
-    uri: str = Field(min_length=1, description="Where users find it (`pvc://claim/run`, `file:///path`): reported.")
+    uri: str = Field(min_length=1, description="Where users find it (`pvc://claim/run`, `file:///path`): reported. "
+                     "An `s3://bucket/prefix` is also where the folder is uploaded to, its manifest last.")
     run_spec: dict[str, Any] = Field(default_factory=dict, description="The GRPORun spec, kept in the manifest.")
+
+    @field_validator("uri")
+    @classmethod
+    def _object_store_uri(cls, uri: str) -> str:
+        from .store_uri import InvalidObjectStoreURI, is_object_store_uri, parse_uri  # store_uri imports this module
+
+        if is_object_store_uri(uri):
+            try:
+                parse_uri(uri, "output.uri")
+            except InvalidObjectStoreURI as error:
+                raise ValueError(error.reason) from None
+        return uri
 
 
 # more than 8: mirrors the run config file, one field per section; built by validation

@@ -22,6 +22,7 @@ from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
 from .rewards import RewardError, RewardResultError, load_rewards
+from .store_uri import is_object_store_uri
 
 logger = logging.getLogger("grpo_trainer.learner")
 
@@ -329,8 +330,9 @@ def save_final_model(learner, directory: str) -> None:
 
 
 def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
-    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export); rank 0's report, None
-    on the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes."""
+    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export), then upload it when
+    its URI is an object store's (grpo_trainer.object_store, the manifest last); rank 0's report, None on the other
+    ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and uploads."""
     from .model_export import export_model, package_versions, reward_trend, staging_path
 
     assert config.output is not None
@@ -360,9 +362,26 @@ def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
         "packages": package_versions(),
     }
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
+    if is_object_store_uri(config.output.uri):
+        exported = upload_export(exported)
     logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
                 exported.step, exported.bytes, exported.sha256)
     return exported
+
+
+def upload_export(exported: c.ExportReport) -> c.ExportReport:
+    """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
+    naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
+    from .model_export import ExportError
+    from .object_store import ObjectStoreError, upload_folder
+    from .store_uri import parse_uri
+
+    try:
+        uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
+    except ObjectStoreError as error:  # its message names the location
+        raise ExportError(f"could not upload the model: {error}") from None
+    # The folder's own manifest goes up verbatim: the digest and size are those of the objects in the store.
+    return exported.model_copy(update={"sha256": uploaded.sha256, "bytes": uploaded.bytes})
 
 
 def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str,
