@@ -259,10 +259,17 @@ def test_without_an_output_a_success_needs_no_model():
     assert "Exported" not in reasons(decision)
 
 
-def test_an_export_failure_fails_the_run_at_once_naming_the_cause():
-    spec = spec_of(output=OUTPUT, runPolicy={"backoffLimit": 5})
-    cause = ("could not export the model to /var/lib/grpo/model/r: No space left on device "
-             "(/var/lib/grpo/model/.r.partial)")
+@pytest.mark.parametrize(("output", "cause"), [
+    (OUTPUT, "could not export the model to /var/lib/grpo/model/r: No space left on device "
+             "(/var/lib/grpo/model/.r.partial)"),
+    ({"uri": "s3://models/r", "credentialsSecretRef": {"name": "s3"}},
+     "could not upload the model: s3://models/r/grpo-export.json: the secret key (AWS_SECRET_ACCESS_KEY) does not "
+     "match the access key (SignatureDoesNotMatch)"),
+    ({"uri": "s3://models/r"}, "could not upload the model: s3://models/r/grpo-export.json: the bucket 'models' does "
+                               "not exist"),
+])
+def test_an_export_failure_fails_the_run_at_once_naming_the_cause(output, cause):
+    spec = spec_of(output=output, runPolicy={"backoffLimit": 5})
     final = report(phase="Failed", groupsConsumed=40, groupsTrained=38, message=cause)
     pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_EXPORT_FAILED, reason="Error",
                                     message=final.termination_message())]
