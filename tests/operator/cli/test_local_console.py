@@ -122,4 +122,6 @@ def test_a_summary_says_where_the_exported_model_is():
         f"model: /data/models/tiny (step 9, 2048 bytes, manifest sha256 {'ab' * 32})")
     claim = {**output, "uri": "pvc://models/tiny"}
     assert "model: pvc://models/tiny (step 9" in final_summary({"phase": "Succeeded", "output": claim})
+    stored = {**output, "uri": "s3://models/runs/tiny"}
+    assert "model: s3://models/runs/tiny (step 9" in final_summary({"phase": "Succeeded", "output": stored})
     assert "model:" not in final_summary({"phase": "Succeeded"})

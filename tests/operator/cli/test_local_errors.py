@@ -192,24 +192,33 @@ def test_the_rollout_restart_limit_flag_overrides_the_manifest_and_refuses_a_neg
         "grporun local: error: argument --rollout-restart-limit: must be >= 0, not -1")
 
 
-@pytest.mark.parametrize(("volume", "folder", "note"), [
-    ({"hostPath": {"path": "./models"}}, "models/tiny", None),  # relative to the manifest, like the other paths
-    ({"persistentVolumeClaim": {"claimName": "models"}}, "runs/tiny/model",
+@pytest.mark.parametrize(("output", "folder", "uri", "note"), [
+    # relative to the manifest, like the other paths
+    ({"volume": {"hostPath": {"path": "./models"}}}, "models/tiny", None, None),
+    ({"volume": {"persistentVolumeClaim": {"claimName": "models"}}}, "runs/tiny/model", None,
      "spec.output.volume is a persistentVolumeClaim, which only a cluster mounts: the model goes to {folder}"),
+    # staged in the run's folder, then uploaded with this machine's credentials
+    ({"uri": "s3://models/runs/tiny"}, "runs/tiny/model", "s3://models/runs/tiny", None),
+    ({"volume": {"hostPath": {"path": "./models"}}, "uri": "s3://models/runs/tiny"}, "models/tiny",
+     "s3://models/runs/tiny", None),
+    ({"volume": {"persistentVolumeClaim": {"claimName": "models"}}, "uri": "s3://models/runs/tiny"},
+     "runs/tiny/model", "s3://models/runs/tiny", "spec.output.volume is a persistentVolumeClaim, which only a cluster "
+     "mounts: the model goes to {folder}, then to s3://models/runs/tiny"),
 ])
-def test_a_local_run_exports_to_the_folder_spec_output_names(tmp_path, tiny_manifest, volume, folder, note):
+def test_a_local_run_exports_to_the_folder_spec_output_names(tmp_path, tiny_manifest, output, folder, uri, note):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(output={"volume": volume}))))
+    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(output=output))))
     local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=False,
                                        rollout_url=["http://127.0.0.1:9"], rollout_python=None,
                                        rollout_restart_limit=None))
     config = load_run_config((local.run_dir / "run.json").read_text())
     assert config.output is not None
     assert config.output.directory == str(tmp_path / folder)
-    assert config.output.uri == (tmp_path / folder).as_uri()
+    assert config.output.uri == (uri or (tmp_path / folder).as_uri())
     # The spec as the run ran it, for the manifest: local paths made absolute.
-    localized = {"hostPath": {"path": str(tmp_path / "models")}} if "hostPath" in volume else volume
-    assert config.output.run_spec["output"]["volume"] == localized
+    volume = output.get("volume")
+    localized = {"hostPath": {"path": str(tmp_path / "models")}} if volume and "hostPath" in volume else volume
+    assert config.output.run_spec["output"].get("volume") == localized
     assert local.notes == ([] if note is None else [note.format(folder=tmp_path / folder)])
 
 
@@ -267,3 +276,18 @@ def test_a_bad_manifest_is_the_same_line_and_exit_code_in_every_command(tmp_path
     assert grporun(["render", path]) == ExitCode.INVALID
     rendered = capsys.readouterr()
     assert rendered.out == "" and rendered.err.strip().splitlines() == local_lines
+
+
+def test_a_local_learner_reaches_the_object_store_the_spec_names_with_this_machines_credentials(
+        tmp_path, tiny_manifest, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-this-machine")
+    path = tmp_path / "run.yaml"
+    output = {"uri": "s3://models/runs/tiny", "endpoint": "http://127.0.0.1:8333", "region": "eu-west-1",
+              "credentialsSecretRef": {"name": "s3-models"}}  # a cluster's Secret: nothing to read here
+    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(output=output))))
+    local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=False,
+                                       rollout_url=["http://127.0.0.1:9"], rollout_python=None,
+                                       rollout_restart_limit=None))
+    (learner,) = [process.plan for name, process in local.processes.items() if "learner" in name]
+    assert learner.env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:8333" and learner.env["AWS_REGION"] == "eu-west-1"
+    assert "AWS_ACCESS_KEY_ID" not in learner.env  # the process inherits this machine's own

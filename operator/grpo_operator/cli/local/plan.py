@@ -36,22 +36,30 @@ def _looks_local(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~"))
 
 
-def local_output(run: str, spec: GRPORunSpec, run_dir: Path) -> tuple[Path, str | None] | None:
-    """Where a local run exports its model (spec.output), and a note when that is not the spec's own place; None
-    without spec.output.
+def local_output(run: str, spec: GRPORunSpec, run_dir: Path) -> tuple[Path, str, str | None] | None:
+    """Where a local run exports its model (spec.output): the folder, the URI the run reports, and a note when the
+    folder is not the spec's own place; None without spec.output.
 
     A hostPath volume is a folder on this machine: the model goes where a cluster's pod would put it, in a folder
     named after the run (a path starting with ./ or ../ is relative to the manifest, like the others; localize_spec
     made it absolute). Any other volume (a claim) exists only in a cluster: the model goes under the run's folder.
+    With spec.output.uri the folder is then uploaded there, as the learner pod does, with the credentials of this
+    machine's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or boto3's own chain).
     """
     if spec.output is None:
         return None
-    host_path = (spec.output.volume.get("hostPath") or {}).get("path")
+    volume = spec.output.volume or {}
+    host_path = (volume.get("hostPath") or {}).get("path")
     if isinstance(host_path, str) and host_path:
-        return Path(host_path).expanduser() / run, None
-    kind = next(iter(spec.output.volume))
-    folder = run_dir / "model"
-    return folder, f"spec.output.volume is a {kind}, which only a cluster mounts: the model goes to {folder}"
+        folder, note = Path(host_path).expanduser() / run, None
+    elif spec.output.volume is None:
+        folder, note = run_dir / "model", None  # staged in the run's folder, as in the pod's own
+    else:
+        folder = run_dir / "model"
+        note = f"spec.output.volume is a {next(iter(volume))}, which only a cluster mounts: the model goes to {folder}"
+    if spec.output.uri is not None:
+        note = f"{note}, then to {spec.output.uri}" if note else None
+    return folder, spec.output.uri or folder.as_uri(), note
 
 
 def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
@@ -69,7 +77,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
             reward.model = localize_path(reward.model, manifest_dir)
             if _looks_local(reward.model) and not Path(reward.model).expanduser().is_dir():
                 raise ManifestInvalid([f"spec.rewards[{index}].model: {reward.model}: no such directory"])
-    host_path = (spec.output.volume.get("hostPath") or {}) if spec.output is not None else {}
+    host_path = ((spec.output.volume or {}).get("hostPath") or {}) if spec.output is not None else {}
     if isinstance(host_path.get("path"), str):
         host_path["path"] = localize_path(host_path["path"], manifest_dir)
     if spec.learner.nodes != 1:

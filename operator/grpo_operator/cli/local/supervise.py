@@ -195,7 +195,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         checkpoint_dir=str(run_dir / "checkpoints"),
         weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=str(termination_path),
-        output=None if output is None else (str(output[0]), output[0].as_uri()),
+        output=None if output is None else (str(output[0]), output[1]),
     )
     learner_port = free_port()
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
@@ -210,7 +210,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
                      termination_path, liveness=Liveness(config.model),
-                     notes=[output[1]] if output is not None and output[1] else [])
+                     notes=[output[2]] if output is not None and output[2] else [])
 
     def plan_server(ordinal: int, port: int):
         return plan_rollout(local.ref, spec, ordinal, port, str(config_path), rollout_python,
