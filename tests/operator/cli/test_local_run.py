@@ -1,5 +1,6 @@
 """`grporun local` end to end: the tiny example reaches Succeeded, its learner (`python -m grpo_trainer learner`, as
-the pod runs it) ending with the termination message the operator reads; Ctrl-C leaves no process behind."""
+the pod runs it) ending with the termination message the operator reads and its model exported (to a folder, and to
+the S3 test server); Ctrl-C leaves no process behind."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 import yaml
 
 from grpo_trainer import contract as c
+from grpo_trainer.object_store import download_folder
+from grpo_trainer.store_uri import parse_uri
 from tests.support.paths import REPO
 from tests.support.vllm_server import EAGER_VLLM_ARGS
 
@@ -89,11 +92,19 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert not (run_dir / "output" / "final").exists()  # the model is where spec.output says, not in the run folder
 
 
-def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):
+@pytest.mark.s3
+def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_model(vllm_server, tmp_path,
+                                                                                     s3_server, s3_bucket):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1, processes=2)
+    uri = f"s3://{s3_bucket}/runs/tiny"
+    with_output = yaml.safe_load(manifest.read_text())
+    with_output["spec"]["output"] = {"uri": uri, "endpoint": s3_server.endpoint}
+    manifest.write_text(yaml.safe_dump(with_output))
+    # The keys come from this machine's environment, the endpoint from the spec.
+    credentials = {name: value for name, value in s3_server.env().items() if name != "AWS_ENDPOINT_URL_S3"}
     result = subprocess.run(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, **credentials},
     )
     log = (tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + log[-3000:]
@@ -105,6 +116,14 @@ def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp
     total, trained, dropped = int(consumed.group(2)), int(consumed.group(3)), int(consumed.group(4))
     # Exactly at the bound with two ranks: groups of the next pass riding in the last micro-batch are not counted.
     assert int(consumed.group(1)) == total == 16 and trained + dropped == total
+    # Both ranks saved, rank 0 wrote the folder in the run's own and uploaded it; the summary names the store.
+    report = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text())
+    assert report.output is not None and report.output.uri == uri
+    assert f"model: {uri} (step {report.global_step}, {report.output.bytes} bytes" in result.stdout
+    downloaded = tmp_path / "downloaded"
+    download_folder(parse_uri(uri, "spec.output.uri"), downloaded, client=s3_server.client())
+    assert hashlib.sha256((downloaded / c.EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == report.output.sha256
+    assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {path.name for path in downloaded.iterdir()}
 
 
 def _alive(pid: int) -> bool:
