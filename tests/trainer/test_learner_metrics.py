@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpo_trainer import contract as c
-from grpo_trainer.exporter import ProgressServer, render_metrics, write_termination_message
+from grpo_trainer.exporter import ProgressServer, StepMetrics, render_metrics, write_termination_message
 
 
 def fetch(url: str) -> str:
@@ -107,12 +107,24 @@ def test_metrics_parse_and_match_progress(finished_run):
     # The scripted worker generates slower than the tiny model trains: the learner waited, and said so.
     assert found[c.METRIC_ROLLOUT_WAIT_SECONDS][0].value > 0
     assert found[c.METRIC_ROLLOUT_QUEUE_SAMPLES][0].value >= 0
+    # TRL's step curves, as TRL logged them for the last step.
+    last = next(entry for entry in reversed(trainer.state.log_history) if "loss" in entry)
+    assert found[c.METRIC_STEP_LOSS][0].value == pytest.approx(last["loss"])
+    assert found[c.METRIC_STEP_ENTROPY][0].value == pytest.approx(last["entropy"]) and last["entropy"] > 0
+    assert found[c.METRIC_STEP_LEARNING_RATE][0].value == pytest.approx(last["learning_rate"])
+    assert {s.labels["bound"] for s in found[c.METRIC_STEP_CLIP_RATIO]} == {"low", "high", "region"}
+    assert found[c.METRIC_STEP_KL][0].value == pytest.approx(last["kl"])
+    assert found[c.METRIC_STEP_STALENESS_MAX][0].value >= found[c.METRIC_STEP_STALENESS_MEAN][0].value >= 0
+    # ... and the trackers' copy of the log carries the progress numbers beside them.
+    assert last["progress/groups_dropped/no_signal"] <= 3 and last["progress/groups_trained"] <= 6
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,
                    c.METRIC_REPLICA_FAILURES, c.METRIC_REPLICA_VERSION_LAG}
-    assert set(c.LEARNER_METRIC_NAMES) - per_replica <= exported
-    assert not per_replica & exported
+    # TRL's rollout worker logs the completion lengths; the scripted worker logs none, so they are absent, not 0.
+    completions = {c.METRIC_STEP_COMPLETION_TOKENS_MEAN, c.METRIC_STEP_COMPLETION_TOKENS_MAX}
+    assert set(c.LEARNER_METRIC_NAMES) - per_replica - completions <= exported
+    assert not (per_replica | completions) & exported
 
 
 @pytest.mark.slow
@@ -245,3 +257,40 @@ def test_a_metric_is_a_counter_exactly_when_its_name_ends_in_total():
     for name in c.LEARNER_METRIC_NAMES:
         if name in kinds:  # per-replica families are empty without a rollout pool
             assert (kinds[name] == "counter") == name.endswith("_total"), (name, kinds[name])
+
+
+def test_step_metrics_export_what_trl_logged_and_skip_what_is_not_finite():
+    step_metrics = StepMetrics()
+    # The shape of one TRL AsyncGRPOTrainer log (`Trainer.log`'s dict after TRL's own `log`).
+    step_metrics.record({
+        "loss": 0.125, "grad_norm": 1.5, "learning_rate": 1e-6, "entropy": 2.25, "kl": float("nan"),
+        "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.5, "clip_ratio/region_mean": 0.5,
+        "completions/mean_length": 12.5, "completions/max_length": 31.0, "sample/staleness_mean": 0.75,
+        "sample/staleness_max": 2.0, "epoch": 0.5, "perf/step_s": 0.1, "reward": None, "ratio": float("inf"),
+    })
+    text = render_metrics(lambda: c.ProgressReport(), step_metrics).decode()
+    found = samples_by_name(text)
+    assert found[c.METRIC_STEP_LOSS][0].value == 0.125
+    assert found[c.METRIC_STEP_GRAD_NORM][0].value == 1.5
+    assert found[c.METRIC_STEP_LEARNING_RATE][0].value == 1e-6
+    assert found[c.METRIC_STEP_ENTROPY][0].value == 2.25
+    assert {s.labels["bound"]: s.value for s in found[c.METRIC_STEP_CLIP_RATIO]} == {
+        "low": 0.0, "high": 0.5, "region": 0.5}
+    assert found[c.METRIC_STEP_COMPLETION_TOKENS_MEAN][0].value == 12.5
+    assert found[c.METRIC_STEP_COMPLETION_TOKENS_MAX][0].value == 31.0
+    assert found[c.METRIC_STEP_STALENESS_MEAN][0].value == 0.75
+    assert found[c.METRIC_STEP_STALENESS_MAX][0].value == 2.0
+    assert c.METRIC_STEP_KL not in found  # NaN: never exported
+    assert "nan" not in text.lower() and "inf" not in text.lower().replace("info", "")
+    # A later step's NaN keeps the last finite value; a number arriving later appears.
+    step_metrics.record({"loss": float("nan"), "kl": 0.01, "entropy": "2.0"})
+    found = samples_by_name(render_metrics(lambda: c.ProgressReport(), step_metrics).decode())
+    assert found[c.METRIC_STEP_LOSS][0].value == 0.125 and found[c.METRIC_STEP_KL][0].value == 0.01
+    assert found[c.METRIC_STEP_ENTROPY][0].value == 2.25  # a string is not a number
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert all(families[name] == "gauge" for name in c.STEP_METRIC_NAMES if name in families)
+
+
+def test_a_learner_without_logged_steps_exports_no_step_curves():
+    found = samples_by_name(render_metrics(lambda: c.ProgressReport(), StepMetrics()).decode())
+    assert not set(c.STEP_METRIC_NAMES) & set(found)

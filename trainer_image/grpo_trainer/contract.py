@@ -148,6 +148,34 @@ METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  #
 METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
 METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it
 METRIC_REPLICA_VERSION_LAG = "grpo_learner_rollout_replica_weight_version_lag"  # gauge: versions it is behind
+# TRL's per-step training curves, as last logged (gauges; a step that logged a non-finite value leaves the series as
+# it was). TRL logs every `logging_steps` (the operator sets 1): `loss`, `entropy`... are that window's means.
+METRIC_STEP_LOSS = "grpo_learner_step_loss"
+METRIC_STEP_GRAD_NORM = "grpo_learner_step_grad_norm"
+METRIC_STEP_LEARNING_RATE = "grpo_learner_step_learning_rate"
+METRIC_STEP_ENTROPY = "grpo_learner_step_entropy"  # mean token entropy of the policy (nats)
+METRIC_STEP_KL = "grpo_learner_step_kl"  # mean approximate KL of the policy from the sampling policy
+METRIC_STEP_CLIP_RATIO = "grpo_learner_step_clip_ratio"  # label bound: low, high, region (share of tokens clipped)
+METRIC_STEP_COMPLETION_TOKENS_MEAN = "grpo_learner_step_completion_length_mean_tokens"
+METRIC_STEP_COMPLETION_TOKENS_MAX = "grpo_learner_step_completion_length_max_tokens"
+METRIC_STEP_STALENESS_MEAN = "grpo_learner_step_staleness_mean_versions"  # weight versions a sample is behind
+METRIC_STEP_STALENESS_MAX = "grpo_learner_step_staleness_max_versions"
+#: TRL's log key -> (metric name, labels): which of TRL's logged numbers /metrics exports, and as what.
+TRL_LOG_METRICS: dict[str, tuple[str, dict[str, str]]] = {
+    "loss": (METRIC_STEP_LOSS, {}),
+    "grad_norm": (METRIC_STEP_GRAD_NORM, {}),
+    "learning_rate": (METRIC_STEP_LEARNING_RATE, {}),
+    "entropy": (METRIC_STEP_ENTROPY, {}),
+    "kl": (METRIC_STEP_KL, {}),
+    "clip_ratio/low_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "low"}),
+    "clip_ratio/high_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "high"}),
+    "clip_ratio/region_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "region"}),
+    "completions/mean_length": (METRIC_STEP_COMPLETION_TOKENS_MEAN, {}),
+    "completions/max_length": (METRIC_STEP_COMPLETION_TOKENS_MAX, {}),
+    "sample/staleness_mean": (METRIC_STEP_STALENESS_MEAN, {}),
+    "sample/staleness_max": (METRIC_STEP_STALENESS_MAX, {}),
+}
+STEP_METRIC_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in TRL_LOG_METRICS.values()))
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -179,6 +207,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_REPLICA_SAMPLES,
     METRIC_REPLICA_FAILURES,
     METRIC_REPLICA_VERSION_LAG,
+    *STEP_METRIC_NAMES,
 )
 
 
