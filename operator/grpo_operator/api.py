@@ -28,6 +28,7 @@ from grpo_trainer.contract import (
     ReplicaState,
     RewardConfig,
     RolloutConfig,
+    TrackingConfig,
     TrainingConfig,
     WeightSyncConfig,
     WireModel,
@@ -203,6 +204,7 @@ class GRPORunSpec(WireModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)

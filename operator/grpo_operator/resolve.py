@@ -65,6 +65,7 @@ def resolve_run_config(
             device=spec.learner.device,
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
+        tracking=spec.tracking.model_copy(deep=True),
         output_dir=output_dir,
         termination_message_path=termination_message_path,
     )

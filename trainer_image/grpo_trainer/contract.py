@@ -396,6 +396,64 @@ class CheckpointConfig(WireModel):
     save_steps: int = Field(100, ge=1)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Experiment tracking (spec.tracking). Credentials come from Secrets of the run's namespace, as env vars of the
+# learner pods (the operator renders them, optional, so that a missing Secret is the learner's one-line exit 78
+# naming the field rather than a pod that never starts); everything else the learner sets itself
+# (grpo_trainer.tracking).
+# --------------------------------------------------------------------------------------------------------------------
+#: Key of the MLflow credentials Secret -> the env var MLflow's client reads it from.
+MLFLOW_CREDENTIAL_ENV = {
+    "username": "MLFLOW_TRACKING_USERNAME",
+    "password": "MLFLOW_TRACKING_PASSWORD",
+    "token": "MLFLOW_TRACKING_TOKEN",
+}
+WANDB_API_KEY_ENV = "WANDB_API_KEY"
+
+
+class SecretKeyRef(WireModel):
+    name: str = Field(min_length=1, description="A Secret in the run's namespace.")
+    key: str = Field(min_length=1, description="The key of the Secret that holds the value.")
+
+
+class MlflowTracking(WireModel):
+    tracking_uri: str = Field(min_length=1, description="The MLflow tracking server, e.g. http://mlflow:5000.")
+    experiment: str | None = Field(None, min_length=1, description="Experiment name (default: the run's namespace).")
+    run_name: str | None = Field(None, min_length=1, description="MLflow run name (default: the GRPORun's name).")
+    credentials_secret: str | None = Field(
+        None, min_length=1,
+        description="Secret whose keys username and password (or token) authenticate to the tracking server.")
+
+
+class TensorBoardTracking(WireModel):
+    """Event files under the checkpoint directory's `tensorboard/` (the checkpoint volume: they outlive the pod)."""
+
+
+class WandbTracking(WireModel):
+    project: str = Field(min_length=1, description="The W&B project.")
+    entity: str | None = Field(None, min_length=1, description="The W&B entity (team or user).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline writes the run under the checkpoint directory's wandb/, with no network.")
+    api_key_secret: SecretKeyRef | None = Field(None, description="The W&B API key; online mode needs it.")
+
+    @model_validator(mode="after")
+    def _online_needs_a_key(self) -> WandbTracking:
+        if self.mode == "online" and self.api_key_secret is None:
+            raise ValueError("online mode needs apiKeySecret (or mode offline)")
+        return self
+
+
+class TrackingConfig(WireModel):
+    mlflow: MlflowTracking | None = None
+    tensorboard: TensorBoardTracking | None = None
+    wandb: WandbTracking | None = None
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers asked for, by their `report_to` names (transformers' integrations)."""
+        return [name for name in ("mlflow", "tensorboard", "wandb") if getattr(self, name) is not None]
+
+
 # more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
@@ -411,6 +469,7 @@ class RunConfig(WireModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
 
