@@ -30,14 +30,17 @@ def samples_by_name(text: str) -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tiny_model_dir):
+def finished_run(tiny_model_dir, tmp_path_factory):
     """A real GRPOLearner run (scripted rollouts, a third without signal) with its progress server, polled while
-    it trains."""
+    it trains, reporting to TensorBoard as spec.tracking.tensorboard makes it."""
+    import os
+
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.tracking import configure, parameters_callback
     from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -45,12 +48,21 @@ def finished_run(tiny_model_dir):
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(prompts)]})
     worker = ScriptedRolloutWorker(dataset_size=prompts, num_generations=4, vocab_size=len(tokenizer),
                                    reward=lambda p, k: 0.0 if p % 3 == 0 else float(k % 2), delay_s=0.05)
-    args = AsyncGRPOConfig(output_dir="/tmp/grpo-metrics-test", use_cpu=True, dtype="float32", report_to=[],
+    out = tmp_path_factory.mktemp("metrics-run")
+    run_config = c.RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "runName": "metrics", "outputDir": str(out), "tracking": {"tensorboard": {}}})
+    saved_env = dict(os.environ)
+    trackers = configure(run_config)  # sets TENSORBOARD_LOGGING_DIR, as the learner does
+    args = AsyncGRPOConfig(output_dir=str(out), use_cpu=True, dtype="float32", report_to=trackers,
                            num_generations=4, per_device_train_batch_size=4, token_budget=0, save_strategy="no",
                            num_train_epochs=1,
                            disable_tqdm=True, max_staleness=1000)
     trainer = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
                           rollout_worker=worker, weight_transfer=NoWeightTransfer(), progress_server_port=0)
+    trainer.add_callback(parameters_callback(run_config, trackers, trainer.callback_handler.callbacks))
+    os.environ.clear()
+    os.environ.update(saved_env)
     seen: list[dict] = []
     done = threading.Event()
 
@@ -64,13 +76,13 @@ def finished_run(tiny_model_dir):
     trainer.train()
     done.set()
     poller.join()
-    yield trainer, seen
+    yield trainer, seen, run_config
     trainer.close()
 
 
 @pytest.mark.slow
 def test_progress_is_visible_while_training_and_validates(finished_run):
-    trainer, seen = finished_run
+    trainer, seen, _ = finished_run
     reports = [c.ProgressReport.model_validate(body) for body in seen]
     phases = [r.phase for r in reports]
     assert c.LearnerPhase.RUNNING in phases
@@ -83,7 +95,7 @@ def test_progress_is_visible_while_training_and_validates(finished_run):
 
 @pytest.mark.slow
 def test_metrics_parse_and_match_progress(finished_run):
-    trainer, _ = finished_run
+    trainer, _, _ = finished_run
     text = fetch(trainer.progress_url + c.METRICS_PATH)
     found = samples_by_name(text)
     assert found[c.METRIC_GROUPS_CONSUMED][0].value == 9
@@ -132,11 +144,37 @@ def test_promtool_finds_no_problem_in_the_metrics(finished_run):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool (Debian package prometheus) is not installed; `make test` installs it")
-    trainer, _ = finished_run
+    trainer, _, _ = finished_run
     text = fetch(trainer.progress_url + c.METRICS_PATH)
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     complaints = check.stdout.strip() + check.stderr.strip()
     assert check.returncode == 0 and complaints == "", complaints
+
+
+@pytest.mark.slow
+def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
+    """The event files the run wrote, read by TensorBoard's own reader: TRL's curves and our progress numbers per
+    step, the run's spec as text."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from grpo_trainer.tracking import tracking_directory
+
+    trainer, _, run_config = finished_run
+    directory = tracking_directory(run_config, "tensorboard")
+    events = event_accumulator.EventAccumulator(directory, size_guidance={event_accumulator.TENSORS: 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/entropy", "train/kl", "train/clip_ratio/region_mean",
+            "train/progress/groups_trained", "train/progress/groups_dropped/no_signal",
+            "train/progress/stall_streak", "train/progress/rollout_wait_s"} <= scalars, sorted(scalars)
+    steps = trainer.state.global_step
+    losses = events.Scalars("train/loss")
+    assert [event.step for event in losses] == list(range(1, steps + 1))
+    trained = events.Scalars("train/progress/groups_trained")
+    assert [event.value for event in trained] == sorted(event.value for event in trained)
+    assert trained[-1].value <= 6 and trained[-1].value > 0
+    spec = events.Tensors("grporun/spec/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "grporun.runName: metrics" in spec and "grporun.tracking.tensorboard: {}" in spec
 
 
 def test_stalled_report_renders_as_stalled_gauge():
