@@ -86,3 +86,66 @@ def test_the_run_spec_becomes_flat_string_parameters():
     assert parameters["grporun.model"] == "m" and parameters["grporun.tracking.mlflow.experiment"] == "grpo"
     assert parameters["grporun.rewards"].startswith("[")
     assert all(isinstance(v, str) for v in parameters.values())
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    from tests.support.mlflow_server import MLFLOW, MlflowServer
+
+    if not MLFLOW.exists():
+        pytest.skip(f"no MLflow server at {MLFLOW}: `make setup-mlflow` installs it")
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_server, tmp_path, monkeypatch):
+    """The learner's trackers as it wires them (transformers' MLflow integration from the env `configure` sets, our
+    parameters callback after it), fed TRL-shaped logs with our progress numbers, against `mlflow server`."""
+    from mlflow.tracking import MlflowClient
+    from transformers import TrainerControl, TrainerState
+    from transformers.integrations import MLflowCallback
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    run = config(tmp_path, learner={"device": "cpu"}, training={"learningRate": 3e-6},
+                 tracking={"mlflow": {"trackingUri": mlflow_server.uri, "experiment": "grpo-test",
+                                      "runName": "tiny-1"}})
+    environ: dict[str, str] = {}
+    trackers = tracking.configure(run, environ)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    args = AsyncGRPOConfig(**trainer_arguments(run))
+    assert args.report_to == ["mlflow"]
+    integration = MLflowCallback()
+    callbacks = [integration, tracking.parameters_callback(run, trackers, [integration])]
+    state, control = TrainerState(), TrainerControl()
+    for callback in callbacks:
+        callback.on_train_begin(args, state, control, model=None)
+    for step in (1, 2, 3):
+        state.global_step = step
+        report = c.ProgressReport(groups_total=9, groups_consumed=2 * step, groups_trained=step, stall_streak=0,
+                                  dropped={"no_signal": step}, rollout_wait_seconds=0.5 * step)
+        logs = {"loss": 0.25 * step, "entropy": 2.0, "kl": 0.01, "clip_ratio/region_mean": 0.0,
+                "learning_rate": 3e-6, **tracking.progress_logs(report)}
+        integration.on_log(args, state, control, logs)
+    integration.on_train_end(args, state, control)
+
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("grpo-test")
+    (tracked,) = client.search_runs([experiment.experiment_id])
+    assert tracked.info.run_name == "tiny-1" and tracked.info.status == "FINISHED"
+    assert tracked.data.tags["grpo.dev/run"] == "tiny" and tracked.data.tags["grpo.dev/namespace"] == "ml"
+    parameters = tracked.data.params
+    assert parameters["grporun.training.learningRate"] == "3e-06"
+    assert parameters["grporun.tracking.mlflow.experiment"] == "grpo-test"
+    assert parameters["learning_rate"] == "3e-06"  # transformers' own: the trainer arguments
+    loss = client.get_metric_history(tracked.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in loss) == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")
+    assert sorted((m.step, m.value) for m in trained) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    dropped = client.get_metric_history(tracked.info.run_id, "progress/groups_dropped/no_signal")
+    assert [m.value for m in sorted(dropped, key=lambda m: m.step)] == [1.0, 2.0, 3.0]
