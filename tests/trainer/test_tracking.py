@@ -131,7 +131,7 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
                                   dropped={"no_signal": step}, rollout_wait_seconds=0.5 * step)
         logs = {"loss": 0.25 * step, "entropy": 2.0, "kl": 0.01, "clip_ratio/region_mean": 0.0,
                 "learning_rate": 3e-6, **tracking.progress_logs(report)}
-        integration.on_log(args, state, control, logs)
+        integration.on_log(args, state, control, logs=logs)
     integration.on_train_end(args, state, control)
 
     client = MlflowClient(mlflow_server.uri)
@@ -149,3 +149,40 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
     assert sorted((m.step, m.value) for m in trained) == [(1, 1.0), (2, 2.0), (3, 3.0)]
     dropped = client.get_metric_history(tracked.info.run_id, "progress/groups_dropped/no_signal")
     assert [m.value for m in sorted(dropped, key=lambda m: m.step)] == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.slow
+def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_network(tmp_path, monkeypatch):
+    """transformers' W&B integration as the learner configures it (offline), with our parameters callback: the run's
+    files land in WANDB_DIR, holding the spec and the step metrics."""
+    from transformers import TrainerControl, TrainerState
+    from transformers.integrations import WandbCallback
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    run = config(tmp_path, learner={"device": "cpu"}, tracking={"wandb": {"project": "grpo", "mode": "offline"}})
+    environ: dict[str, str] = {}
+    trackers = tracking.configure(run, environ)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    args = AsyncGRPOConfig(**trainer_arguments(run))
+    integration = WandbCallback()
+    callbacks = [integration, tracking.parameters_callback(run, trackers, [integration])]
+    state, control = TrainerState(), TrainerControl()
+    for callback in callbacks:
+        callback.on_train_begin(args, state, control, model=None)
+    import wandb
+
+    assert wandb.run is not None and wandb.run.config["grporun.runName"] == "tiny"
+    for step in (1, 2):
+        state.global_step = step
+        integration.on_log(args, state, control, logs={"loss": 0.5 / step, "progress/groups_trained": float(step)})
+    integration.on_train_end(args, state, control)
+    wandb.finish()
+
+    (offline_run,) = (tmp_path / "ckpt" / "wandb" / "wandb").glob("offline-run-*")
+    (records,) = offline_run.glob("run-*.wandb")
+    # The run's records (protobuf, what `wandb sync` uploads later) carry the spec and both steps' metrics by name.
+    data = records.read_bytes()
+    assert b"grporun.training.learningRate" in data
+    assert b"train/loss" in data and b"train/progress/groups_trained" in data
