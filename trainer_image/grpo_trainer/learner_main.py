@@ -72,7 +72,7 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
         "save_strategy": "steps",
         "save_steps": config.checkpoint.save_steps,
         "logging_steps": 1,
-        # Only the trackers spec.tracking asks for: transformers' default reports to every one installed.
+        # Exactly the trackers spec.tracking asks for (grpo_trainer.tracking sets the env they read).
         "report_to": config.tracking.trackers,
     }
     # TRL's 1024-sample default lets a fast server queue samples that go stale before they train.
