@@ -22,8 +22,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from grpo_trainer.contract import (
+    AttentionSetting,
     DatasetConfig,
     FilterConfig,
+    LearnerConfig,
     ProgressConfig,
     ReplicaState,
     RewardConfig,
@@ -146,11 +148,18 @@ class RolloutSpec(RolePodSpec):
 class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
+    attention: AttentionSetting = LearnerConfig.model_fields["attention"]
 
 
 class CheckpointSpec(WireModel):
     volume: dict[str, Any] | None = None
     save_steps: int = Field(100, ge=1)
+
+
+class OutputSpec(WireModel):
+    # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "models"}}) the learner's rank 0
+    # mounts; the model goes to a folder named after the run in it. Free-form like checkpoint.volume.
+    volume: dict[str, Any] = Field(min_length=1)
 
 
 class ExitCodeMatch(WireModel):
@@ -204,6 +213,7 @@ class GRPORunSpec(WireModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    output: OutputSpec | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
@@ -348,11 +358,14 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    FIT_WARNING = "LikelyOutOfMemory"  # the event when the fit check estimates the learner past its GPU's memory
     OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
     EVICTED = "Evicted"  # Kueue evicted or preempted the run's Workload
     NOT_FINISHED = "NotFinished"
     FINISHED = "Finished"
+    EXPORTED = "Exported"  # the event when the learner wrote the trained model to spec.output
+    EXPORT_FAILED = "ExportFailed"  # the model could not be written to spec.output: the run fails
 
 
 class _StatusModel(WireModel):
@@ -449,6 +462,16 @@ class FailureStatus(_StatusModel):
     message: str | None = None
 
 
+class OutputStatus(_StatusModel):
+    """The trained model the learner exported to spec.output (its report, grpo_trainer.contract.ExportReport)."""
+
+    uri: str
+    step: int
+    bytes: int
+    sha256: str  # of the export's manifest, which lists every file's sha256
+    time: str
+
+
 # more than 8: mirrors the CRD's status, one field per key; built by validation
 class GRPORunStatus(_StatusModel):
     phase: Phase | None = None
@@ -466,6 +489,7 @@ class GRPORunStatus(_StatusModel):
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None
+    output: OutputStatus | None = None
     message: str | None = None
 
 

@@ -66,6 +66,9 @@ CONFIG_DIR = "/etc/grpo"
 CONFIG_FILE = "run.json"
 CHECKPOINT_DIR = "/var/lib/grpo/checkpoints"
 OUTPUT_DIR = "/var/lib/grpo/output"
+#: Where the learner's rank 0 mounts spec.output.volume; the model goes to a folder named after the run in it.
+MODEL_OUTPUT_DIR = "/var/lib/grpo/model"
+MODEL_OUTPUT_VOLUME = "model"
 WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
 #: The trainer image's own user (its HOME and caches are that user's), fixed so files on a shared checkpoint volume
@@ -145,9 +148,27 @@ def child_metadata(run: RunRef, name: str, role: str | None = None) -> dict[str,
 # ---------------------------------------------------------------------------------------------------------------------
 # Objects
 # ---------------------------------------------------------------------------------------------------------------------
+def output_uri(run: str, volume: Mapping[str, Any]) -> str:
+    """Where users find a run's model on spec.output.volume: `pvc://CLAIM/RUN`, `file:///PATH/RUN` for a host path,
+    `nfs://SERVER/PATH/RUN`, else `KIND:///RUN` (the folder inside whatever the volume source is)."""
+    if claim := (volume.get("persistentVolumeClaim") or {}).get("claimName"):
+        return f"pvc://{claim}/{run}"
+    if path := (volume.get("hostPath") or {}).get("path"):
+        return f"file://{path.rstrip('/')}/{run}"
+    nfs = volume.get("nfs") or {}
+    if nfs.get("server") and nfs.get("path"):
+        folder = "/".join(part for part in (nfs["path"].strip("/"), run) if part)
+        return f"nfs://{nfs['server']}/{folder}"
+    kind = next(iter(volume), "volume")
+    return f"{kind}:///{run}"
+
+
 def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     """The resolved run config, annotated with the spec generation it was rendered from: a spec edited while the
     run was suspended is rendered again on resume; an operator upgrade alone never changes a live run's config."""
+    output = None
+    if spec.output is not None:
+        output = (f"{MODEL_OUTPUT_DIR}/{run.name}", output_uri(run.name, spec.output.volume))
     config = resolve_run_config(
         run.name, run.namespace, spec,
         rollout_urls=rollout_urls(run.name, run.namespace, spec.rollout.replicas),
@@ -155,6 +176,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
         checkpoint_dir=CHECKPOINT_DIR,
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
+        output=output,
     )
     metadata = child_metadata(run, config_map_name(run.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
@@ -178,9 +200,14 @@ def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dic
     return data
 
 
+def run_config_of(config_map: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run config in a ConfigMap, as a JSON object; None when it holds none (or a torn one)."""
+    return _run_config(config_map.get("data") or {})
+
+
 def rollout_urls_of(config_map: Mapping[str, Any]) -> list[str] | None:
     """The `rollout.urls` the ConfigMap's run config lists; None when it cannot be read."""
-    config = _run_config(config_map.get("data") or {})
+    config = run_config_of(config_map)
     rollout = config.get("rollout") if config is not None else None
     urls = rollout.get("urls") if isinstance(rollout, dict) else None
     return urls if isinstance(urls, list) else None
@@ -249,7 +276,9 @@ def _container_security_context() -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _volumes(run: str, spec: GRPORunSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(run: str, spec: GRPORunSpec, *, exports_model: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and mounts; `exports_model`: learner rank 0's pod, which alone writes the trained model, so
+    the other pods need not reach spec.output's volume (a ReadWriteOnce claim)."""
     # vLLM and torch.distributed need a /dev/shm larger than the container runtime's 64 MiB default.
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(run)}},
@@ -269,6 +298,9 @@ def _volumes(run: str, spec: GRPORunSpec) -> tuple[list[dict[str, Any]], list[di
     if spec.rollout.weight_sync.mode == "filesystem":
         volumes.append({"name": "weights", **(spec.rollout.weight_sync.volume or {"emptyDir": {}})})
         mounts.append({"name": "weights", "mountPath": WEIGHT_SYNC_DIR})
+    if exports_model and spec.output is not None:
+        volumes.append({"name": MODEL_OUTPUT_VOLUME, **spec.output.volume})
+        mounts.append({"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR})
     return volumes, mounts
 
 
@@ -324,7 +356,7 @@ _SERVICE_NAMES = {"rollout": rollout_service_name, "learner": learner_service_na
 def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, attempt: int) -> dict[str, Any]:
     """A pod of either role, its override (`podTemplateOverride`) applied last."""
     settings = role.settings
-    volumes, mounts = _volumes(run.name, spec)
+    volumes, mounts = _volumes(run.name, spec, exports_model=role.name == learner_pod_name(run.name, 0))
     container: dict[str, Any] = {
         "name": role.role,
         "image": settings.image or trainer_image,

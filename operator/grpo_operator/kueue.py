@@ -9,6 +9,10 @@ against `backoffLimit`), and once they are gone the Workload's quota reservation
 re-admitted, the pods come back and the learner resumes from its checkpoint. Finished: the Workload is marked
 Finished and Kueue frees the quota.
 
+A run never has more pods of a role than Kueue admitted for its pod set: a size changed while the Workload holds no
+quota (queued, or evicted and given back) is written into its pod sets, so Kueue admits the new size; one changed
+while it holds quota is refused, and the run keeps the admitted count until Kueue admits it again.
+
 The functions here are pure except `gate`, `placements` and `finish`, which read and write through `kube.Kube`.
 """
 
@@ -79,6 +83,65 @@ def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]],
         spec["priorityClassSource"] = "scheduling.k8s.io/priorityclass"
     return {"apiVersion": API_VERSION, "kind": WORKLOAD,
             "metadata": builders.child_metadata(run, workload_name(run.name)), "spec": spec}
+
+
+def spec_counts(spec: GRPORunSpec) -> dict[str, int]:
+    """Pod set (role) -> how many pods the spec asks for."""
+    return {"rollout": spec.rollout.replicas, "learner": spec.learner.nodes}
+
+
+#: The spec field that sizes each role's pod set.
+COUNT_FIELDS = {"rollout": "spec.rollout.replicas", "learner": "spec.learner.nodes"}
+
+
+def pod_set_counts(workload: dict[str, Any]) -> dict[str, int]:
+    """Pod set -> the count in the Workload's spec (what Kueue reserves quota for when it admits it)."""
+    pod_sets = (workload.get("spec") or {}).get("podSets") or []
+    return {pod_set["name"]: int(pod_set.get("count", 1)) for pod_set in pod_sets}
+
+
+def admitted_counts(workload: dict[str, Any]) -> dict[str, int]:
+    """Pod set -> the pods Kueue's admission holds quota for: the assignment's count (partial admission may give
+    fewer than the pod set asks), else the pod set's own count. Empty when no quota is reserved."""
+    admission = (workload.get("status") or {}).get("admission")
+    if admission is None:
+        return {}
+    counts = pod_set_counts(workload)
+    for assignment in admission.get("podSetAssignments") or []:
+        if isinstance(assignment.get("count"), int):
+            counts[assignment["name"]] = assignment["count"]
+    return counts
+
+
+def resized_pod_sets(workload: dict[str, Any], spec: GRPORunSpec) -> bool:
+    """Whether the spec asks for other pod counts than the Workload's pod sets hold."""
+    current = pod_set_counts(workload)
+    return any(current.get(role) != count for role, count in spec_counts(spec).items())
+
+
+def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str) -> tuple[GRPORunSpec, str | None]:
+    """The spec to run an admitted run by, and why part of it is not applied: no role runs more pods than Kueue
+    admitted for its pod set (fewer is fine: the quota stays reserved). Kueue resizes no pod set of a Workload that
+    holds quota; a larger count takes effect when Kueue admits the run again, the Workload resized meanwhile."""
+    in_effect: dict[str, int] = {}
+    refusals = []
+    for role, wanted in spec_counts(spec).items():
+        allowed = admitted.get(role)
+        if allowed is not None and wanted > allowed:
+            in_effect[role] = allowed
+            refusals.append(f"{COUNT_FIELDS[role]}: {wanted} is more than the {allowed} {role} pod(s) Kueue admitted")
+    if not refusals:
+        return spec, None
+    message = (f"{'; '.join(refusals)} (Workload {workload}); the run keeps the admitted count: Kueue does not resize "
+               "a Workload that holds quota (docs/kueue.md, \"Scaling\"). Set it back, or have Kueue admit the run "
+               "again (an eviction, or `kueuectl stop workload` then `resume`): the Workload is resized once its "
+               "quota is given back")
+    update = {}
+    if "rollout" in in_effect:
+        update["rollout"] = spec.rollout.model_copy(update={"replicas": in_effect["rollout"]})
+    if "learner" in in_effect:
+        update["learner"] = spec.learner.model_copy(update={"nodes": in_effect["learner"]})
+    return spec.model_copy(update=update), message
 
 
 def _condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -206,12 +269,14 @@ class WorkloadRejected(Exception):
 class Gate:
     hold: tuple[str, str] | None
     flavors: dict[str, list[str]] = field(default_factory=dict)
+    admitted: dict[str, int] = field(default_factory=dict)  # pod set -> pods admitted (admitted runs only)
 
 
 async def gate(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, trainer_image: str, pods_exist: bool,
                now: datetime.datetime) -> Gate:
     """Create the Workload if missing and say whether the run may have pods; release an evicted one's quota once
-    its pods are gone. One GET per pass for a queued run."""
+    its pods are gone; resize the pod sets of one that holds no quota to the spec's counts. One GET per pass for a
+    queued run."""
     workload = await kube.read(API_VERSION, WORKLOAD, run.namespace, workload_name(run.name))
     if workload is None:
         pods = builders.build_pods(run, spec, trainer_image=trainer_image)
@@ -229,7 +294,30 @@ async def gate(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, traine
         version = status_api_version(await kube.api_group(GROUP))
         await kube.patch_status(version, WORKLOAD, run.namespace, workload_name(run.name),
                                 released_status(workload, now))
-    return Gate(hold_of(admission, queue), admission.flavors)
+    elif not admission.reserved and resized_pod_sets(workload, spec):
+        await _resize(kube, run, queue, spec, workload, trainer_image=trainer_image)
+    admitted = admitted_counts(workload) if admission.state == "admitted" else {}
+    return Gate(hold_of(admission, queue), admission.flavors, admitted)
+
+
+async def _resize(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, workload: dict[str, Any], *,
+                  trainer_image: str) -> None:
+    """Write the spec's pod sets into a Workload that holds no quota, so Kueue admits the size the run now asks
+    for. Conditional on the version read: Kueue may reserve quota in between, and then its webhook refuses a change
+    to the pod sets; either refusal is tried again on the next pass."""
+    pods = builders.build_pods(run, spec, trainer_image=trainer_image)
+    pod_sets = build_workload(run, queue, pods, role_topologies(spec))["spec"]["podSets"]
+    before = pod_set_counts(workload)
+    version = (workload.get("metadata") or {}).get("resourceVersion")
+    patch = {**({"metadata": {"resourceVersion": version}} if version else {}), "spec": {"podSets": pod_sets}}
+    try:
+        await kube.patch(API_VERSION, WORKLOAD, run.namespace, workload_name(run.name), patch)
+    except APIClientError as error:
+        kube.logger.info(f"the Kueue Workload {workload_name(run.name)} was not resized (HTTP {error.status}): "
+                         f"{error.message or error}; trying again")
+        return
+    kube.logger.info(f"the Kueue Workload {workload_name(run.name)} resized from {before} to {spec_counts(spec)} "
+                     "pods per pod set: Kueue admits the run at its new size")
 
 
 async def placements(kube: Kube, flavors: dict[str, list[str]]) -> dict[str, tuple[dict, list]]:

@@ -18,7 +18,7 @@ import kopf
 
 from grpo_trainer.contract import ProgressReport
 
-from . import builders, kueue
+from . import builders, fit, kueue
 from .api import (
     API_VERSION,
     FINISHED_PHASES,
@@ -26,6 +26,7 @@ from .api import (
     KIND,
     ROLE_LABEL,
     GRPORunSpec,
+    Reason,
     SpecError,
     parse_status,
     parse_stored_spec,
@@ -44,6 +45,7 @@ from .status import (
     Decision,
     DeletePods,
     DeleteRun,
+    Event,
     Observation,
     PodObservation,
     RecreatePods,
@@ -77,6 +79,7 @@ class RunMemory:
     create_failures: int = 0
     create_retry_at: datetime.datetime | None = None
     warned_unknown_fields: bool = False
+    fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
@@ -155,6 +158,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
 
     progress = None
     was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+    if not was_finished and not live and not memory.children_created and not memory.fit_checked:
+        await _check_fit(context, kube, body, base_status, spec, live, logger)
     if not was_finished:
         progress = await _poll(context, memory, namespace, builders.learner_pod_name(name, 0), live, logger)
     queue = kueue.queue_name(metadata)
@@ -166,8 +171,11 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
         except kueue.WorkloadRejected as error:
             await _fail_permanently(context, kube, body, base_status, error, live, logger)
     refused, configured = None, None
+    if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
+        spec, refused = kueue.within_admission(spec, gate.admitted, kueue.workload_name(name))
     if live and not was_finished:
-        spec, refused = await _scale_in_effect(kube, run, spec, memory, queue=queue)
+        if refused is None:
+            spec, refused = await _scale_in_effect(kube, run, spec, memory)
         urls = await _configured_urls(kube, run, memory)
         configured = None if urls is None else len(urls)
     seen = Observation(observed, progress, now, children_exist=memory.children_created,
@@ -191,23 +199,37 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
 
 
-async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec, memory: RunMemory, *,
-                           queue: str | None) -> tuple[GRPORunSpec, str | None]:
-    """The spec to run a live run by, and why its replica change is refused. A run whose pods were admitted as one
-    unit (a Kueue Workload, a gang's PodGroup) keeps the rollout servers it was admitted with: Kueue does not
-    resize a Workload it manages for another controller, and a gang's minMember would no longer match its pods."""
-    admitted_by = (f"Kueue admitted its Workload {kueue.workload_name(run.name)} with that many rollout pods and "
-                   "does not resize a Workload of an external framework (docs/kueue.md, \"Scaling\")" if queue else
-                   "its pods are one gang (spec.scheduling.gang) whose PodGroup counts them" if spec.scheduling and
-                   spec.scheduling.gang else None)
-    if admitted_by is None:
+async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
+                     spec: GRPORunSpec, live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
+    """Before a run's pods start: a model that cannot fit the GPU its nodeSelector names fails the run as
+    InvalidSpec with the numbers (grpo_operator.fit); a likely misfit is a Warning event; a skipped check is logged."""
+    context.memory(body["metadata"]["uid"]).fit_checked = True
+    report, skipped = fit.operator_check(spec)
+    if skipped:
+        logger.info(f"fit check skipped: {skipped}")
+    if report.errors:
+        field, message = report.errors[0].split(": ", 1)
+        await _fail_permanently(context, kube, body, status, SpecError(field, message), live, logger)
+    for warning in report.warnings:
+        logger.warning(warning)
+        await context.events.record(kube, body, Event("Warning", Reason.FIT_WARNING, warning), context.clock(),
+                                    logger)
+    for note in report.notes:
+        logger.info(f"fit: {note}")
+
+
+async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec,
+                           memory: RunMemory) -> tuple[GRPORunSpec, str | None]:
+    """The spec to run a live run by, and why its replica change is refused. A gang (its PodGroup's minMember
+    counts every pod) keeps the rollout servers it started with. (A Kueue run's rule is kueue.within_admission.)"""
+    if not (spec.scheduling and spec.scheduling.gang):
         return spec, None
     urls = await _configured_urls(kube, run, memory)
     if urls is None or len(urls) == spec.rollout.replicas:
         return spec, None
     message = (f"spec.rollout.replicas: {spec.rollout.replicas} is not applied to the running run, which keeps "
-               f"{len(urls)} rollout servers: {admitted_by}; set it back to {len(urls)}, or create a new run with "
-               "the count you need")
+               f"{len(urls)} rollout servers: its pods are one gang (spec.scheduling.gang) whose PodGroup counts "
+               f"them; set it back to {len(urls)}, or create a new run with the count you need")
     in_effect = spec.rollout.model_copy(update={"replicas": len(urls)})
     return spec.model_copy(update={"rollout": in_effect}), message
 
@@ -397,10 +419,13 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         existing = await _existing_of(kube, child, run.uid)
         if existing is None:
             problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
-        elif child["kind"] == "ConfigMap" and not present and _rendered_generation(existing) != run.generation:
+        elif child["kind"] == "ConfigMap" and not present and (
+                _rendered_generation(existing) != run.generation or _sizes(existing) != _sizes(child)):
             # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
-            # learner and checkpoint edits only then, but for rollout.replicas): their config is rendered again. A
-            # live run's never is; only its rollout.urls follow rollout.replicas (ConfigureRollout).
+            # learner and checkpoint edits only then, but for rollout.replicas), or at other counts than the config
+            # was rendered for (Kueue admits a run again at the size its spec asked for and was refused): their
+            # config is rendered again. A live run's never is; only its rollout.urls follow rollout.replicas
+            # (ConfigureRollout).
             await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
                              {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
             memory.rollout_urls = builders.rollout_urls_of(child)
@@ -435,6 +460,12 @@ async def _owned(kube: Kube, api_version: str, kind: str, run: RunRef, name: str
 def _controlled_by(existing: dict[str, Any] | None, uid: str) -> bool:
     owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)
+
+
+def _sizes(config_map: dict[str, Any]) -> tuple[list[str] | None, Any]:
+    """The rollout URLs and learner node count a ConfigMap's run config was rendered with."""
+    learner = (builders.run_config_of(config_map) or {}).get("learner")
+    return builders.rollout_urls_of(config_map), learner.get("nodes") if isinstance(learner, dict) else None
 
 
 def _rendered_generation(config_map: dict[str, Any]) -> int:

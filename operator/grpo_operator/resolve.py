@@ -11,6 +11,7 @@ from grpo_operator.api import GRPORunSpec
 from grpo_trainer.contract import (
     CheckpointConfig,
     LearnerConfig,
+    OutputConfig,
     ProgressConfig,
     RolloutConfig,
     RunConfig,
@@ -28,14 +29,19 @@ def resolve_run_config(
     checkpoint_dir: str | None,
     weight_sync_dir: str | None,
     termination_message_path: str,
+    output: tuple[str, str] | None = None,
 ) -> RunConfig:
-    """Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
-    filesystem mode): a bug in the caller, not a user mistake."""
+    """`output`: (the model's folder as the learner sees it, its URI as users find it) when the spec has an output.
+
+    Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
+    filesystem mode, no output folder for spec.output): a bug in the caller, not a user mistake."""
     if not rollout_urls:
         raise ValueError("rollout_urls: at least one rollout server URL is needed")
     weight_sync = spec.rollout.weight_sync
     if weight_sync.mode == "filesystem" and not weight_sync_dir:
         raise ValueError("weight_sync_dir: filesystem weight sync needs a directory both roles see")
+    if (spec.output is None) != (output is None):
+        raise ValueError("output: a folder and URI exactly when the spec has an output")
     vllm = spec.rollout.vllm
     training = spec.training.model_copy(deep=True)
     if training.token_budget is None:
@@ -63,8 +69,12 @@ def resolve_run_config(
             nodes=spec.learner.nodes,
             processes_per_node=spec.learner.processes_per_node,
             device=spec.learner.device,
+            attention=spec.learner.attention,
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
+        output=None if output is None else OutputConfig(
+            directory=output[0], uri=output[1],
+            run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
         tracking=spec.tracking.model_copy(deep=True),
         output_dir=output_dir,
         termination_message_path=termination_message_path,

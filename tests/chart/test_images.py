@@ -154,3 +154,22 @@ def test_make_images_builds_the_trainer_from_the_repository_root():
         # The build context is the last argument: the line may go on in the Makefile's shell (`; \`).
         pattern = rf"docker build -f trainer_image/Dockerfile .*VARIANT={variant}.* \.( ;)?( \\)?$"
         assert re.search(pattern, makefile, re.M), variant
+
+
+def test_the_fa3_build_arg_bakes_the_kernel_where_the_learner_reads_it():
+    """FA3_KERNEL=true locks and downloads the kernel the attention rule loads, at the lock file path it reads, into
+    the cache the image's environment names; off by default (a CPU build, or a GPU without Hopper, has no use)."""
+    from grpo_trainer import attention
+
+    instructions = _instructions(TRAINER_DOCKERFILE)
+    assert _arg_default(instructions, "FA3_KERNEL") == "false"
+    bake = next(args for name, args in instructions if name == "RUN" and "kernels lock" in args)
+    lock_dir = attention.DEFAULT_FA3_LOCKFILE.rsplit("/", 1)[0]
+    assert f'"{attention.FA3_REPO}" = 1' in bake  # the hub repo, at the major version TRL asks for
+    assert 'VARIANT}" = cuda' in bake  # the cuda learner has `kernels` (learner-cuda.txt pins it)
+    assert f"kernels lock {lock_dir}" in bake and f"kernels download {lock_dir}" in bake
+    assert f"test -s {attention.DEFAULT_FA3_LOCKFILE}" in bake
+    env = " ".join(args for name, args in instructions if name == "ENV")
+    assert re.search(rf"KERNELS_CACHE={re.escape(lock_dir)}/", env)
+    check = next(args for name, args in instructions if name == "RUN" and "fa3_kernel_present" in args)
+    assert 'if [ "${FA3_KERNEL}" = true ]' in check

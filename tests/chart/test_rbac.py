@@ -29,7 +29,7 @@ OPERATOR_REQUESTS = [
     ],
     ("create", "", "events", None),
     ("patch", "", "events", None),
-    *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create")],
+    *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create", "patch")],
     ("patch", "kueue.x-k8s.io", "workloads", "status"),
     *[(verb, group, "podgroups", None) for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
       for verb in ("get", "create", "patch")],

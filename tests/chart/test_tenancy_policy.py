@@ -104,6 +104,8 @@ REFERENCES = {
         "monitors": ["m"], "secretRef": {"name": "s"}}}]}), f"{LEARNER}.volumes"),
     "checkpoint volume": (minimal_spec(checkpoint={"volume": {"secret": {"secretName": "s"}}}),
                           "spec.checkpoint.volume"),
+    "output volume": (minimal_spec(output={"volume": {"csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}}),
+                      "spec.output.volume"),
     "weight sync volume": (minimal_spec(rollout={"weightSync": {"mode": "filesystem", "volume": {
         "projected": {"sources": [{"secret": {"name": "s"}}]}}}}), "spec.rollout.weightSync.volume"),
     "env secretKeyRef": (with_pod("rollout", {"containers": [{"name": "rollout", "env": [

@@ -262,29 +262,72 @@ def test_a_roles_topology_request_reaches_kueue_which_places_its_pods_in_one_dom
             admin.request("DELETE", f"/api/v1/nodes/{name}")
 
 
-def test_kubectl_scale_of_a_run_kueue_admitted_is_refused_and_the_workload_left_alone(cluster, learner,
-                                                                                     progress_urls):
-    """Kueue v0.17 resizes no Workload an external framework manages (its pod sets are immutable while it holds
-    quota): the run keeps the servers it was admitted with and says why (docs/kueue.md, "Scaling")."""
+def _counts(admin, path: str) -> tuple[dict[str, int], dict[str, int]]:
+    """The Workload's pod set counts, and those its admission holds quota for (empty while it holds none)."""
+    workload = _workload(admin, path) or {}
+    return kueue.pod_set_counts(workload), kueue.admitted_counts(workload)
+
+
+def test_a_run_never_has_more_pods_than_kueue_admitted_however_its_size_changes(cluster, learner, progress_urls):
+    """Kueue v0.17 resizes no pod set of a Workload that holds quota. Scaled while queued, the Workload asks for the
+    new size; scaled while admitted (`kubectl scale`), the run keeps the pods Kueue admitted and says why, and the
+    size is admitted with the Workload after an eviction; sized up while suspended, admitted, it resumes at the
+    admitted counts (docs/kueue.md, "Scaling")."""
     admin = cluster.client
-    _queues(cluster, "4")
+    queue = _queues(cluster, "1")
     body = grporun("ks", minimal_spec(rollout={"resources": REQUESTS, "weightSync": {"mode": "filesystem"}},
                                       learner={"resources": REQUESTS}))
     body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
     cluster.apply(body)
-    workload_path = f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name('ks')}"
-    cluster.wait_for(lambda: len(cluster.pods("ks")) == 2, timeout=30, what="the pods once Kueue admits the run")
+    path = f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name('ks')}"
+    scale = ("-n", cluster.namespace, "scale", "grporun/ks")
+
+    # Queued (a quota of 1 CPU holds none of its 1-CPU pod sets): the Workload takes the new size before Kueue
+    # admits it.
+    cluster.wait_for(lambda: _workload(admin, path), what="the Workload")
+    kubectl(cluster.plane, cluster.plane.kubeconfig, *scale, "--replicas=2")
+    counts = cluster.wait_for(lambda: (c := _counts(admin, path))[0] == {"rollout": 2, "learner": 1} and c,
+                              what="the queued Workload resized")
+    assert counts[1] == {}, f"admitted at the old size before the resize: {counts}"
+    _merge_patch(admin, f"{KUEUE_API}/clusterqueues/{queue}", {"spec": {"resourceGroups": _quota("4")}})
+    cluster.wait_for(lambda: len(cluster.pods("ks")) == 3, timeout=30, what="the pods once Kueue admits the run")
+    assert _counts(admin, path) == ({"rollout": 2, "learner": 1}, {"rollout": 2, "learner": 1})
     progress_urls["ks-learner-0"] = learner.url()
-    cluster.bring_up("ks")
+    cluster.bring_up("ks", pods=3)
     learner.update(groups_consumed=4, groups_trained=4)
     cluster.wait_phase("ks", "Running")
 
-    kubectl(cluster.plane, cluster.plane.kubeconfig, "-n", cluster.namespace, "scale", "grporun/ks", "--replicas=2")
+    # Admitted: refused, the Workload left alone.
+    kubectl(cluster.plane, cluster.plane.kubeconfig, *scale, "--replicas=3")
     refused = cluster.wait_for(lambda: cluster.status("ks")["rollout"].get("scaleRefused"), what="the refusal")
-    assert f"Kueue admitted its Workload {kueue.workload_name('ks')} with that many rollout pods" in refused
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 2 rollout pod(s) Kueue admitted"), refused
     cluster.wait_event("ks", "ScaleRefused")
-    assert [p["metadata"]["name"] for p in cluster.pods("ks", "rollout")] == ["ks-rollout-0"]
-    workload = _workload(admin, workload_path)
-    assert {s["name"]: s["count"] for s in workload["spec"]["podSets"]} == {"rollout": 1, "learner": 1}
-    assert _conditions(workload)["Admitted"]["status"] == "True"
+    assert cluster.pod_names("ks", "rollout") == ["ks-rollout-0", "ks-rollout-1"]
+    assert _counts(admin, path) == ({"rollout": 2, "learner": 1}, {"rollout": 2, "learner": 1})
     assert cluster.status("ks")["phase"] == "Running"
+
+    # Evicted (deactivated): once the pods are gone and the quota given back, the Workload asks for 3, and Kueue
+    # admits that when it is active again.
+    _merge_patch(admin, path, {"spec": {"active": False}})
+    cluster.wait_for(lambda: cluster.pods("ks") == [], what="the pods deleted by the operator")
+    cluster.wait_for(lambda: _counts(admin, path) == ({"rollout": 3, "learner": 1}, {}),
+                     what="the Workload resized once its quota is given back")
+    _merge_patch(admin, path, {"spec": {"active": True}})
+    cluster.wait_for(lambda: len(cluster.pods("ks")) == 4, timeout=30, what="the pods once Kueue admits it again")
+    assert _counts(admin, path) == ({"rollout": 3, "learner": 1}, {"rollout": 3, "learner": 1})
+    cluster.bring_up("ks", pods=4)
+    cluster.wait_phase("ks", "Running")
+    cluster.wait_for(lambda: "scaleRefused" not in cluster.status("ks")["rollout"], what="the refusal cleared")
+
+    # Suspended while admitted, sized up, resumed: held to the admitted counts.
+    cluster.patch_spec("ks", {"runPolicy": {"suspend": True}})
+    cluster.wait_for(lambda: cluster.pods("ks") == [], what="the pods deleted on suspend")
+    cluster.patch_spec("ks", {"rollout": {"replicas": 4}, "learner": {"nodes": 2}})
+    cluster.patch_spec("ks", {"runPolicy": {"suspend": False}})
+    refused = cluster.wait_for(lambda: (r := cluster.status("ks")["rollout"].get("scaleRefused")) and "4" in r and r,
+                               what="the refusal")
+    assert refused.startswith("spec.rollout.replicas: 4 is more than the 3 rollout pod(s) Kueue admitted; "
+                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted"), refused
+    cluster.wait_for(lambda: len(cluster.pods("ks")) == 4, what="the pods of the admitted counts")
+    assert _counts(admin, path) == ({"rollout": 3, "learner": 1}, {"rollout": 3, "learner": 1})
+    assert not {"ks-rollout-3", "ks-learner-1"} & set(cluster.pods_ever_created("ks")), "more pods than admitted"

@@ -21,6 +21,7 @@ from grpo_operator.api import (
     FailureStatus,
     GRPORunStatus,
     LearnerStatus,
+    OutputStatus,
     Phase,
     ProgressClock,
     ProgressStatus,
@@ -141,7 +142,9 @@ _COLUMN_TYPES = {"string": {"string"}, "integer": {"integer"}, "number": {"numbe
 def test_crd_printer_columns_point_at_declared_fields():
     columns = CRD.document["spec"]["versions"][0]["additionalPrinterColumns"]
     assert [column["name"] for column in columns] == [
-        "Phase", "Progress", "Epoch", "Trained", "Dropped", "ETA", "Servers", "Stalled", "Age"]
+        "Phase", "Progress", "Epoch", "Trained", "Dropped", "ETA", "Servers", "Stalled", "Output", "Age"]
+    # `kubectl get -o wide` alone shows where the model went: a URI is too long for the default view.
+    assert {column["name"] for column in columns if column.get("priority", 0) > 0} == {"Output"}
     for column in columns:
         if column["jsonPath"] == ".metadata.creationTimestamp":
             assert column["type"] == "date"
@@ -189,6 +192,7 @@ def _full_status() -> GRPORunStatus:
                               removed_servers=[RemovedServerStatus(replica=2, restarts=1, last_error="e")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
+        output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),
         message="running",
     )
 

@@ -113,7 +113,7 @@ def test_spec_model_and_crd_agree_on_defaults_and_ranges(path, field, node):
     assert _bound(field, annotated_types.Le) == node.get("maximum")
     # The CRD may be stricter than the model (minLength on names), never laxer.
     min_len = _bound(field, annotated_types.MinLen)
-    assert min_len is None or min_len == node.get("minLength", node.get("minItems")), path
+    assert min_len is None or min_len == node.get("minLength", node.get("minItems", node.get("minProperties"))), path
 
 
 def test_spec_every_crd_default_is_mirrored():

@@ -44,7 +44,8 @@ SPECS = {
                        "learner": {"nodes": 2, "processesPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 4}},
                                    "nodeSelector": {"gpu": "h100"},
                                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-                       "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}},
+                       "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+                       "output": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
     "tracking": {"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-login"},
@@ -98,6 +99,40 @@ def test_filesystem_weight_sync_mounts_one_directory_in_both_roles():
         pod = objects[name]
         assert {"name": "weights", "persistentVolumeClaim": {"claimName": "weights"}} in pod["spec"]["volumes"]
         assert {"name": "weights", "mountPath": builders.WEIGHT_SYNC_DIR} in container(pod)["volumeMounts"]
+
+
+def test_the_output_volume_is_mounted_by_the_learner_that_exports_and_named_in_the_run_config():
+    output = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+    objects = by_name(children(output=output, learner={"nodes": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.output is not None
+    assert config.output.directory == f"{builders.MODEL_OUTPUT_DIR}/run"
+    assert config.output.uri == "pvc://models/run"
+    assert config.output.run_spec["output"] == output and config.output.run_spec["model"]  # the spec, as stored
+    model_volume = {"name": "model", "persistentVolumeClaim": {"claimName": "models"}}
+    model_mount = {"name": "model", "mountPath": builders.MODEL_OUTPUT_DIR}
+    assert model_volume in objects["run-learner-0"]["spec"]["volumes"]
+    assert model_mount in container(objects["run-learner-0"])["volumeMounts"]
+    for name in ("run-learner-1", "run-rollout-0"):  # a ReadWriteOnce claim is needed by rank 0 alone
+        assert "model" not in {volume["name"] for volume in objects[name]["spec"]["volumes"]}
+        assert "model" not in {mount["name"] for mount in container(objects[name])["volumeMounts"]}
+
+
+def test_without_an_output_no_model_volume_and_no_output_in_the_run_config():
+    objects = by_name(children())
+    assert load_run_config(objects["run-config"]["data"]["run.json"]).output is None
+    assert "model" not in {volume["name"] for volume in objects["run-learner-0"]["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize(("volume", "uri"), [
+    ({"persistentVolumeClaim": {"claimName": "models"}}, "pvc://models/run"),
+    ({"hostPath": {"path": "/data/models/"}}, "file:///data/models/run"),
+    ({"nfs": {"server": "nas", "path": "/exports/models"}}, "nfs://nas/exports/models/run"),
+    ({"nfs": {"server": "nas", "path": "/"}}, "nfs://nas/run"),
+    ({"csi": {"driver": "x"}}, "csi:///run"),
+])
+def test_the_output_uri_names_where_users_find_the_model(volume, uri):
+    assert builders.output_uri("run", volume) == uri
 
 
 def test_services_are_headless_and_publish_not_ready_addresses():

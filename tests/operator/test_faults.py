@@ -343,3 +343,21 @@ def test_progress_alone_is_written_at_most_every_status_interval(cluster, learne
     cluster.kubelet.run("calm-rollout-0", ready=False)  # a condition change is written at once, progress with it
     cluster.wait_for(lambda: cluster.condition("calm", "RolloutReady")["status"] == "False", what="RolloutReady")
     assert cluster.status("calm")["progress"]["groupsTrained"] == 6
+
+
+def test_a_model_past_its_named_gpus_memory_fails_the_run_before_any_pod_starts(cluster, tmp_path):
+    # The operator reads config.json where its own filesystem has the model (here: a Qwen2.5-7B shape); a DDP
+    # learner needs ~122 GiB on one 80 GB H100.
+    (tmp_path / "qwen7b").mkdir()
+    (tmp_path / "qwen7b" / "config.json").write_text(json.dumps({
+        "hidden_size": 3584, "num_hidden_layers": 28, "vocab_size": 152064, "intermediate_size": 18944,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "tie_word_embeddings": False}))
+    learner = {"resources": {"limits": {"nvidia.com/gpu": 1}},
+               "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}
+    cluster.apply(grporun("big", minimal_spec(model=str(tmp_path / "qwen7b"), learner=learner)))
+    cluster.wait_phase("big", "Failed")
+    failed = cluster.condition("big", "Failed")
+    assert failed["reason"] == "InvalidSpec", failed
+    assert failed["message"].startswith("spec.learner: the learner needs ~"), failed
+    assert "GiB per GPU under ddp" in failed["message"] and "ways out: FSDP2 over 2 GPUs" in failed["message"]
+    assert cluster.pods_ever_created("big") == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import time
 from typing import Any
 
@@ -31,10 +32,11 @@ def _condition(kind: str, status: str, reason: str = "Test", message: str = "") 
             "lastTransitionTime": "2026-01-01T00:00:00Z"}
 
 
-def admitted_status(flavor: str = "h100") -> dict[str, Any]:
-    """What Kueue's scheduler writes when it admits the run."""
+def admitted_status(flavor: str = "h100", *, rollout: int = 1, learner: int = 1) -> dict[str, Any]:
+    """What Kueue's scheduler writes when it admits the run (`rollout` and `learner` pods)."""
+    counts = {"rollout": rollout, "learner": learner}
     return {"admission": {"clusterQueue": "gpus", "podSetAssignments": [
-                {"name": role, "count": 1, "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor}}
+                {"name": role, "count": counts[role], "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor}}
                 for role in kueue.ROLES]},
             "conditions": [_condition("QuotaReserved", "True", "QuotaReserved"), _condition("Admitted", "True"),
                            _condition("Evicted", "False", "QuotaReserved")]}
@@ -136,6 +138,55 @@ def test_releasing_an_evicted_workload_clears_its_admission():
     assert kinds == {"QuotaReserved": "False", "Admitted": "False", "Evicted": "True"}
 
 
+def _admitted_workload(rollout: int, learner: int, *, assigned: dict[str, int] | None = None) -> dict[str, Any]:
+    """A Workload whose pod sets hold `rollout` and `learner` pods, admitted (for `assigned`, else those counts)."""
+    counts = {"rollout": rollout, "learner": learner}
+    status = admitted_status()
+    for assignment in status["admission"]["podSetAssignments"]:
+        assignment["count"] = (assigned or counts)[assignment["name"]]
+    return {"spec": {"podSets": [{"name": role, "count": count} for role, count in counts.items()]}, "status": status}
+
+
+def test_the_admitted_counts_are_kueues_assignments():
+    assert kueue.admitted_counts(_admitted_workload(3, 2)) == {"rollout": 3, "learner": 2}
+    # Partial admission: Kueue assigns fewer pods than the pod set asks for, and only those hold quota.
+    assert kueue.admitted_counts(_admitted_workload(3, 1, assigned={"rollout": 2, "learner": 1})) == {
+        "rollout": 2, "learner": 1}
+    without_counts = _admitted_workload(3, 1)
+    for assignment in without_counts["status"]["admission"]["podSetAssignments"]:
+        del assignment["count"]
+    assert kueue.admitted_counts(without_counts) == {"rollout": 3, "learner": 1}
+    assert kueue.admitted_counts({"spec": _admitted_workload(3, 1)["spec"], "status": {}}) == {}
+
+
+@pytest.mark.parametrize("rollout, learner", [(1, 1), (3, 2), (2, 1)])
+def test_a_run_within_its_admission_runs_as_its_spec_says(rollout, learner):
+    """Fewer pods than admitted (a scale-down) need no new admission: the quota stays reserved."""
+    spec = parse_spec(minimal_spec(rollout={"replicas": rollout}, learner={"nodes": learner}))
+    assert kueue.within_admission(spec, {"rollout": 3, "learner": 2}, "grporun-r") == (spec, None)
+
+
+def test_no_role_runs_more_pods_than_kueue_admitted_for_its_pod_set():
+    spec = parse_spec(minimal_spec(rollout={"replicas": 3}, learner={"nodes": 2}))
+    in_effect, refused = kueue.within_admission(spec, {"rollout": 1, "learner": 2}, "grporun-r")
+    assert (in_effect.rollout.replicas, in_effect.learner.nodes) == (1, 2)
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted (Workload "
+                              "grporun-r); the run keeps the admitted count")
+    assert spec.rollout.replicas == 3, "the spec itself is not changed"
+
+    in_effect, refused = kueue.within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
+    assert (in_effect.rollout.replicas, in_effect.learner.nodes, in_effect.learner_world_size) == (1, 1, 1)
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
+                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")
+
+
+def test_a_workload_is_resized_when_the_spec_asks_for_other_counts():
+    workload = _admitted_workload(1, 1)
+    assert not kueue.resized_pod_sets(workload, parse_spec(minimal_spec()))
+    assert kueue.resized_pod_sets(workload, parse_spec(minimal_spec(rollout={"replicas": 3})))
+    assert kueue.resized_pod_sets(workload, parse_spec(minimal_spec(learner={"nodes": 2})))
+
+
 class _NoKueue:
     """A cluster without Kueue: the Workload kind is unknown to the API server."""
 
@@ -154,6 +205,56 @@ def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
     assert reason == "WaitingForAdmission"
     assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "
                        "(is Kueue installed?)")
+
+
+class _KueueWith:
+    """A cluster whose Workload is `workload`; records the operator's patches, refusing them with `refusal`."""
+
+    def __init__(self, workload: dict[str, Any], refusal: APIClientError | None = None):
+        self.workload, self.refusal, self.patches = workload, refusal, []
+        self.logger = logging.getLogger("test")
+
+    async def read(self, *args: Any) -> dict[str, Any]:
+        return self.workload
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        self.patches.append((kind, name, patch))
+
+
+def _gate(kube, spec: dict[str, Any]) -> kueue.Gate:
+    return asyncio.run(kueue.gate(kube, RunRef("r", "ml", "u"), "team-q", parse_spec(spec), trainer_image="img",
+                                  pods_exist=False, now=NOW))
+
+
+def test_a_workload_that_holds_no_quota_is_resized_to_the_spec_if_it_has_not_changed_since_read():
+    queued = {"metadata": {"resourceVersion": "7"}, "spec": _admitted_workload(1, 1)["spec"], "status": {}}
+    kube = _KueueWith(queued)
+    gate = _gate(kube, minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold[0] == "WaitingForAdmission" and gate.admitted == {}
+    ((kind, name, patch),) = kube.patches
+    assert (kind, name, patch["metadata"]) == ("Workload", "grporun-r", {"resourceVersion": "7"})
+    assert [(s["name"], s["count"]) for s in patch["spec"]["podSets"]] == [("rollout", 3), ("learner", 1)]
+
+    _gate(kube, minimal_spec())  # the counts it has: nothing to write
+    assert len(kube.patches) == 1
+
+
+def test_a_workload_that_holds_quota_is_not_resized_and_holds_the_run_to_its_admission():
+    kube = _KueueWith({"metadata": {"resourceVersion": "7"}, **_admitted_workload(1, 1)})
+    gate = _gate(kube, minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold is None and gate.admitted == {"rollout": 1, "learner": 1}
+    assert kube.patches == []
+
+
+def test_a_resize_kueue_refuses_is_tried_again_later():
+    """Kueue reserved quota between the read and the write (its webhook refuses the pod sets' change), or the
+    Workload changed (409): the run keeps waiting, and the next pass reads the Workload again."""
+    queued = {"metadata": {"resourceVersion": "7"}, "spec": _admitted_workload(1, 1)["spec"], "status": {}}
+    refusal = APIClientError({"message": "spec.podSets: field is immutable"}, status=422, headers={})
+    gate = _gate(_KueueWith(queued, refusal), minimal_spec(rollout={"replicas": 3}))
+    assert gate.hold[0] == "WaitingForAdmission"
 
 
 # --- the flow -----------------------------------------------------------------------------------------------------
@@ -194,14 +295,18 @@ def test_a_queued_run_waits_for_admission_then_runs_on_its_flavour(cluster, lear
     assert "startTime" not in status
     time.sleep(1.0)  # several operator passes (0.2 s apart): still no pod
     assert cluster.pods_ever_created("kq") == []
+    # Scaled while queued: the Workload, which holds no quota yet, asks Kueue for the new size.
+    cluster.patch_spec("kq", {"rollout": {"replicas": 2}})
+    cluster.wait_for(lambda: kueue.pod_set_counts(_workload(cluster, "kq")) == {"rollout": 2, "learner": 1},
+                     what="the Workload resized to the run's new size")
 
-    _kueue_writes(cluster, "kq", admitted_status())
-    cluster.wait_for(lambda: len(cluster.pods("kq")) == 2, what="pods once admitted")
+    _kueue_writes(cluster, "kq", admitted_status(rollout=2))
+    cluster.wait_for(lambda: len(cluster.pods("kq")) == 3, what="pods once admitted")
     for pod in cluster.pods("kq"):
         assert pod["spec"]["nodeSelector"] == {"gpu.example.com/type": "h100"}, pod["metadata"]["name"]
         assert pod["spec"]["tolerations"] == [TAINT]
     progress_urls["kq-learner-0"] = learner.url()
-    cluster.bring_up("kq")
+    cluster.bring_up("kq", pods=3)
     learner.update(groups_consumed=4, groups_trained=4)
     cluster.wait_phase("kq", "Running")
     cluster.wait_event("kq", "WaitingForAdmission", "Resumed")
@@ -288,17 +393,27 @@ def _scaled_queued_spec() -> dict[str, Any]:
     return spec
 
 
+def _sizes(cluster, name: str) -> tuple[list[str], list[str], int, int]:
+    """The run's rollout and learner pods, and the rollout URLs and learner nodes its run config lists."""
+    config = builders.run_config_of(cluster.config_maps(name)[0])
+    return (cluster.pod_names(name, "rollout"), cluster.pod_names(name, "learner"), len(config["rollout"]["urls"]),
+            config["learner"]["nodes"])
+
+
 @pytest.mark.slow
-def test_a_live_scale_of_an_admitted_run_is_refused_and_says_why(cluster, learner, progress_urls):
-    """Kueue counts the rollout pods in the Workload it admitted and does not resize an external framework's
-    Workload: the run keeps its servers, and says so once (docs/kueue.md, "Scaling")."""
+def test_a_run_never_has_more_pods_than_kueue_admitted_and_a_refused_size_waits_for_readmission(
+        cluster, learner, progress_urls):
+    """Kueue counts the pods in the Workload it admitted and resizes no pod set while it holds quota: a larger size
+    is refused, whether it comes live or while the run is suspended, and the run keeps the admitted counts, saying
+    so once; it takes effect when Kueue admits the run again, the Workload resized once its quota is given back
+    (docs/kueue.md, "Scaling")."""
     _admitted_and_running(cluster, learner, progress_urls, "ks", _scaled_queued_spec())
     config = cluster.config_maps("ks")[0]["data"]["run.json"]
 
     cluster.patch_spec("ks", {"rollout": {"replicas": 3}})
     refused = cluster.wait_for(lambda: cluster.status("ks")["rollout"].get("scaleRefused"), what="the refusal")
-    assert refused.startswith("spec.rollout.replicas: 3 is not applied to the running run, which keeps 1 rollout "
-                              "servers: Kueue admitted its Workload grporun-ks with that many rollout pods")
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted (Workload "
+                              "grporun-ks); the run keeps the admitted count"), refused
     cluster.wait_event("ks", "ScaleRefused")
     time.sleep(1.0)  # several passes: still one server, the run config unchanged, the refusal posted once
     assert cluster.pod_names("ks", "rollout") == ["ks-rollout-0"]
@@ -306,5 +421,29 @@ def test_a_live_scale_of_an_admitted_run_is_refused_and_says_why(cluster, learne
     assert cluster.event_reasons("ks").count("ScaleRefused") == 1
     assert cluster.status("ks")["phase"] == "Running"
 
-    cluster.patch_spec("ks", {"rollout": {"replicas": 1}})
+    # Evicted: once the pods are gone the quota goes back, and the Workload then asks for the size refused.
+    _kueue_writes(cluster, "ks", evicted_status())
+    cluster.wait_for(lambda: cluster.pods("ks") == [], what="pods deleted on eviction")
+    cluster.wait_for(lambda: kueue.pod_set_counts(_workload(cluster, "ks")) == {"rollout": 3, "learner": 1},
+                     what="the Workload resized once its quota is given back")
+    _kueue_writes(cluster, "ks", admitted_status(rollout=3))
+    cluster.bring_up("ks", pods=4)
+    cluster.wait_phase("ks", "Running")
+    cluster.wait_for(lambda: "scaleRefused" not in cluster.status("ks")["rollout"], what="the refusal cleared")
+    assert _sizes(cluster, "ks") == (["ks-rollout-0", "ks-rollout-1", "ks-rollout-2"], ["ks-learner-0"], 3, 1)
+
+    # Suspended, sized up, resumed while the Workload still holds quota for 3 and 1: both roles are held to those.
+    cluster.patch_spec("ks", {"runPolicy": {"suspend": True}})
+    cluster.wait_for(lambda: cluster.pods("ks") == [], what="the pods deleted on suspend")
+    cluster.patch_spec("ks", {"rollout": {"replicas": 4}, "learner": {"nodes": 2}})
+    cluster.patch_spec("ks", {"runPolicy": {"suspend": False}})
+    refused = cluster.wait_for(lambda: cluster.status("ks")["rollout"].get("scaleRefused"), what="the refusal")
+    assert refused.startswith("spec.rollout.replicas: 4 is more than the 3 rollout pod(s) Kueue admitted; "
+                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted"), refused
+    cluster.bring_up("ks", pods=4)
+    time.sleep(1.0)  # several passes: no fifth or sixth pod
+    assert _sizes(cluster, "ks") == (["ks-rollout-0", "ks-rollout-1", "ks-rollout-2"], ["ks-learner-0"], 3, 1)
+    assert kueue.pod_set_counts(_workload(cluster, "ks")) == {"rollout": 3, "learner": 1}, "admitted: not resized"
+
+    cluster.patch_spec("ks", {"rollout": {"replicas": 3}, "learner": {"nodes": 1}})
     cluster.wait_for(lambda: "scaleRefused" not in cluster.status("ks")["rollout"], what="the refusal cleared")

@@ -119,7 +119,7 @@ def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, 
     assert run["status"]["lastProgressTime"]
     assert printer_columns(run) == {"Phase": "Running", "Progress": 25.0, "Epoch": 0, "Trained": 8, "Dropped": 2,
                                     "ETA": progress.get("estimatedRemainingSeconds"), "Servers": 1,
-                                    "Stalled": "False",
+                                    "Stalled": "False", "Output": None,
                                     "Age": run["metadata"]["creationTimestamp"]}
     assert cluster.condition("beta", "RolloutReady")["status"] == "True"
     assert cluster.condition("beta", "Progressing")["reason"] == "Training"

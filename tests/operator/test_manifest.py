@@ -178,11 +178,13 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, topology, nodeSelector, tolerations, "
+                 "image, imagePullPolicy, resources, device, attention, topology, nodeSelector, tolerations, "
                  "podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
+    "output-without-volume": (_set("spec.output", {}), "spec.output.volume: required field is missing"),
+    "output-empty-volume": (_set("spec.output", {"volume": {}}), "spec.output.volume: {} should be non-empty"),
     "wrong-type": (_set("spec.training.epochs", "two"), "spec.training.epochs: must be a number, not 'two'"),
     "wrong-type-object": (_set("spec.rollout", "big"), "spec.rollout: must be a mapping, not 'big'"),
     "integer-not-float": (_set("spec.rollout.replicas", 1.5), "spec.rollout.replicas: must be an integer, not 1.5"),
@@ -329,7 +331,7 @@ CEL_CASES = {
                            f"{_LEARNER_OVERRIDE}.spec.restartPolicy: is managed by the operator"),
         "volume": (_update(lambda m: _learner_override(m)["spec"]["volumes"].append(
             {"name": "config", "emptyDir": {}})),
-            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints and weights"),
+            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints, weights and model"),
         "env": (_update(lambda m: _learner_container(m)["env"].append({"name": "GRPO_CONFIG", "value": "/x"})),
                 f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
         "env-home": (_update(lambda m: _learner_container(m)["env"].append({"name": "HF_HOME", "value": "/x"})),
@@ -374,6 +376,9 @@ UPDATE_CASES = {
     "training": (_set("spec.training.extraArgs", {"beta": 0.1}), [f"spec.training: {IMMUTABLE}"]),
     "training-default": (_set("spec.training.seed", _DELETE), [f"spec.training: {IMMUTABLE}"]),
     "filter": (_set("spec.filter.dropTruncated", False), [f"spec.filter: {IMMUTABLE}"]),
+    "output": (_set("spec.output", {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}),
+               ["spec.output: can change only while the run is suspended (set runPolicy.suspend to true first; the "
+                "learner is then recreated with it on resume)"]),
     # What Kueue and people change on a live run: suspend/resume and deadlines. Placement, images, sizes and the
     # checkpoint change only while suspended (test_manifest_pods_change_only_while_the_run_is_suspended).
     "suspend": (_set("spec.runPolicy.suspend", True), []),
@@ -418,6 +423,27 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     running = make()
     running["spec"]["runPolicy"]["suspend"] = False
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
+
+
+_MODELS = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+_OTHER = {"volume": {"persistentVolumeClaim": {"claimName": "other"}}}
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, _MODELS), (_MODELS, _OTHER), (_MODELS, None)],
+                         ids=["added", "changed", "removed"])
+def test_manifest_output_changes_only_while_the_run_is_suspended(before, after):
+    def manifest(output: dict | None, suspend: bool) -> dict:
+        made = good()
+        if output is not None:
+            made["spec"]["output"] = output
+        made["spec"]["runPolicy"]["suspend"] = suspend
+        return made
+
+    assert validate_manifest(manifest(after, suspend=False), old=manifest(before, suspend=False)) == [
+        "spec.output: can change only while the run is suspended (set runPolicy.suspend to true first; the learner "
+        "is then recreated with it on resume)"]
+    assert validate_manifest(manifest(after, suspend=True), old=manifest(before, suspend=True)) == []
+    assert validate_manifest(manifest(before, suspend=False), old=manifest(before, suspend=False)) == []
 
 
 def test_manifest_live_replicas_keep_the_bounds_and_the_nccl_rule():

@@ -65,20 +65,32 @@ def test_a_cluster_wide_operators_requests_are_allowed_by_the_cluster_wide_chart
 
 
 def _kueue_lifecycle(cluster, learner, progress_urls, name: str) -> None:
-    """Queued, admitted on a flavour, evicted, released, re-admitted, finished: every Kueue call the operator makes."""
-    from tests.operator.test_kueue import FLAVOR, _kueue_writes, _queued, _workload, admitted_status, evicted_status
+    """Queued, resized while queued, admitted on a flavour, evicted, released, re-admitted, finished: every Kueue
+    call the operator makes."""
+    from grpo_operator import kueue
+    from tests.operator.test_kueue import (
+        FLAVOR,
+        _kueue_writes,
+        _queued,
+        _scaled_queued_spec,
+        _workload,
+        admitted_status,
+        evicted_status,
+    )
     from tests.support.kube_emulator import RESOURCE_FLAVORS
 
     cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
-    _queued(cluster, name)
+    _queued(cluster, name, _scaled_queued_spec())
     cluster.wait_for(lambda: _workload(cluster, name), what="the Workload")
-    _kueue_writes(cluster, name, admitted_status())
+    cluster.patch_spec(name, {"rollout": {"replicas": 2}})
+    cluster.wait_for(lambda: kueue.pod_set_counts(_workload(cluster, name))["rollout"] == 2, what="the resize")
+    _kueue_writes(cluster, name, admitted_status(rollout=2))
     progress_urls[f"{name}-learner-0"] = learner.url()
-    cluster.bring_up(name)
+    cluster.bring_up(name, pods=3)
     _kueue_writes(cluster, name, evicted_status())
     cluster.wait_for(lambda: "admission" not in _workload(cluster, name)["status"], what="quota released")
-    _kueue_writes(cluster, name, admitted_status())
-    cluster.bring_up(name)
+    _kueue_writes(cluster, name, admitted_status(rollout=2))
+    cluster.bring_up(name, pods=3)
     cluster.kubelet.exit(f"{name}-learner-0", 0, learner.report.termination_message())
     cluster.wait_for(lambda: any(c["type"] == "Finished" for c in _workload(cluster, name)["status"]["conditions"]),
                      what="Workload Finished")
@@ -95,7 +107,8 @@ def test_the_operators_kueue_requests_are_allowed_by_the_chart(cluster, learner,
     calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
     used = {(r.verb, r.group, r.rbac_resource) for r in calls}
     assert {("create", "kueue.x-k8s.io", "workloads"), ("get", "kueue.x-k8s.io", "workloads"),
-            ("patch", "kueue.x-k8s.io", "workloads/status"), ("get", "kueue.x-k8s.io", "resourceflavors")} <= used
+            ("patch", "kueue.x-k8s.io", "workloads"), ("patch", "kueue.x-k8s.io", "workloads/status"),
+            ("get", "kueue.x-k8s.io", "resourceflavors")} <= used
     rules = rendered_rules(values)
     denied = sorted({f"{r.verb} {r.group or 'core'}/{r.rbac_resource} in {r.namespace}" for r in calls
                      if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)})

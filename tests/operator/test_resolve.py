@@ -76,6 +76,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
     assert config.rollout.weight_sync.model_dump() == {"mode": "filesystem", "directory": "/weights",
                                                        "deadline_seconds": 1200}
     assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
+    assert config.learner.attention == "varlen"
     assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
     assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
 
@@ -97,6 +98,8 @@ def test_resolve_round_trips_through_the_configmap_json():
     [
         ("minimal.yaml", {"rollout_urls": []}, "rollout_urls: at least one rollout server URL"),
         ("cpu-local.yaml", {"weight_sync_dir": None}, "weight_sync_dir: filesystem weight sync needs a directory"),
+        # The fixtures have no spec.output: a folder for one is a caller that misread the spec.
+        ("minimal.yaml", {"output": ("/models/run", "pvc://models/run")}, "output: a folder and URI exactly when"),
     ],
 )
 def test_resolve_rejects_a_caller_that_leaves_out_what_the_spec_needs(fixture, overrides, message):

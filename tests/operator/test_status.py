@@ -27,9 +27,11 @@ from grpo_operator.status import (
 )
 from grpo_trainer.contract import (
     DROP_REASONS,
+    EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
+    ExportReport,
     ProgressReport,
     parse_progress,
 )
@@ -205,6 +207,73 @@ def test_invalid_config_exit_fails_without_retry():
     decision = step(spec, running_status(spec), pods, now=at(5))
     assert condition(decision.status, "Failed")["reason"] == "InvalidConfig"
     assert decision.status["failure"]["message"] == "rewards[0].name: unknown reward 'nope'"
+
+
+OUTPUT = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+EXPORTED = ExportReport(uri="pvc://models/r", path="/var/lib/grpo/model/r", step=12, bytes=4096, sha256="ab" * 32,
+                        time=T0.timestamp() + 59)
+
+
+def test_the_exported_model_goes_on_the_status_with_an_event():
+    spec = spec_of(output=OUTPUT)
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38, output=EXPORTED.to_wire())
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Succeeded"
+    assert decision.status["output"] == {"uri": "pvc://models/r", "step": 12, "bytes": 4096, "sha256": "ab" * 32,
+                                         "time": "2026-01-01T12:00:59Z"}
+    exported = next(event for event in decision.events if event.reason == "Exported")
+    assert exported.type == "Normal"
+    assert exported.message == f"model exported to pvc://models/r: step 12, 4096 bytes, manifest sha256 {'ab' * 32}"
+    # A later pass (the run finished) keeps it and says it once.
+    again = step(spec, decision.status, pods, None, now=at(65))
+    assert again.status["output"] == decision.status["output"] and "Exported" not in reasons(again)
+
+
+@pytest.mark.parametrize("termination_message", [
+    # a learner image that does not export
+    report(phase="Succeeded", groupsConsumed=40, groupsTrained=38).termination_message(),
+    report(phase="Succeeded", groupsConsumed=40).termination_message().replace(
+        '"output":null', '"output":' + json.dumps({**EXPORTED.to_wire(), "sha256": "not a digest"})),
+    None,
+])
+def test_a_run_with_an_output_never_succeeds_without_its_model(termination_message):
+    spec = spec_of(output=OUTPUT)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0, message=termination_message)]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Failed" and "output" not in decision.status
+    assert condition(decision.status, "Failed")["reason"] == "ExportFailed"
+    assert decision.status["failure"]["reason"] == "ExportFailed"
+    assert "without reporting an exported model" in decision.status["failure"]["message"]
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
+
+
+def test_without_an_output_a_success_needs_no_model():
+    spec = spec_of()
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert decision.status["phase"] == "Succeeded" and "output" not in decision.status
+    assert "Exported" not in reasons(decision)
+
+
+def test_an_export_failure_fails_the_run_at_once_naming_the_cause():
+    spec = spec_of(output=OUTPUT, runPolicy={"backoffLimit": 5})
+    cause = ("could not export the model to /var/lib/grpo/model/r: No space left on device "
+             "(/var/lib/grpo/model/.r.partial)")
+    final = report(phase="Failed", groupsConsumed=40, groupsTrained=38, message=cause)
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=EXIT_EXPORT_FAILED, reason="Error",
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    status = decision.status
+    assert status["phase"] == "Failed" and status.get("restarts", 0) == 0
+    assert condition(status, "Failed")["reason"] == "ExportFailed"
+    assert cause in condition(status, "Failed")["message"]
+    assert status["failure"] == {"role": "learner", "pod": "r-learner-0", "exitCode": EXIT_EXPORT_FAILED,
+                                 "reason": "ExportFailed", "message": cause}
+    assert not any(isinstance(a, RecreatePods) for a in decision.actions)
 
 
 def test_a_crash_restarts_the_whole_learner_gang_within_the_backoff_limit():

@@ -30,7 +30,9 @@ async def main(name: str, port: int, hang: frozenset[str] = frozenset(), delay_s
         probe = (await request.json()).get("max_tokens") == 1  # the balancer's one-token probe: never delayed
         await asyncio.sleep(0.05 if probe else delay_s)
         await running.wait()
-        return web.json_response({"choices": [{"text": name, "token_ids": [1]}]})
+        # One token with its logprob: what TRL's rollout worker reads from vLLM's answer.
+        choice = {"text": name, "token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}
+        return web.json_response({"choices": [choice]})
 
     async def ok(_request: web.Request) -> web.Response:
         return web.json_response({})

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from grpo_trainer.contract import (
+    TERMINATION_MESSAGE_MAX_BYTES,
+    ExportReport,
     LearnerPhase,
     ProgressReport,
     ReplicaState,
@@ -35,6 +37,15 @@ HOSTILE = [
     ('{"rollout": [{"replica": 0, "url": "u", "samples": -1}]}', "rollout[0].samples"),
     ('{"rollout": [{"replica": 0, "url": "u", "requestSeconds": NaN}]}', "rollout[0].requestSeconds"),
     ('{"rollout": [{"replica": 0, "url": "u", "weightVersion": "v' + "9" * 100 + '"}]}', "rollout[0].weightVersion"),
+    # The exported model: copied into status.output, so held to what status can say.
+    (f'{{"output": {{"uri": "u", "path": "p", "step": 1, "bytes": 1, "sha256": "{"G" * 64}", "time": 1}}}}',
+     "output.sha256"),
+    ('{"output": {"uri": "u", "path": "p", "step": -1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
+     "output.step"),
+    ('{"output": {"uri": "u", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1e300}}',
+     "output.time"),
+    ('{"output": {"uri": "", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
+     "output.uri"),
 ]
 
 
@@ -60,6 +71,16 @@ def test_what_the_learner_writes_it_reads_back():
                                 replica=0, url="http://r:8000", ready=True, weight_version="v3", samples=9)])
     assert parse_progress(report.model_dump_json(by_alias=True)) == report
     assert parse_progress(report.termination_message()) == report
+
+
+def test_the_exported_model_survives_the_termination_messages_bound():
+    export = ExportReport(uri="pvc://models/" + "r" * 1000, path="/var/lib/grpo/model/" + "r" * 1000, step=INT64_MAX,
+                          bytes=INT64_MAX, sha256="f" * 64, time=1.7e9)
+    report = ProgressReport(phase="Succeeded", groups_total=12, output=export, message="m" * 5000, rollout=[
+        RolloutReplicaReport(replica=index, url=f"http://r-{index}:8000") for index in range(64)])
+    message = report.termination_message()
+    assert len(message.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    assert parse_progress(message).output == export  # the rollout detail and the message give way first
 
 
 NEWER_LEARNER = {

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from grpo_trainer.contract import (
+    EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
@@ -32,6 +33,9 @@ from grpo_trainer.launch import learner_argv
     (1, {0: EXIT_PREEMPTED, 1: EXIT_PREEMPTED}, EXIT_PREEMPTED),
     (134, {0: EXIT_SUCCEEDED, 1: EXIT_SUCCEEDED}, EXIT_SUCCEEDED),
     (1, {0: EXIT_PREEMPTED, 1: EXIT_STALLED}, 1),  # ranks that disagree are a crash
+    (1, {0: EXIT_EXPORT_FAILED, 1: EXIT_SUCCEEDED}, EXIT_EXPORT_FAILED),  # trained; rank 0 could not write it
+    (1, {0: EXIT_EXPORT_FAILED}, 1),  # rank 1 never recorded: a crash
+    (1, {0: EXIT_SUCCEEDED, 1: EXIT_EXPORT_FAILED}, 1),  # only rank 0 exports
     (EXIT_STALLED, {}, 1),  # a launcher failing with one of our codes must not read as ours
     (137, {}, 137),
 ])

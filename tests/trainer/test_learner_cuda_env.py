@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from grpo_trainer import contract as c
+from grpo_trainer.attention import FA3_REPO
 from grpo_trainer.learner_main import ConfigError, http_only_rollout_worker
 from tests.chart.test_images import TRAINER_DOCKERFILE, _instructions
 from tests.support.paths import REPO, make_variable
@@ -247,3 +248,51 @@ def test_the_cuda_learner_is_hardlinked_from_uvs_cache(cuda_learner_python):
     site = next((LEARNER_CUDA_VENV / "lib").glob("python*/site-packages"))
     for library in (site / "torch" / "lib" / "libtorch_cuda.so", site / "vllm" / "_C_stable_libtorch.abi3.so"):
         assert library.stat().st_nlink >= 2, library
+
+
+# Runs in the CUDA learner environment, which has the real `kernels` package: the tree-attention rule's GPU branches
+# import, pick fa3 on a Hopper with the image's lock file present, and `kernels.load_kernel` reads that lock file
+# (written by the package itself, as `kernels lock` does) and the local cache only: a kernel that is not there is an
+# error, never a download.
+KERNEL_PROBE = """
+import json, os, sys
+import torch
+from kernels._rust import KernelDependency, KernelLock, KernelLocks, KernelVersion
+from grpo_trainer import attention
+from grpo_trainer.attention import DeviceFacts, choose_kernel, torch_varlen_attention
+
+lock = sys.argv[1]
+dependency = KernelDependency(attention.FA3_REPO, KernelVersion.Version(1))
+with open(lock, "w") as f:
+    f.write(KernelLocks({dependency: KernelLock("0" * 40)}).to_json())  # a revision no cache here holds
+os.environ[attention.FA3_LOCKFILE_ENV] = lock
+hopper = DeviceFacts("cuda", capability=(9, 0), fa3_kernel_present=attention.fa3_kernel_present())
+outcome = {"hopper": choose_kernel("auto", hopper).kernel.value,
+           "ampere": choose_kernel("auto", DeviceFacts("cuda", capability=(8, 0))).kernel.value}
+q = torch.empty(8, 4, 64, dtype=torch.bfloat16, device="meta")
+k = torch.empty(8, 2, 64, dtype=torch.bfloat16, device="meta")
+cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+outcome["varlen_shape"] = list(torch_varlen_attention(q, k, k, cu, cu, 5, 5).shape)
+try:
+    attention.load_fa3_kernel()
+    outcome["load"] = "loaded"
+except Exception as error:
+    outcome["load"] = f"{type(error).__name__}: {error}"
+print("PROBE " + json.dumps(outcome))
+"""
+
+
+@pytest.mark.slow
+def test_the_attention_rules_gpu_branches_run_with_the_real_kernels_package(cuda_learner_python, tmp_path):
+    lock = tmp_path / "kernels.lock"
+    # No HF_HUB_OFFLINE: the loader must stay off the network by itself (a pod may not set it).
+    done = subprocess.run([str(cuda_learner_python), "-c", KERNEL_PROBE, str(lock)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                               "KERNELS_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})
+    line = next((line for line in done.stdout.splitlines() if line.startswith("PROBE ")), None)
+    assert line, f"the probe ended without an outcome ({done.returncode}):\n{done.stderr[-4000:]}"
+    outcome = json.loads(line.removeprefix("PROBE "))
+    assert (outcome["hopper"], outcome["ampere"], outcome["varlen_shape"]) == ("fa3", "varlen", [8, 4, 64])
+    assert outcome["load"].startswith(f"FileNotFoundError: Cannot find a local snapshot for {FA3_REPO} "), outcome
+    assert not (tmp_path / "cache").exists()  # nothing was fetched

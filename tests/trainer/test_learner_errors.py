@@ -1,7 +1,16 @@
-"""What a crashed learner's termination message keeps: the root cause's type and the frame that raised it."""
+"""What a crashed learner's termination message keeps: the root cause's type and the frame that raised it; and a
+learner whose rollout worker child dies (a broken reward, a kill) ends, naming why."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_trainer import contract as c
 from grpo_trainer.contract import (
     TERMINATION_MESSAGE_MAX_BYTES,
     LearnerPhase,
@@ -9,6 +18,8 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.learner_main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
+from tests.support.paths import REPO
+from tests.trainer.test_e2e_cpu import run_learner, termination_report, tiny_run_config
 
 
 def _health_check():
@@ -25,6 +36,19 @@ def test_the_root_cause_and_its_last_frame_survive_the_wrapping():
         text = describe_error(error)
     assert text.startswith("RolloutPipelineError: ConnectionError: rollout server refused; caused by ConnectionError: ")
     assert "(at test_learner_errors.py:" in text and "in _health_check)" in text
+
+
+def test_a_wrapper_that_only_repeats_its_cause_is_not_said_twice():
+    try:
+        try:
+            _health_check()
+        except ConnectionError as cause:
+            raise RolloutPipelineError(f"ConnectionError: {cause}") from cause
+    except RolloutPipelineError as error:
+        text = describe_error(error)
+    assert text.startswith("RolloutPipelineError: ConnectionError: rollout server 10.0.0.7:8000 refused the "
+                           "connection (at test_learner_errors.py:")
+    assert "caused by" not in text
 
 
 def test_an_unchained_error_names_its_own_frame():
@@ -45,3 +69,49 @@ def test_a_long_error_still_fits_the_termination_message_with_its_frame():
     message = ProgressReport(phase=LearnerPhase.FAILED, message=text).termination_message()
     assert len(message.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
     assert "caused by ValueError: xxx" in message and "(at test_learner_errors.py:" in message
+
+
+@pytest.fixture
+def completions_server(tiny_model_dir):
+    """A stand-in rollout server that answers generations and weight syncs (tests/support/completions_server.py)."""
+    from grpo_operator.cli.local.processes import free_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "a",
+                               str(port)], stdout=subprocess.PIPE, text=True)
+    server.stdout.readline()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", model=tiny_model_dir)
+    server.kill()
+    server.wait()
+
+
+def _run_with_reward(tmp_path: Path, server, function: str) -> tuple[int, c.ProgressReport, str]:
+    config_path, config = tiny_run_config(
+        tmp_path, server, rewards=[c.RewardConfig(function=f"tests.support.bad_rewards:{function}")],
+        training__epochs=1.0,
+    )
+    code, _seconds = run_learner(config_path, tmp_path / "learner.log")
+    return code, termination_report(config), (tmp_path / "learner.log").read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_reward_returning_strings_ends_the_learner_as_invalid_config_naming_the_reward(
+        tmp_path, completions_server):
+    # TRL's worker child died on it ("could not convert string to float: 'bad'") and the learner hung in TRL's
+    # stop, on the event the dead child had been waiting on.
+    code, report, log = _run_with_reward(tmp_path, completions_server, "strings")
+    assert code == c.EXIT_INVALID_CONFIG, log[-4000:]
+    assert report.phase == LearnerPhase.FAILED
+    assert report.message.startswith("reward function 'tests.support.bad_rewards:strings' returned 'bad' (str)")
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_signal(tmp_path, completions_server):
+    # What the OOM killer does: the child leaves no error behind, and TRL's parent would wait for its heartbeat.
+    code, report, log = _run_with_reward(tmp_path, completions_server, "kills_its_process")
+    assert code == 1 and code not in c.PERMANENT_EXIT_CODES, log[-4000:]
+    assert report.phase == LearnerPhase.FAILED
+    assert "rollout worker child (pid " in report.message
+    assert ("killed by signal 9 (SIGKILL); it runs the reward functions "
+            "'tests.support.bad_rewards:kills_its_process'") in report.message
+    assert "Empty" not in report.message  # the queue poll that found the death is not its cause

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from grpo_trainer import contract as c
@@ -74,6 +77,10 @@ def test_dataset_mistakes_name_the_field(tmp_path):
         load_prompts(c.DatasetConfig(path=str(data)))
     renamed = load_prompts(c.DatasetConfig(path=str(data), prompt_field="question"))
     assert renamed.column_names == ["prompt"]
+    for name, content in [("blank.jsonl", "\n \n"), ("empty.csv", "")]:
+        (tmp_path / name).write_text(content)
+        with pytest.raises(ConfigError, match=r"^dataset.path '.*': the file has no rows$"):
+            load_prompts(c.DatasetConfig(path=str(tmp_path / name)))
 
 
 def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
@@ -105,3 +112,68 @@ def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_rew
         load_reward_models(run_config({"model": tiny_model_dir}))  # a causal LM: transformers gives it a 2-label head
     (loaded,) = load_reward_models(run_config({"name": "constant"}, {"model": tiny_reward_model_dir, "weight": 0.5}))
     assert loaded.weight == 0.5 and loaded.model.device.type == "cpu"
+
+
+@pytest.mark.parametrize("kernel", ["varlen", "fa3"])
+def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_path, kernel):
+    # Before the model loads (this one does not exist): a retry would choose the same kernel on the same device.
+    from grpo_trainer.learner_main import main
+
+    config = c.RunConfig.model_validate({
+        "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "learner": {"device": "cpu", "attention": kernel}, "output_dir": str(tmp_path / "out"),
+        "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == (f"learner.attention: {kernel} cannot run here: it needs a CUDA GPU and the learner "
+                              "runs on cpu")
+
+
+def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_invalid_config(tmp_path, monkeypatch):
+    # On an A100 (the rule picks varlen), `extraArgs: {bf16: false}` leaves float32 attention, which flash kernels
+    # cannot compute: said before the model loads (this one does not exist), not at the first forward.
+    from grpo_trainer import attention
+    from grpo_trainer.learner_main import main
+
+    monkeypatch.setattr(attention, "probe_device", lambda device_type: attention.DeviceFacts("cuda", (8, 0)))
+    dataset = tmp_path / "p.jsonl"
+    dataset.write_text('{"prompt": "hi"}\n')
+    config = c.RunConfig.model_validate({
+        "model": str(tmp_path / "no-model"), "dataset": {"path": str(dataset)}, "rewards": [{"name": "constant"}],
+        "rollout": {"weightSync": {"mode": "filesystem", "directory": str(tmp_path / "w")}},
+        "training": {"extraArgs": {"bf16": False}}, "output_dir": str(tmp_path / "out"),
+        "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message.startswith("learner.attention: varlen computes in float16 or bfloat16, and "
+                                     "training.extraArgs turn mixed precision off with float32 weights")
+
+
+def _run_learner_entrypoint(tmp_path, **fields) -> subprocess.CompletedProcess:
+    import json
+
+    config = tmp_path / "run.json"
+    base = {"model": "m", "dataset": {"path": str(REPO / "examples" / "tiny-prompts.jsonl")},
+            "rewards": [{"name": "constant"}], "learner": {"device": "cpu"},
+            "terminationMessagePath": str(tmp_path / "termination-log")}
+    config.write_text(json.dumps({**base, **fields}))
+    return subprocess.run([sys.executable, "-m", "grpo_trainer", "learner", "--config", str(config)],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+
+
+def test_an_empty_dataset_file_is_refused_as_invalid_config_naming_the_field(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = _run_learner_entrypoint(tmp_path, dataset={"path": str(empty)})
+    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert f"dataset.path {str(empty)!r}: the file has no rows" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_no_rollout_url_is_refused_as_invalid_config_naming_the_field(tmp_path):
+    done = _run_learner_entrypoint(tmp_path, rollout={"urls": []})
+    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert "rollout.urls is empty: a run needs at least one rollout server" in done.stderr
+    assert "Traceback" not in done.stderr

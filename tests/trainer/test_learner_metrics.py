@@ -119,6 +119,9 @@ def test_metrics_parse_and_match_progress(finished_run):
     # The scripted worker generates slower than the tiny model trains: the learner waited, and said so.
     assert found[c.METRIC_ROLLOUT_WAIT_SECONDS][0].value > 0
     assert found[c.METRIC_ROLLOUT_QUEUE_SAMPLES][0].value >= 0
+    # A CPU learner's tree attention: the per-segment SDPA kernel, in the metric and in /progress alike.
+    assert [(s.labels, s.value) for s in found[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "sdpa"}, 1)]
+    assert c.parse_progress(fetch(trainer.progress_url + c.PROGRESS_PATH)).attention_kernel == "sdpa"
     # TRL's step curves, as TRL logged them for the last step.
     last = next(entry for entry in reversed(trainer.state.log_history) if "loss" in entry)
     assert found[c.METRIC_STEP_LOSS][0].value == pytest.approx(last["loss"])
@@ -175,6 +178,17 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
     assert trained[-1].value <= 6 and trained[-1].value > 0
     spec = events.Tensors("grporun/spec/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "grporun.runName: metrics" in spec and "grporun.tracking.tensorboard: {}" in spec
+
+
+def test_the_attention_kernel_is_one_labelled_series_once_chosen():
+    chosen = samples_by_name(render_metrics(lambda: c.ProgressReport(attention_kernel="varlen")).decode())
+    assert [(s.labels, s.value) for s in chosen[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "varlen"}, 1)]
+    assert c.METRIC_ATTENTION_KERNEL not in samples_by_name(render_metrics(lambda: c.ProgressReport()).decode())
+    # A newer learner's kernel this version does not know is still reported, by name.
+    newer = c.parse_progress('{"attentionKernel": "fa4"}')
+    assert newer.attention_kernel == "fa4"
+    assert [s.labels for s in samples_by_name(render_metrics(lambda: newer).decode())[c.METRIC_ATTENTION_KERNEL]] == [
+        {"kernel": "fa4"}]
 
 
 def test_stalled_report_renders_as_stalled_gauge():

@@ -58,7 +58,7 @@ def test_grporun_validate_rejects_a_managed_key_with_the_field_to_use(tmp_path):
     manifest["spec"].setdefault("training", {})["extraArgs"] = {"num_train_epochs": 99}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    (problem,), _warnings = check(str(path))
+    (problem,) = check(str(path)).errors
     assert problem.startswith(f"{path}: spec.training.extraArgs: ")
     assert "num_train_epochs is set from the spec: use training.epochs" in problem
 

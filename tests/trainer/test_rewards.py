@@ -10,8 +10,10 @@ import pytest
 from grpo_trainer.contract import RewardConfig
 from grpo_trainer.rewards import (
     BUILTIN_REWARDS,
+    CheckedReward,
     RewardError,
-    WeightedReward,
+    RewardFunctionError,
+    RewardResultError,
     accuracy,
     completion_text,
     constant,
@@ -63,13 +65,14 @@ def test_accuracy_without_an_answer_column_says_so():
 
 
 def test_load_builtin_and_user_rewards():
-    assert load_reward(RewardConfig(name="constant")) is constant
-    assert load_reward(RewardConfig(function="grpo_trainer.rewards:letter_a_fraction")) is letter_a_fraction
+    assert load_reward(RewardConfig(name="constant")).func is constant
+    user = load_reward(RewardConfig(function="grpo_trainer.rewards:letter_a_fraction"))
+    assert user.func is letter_a_fraction and user(completions=[assistant("ab")]) == [0.5]
 
 
 def test_a_weight_other_than_one_scales_the_scores_and_keeps_the_name():
     reward = load_reward(RewardConfig(name="letter_a_fraction", weight=2.0))
-    assert isinstance(reward, WeightedReward) and reward.__name__ == "letter_a_fraction"
+    assert isinstance(reward, CheckedReward) and reward.__name__ == "letter_a_fraction"
     assert reward(completions=[assistant("aa"), assistant("ab")]) == [2.0, 1.0]
     unscorable = load_reward(RewardConfig(name="accuracy", weight=0.5))(completions=[assistant("1")], answer=["x"])
     assert unscorable == [None]
@@ -105,3 +108,33 @@ def test_every_builtin_returns_one_score_per_completion():
                         answer=["#### 1", "#### 3"])
         assert len(scores) == 2, name
         assert all(s is None or math.isfinite(s) for s in scores), name
+
+
+def _user_reward(function: str):
+    return load_reward(RewardConfig(function=f"tests.support.bad_rewards:{function}"))
+
+
+@pytest.mark.parametrize(
+    ("function", "error", "expected"),
+    [
+        ("raises", RewardFunctionError,
+         "reward function 'tests.support.bad_rewards:raises' raised ValueError: could not convert string to float: "
+         "'bad'"),
+        ("one_short", RewardResultError,
+         "reward function 'tests.support.bad_rewards:one_short' returned 1 scores for 2 completions"),
+        ("strings", RewardResultError,
+         "reward function 'tests.support.bad_rewards:strings' returned 'bad' (str) for completion 0"),
+    ],
+)
+def test_a_reward_that_breaks_the_contract_is_named_where_it_is_called(function, error, expected):
+    with pytest.raises(error) as raised:
+        _user_reward(function)(completions=[assistant("a"), assistant("b")])
+    assert str(raised.value).startswith(expected)
+
+
+def test_numpy_scores_and_none_pass_the_check():
+    import numpy as np
+
+    reward = CheckedReward(lambda completions, **_: np.array([1, 0.5]), weight=2.0, label="m:f")
+    assert reward(completions=["a", "b"]) == [2.0, 1.0]
+    assert CheckedReward(lambda completions, **_: (None, True))(completions=["a", "b"]) == [None, 1.0]

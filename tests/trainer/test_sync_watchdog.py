@@ -17,12 +17,15 @@ SERVER = str(REPO / "tests" / "support" / "completions_server.py")
 
 def test_a_sync_past_its_deadline_raises_while_it_is_still_blocked():
     blocked = threading.Event()
-    timer = SyncTimer(deadline_s=0.3)
+    timer = SyncTimer(deadline_s=0.3, waiting_on=lambda: "http://b:8000 did not answer /resume (resume)")
     started = time.monotonic()
-    with pytest.raises(WeightSyncStuck, match=r"deadlineSeconds 0.3"):
+    with pytest.raises(WeightSyncStuck, match=r"deadlineSeconds 0.3\): http://b:8000 did not answer /resume"):
         timer.run(lambda: blocked.wait(60))
     assert time.monotonic() - started < 5
-    assert timer.running_s >= 0.3 and timer.syncs == 0  # the stuck sync still shows as running
+    assert timer.running_s >= 0.3 and timer.syncs == 0  # the stuck sync shows how long it ran
+    declared = timer.running_s
+    time.sleep(0.05)
+    assert timer.running_s == declared  # and stops there: the learner is ending, the sync is not running on
     blocked.set()
 
 
@@ -61,4 +64,6 @@ def test_a_sync_the_server_never_answers_ends_the_run_as_stalled_within_the_dead
     progress = results[0]["progress"]
     assert progress["phase"] == "Stalled" and progress["stallCause"] == "weight_sync"
     assert "weight sync stuck" in progress["message"] and progress["globalStep"] == 0  # the cold sync hung
+    # Rank 0's report names the server and the step; rank 1 waited in the barrier behind it.
+    assert f"{update_never_answered} did not answer /collective_rpc (reload_weights)" in progress["message"]
     assert progress["weightSyncRunningSeconds"] >= deadline and progress["weightSyncs"] == 0

@@ -43,3 +43,10 @@ def test_trainer_attributes_the_subclass_reads():
     assert {"pad_token_id", "num_processes", "groups_trained", "metrics", "token_budget"} <= collator_fields
     assert list(inspect.signature(T.RolloutQueueDataset.__init__).parameters)[1:4] == [
         "rollout_queue", "model_version_fn", "check_health_fn"]
+
+
+def test_rollout_worker_attributes_the_supervised_worker_reads():
+    source = inspect.getsource(W.AsyncRolloutWorker)
+    for attribute in ("_process", "_stop_event_mp", "_failed_event", "_exception_info_queue"):
+        assert f"self.{attribute} =" in source, f"AsyncRolloutWorker no longer sets {attribute}"
+    assert "AsyncRolloutWorker(" in inspect.getsource(T.AsyncGRPOTrainer.__init__)  # TRL still builds it itself

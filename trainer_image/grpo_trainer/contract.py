@@ -31,14 +31,17 @@ from .validation import error_message, field_path
 # Exit codes. 0, "stalled" and "invalid config" are final; "preempted" restarts without counting against the run's
 # backoff; anything else is a crash the operator retries under the run's backoff.
 # 42, 75 and 78 were picked because no Python, shell or accelerate failure we know of exits with them (1 = uncaught
-# exception, 2 = argparse, 137/143 = killed); 75 is sysexits' EX_TEMPFAIL, 78 its EX_CONFIG.
+# exception, 2 = argparse, 137/143 = killed); 74 is sysexits' EX_IOERR, 75 its EX_TEMPFAIL, 78 its EX_CONFIG.
 # --------------------------------------------------------------------------------------------------------------------
 EXIT_SUCCEEDED = 0
 EXIT_STALLED = 42
+# Trained to the end, but the model could not be written to `output` (no space, no permission): a retry would
+# train nothing new and hit the same volume, so the run fails; its last checkpoint stays.
+EXIT_EXPORT_FAILED = 74
 EXIT_PREEMPTED = 75  # SIGTERM: the learner saved a checkpoint and stopped; a restart resumes from it
 EXIT_INVALID_CONFIG = 78
 #: Exit codes after which a retry cannot help: the operator fails the run at once.
-PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_INVALID_CONFIG})
+PERMANENT_EXIT_CODES = frozenset({EXIT_STALLED, EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG})
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: Kubernetes truncates termination messages to 4096 bytes; the final progress must fit.
@@ -138,6 +141,8 @@ METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_second
 METRIC_WEIGHT_SYNC_RUNNING_SECONDS = "grpo_learner_weight_sync_running_seconds"
 METRIC_WEIGHT_SYNC_DEADLINE = "grpo_learner_weight_sync_deadline_seconds"
 METRIC_WEIGHT_VERSION = "grpo_learner_weight_version"  # gauge: N of the vN the learner last pushed
+# Info-style gauge, value 1, label `kernel` (an AttentionKernel value): the kernel answering the tree attention.
+METRIC_ATTENTION_KERNEL = "grpo_learner_attention_kernel_info"
 # The autoscaling signal (docs/rollout.md): rate() of the wait counter is the share of time the learner waited for a
 # sample; a counter, not a ratio over a window the learner would have to choose.
 METRIC_ROLLOUT_WAIT_SECONDS = "grpo_learner_rollout_wait_seconds_total"
@@ -200,6 +205,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_WEIGHT_SYNC_RUNNING_SECONDS,
     METRIC_WEIGHT_SYNC_DEADLINE,
     METRIC_WEIGHT_VERSION,
+    METRIC_ATTENTION_KERNEL,
     METRIC_ROLLOUT_WAIT_SECONDS,
     METRIC_ROLLOUT_QUEUE_SAMPLES,
     METRIC_REPLICA_READY,
@@ -384,16 +390,39 @@ class RolloutConfig(WireModel):
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server flags.")
 
 
+class AttentionKernel(str, Enum):
+    """The kernel that answers TRL's tree attention (grpo_trainer.attention has the rule that picks one)."""
+
+    FA3 = "fa3"  # the FlashAttention-3 hub kernel, baked into the image; Hopper (compute capability 9.0) only
+    VARLEN = "varlen"  # torch's own varlen flash attention; CUDA compute capability 8.0 and up
+    SDPA = "sdpa"  # per packed segment, torch's scaled_dot_product_attention; any device
+
+
+#: `learner.attention`: a kernel, or auto (the rule picks one for the device).
+AttentionSetting = Literal["auto", "fa3", "varlen", "sdpa"]
+
+
 class LearnerConfig(WireModel):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     device: Literal["cuda", "cpu"] = "cuda"
+    attention: AttentionSetting = Field(
+        "auto", description="The tree-attention kernel; auto: fa3 where baked in and on Hopper, else varlen on a "
+        "CUDA GPU (compute capability 8.0+), else sdpa.")
     http_port: int = LEARNER_HTTP_PORT
 
 
 class CheckpointConfig(WireModel):
     directory: str | None = Field(None, description="Where checkpoints go; resume picks the newest one here.")
     save_steps: int = Field(100, ge=1)
+
+
+class OutputConfig(WireModel):
+    """Where the learner exports the trained model at the end of a run (the GRPORun's `spec.output`)."""
+
+    directory: str = Field(min_length=1, description="The model's folder; staged beside it, then renamed into place.")
+    uri: str = Field(min_length=1, description="Where users find it (`pvc://claim/run`, `file:///path`): reported.")
+    run_spec: dict[str, Any] = Field(default_factory=dict, description="The GRPORun spec, kept in the manifest.")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -469,6 +498,7 @@ class RunConfig(WireModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    output: OutputConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
@@ -588,6 +618,21 @@ class RolloutReplicaReport(_ReportModel):
     last_error: str = ""
 
 
+#: An export manifest's name in the model's folder, written last: a folder without it is not a complete model.
+EXPORT_MANIFEST_FILE = "grpo-export.json"
+
+
+class ExportReport(_ReportModel):
+    """The model the learner exported at the end of the run; the operator copies it into `status.output`."""
+
+    uri: str = Field(min_length=1, max_length=1024, description="Where users find the model (OutputConfig.uri).")
+    path: str = Field(min_length=1, max_length=1024, description="The model's folder, as the learner sees it.")
+    step: Count = Field(description="The optimizer step the exported weights are from.")
+    bytes: Count = Field(description="The exported files' total size, the manifest included.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description=f"The sha256 of {EXPORT_MANIFEST_FILE}.")
+    time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
+
+
 # more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
     phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
@@ -627,6 +672,9 @@ class ProgressReport(_ReportModel):
     rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
+    output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
+    attention_kernel: _known_or_text(AttentionKernel) | None = Field(
+        None, description="The kernel answering the tree attention; None before the learner chose one.")
     message: str = ""
 
     @field_validator("dropped")

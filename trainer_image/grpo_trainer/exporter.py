@@ -104,6 +104,11 @@ class ProgressCollector:
                                      labels=["reason"])
         for reason, count in report.samples_masked.items():
             masked.add_metric([reason], count)
+        attention = None
+        if report.attention_kernel is not None:
+            attention = GaugeMetricFamily(c.METRIC_ATTENTION_KERNEL, "1, labelled with the kernel that answers the "
+                                          "tree attention (fa3, varlen or sdpa).", labels=["kernel"])
+            attention.add_metric([getattr(report.attention_kernel, "value", report.attention_kernel)], 1)
         families = [
             gauge(c.METRIC_GROUPS_TOTAL, "Prompt groups the run must consume (prompts x epochs).", report.groups_total),
             gauge(c.METRIC_GROUPS_CONSUMED, "Prompt groups consumed: trained or dropped.", report.groups_consumed),
@@ -137,6 +142,7 @@ class ProgressCollector:
             gauge(c.METRIC_WEIGHT_SYNC_DEADLINE, "A weight sync running this long ends the learner as stalled.",
                   report.weight_sync_deadline_seconds),
             gauge(c.METRIC_WEIGHT_VERSION, "Weight version the learner last pushed (N of vN).", report.weight_version),
+            attention,
             counter(c.METRIC_ROLLOUT_WAIT_SECONDS, "Seconds this learner process waited for a sample from the rollout "
                     "queue (rate: the share of time it waited).", report.rollout_wait_seconds),
             gauge(c.METRIC_ROLLOUT_QUEUE_SAMPLES, "Scored samples waiting in the rollout queue for the learner.",

@@ -35,13 +35,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from .contract import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
 
 GANG_DIR_ENV = "GRPO_GANG_DIR"
 #: Outcomes all ranks decide at the same micro-batch: a rank records it and exits 0 (see the module docstring).
 COLLECTIVE_CODES = frozenset({EXIT_SUCCEEDED, EXIT_STALLED, EXIT_PREEMPTED})
 #: Codes the supervisor may report for the gang; anything else a rank or the launcher ends with is a crash.
-GANG_CODES = COLLECTIVE_CODES | {EXIT_INVALID_CONFIG}
+GANG_CODES = COLLECTIVE_CODES | {EXIT_INVALID_CONFIG, EXIT_EXPORT_FAILED}
 EXIT_CRASHED = 1
 
 
@@ -85,6 +85,7 @@ def gang_exit_code(launcher_code: int, outcomes: Mapping[int, int], ranks: int) 
 
     - every rank recorded the same collective outcome: that outcome (a launcher failure after it is teardown);
     - the ranks that recorded agree on an invalid config: 78 (torchrun stopped the others before they got there);
+    - rank 0, which alone writes the trained model, could not export it while every other rank succeeded: 74;
     - anything else, a rank that crashed or one that never recorded, is a crash: the launcher's code, or 1 where
       that code would read as one of ours.
     """
@@ -95,6 +96,9 @@ def gang_exit_code(launcher_code: int, outcomes: Mapping[int, int], ranks: int) 
             return code
         if code == EXIT_INVALID_CONFIG:
             return code
+    others = {code for rank, code in outcomes.items() if rank != 0}
+    if outcomes.get(0) == EXIT_EXPORT_FAILED and others <= {EXIT_SUCCEEDED} and len(outcomes) == ranks:
+        return EXIT_EXPORT_FAILED
     if launcher_code in GANG_CODES:
         return EXIT_CRASHED
     return launcher_code

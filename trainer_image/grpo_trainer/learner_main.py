@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -20,7 +21,7 @@ from . import contract as c
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
-from .rewards import RewardError, load_rewards
+from .rewards import RewardError, RewardResultError, load_rewards
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
 
@@ -101,6 +102,8 @@ def load_prompts(dataset_config: c.DatasetConfig):
                 loaded = datasets.load_from_disk(path)
                 dataset = loaded[dataset_config.split] if isinstance(loaded, datasets.DatasetDict) else loaded
             elif os.path.isfile(path):
+                if _has_no_rows(path):  # datasets' builders fail on it with StopIteration or a bare generation error
+                    raise ConfigError(f"dataset.path {path!r}: the file has no rows")
                 kind = "json" if path.endswith((".json", ".jsonl")) else path.rsplit(".", 1)[-1]
                 dataset = datasets.load_dataset(kind, data_files=path, split="train")
             else:
@@ -123,6 +126,13 @@ def load_prompts(dataset_config: c.DatasetConfig):
         dataset = dataset.remove_columns("prompt")
     remove = [field] if field != "prompt" else []
     return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=remove)
+
+
+def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
+    """An empty file, or one of blank lines only (read up to its first non-blank byte, at most `sniff_bytes`)."""
+    with open(path, "rb") as file:
+        head = file.read(sniff_bytes)
+    return not head.strip() and len(head) < sniff_bytes
 
 
 @contextlib.contextmanager
@@ -171,7 +181,27 @@ def load_reward_models(config: c.RunConfig) -> list:
 
 def build_learner(config: c.RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
-    balancer follows the file's `rollout.urls` while the learner runs."""
+    balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
+    model and TRL load, so a mistake in it ends the learner at once."""
+    from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
+
+    try:
+        attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
+    except AttentionUnavailable as error:
+        raise ConfigError(str(error)) from None
+    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
+    try:
+        trackers = configure_tracking(config)
+    except TrackingConfigError as error:
+        raise ConfigError(str(error)) from None
+    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
+        raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
+    try:
+        reward_funcs = load_rewards(config.rewards)
+    except RewardError as error:
+        raise ConfigError(str(error)) from None
+    dataset = load_prompts(config.dataset)
+
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
@@ -181,18 +211,12 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     from .weight_sync import make_weight_transfer
 
     try:
-        trackers = configure_tracking(config)
-    except TrackingConfigError as error:
-        raise ConfigError(str(error)) from None
-    try:
-        reward_funcs = load_rewards(config.rewards)
-    except RewardError as error:
-        raise ConfigError(str(error)) from None
-    dataset = load_prompts(config.dataset)
-    try:
         args = AsyncGRPOConfig(**trainer_arguments(config))
     except (TypeError, ValueError) as error:
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
+    if problem:
+        raise ConfigError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         model_config = AutoConfig.from_pretrained(config.model)
@@ -227,6 +251,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
+                attention_kernel=attention.kernel,
             )
     except BaseException:
         if pool is not None:
@@ -240,8 +265,46 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     return learner
 
 
-def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str) -> int:
-    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message})
+def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
+    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export); rank 0's report, None
+    on the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes."""
+    from .model_export import export_model, package_versions, reward_trend, staging_path
+
+    assert config.output is not None
+    directory = Path(config.output.directory)
+    if not learner.accelerator.is_main_process:
+        learner.save_model(str(staging_path(directory)))
+        return None
+
+    def save(folder: Path) -> None:
+        learner.save_model(str(folder))
+        # Sampling defaults travel with the model: vLLM and `generate` read them from generation_config.json.
+        generation_config = getattr(learner.accelerator.unwrap_model(learner.model), "generation_config", None)
+        if generation_config is not None and not (folder / "generation_config.json").exists():
+            generation_config.save_pretrained(folder)
+
+    report = learner.progress_report()
+    provenance = {
+        "run": {"name": config.run_name, "namespace": config.namespace},
+        "spec": config.output.run_spec,
+        "progress": {
+            "groupsTotal": report.groups_total, "groupsConsumed": report.groups_consumed,
+            "groupsTrained": report.groups_trained, "groupsDropped": report.dropped_total,
+            "dropped": dict(report.dropped), "epochsDone": report.epochs_done, "epochs": report.epochs,
+            "globalStep": report.global_step, "rewardMean": report.reward_mean,
+            "rewardTrend": reward_trend(learner.state.log_history),
+        },
+        "packages": package_versions(),
+    }
+    exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
+    logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
+                exported.step, exported.bytes, exported.sha256)
+    return exported
+
+
+def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str,
+            output: c.ExportReport | None = None) -> int:
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message, "output": output})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
         print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
@@ -275,9 +338,18 @@ def describe_error(error: BaseException) -> str:
     if frames:
         last = frames[-1]
         text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-    if root is not error:
-        text = f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
-    return text
+    if root is error:
+        return text
+    if str(error) == f"{type(root).__name__}: {root}":  # the wrapper only repeats its cause (rank 0's pipeline stop)
+        return f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or during, outermost first."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
@@ -290,9 +362,11 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .model_export import ExportError
     from .progress import AccountingError, StallError
 
     learner = None
+    exported = None
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
@@ -306,15 +380,23 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         learner.train(resume_from_checkpoint=resume)
         if learner.phase == c.LearnerPhase.PREEMPTED:
             return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, learner.message)
-        learner.save_model(os.path.join(config.output_dir, "final"))
+        if config.output is not None:
+            exported = export_trained_model(config, learner)
+        else:
+            learner.save_model(os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
     except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
+    except ExportError as error:  # trained, but the model is not where the run said: no success; checkpoints stay
+        return _finish(config, learner, c.EXIT_EXPORT_FAILED, c.LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
+        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
+        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
+            return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(broken_reward))
         return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()
@@ -331,4 +413,6 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.
     summary = f"{learner.message}: {counts}" if report.ended_short else f"epoch bound reached: {counts}"
-    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary)
+    if exported is not None:
+        summary += f"; model exported to {exported.uri}"
+    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary, exported)

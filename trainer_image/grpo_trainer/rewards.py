@@ -8,7 +8,10 @@ float (or None: unscorable) per completion.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,16 +107,61 @@ BUILTIN_REWARDS: dict[str, RewardFunc] = {
 }
 
 
-class WeightedReward:
-    """`weight * reward(...)`, picklable (a module-level class), named after the wrapped reward in TRL's metrics."""
+class RewardFunctionError(RuntimeError):
+    """A reward function raised while scoring. The message names the reward and its error."""
 
-    def __init__(self, func: RewardFunc, weight: float):
+
+class RewardResultError(ValueError):
+    """A reward function returned something other than one number (or None) per completion: the same code will
+    return the same shape again, so it is the config's reward that is wrong, not the run."""
+
+
+class CheckedReward:
+    """`weight * reward(...)`, with the reward's result checked where it is called: TRL's worker child dies on a bad
+    one ("could not convert string to float", a zip length mismatch) without naming the reward.
+
+    Picklable (a module-level class) for TRL's spawned worker; named after the wrapped reward in TRL's metrics.
+    """
+
+    def __init__(self, func: RewardFunc, weight: float = 1.0, label: str | None = None):
         self.func = func
         self.weight = weight
         self.__name__ = getattr(func, "__name__", type(func).__name__)
+        self.label = label or self.__name__
 
     def __call__(self, **kwargs: Any) -> list[float | None]:
-        return [None if r is None else self.weight * r for r in self.func(**kwargs)]
+        try:
+            scores = self.func(**kwargs)
+            if inspect.isawaitable(scores):  # TRL awaits async rewards; this wrapper runs on a worker thread
+                scores = asyncio.run(_awaited(scores))
+        except Exception as error:  # any error of user code: named, with its own text
+            raise RewardFunctionError(f"reward function {self.label!r} raised {type(error).__name__}: "
+                                      f"{error}") from error
+        expected = len(kwargs.get("completions") or ())
+        return [None if score is None else self.weight * score
+                for score in checked_scores(self.label, scores, expected)]
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def checked_scores(label: str, scores: Any, expected: int) -> list[float | None]:
+    """`scores` as floats (None kept), or RewardResultError naming the reward and what is wrong with the result."""
+    if isinstance(scores, (str, bytes)) or not isinstance(scores, Sequence) and not hasattr(scores, "tolist"):
+        raise RewardResultError(f"reward function {label!r} returned {type(scores).__name__}, not a list with one "
+                                "score per completion")
+    scores = list(scores.tolist() if hasattr(scores, "tolist") else scores)
+    if len(scores) != expected:
+        raise RewardResultError(f"reward function {label!r} returned {len(scores)} scores for {expected} "
+                                "completions: it must return one per completion")
+    checked: list[float | None] = []
+    for index, score in enumerate(scores):
+        if score is not None and not isinstance(score, numbers.Real):
+            raise RewardResultError(f"reward function {label!r} returned {score!r} ({type(score).__name__}) for "
+                                    f"completion {index}: a score is a number, or None for unscorable")
+        checked.append(None if score is None else float(score))
+    return checked
 
 
 def _import_function(spec: str) -> RewardFunc:
@@ -137,13 +185,13 @@ def check_reward_name(name: str) -> None:
 
 
 def load_reward(config: RewardConfig) -> RewardFunc:
-    """The callable for one configured reward, weighted unless its weight is 1. Raises RewardError (one line)."""
+    """The callable for one configured reward, weighted and checked. Raises RewardError (one line)."""
     if config.name is not None:
         check_reward_name(config.name)
         func = BUILTIN_REWARDS[config.name]
     else:
         func = _import_function(config.function)
-    return func if config.weight == 1.0 else WeightedReward(func, config.weight)
+    return CheckedReward(func, config.weight, label=config.name or config.function)
 
 
 def load_rewards(configs: Sequence[RewardConfig]) -> list[RewardFunc]:

@@ -52,6 +52,10 @@ class WeightSyncStuck(StallError):
     """A weight sync ran past `rollout.weightSync.deadlineSeconds`."""
 
 
+def _no_detail() -> str:
+    return "see the learner log for the step it was in (pause, barrier, transfer, resume)"
+
+
 @dataclass
 class SyncTimer:
     """Times weight syncs; `run` enforces the deadline (None: no deadline)."""
@@ -60,15 +64,21 @@ class SyncTimer:
     #: Called at the start of the sync's thread: a CUDA rank selects its device there (the current device is
     #: per thread, and a new thread starts on device 0).
     thread_setup: Callable[[], None] = lambda: None
+    #: What a sync past its deadline still waits on (which server, which step): the stall's message says it.
+    waiting_on: Callable[[], str] = _no_detail
     syncs: int = 0
     total_s: float = 0.0
     last_s: float | None = None
+    #: How long a sync ran when it was declared stuck: the running gauge stays there (the learner is ending).
+    stuck_s: float | None = None
     _started: float | None = field(default=None, repr=False)
 
     @property
     def running_s(self) -> float:
         started = self._started
-        return 0.0 if started is None else time.monotonic() - started
+        if started is None:
+            return self.stuck_s or 0.0
+        return time.monotonic() - started
 
     def run(self, sync: Callable[[], None]) -> None:
         """Run `sync` to its end, re-raising what it raised; raise WeightSyncStuck when it outlives the deadline."""
@@ -79,10 +89,11 @@ class SyncTimer:
         self._started = started = time.monotonic()
         call = DaemonCall(setup_and_sync, "grpo-weight-sync")
         if not call.join(self.deadline_s):
+            self.stuck_s = time.monotonic() - started
+            self._started = None
             raise WeightSyncStuck(
-                f"weight sync stuck: still running after {time.monotonic() - started:.0f}s "
-                f"(rollout.weightSync.deadlineSeconds {self.deadline_s:g}); see the learner log for the step it "
-                "was in (pause, barrier, transfer, resume)"
+                f"weight sync stuck: still running after {self.stuck_s:.0f}s "
+                f"(rollout.weightSync.deadlineSeconds {self.deadline_s:g}): {self.waiting_on()}"
             )
         self._started = None
         self.last_s = time.monotonic() - started

@@ -27,8 +27,10 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
 )
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
 
+from .attention import AUTO, choose_kernel, install, probe_device
 from .checkpoints import (
     PROGRESS_STATE_FILE,
     MarkerError,
@@ -39,6 +41,7 @@ from .checkpoints import (
 )
 from .contract import (
     WEIGHT_SYNC_DEADLINE_SECONDS,
+    AttentionKernel,
     DropReason,
     FilterConfig,
     LearnerPhase,
@@ -62,6 +65,7 @@ from .progress import (
     stop_from_batch,
 )
 from .rollout_wait import RolloutWaitMeter
+from .rollout_worker import SupervisedRolloutWorker
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
@@ -92,6 +96,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             with a non-finite loss or logprob leave the loss whatever they are.
         weight_sync_deadline_s: a weight sync still running after this long ends the run as stalled
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
+        attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
+            this process's device.
     """
 
     # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
@@ -105,14 +111,25 @@ class GRPOLearner(AsyncGRPOTrainer):
         reward_models: Sequence[RewardModel] = (),
         weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
         importance_bounds: ImportanceBounds | None = None,
+        attention_kernel: AttentionKernel | None = None,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        if training_args is not None and training_args.use_cpu:
+        on_cpu = training_args is not None and training_args.use_cpu
+        if on_cpu:
             from .cpu import enable_cpu_support
 
             enable_cpu_support()
+        if attention_kernel is None:
+            choice = choose_kernel(AUTO, probe_device("cpu" if on_cpu else "cuda"))
+            logger.info("tree attention: %s (%s)", choice.kernel.value, choice.reason)
+            attention_kernel = choice.kernel
+        install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
+        self.attention_kernel = attention_kernel
         super().__init__(*args, **kwargs)
+        if type(self.rollout_worker) is AsyncRolloutWorker:
+            # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
+            self.rollout_worker.__class__ = SupervisedRolloutWorker
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
         self.remove_callback(_EpochStopCallback)
@@ -137,7 +154,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.stall_cause: StallCause | None = None
         self.importance_bounds = importance_bounds or ImportanceBounds()
         self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
-        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device)
+        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device,
+                                    waiting_on=self._sync_waiting_on)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
         self._training = False
@@ -163,6 +181,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
             "weight_version": self.model_version, "stall_cause": self.stall_cause,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
+            "attention_kernel": self.attention_kernel,
         })
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
@@ -195,6 +214,16 @@ class GRPOLearner(AsyncGRPOTrainer):
             self.weight_transfer = None
             raise
         self._follow_served_version()
+
+    def _sync_waiting_on(self) -> str:
+        """For a stalled sync's message: the server and step it waits on where this rank can see them."""
+        transfer = self.weight_transfer
+        if isinstance(transfer, FilesystemWeightTransfer):
+            return transfer.waiting_on()
+        if not self.accelerator.is_main_process:
+            return "this rank waits for rank 0 in the sync (rank 0's message names the server)"
+        return (f"TRL's weight transfer to {self.args.vllm_server_base_url} did not return; the learner log has the "
+                "step it was in (pause, transfer, resume)")
 
     def _select_device(self) -> None:
         """The sync's thread trains nothing, but its collectives and copies must use this rank's device."""

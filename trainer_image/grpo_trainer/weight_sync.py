@@ -39,6 +39,16 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+#: The sync step each server call belongs to, for a stall's message (the reload is three calls).
+SYNC_STEPS = {
+    "/pause": "pause",
+    "/collective_rpc": "reload_weights",
+    "/update_weight_version": "reload_weights",
+    "/reset_prefix_cache": "reload_weights",
+    "/resume": "resume",
+}
+
+
 #: The output embedding's name when a causal LM ties it to the input embedding (HF and vLLM spell both alike).
 TIED_EMBEDDING_ALIASES = {"model.embed_tokens.weight": "lm_head.weight"}
 
@@ -115,6 +125,9 @@ class FilesystemWeightTransfer:
         self.version = 0
         self.sync_seconds: list[float] = []
         self.bytes_written = 0
+        # The server calls under way, with when each began: what a stalled sync names (`waiting_on`).
+        self._under_way: dict[int, tuple[str, str, float]] = {}
+        self._writing_since: float | None = None
 
     # -- HTTP ---------------------------------------------------------------------------------------------------------
     def stop_waiting(self) -> None:
@@ -123,14 +136,31 @@ class FilesystemWeightTransfer:
         every server before it takes traffic, so none is left behind. Called from the signal handler."""
         self._stopping.set()
 
+    def waiting_on(self) -> str:
+        """What the sync waits on now, for a stalled sync's message: each server call under way (server, call,
+        step, for how long), or the weights' write, or nothing (the sync then waits in the ranks' barrier)."""
+        now = time.monotonic()
+        calls = sorted(self._under_way.copy().values(), key=lambda call: call[2])  # copy: the sync thread edits it
+        if calls:
+            return "; ".join(f"{url} did not answer {path} ({SYNC_STEPS.get(path, path)}) in {now - began:.0f}s"
+                             for url, path, began in calls)
+        writing_since = self._writing_since
+        if writing_since is not None:
+            return f"writing the weights to {self.directory} for {now - writing_since:.0f}s"
+        return "no rollout server call under way (the sync waits in the ranks' barrier, or for a server to be ready)"
+
     def _post(self, url: str, path: str, *, timeout_s: float | None = None, **kwargs) -> requests.Response:
         timeout_s = timeout_s or self.timeout_s
+        token = object()
+        self._under_way[id(token)] = (url, path, time.monotonic())
         try:
             response = self._abandonable(lambda: requests.post(f"{url}{path}", timeout=timeout_s, **kwargs))
         except requests.Timeout as error:
             raise WeightSyncError(f"weight sync: POST {url}{path}: no answer within {timeout_s:.0f}s") from error
         except requests.RequestException as error:
             raise WeightSyncError(f"weight sync: POST {url}{path} failed: {error}") from error
+        finally:
+            del self._under_way[id(token)]
         if response is None:
             raise WeightSyncError(f"weight sync: POST {url}{path} left unanswered: the learner is stopping")
         if response.status_code != 200:
@@ -246,7 +276,11 @@ class FilesystemWeightTransfer:
         staging = self.directory / f".{VERSION_PREFIX}{version}.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)  # left by a crashed run that reached the same version
-        self.bytes_written = write_checkpoint(with_aliases(iterator, self.aliases), staging)
+        self._writing_since = time.monotonic()
+        try:
+            self.bytes_written = write_checkpoint(with_aliases(iterator, self.aliases), staging)
+        finally:
+            self._writing_since = None
         staging.rename(final)
         self.version = version  # from here a replica admitted by the balancer catches up to this version
         targets = self._each(lambda url: self._load(url, final), "reload_weights")

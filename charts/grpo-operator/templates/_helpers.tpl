@@ -79,8 +79,9 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   verbs: ["create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md).
-  verbs: ["get", "create"]
+  # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md);
+  # patched to the run's new size while it holds no quota.
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   # Release the quota of an evicted Workload once its pods are gone; mark a finished one Finished.

@@ -3,15 +3,19 @@ operator's: the rules the CRD cannot hold (a built-in reward's name) too.
 
 Prints `OK PATH` on stdout for a manifest the operator would run; on stderr, `PATH: FIELD: PROBLEM` once per
 problem and `PATH: warning: FIELD: PROBLEM` for what is valid but likely wrong in a cluster (no checkpoint volume,
-a path on this machine). A user mistake never shows a traceback.
+a path on this machine). The fit check (grpo_operator.fit) adds its refusals and warnings there, and its estimates
+(or why it was skipped) on stdout as `PATH: fit: ...`. A user mistake never shows a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import NamedTuple
 
-from ..manifest import ManifestError, cluster_warnings, read_grporun
+from ..fit import FitReport, ModelConfigError, check_spec_fit, read_model_config
+from ..manifest import GRPORun, ManifestError, cluster_warnings, read_grporun
 from .exit_codes import ExitCode
 from .output import manifest_lines, warning_line
 
@@ -26,22 +30,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
 
 
-def check(path: str) -> tuple[list[str], list[str]]:
-    """(errors, warnings) for the manifest at `path`, one line each, naming the file; ([], []) when all is well."""
+class Verdict(NamedTuple):
+    errors: list[str]
+    warnings: list[str]
+    notes: list[str]  # the fit check's estimates, or why it was skipped
+
+
+def fit_report(run: GRPORun, manifest_dir: str) -> FitReport:
+    """The fit check for a manifest, its model read from a local path (relative to the manifest's folder)."""
+    if run.spec.learner.device != "cuda" and run.spec.rollout.device != "cuda":
+        return FitReport([], [], [])
+    config, why = read_model_config(run.spec.model, manifest_dir)
+    if config is not None:
+        try:
+            return check_spec_fit(run.spec, config)
+        except ModelConfigError as error:
+            why = f"spec.model {run.spec.model}: {error}"
+    return FitReport([], [], [f"check skipped: {why}"])
+
+
+def check(path: str) -> Verdict:
+    """Errors, warnings and notes for the manifest at `path`, one line each, naming the file."""
     try:
         run = read_grporun(path)
     except ManifestError as error:
-        return manifest_lines(path, error), []
-    return [], [warning_line(path, line) for line in cluster_warnings(run.spec)]
+        return Verdict(manifest_lines(path, error), [], [])
+    fit = fit_report(run, os.path.dirname(os.path.abspath(path)))
+    warnings = [warning_line(path, line) for line in cluster_warnings(run.spec) + fit.warnings]
+    return Verdict([f"{path}: {line}" for line in fit.errors], warnings, [f"{path}: fit: {line}" for line in fit.notes])
 
 
 def main(args: argparse.Namespace) -> int:
     failed = False
     for path in args.manifests:
-        errors, warnings = check(path)
+        errors, warnings, notes = check(path)
         for line in errors + warnings:
             print(line, file=sys.stderr)
         failed = failed or bool(errors) or (args.strict and bool(warnings))
         if not errors:
             print(f"OK {path}" + (f" ({len(warnings)} warning{'s' * (len(warnings) > 1)})" if warnings else ""))
+        for line in notes:
+            print(line)
     return ExitCode.INVALID if failed else ExitCode.OK

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from grpo_trainer.contract import DROP_REASONS, ProgressReport
+from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport
 
 from ..api import (
     FINISHED_PHASES,
@@ -18,6 +18,7 @@ from ..api import (
     GRPORunSpec,
     GRPORunStatus,
     LearnerStatus,
+    OutputStatus,
     Phase,
     ProgressStatus,
     Reason,
@@ -64,6 +65,12 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
         reward_mean=report.reward_mean,
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
+
+
+def output_status(report: ExportReport) -> OutputStatus:
+    exported = datetime.datetime.fromtimestamp(report.time, datetime.UTC)
+    return OutputStatus(uri=report.uri, step=report.step, bytes=report.bytes, sha256=report.sha256,
+                        time=format_time(exported))
 
 
 def derive_status(run: RunRef, spec: GRPORunSpec, status: dict[str, Any] | None, seen: Observation) -> Decision:
@@ -390,10 +397,14 @@ class _Derivation(_ProgressRules):
                                    backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
                                    max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
                                    rules=policy.pod_failure_policy or (),
-                                   stall_policy=self.spec.progress.stall_policy)
+                                   stall_policy=self.spec.progress.stall_policy,
+                                   output_expected=self.spec.output is not None)
         if verdict is None:
             return self._replace_servers()
         if isinstance(verdict, Succeed):
+            if verdict.output is not None:
+                self.new.output = output_status(verdict.output)
+                self.event("Normal", Reason.EXPORTED, _exported_message(verdict.output))
             self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
         elif isinstance(verdict, Fail):
             if verdict.stall is not None:
@@ -496,6 +507,11 @@ class _Derivation(_ProgressRules):
         self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
         # Waiting to run again is timed from the resume, not from the suspension.
         self.new.progress_clock = clock.restart_pause(self.new.progress_clock, self.now)
+
+def _exported_message(report: ExportReport) -> str:
+    return (f"model exported to {report.uri}: step {report.step}, {report.bytes} bytes, manifest sha256 "
+            f"{report.sha256}")
+
 
 def _initial_conditions(conditions: Conditions) -> None:
     set_ = conditions.set

@@ -3,8 +3,10 @@
 `classify_failure` looks at the pods that exited and says: the run succeeded, the run fails (and why), the pods
 restart, or nothing happened. The rules, which docs/operator.md spells out for users:
 - learner rank 0 exiting 0 means the run succeeded: at the epoch bound, or earlier when TRL's `max_steps` ended it
-  (its final report says so, and the reason is MaxStepsReached);
-- the learner's permanent exit codes (stalled, invalid config) fail the run at once: a retry cannot help; except
+  (its final report says so, and the reason is MaxStepsReached); but when the run has `spec.output`, only with the
+  exported model in its final report: a run never succeeds without its model (ExportFailed);
+- the learner's permanent exit codes (stalled, export failed, invalid config) fail the run at once: a retry cannot
+  help (an export failure's checkpoints stay, and the reason names the cause); except
   that a weight sync past its deadline (the learner's report names it: `WeightSyncStuck`) is a stall on a clock,
   which `progress.stallPolicy` handles like the progress deadline: `Fail` fails the run, `Report` reports it and
   restarts the pods under `runPolicy.backoffLimit` (a new process opens new connections and process groups);
@@ -30,11 +32,13 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from grpo_trainer.contract import (
+    EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
     EXIT_SUCCEEDED,
     PERMANENT_EXIT_CODES,
+    ExportReport,
     ProgressReport,
     StallCause,
     parse_progress,
@@ -48,12 +52,15 @@ FAILURE_MESSAGE_MAX_CHARS = 1024
 #: The learner's "preempted" exit code: on SIGTERM (a drain, a spot reclaim) it checkpointed and left because it was
 #: asked to. Handled as a disruption, not against backoffLimit.
 PREEMPTED_EXIT_CODES: frozenset[int] = frozenset({EXIT_PREEMPTED})
+#: The reason a permanent exit code other than the stall's fails the run with.
+PERMANENT_EXIT_REASONS = {EXIT_INVALID_CONFIG: Reason.INVALID_CONFIG, EXIT_EXPORT_FAILED: Reason.EXPORT_FAILED}
 
 
 @dataclass(frozen=True)
 class Succeed:
     reason: str
     message: str
+    output: ExportReport | None = None  # the model the learner exported (spec.output)
 
 
 @dataclass(frozen=True)
@@ -141,20 +148,28 @@ def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> 
 def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation], *,
                      restarts: int, backoff_limit: int, disruptions: int = 0, max_disruptions: int | None = None,
                      removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = (),
-                     stall_policy: str = "Fail") -> Verdict | None:
+                     stall_policy: str = "Fail", output_expected: bool = False) -> Verdict | None:
     """The run's fate from its exited pods; None while nothing has exited.
 
     `restarts` and `disruptions` are those used so far; `removed_learners` are learner pods that vanished from a
     running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them. `rules` is
     the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults. `stall_policy`
-    (`progress.stallPolicy`) decides what a weight sync past its deadline does.
+    (`progress.stallPolicy`) decides what a weight sync past its deadline does. `output_expected`: the run has
+    `spec.output`, so a success must report the exported model.
     """
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
         report = report_from_termination_message(leader.message)
+        output = report.output if report is not None else None
+        if output_expected and output is None:
+            message = (f"learner pod {leader.name} exited 0 without reporting an exported model, though spec.output "
+                       "is set (a learner image that does not export?); its last checkpoint stays")
+            return Fail(Reason.EXPORT_FAILED, message, FailureStatus(
+                role="learner", pod=leader.name, exit_code=leader.exit_code, reason=Reason.EXPORT_FAILED,
+                message=message))
         if report is not None and report.ended_short:  # TRL's max_steps ended it before the epoch bound
-            return Succeed(Reason.MAX_STEPS_REACHED, f"the learner exited 0: {report.message}")
-        return Succeed(Reason.EPOCH_BOUND_REACHED, "the learner reached the epoch bound and exited 0")
+            return Succeed(Reason.MAX_STEPS_REACHED, f"the learner exited 0: {report.message}", output)
+        return Succeed(Reason.EPOCH_BOUND_REACHED, "the learner reached the epoch bound and exited 0", output)
     failed = [p for p in learner_pods if p.phase == "Failed"]
     failed += [p for p in rollout_pods if server_exited(p) and not replaced_alone(p, rules)]
     crashed = [p for p in failed if disruption_of(p, rules) is None]
@@ -177,7 +192,7 @@ def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Seque
     stall = Stall(stall_reason(first), detail or what) if code == EXIT_STALLED and action is None else None
     reported = stall is not None and stall.reason == Reason.WEIGHT_SYNC_STUCK and stall_policy == "Report"
     if code in PERMANENT_EXIT_CODES and action is None and not reported:
-        reason = stall.reason if stall is not None else Reason.INVALID_CONFIG
+        reason = stall.reason if stall is not None else PERMANENT_EXIT_REASONS[code]
         failure.reason = reason
         return Fail(reason, with_detail, failure, stall=stall)
     if restarts >= backoff_limit:

@@ -113,3 +113,13 @@ def test_a_failed_summary_ends_with_the_failed_pods_log(tmp_path):
     assert final_summary(failed, {"tiny-learner-0": log_path}).splitlines()[-1] == f"log: {log_path}"
     succeeded = {"phase": "Succeeded", "failure": None}
     assert "log:" not in final_summary(succeeded, {"tiny-learner-0": log_path})
+
+
+def test_a_summary_says_where_the_exported_model_is():
+    output = {"uri": "file:///data/models/tiny", "step": 9, "bytes": 2048, "sha256": "ab" * 32,
+              "time": "2026-01-01T12:00:00Z"}
+    assert final_summary({"phase": "Succeeded", "output": output}).splitlines()[-1] == (
+        f"model: /data/models/tiny (step 9, 2048 bytes, manifest sha256 {'ab' * 32})")
+    claim = {**output, "uri": "pvc://models/tiny"}
+    assert "model: pvc://models/tiny (step 9" in final_summary({"phase": "Succeeded", "output": claim})
+    assert "model:" not in final_summary({"phase": "Succeeded"})

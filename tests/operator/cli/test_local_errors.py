@@ -17,6 +17,7 @@ from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localiz
 from grpo_operator.cli.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
+from grpo_trainer.contract import load_run_config
 from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
@@ -189,6 +190,36 @@ def test_the_rollout_restart_limit_flag_overrides_the_manifest_and_refuses_a_neg
     assert exited.value.code == ExitCode.USAGE
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "grporun local: error: argument --rollout-restart-limit: must be >= 0, not -1")
+
+
+@pytest.mark.parametrize(("volume", "folder", "note"), [
+    ({"hostPath": {"path": "./models"}}, "models/tiny", None),  # relative to the manifest, like the other paths
+    ({"persistentVolumeClaim": {"claimName": "models"}}, "runs/tiny/model",
+     "spec.output.volume is a persistentVolumeClaim, which only a cluster mounts: the model goes to {folder}"),
+])
+def test_a_local_run_exports_to_the_folder_spec_output_names(tmp_path, tiny_manifest, volume, folder, note):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(output={"volume": volume}))))
+    local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=False,
+                                       rollout_url=["http://127.0.0.1:9"], rollout_python=None,
+                                       rollout_restart_limit=None))
+    config = load_run_config((local.run_dir / "run.json").read_text())
+    assert config.output is not None
+    assert config.output.directory == str(tmp_path / folder)
+    assert config.output.uri == (tmp_path / folder).as_uri()
+    # The spec as the run ran it, for the manifest: local paths made absolute.
+    localized = {"hostPath": {"path": str(tmp_path / "models")}} if "hostPath" in volume else volume
+    assert config.output.run_spec["output"]["volume"] == localized
+    assert local.notes == ([] if note is None else [note.format(folder=tmp_path / folder)])
+
+
+def test_without_an_output_a_local_run_exports_nothing(tmp_path, tiny_manifest):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_manifest))
+    local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=False,
+                                       rollout_url=["http://127.0.0.1:9"], rollout_python=None,
+                                       rollout_restart_limit=None))
+    assert load_run_config((local.run_dir / "run.json").read_text()).output is None
 
 
 def test_an_earlier_run_folder_is_kept_unless_resume_or_fresh_says_what_to_do(tmp_path, tiny_manifest, capsys):

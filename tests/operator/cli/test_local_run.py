@@ -3,6 +3,8 @@ the pod runs it) ending with the termination message the operator reads; Ctrl-C 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
@@ -40,6 +42,9 @@ def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1,
 
 def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1)
+    with_output = yaml.safe_load(manifest.read_text())
+    with_output["spec"]["output"] = {"volume": {"hostPath": {"path": str(tmp_path / "models")}}}
+    manifest.write_text(yaml.safe_dump(with_output))
     result = subprocess.run(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url,
          "--poll-interval", "0.5"],
@@ -58,7 +63,30 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert report.groups_trained > 0 and report.global_step > 0
     assert report.weight_syncs >= report.global_step  # one sync per step (weightSyncSteps 1) plus the cold one
     assert "AsyncRolloutWorker child is ready" in learner_log  # TRL's own worker generated the rollouts
-    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
+    # The model, exported to spec.output's folder with its manifest; the summary says where.
+    model_dir = tmp_path / "models" / "tiny"
+    assert report.output is not None and report.output.path == str(model_dir)
+    assert report.output.step == report.global_step
+    assert f"model: {model_dir} (step {report.global_step}, {report.output.bytes} bytes" in result.stdout
+    manifest_bytes = (model_dir / c.EXPORT_MANIFEST_FILE).read_bytes()
+    assert hashlib.sha256(manifest_bytes).hexdigest() == report.output.sha256
+    export = json.loads(manifest_bytes)
+    files = {entry["path"]: entry["sha256"] for entry in export["files"]}
+    on_disk = {path.relative_to(model_dir).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+               for path in model_dir.rglob("*") if path.is_file() and path.name != c.EXPORT_MANIFEST_FILE}
+    assert files == on_disk
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json",
+            "README.md"} <= set(files)
+    assert export["spec"]["output"] == with_output["spec"]["output"] and export["step"] == report.global_step
+    assert export["progress"]["groupsConsumed"] == 16 and set(export["progress"]["dropped"]) == set(c.DROP_REASONS)
+    assert {"torch", "transformers", "trl"} <= set(export["packages"])
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    generated = model.generate(**tokenizer("a", return_tensors="pt"), max_new_tokens=2, do_sample=False)
+    assert generated.shape[-1] > 1
+    assert not (run_dir / "output" / "final").exists()  # the model is where spec.output says, not in the run folder
 
 
 def test_two_learner_processes_under_accelerate_reach_succeeded(vllm_server, tmp_path):

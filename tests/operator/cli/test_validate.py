@@ -41,7 +41,11 @@ def bad_manifest(tmp_path) -> Path:
 def test_validate_ok(capsys):
     paths = [str(path) for path in GOOD_FIXTURES]
     assert cli.main(["validate", *paths]) == ExitCode.OK
-    assert [line.split(" (")[0] for line in capsys.readouterr().out.splitlines()] == [f"OK {path}" for path in paths]
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in out if line.startswith("OK ")] == [f"OK {path}" for path in paths]
+    # Their models are hub ids: the fit check says it did not run, and why, each under its manifest's OK.
+    assert all(": fit: check skipped: spec.model " in line and " is a hub id, and its config.json is read only from "
+               "a local path" in line for line in out if not line.startswith("OK "))
 
 
 def test_validate_reports_each_problem_on_stderr_and_exits_4(capsys, bad_manifest, tmp_path):
@@ -55,7 +59,7 @@ def test_validate_reports_each_problem_on_stderr_and_exits_4(capsys, bad_manifes
         "(the prompt needs room in the context too)",
         f"cannot read {missing}: No such file or directory",
     ]
-    assert out.out.splitlines() == [f"OK {good_path}"]
+    assert out.out.splitlines()[0] == f"OK {good_path}"
     assert "Traceback" not in out.err
 
 
@@ -72,10 +76,12 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
     tiny = str(REPO / "examples" / "tiny.yaml")
     assert cli.main(["validate", tiny]) == ExitCode.OK
     out = capsys.readouterr()
-    assert out.out.splitlines() == [f"OK {tiny} (3 warnings)"]
+    assert out.out.splitlines() == [f"OK {tiny} (4 warnings)"]
     assert out.err.splitlines() == [
         f"{tiny}: warning: spec.checkpoint.volume: not set: checkpoints live as long as the learner pod, so a "
         "restarted learner starts over",
+        f"{tiny}: warning: spec.output: not set, and no checkpoint is on a persistent volume: the trained model is "
+        "lost with the learner pod (set spec.output.volume to keep it)",
         f"{tiny}: warning: spec.model: ./tiny-assets/model is a path on this machine: only grporun local resolves it; "
         "a cluster's pods need a hub id or a path on a volume they mount",
         f"{tiny}: warning: spec.dataset.path: ./tiny-prompts.jsonl is a path on this machine: only grporun local "
@@ -84,14 +90,38 @@ def test_validate_warns_of_a_missing_checkpoint_volume_and_paths_on_this_machine
     assert cli.main(["validate", "--strict", tiny]) == ExitCode.INVALID
     gpu = str(REPO / "examples" / "gpu.yaml")  # a checkpoint PVC and a hub model: nothing to warn of
     assert cli.main(["validate", "--strict", gpu]) == ExitCode.OK
-    assert capsys.readouterr().err.count("warning") == 3
+    assert capsys.readouterr().err.count("warning") == 4
+
+
+@pytest.mark.parametrize(("checkpoint", "output", "warned"), [
+    # The model is kept somewhere: nothing to say of it.
+    (None, {"persistentVolumeClaim": {"claimName": "models"}}, ["spec.checkpoint.volume: not set"]),
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, None, []),
+    # Work that would be lost.
+    ({"emptyDir": {}}, None, ["spec.checkpoint.volume: an emptyDir", "spec.output: not set"]),
+    ({"persistentVolumeClaim": {"claimName": "ckpt"}}, {"emptyDir": {}}, ["spec.output.volume: an emptyDir"]),
+])
+def test_validate_warns_when_the_trained_model_would_be_lost(capsys, tmp_path, checkpoint, output, warned):
+    manifest = good()
+    manifest["spec"]["checkpoint"].pop("volume", None)
+    if checkpoint is not None:
+        manifest["spec"]["checkpoint"]["volume"] = checkpoint
+    if output is not None:
+        manifest["spec"]["output"] = {"volume": output}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.OK
+    found = [line.removeprefix(f"{path}: warning: ") for line in capsys.readouterr().err.splitlines()]
+    assert len(found) == len(warned), found
+    assert all(line.startswith(start) for line, start in zip(found, warned, strict=True)), found
 
 
 def test_validate_as_a_subprocess(bad_manifest):
     grporun = Path(sys.executable).parent / "grporun"
     good_path = FIXTURES / "full-gpu.yaml"
     ok = subprocess.run([grporun, "validate", good_path], capture_output=True, text=True, timeout=120)
-    assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"OK {good_path}\n", "")
+    assert (ok.returncode, ok.stderr) == (0, "")
+    assert ok.stdout == (f"OK {good_path}\n{good_path}: fit: check skipped: spec.model Qwen/Qwen3-0.6B is a hub id, "
+                         "and its config.json is read only from a local path\n")
     bad = subprocess.run([grporun, "validate", bad_manifest], capture_output=True, text=True, timeout=120)
     assert bad.returncode == ExitCode.INVALID and bad.stdout == ""
     assert bad.stderr.splitlines()[0] == f"{bad_manifest}: spec.trainning: unknown field (did you mean training?)"
@@ -106,3 +136,57 @@ def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tm
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"{path}: spec.rollout.weightSync.mode: must be filesystem when the learner has more "
                            "than one process (learner.nodes x learner.processesPerNode)")
+
+
+QWEN25_7B_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+                    "num_hidden_layers": 28, "vocab_size": 152064, "intermediate_size": 18944,
+                    "num_attention_heads": 28, "num_key_value_heads": 4, "tie_word_embeddings": False,
+                    "torch_dtype": "bfloat16"}
+
+
+def one_gpu_run(model: str, product: str | None = "NVIDIA-H100-80GB-HBM3") -> dict:
+    manifest = load_manifest(REPO / "examples" / "gpu.yaml")
+    manifest["spec"]["model"] = model
+    manifest["spec"]["rollout"]["vllm"]["maxModelLen"] = 4096  # one 4096-token row per training step
+    learner = manifest["spec"].setdefault("learner", {})
+    learner.update(nodes=1, processesPerNode=1, resources={"limits": {"nvidia.com/gpu": 1}})
+    if product:
+        learner["nodeSelector"] = {"nvidia.com/gpu.product": product}
+    return manifest
+
+
+def test_validate_refuses_a_7b_ddp_learner_on_one_80gb_gpu_with_the_estimate_and_the_way_out(capsys, tmp_path):
+    import json
+
+    (tmp_path / "qwen7b").mkdir()
+    (tmp_path / "qwen7b" / "config.json").write_text(json.dumps(QWEN25_7B_CONFIG))
+    path = write(tmp_path, one_gpu_run(str(tmp_path / "qwen7b")))
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    out = capsys.readouterr()
+    (line,) = out.err.splitlines()
+    assert line.startswith(f"{path}: spec.learner: the learner needs ~122 GiB per GPU under ddp (7.6B parameters")
+    assert "more than the 80 GiB of its GPU (nodeSelector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3)" in line
+    assert line.endswith("ways out: FSDP2 over 2 GPUs (~67 GiB each) or LoRA adapters, rank 16 (~38 GiB)")
+    assert not out.out.startswith("OK")
+
+
+def test_validate_warns_of_a_7b_learner_on_an_unnamed_gpu(capsys, tmp_path):
+    import json
+
+    (tmp_path / "qwen7b").mkdir()
+    (tmp_path / "qwen7b" / "config.json").write_text(json.dumps(QWEN25_7B_CONFIG))
+    path = write(tmp_path, one_gpu_run(str(tmp_path / "qwen7b"), product=None))
+    assert cli.main(["validate", str(path)]) == ExitCode.OK
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{path}: warning: spec.learner: the learner needs ~122 GiB per GPU under ddp")
+    assert cli.main(["validate", "--strict", str(path)]) == ExitCode.INVALID
+
+
+def test_validate_says_the_estimate_of_a_model_that_fits(capsys, tmp_path, tiny_model_dir):
+    path = write(tmp_path, one_gpu_run(tiny_model_dir, product="NVIDIA-L4"))
+    assert cli.main(["validate", str(path)]) == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"OK {path}"
+    assert out[1].startswith(f"{path}: fit: spec.learner: the learner needs ~")
+    assert out[1].endswith("within the 24 GiB of its GPU")
+    assert out[2].startswith(f"{path}: fit: spec.rollout.vllm: a rollout server needs ")

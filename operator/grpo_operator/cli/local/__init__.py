@@ -78,6 +78,8 @@ def main(args: argparse.Namespace) -> int:
         problem("local", str(error))
         return error.exit_code
     log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
+    for note in local.notes:
+        log(note)
     for role, role_spec in (("rollout", local.spec.rollout), ("learner", local.spec.learner)):
         for note in local_env_notes(role, role_spec.pod_template_override, os.environ):
             log(note)
@@ -93,4 +95,6 @@ def main(args: argparse.Namespace) -> int:
         print("grporun local: interrupted; stopped the rollout and learner processes", file=sys.stderr)
         return ExitCode.INTERRUPTED
     print(final_summary(status, local.logs()))
+    if local.spec.output is None and status.get("phase") == Phase.SUCCEEDED.value:
+        print(f"model: {local.run_dir / 'output' / 'final'} (set spec.output to export it with a manifest)")
     return ExitCode.OK if status.get("phase") == Phase.SUCCEEDED.value else ExitCode.FAILED

@@ -76,7 +76,8 @@ def _number(value: Any) -> str:
 
 
 def final_summary(status: dict[str, Any], logs: Mapping[str, Path] | None = None) -> str:
-    """The lines printed when the run ends: phase, reason, progress, and for a failed pod the log to read."""
+    """The lines printed when the run ends: phase, reason, progress, where the exported model is, and for a failed
+    pod the log to read."""
     phase = status.get("phase", "Unknown")
     failure = status.get("failure") or {}
     reason = failure.get("reason") or next(
@@ -97,6 +98,12 @@ def final_summary(status: dict[str, Any], logs: Mapping[str, Path] | None = None
             f"dropped {progress.get('groupsDropped', 0)}" + (f" {dropped}" if dropped else "")
             + f", steps {progress.get('globalStep', 0)}" + (f", reward {reward:.3f}" if reward is not None else "")
         )
+    output = status.get("output")
+    if output:
+        uri = output.get("uri", "")
+        where = uri.removeprefix("file://") if uri.startswith("file://") else uri
+        lines.append(f"model: {where} (step {output.get('step')}, {output.get('bytes')} bytes, manifest sha256 "
+                     f"{output.get('sha256')})")
     failed_pod = failure.get("pod")
     if phase == "Failed" and failed_pod and logs and failed_pod in logs:
         lines.append(f"log: {logs[failed_pod]}")

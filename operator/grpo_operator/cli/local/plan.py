@@ -36,6 +36,24 @@ def _looks_local(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~"))
 
 
+def local_output(run: str, spec: GRPORunSpec, run_dir: Path) -> tuple[Path, str | None] | None:
+    """Where a local run exports its model (spec.output), and a note when that is not the spec's own place; None
+    without spec.output.
+
+    A hostPath volume is a folder on this machine: the model goes where a cluster's pod would put it, in a folder
+    named after the run (a path starting with ./ or ../ is relative to the manifest, like the others; localize_spec
+    made it absolute). Any other volume (a claim) exists only in a cluster: the model goes under the run's folder.
+    """
+    if spec.output is None:
+        return None
+    host_path = (spec.output.volume.get("hostPath") or {}).get("path")
+    if isinstance(host_path, str) and host_path:
+        return Path(host_path).expanduser() / run, None
+    kind = next(iter(spec.output.volume))
+    folder = run_dir / "model"
+    return folder, f"spec.output.volume is a {kind}, which only a cluster mounts: the model goes to {folder}"
+
+
 def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     """The spec with local paths made absolute and checked. Raises ManifestInvalid naming the field."""
     spec = spec.model_copy(deep=True)
@@ -51,6 +69,9 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
             reward.model = localize_path(reward.model, manifest_dir)
             if _looks_local(reward.model) and not Path(reward.model).expanduser().is_dir():
                 raise ManifestInvalid([f"spec.rewards[{index}].model: {reward.model}: no such directory"])
+    host_path = (spec.output.volume.get("hostPath") or {}) if spec.output is not None else {}
+    if isinstance(host_path.get("path"), str):
+        host_path["path"] = localize_path(host_path["path"], manifest_dir)
     if spec.learner.nodes != 1:
         nodes = spec.learner.nodes
         raise ManifestInvalid([f"spec.learner.nodes: grporun local runs on one machine; got {nodes}, use 1"])

@@ -34,6 +34,7 @@ from .plan import (
     LocalError,
     check_rewards,
     cpu_bind,
+    local_output,
     localize_spec,
     observe,
     plan_processes,
@@ -58,6 +59,7 @@ class LocalRun:
     liveness: Liveness | None = None
     hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
     scaling: RolloutScaling | None = None  # `grporun local scale` while the run runs
+    notes: list[str] = field(default_factory=list)  # said once at the start: how the manifest maps to this machine
 
     @property
     def ref(self) -> RunRef:
@@ -187,11 +189,13 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     else:
         rollout_python = find_rollout_python(args.rollout_python)
     termination_path = run_dir / "termination-log"
+    output = local_output(run.name, spec, run_dir)
     config = resolve_run_config(
         run.name, run.namespace, spec, rollout_urls=urls, output_dir=str(run_dir / "output"),
         checkpoint_dir=str(run_dir / "checkpoints"),
         weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=str(termination_path),
+        output=None if output is None else (str(output[0]), output[0].as_uri()),
     )
     learner_port = free_port()
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
@@ -205,7 +209,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                     termination_path, liveness=Liveness(config.model))
+                     termination_path, liveness=Liveness(config.model),
+                     notes=[output[1]] if output is not None and output[1] else [])
 
     def plan_server(ordinal: int, port: int):
         return plan_rollout(local.ref, spec, ordinal, port, str(config_path), rollout_python,
