@@ -30,6 +30,7 @@ from grpo_trainer.contract import (
     ReplicaState,
     RewardConfig,
     RolloutConfig,
+    TrackingConfig,
     TrainingConfig,
     WeightSyncConfig,
     WireModel,
@@ -213,6 +214,7 @@ class GRPORunSpec(WireModel):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     output: OutputSpec | None = None
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)

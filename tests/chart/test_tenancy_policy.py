@@ -115,6 +115,10 @@ REFERENCES = {
         {"configMapRef": {"name": "c"}}, {"secretRef": {"name": "s"}}]}]}), f"{LEARNER}.containers.envFrom"),
     "imagePullSecrets": (with_pod("learner", {"imagePullSecrets": [{"name": "s"}]}),
                          f"{LEARNER}.imagePullSecrets"),
+    "mlflow credentials": (minimal_spec(tracking={"mlflow": {"trackingUri": "http://m", "credentialsSecret": "s"}}),
+                           "spec.tracking.mlflow.credentialsSecret"),
+    "wandb api key": (minimal_spec(tracking={"wandb": {"project": "p", "apiKeySecret": {"name": "s", "key": "k"}}}),
+                      "spec.tracking.wandb.apiKeySecret"),
 }
 
 

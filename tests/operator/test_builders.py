@@ -48,6 +48,9 @@ SPECS = {
                        "output": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
+    "tracking": {"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-login"},
+                              "tensorboard": {},
+                              "wandb": {"project": "grpo", "apiKeySecret": {"name": "wandb", "key": "apiKey"}}}},
 }
 
 
@@ -240,3 +243,26 @@ def test_the_schema_check_itself_catches_a_wrong_field():
     container(pod)["commandd"] = ["python"]
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+
+
+def test_tracker_credentials_reach_the_learner_pods_only_from_the_named_secrets():
+    objects = by_name(children(**SPECS["tracking"]))
+    learner_env = {e["name"]: e for e in container(objects["run-learner-0"])["env"]}
+    for key, variable in {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD",
+                          "token": "MLFLOW_TRACKING_TOKEN"}.items():
+        assert learner_env[variable]["valueFrom"] == {
+            "secretKeyRef": {"name": "mlflow-login", "key": key, "optional": True}}
+    assert learner_env["WANDB_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "wandb", "key": "apiKey", "optional": True}}
+    rollout_env = {e["name"] for e in container(objects["run-rollout-0"])["env"]}
+    assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_USERNAME"} & rollout_env
+    # The rest of the tracking settings travel in the run config, not as env.
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.tracking.mlflow.tracking_uri == "http://mlflow:5000" and config.tracking.trackers == [
+        "mlflow", "tensorboard", "wandb"]
+
+
+def test_a_run_without_tracking_has_no_tracker_env():
+    objects = by_name(children())
+    names = {e["name"] for e in container(objects["run-learner-0"])["env"]}
+    assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & names

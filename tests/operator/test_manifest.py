@@ -268,6 +268,8 @@ def _learner_container(manifest: dict) -> dict:
 
 
 CEL_CASES = {
+    "wandb-online-without-key": (_set("spec.tracking", {"wandb": {"project": "p"}}),
+                                 "spec.tracking.wandb.apiKeySecret: online mode needs apiKeySecret (or mode offline)"),
     "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),
                       "spec.learner.topology: set exactly one of required or preferred"),
     "topology-none": (_set("spec.rollout.topology", {}), "spec.rollout.topology: set exactly one of required or "
