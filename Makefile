@@ -10,14 +10,16 @@ UV := $(VENV)/bin/uv
 ROLLOUT_REQUIREMENTS := trainer_image/requirements/rollout-cpu.txt
 LEARNER_CUDA_VENV := .venv-learner-cuda
 LEARNER_CUDA_REQUIREMENTS := trainer_image/requirements/learner-cuda.txt
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_VERSION := 3.17.2
 # uv installs both venvs from one cache and hardlinks the files, so torch and its nvidia libraries (most of the
 # bytes) are on disk once, however many venvs use them. The system CA bundle is the one pip uses here.
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-learner-cuda setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
-setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-apt setup-node-apt
+setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
 $(UV):
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +63,15 @@ $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python -e '.[learner]' -r $(LEARNER_CUDA_REQUIREMENTS)
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
+	touch $@
+
+# The MLflow tracking server the tracking tests report to (tests/trainer/test_tracking_servers.py). Its own venv: the
+# full mlflow pins pyarrow<26, which the learner's datasets does not need downgraded.
+setup-mlflow: $(MLFLOW_VENV)/.installed
+$(MLFLOW_VENV)/.installed: Makefile | $(UV)
+	@echo "setup: $(MLFLOW_VENV) (mlflow $(MLFLOW_VERSION) tracking server)"
+	test -x $(MLFLOW_VENV)/bin/python || $(UV) venv -q --python $(PYTHON) $(MLFLOW_VENV)
+	$(UV) pip install -q --python $(MLFLOW_VENV)/bin/python mlflow==$(MLFLOW_VERSION)
 	touch $@
 
 # promtool and prometheus (alert-rule unit tests, a real scrape) come from Debian.

@@ -31,6 +31,7 @@ from grpo_trainer.contract import (
     ReplicaState,
     RewardConfig,
     RolloutConfig,
+    TrackingConfig,
     TrainingConfig,
     WeightSyncConfig,
     WireModel,
@@ -39,7 +40,7 @@ from grpo_trainer.store_uri import InvalidObjectStoreURI, parse_uri
 from grpo_trainer.validation import field_path, first_error
 
 from .eta import ProgressRate, TrainerStatus
-from .pod_overrides import LocalObjectReference, PodTemplateOverride
+from .pod_overrides import PodTemplateOverride
 from .podgroup import SchedulingSpec
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ class OutputSpec(WireModel):
     uri: str | None = Field(None, max_length=1024)
     # A Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN): the learner's credentials
     # for `uri`. Without one, boto3's own chain applies (a pod's web identity, an instance role).
-    credentials_secret_ref: LocalObjectReference | None = None
+    credentials_secret: str | None = Field(None, min_length=1, max_length=253)
     # An S3-compatible server's URL (MinIO, SeaweedFS, Ceph); AWS's own without it.
     endpoint: str | None = Field(None, max_length=1024)
     region: str | None = Field(None, min_length=1, max_length=64)
@@ -194,7 +195,7 @@ class OutputSpec(WireModel):
         if self.volume is None and self.uri is None:
             raise ValueError("set volume, uri or both: where the trained model goes")
         if self.uri is None:
-            store_only = [name for name, value in (("credentialsSecretRef", self.credentials_secret_ref),
+            store_only = [name for name, value in (("credentialsSecret", self.credentials_secret),
                                                    ("endpoint", self.endpoint), ("region", self.region)) if value]
             if store_only:
                 raise ValueError(f"{', '.join(store_only)}: only for an object store: set uri too")
@@ -253,6 +254,7 @@ class GRPORunSpec(WireModel):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     output: OutputSpec | None = None
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)

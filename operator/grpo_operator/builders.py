@@ -29,7 +29,10 @@ from typing import Any
 from grpo_trainer.contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     LEARNER_HTTP_PORT,
+    MLFLOW_CREDENTIAL_ENV,
     ROLLOUT_HTTP_PORT,
+    WANDB_API_KEY_ENV,
+    TrackingConfig,
     request_timeout_seconds,
 )
 from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
@@ -174,8 +177,8 @@ def object_store_env(output: OutputSpec | None) -> list[dict[str, Any]]:
     if output is None or output.uri is None:
         return []
     env: list[dict[str, Any]] = []
-    if output.credentials_secret_ref is not None:
-        secret = output.credentials_secret_ref.name
+    if output.credentials_secret is not None:
+        secret = output.credentials_secret
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
                 for key in (ACCESS_KEY_ENV, SECRET_KEY_ENV)]
         env.append({"name": SESSION_TOKEN_ENV,
@@ -343,6 +346,24 @@ def _env(run: RunRef, role: str) -> list[dict[str, Any]]:
     ]
 
 
+def tracking_secret_env(tracking: TrackingConfig) -> list[dict[str, Any]]:
+    """The trackers' credentials, from the Secrets `spec.tracking` names, as the env vars their clients read.
+
+    Optional references: a missing Secret or key leaves the variable unset and the learner ends with a one-line
+    config error naming the field (grpo_trainer.tracking), instead of a pod that never starts.
+    """
+    env: list[dict[str, Any]] = []
+    if tracking.mlflow is not None and tracking.mlflow.credentials_secret:
+        secret = tracking.mlflow.credentials_secret
+        env += [{"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+                for key, variable in MLFLOW_CREDENTIAL_ENV.items()]
+    if tracking.wandb is not None and tracking.wandb.api_key_secret is not None:
+        ref = tracking.wandb.api_key_secret
+        env.append({"name": WANDB_API_KEY_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": True}}})
+    return env
+
+
 @dataclass(frozen=True)
 class PodRole:
     """What one pod has of its own role; everything else a pod shares with the other role's pods (`_pod`)."""
@@ -454,7 +475,8 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
     # Rank 0 alone exports the model, and alone reads the object store's credentials.
-    env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *(object_store_env(spec.output) if rank == 0 else [])]
+    env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *tracking_secret_env(spec.tracking),
+           *(object_store_env(spec.output) if rank == 0 else [])]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
                    env=env)
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)

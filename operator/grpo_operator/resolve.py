@@ -75,6 +75,7 @@ def resolve_run_config(
         output=None if output is None else OutputConfig(
             directory=output[0], uri=output[1],
             run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
+        tracking=spec.tracking.model_copy(deep=True),
         output_dir=output_dir,
         termination_message_path=termination_message_path,
     )

@@ -83,6 +83,15 @@ def test_dashboard_shows_what_on_call_needs():
     assert any("reason" in t["expr"] and "{{reason}}" in t["legendFormat"] for t in drops)
 
 
+def test_dashboard_shows_the_training_curves():
+    """Every step curve the learner exports from TRL's logs has a panel; clip ratio per bound."""
+    read = set().union(*(metric_names_in(target["expr"]) for _, target in _targets()))
+    missing = set(contract.STEP_METRIC_NAMES) - read
+    assert not missing, f"no panel shows {sorted(missing)}"
+    clips = [t for _, t in _targets() if contract.METRIC_STEP_CLIP_RATIO in metric_names_in(t["expr"])]
+    assert clips and all("{{bound}}" in t["legendFormat"] for t in clips)
+
+
 def test_every_query_is_valid_promql(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:

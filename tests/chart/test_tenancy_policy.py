@@ -106,9 +106,8 @@ REFERENCES = {
                           "spec.checkpoint.volume"),
     "output volume": (minimal_spec(output={"volume": {"csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}}),
                       "spec.output.volume"),
-    "object store credentials": (minimal_spec(output={"uri": "s3://models/runs",
-                                                      "credentialsSecretRef": {"name": "s"}}),
-                                 "spec.output.credentialsSecretRef"),
+    "object store credentials": (minimal_spec(output={"uri": "s3://models/runs", "credentialsSecret": "s"}),
+                                 "spec.output.credentialsSecret"),
     "weight sync volume": (minimal_spec(rollout={"weightSync": {"mode": "filesystem", "volume": {
         "projected": {"sources": [{"secret": {"name": "s"}}]}}}}), "spec.rollout.weightSync.volume"),
     "env secretKeyRef": (with_pod("rollout", {"containers": [{"name": "rollout", "env": [
@@ -118,6 +117,10 @@ REFERENCES = {
         {"configMapRef": {"name": "c"}}, {"secretRef": {"name": "s"}}]}]}), f"{LEARNER}.containers.envFrom"),
     "imagePullSecrets": (with_pod("learner", {"imagePullSecrets": [{"name": "s"}]}),
                          f"{LEARNER}.imagePullSecrets"),
+    "mlflow credentials": (minimal_spec(tracking={"mlflow": {"trackingUri": "http://m", "credentialsSecret": "s"}}),
+                           "spec.tracking.mlflow.credentialsSecret"),
+    "wandb api key": (minimal_spec(tracking={"wandb": {"project": "p", "apiKeySecret": {"name": "s", "key": "k"}}}),
+                      "spec.tracking.wandb.apiKeySecret"),
 }
 
 

@@ -17,6 +17,7 @@ import pytest
 from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again, against the real server)
     test_a_child_the_api_server_rejects_fails_the_run_naming_it,
     test_a_clean_pod_policy_changed_after_the_run_finished_is_applied,
+    test_a_newer_learners_report_keeps_the_runs_status_moving,
     test_a_rollout_server_that_exits_is_replaced_alone_until_its_restart_limit,
     test_a_run_another_controller_manages_gets_no_children_and_no_status,
     test_a_ttl_set_after_the_run_finished_deletes_it,

@@ -17,6 +17,7 @@ import pytest
 
 from grpo_operator import builders
 from tests.operator.test_lifecycle import _running
+from tests.operator.test_scaling import test_servers_scaled_back_while_they_drain_serve_again  # noqa: F401
 from tests.support.control_plane_client import kubectl
 from tests.support.control_plane_cluster import RealCluster, real_cluster
 from tests.support.kube_emulator import PODS

@@ -164,8 +164,13 @@ def _good_spec() -> dict[str, Any]:
          "spec.rollout.vllm.maxModelLen: input should be a valid integer"),
         (lambda spec: spec.update(runPolicy={"cleanPodPolicy": "Some"}),
          "spec.runPolicy.cleanPodPolicy: input should be 'Running', 'All' or 'None'"),
+        (lambda spec: spec.update(tracking={"wandb": {"project": "grpo"}}),
+         "spec.tracking.wandb: online mode needs apiKeySecret (or mode offline)"),
+        (lambda spec: spec.update(tracking={"mlflow": {"experiment": "grpo"}}),
+         "spec.tracking.mlflow.trackingUri: required field is missing"),
     ],
-    ids=["unknown", "missing", "empty", "no-rewards", "range", "one-of", "function", "type", "enum"],
+    ids=["unknown", "missing", "empty", "no-rewards", "range", "one-of", "function", "type", "enum", "wandb-key",
+         "mlflow-uri"],
 )
 def test_spec_parse_errors_name_the_field_in_one_line(change, expected):
     spec = _good_spec()

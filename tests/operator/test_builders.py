@@ -47,10 +47,13 @@ SPECS = {
                        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
                        "output": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}},
     "object store output": {"learner": {"nodes": 2},
-                            "output": {"uri": "s3://models/runs", "credentialsSecretRef": {"name": "s3-models"},
+                            "output": {"uri": "s3://models/runs", "credentialsSecret": "s3-models",
                                        "endpoint": "http://minio.storage:9000", "region": "eu-west-1"}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
+    "tracking": {"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-login"},
+                              "tensorboard": {},
+                              "wandb": {"project": "grpo", "apiKeySecret": {"name": "wandb", "key": "apiKey"}}}},
 }
 
 
@@ -119,7 +122,7 @@ def test_the_output_volume_is_mounted_by_the_learner_that_exports_and_named_in_t
 
 
 def test_an_object_store_output_is_staged_in_the_pod_and_uploaded_with_the_secrets_keys_as_env():
-    output = {"uri": "s3://models/runs/qwen", "credentialsSecretRef": {"name": "s3-models"},
+    output = {"uri": "s3://models/runs/qwen", "credentialsSecret": "s3-models",
               "endpoint": "http://minio.storage:9000", "region": "eu-west-1"}
     objects = by_name(children(output=output, learner={"nodes": 2}))
     config = load_run_config(objects["run-config"]["data"]["run.json"])
@@ -276,3 +279,26 @@ def test_the_schema_check_itself_catches_a_wrong_field():
     container(pod)["commandd"] = ["python"]
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+
+
+def test_tracker_credentials_reach_the_learner_pods_only_from_the_named_secrets():
+    objects = by_name(children(**SPECS["tracking"]))
+    learner_env = {e["name"]: e for e in container(objects["run-learner-0"])["env"]}
+    for key, variable in {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD",
+                          "token": "MLFLOW_TRACKING_TOKEN"}.items():
+        assert learner_env[variable]["valueFrom"] == {
+            "secretKeyRef": {"name": "mlflow-login", "key": key, "optional": True}}
+    assert learner_env["WANDB_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "wandb", "key": "apiKey", "optional": True}}
+    rollout_env = {e["name"] for e in container(objects["run-rollout-0"])["env"]}
+    assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_USERNAME"} & rollout_env
+    # The rest of the tracking settings travel in the run config, not as env.
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.tracking.mlflow.tracking_uri == "http://mlflow:5000" and config.tracking.trackers == [
+        "mlflow", "tensorboard", "wandb"]
+
+
+def test_a_run_without_tracking_has_no_tracker_env():
+    objects = by_name(children())
+    names = {e["name"] for e in container(objects["run-learner-0"])["env"]}
+    assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & names

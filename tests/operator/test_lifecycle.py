@@ -7,6 +7,7 @@ Every status the operator writes is checked against the CRD's status schema by t
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -378,3 +379,22 @@ def test_a_rollout_server_that_exits_is_replaced_alone_until_its_restart_limit(c
     assert status["failure"] == {"role": "rollout", "pod": "rho-rollout-1", "exitCode": 0,
                                  "reason": "RolloutRestartLimitExceeded", "message": engine_error}
     assert status["message"].endswith(f"after 1 restarts (runPolicy.rolloutRestartLimit 1): {engine_error}")
+
+
+def test_a_newer_learners_report_keeps_the_runs_status_moving(cluster, learner, progress_urls):
+    """A learner image upgraded before the operator reports a field, a drop reason and a phase this operator does not
+    know: the report is read (not refused), so Progressing and Stalled stay known and the counts land in status."""
+    _running(cluster, learner, progress_urls, "newer")
+    report = learner.report.model_dump(mode="json", by_alias=True)
+    report.update(phase="Balancing", groupsConsumed=9, groupsTrained=6, tokensPerSecond=9.5,
+                  dropped={**report["dropped"], "no_signal": 1, "reward_timeout": 2})
+    report["rollout"] = [{**server, "kvCacheUsage": 0.5} for server in report["rollout"]]
+    learner.answer(json.dumps(report))
+    cluster.wait_for(lambda: cluster.status("newer")["progress"]["groupsTrained"] == 6,
+                     what="the newer report's counts in status")
+    progress = cluster.status("newer")["progress"]
+    assert progress["groupsDropped"] == 3  # every reason counts, the one status cannot name too
+    assert progress["dropped"]["no_signal"] == 1
+    assert cluster.condition("newer", "Progressing")["status"] == "True"
+    assert cluster.condition("newer", "Stalled")["status"] == "False"
+    assert "ProgressUnknown" not in cluster.event_reasons("newer")

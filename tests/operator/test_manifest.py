@@ -274,8 +274,10 @@ def _learner_container(manifest: dict) -> dict:
 CEL_CASES = {
     "output-nowhere": (_set("spec.output", {}), "spec.output: set volume, uri or both: where the trained model goes"),
     "output-store-settings-without-uri": (
-        _set("spec.output", {"volume": {"emptyDir": {}}, "credentialsSecretRef": {"name": "s3"}}),
-        "spec.output: credentialsSecretRef, endpoint and region are only for an object store: set uri too"),
+        _set("spec.output", {"volume": {"emptyDir": {}}, "credentialsSecret": "s3"}),
+        "spec.output: credentialsSecret, endpoint and region are only for an object store: set uri too"),
+    "wandb-online-without-key": (_set("spec.tracking", {"wandb": {"project": "p"}}),
+                                 "spec.tracking.wandb.apiKeySecret: online mode needs apiKeySecret (or mode offline)"),
     "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),
                       "spec.learner.topology: set exactly one of required or preferred"),
     "topology-none": (_set("spec.rollout.topology", {}), "spec.rollout.topology: set exactly one of required or "

@@ -262,7 +262,7 @@ def test_without_an_output_a_success_needs_no_model():
 @pytest.mark.parametrize(("output", "cause"), [
     (OUTPUT, "could not export the model to /var/lib/grpo/model/r: No space left on device "
              "(/var/lib/grpo/model/.r.partial)"),
-    ({"uri": "s3://models/r", "credentialsSecretRef": {"name": "s3"}},
+    ({"uri": "s3://models/r", "credentialsSecret": "s3"},
      "could not upload the model: s3://models/r/grpo-export.json: the secret key (AWS_SECRET_ACCESS_KEY) does not "
      "match the access key (SignatureDoesNotMatch)"),
     ({"uri": "s3://models/r"}, "could not upload the model: s3://models/r/grpo-export.json: the bucket 'models' does "

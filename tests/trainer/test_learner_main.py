@@ -142,6 +142,7 @@ def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_p
 def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_invalid_config(tmp_path, monkeypatch):
     # On an A100 (the rule picks varlen), `extraArgs: {bf16: false}` leaves float32 attention, which flash kernels
     # cannot compute: said before the model loads (this one does not exist), not at the first forward.
+    import grpo_trainer.trainer  # noqa: F401  (imported unpatched: it binds probe_device by name, for the process)
     from grpo_trainer import attention
     from grpo_trainer.learner_main import main
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpo_trainer import contract as c
-from grpo_trainer.exporter import ProgressServer, render_metrics, write_termination_message
+from grpo_trainer.exporter import ProgressServer, StepMetrics, render_metrics, write_termination_message
 
 
 def fetch(url: str) -> str:
@@ -30,14 +30,17 @@ def samples_by_name(text: str) -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tiny_model_dir):
+def finished_run(tiny_model_dir, tmp_path_factory):
     """A real GRPOLearner run (scripted rollouts, a third without signal) with its progress server, polled while
-    it trains."""
+    it trains, reporting to TensorBoard as spec.tracking.tensorboard makes it."""
+    import os
+
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.tracking import configure, parameters_callback
     from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -45,12 +48,21 @@ def finished_run(tiny_model_dir):
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(prompts)]})
     worker = ScriptedRolloutWorker(dataset_size=prompts, num_generations=4, vocab_size=len(tokenizer),
                                    reward=lambda p, k: 0.0 if p % 3 == 0 else float(k % 2), delay_s=0.05)
-    args = AsyncGRPOConfig(output_dir="/tmp/grpo-metrics-test", use_cpu=True, dtype="float32", report_to=[],
+    out = tmp_path_factory.mktemp("metrics-run")
+    run_config = c.RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "runName": "metrics", "outputDir": str(out), "tracking": {"tensorboard": {}}})
+    saved_env = dict(os.environ)
+    trackers = configure(run_config)  # sets TENSORBOARD_LOGGING_DIR, as the learner does
+    args = AsyncGRPOConfig(output_dir=str(out), use_cpu=True, dtype="float32", report_to=trackers,
                            num_generations=4, per_device_train_batch_size=4, token_budget=0, save_strategy="no",
                            num_train_epochs=1,
                            disable_tqdm=True, max_staleness=1000)
     trainer = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
                           rollout_worker=worker, weight_transfer=NoWeightTransfer(), progress_server_port=0)
+    trainer.add_callback(parameters_callback(run_config, trackers, trainer.callback_handler.callbacks))
+    os.environ.clear()
+    os.environ.update(saved_env)
     seen: list[dict] = []
     done = threading.Event()
 
@@ -64,13 +76,13 @@ def finished_run(tiny_model_dir):
     trainer.train()
     done.set()
     poller.join()
-    yield trainer, seen
+    yield trainer, seen, run_config
     trainer.close()
 
 
 @pytest.mark.slow
 def test_progress_is_visible_while_training_and_validates(finished_run):
-    trainer, seen = finished_run
+    trainer, seen, _ = finished_run
     reports = [c.ProgressReport.model_validate(body) for body in seen]
     phases = [r.phase for r in reports]
     assert c.LearnerPhase.RUNNING in phases
@@ -83,7 +95,7 @@ def test_progress_is_visible_while_training_and_validates(finished_run):
 
 @pytest.mark.slow
 def test_metrics_parse_and_match_progress(finished_run):
-    trainer, _ = finished_run
+    trainer, _, _ = finished_run
     text = fetch(trainer.progress_url + c.METRICS_PATH)
     found = samples_by_name(text)
     assert found[c.METRIC_GROUPS_CONSUMED][0].value == 9
@@ -110,12 +122,24 @@ def test_metrics_parse_and_match_progress(finished_run):
     # A CPU learner's tree attention: the per-segment SDPA kernel, in the metric and in /progress alike.
     assert [(s.labels, s.value) for s in found[c.METRIC_ATTENTION_KERNEL]] == [({"kernel": "sdpa"}, 1)]
     assert c.parse_progress(fetch(trainer.progress_url + c.PROGRESS_PATH)).attention_kernel == "sdpa"
+    # TRL's step curves, as TRL logged them for the last step.
+    last = next(entry for entry in reversed(trainer.state.log_history) if "loss" in entry)
+    assert found[c.METRIC_STEP_LOSS][0].value == pytest.approx(last["loss"])
+    assert found[c.METRIC_STEP_ENTROPY][0].value == pytest.approx(last["entropy"]) and last["entropy"] > 0
+    assert found[c.METRIC_STEP_LEARNING_RATE][0].value == pytest.approx(last["learning_rate"])
+    assert {s.labels["bound"] for s in found[c.METRIC_STEP_CLIP_RATIO]} == {"low", "high", "region"}
+    assert found[c.METRIC_STEP_KL][0].value == pytest.approx(last["kl"])
+    assert found[c.METRIC_STEP_STALENESS_MAX][0].value >= found[c.METRIC_STEP_STALENESS_MEAN][0].value >= 0
+    # ... and the trackers' copy of the log carries the progress numbers beside them.
+    assert last["progress/groups_dropped/no_signal"] <= 3 and last["progress/groups_trained"] <= 6
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
     # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
     per_replica = {c.METRIC_REPLICA_READY, c.METRIC_REPLICA_WEIGHT_VERSION, c.METRIC_REPLICA_SAMPLES,
                    c.METRIC_REPLICA_FAILURES, c.METRIC_REPLICA_VERSION_LAG}
-    assert set(c.LEARNER_METRIC_NAMES) - per_replica <= exported
-    assert not per_replica & exported
+    # TRL's rollout worker logs the completion lengths; the scripted worker logs none, so they are absent, not 0.
+    completions = {c.METRIC_STEP_COMPLETION_TOKENS_MEAN, c.METRIC_STEP_COMPLETION_TOKENS_MAX}
+    assert set(c.LEARNER_METRIC_NAMES) - per_replica - completions <= exported
+    assert not (per_replica | completions) & exported
 
 
 @pytest.mark.slow
@@ -123,11 +147,37 @@ def test_promtool_finds_no_problem_in_the_metrics(finished_run):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool (Debian package prometheus) is not installed; `make test` installs it")
-    trainer, _ = finished_run
+    trainer, _, _ = finished_run
     text = fetch(trainer.progress_url + c.METRICS_PATH)
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     complaints = check.stdout.strip() + check.stderr.strip()
     assert check.returncode == 0 and complaints == "", complaints
+
+
+@pytest.mark.slow
+def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
+    """The event files the run wrote, read by TensorBoard's own reader: TRL's curves and our progress numbers per
+    step, the run's spec as text."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from grpo_trainer.tracking import tracking_directory
+
+    trainer, _, run_config = finished_run
+    directory = tracking_directory(run_config, "tensorboard")
+    events = event_accumulator.EventAccumulator(directory, size_guidance={event_accumulator.TENSORS: 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/entropy", "train/kl", "train/clip_ratio/region_mean",
+            "train/progress/groups_trained", "train/progress/groups_dropped/no_signal",
+            "train/progress/stall_streak", "train/progress/rollout_wait_s"} <= scalars, sorted(scalars)
+    steps = trainer.state.global_step
+    losses = events.Scalars("train/loss")
+    assert [event.step for event in losses] == list(range(1, steps + 1))
+    trained = events.Scalars("train/progress/groups_trained")
+    assert [event.value for event in trained] == sorted(event.value for event in trained)
+    assert trained[-1].value <= 6 and trained[-1].value > 0
+    spec = events.Tensors("grporun/spec/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "grporun.runName: metrics" in spec and "grporun.tracking.tensorboard: {}" in spec
 
 
 def test_the_attention_kernel_is_one_labelled_series_once_chosen():
@@ -259,3 +309,40 @@ def test_a_metric_is_a_counter_exactly_when_its_name_ends_in_total():
     for name in c.LEARNER_METRIC_NAMES:
         if name in kinds:  # per-replica families are empty without a rollout pool
             assert (kinds[name] == "counter") == name.endswith("_total"), (name, kinds[name])
+
+
+def test_step_metrics_export_what_trl_logged_and_skip_what_is_not_finite():
+    step_metrics = StepMetrics()
+    # The shape of one TRL AsyncGRPOTrainer log (`Trainer.log`'s dict after TRL's own `log`).
+    step_metrics.record({
+        "loss": 0.125, "grad_norm": 1.5, "learning_rate": 1e-6, "entropy": 2.25, "kl": float("nan"),
+        "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.5, "clip_ratio/region_mean": 0.5,
+        "completions/mean_length": 12.5, "completions/max_length": 31.0, "sample/staleness_mean": 0.75,
+        "sample/staleness_max": 2.0, "epoch": 0.5, "perf/step_s": 0.1, "reward": None, "ratio": float("inf"),
+    })
+    text = render_metrics(lambda: c.ProgressReport(), step_metrics).decode()
+    found = samples_by_name(text)
+    assert found[c.METRIC_STEP_LOSS][0].value == 0.125
+    assert found[c.METRIC_STEP_GRAD_NORM][0].value == 1.5
+    assert found[c.METRIC_STEP_LEARNING_RATE][0].value == 1e-6
+    assert found[c.METRIC_STEP_ENTROPY][0].value == 2.25
+    assert {s.labels["bound"]: s.value for s in found[c.METRIC_STEP_CLIP_RATIO]} == {
+        "low": 0.0, "high": 0.5, "region": 0.5}
+    assert found[c.METRIC_STEP_COMPLETION_TOKENS_MEAN][0].value == 12.5
+    assert found[c.METRIC_STEP_COMPLETION_TOKENS_MAX][0].value == 31.0
+    assert found[c.METRIC_STEP_STALENESS_MEAN][0].value == 0.75
+    assert found[c.METRIC_STEP_STALENESS_MAX][0].value == 2.0
+    assert c.METRIC_STEP_KL not in found  # NaN: never exported
+    assert "nan" not in text.lower() and "inf" not in text.lower().replace("info", "")
+    # A later step's NaN keeps the last finite value; a number arriving later appears.
+    step_metrics.record({"loss": float("nan"), "kl": 0.01, "entropy": "2.0"})
+    found = samples_by_name(render_metrics(lambda: c.ProgressReport(), step_metrics).decode())
+    assert found[c.METRIC_STEP_LOSS][0].value == 0.125 and found[c.METRIC_STEP_KL][0].value == 0.01
+    assert found[c.METRIC_STEP_ENTROPY][0].value == 2.25  # a string is not a number
+    families = {f.name: f.type for f in text_string_to_metric_families(text)}
+    assert all(families[name] == "gauge" for name in c.STEP_METRIC_NAMES if name in families)
+
+
+def test_a_learner_without_logged_steps_exports_no_step_curves():
+    found = samples_by_name(render_metrics(lambda: c.ProgressReport(), StepMetrics()).decode())
+    assert not set(c.STEP_METRIC_NAMES) & set(found)

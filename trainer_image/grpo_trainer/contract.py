@@ -153,6 +153,34 @@ METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  #
 METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
 METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it
 METRIC_REPLICA_VERSION_LAG = "grpo_learner_rollout_replica_weight_version_lag"  # gauge: versions it is behind
+# TRL's per-step training curves, as last logged (gauges; a step that logged a non-finite value leaves the series as
+# it was). TRL logs every `logging_steps` (the operator sets 1): `loss`, `entropy`... are that window's means.
+METRIC_STEP_LOSS = "grpo_learner_step_loss"
+METRIC_STEP_GRAD_NORM = "grpo_learner_step_grad_norm"
+METRIC_STEP_LEARNING_RATE = "grpo_learner_step_learning_rate"
+METRIC_STEP_ENTROPY = "grpo_learner_step_entropy"  # mean token entropy of the policy (nats)
+METRIC_STEP_KL = "grpo_learner_step_kl"  # mean approximate KL of the policy from the sampling policy
+METRIC_STEP_CLIP_RATIO = "grpo_learner_step_clip_ratio"  # label bound: low, high, region (share of tokens clipped)
+METRIC_STEP_COMPLETION_TOKENS_MEAN = "grpo_learner_step_completion_length_mean_tokens"
+METRIC_STEP_COMPLETION_TOKENS_MAX = "grpo_learner_step_completion_length_max_tokens"
+METRIC_STEP_STALENESS_MEAN = "grpo_learner_step_staleness_mean_versions"  # weight versions a sample is behind
+METRIC_STEP_STALENESS_MAX = "grpo_learner_step_staleness_max_versions"
+#: TRL's log key -> (metric name, labels): which of TRL's logged numbers /metrics exports, and as what.
+TRL_LOG_METRICS: dict[str, tuple[str, dict[str, str]]] = {
+    "loss": (METRIC_STEP_LOSS, {}),
+    "grad_norm": (METRIC_STEP_GRAD_NORM, {}),
+    "learning_rate": (METRIC_STEP_LEARNING_RATE, {}),
+    "entropy": (METRIC_STEP_ENTROPY, {}),
+    "kl": (METRIC_STEP_KL, {}),
+    "clip_ratio/low_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "low"}),
+    "clip_ratio/high_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "high"}),
+    "clip_ratio/region_mean": (METRIC_STEP_CLIP_RATIO, {"bound": "region"}),
+    "completions/mean_length": (METRIC_STEP_COMPLETION_TOKENS_MEAN, {}),
+    "completions/max_length": (METRIC_STEP_COMPLETION_TOKENS_MAX, {}),
+    "sample/staleness_mean": (METRIC_STEP_STALENESS_MEAN, {}),
+    "sample/staleness_max": (METRIC_STEP_STALENESS_MAX, {}),
+}
+STEP_METRIC_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in TRL_LOG_METRICS.values()))
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -185,6 +213,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_REPLICA_SAMPLES,
     METRIC_REPLICA_FAILURES,
     METRIC_REPLICA_VERSION_LAG,
+    *STEP_METRIC_NAMES,
 )
 
 
@@ -440,6 +469,64 @@ class OutputConfig(WireModel):
         return uri
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Experiment tracking (spec.tracking). Credentials come from Secrets of the run's namespace, as env vars of the
+# learner pods (the operator renders them, optional, so that a missing Secret is the learner's one-line exit 78
+# naming the field rather than a pod that never starts); everything else the learner sets itself
+# (grpo_trainer.tracking).
+# --------------------------------------------------------------------------------------------------------------------
+#: Key of the MLflow credentials Secret -> the env var MLflow's client reads it from.
+MLFLOW_CREDENTIAL_ENV = {
+    "username": "MLFLOW_TRACKING_USERNAME",
+    "password": "MLFLOW_TRACKING_PASSWORD",
+    "token": "MLFLOW_TRACKING_TOKEN",
+}
+WANDB_API_KEY_ENV = "WANDB_API_KEY"
+
+
+class SecretKeyRef(WireModel):
+    name: str = Field(min_length=1, description="A Secret in the run's namespace.")
+    key: str = Field(min_length=1, description="The key of the Secret that holds the value.")
+
+
+class MlflowTracking(WireModel):
+    tracking_uri: str = Field(min_length=1, description="The MLflow tracking server, e.g. http://mlflow:5000.")
+    experiment: str | None = Field(None, min_length=1, description="Experiment name (default: the run's namespace).")
+    run_name: str | None = Field(None, min_length=1, description="MLflow run name (default: the GRPORun's name).")
+    credentials_secret: str | None = Field(
+        None, min_length=1,
+        description="Secret whose keys username and password (or token) authenticate to the tracking server.")
+
+
+class TensorBoardTracking(WireModel):
+    """Event files under the checkpoint directory's `tensorboard/` (the checkpoint volume: they outlive the pod)."""
+
+
+class WandbTracking(WireModel):
+    project: str = Field(min_length=1, description="The W&B project.")
+    entity: str | None = Field(None, min_length=1, description="The W&B entity (team or user).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline writes the run under the checkpoint directory's wandb/, with no network.")
+    api_key_secret: SecretKeyRef | None = Field(None, description="The W&B API key; online mode needs it.")
+
+    @model_validator(mode="after")
+    def _online_needs_a_key(self) -> WandbTracking:
+        if self.mode == "online" and self.api_key_secret is None:
+            raise ValueError("online mode needs apiKeySecret (or mode offline)")
+        return self
+
+
+class TrackingConfig(WireModel):
+    mlflow: MlflowTracking | None = None
+    tensorboard: TensorBoardTracking | None = None
+    wandb: WandbTracking | None = None
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers asked for, by their `report_to` names (transformers' integrations)."""
+        return [name for name in ("mlflow", "tensorboard", "wandb") if getattr(self, name) is not None]
+
+
 # more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
@@ -456,6 +543,7 @@ class RunConfig(WireModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     output: OutputConfig | None = None
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
 

@@ -4,12 +4,14 @@ Torch-free: it only reads a snapshot function, so the metrics are a pure renderi
 reads and the termination message carries, and the two can never disagree. A custom collector (rather than gauges
 updated by the trainer) means a scrape always sees one consistent snapshot. Only figures that count in this process
 from 0 and never decrease are counters (`_total`); totals since the run began (they carry over a resume) and figures
-that can go down (trained, consumed, dropped: contract.py says when) are gauges.
+that can go down (trained, consumed, dropped: contract.py says when) are gauges. TRL's per-step curves (loss,
+entropy...) are not part of the report: `StepMetrics` keeps the last logged value of each, rendered beside it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -31,9 +33,58 @@ def _without_total(name: str) -> str:
     return name.removesuffix("_total")
 
 
+class StepMetrics:
+    """The last value TRL logged for each of the step curves /metrics exports (contract.TRL_LOG_METRICS).
+
+    Fed from the trainer's `log()` on the training thread, read by scrapes on the server's: a lock keeps a scrape
+    from seeing half a step. A non-finite value (TRL logs NaN for a window without the figure) or one that is not a
+    number leaves the series as it was, so a dashboard never plots NaN.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def record(self, logs: dict) -> None:
+        updates = {}
+        for key, (name, labels) in c.TRL_LOG_METRICS.items():
+            value = logs.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            updates[(name, tuple(sorted(labels.items())))] = float(value)
+        with self._lock:
+            self._values.update(updates)
+
+    def families(self) -> list[Metric]:
+        with self._lock:
+            values = dict(self._values)
+        by_name: dict[str, GaugeMetricFamily] = {}
+        for (name, labels), value in sorted(values.items()):
+            family = by_name.get(name)
+            if family is None:
+                family = by_name[name] = GaugeMetricFamily(name, _STEP_DOCS[name], labels=[k for k, _ in labels])
+            family.add_metric([v for _, v in labels], value)
+        return list(by_name.values())
+
+
+_STEP_DOCS = {
+    c.METRIC_STEP_LOSS: "Training loss TRL logged for the last step.",
+    c.METRIC_STEP_GRAD_NORM: "Gradient norm before clipping, last logged step.",
+    c.METRIC_STEP_LEARNING_RATE: "Learning rate of the last logged step.",
+    c.METRIC_STEP_ENTROPY: "Mean token entropy of the policy (nats), last logged step.",
+    c.METRIC_STEP_KL: "Mean approximate KL of the policy from the policy that sampled, last logged step.",
+    c.METRIC_STEP_CLIP_RATIO: "Share of tokens whose importance ratio was clipped, by bound, last logged step.",
+    c.METRIC_STEP_COMPLETION_TOKENS_MEAN: "Mean completion length (tokens) generated since the last logged step.",
+    c.METRIC_STEP_COMPLETION_TOKENS_MAX: "Longest completion (tokens) generated since the last logged step.",
+    c.METRIC_STEP_STALENESS_MEAN: "Mean weight versions a trained sample was behind, last logged step.",
+    c.METRIC_STEP_STALENESS_MAX: "Most weight versions a trained sample was behind, last logged step.",
+}
+
+
 class ProgressCollector:
-    def __init__(self, report_fn: ReportFn):
+    def __init__(self, report_fn: ReportFn, step_metrics: StepMetrics | None = None):
         self._report_fn = report_fn
+        self._step_metrics = step_metrics
 
     def collect(self) -> Iterator[Metric]:
         report = self._report_fn()
@@ -99,6 +150,8 @@ class ProgressCollector:
         ]
         yield from (family for family in families if family is not None)
         yield from replica_families(report.rollout, report.weight_version)
+        if self._step_metrics is not None:
+            yield from self._step_metrics.families()
 
 
 def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
@@ -133,18 +186,20 @@ def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: in
     return [ready, version, samples, failures, lag]
 
 
-def render_metrics(report_fn: ReportFn) -> bytes:
+def render_metrics(report_fn: ReportFn, step_metrics: StepMetrics | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ProgressCollector(report_fn))
+    registry.register(ProgressCollector(report_fn, step_metrics))
     return generate_latest(registry)
 
 
 class ProgressServer:
-    """Serves /progress and /metrics from `report_fn` on a daemon thread (rank 0 only)."""
+    """Serves /progress and /metrics from `report_fn` (and TRL's step curves from `step_metrics`) on a daemon thread
+    (rank 0 only)."""
 
-    def __init__(self, report_fn: ReportFn, port: int = c.LEARNER_HTTP_PORT, host: str = "0.0.0.0"):
+    def __init__(self, report_fn: ReportFn, port: int = c.LEARNER_HTTP_PORT, host: str = "0.0.0.0",
+                 step_metrics: StepMetrics | None = None):
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(ProgressCollector(report_fn))
+        registry.register(ProgressCollector(report_fn, step_metrics))
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:

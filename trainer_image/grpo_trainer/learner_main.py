@@ -23,6 +23,8 @@ from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
 from .rewards import RewardError, RewardResultError, load_rewards
 from .store_uri import is_object_store_uri
+from .tracking import TrackingConfigError, parameters_callback
+from .tracking import configure as configure_tracking
 
 logger = logging.getLogger("grpo_trainer.learner")
 
@@ -53,7 +55,7 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
     on_cpu = config.learner.device == "cpu"
     arguments: dict[str, Any] = {
         "output_dir": config.checkpoint.directory or config.output_dir,
-        "run_name": config.run_name,
+        "run_name": (config.tracking.mlflow and config.tracking.mlflow.run_name) or config.run_name,
         "num_train_epochs": training.epochs,
         "num_generations": training.num_generations,
         "per_device_train_batch_size": training.per_device_train_batch_size,
@@ -72,7 +74,8 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
         "save_strategy": "steps",
         "save_steps": config.checkpoint.save_steps,
         "logging_steps": 1,
-        "report_to": [],
+        # Exactly the trackers spec.tracking asks for (grpo_trainer.tracking sets the env they read).
+        "report_to": config.tracking.trackers,
     }
     # TRL's 1024-sample default lets a fast server queue samples that go stale before they train.
     processes = config.learner.nodes * config.learner.processes_per_node
@@ -241,6 +244,10 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     except AttentionUnavailable as error:
         raise ConfigError(str(error)) from None
     logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
+    try:
+        trackers = configure_tracking(config)
+    except TrackingConfigError as error:
+        raise ConfigError(str(error)) from None
     if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
         raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
     try:
@@ -306,6 +313,8 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         if pool is not None:
             pool.stop()
         raise
+    if trackers:
+        learner.add_callback(parameters_callback(config, trackers, learner.callback_handler.callbacks))
     if pool is not None:
         learner.rollout_report_fn = pool.report
         learner.rollout_pool = pool

@@ -48,9 +48,11 @@ from .contract import (
     ProgressReport,
     StallCause,
 )
+from .exporter import StepMetrics
 from .progress import (
     SAMPLE_GROUP_KEY,
     STOP_KEY,
+    AccountingError,
     ConsumedIds,
     ProgressCollator,
     ProgressState,
@@ -67,6 +69,7 @@ from .rollout_worker import SupervisedRolloutWorker
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
+from .tracking import progress_logs
 from .weight_sync import FilesystemWeightTransfer
 
 logger = logging.getLogger(__name__)
@@ -160,10 +163,12 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.window_groups: set[int] = set()  # rank 0: the groups of the window now training (worker ids)
         self.rollout_wait: RolloutWaitMeter | None = None  # rank 0, once the pipeline is built
         self._progress_server = None
+        self.step_metrics = StepMetrics()  # TRL's logged step curves, for /metrics
         if progress_server_port is not None and self.accelerator.is_main_process:
             from .exporter import ProgressServer
 
-            self._progress_server = ProgressServer(self.progress_report, port=progress_server_port).start()
+            self._progress_server = ProgressServer(self.progress_report, port=progress_server_port,
+                                                   step_metrics=self.step_metrics).start()
             logger.info(f"progress: {self._progress_server.url}/progress and /metrics")
 
     # ------------------------------------------------------------------------------------------------ observability
@@ -183,6 +188,17 @@ class GRPOLearner(AsyncGRPOTrainer):
                                                "rollout_queue_samples": self.rollout_wait.qsize()})
         rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
         return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log (its step metrics join `logs`), with our progress numbers beside them for the trackers; what
+        was logged then feeds /metrics' step curves."""
+        if self.accelerator.is_main_process:
+            try:
+                logs.update(progress_logs(self.progress_report()))
+            except AccountingError:
+                pass  # the run's end reports the broken accounting; a log line must not end the run
+        super().log(logs, start_time)
+        self.step_metrics.record(logs)
 
     @property
     def progress_url(self) -> str | None:

@@ -283,7 +283,7 @@ def test_a_local_learner_reaches_the_object_store_the_spec_names_with_this_machi
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-this-machine")
     path = tmp_path / "run.yaml"
     output = {"uri": "s3://models/runs/tiny", "endpoint": "http://127.0.0.1:8333", "region": "eu-west-1",
-              "credentialsSecretRef": {"name": "s3-models"}}  # a cluster's Secret: nothing to read here
+              "credentialsSecret": "s3-models"}  # a cluster's Secret: nothing to read here
     path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(output=output))))
     local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=False, fresh=False,
                                        rollout_url=["http://127.0.0.1:9"], rollout_python=None,
