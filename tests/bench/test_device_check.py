@@ -154,3 +154,36 @@ def test_a_whole_bench_run_keeps_the_device_section(tmp_path, monkeypatch):
     assert section_body(written, dc.SECTION) == "## Device check\n\nH200 figures"
     assert section_body(written, "pipeline") == "## pipeline\n\nfigures"
     assert written.index("bench:scaling") < written.index(f"bench:{dc.SECTION}")
+
+
+def _machine(gpus: int, missing: list[str]) -> dict:
+    return {"missing": missing, "versions": {"torch": "2.13.0"},
+            "cuda": {"count": gpus, "build": "13.0", "names": ["NVIDIA H200"] * gpus}}
+
+
+@pytest.mark.parametrize(("gpus", "sync", "needs_vllm"), [
+    (1, "auto", False), (2, "auto", True), (1, "nccl", True), (2, "filesystem", False),
+])
+def test_the_learner_needs_vllm_only_where_a_row_syncs_over_nccl(monkeypatch, gpus, sync, needs_vllm):
+    monkeypatch.setattr(dc, "probe", lambda python, modules: _machine(gpus, ["vllm"] if python == sys.executable
+                                                                      else []))
+    if needs_vllm:
+        with pytest.raises(dc.CannotRun, match="cannot import vllm, which NCCL weight sync needs"):
+            dc.preflight("/opt/rollout/bin/python", sync)
+    else:
+        assert dc.preflight("/opt/rollout/bin/python", sync)["gpus"] == ["NVIDIA H200"] * gpus
+
+
+def test_every_missing_thing_is_named_at_once(monkeypatch):
+    def probe(python, modules):
+        if python == sys.executable:
+            return _machine(0, ["trl", "pydantic", "vllm"])
+        raise dc.CannotRun(f"{python} could not be run to look at its packages: no such file")
+
+    monkeypatch.setattr(dc, "probe", probe)
+    with pytest.raises(dc.CannotRun) as raised:
+        dc.preflight("/nowhere/python", "auto")
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 4
+    assert "cannot import: trl, pydantic" in lines[0] and "no CUDA device" in lines[1]
+    assert "vllm" in lines[2] and "/nowhere/python" in lines[3]
