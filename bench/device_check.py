@@ -21,6 +21,7 @@ ended before it exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -356,8 +357,43 @@ def preflight(rollout_python: str, sync: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- processes
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (command)": state, then the parent
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, whatever its session: torch's launcher starts each learner rank in a new one."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (parent := parent_pid(int(entry))) is not None:
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def owner(pid: int, roots: dict[str, int]) -> str | None:
+    """Which of `roots` (name: pid) `pid` is, or descends from."""
+    by_pid = {root: name for name, root in roots.items()}
+    seen = set()
+    while pid not in by_pid:
+        if pid in seen or (parent := parent_pid(pid)) is None or parent <= 1:
+            return None
+        seen.add(pid)
+        pid = parent
+    return by_pid[pid]
+
+
 class Processes:
-    """Every process started here, each in its own session, ended (the whole group) when the check ends."""
+    """Every process started here, each in its own session, ended with all it started when the check ends."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -376,28 +412,35 @@ class Processes:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, process: subprocess.Popen, grace_s: float = 20) -> None:
-        """SIGTERM to the process's group (the server's engine and the learner's ranks are in it), SIGKILL to what is
-        left of it after `grace_s`: a leader that exits first must not leave its children running."""
+        """SIGTERM to the process's group and to the group of everything below it (the server's engine, the
+        learner's ranks in their own sessions), SIGKILL to what is left after `grace_s`."""
+        groups = {process.pid}
+        for pid in descendants(process.pid):
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(pid))
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            if not self._signal_group(process, sig):
+            if not self._signal(process, groups, sig):
                 break
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and self._signal_group(process, 0):
+            while time.monotonic() < deadline and self._signal(process, groups, 0):
                 time.sleep(0.2)
-            if not self._signal_group(process, 0):
+            if not self._signal(process, groups, 0):
                 break
         if process in self.running:
             self.running.remove(process)
 
     @staticmethod
-    def _signal_group(process: subprocess.Popen, sig: int) -> bool:
-        """Send `sig` to the group (0: only ask whether it still has a process); False once it has none."""
-        process.poll()  # reap the leader, so that its zombie does not count as the group still running
-        try:
-            os.killpg(process.pid, sig)  # its own session: the group is ours alone
-        except ProcessLookupError:
-            return False
-        return True
+    def _signal(process: subprocess.Popen, groups: set[int], sig: int) -> bool:
+        """Send `sig` to each group still there (0: only look); False once none is."""
+        process.poll()  # reap the leader, so that its zombie does not count as its group still running
+        alive = False
+        for group in groups:
+            try:
+                os.killpg(group, sig)  # groups of processes started here only
+                alive = True
+            except ProcessLookupError:
+                pass
+        return alive
 
     def stop_all(self) -> None:
         for process in list(self.running):
@@ -418,8 +461,9 @@ def http_get(url: str, timeout: float = 2) -> str | None:
         return None
 
 
-def gpu_memory(sessions: dict[str, int]) -> dict[str, list[int]]:
-    """MiB per process of each of `sessions` (name: session id), from nvidia-smi; empty where it cannot tell."""
+def gpu_memory(roots: dict[str, int]) -> dict[str, list[int]]:
+    """MiB per process of each of `roots` (name: the pid started here) and what it started, from nvidia-smi; empty
+    where it cannot tell."""
     try:
         text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=10).stdout
@@ -427,13 +471,8 @@ def gpu_memory(sessions: dict[str, int]) -> dict[str, list[int]]:
         return {}
     found: dict[str, list[int]] = {}
     for pid, mib in compute_apps(text).items():
-        try:
-            session = os.getsid(pid)
-        except OSError:
-            continue
-        for name, wanted in sessions.items():
-            if session == wanted:
-                found.setdefault(name, []).append(mib)
+        if (name := owner(pid, roots)) is not None:
+            found.setdefault(name, []).append(mib)
     return found
 
 
@@ -495,7 +534,7 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
     argv = learner_argv(str(config_path), processes_per_machine=layout.ranks, main_process_port=free_port(),
                         python=sys.executable)
     learner = processes.start(name, argv, CUDA_VISIBLE_DEVICES=layout.learner_gpus)
-    sessions = {"learner": learner.pid, "server": server.pid}
+    roots = {"learner": learner.pid, "server": server.pid}
     polls: list[Poll] = []
     deadline = time.monotonic() + timeout_s
     while learner.poll() is None:
@@ -517,7 +556,7 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
                 pass
         metrics = http_get(f"{server_url}/metrics")
         poll.generated_tokens = generated_tokens(metrics) if metrics else None
-        memory = gpu_memory(sessions)
+        memory = gpu_memory(roots)
         poll.learner_mib, poll.server_mib = memory.get("learner", []), memory.get("server", [])
         polls.append(poll)
         time.sleep(POLL_S)

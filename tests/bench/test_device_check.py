@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,32 @@ def test_every_missing_thing_is_named_at_once(monkeypatch):
     assert len(lines) == 4
     assert "cannot import: trl, pydantic" in lines[0] and "no CUDA device" in lines[1]
     assert "vllm" in lines[2] and "/nowhere/python" in lines[3]
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_a_rank_in_its_own_session_is_counted_and_ended_with_its_launcher(tmp_path):
+    """torch's launcher starts each learner rank in a new session: it is the learner's all the same."""
+    processes = dc.Processes(tmp_path)
+    launcher = processes.start("launcher", [sys.executable, "-c", (
+        "import subprocess, sys, time; rank = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+        "print(rank.pid, flush=True); time.sleep(300)")])
+    try:
+        for _ in range(100):
+            if processes.log_tail("launcher").strip().isdigit():
+                break
+            time.sleep(0.1)
+        rank = int(processes.log_tail("launcher"))
+        assert os.getsid(rank) != os.getsid(launcher.pid)
+        assert rank in dc.descendants(launcher.pid)
+        assert dc.owner(rank, {"learner": launcher.pid, "server": os.getpid() + 10**7}) == "learner"
+        assert dc.owner(os.getpid(), {"learner": launcher.pid}) is None
+    finally:
+        processes.stop_all()
+    assert launcher.returncode is not None and processes.running == []
+    assert _state(rank) in (None, "Z")  # ended (a zombie only until its new parent reaps it)
