@@ -8,9 +8,10 @@ tokenizer: nothing comes from the hub), starts the rollout server through the po
 prints one row per layout: generation tokens/s (the server's `vllm:generation_tokens_total` over the training
 window), step time (from /progress's globalStep), sync time (/progress's weightSyncSeconds over weightSyncs), peak GPU
 memory per process (nvidia-smi: the learner does not report torch's allocator peak) and the learner's
-`attentionKernel`. One GPU: one row, learner and server sharing it. Two or more: a second row with two learner ranks
-(DDP: the learner has no other multi-rank strategy) syncing through the filesystem, the mode the learner supports from
-several ranks. `--write` puts the table in BENCHMARKS.md's "device" section.
+`attentionKernel`. One GPU: one row, learner and server sharing it, syncing through the filesystem (NCCL refuses two
+ranks of one communicator on one GPU). Two or more: NCCL sync with the server on its own GPU, and a second row with
+two learner ranks (DDP: the learner has no other multi-rank strategy) syncing through the filesystem, the mode the CRD
+allows for several ranks. `--write` puts the table in BENCHMARKS.md's "device" section.
 
 Runs under the learner's Python (the cuda trainer image's `python`); the server under $GRPO_ROLLOUT_PYTHON or
 `--rollout-python`. Exit 2: it cannot run here (no CUDA device, a package missing: all named, no traceback); exit 1: a
