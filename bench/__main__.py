@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .device_check import SECTION as DEVICE_SECTION
 from .report import Context, SectionUnavailable, machine, section_body, splice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         head = machine(ROOT)
         bodies = {name: run_section(name, context) for name in names}
     total = time.monotonic() - started
-    document = HEADER if everything or not args.output.exists() else args.output.read_text()
+    before = args.output.read_text() if args.output.exists() else ""
+    document = HEADER if everything or not before else before
     quick = "Quick mode (fewer repetitions). " if args.quick else ""
     stamp = f"{head}\n\n{quick}Generated {time.strftime('%Y-%m-%d %H:%M %Z')}"
     if everything:
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in SECTIONS:
         if name in bodies:
             document = splice(document, name, bodies[name])
+    kept = section_body(before, DEVICE_SECTION)
+    if everything and kept:  # the GPU check's figures come from another machine: a CPU run keeps them
+        document = splice(document, DEVICE_SECTION, kept)
     args.output.write_text(document.rstrip() + "\n")
     print(f"[bench] wrote {args.output} in {total:.0f} s", file=sys.stderr)
     return 0
