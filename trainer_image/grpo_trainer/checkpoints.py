@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .contract import DropReason
+from .model_export import sha256_of
 from .progress.state import ProgressStateError, check_version
 
 logger = logging.getLogger(__name__)
@@ -104,15 +105,10 @@ def checkpoint_files(checkpoint_dir: str) -> dict[str, int]:
     return dict(sorted(files.items()))
 
 
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _hashes(checkpoint_dir: str, names: list[str]) -> dict[str, str]:
     paths = [os.path.join(checkpoint_dir, name) for name in names]
     with ThreadPoolExecutor(max_workers=_HASH_THREADS) as pool:
-        return dict(zip(names, pool.map(file_sha256, paths), strict=True))
+        return dict(zip(names, pool.map(sha256_of, paths), strict=True))
 
 
 def write_marker(checkpoint_dir: str, state: dict[str, Any]) -> None:

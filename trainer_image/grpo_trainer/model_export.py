@@ -33,7 +33,6 @@ MANIFEST_VERSION = 1
 PROVENANCE_PACKAGES = ("grpo-operator", "torch", "transformers", "trl", "accelerate", "safetensors", "vllm")
 #: Points of the reward trend kept in the manifest: enough to see its shape, few enough to read.
 REWARD_TREND_POINTS = 20
-_CHUNK = 1 << 20
 
 
 class ExportError(Exception):
@@ -74,12 +73,10 @@ def reward_trend(log_history: Iterable[Mapping[str, Any]], points: int = REWARD_
     return [trend[index] for index in picks]
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """A file's sha256, hex (a checkpoint's files, an export's, a download's)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def file_digests(folder: Path) -> list[dict[str, Any]]:
