@@ -469,6 +469,29 @@ class OutputConfig(WireModel):
         return uri
 
 
+#: The learner's and the rollout server's names for the inputs' object-store credentials (spec.inputs
+#: .credentialsSecret's keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, with this prefix): apart from
+#: the plain names, which learner rank 0 may hold for spec.output's store.
+INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
+#: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
+HUB_TOKEN_ENV = "HF_TOKEN"
+
+
+class InputsConfig(WireModel):
+    """Where the model and dataset come from when they are not a hub id or a plain path (the GRPORun's
+    `spec.inputs`), and where downloads are kept (grpo_trainer.inputs)."""
+
+    cache_dir: str | None = Field(
+        None, description="Where s3:// inputs are downloaded, once: on spec.modelCache.volume in a pod; default "
+        "$XDG_CACHE_HOME/grpo/inputs (grporun local).")
+    endpoint: str | None = Field(None, description="The S3-compatible server of s3:// inputs; AWS's own without it.")
+    region: str | None = Field(None, description="The inputs' bucket region.")
+    credentials_secret: str | None = Field(
+        None, description="The Secret whose keys are the inputs' object-store credentials (named in errors).")
+    hub_token_secret: str | None = Field(
+        None, description="The Secret whose key HF_TOKEN is the hub token (named in errors).")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Experiment tracking (spec.tracking). Credentials come from Secrets of the run's namespace, as env vars of the
 # learner pods (the operator renders them, optional, so that a missing Secret is the learner's one-line exit 78
@@ -543,6 +566,7 @@ class RunConfig(WireModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     output: OutputConfig | None = None
+    inputs: InputsConfig = Field(default_factory=InputsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
