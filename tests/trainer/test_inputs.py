@@ -166,3 +166,65 @@ def test_an_input_the_store_cannot_give_is_named(s3_server, s3_bucket, tmp_path,
     assert message.startswith(f"model: {config.model}") and cause in message and "\n" not in message, message
     assert not Path(local_path(config.model, config, environ={})).exists()
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+def _write_config(tmp_path: Path, model: str, **inputs) -> Path:
+    path = tmp_path / "run.json"
+    path.write_text(c.RunConfig(
+        model=model, dataset=c.DatasetConfig(path="/dev/null"), rewards=[c.RewardConfig(name="constant")],
+        inputs=c.InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs),
+        termination_message_path=str(tmp_path / "termination-log")).model_dump_json(by_alias=True))
+    (tmp_path / "termination-log").write_text("")
+    return path
+
+
+def _input_credentials(s3_server, monkeypatch, **keys) -> None:
+    for name, value in s3_server.env(**keys).items():
+        if name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(f"GRPO_INPUTS_{name}", value)
+
+
+@pytest.mark.s3
+def test_the_rollout_server_starts_on_the_downloaded_model_and_its_probe_names_it(
+        s3_server, s3_bucket, tiny_model_dir, tmp_path, monkeypatch):
+    import grpo_trainer.rollout
+    from grpo_trainer.__main__ import main as entry_main
+
+    upload_folder(tiny_model_dir, parse_uri(f"s3://{s3_bucket}/tiny", "output.uri"), client=s3_server.client())
+    _input_credentials(s3_server, monkeypatch)
+    path = _write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint, credentials_secret="s")
+    started = []
+    monkeypatch.setattr(grpo_trainer.rollout, "main", lambda config, port: started.append(config) or 0)
+
+    assert entry_main(["rollout", "--config", str(path)]) == 0
+    (config,) = started
+    assert (Path(config.model) / "config.json").is_file()
+    assert config.model == local_path(f"s3://{s3_bucket}/tiny", c.load_run_config(path.read_text()))
+
+
+@pytest.mark.s3
+def test_a_rollout_server_whose_model_the_store_lacks_exits_78_naming_it(s3_server, tmp_path, monkeypatch, capsys):
+    from grpo_operator.status.rollout_exits import rollout_error_line
+    from grpo_trainer.__main__ import main as entry_main
+
+    _input_credentials(s3_server, monkeypatch)
+    path = _write_config(tmp_path, "s3://no-such-bucket/tiny", endpoint=s3_server.endpoint)
+
+    assert entry_main(["rollout", "--config", str(path)]) == c.EXIT_INVALID_CONFIG
+    error = capsys.readouterr().err.strip()
+    expected = "model: s3://no-such-bucket/tiny: the bucket 'no-such-bucket' does not exist"
+    assert error == f"grpo rollout: the model cannot be loaded: {expected}"
+    assert rollout_error_line((tmp_path / "termination-log").read_text()) == expected
+
+
+@pytest.mark.s3
+def test_a_learner_whose_model_the_store_refuses_exits_78_naming_it(s3_server, s3_bucket, tmp_path, monkeypatch):
+    from grpo_trainer.learner_main import main
+
+    _input_credentials(s3_server, monkeypatch, secret_key="wrong-secret")
+    config = c.load_run_config(_write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint,
+                                             credentials_secret="store").read_text())
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == (f"model: s3://{s3_bucket}/tiny: the secret key (AWS_SECRET_ACCESS_KEY) does not match "
+                              "the access key (SignatureDoesNotMatch)")

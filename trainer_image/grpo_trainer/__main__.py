@@ -53,16 +53,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.startup:
             return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
+    from .inputs import InputError, resolve
     from .rollout import main as rollout_main
+    from .rollout import refuse
 
+    try:
+        config = resolve(config, dataset=False)
+    except InputError as error:
+        return refuse(f"the model cannot be loaded: {error}", config.termination_message_path)
     return rollout_main(config, port=args.port)
 
 
 def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int:
     """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
+    from .inputs import local_path
     from .rollout_health import PROBE_TIMEOUT_S, probe_generation
 
-    error = probe_generation(f"http://127.0.0.1:{port}", config.model, timeout_s or PROBE_TIMEOUT_S)
+    # The server serves the model under the name it loaded it from (an s3:// model: its place in the inputs cache).
+    model = local_path(config.model, config)
+    error = probe_generation(f"http://127.0.0.1:{port}", model, timeout_s or PROBE_TIMEOUT_S)
     if error is not None:
         print(f"grpo probe: the rollout server generated no token: {error}", file=sys.stderr)
         return 1

@@ -223,7 +223,10 @@ def read_manifest(location: Location, *, client: Any = None) -> dict[str, Any] |
     return None if fetched is None else fetched[1]
 
 
-def _fetch_manifest(client: Any, location: Location) -> tuple[bytes, dict[str, Any]] | None:
+def _fetch_manifest(client: Any, location: Location, *,
+                    optional: bool = False) -> tuple[bytes, dict[str, Any]] | None:
+    """`optional`: the location may hold no manifest at all (an input), so a refusal names the location rather
+    than the manifest."""
     where = f"s3://{location.bucket}/{location.manifest_key}"
     try:
         response = client.get_object(Bucket=location.bucket, Key=location.manifest_key)
@@ -231,7 +234,7 @@ def _fetch_manifest(client: Any, location: Location) -> tuple[bytes, dict[str, A
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
         if _is_missing_key(error):
             return None
-        raise ObjectStoreError(describe(error, location, location.manifest_key)) from None
+        raise ObjectStoreError(describe(error, location, None if optional else location.manifest_key)) from None
     if len(data) > MANIFEST_MAX_BYTES:
         raise ObjectStoreError(f"{where}: not a manifest: over {MANIFEST_MAX_BYTES} bytes")
     try:
@@ -307,7 +310,7 @@ def download(location: Location, destination: str | os.PathLike[str], *, client:
     stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
     try:
         staged = stage / destination.name
-        if _fetch_manifest(client, location) is not None:
+        if _fetch_manifest(client, location, optional=True) is not None:
             download_folder(location, staged, client=client)
         else:
             _download_unlisted(client, location, staged)
