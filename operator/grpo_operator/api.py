@@ -459,6 +459,7 @@ class Reason:
     FINISHED = "Finished"
     EXPORTED = "Exported"  # the event when the learner wrote the trained model to spec.output
     EXPORT_FAILED = "ExportFailed"  # the model could not be written to spec.output: the run fails
+    WORK_NOT_KEPT = "WorkNotKept"  # the Warning events a run starts with when a pod's end loses checkpoints or model
 
 
 class _StatusModel(WireModel):

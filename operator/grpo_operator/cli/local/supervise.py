@@ -243,7 +243,7 @@ def supervise(local: LocalRun, console: Console, log: Callable[[str], None], pol
             report = read_progress_blocking(learner.plan.url) if alive else None
             if local.scaling is not None:  # after the report: it was taken once run.json names the new set
                 local.scaling.finish_drains(report, alive, log)
-            seen = st.Observation(pods, report, datetime.datetime.now(datetime.UTC))
+            seen = st.Observation(pods, report, datetime.datetime.now(datetime.UTC), work_kept_locally=True)
             decision = st.derive_status(local.ref, local.spec, local.status, seen)
             local.status = decision.status
             for event in decision.events:
