@@ -201,6 +201,12 @@ def test_the_rollout_server_starts_on_the_downloaded_model_and_its_probe_names_i
     assert (Path(config.model) / "config.json").is_file()
     assert config.model == local_path(f"s3://{s3_bucket}/tiny", c.load_run_config(path.read_text()))
 
+    # A new replica on the same model cache: where nothing listens, any request to the store would end it.
+    _write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=f"http://127.0.0.1:{free_port()}",
+                  credentials_secret="s")
+    assert entry_main(["rollout", "--config", str(path)]) == 0
+    assert started[1].model == config.model
+
 
 @pytest.mark.s3
 def test_a_rollout_server_whose_model_the_store_lacks_exits_78_naming_it(s3_server, tmp_path, monkeypatch, capsys):
