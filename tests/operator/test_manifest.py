@@ -305,6 +305,10 @@ CEL_CASES = {
     "clip-bounds-order": (_update(lambda m: m["spec"]["training"].update(vllmImportanceSamplingClipMin=3.0,
                                                                          vllmImportanceSamplingClipMax=2.0)),
                           "spec.training.vllmImportanceSamplingClipMin: must be below vllmImportanceSamplingClipMax"),
+    "fsdp2-cpu": (_update(lambda m: m["spec"]["learner"].update(device="cpu", strategy="fsdp2")),
+                  "spec.learner.strategy: fsdp2 needs learner.device cuda"),
+    "strategy-unknown": (_set("spec.learner.strategy", "zero3"), "spec.learner.strategy"),
+    "fsdp-unknown-field": (_set("spec.learner.fsdp", {"offload": True}), "spec.learner.fsdp"),
     "nccl-learner-ranks": (_set("spec.learner.processesPerNode", 2, base=_nccl),
                            "spec.rollout.weightSync.mode: must be filesystem when the learner has more than one "
                            "process"),

@@ -77,6 +77,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
                                                        "deadline_seconds": 1200}
     assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
     assert config.learner.attention == "varlen"
+    assert config.learner.strategy == "fsdp2" and config.learner.fsdp.cpu_offload
     assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
     assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
 
