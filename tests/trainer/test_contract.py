@@ -142,3 +142,10 @@ def test_an_fsdp2_learner_on_cpu_is_refused_naming_the_field():
     gpu = RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}],
                                     "learner": {"strategy": "fsdp2", "fsdp": {"cpuOffload": True}}})
     assert gpu.learner.strategy == "fsdp2" and gpu.learner.fsdp.cpu_offload
+
+
+def test_an_fsdp2_learner_with_lora_is_refused_naming_the_fields():
+    with pytest.raises(ValidationError) as refused:
+        RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}],
+                                  "learner": {"strategy": "fsdp2"}, "training": {"lora": {"r": 8}}})
+    assert "learner.strategy fsdp2 with training.lora is not supported" in config_error_line(refused.value)

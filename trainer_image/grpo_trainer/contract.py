@@ -578,6 +578,15 @@ class RunConfig(WireModel):
             raise ValueError("model must name a hub id or a local path")
         return value
 
+    @model_validator(mode="after")
+    def _fsdp2_without_lora(self) -> RunConfig:
+        # The final export merges a LoRA adapter into the base weights, which under FSDP2 are sharded; that merge
+        # is not built.
+        if self.learner.strategy == "fsdp2" and self.training.lora is not None:
+            raise ValueError("learner.strategy fsdp2 with training.lora is not supported: use learner.strategy ddp "
+                             "(the frozen base and a small adapter fit where full training does not)")
+        return self
+
 
 #: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and
 #: sent again. With the pod's grace period it bounds how long a rollout server that left the run's set drains.
