@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_operator.cli.local.processes import free_port
+from grpo_trainer.checkpoints import MarkerError, read_marker
 from grpo_trainer.trainer import GRPOLearner
 from grpo_trainer.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from tests.support.paths import REPO
@@ -89,7 +90,7 @@ def test_the_learner_gathers_everything_first_only_for_a_threaded_sender_among_r
 
 
 @pytest.mark.slow
-def test_fsdp2_shards_sync_whole_and_consolidate_into_a_model_transformers_loads(tiny_model_dir, tmp_path):
+def test_fsdp2_shards_sync_whole_consolidate_and_resume_from_their_checkpoint(tiny_model_dir, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_port", str(free_port()), SCENARIO, "--model", tiny_model_dir, "--out", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -114,3 +115,16 @@ def test_fsdp2_shards_sync_whole_and_consolidate_into_a_model_transformers_loads
     for name, tensor in synced.items():
         assert torch.equal(loaded[name], tensor), name  # the consolidated model is what the ranks trained
     assert not torch.equal(loaded["model.layers.0.mlp.up_proj.weight"], original["model.layers.0.mlp.up_proj.weight"])
+
+    # The sharded checkpoint: the marker vouches for every rank's files, resume is exact, damage is caught.
+    marker = read_marker(str(tmp_path / "checkpoint-1"))
+    shards = {f"{folder}/__{r}_0.distcp" for folder in ("pytorch_model_fsdp_0", "optimizer_0") for r in (0, 1)}
+    assert shards | {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"} <= set(marker["files"])
+    assert rank0["resumed"] == rank0["continued"] != rank0["sums"]  # one step on from the checkpoint, both alike
+    assert rank1["resumed"] == rank1["continued"] == rank0["continued"]
+    shard = tmp_path / "checkpoint-1" / "optimizer_0" / "__1_0.distcp"
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    with pytest.raises(MarkerError, match="vouches for optimizer_0/__1_0.distcp, whose content changed"):
+        read_marker(str(tmp_path / "checkpoint-1"))
