@@ -212,8 +212,6 @@ def run_scenario(args: argparse.Namespace) -> int:
     result = {
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
-        "distributed_type": str(trainer.accelerator.distributed_type),
-        "sharded_parameters": sum(type(p).__name__ == "DTensor" for p in trainer.model.parameters()),
         "outcome": outcome,
         "message": message,
         "global_step": trainer.state.global_step,
