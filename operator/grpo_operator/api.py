@@ -26,7 +26,9 @@ from grpo_trainer.contract import (
     AttentionSetting,
     DatasetConfig,
     FilterConfig,
+    FsdpConfig,
     LearnerConfig,
+    LearnerStrategy,
     ProgressConfig,
     ReplicaState,
     RewardConfig,
@@ -161,6 +163,8 @@ class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     attention: AttentionSetting = LearnerConfig.model_fields["attention"]
+    strategy: LearnerStrategy = LearnerConfig.model_fields["strategy"]
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
 
 
 class CheckpointSpec(WireModel):

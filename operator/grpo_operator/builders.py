@@ -465,7 +465,8 @@ def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
     leader = pod_dns(learner_pod_name(run.name, 0), learner_service_name(run.name), run.namespace)
     return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", num_machines=spec.learner.nodes,
                         processes_per_machine=spec.learner.processes_per_node, machine_rank=rank,
-                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
+                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT,
+                        strategy=spec.learner.strategy, cpu_offload=spec.learner.fsdp.cpu_offload)
 
 
 #: Model download and load before the first /health: up to an hour (12 runs of the startup probe's wait) before the

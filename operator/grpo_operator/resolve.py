@@ -74,6 +74,8 @@ def resolve_run_config(
             processes_per_node=spec.learner.processes_per_node,
             device=spec.learner.device,
             attention=spec.learner.attention,
+            strategy=spec.learner.strategy,
+            fsdp=spec.learner.fsdp.model_copy(deep=True),
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
         output=None if output is None else OutputConfig(

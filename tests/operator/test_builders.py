@@ -289,6 +289,21 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
         assert command[14:] == ["-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
 
 
+def test_fsdp2_learners_launch_under_accelerates_fsdp2_plugin_with_the_specs_offload():
+    objects = by_name(children(learner={"nodes": 2, "processesPerNode": 4, "strategy": "fsdp2",
+                                        "fsdp": {"cpuOffload": True}}))
+    for rank in range(2):
+        command = container(objects[f"run-learner-{rank}"])["command"]
+        assert command[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+        assert "--multi_gpu" not in command and command[command.index("--fsdp_version") + 1] == "2"
+        assert command[command.index("--fsdp_offload_params") + 1] == "true"
+        assert command[command.index("--machine_rank") + 1] == str(rank)
+        assert command[command.index("--num_processes") + 1] == "8"
+    # One GPU under fsdp2 (the CPU offload's case) is launched by accelerate as well.
+    single = container(by_name(children(learner={"strategy": "fsdp2"}))["run-learner-0"])["command"]
+    assert "--use_fsdp" in single and single[single.index("--fsdp_offload_params") + 1] == "false"
+
+
 def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():
     # `accelerate launch --cpu` uses its single-process launcher whatever --num_processes says: 2 ranks become 1.
     command = container(by_name(children(learner={"device": "cpu", "processesPerNode": 2}))["run-learner-0"])["command"]

@@ -27,7 +27,7 @@ class FinishedLearner:
 
     def __init__(self, is_main: bool = True, weights_from: str | None = None):
         self.accelerator = SimpleNamespace(is_main_process=is_main, num_processes=1, process_index=0,
-                                           unwrap_model=lambda model: model)
+                                           unwrap_model=lambda model: model, is_fsdp2=False)
         # A module (what accelerate's is_peft_model inspects) that is not a peft model: the plain save.
         self.model = torch.nn.Module()
         self.model.generation_config = None

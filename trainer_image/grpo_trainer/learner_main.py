@@ -327,6 +327,12 @@ def save_final_model(learner, directory: str) -> None:
     from accelerate.utils import is_peft_model
 
     model = learner.accelerator.unwrap_model(learner.model)
+    if learner.accelerator.is_fsdp2:
+        # The trainer's own save writes an FSDP2 model as each rank's shard (SHARDED_STATE_DICT): not a model
+        # vLLM or from_pretrained loads.
+        save_sharded_model(model, learner.processing_class, directory, is_main=learner.accelerator.is_main_process)
+        learner.accelerator.wait_for_everyone()
+        return
     if not is_peft_model(model):
         learner.save_model(directory)
         return
@@ -336,6 +342,19 @@ def save_final_model(learner, directory: str) -> None:
         model.merge_and_unload().save_pretrained(directory)
         learner.processing_class.save_pretrained(directory)
     learner.accelerator.wait_for_everyone()
+
+
+def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> None:
+    """An FSDP2 model consolidated into `directory` as a transformers model (safetensors): every rank takes part in
+    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return
+    model.save_pretrained(directory, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
 
 
 def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
