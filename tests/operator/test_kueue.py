@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from grpo_operator import builders, kueue
+from grpo_operator import builders
 from grpo_operator.api import parse_spec
-from grpo_operator.kube import APIClientError
+from grpo_operator.cluster import kueue
+from grpo_operator.cluster.kube import APIClientError
 from grpo_operator.run_ref import RunRef
 from tests.operator.test_lifecycle import _owner
 from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS

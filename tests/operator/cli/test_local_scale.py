@@ -9,6 +9,7 @@ scripted servers (tests/support/completions_server.py); the slow test scales a r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
@@ -22,13 +23,13 @@ import pytest
 import yaml
 
 from grpo_operator import builders
-from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.cli.local.plan import ProcessPlan
-from grpo_operator.cli.local.processes import http_get, http_ok
-from grpo_operator.cli.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
-from grpo_operator.cli.local.supervise import LocalRun, prepare
+from grpo_operator.engine import run_pass
+from grpo_operator.local.plan import ProcessPlan
+from grpo_operator.local.processes import http_get, http_ok
+from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from grpo_trainer import contract as c
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.paths import REPO
@@ -116,12 +117,8 @@ def run_config_urls(local: LocalRun) -> list[str]:
 
 
 def tick(local: LocalRun, log) -> None:
-    """One pass of the supervisor's loop without the learner's report: follow the request, derive, act."""
-    local.scaling.follow(local, log)
-    seen = st.Observation(local.observations(), None, datetime.datetime.now(datetime.UTC))
-    decision = st.derive_status(local.ref, local.spec, local.status, seen)
-    local.status = decision.status
-    local.act(decision.actions, log)
+    """One pass of the supervisor's loop (the engine's, through the local port) without the learner's report."""
+    asyncio.run(run_pass(local.ref, LocalPort(local, log, read_progress=lambda url: None)))
 
 
 def report_of(*servers: tuple[str, c.ReplicaState]) -> c.ProgressReport:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import builders
-from ...api import GRPORunSpec
-from ...manifest import ManifestInvalid
-from ...run_ref import RunRef
-from ...status import PodObservation, Role
-from ..exit_codes import ExitCode
+from .. import builders
+from ..api import GRPORunSpec
+from ..cli.exit_codes import ExitCode
+from ..manifest import ManifestInvalid
+from ..run_ref import RunRef
+from ..status import PodObservation, Role
 
 LOCAL_HOST = "127.0.0.1"
 

@@ -22,11 +22,11 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builders
-from .api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
-from .apitime import format_time
+from .. import builders
+from ..api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
+from ..apitime import format_time
+from ..run_ref import RunRef
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
-from .run_ref import RunRef
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP = "kueue.x-k8s.io"

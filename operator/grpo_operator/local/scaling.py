@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from grpo_trainer import contract as c
 
-from ... import builders
-from ...status.scaling import DrainEnd, drain_end
+from .. import builders
+from ..status.scaling import DrainEnd, drain_end
 from .plan import ProcessPlan
 from .processes import STOP_GRACE_S, LocalProcess, free_port
 
@@ -216,6 +216,26 @@ class RolloutScaling:
         change = [f"starting {', '.join(started)}"] if started else []
         change += [f"draining {', '.join(drained)} (stopped once the learner no longer reports it)"] if drained else []
         log(f"Normal RolloutScaled: {before} -> {replicas} rollout servers: {'; '.join(change)}")
+
+    def configure(self, local: LocalRun, replicas: int) -> None:
+        """ConfigureRollout: run.json's `rollout.urls` lists the first `replicas` servers, in ordinal order; a server
+        not planned yet (a scale-up) is planned first, so its URL is known before its process starts."""
+        urls = []
+        for ordinal in range(replicas):
+            if ordinal < len(local.external_rollout_urls):
+                urls.append(local.external_rollout_urls[ordinal])
+                continue
+            name = builders.rollout_pod_name(local.name, ordinal)
+            if name not in local.processes:
+                plan = self.plan_server(ordinal, free_port())
+                local.processes[name] = LocalProcess(plan, self.run_dir / "logs" / f"{name}.log")
+            urls.append(local.processes[name].plan.url)
+        if urls == list(self.config.rollout.urls):
+            return
+        self.config = self.config.model_copy(
+            update={"rollout": self.config.rollout.model_copy(update={"urls": urls})})
+        write_atomically(self.config_path, self.config.model_dump_json(by_alias=True, indent=2))
+        self.record()
 
     def finish_drains(self, report: c.ProgressReport | None, learner_alive: bool, log: Callable[[str], None]) -> None:
         """Stop each draining server the learner is done with: absent from its report, or the learner is not
