@@ -89,7 +89,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
     with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.contract import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:

@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from grpo_trainer import contract as c
-from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from grpo_trainer.contract import EXIT_LINE_PREFIX
 
 from .. import builders
 from .. import status as st
