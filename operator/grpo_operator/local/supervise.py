@@ -31,10 +31,12 @@ from ..engine import Observed, run_pass
 from ..manifest import read_grporun
 from ..resolve import resolve_run_config
 from ..run_ref import RunRef
+from ..status.decision import rank
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import (
     LOCAL_HOST,
     LocalError,
+    ProcessPlan,
     check_rewards,
     cpu_bind,
     local_output,
@@ -45,7 +47,7 @@ from .plan import (
 )
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
-from .scaling import RolloutScaling, drain_seconds, scale_bounds
+from .scaling import RolloutScaling, scale_bounds
 
 
 # more than 8: the local run's plan and its live state; built once, by keyword
@@ -62,6 +64,7 @@ class LocalRun:
     liveness: Liveness | None = None
     hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
     scaling: RolloutScaling | None = None  # `grporun local scale` while the run runs
+    plan_server: Callable[[int, int], ProcessPlan] | None = None  # (ordinal, port) -> an added rollout server
     notes: list[str] = field(default_factory=list)  # said once at the start: how the manifest maps to this machine
 
     @property
@@ -106,15 +109,39 @@ class LocalRun:
 
     def stop(self, names: tuple[str, ...], *, recreate: bool) -> None:
         """DeletePods (recreate=False) and RecreatePods: stop the processes; a recreated one counts as missing, so
-        the next CreateChildren starts it again."""
+        the next CreateChildren starts it again. A rollout server past spec.rollout.replicas (drained after a
+        scale-down) is gone afterwards, as its deleted pod would be."""
         for name in names:
             process = self.processes.get(name)
-            if process is not None and process.popen is not None:
+            if process is not None and process.plan.role == "rollout" and rank(name) >= self.spec.rollout.replicas:
+                process.stop()
+                del self.processes[name]
+                self.forget_server(name)
+            elif process is not None and process.popen is not None:
                 process.stop()
                 if recreate:
                     process.popen = None
                     if process.plan.role == "learner" and self.termination_path:
                         self.termination_path.unlink(missing_ok=True)
+
+    def configure_rollout(self, replicas: int, log: Callable[[str], None]) -> None:
+        """ConfigureRollout: run.json lists the first `replicas` servers, in ordinal order. A server not planned yet
+        (a scale-up) is planned first, so that its URL is in the config before CreateChildren starts it."""
+        if self.scaling is None:
+            return  # no run.json of this run's own to rewrite
+        urls = []
+        for ordinal in range(replicas):
+            if ordinal < len(self.external_rollout_urls):
+                urls.append(self.external_rollout_urls[ordinal])
+                continue
+            name = builders.rollout_pod_name(self.name, ordinal)
+            if name not in self.processes and self.plan_server is not None:
+                plan = self.plan_server(ordinal, free_port())
+                self.processes[name] = LocalProcess(plan, self.run_dir / "logs" / f"{name}.log")
+            if name in self.processes:  # (none without a Python to start it: the scale bounds keep the count)
+                urls.append(self.processes[name].plan.url)
+        if self.scaling.configure(urls):
+            log(f"run config: rollout.urls now lists {len(urls)} server(s)")
 
     def waiting_for(self, pods: list[st.PodObservation]) -> list[str]:
         """What the run waits for while a rollout server is up but not ready (a model load takes minutes)."""
@@ -157,7 +184,6 @@ class LocalRun:
         for process in self.processes.values():
             process.stop()
         if self.scaling is not None:
-            self.scaling.stop_all()
             self.scaling.end()
 
 
@@ -223,7 +249,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
 
     bounds = scale_bounds(config, external=len(external), can_start=rollout_python is not None,
                           cpu_count=os.cpu_count())
-    local.scaling = RolloutScaling(run_dir, config_path, config, bounds, plan_server, drain_seconds(config))
+    local.scaling = RolloutScaling(run_dir, config_path, config, bounds)
+    local.plan_server = plan_server
     local.scaling.begin()
     return local
 
@@ -233,15 +260,17 @@ class LocalPort:
     actions carried out on the processes and the run folder's run.json."""
 
     def __init__(self, local: LocalRun, log: Callable[[str], None], waiting: Periodic | None = None,
-                 read_progress: Callable[[str], c.ProgressReport | None] = read_progress_blocking):
+                 read_progress: Callable[[str], c.ProgressReport | None] = read_progress_blocking,
+                 now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)):
         self.local, self.log, self.waiting = local, log, waiting or Periodic()
         self.read_progress = read_progress  # the learner's /progress, by its URL
+        self.now = now
 
     async def observe(self) -> Observed:
         local, log = self.local, self.log
         local.stop_hung(log)
-        if local.scaling is not None:
-            local.scaling.follow(local, log)
+        if local.scaling is not None and (replicas := local.scaling.follow(log)) is not None:
+            local.spec.rollout.replicas = replicas  # as an edit of the spec: the state machine scales to it
         pods = local.observations()
         waits = local.waiting_for(pods)
         if self.waiting.due(bool(waits)):
@@ -250,9 +279,9 @@ class LocalPort:
         learner = local.learner()
         alive = learner.popen is not None and learner.poll() is None
         report = self.read_progress(learner.plan.url) if alive else None
-        if local.scaling is not None:  # after the report: it was taken once run.json names the new set
-            local.scaling.finish_drains(report, alive, log)
-        return Observed(local.spec, local.status, st.Observation(pods, report, datetime.datetime.now(datetime.UTC)))
+        configured = None if local.scaling is None else local.scaling.configured
+        seen = st.Observation(pods, report, self.now(), configured_servers=configured)
+        return Observed(local.spec, local.status, seen)
 
     async def write(self, decision: st.Decision) -> bool:
         self.local.status = decision.status
@@ -261,8 +290,7 @@ class LocalPort:
         return True
 
     async def configure_rollout(self, replicas: int) -> None:
-        if self.local.scaling is not None:
-            self.local.scaling.configure(self.local, replicas)
+        self.local.configure_rollout(replicas, self.log)
 
     async def create_children(self, status: dict[str, Any]) -> None:
         self.local.start_missing(self.log)
