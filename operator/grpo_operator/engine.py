@@ -19,11 +19,15 @@ from .status import (
     Action,
     ConfigureRollout,
     CreateChildren,
+    CreateWorkload,
     Decision,
     DeletePods,
     DeleteRun,
+    FinishWorkload,
     Observation,
     RecreatePods,
+    ReleaseQuota,
+    ResizeWorkload,
     derive_status,
 )
 
@@ -59,6 +63,16 @@ class RunPort(Protocol):
 
     async def delete_run(self) -> None: ...
 
+    # Kueue admission (status.admission decides; only a run whose observation names a Workload gets these)
+    async def create_workload(self) -> None: ...
+
+    async def release_quota(self) -> None: ...
+
+    async def resize_workload(self) -> None: ...
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        """Mark the Workload Finished, with the run's final `status` (its phase and message)."""
+
 
 ActionFn = Callable[[RunPort, Any, Decision], Awaitable[None]]
 
@@ -69,6 +83,10 @@ ACTIONS: dict[type[Action], ActionFn] = {
     DeletePods: lambda port, action, _: port.delete_pods(action.pods, action.reason),
     RecreatePods: lambda port, action, _: port.recreate_pods(action.pods),
     DeleteRun: lambda port, _action, _decision: port.delete_run(),
+    CreateWorkload: lambda port, _action, _decision: port.create_workload(),
+    ReleaseQuota: lambda port, _action, _decision: port.release_quota(),
+    ResizeWorkload: lambda port, _action, _decision: port.resize_workload(),
+    FinishWorkload: lambda port, _, decision: port.finish_workload(decision.status),
 }
 
 

@@ -69,6 +69,7 @@ class RunMemory:
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
     kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
+    workload_error: str | None = None  # why creating the run's Kueue Workload failed last time (retried)
     progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
     progress_error: str | None = None
     progress_invalid: bool = False  # the last answer was a report that breaks the contract
@@ -136,6 +137,8 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     except ChildRejected as error:
         await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger,
                                 created_pods=error.created_pods)
+    except kueue.WorkloadRejected as error:
+        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger)
     if decision is None:
         return False  # the run is gone
     spec = port.spec
@@ -160,8 +163,11 @@ class ClusterRun:
         self.base_status: dict[str, Any] = {}
         self.live: list[tuple[PodObservation, PodFacts]] = []
         self.present: set[str] = set()
-        self.spec: GRPORunSpec
+        self.spec: GRPORunSpec  # as run: within what Kueue admitted, a refused scale at the count in effect
+        self.asked: GRPORunSpec  # as written: what the run's Workload is created and resized to
+        self.queue: str | None = None
         self.gate: kueue.Gate | None = None
+        self.workload: dict[str, Any] | None = None  # the Workload as read this pass
         self.written: Decision
 
     async def observe(self) -> Observed:
@@ -195,14 +201,14 @@ class ClusterRun:
         if not was_finished:
             progress = await _poll(context, memory, run.namespace, builders.learner_pod_name(run.name, 0), live,
                                    logger)
-        queue = kueue.queue_name(metadata)
-        gate = None
-        if queue and not was_finished:
-            try:
-                gate = await kueue.gate(kube, run, queue, spec, trainer_image=context.trainer_image,
-                                        pods_exist=bool(live), now=now)
-            except kueue.WorkloadRejected as error:
-                await _fail_permanently(context, kube, body, base_status, error, live, logger)
+        self.asked = spec
+        self.queue = queue = kueue.queue_name(metadata)
+        gate, workload = None, None
+        if queue and not (was_finished and memory.kueue_finished):
+            gate, workload = await kueue.observe(kube, run, queue, spec, create_error=memory.workload_error)
+            self.workload = gate.workload
+            if was_finished:
+                gate = None  # nothing holds a finished run: only its Workload's finish may be left
         self.gate = gate
         refused, configured = None, None
         if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
@@ -217,16 +223,13 @@ class ClusterRun:
                            progress_error=memory.progress_error,
                            progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
                            create_error=memory.create_error, hold=gate.hold if gate else None,
-                           scale_refused=refused, configured_servers=configured)
+                           scale_refused=refused, configured_servers=configured, workload=workload)
         return Observed(spec, base_status, seen)
 
     async def write(self, decision: Decision) -> bool:
         self.written = decision
-        if not await _write(self.context, self.kube, self.body, self.base_status, decision, self.logger,
-                            interval=self.spec.progress.status_interval_seconds):
-            return False
-        await _release_quota(self.context, self.kube, self.body["metadata"], decision.status)
-        return True
+        return await _write(self.context, self.kube, self.body, self.base_status, decision, self.logger,
+                            interval=self.spec.progress.status_interval_seconds)
 
     async def configure_rollout(self, replicas: int) -> None:
         await _configure_rollout(self.kube, self.run, self.memory, replicas, self.logger)
@@ -248,6 +251,24 @@ class ClusterRun:
     async def delete_run(self) -> None:
         self.logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
         await self.kube.delete(API_VERSION, KIND, self.run.namespace, self.run.name)
+
+    async def create_workload(self) -> None:
+        if self.queue is not None:  # status.admission asks only for a run that names a queue
+            self.memory.workload_error = await kueue.create(self.kube, self.run, self.queue, self.asked,
+                                                            trainer_image=self.context.trainer_image)
+
+    async def release_quota(self) -> None:
+        if self.workload is not None:
+            await kueue.release(self.kube, self.run, self.workload, self.context.clock())
+
+    async def resize_workload(self) -> None:
+        if self.queue is not None and self.workload is not None:
+            await kueue.resize(self.kube, self.run, self.queue, self.asked, self.workload,
+                               trainer_image=self.context.trainer_image)
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        await kueue.finish(self.kube, self.run.name, self.run.namespace, status, self.context.clock())
+        self.memory.kueue_finished = True
 
 
 async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
@@ -337,8 +358,8 @@ async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Bod
 
 async def _release_quota(context: OperatorContext, kube: Kube, metadata: dict[str, Any],
                          status: dict[str, Any]) -> None:
-    """Mark the Kueue Workload of a finished run Finished, so Kueue frees the quota it holds. Every path that ends a
-    run calls this after writing the final status; it is done once per operator process (and is idempotent)."""
+    """Mark the Kueue Workload of a run that failed as InvalidSpec Finished, so Kueue frees the quota it holds (a
+    spec that cannot be run never reaches the state machine, whose FinishWorkload does this for every other end)."""
     memory = context.memory(metadata["uid"])
     if memory.kueue_finished or not kueue.queue_name(metadata):
         return

@@ -304,6 +304,19 @@ class LocalPort:
     async def delete_run(self) -> None:
         """ttlSecondsAfterFinished: a local run has no object to delete; its folder is the user's to keep."""
 
+    # A local run names no Kueue queue: its observation has no Workload, so the state machine asks for none of these.
+    async def create_workload(self) -> None:
+        pass
+
+    async def release_quota(self) -> None:
+        pass
+
+    async def resize_workload(self) -> None:
+        pass
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        pass
+
 
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
               clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
