@@ -69,7 +69,8 @@ class LocalRun:
 
     @property
     def ref(self) -> RunRef:
-        """The run as the derivation sees it: no GRPORun object, so no uid, and a spec never edited."""
+        """The run as the derivation sees it: no GRPORun object, so no uid, and one generation (a scale request
+        changes only rollout.replicas, which a running run may change)."""
         return RunRef(self.name, self.namespace, uid="local")
 
     def learner(self) -> LocalProcess:
