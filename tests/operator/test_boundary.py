@@ -122,3 +122,22 @@ def test_a_cycle_through_a_type_checking_import_is_found():
                "p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
                "p.c": "from . import a\n"}
     assert cycles(import_graph(sources, {"p"})) == [["p.a", "p.b"]]
+
+
+def test_every_import_within_the_package_names_a_module_that_is_there():
+    """Function-level imports included: a module moved leaves no import that fails only when its command runs."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    packages = {name for name, path in paths.items() if path.name == "__init__.py"}
+    missing = []
+    for name, path in sorted(paths.items()):
+        base = name.split(".") if name in packages else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                target = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+                if target not in paths:
+                    missing.append(f"{name}: {target}")
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                missing += [f"{name}: {module}" for module in modules
+                            if module and module.startswith("grpo_operator.") and module not in paths]
+    assert missing == []

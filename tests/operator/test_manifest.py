@@ -352,7 +352,8 @@ CEL_CASES = {
                            f"{_LEARNER_OVERRIDE}.spec.restartPolicy: is managed by the operator"),
         "volume": (_update(lambda m: _learner_override(m)["spec"]["volumes"].append(
             {"name": "config", "emptyDir": {}})),
-            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints, weights and model"),
+            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, model-cache, output, checkpoints, "
+            "weights, model and inputs"),
         "env": (_update(lambda m: _learner_container(m)["env"].append({"name": "GRPO_CONFIG", "value": "/x"})),
                 f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
         "env-home": (_update(lambda m: _learner_container(m)["env"].append({"name": "HF_HOME", "value": "/x"})),

@@ -470,6 +470,29 @@ class OutputConfig(WireModel):
         return uri
 
 
+#: The learner's and the rollout server's names for the inputs' object-store credentials (spec.inputs
+#: .credentialsSecret's keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, with this prefix): apart from
+#: the plain names, which learner rank 0 may hold for spec.output's store.
+INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
+#: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
+HUB_TOKEN_ENV = "HF_TOKEN"
+
+
+class InputsConfig(WireModel):
+    """Where the model and dataset come from when they are not a hub id or a plain path (the GRPORun's
+    `spec.inputs`), and where downloads are kept (grpo_trainer.inputs)."""
+
+    cache_dir: str | None = Field(
+        None, description="Where s3:// inputs are downloaded, once: on spec.modelCache.volume in a pod; default "
+        "$XDG_CACHE_HOME/grpo/inputs (grporun local).")
+    endpoint: str | None = Field(None, description="The S3-compatible server of s3:// inputs; AWS's own without it.")
+    region: str | None = Field(None, description="The inputs' bucket region.")
+    credentials_secret: str | None = Field(
+        None, description="The Secret whose keys are the inputs' object-store credentials (named in errors).")
+    hub_token_secret: str | None = Field(
+        None, description="The Secret whose key HF_TOKEN is the hub token (named in errors).")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Experiment tracking (spec.tracking). Credentials come from Secrets of the run's namespace, as env vars of the
 # learner pods (the operator renders them, optional, so that a missing Secret is the learner's one-line exit 78
@@ -544,6 +567,7 @@ class RunConfig(WireModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     output: OutputConfig | None = None
+    inputs: InputsConfig = Field(default_factory=InputsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
@@ -782,20 +806,22 @@ def parse_progress(text: str | bytes) -> ProgressReport:
 # --------------------------------------------------------------------------------------------------------------------
 # The rest of what the operator takes from this package: facts owned by the modules that use them in the pods (the
 # learner's launch argv, the rollout entrypoint's exit line, the probes' timing, the object store's URI and credential
-# variables, reward names), reached through this module so that it is the operator's one door into grpo_trainer
-# (tests/operator/test_boundary.py fails on any other import). Looked up on first use: several of those modules import
-# this one, so either may be imported first.
+# variables, reward names, `grporun export`'s re-export), reached through this module so that it is the operator's
+# one door into grpo_trainer (tests/operator/test_boundary.py fails on any other import). Looked up on first use:
+# several of those modules import this one, so either may be imported first.
 # --------------------------------------------------------------------------------------------------------------------
 
 _OWNERS = {
     "engine_errors": ("engine_error_line",),
     "launch": ("MAIN_PROCESS_PORT", "learner_argv"),
+    "model_export": ("ExportError",),
+    "reexport": ("export_from_checkpoint", "store_environ"),
     "rewards": ("RewardError", "check_reward_name", "load_reward"),
     "rollout": ("EXIT_LINE_PREFIX", "ROLLOUT_PYTHON_ENV"),
     "rollout_health": ("HEALTH_REQUEST_TIMEOUT_S", "LIVENESS_FAILURE_THRESHOLD", "LIVENESS_PERIOD_S", "PROBE_TIMEOUT_S",
                        "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
     "store_uri": ("ACCESS_KEY_ENV", "ENDPOINT_ENV", "REGION_ENV", "SECRET_KEY_ENV", "SESSION_TOKEN_ENV",
-                  "InvalidObjectStoreURI", "parse_uri"),
+                  "InvalidObjectStoreURI", "is_object_store_uri", "parse_uri"),
     "validation": ("field_path", "first_error"),
 }
 _OWNER_OF = {name: module for module, names in _OWNERS.items() for name in names}

@@ -453,6 +453,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .inputs import InputError, resolve
     from .model_export import ExportError
     from .progress import AccountingError, StallError
 
@@ -461,7 +462,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
-        learner = build_learner(config, config_path)
+        learner = build_learner(resolve(config, dataset=True), config_path)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
@@ -477,7 +478,8 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
-    except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
+    # a retry would find the same config, the same files, the same store
+    except (ConfigError, UnusableCheckpoints, InputError) as error:
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))

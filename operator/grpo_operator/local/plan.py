@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_trainer.contract import is_object_store_uri
+
 from .. import builders
 from ..api import GRPORunSpec
 from ..cli.exit_codes import ExitCode
@@ -68,7 +70,8 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     spec.model = localize_path(spec.model, manifest_dir)
     if _looks_local(spec.model) and not Path(spec.model).expanduser().is_dir():
         raise ManifestInvalid([f"spec.model: {spec.model}: no such directory"])
-    if spec.dataset.path is not None:
+    # An s3:// model or dataset is downloaded by the learner and the server themselves (grpo_trainer.inputs).
+    if spec.dataset.path is not None and not is_object_store_uri(spec.dataset.path):
         spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
         if not Path(spec.dataset.path).expanduser().exists():
             raise ManifestInvalid([f"spec.dataset.path: {spec.dataset.path}: no such file or directory"])

@@ -281,7 +281,7 @@ class LocalPort:
         alive = learner.popen is not None and learner.poll() is None
         report = self.read_progress(learner.plan.url) if alive else None
         configured = None if local.scaling is None else local.scaling.configured
-        seen = st.Observation(pods, report, self.now(), configured_servers=configured)
+        seen = st.Observation(pods, report, self.now(), configured_servers=configured, work_kept_locally=True)
         return Observed(local.spec, local.status, seen)
 
     async def write(self, decision: st.Decision) -> bool:

@@ -71,6 +71,9 @@ class Observation:
     #: How many servers the run config's `rollout.urls` lists (as last read or written); None when not known (no
     #: live pods, or no ConfigMap yet). A live run's config is rewritten while it differs from the spec's count.
     configured_servers: int | None = None
+    #: grporun local: checkpoints and the model stay in the run's folder on this machine, whatever the spec's
+    #: volumes say (the run's start warns of no lost work).
+    work_kept_locally: bool = False
     #: The run's Kueue Workload as read this pass; None for a run that names no queue.
     workload: WorkloadObservation | None = None
 

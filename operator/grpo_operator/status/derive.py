@@ -43,6 +43,7 @@ from .decision import (
     RecreatePods,
     rank,
 )
+from .durability import unkept_work
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
@@ -255,6 +256,9 @@ class _Derivation(_ProgressRules):
             return
         if not self.new.conditions:
             _initial_conditions(self.conditions)
+            if not self.seen.work_kept_locally:
+                for warning in unkept_work(self.spec):
+                    self.event("Warning", Reason.WORK_NOT_KEPT, warning)
         self._count_pods()
         if self.spec.run_policy.suspend or self.seen.hold is not None:
             self._suspend()
