@@ -27,6 +27,7 @@ from grpo_trainer.contract import (
     DatasetConfig,
     FilterConfig,
     FsdpConfig,
+    InvalidObjectStoreURI,
     LearnerConfig,
     LearnerStrategy,
     ProgressConfig,
@@ -37,9 +38,11 @@ from grpo_trainer.contract import (
     TrainingConfig,
     WeightSyncConfig,
     WireModel,
+    field_path,
+    first_error,
+    is_object_store_uri,
+    parse_uri,
 )
-from grpo_trainer.store_uri import InvalidObjectStoreURI, is_object_store_uri, parse_uri
-from grpo_trainer.validation import field_path, first_error
 
 from .eta import ProgressRate, TrainerStatus
 from .pod_overrides import PodTemplateOverride
@@ -336,7 +339,7 @@ def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
 def check_reward_names(spec: GRPORunSpec) -> GRPORunSpec:
     """The rule the CRD cannot hold: a built-in reward must exist (`grpo_trainer.rewards` owns the names, and it is
     torch-free). The same line under `grporun validate`, `grporun local` and the operator; raises SpecError."""
-    from grpo_trainer.rewards import RewardError, check_reward_name
+    from grpo_trainer.contract import RewardError, check_reward_name
 
     for index, reward in enumerate(spec.rewards):
         if reward.name is not None:

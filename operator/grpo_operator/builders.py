@@ -27,24 +27,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_trainer.contract import (
+    ACCESS_KEY_ENV,
     DEFAULT_TERMINATION_MESSAGE_PATH,
+    ENDPOINT_ENV,
     HUB_TOKEN_ENV,
     INPUT_CREDENTIALS_ENV_PREFIX,
     LEARNER_HTTP_PORT,
-    MLFLOW_CREDENTIAL_ENV,
-    ROLLOUT_HTTP_PORT,
-    WANDB_API_KEY_ENV,
-    TrackingConfig,
-    request_timeout_seconds,
-)
-from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
-from grpo_trainer.rollout_health import (
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
+    MAIN_PROCESS_PORT,
+    MLFLOW_CREDENTIAL_ENV,
     PROBE_TIMEOUT_S,
+    REGION_ENV,
+    ROLLOUT_HTTP_PORT,
+    SECRET_KEY_ENV,
+    SESSION_TOKEN_ENV,
     STARTUP_WAIT_S,
+    WANDB_API_KEY_ENV,
+    TrackingConfig,
+    learner_argv,
+    request_timeout_seconds,
 )
-from grpo_trainer.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV
 
 from . import podgroup
 from .api import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from grpo_trainer.inputs import InputError, local_path, resolve, store_environ
 from grpo_trainer.object_store import client_from_env, upload_folder

@@ -8,6 +8,7 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 from enum import Enum
@@ -833,3 +834,34 @@ def parse_progress(text: str | bytes) -> ProgressReport:
         problems = [f"{field_path('', e['loc']) or 'report'}: {error_message(e)}" for e in errors[:3]]
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""  # it ends up in a condition message
         raise InvalidReport("; ".join(problems) + more) from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The rest of what the operator takes from this package: facts owned by the modules that use them in the pods (the
+# learner's launch argv, the rollout entrypoint's exit line, the probes' timing, the object store's URI and credential
+# variables, reward names, `grporun export`'s re-export), reached through this module so that it is the operator's
+# one door into grpo_trainer (tests/operator/test_boundary.py fails on any other import). Looked up on first use:
+# several of those modules import this one, so either may be imported first.
+# --------------------------------------------------------------------------------------------------------------------
+
+_OWNERS = {
+    "engine_errors": ("engine_error_line",),
+    "launch": ("MAIN_PROCESS_PORT", "learner_argv"),
+    "model_export": ("ExportError",),
+    "reexport": ("export_from_checkpoint", "store_environ"),
+    "rewards": ("RewardError", "check_reward_name", "load_reward"),
+    "rollout": ("EXIT_LINE_PREFIX", "ROLLOUT_PYTHON_ENV"),
+    "rollout_health": ("HEALTH_REQUEST_TIMEOUT_S", "LIVENESS_FAILURE_THRESHOLD", "LIVENESS_PERIOD_S", "PROBE_TIMEOUT_S",
+                       "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
+    "store_uri": ("ACCESS_KEY_ENV", "ENDPOINT_ENV", "REGION_ENV", "SECRET_KEY_ENV", "SESSION_TOKEN_ENV",
+                  "InvalidObjectStoreURI", "is_object_store_uri", "parse_uri"),
+    "validation": ("field_path", "first_error"),
+}
+_OWNER_OF = {name: module for module, names in _OWNERS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _OWNER_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __package__), name)

@@ -27,7 +27,7 @@ from ..api import (
 from ..builders import drain_deadline_seconds, learner_pod_name, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
-from . import clock, scaling
+from . import admission, clock, scaling
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
 from .decision import (
@@ -124,6 +124,8 @@ class RunRecord:
         self.learner_pods = sorted((p for p in self.pods if p.role == "learner"), key=lambda p: rank(p.name))
 
     def decision(self) -> Decision:
+        self.actions += admission.workload_actions(self.seen.workload, finished=self.new.phase in FINISHED_PHASES,
+                                                   pods_exist=bool(self.pods))
         if self.new.progress is not None:
             self.new.progress_rate = update_estimate(
                 self.new.progress, self.new.progress_rate, self.old.progress, self.now,

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.store_uri import is_object_store_uri
+from grpo_trainer.contract import is_object_store_uri
 
-from ... import builders
-from ...api import GRPORunSpec
-from ...manifest import ManifestInvalid
-from ...run_ref import RunRef
-from ...status import PodObservation, Role
-from ..exit_codes import ExitCode
+from .. import builders
+from ..api import GRPORunSpec
+from ..cli.exit_codes import ExitCode
+from ..manifest import ManifestInvalid
+from ..run_ref import RunRef
+from ..status import PodObservation, Role
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -92,7 +92,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
     with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.contract import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:
