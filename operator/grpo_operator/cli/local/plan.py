@@ -87,9 +87,10 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 
 
 def check_rewards(spec: GRPORunSpec) -> None:
-    """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
-    with the spec, `api.check_reward_names`)."""
+    """`module:function` rewards, tools and environment factories must import here, before minutes of server
+    start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
     from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.tools import ToolError, load_environment_factory, load_tools
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:
@@ -99,6 +100,18 @@ def check_rewards(spec: GRPORunSpec) -> None:
         except RewardError as error:
             field_name = "name" if reward.name is not None else "function"
             raise ManifestInvalid([f"spec.rewards[{index}].{field_name}: {error}"]) from None
+    for index, tool in enumerate(spec.training.tools):
+        try:
+            load_tools([tool])
+        except ToolError as error:
+            raise ManifestInvalid([f"spec.training.tools[{index}]: {error}"]) from None
+    factory = spec.training.environment_factory
+    for name, one in ({None: factory} if isinstance(factory, str) else factory or {}).items():
+        try:
+            load_environment_factory(one)
+        except ToolError as error:
+            where = "spec.training.environmentFactory" + (f".{name}" if name is not None else "")
+            raise ManifestInvalid([f"{where}: {error}"]) from None
 
 
 @dataclass(frozen=True)
