@@ -35,7 +35,8 @@ def test_a_tool_that_does_not_import_is_one_line_naming_it():
 @pytest.mark.parametrize("training, message", [
     ({"tools": ["not an import path"]}, "tool 'not an import path' must look like 'module:function'"),
     ({"environmentFactory": "nocolon"}, "environment factory 'nocolon' must look like 'module:function'"),
-    ({"environmentFactory": {"9lives": "m:f"}}, "environment name '9lives' is not a name"),
+    ({"environmentFactories": {"9lives": "m:f"}}, "environment name '9lives' is not a name"),
+    ({"environmentFactory": "m:f", "environmentFactories": {"a": "m:f"}}, "not both"),
     ({"maxToolCallingIterations": 0}, "greater than or equal to 1"),
 ])
 def test_the_spec_refuses_what_cannot_name_user_code(training, message):

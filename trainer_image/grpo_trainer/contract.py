@@ -387,9 +387,10 @@ class TrainingConfig(WireModel):
         default_factory=list, max_length=64,
         description="Functions the policy may call, each as 'module:function' (its name, signature and docstring "
                     "are the tool's schema).")
-    environment_factory: str | dict[str, str] | None = Field(
-        None, description="A 'module:function' returning one environment per episode, or a mapping from the "
-                          "dataset's `environment` column to such factories.")
+    environment_factory: str | None = Field(
+        None, description="A 'module:function' returning one environment per episode.")
+    environment_factories: dict[str, str] | None = Field(
+        None, description="Environments by name: each row plays in the one its `environment` column names.")
     max_tool_calling_iterations: int | None = Field(
         None, ge=1, description="Tool-calling rounds an episode may take; unset: until the policy stops calling.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
@@ -413,18 +414,29 @@ class TrainingConfig(WireModel):
 
     @field_validator("environment_factory")
     @classmethod
-    def _factories_are_import_paths(cls, value: str | dict[str, str] | None) -> str | dict[str, str] | None:
-        if isinstance(value, str):
+    def _factory_is_an_import_path(cls, value: str | None) -> str | None:
+        if value is not None:
             check_import_path(value, "environment factory")
-        elif value is not None:
+        return value
+
+    @field_validator("environment_factories")
+    @classmethod
+    def _factories_are_import_paths(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
             if not value:
-                raise ValueError("environmentFactory as a mapping names at least one environment")
+                raise ValueError("environmentFactories names at least one environment")
             for name, factory in value.items():
                 if not REPORTED_NAME.fullmatch(name):
                     raise ValueError(f"environment name {name[:70]!r} is not a name (a letter, then up to 62 "
                                      "letters, digits or underscores)")
                 check_import_path(factory, f"environment factory {name!r}")
         return value
+
+    @model_validator(mode="after")
+    def _one_environment_source(self) -> TrainingConfig:
+        if self.environment_factory is not None and self.environment_factories is not None:
+            raise ValueError("set environmentFactory or environmentFactories, not both")
+        return self
 
     @model_validator(mode="after")
     def _clip_bounds_in_order(self) -> TrainingConfig:

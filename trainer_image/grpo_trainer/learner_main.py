@@ -23,7 +23,7 @@ from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
 from .rewards import RewardResultError, UserCodeError, load_rewards
 from .store_uri import is_object_store_uri
-from .tools import load_environment_factory, load_tools
+from .tools import environment_factories, load_environment_factory, load_tools
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
 
@@ -255,7 +255,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     try:
         reward_funcs = load_rewards(config.rewards)
         tools = load_tools(config.training.tools)
-        environment_factory = load_environment_factory(config.training.environment_factory)
+        environment_factory = load_environment_factory(environment_factories(config.training))
     except UserCodeError as error:
         raise ConfigError(str(error)) from None
     dataset = load_prompts(config.dataset)

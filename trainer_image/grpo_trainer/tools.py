@@ -141,8 +141,8 @@ class GuardedEnvironmentFactory:
 def load_environment_factory(
     value: str | dict[str, str] | None,
 ) -> GuardedEnvironmentFactory | dict[str, GuardedEnvironmentFactory] | None:
-    """`training.environmentFactory` as TRL takes it: one factory, or one per value of the dataset's `environment`
-    column. Raises ToolError (one line) for one that does not import."""
+    """`training.environmentFactory` (one factory) or `training.environmentFactories` (one per value of the
+    dataset's `environment` column) as TRL takes it. Raises ToolError (one line) for one that does not import."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -153,11 +153,6 @@ def load_environment_factory(
             for name, spec in value.items()}
 
 
-def check_training_code(training: TrainingConfig) -> None:
-    """Import every tool and environment factory the config names; raises ToolError naming the first that fails."""
-    load_tools(training.tools)
-    load_environment_factory(training.environment_factory)
-
-
-def uses_tools(training: TrainingConfig) -> bool:
-    return bool(training.tools) or training.environment_factory is not None
+def environment_factories(training: TrainingConfig) -> str | dict[str, str] | None:
+    """The config's environment factory, or its factories by name (the spec allows one of the two)."""
+    return training.environment_factory or training.environment_factories

@@ -145,8 +145,10 @@ def _publish(staging: Path, out: Path) -> Path:
 #: The tool model's vocabulary: room for merges of the chat template's tool preamble, which its prompts all carry.
 TOOL_VOCAB_SIZE = 1024
 #: Supervised steps that teach the tool model the episode's shape (a full batch of every conversation each step).
-TOOL_SFT_STEPS = 150
-TOOL_SFT_LEARNING_RATE = 3e-3
+TOOL_SFT_STEPS = 100
+TOOL_SFT_LEARNING_RATE = 5e-3
+#: The numbers the tool model is taught to guess, evenly: a quarter of its first guesses are right.
+GUESS_NUMBERS = range(4)
 
 
 def guess_prompts(path: str | os.PathLike) -> list[dict]:
@@ -155,10 +157,10 @@ def guess_prompts(path: str | os.PathLike) -> list[dict]:
 
 
 def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
-    """Every prompt with every guess 0-9, answered as the game server answers, then the policy's closing turn."""
+    """Every prompt with every guess, answered as the game server answers, then the policy's closing turn."""
     conversations = []
     for row in rows:
-        for number in range(10):
+        for number in GUESS_NUMBERS:
             call = {"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}
             conversations.append([
                 {"role": "user", "content": row["prompt"]},
@@ -177,8 +179,9 @@ def _tool_schema() -> list:
 
 def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
     """The tiny model, taught offline to play `prompts`' guess game through the tool call format of its chat
-    template: every prompt, one `guess` call with a number drawn evenly from 0-9, then "done". Deterministic (CPU,
-    seeded, full-batch steps). The reward then has something to rise from: a tenth of the guesses are right."""
+    template: every prompt, one `guess` call with a number drawn evenly from GUESS_NUMBERS, then "done".
+    Deterministic (CPU, seeded, full-batch steps). The reward then has something to rise from: a quarter of the
+    guesses are right."""
     import torch
 
     out = Path(out_dir).resolve()
@@ -227,7 +230,7 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer), "tools": True,
-                                                        "sft_loss": float(loss)}))
+                                                        "sft_loss": loss.item()}))
     return _publish(staging, out)
 
 

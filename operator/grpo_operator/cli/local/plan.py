@@ -105,13 +105,16 @@ def check_rewards(spec: GRPORunSpec) -> None:
             load_tools([tool])
         except ToolError as error:
             raise ManifestInvalid([f"spec.training.tools[{index}]: {error}"]) from None
-    factory = spec.training.environment_factory
-    for name, one in ({None: factory} if isinstance(factory, str) else factory or {}).items():
+    training = spec.training
+    factories = {f"environmentFactories.{name}": factory for name, factory in
+                 (training.environment_factories or {}).items()}
+    if training.environment_factory is not None:
+        factories["environmentFactory"] = training.environment_factory
+    for where, factory in factories.items():
         try:
-            load_environment_factory(one)
+            load_environment_factory(factory)
         except ToolError as error:
-            where = "spec.training.environmentFactory" + (f".{name}" if name is not None else "")
-            raise ManifestInvalid([f"{where}: {error}"]) from None
+            raise ManifestInvalid([f"spec.training.{where}: {error}"]) from None
 
 
 @dataclass(frozen=True)
