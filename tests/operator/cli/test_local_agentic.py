@@ -48,7 +48,7 @@ def game_server():
 def step_rewards(learner_log: str) -> list[float]:
     """The environment's reward per logged step (TRL's `rewards/<env class>` metric), in order."""
     rewards = []
-    for match in re.finditer(r"^\s*(\{'loss'.*\})\s*$", learner_log, re.MULTILINE):
+    for match in re.finditer(r"(\{'loss'[^\n]*?\})", learner_log):
         logs = ast.literal_eval(match[1])
         if "rewards/GuessEnvironment" in logs:
             rewards.append(float(logs["rewards/GuessEnvironment"]))
