@@ -50,3 +50,15 @@ def test_rollout_worker_attributes_the_supervised_worker_reads():
     for attribute in ("_process", "_stop_event_mp", "_failed_event", "_exception_info_queue"):
         assert f"self.{attribute} =" in source, f"AsyncRolloutWorker no longer sets {attribute}"
     assert "AsyncRolloutWorker(" in inspect.getsource(T.AsyncGRPOTrainer.__init__)  # TRL still builds it itself
+
+
+def test_the_rollout_loop_hooks_the_episode_loop_overrides():
+    # EpisodeRolloutLoop (grpo_trainer.rollout_worker) subclasses the child's loop and is the worker's `_loop_cls`.
+    assert W.AsyncRolloutWorker._loop_cls is W._AsyncRolloutLoop
+    assert list(inspect.signature(W._AsyncRolloutLoop._generate_one).parameters) == [
+        "self", "prompt", "tool_dict", "tools", "group_id"]
+    assert list(inspect.signature(W._AsyncRolloutLoop._score_group).parameters) == ["self", "group"]
+    group_fields = set(W.RolloutGroup.__dataclass_fields__)
+    assert {"completions", "completions_sequences", "tool_call_counts", "tool_failure_counts"} <= group_fields
+    # An environment's tools reach `_generate_one` only as its bound methods, which is how the loop finds it.
+    assert "getattr(environment, member_name)" in inspect.getsource(W._AsyncRolloutLoop._generate_loop)
