@@ -4,8 +4,10 @@
 `training.environmentFactory: grpo_trainer.testing.guess_env:make_environment`) returns a client for the server at
 `$GUESS_ENV_URL`. One episode: `reset(target=...)` (the dataset row's `target` column) opens it on the server, the
 policy calls the tool `guess(number)` (the server answers "right" or "wrong"), and `get_reward()` is 1.0 when the
-last guess was right, else 0.0. The server holds the episodes, as a sandbox or game server would: when it is down,
-the episode's environment failed (grpo_trainer.tools) and the episode is unscorable.
+last guess was right, WRONG_GUESS_REWARD when it was wrong, and 0.0 when the policy made no guess: playing by the
+rules is worth a little, which keeps the tool call's format from eroding while the guesses improve. The server
+holds the episodes, as a sandbox or game server would: when it is down, the episode's environment failed
+(grpo_trainer.tools) and the episode is unscorable.
 
 Stdlib only (http.server, urllib): the environment's image needs nothing else.
 """
@@ -23,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 URL_ENV = "GUESS_ENV_URL"
 DEFAULT_URL = "http://127.0.0.1:8765"
+#: A wrong guess's reward: more than no guess at all.
+WRONG_GUESS_REWARD = 0.2
 #: Seconds a request to the server may take: a server that does not answer fails the episode, not the run.
 REQUEST_TIMEOUT_S = 10.0
 
@@ -48,7 +52,9 @@ class GuessGame:
     def reward(self, episode: str) -> float:
         with self._lock:
             target, last = self._episodes.pop(episode)
-        return 1.0 if last == target else 0.0
+        if last is None:
+            return 0.0
+        return 1.0 if last == target else WRONG_GUESS_REWARD
 
 
 def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
