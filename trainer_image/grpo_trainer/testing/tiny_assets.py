@@ -145,8 +145,8 @@ def _publish(staging: Path, out: Path) -> Path:
 #: The tool model's vocabulary: room for merges of the chat template's tool preamble, which its prompts all carry.
 TOOL_VOCAB_SIZE = 1024
 #: Supervised steps that teach the tool model the episode's shape (a full batch of every conversation each step).
-TOOL_SFT_STEPS = 100
-TOOL_SFT_LEARNING_RATE = 5e-3
+TOOL_SFT_STEPS = 150
+TOOL_SFT_LEARNING_RATE = 3e-3
 #: The numbers the tool model is taught to guess, evenly: a quarter of its first guesses are right.
 GUESS_NUMBERS = range(4)
 
