@@ -69,6 +69,6 @@ def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_
     assert episodes is not None and episodes.environment_failures == {}
     # Every group that reached the learner brought its 8 episodes; those past the bound are counted too.
     assert episodes.episodes % 8 == 0 and episodes.episodes >= 8 * (report.groups_trained + report.dropped["no_signal"])
-    assert episodes.tool_calls > 0 and episodes.rows >= episodes.episodes - episodes.tool_calls
+    assert episodes.tool_calls > 0 and episodes.rows >= episodes.episodes  # a fork adds rows; none go missing
     assert 1.0 < episodes.turns_per_episode <= 2.0  # a tool call, then the closing turn (maxToolCallingIterations 1)
 
