@@ -346,3 +346,16 @@ def test_step_metrics_export_what_trl_logged_and_skip_what_is_not_finite():
 def test_a_learner_without_logged_steps_exports_no_step_curves():
     found = samples_by_name(render_metrics(lambda: c.ProgressReport(), StepMetrics()).decode())
     assert not set(c.STEP_METRIC_NAMES) & set(found)
+
+
+def test_episodes_are_exported_only_for_a_run_with_tools_and_failures_by_environment():
+    assert c.METRIC_TOOL_CALLS not in samples_by_name(render_metrics(lambda: c.ProgressReport()).decode())
+    episodes = c.EpisodeReport(episodes=16, rows=18, turns=30, tool_calls=14, tool_failures=2, forked=2,
+                               environment_failures={"guess": 3})
+    found = samples_by_name(render_metrics(lambda: c.ProgressReport(episodes=episodes)).decode())
+    assert [s.value for s in found[c.METRIC_TOOL_CALLS]] == [14]
+    assert [s.value for s in found[c.METRIC_EPISODES_FORKED]] == [2]
+    assert [(s.labels, s.value) for s in found[c.METRIC_ENVIRONMENT_FAILURES]] == [({"environment": "guess"}, 3)]
+    assert episodes.turns_per_episode == 30 / 16 and episodes.fork_fraction == 2 / 16
+    with pytest.raises(ValueError, match="not a name"):
+        c.EpisodeReport(environment_failures={"not a name": 1})

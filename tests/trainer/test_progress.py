@@ -13,6 +13,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
 from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.episodes import GROUP_ROWS_KEY
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
@@ -536,3 +537,40 @@ class TestProgressCollator:
     def test_without_progress_other_ranks_still_collate_the_stop(self):
         collator = ProgressCollator(0, 2, groups_trained=set())
         assert stop_from_batch(collator([RolloutStop()]))[0] == StopCode.DONE
+
+
+# ------------------------------------------------------------------------------------------------- forked groups
+def forked(group_id, rows, k=0, **kwargs) -> RolloutSample:
+    """One row of a group the rollout loop stamped as `rows` rows (a conversation forked: grpo_trainer.episodes)."""
+    row = sample(group_id, k=k, **kwargs)
+    row.metrics[GROUP_ROWS_KEY] = float(rows)
+    return row
+
+
+class TestForkedGroups:
+    def test_a_group_of_more_rows_than_generations_trains_its_fitting_row(self):
+        # Two conversations, the first forked into two rows that are both too long: the third row still trains.
+        progress = make_progress(n=10)
+        kept = forked(0, 3, k=1, tokens=6)
+        fq = filter_queue(progress, [forked(0, 3, tokens=9), forked(0, 3, tokens=9), kept], token_budget=8)
+        assert drain(fq) == [kept]
+        assert progress.dropped["too_long"] == 0 and 0 not in progress.consumed
+
+    def test_a_group_is_dropped_once_when_every_one_of_its_rows_was(self):
+        progress = make_progress(n=10)
+        rows = [forked(0, 3, rewards=(1.0, 1.0), k=k % 2) for k in range(3)]
+        fq = filter_queue(progress, rows)
+        assert drain(fq) == []
+        assert progress.dropped["no_signal"] == 1 and 0 in progress.consumed
+
+    def test_a_group_of_fewer_rows_than_generations_is_settled_by_its_stamp(self):
+        # Both conversations' rows dropped, but one conversation had no trained token and became no row.
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [forked(0, 1, rewards=(1.0, 1.0))])
+        drain(fq)
+        assert progress.dropped["no_signal"] == 1
+
+    def test_the_stamps_leave_the_sample_before_trls_collator_averages_its_metrics(self):
+        progress = make_progress(n=10)
+        rows = [forked(0, 2, k=k) for k in range(2)]
+        assert [set(row.metrics) for row in drain(filter_queue(progress, rows))] == [{"reward", "reward_std"}] * 2

@@ -14,6 +14,7 @@ from accelerate import PartialState
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample, TrainingSequence, _AsyncRolloutLoop
 
 from grpo_trainer.contract import DropReason, RewardConfig
+from grpo_trainer.episodes import GROUP_ROWS_KEY
 from grpo_trainer.progress import RolloutProgress, RolloutStop, StopCode
 from grpo_trainer.rewards import load_rewards, unscored
 from grpo_trainer.scoring import RewardModel, ScoringQueue, score_step
@@ -229,3 +230,16 @@ def test_a_stall_raised_by_the_drop_keeps_the_sample_that_arrived():
         scoring.get(timeout=0.01)
     assert stop.value.code == StopCode.STALLED and progress.dropped["unscorable"] == 1
     assert [s.group_id for s in scoring.pending] == [1]  # group 1's first sample, not lost
+
+
+def test_a_forked_group_is_scored_whole_by_its_stamped_row_count():
+    # Four conversations, one forked into two rows: five rows, one group. Scored as soon as the fifth arrives (no
+    # next group needed), normalised over all five, and passed on with its new row count.
+    rows = [sample(0, k) for k in range(5)]
+    for row in rows:
+        row.metrics[GROUP_ROWS_KEY] = 5.0
+    scoring, drops = make_queue(rows, FixedModel([1.0, 2.0, math.nan, 3.0, 4.0]))
+    out = drain(scoring)
+    assert [s.group_id for s in out] == [0] * 4 and drops == []
+    assert [s.metrics[GROUP_ROWS_KEY] for s in out] == [4.0] * 4
+    assert [s.advantage for s in out] == pytest.approx(trl_advantages([1.0, 2.0, 3.0, 4.0]))

@@ -59,3 +59,15 @@ def test_the_weight_sync_streams_what_the_learner_gathers():
     source = inspect.getsource(T.AsyncGRPOTrainer._sync_weight_merged)
     assert "self.weight_transfer.send_weights(self._streaming_iter())" in source
     assert "for _ in self._streaming_iter():" in source
+
+
+def test_the_rollout_loop_hooks_the_episode_loop_overrides():
+    # EpisodeRolloutLoop (grpo_trainer.rollout_worker) subclasses the child's loop and is the worker's `_loop_cls`.
+    assert W.AsyncRolloutWorker._loop_cls is W._AsyncRolloutLoop
+    assert list(inspect.signature(W._AsyncRolloutLoop._generate_one).parameters) == [
+        "self", "prompt", "tool_dict", "tools", "group_id"]
+    assert list(inspect.signature(W._AsyncRolloutLoop._score_group).parameters) == ["self", "group"]
+    group_fields = set(W.RolloutGroup.__dataclass_fields__)
+    assert {"completions", "completions_sequences", "tool_call_counts", "tool_failure_counts"} <= group_fields
+    # An environment's tools reach `_generate_one` only as its bound methods, which is how the loop finds it.
+    assert "getattr(environment, member_name)" in inspect.getsource(W._AsyncRolloutLoop._generate_loop)

@@ -135,6 +135,13 @@ METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
 # The training step's scoring: samples it scored, and those it took out of the loss (label: reason, MASK_REASONS).
 METRIC_SAMPLES_SCORED = "grpo_learner_step_samples_scored_total"
 METRIC_SAMPLES_MASKED = "grpo_learner_step_samples_masked_total"
+# Episodes (tools and environments, grpo_trainer.episodes): counted as they reach the learner, from 0 per process.
+METRIC_EPISODES = "grpo_learner_episodes_total"
+METRIC_EPISODE_TURNS = "grpo_learner_episode_turns_total"  # model turns, summed over episodes
+METRIC_EPISODES_FORKED = "grpo_learner_episodes_forked_total"  # episodes that became more than one training row
+METRIC_TOOL_CALLS = "grpo_learner_tool_calls_total"
+METRIC_TOOL_FAILURES = "grpo_learner_tool_failures_total"  # TRL's: a tool that raised or a name no tool has
+METRIC_ENVIRONMENT_FAILURES = "grpo_learner_environment_failures_total"  # label: environment; episodes unscorable
 # With weight_syncs_total, the count and sum of a summary: rate(seconds) / rate(syncs) is the mean sync time.
 METRIC_WEIGHT_SYNC_SECONDS = "grpo_learner_weight_sync_seconds_total"
 METRIC_WEIGHT_SYNC_LAST_SECONDS = "grpo_learner_weight_sync_last_duration_seconds"
@@ -250,6 +257,16 @@ class DatasetConfig(WireModel):
 REWARD_MODEL_BATCH_SIZE = 16
 
 
+#: `module:function`: how rewards, tools and environment factories name user code (the CRD's rules hold the same).
+IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_import_path(value: str, what: str) -> None:
+    """Raises ValueError unless `value` names user code as 'module:function'."""
+    if not IMPORT_PATH.match(value):
+        raise ValueError(f"{what} {value!r} must look like 'module:function'")
+
+
 class RewardConfig(WireModel):
     name: str | None = Field(None, description="A built-in reward (grpo_trainer.rewards).")
     function: str | None = Field(None, description="A user reward as 'module:function'.")
@@ -271,8 +288,8 @@ class RewardConfig(WireModel):
     def _one_kind(self) -> RewardConfig:
         if sum(value is not None for value in (self.name, self.function, self.model)) != 1:
             raise ValueError("a reward sets exactly one of name, function or model")
-        if self.function is not None and ":" not in self.function:
-            raise ValueError(f"reward function {self.function!r} must look like 'module:function'")
+        if self.function is not None:
+            check_import_path(self.function, "reward function")
         if self.model is not None and not self.model.strip():
             raise ValueError("reward model must name a hub id or a local path")
         if self.model is None and (self.dtype, self.batch_size, self.max_length) != (None, None, None):
@@ -306,6 +323,7 @@ MANAGED_TRAINER_ARGS: dict[str, str] = {
     "run_name": "metadata.name",
     "vllm_server_base_url": "rollout (the operator points the learner at its rollout servers)",
     "use_cpu": "learner.device",
+    "max_tool_calling_iterations": "training.maxToolCallingIterations",
 }
 
 
@@ -366,6 +384,16 @@ class TrainingConfig(WireModel):
     vllm_importance_sampling_clip_max: float | None = Field(
         None, gt=0, description="Mask samples whose learner/rollout sequence ratio is above this.")
     lora: LoraConfig | None = Field(None, description="Train a LoRA adapter instead of every weight.")
+    tools: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Functions the policy may call, each as 'module:function' (its name, signature and docstring "
+                    "are the tool's schema).")
+    environment_factory: str | None = Field(
+        None, description="A 'module:function' returning one environment per episode.")
+    environment_factories: dict[str, str] | None = Field(
+        None, description="Environments by name: each row plays in the one its `environment` column names.")
+    max_tool_calling_iterations: int | None = Field(
+        None, ge=1, description="Tool-calling rounds an episode may take; unset: until the policy stops calling.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
     @field_validator("extra_args")
@@ -375,6 +403,41 @@ class TrainingConfig(WireModel):
         if managed:
             raise ValueError(managed_args_message(managed))
         return value
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_import_paths(cls, value: list[str]) -> list[str]:
+        for tool in value:
+            check_import_path(tool, "tool")
+        if len(set(value)) != len(value):
+            raise ValueError("each tool may appear only once")
+        return value
+
+    @field_validator("environment_factory")
+    @classmethod
+    def _factory_is_an_import_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_import_path(value, "environment factory")
+        return value
+
+    @field_validator("environment_factories")
+    @classmethod
+    def _factories_are_import_paths(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("environmentFactories names at least one environment")
+            for name, factory in value.items():
+                if not REPORTED_NAME.fullmatch(name):
+                    raise ValueError(f"environment name {name[:70]!r} is not a name (a letter, then up to 62 "
+                                     "letters, digits or underscores)")
+                check_import_path(factory, f"environment factory {name!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_environment_source(self) -> TrainingConfig:
+        if self.environment_factory is not None and self.environment_factories is not None:
+            raise ValueError("set environmentFactory or environmentFactories, not both")
+        return self
 
     @model_validator(mode="after")
     def _clip_bounds_in_order(self) -> TrainingConfig:
@@ -735,6 +798,33 @@ class ExportReport(_ReportModel):
     time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
 
 
+class EpisodeReport(_ReportModel):
+    """The episodes of a run with tools or environments (grpo_trainer.episodes), counted as they reach the learner
+    by this learner process (from 0 after a resume): every conversation of every group, whatever became of it."""
+
+    episodes: Count = Field(0, description="Conversations the rollout worker finished.")
+    rows: Count = Field(0, description="Training rows they became (more than one: re-tokenization forked).")
+    turns: Count = Field(0, description="Model turns, summed.")
+    tool_calls: Count = 0
+    tool_failures: Count = Field(0, description="Tool calls that raised or named no tool (TRL's count).")
+    forked: Count = Field(0, description="Episodes that became more than one training row.")
+    environment_failures: dict[str, Count] = Field(
+        default_factory=dict, description="Episodes whose environment failed (unscorable), by environment.")
+
+    @field_validator("environment_failures")
+    @classmethod
+    def _environments(cls, value: dict[str, int]) -> dict[str, int]:
+        return _reason_counts((), "environments", value)
+
+    @property
+    def turns_per_episode(self) -> float | None:
+        return self.turns / self.episodes if self.episodes else None
+
+    @property
+    def fork_fraction(self) -> float | None:
+        return self.forked / self.episodes if self.episodes else None
+
+
 # more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
     phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
@@ -777,6 +867,7 @@ class ProgressReport(_ReportModel):
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
     attention_kernel: _known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
+    episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")
     message: str = ""
 
     @field_validator("dropped")
@@ -853,6 +944,7 @@ _OWNERS = {
     "rollout": ("EXIT_LINE_PREFIX", "ROLLOUT_PYTHON_ENV"),
     "rollout_health": ("HEALTH_REQUEST_TIMEOUT_S", "LIVENESS_FAILURE_THRESHOLD", "LIVENESS_PERIOD_S", "PROBE_TIMEOUT_S",
                        "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
+    "tools": ("ToolError", "load_environment_factory", "load_tools"),
     "store_uri": ("ACCESS_KEY_ENV", "ENDPOINT_ENV", "REGION_ENV", "SECRET_KEY_ENV", "SESSION_TOKEN_ENV",
                   "InvalidObjectStoreURI", "is_object_store_uri", "parse_uri"),
     "validation": ("field_path", "first_error"),

@@ -149,9 +149,31 @@ class ProgressCollector:
                   report.rollout_queue_samples),
         ]
         yield from (family for family in families if family is not None)
+        if report.episodes is not None:
+            yield from episode_families(report.episodes)
         yield from replica_families(report.rollout, report.weight_version)
         if self._step_metrics is not None:
             yield from self._step_metrics.families()
+
+
+def episode_families(episodes: c.EpisodeReport) -> list[Metric]:
+    """Tool calls and environments (grpo_trainer.episodes), counted by this learner process."""
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        return CounterMetricFamily(_without_total(name), doc, value=value)
+
+    failures = CounterMetricFamily(_without_total(c.METRIC_ENVIRONMENT_FAILURES),
+                                   "Episodes whose environment failed (unscorable), by environment.",
+                                   labels=["environment"])
+    for environment, count in episodes.environment_failures.items():
+        failures.add_metric([environment], count)
+    return [
+        counter(c.METRIC_EPISODES, "Conversations the rollout worker finished.", episodes.episodes),
+        counter(c.METRIC_EPISODE_TURNS, "Model turns, summed over episodes.", episodes.turns),
+        counter(c.METRIC_EPISODES_FORKED, "Episodes that became more than one training row.", episodes.forked),
+        counter(c.METRIC_TOOL_CALLS, "Tool calls the policy made.", episodes.tool_calls),
+        counter(c.METRIC_TOOL_FAILURES, "Tool calls that raised or named no tool.", episodes.tool_failures),
+        failures,
+    ]
 
 
 def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:

@@ -21,8 +21,9 @@ from . import contract as c
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
-from .rewards import RewardError, RewardResultError, load_rewards
+from .rewards import RewardResultError, UserCodeError, load_rewards
 from .store_uri import is_object_store_uri
+from .tools import environment_factories, load_environment_factory, load_tools
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
 
@@ -76,6 +77,7 @@ def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
         "logging_steps": 1,
         # Exactly the trackers spec.tracking asks for (grpo_trainer.tracking sets the env they read).
         "report_to": config.tracking.trackers,
+        "max_tool_calling_iterations": training.max_tool_calling_iterations,
     }
     # TRL's 1024-sample default lets a fast server queue samples that go stale before they train.
     processes = config.learner.nodes * config.learner.processes_per_node
@@ -252,7 +254,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
     try:
         reward_funcs = load_rewards(config.rewards)
-    except RewardError as error:
+        tools = load_tools(config.training.tools)
+        environment_factory = load_environment_factory(environment_factories(config.training))
+    except UserCodeError as error:
         raise ConfigError(str(error)) from None
     dataset = load_prompts(config.dataset)
 
@@ -295,6 +299,8 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
             learner = GRPOLearner(
                 model=config.model,
                 reward_funcs=reward_funcs,
+                tools=tools or None,
+                environment_factory=environment_factory,
                 args=args,
                 train_dataset=dataset,
                 processing_class=tokenizer,

@@ -21,7 +21,12 @@ from .contract import RewardConfig
 RewardFunc = Callable[..., list[float | None]]
 
 
-class RewardError(ValueError):
+class UserCodeError(ValueError):
+    """User code named in the config (a reward, a tool, an environment factory) cannot be loaded. The message is one
+    line naming it."""
+
+
+class RewardError(UserCodeError):
     """A reward named in the config cannot be loaded. The message is one line naming the reward."""
 
 
@@ -164,18 +169,20 @@ def checked_scores(label: str, scores: Any, expected: int) -> list[float | None]
     return checked
 
 
-def _import_function(spec: str) -> RewardFunc:
+def import_function(spec: str, what: str = "reward function",
+                    error_class: type[UserCodeError] = RewardError) -> Callable[..., Any]:
+    """The callable `spec` ('module:function') names, or `error_class` with one line naming `what` it is."""
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise RewardError(f"reward function {spec!r}: cannot import module {module_name!r} ({error})") from None
+        raise error_class(f"{what} {spec!r}: cannot import module {module_name!r} ({error})") from None
     try:
         func = getattr(module, attribute)
     except AttributeError:
-        raise RewardError(f"reward function {spec!r}: module {module_name!r} has no attribute {attribute!r}") from None
+        raise error_class(f"{what} {spec!r}: module {module_name!r} has no attribute {attribute!r}") from None
     if not callable(func):
-        raise RewardError(f"reward function {spec!r}: {attribute!r} is not callable")
+        raise error_class(f"{what} {spec!r}: {attribute!r} is not callable")
     return func
 
 
@@ -190,7 +197,7 @@ def load_reward(config: RewardConfig) -> RewardFunc:
         check_reward_name(config.name)
         func = BUILTIN_REWARDS[config.name]
     else:
-        func = _import_function(config.function)
+        func = import_function(config.function)
     return CheckedReward(func, config.weight, label=config.name or config.function)
 
 

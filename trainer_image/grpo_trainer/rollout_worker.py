@@ -8,19 +8,26 @@ the learner hung there for good after its worker child had died. This subclass c
 the child's last error back into the exception it was (a reward's RewardResultError keeps its class, so the
 learner can exit as invalid config), and stops the child without waiting on it for more than a few seconds.
 
-TRL builds the worker itself (`async_grpo_trainer.py:1367 (trl 1.16.0)`); GRPOLearner makes it this class.
+TRL builds the worker itself (`async_grpo_trainer.py:1367 (trl 1.16.0)`); GRPOLearner makes it this class, whose
+child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for the learner's accounting
+(grpo_trainer.episodes) and an episode whose environment failed made unscorable (grpo_trainer.tools).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import signal
+from typing import Any
 
-from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+import numpy as np
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
+from .episodes import completion_turns, stamp_group
 from .rewards import RewardFunctionError, RewardResultError
 from .sync_watchdog import DaemonCall
+from .tools import EpisodeRecord, episode_of
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +60,77 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+#: TRL's advantage epsilon (`async_rollout_worker.py:1065 (trl 1.16.0)`).
+_ADVANTAGE_EPS = 1e-8
+
+
+class EpisodeRolloutLoop(_AsyncRolloutLoop):
+    """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.episodes).
+
+    An episode whose guarded environment failed (grpo_trainer.tools) is unscorable: its reward is NaN whatever the
+    other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
+    """
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
+        # environment goes back to TRL's pool before then, and its next reset starts a new record.
+        self._episodes: dict[int, EpisodeRecord] = {}
+
+    async def _generate_one(self, prompt, tool_dict, tools, group_id=0):
+        # TRL hands the episode's environment over only as the bound methods in `tool_dict`.
+        environments = {id(owner): owner for owner in (getattr(f, "__self__", None) for f in tool_dict.values())
+                        if episode_of(owner) is not None}
+        episode = next((episode_of(env) for env in environments.values()), None)
+        result = await super()._generate_one(prompt, tool_dict, tools, group_id)
+        if episode is not None:
+            self._episodes[id(result[0])] = episode
+        return result
+
+    async def _score_group(self, group):
+        episodes = [self._episodes.pop(id(completion), None) for completion in group.completions]
+        samples = await super()._score_group(group)
+        rows_per_episode = [len(sequences) for sequences in group.completions_sequences]
+        failed = [None if e is None or e.failure is None else e.environment for e in episodes]
+        if any(label is not None for label in failed):
+            for episode in episodes:
+                if episode is not None and episode.failure is not None:
+                    logger.warning("environment %r failed an episode (unscorable): %s", episode.environment,
+                                   episode.failure)
+            unscore(samples, rows_per_episode, [label is not None for label in failed])
+        stamp_group(samples, rows_per_episode, turns=[completion_turns(c) for c in group.completions],
+                    tool_calls=list(group.tool_call_counts), tool_failures=list(group.tool_failure_counts),
+                    failed_environments=failed)
+        return samples
+
+
+def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool]) -> None:
+    """Make the failed episodes' rows unscorable (reward NaN, advantage 0, TRL's mark) and renormalise the rest.
+
+    `samples` are one group's rows in conversation order, `rows_per_episode[i]` for conversation i.
+    """
+    owners = [i for i, rows in enumerate(rows_per_episode) for _ in range(rows)]
+    first_row = {}
+    for row, owner in enumerate(owners):
+        first_row.setdefault(owner, row)
+    rewards = {owner: samples[row].metrics.get("reward", math.nan) for owner, row in first_row.items()}
+    scored = {owner: reward for owner, reward in rewards.items() if not failed[owner] and math.isfinite(reward)}
+    values = np.array(list(scored.values()), dtype=float)
+    mean = float(values.mean()) if len(values) else math.nan
+    std = float(values.std()) if len(values) else math.nan
+    for sample, owner in zip(samples, owners, strict=True):
+        if owner in scored:
+            sample.advantage = float((scored[owner] - mean) / (std + _ADVANTAGE_EPS))
+        else:
+            sample.advantage = 0.0
+            sample.metrics["reward"] = math.nan
+        sample.metrics["reward_std"] = std
+
+
 class SupervisedRolloutWorker(AsyncRolloutWorker):
     """AsyncRolloutWorker whose health check sees a dead child and whose stop cannot hang on one."""
+
+    _loop_cls = EpisodeRolloutLoop
 
     def child_failure(self) -> Exception | None:
         """Why the child can no longer produce samples, or None while it can."""

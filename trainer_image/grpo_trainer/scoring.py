@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .contract import REWARD_MODEL_BATCH_SIZE, DropReason, RewardConfig
+from .episodes import GROUP_ROWS_KEY, group_rows
 from .rewards import completion_text
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class ScoringQueue:
             self._score(group)
         else:
             self.pending.append(sample)
-        if len(self.pending) >= self.num_generations:
+        if len(self.pending) >= group_rows(self.pending[0], self.num_generations):
             group, self.pending = self.pending, []
             self._score(group)
 
@@ -215,6 +216,8 @@ class ScoringQueue:
         # (numerator, denominator) pairs: TRL's log reduces them as a rate over the logging window.
         self.metrics.setdefault("reward_model/score_s_per_sample", []).append((elapsed, len(group)))
         self.metrics.setdefault("reward_model/unscorable_frac", []).append((scored.unscorable_samples, len(group)))
+        for sample in scored.kept:
+            sample.metrics[GROUP_ROWS_KEY] = float(len(scored.kept))
         self.ready.extend(scored.kept)
         if scored.drop is not None:
             self.drop(int(group[0].group_id), scored.drop)

@@ -110,6 +110,17 @@ def progress_logs(report: c.ProgressReport) -> dict[str, float]:
     }
     for reason, count in sorted(report.dropped.items()):
         logs[f"{PROGRESS_PREFIX}groups_dropped/{reason}"] = float(count)
+    episodes = report.episodes
+    if episodes is not None:
+        logs.update({
+            f"{PROGRESS_PREFIX}episodes": float(episodes.episodes),
+            f"{PROGRESS_PREFIX}tool_calls": float(episodes.tool_calls),
+            f"{PROGRESS_PREFIX}tool_failures": float(episodes.tool_failures),
+            f"{PROGRESS_PREFIX}environment_failures": float(sum(episodes.environment_failures.values())),
+        })
+        if episodes.episodes:
+            logs[f"{PROGRESS_PREFIX}turns_per_episode"] = episodes.turns_per_episode
+            logs[f"{PROGRESS_PREFIX}fork_fraction"] = episodes.fork_fraction
     return logs
 
 

@@ -49,6 +49,7 @@ from .contract import (
     ProgressReport,
     StallCause,
 )
+from .episodes import EpisodeCounts, EpisodeQueue
 from .exporter import StepMetrics
 from .progress import (
     SAMPLE_GROUP_KEY,
@@ -127,6 +128,9 @@ class GRPOLearner(AsyncGRPOTrainer):
             attention_kernel = choice.kernel
         install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
         self.attention_kernel = attention_kernel
+        # Tool calls and environments: /progress reports their episodes (grpo_trainer.episodes).
+        self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
+        self.episodes = EpisodeCounts()
         super().__init__(*args, **kwargs)
         if type(self.rollout_worker) is AsyncRolloutWorker:
             # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
@@ -183,6 +187,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             "weight_version": self.model_version, "stall_cause": self.stall_cause,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
             "attention_kernel": self.attention_kernel,
+            "episodes": self.episodes.report() if self.uses_tools else None,
         })
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
@@ -326,11 +331,12 @@ class GRPOLearner(AsyncGRPOTrainer):
         return self.accelerator.prepare(DataLoader(stream, batch_size=1, collate_fn=self._collator, num_workers=0))
 
     def _scored_rollout_queue(self) -> Any:
-        """TRL's rollout queue, with the reward models' scores when there are any (rank 0 only)."""
+        """TRL's rollout queue, its episodes counted, with the reward models' scores when there are any (rank 0)."""
+        episodes = EpisodeQueue(self.rollout_queue, self.episodes)
         if not self.reward_models:
-            return self.rollout_queue
+            return episodes
         self.scoring = ScoringQueue(
-            self.rollout_queue,
+            episodes,
             self.reward_models,
             num_generations=self.args.num_generations,
             # Looked up at each drop: a resume replaces self.progress (_inner_training_loop).

@@ -90,9 +90,9 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 
 
 def check_rewards(spec: GRPORunSpec) -> None:
-    """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
-    with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.contract import RewardError, load_reward
+    """`module:function` rewards, tools and environment factories must import here, before minutes of server
+    start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
+    from grpo_trainer.contract import RewardError, ToolError, load_environment_factory, load_reward, load_tools
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:
@@ -102,6 +102,21 @@ def check_rewards(spec: GRPORunSpec) -> None:
         except RewardError as error:
             field_name = "name" if reward.name is not None else "function"
             raise ManifestInvalid([f"spec.rewards[{index}].{field_name}: {error}"]) from None
+    for index, tool in enumerate(spec.training.tools):
+        try:
+            load_tools([tool])
+        except ToolError as error:
+            raise ManifestInvalid([f"spec.training.tools[{index}]: {error}"]) from None
+    training = spec.training
+    factories = {f"environmentFactories.{name}": factory for name, factory in
+                 (training.environment_factories or {}).items()}
+    if training.environment_factory is not None:
+        factories["environmentFactory"] = training.environment_factory
+    for where, factory in factories.items():
+        try:
+            load_environment_factory(factory)
+        except ToolError as error:
+            raise ManifestInvalid([f"spec.training.{where}: {error}"]) from None
 
 
 @dataclass(frozen=True)

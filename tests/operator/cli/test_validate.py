@@ -240,3 +240,15 @@ def test_validate_refuses_a_lora_adapter_on_the_head_in_one_line(capsys, tmp_pat
     assert line == (f"{path}: spec.training.lora.targetModules: must not name lm_head or embed_tokens: the learner "
                     "scores log-probabilities with the output embedding's base weight, so an adapter there would "
                     "never be scored")
+
+
+def test_validate_refuses_a_tool_or_factory_that_is_no_import_path_in_one_line(capsys, tmp_path):
+    manifest = good()
+    manifest["spec"]["training"]["tools"] = ["mypkg.tools:search", "search the web"]
+    manifest["spec"]["training"]["environmentFactory"] = "mypkg.envs"
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.INVALID
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: spec.training.tools[1]: must be an import path like 'mypkg.tools:search'",
+        f"{path}: spec.training.environmentFactory: must be an import path like 'mypkg.envs:make_environment'",
+    ]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..contract import DropReason
+from ..episodes import group_rows, strip_stamps
 from .accounting import RolloutProgress
 
 
@@ -38,7 +39,9 @@ class SampleFilterQueue:
     - truncated: the last token is neither eos nor pad (only when `drop_truncated`);
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
     - too long: more tokens than one row's `token_budget`, TRL's oversize rule, so its silent drop never fires.
-    A group is settled once all its `num_generations` samples were dropped, or when it is given up (below). A stale
+    A group is settled once all its samples were dropped (`num_generations`, or the row count the rollout loop
+    stamped: with tools a conversation may be several rows or none, grpo_trainer.episodes), or when it is given up
+    (below). A stale
     group is regenerated (`RolloutProgress.regenerate`), and dropped as stale only past the regeneration limit.
 
     Groups that never arrive (TRL drops rows with no trained token:
@@ -93,6 +96,7 @@ class SampleFilterQueue:
         self._samples: dict[int, int] = {}  # group -> samples seen
         self._dropped: dict[int, int] = {}  # group -> samples dropped
         self._reason: dict[int, str] = {}  # group -> its first dropped sample's reason
+        self._rows: dict[int, int] = {}  # group -> the rows it has, where that is not num_generations
         self._newest = -1
         # Missing group id -> (when a later id revealed it, that later group's version), in id order: both grow
         # with the id, so the first entry is always the first to give up.
@@ -119,7 +123,7 @@ class SampleFilterQueue:
                     raise
                 sample = self.inner.get(timeout=remaining)
             if self._accept(sample):
-                return sample
+                return strip_stamps(sample)
 
     def drop_reason(self, sample: Any) -> DropReason | None:
         """Pure per-sample rule (no accounting): why this sample would train nothing, or None."""
@@ -154,6 +158,9 @@ class SampleFilterQueue:
             # or consumed before a resume: training it now would train it twice.
             return False
         self._samples[group_id] = self._samples.get(group_id, 0) + 1
+        rows = group_rows(sample, self.num_generations)
+        if rows != self.num_generations:
+            self._rows[group_id] = rows
         reason = self.drop_reason(sample)
         if reason is None:
             if not accepted:
@@ -162,7 +169,7 @@ class SampleFilterQueue:
             return True
         dropped = self._dropped[group_id] = self._dropped.get(group_id, 0) + 1
         first_reason = self._reason.setdefault(group_id, reason.value)
-        if not accepted and dropped >= self.num_generations:
+        if not accepted and dropped >= rows:
             self._give_up(group_id, first_reason)
         self._sweep()
         return False
@@ -184,6 +191,7 @@ class SampleFilterQueue:
         self._samples.pop(group_id, None)
         self._dropped.pop(group_id, None)
         self._reason.pop(group_id, None)
+        self._rows.pop(group_id, None)
 
     def _give_up(self, group_id: int, reason: str) -> None:
         """Settle a group that will not train: regenerate it if stale (within the limit), else drop it."""
@@ -204,7 +212,7 @@ class SampleFilterQueue:
             group_id, (revealed, newest_version) = next(iter(missing.items()))
             if group_id in progress.consumed or group_id in self._accepted or not progress.needs(group_id):
                 del missing[group_id]
-                if self._samples.get(group_id, 0) >= self.num_generations:
+                if self._samples.get(group_id, 0) >= self._rows.get(group_id, self.num_generations):
                     self._forget(group_id)  # complete: a group missing part of its samples waits for the prune
             elif version - newest_version > self.max_staleness:
                 self._give_up(group_id, self._reason.get(group_id) or DropReason.STALE.value)

@@ -64,7 +64,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer():
+def build_tokenizer(corpus: list[str] | None = None, vocab_size: int = VOCAB_SIZE):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen3_chat_template
@@ -73,12 +73,12 @@ def build_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus or _corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
@@ -141,6 +141,99 @@ def _publish(staging: Path, out: Path) -> Path:
 
 
 #: In a prompt, makes the tiny reward model return NaN: its embedding row is NaN, and NaN reaches every later position.
+# ---------------------------------------------------------------------------------------------------- tool model
+#: The tool model's vocabulary: room for merges of the chat template's tool preamble, which its prompts all carry.
+TOOL_VOCAB_SIZE = 1024
+#: Supervised steps that teach the tool model the episode's shape (a full batch of every conversation each step).
+TOOL_SFT_STEPS = 150
+TOOL_SFT_LEARNING_RATE = 3e-3
+#: The numbers the tool model is taught to guess, evenly: a quarter of its first guesses are right.
+GUESS_NUMBERS = range(4)
+
+
+def guess_prompts(path: str | os.PathLike) -> list[dict]:
+    """The guess game's dataset rows (`examples/tiny-guess.jsonl`): a prompt and its target number."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
+    """Every prompt with every guess, answered as the game server answers, then the policy's closing turn."""
+    conversations = []
+    for row in rows:
+        for number in GUESS_NUMBERS:
+            call = {"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}
+            conversations.append([
+                {"role": "user", "content": row["prompt"]},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "guess", "content": "right" if number == row["target"] else "wrong"},
+                {"role": "assistant", "content": "done"},
+            ])
+    return conversations
+
+
+def _tool_schema() -> list:
+    from .guess_env import GuessEnvironment
+
+    return [GuessEnvironment("http://unused").guess]  # bound, as TRL's worker passes an environment's tools
+
+
+def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
+    """The tiny model, taught offline to play `prompts`' guess game through the tool call format of its chat
+    template: every prompt, one `guess` call with a number drawn evenly from GUESS_NUMBERS, then "done".
+    Deterministic (CPU, seeded, full-batch steps). The reward then has something to rise from: a quarter of the
+    guesses are right."""
+    import torch
+
+    out = Path(out_dir).resolve()
+    if (out / "config.json").is_file():
+        return out
+    staging = out.with_name(out.name + f".tmp-{os.getpid()}")
+    conversations = _tool_conversations(guess_prompts(prompts))
+    tools = _tool_schema()
+    plain = build_tokenizer()
+    rendered = [plain.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
+    tokenizer = build_tokenizer(_corpus() + rendered, vocab_size=TOOL_VOCAB_SIZE)
+    model = build_model(tokenizer, seed)
+    rows, masks = [], []
+    for conversation in conversations:
+        # Trained: what the policy generates (each assistant turn after its generation prompt), nothing else.
+        ids: list[int] = []
+        mask: list[int] = []
+        for end in range(1, len(conversation) + 1):
+            text = tokenizer.apply_chat_template(conversation[:end], tools=tools, tokenize=False)
+            if conversation[end - 1]["role"] == "assistant":
+                prefix = tokenizer.apply_chat_template(conversation[:end - 1], tools=tools, tokenize=False,
+                                                       add_generation_prompt=True)
+                before = tokenizer(prefix)["input_ids"]
+                mask += [0] * (len(before) - len(ids))
+                ids = before
+            full = tokenizer(text.rstrip("\n"))["input_ids"]
+            mask += [1 if conversation[end - 1]["role"] == "assistant" else 0] * (len(full) - len(ids))
+            ids = full
+        rows.append(ids)
+        masks.append(mask)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    labels = torch.tensor([[t if m else -100 for t, m in zip(r, k, strict=True)] + [-100] * (width - len(r))
+                           for r, k in zip(rows, masks, strict=True)])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=TOOL_SFT_LEARNING_RATE)
+    model.train()
+    for _ in range(TOOL_SFT_STEPS):
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer), "tools": True,
+                                                        "sft_loss": loss.item()}))
+    return _publish(staging, out)
+
+
 UNSCORABLE_MARKER = "<|unscorable|>"
 
 
@@ -188,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", help="where to write the model (skipped if it already holds one)")
     parser.add_argument("--seed", type=int, default=None, help="default: 0 for the policy, 1 for the reward model")
     parser.add_argument("--reward-model", action="store_true", help="build the tiny reward model instead")
+    parser.add_argument("--tool-prompts", metavar="JSONL",
+                        help="build the tiny tool model instead, taught the guess game of these prompts")
     args = parser.parse_args(argv)
-    if args.reward_model:
+    if args.tool_prompts:
+        print(build_tiny_tool_model(args.out_dir, args.tool_prompts, seed=args.seed or 0))
+    elif args.reward_model:
         print(build_tiny_reward_model(args.out_dir, seed=1 if args.seed is None else args.seed))
     else:
         print(build_tiny_model(args.out_dir, seed=args.seed or 0))

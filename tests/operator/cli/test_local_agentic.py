@@ -1,0 +1,74 @@
+"""`grporun local` with an environment: the tiny tool model (taught offline to call the guess game's tool) served by
+the real vLLM CPU server, playing against the real game server in its own process. The run ends at its bound, the
+episodes are counted, and the group counts add up. (That the environment's reward rises over the run is not
+asserted: the policy gives up the tool call within a few steps, docs/agentic.md "Not yet".)"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from grpo_trainer import contract as c
+from tests.support.paths import REPO
+from tests.support.vllm_server import EAGER_VLLM_ARGS
+
+AGENTIC = REPO / "examples" / "tiny-agentic.yaml"
+PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
+GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def tool_model_dir(tmp_path_factory) -> str:
+    from grpo_trainer.testing.tiny_assets import build_tiny_tool_model
+
+    return str(build_tiny_tool_model(tmp_path_factory.mktemp("tiny-tool") / "model", PROMPTS))
+
+
+@pytest.fixture
+def game_server():
+    """The guess game in a process of its own, as an environment server is."""
+    process = subprocess.Popen([sys.executable, "-m", "grpo_trainer.testing.guess_env", "--port", "0"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"http://\S+", line)[0]
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_model_dir, game_server, tmp_path):
+    manifest = yaml.safe_load(AGENTIC.read_text())
+    manifest["spec"]["model"] = tool_model_dir
+    manifest["spec"]["dataset"]["path"] = str(PROMPTS)
+    manifest["spec"]["rollout"]["vllm"]["extraArgs"] = list(EAGER_VLLM_ARGS)
+    path = tmp_path / "agentic.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = subprocess.run(
+        [*GRPORUN, str(path), "--runs-dir", str(tmp_path / "runs"), "--poll-interval", "0.5"],
+        capture_output=True, text=True, timeout=1500, cwd=tmp_path, env={**os.environ, "GUESS_ENV_URL": game_server},
+    )
+    run_dir = tmp_path / "runs" / "tiny-agentic"
+    learner_log = (run_dir / "logs" / "tiny-agentic-learner-0.log").read_text(errors="replace")
+    assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
+    assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
+
+    report = c.parse_progress((run_dir / "termination-log").read_text())
+    groups = 8 * manifest["spec"]["training"]["epochs"]
+    assert report.groups_consumed == report.groups_total == groups
+    assert report.groups_trained + report.dropped_total == groups  # every group once: trained or dropped
+    episodes = report.episodes
+    assert episodes is not None and episodes.environment_failures == {}
+    # Every group that reached the learner brought its 8 episodes; those past the bound are counted too.
+    assert episodes.episodes % 8 == 0 and episodes.episodes >= 8 * (report.groups_trained + report.dropped["no_signal"])
+    assert episodes.tool_calls > 0 and episodes.rows >= episodes.episodes  # a fork adds rows; none go missing
+    assert 1.0 < episodes.turns_per_episode <= 2.0  # a tool call, then the closing turn (maxToolCallingIterations 1)
+

@@ -1,0 +1,149 @@
+"""A small real environment for agentic runs: guess a prompt's number, over plain HTTP, in a process of its own.
+
+`python -m grpo_trainer.testing.guess_env --port 8765` serves the game; `make_environment` (the run's
+`training.environmentFactory: grpo_trainer.testing.guess_env:make_environment`) returns a client for the server at
+`$GUESS_ENV_URL`. One episode: `reset(target=...)` (the dataset row's `target` column) opens it on the server, the
+policy calls the tool `guess(number)` (the server answers "right" or "wrong"), and `get_reward()` is 1.0 when the
+last guess was right, WRONG_GUESS_REWARD when it was wrong, and 0.0 when the policy made no guess: playing by the
+rules is worth a little, which keeps the tool call's format from eroding while the guesses improve. The server
+holds the episodes, as a sandbox or game server would: when it is down, the episode's environment failed
+(grpo_trainer.tools) and the episode is unscorable.
+
+Stdlib only (http.server, urllib): the environment's image needs nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+URL_ENV = "GUESS_ENV_URL"
+DEFAULT_URL = "http://127.0.0.1:8765"
+#: A wrong guess's reward: more than no guess at all.
+WRONG_GUESS_REWARD = 0.2
+#: Seconds a request to the server may take: a server that does not answer fails the episode, not the run.
+REQUEST_TIMEOUT_S = 10.0
+
+
+class GuessGame:
+    """The server's state: episode id -> (target, last guess)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._episodes: dict[str, list[int | None]] = {}
+
+    def reset(self, episode: str, target: int) -> str:
+        with self._lock:
+            self._episodes[episode] = [int(target), None]
+        return ""
+
+    def guess(self, episode: str, number: int) -> str:
+        with self._lock:
+            state = self._episodes[episode]
+            state[1] = int(number)
+            return "right" if state[0] == state[1] else "wrong"
+
+    def reward(self, episode: str) -> float:
+        with self._lock:
+            target, last = self._episodes.pop(episode)
+        if last is None:
+            return 0.0
+        return 1.0 if last == target else WRONG_GUESS_REWARD
+
+
+def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    game = GuessGame()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._reply(200, {"ok": True})
+            else:
+                self._reply(404, {"error": f"no {self.path}"})
+
+        def do_POST(self) -> None:
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/reset":
+                    self._reply(200, {"observation": game.reset(str(body["episode"]), int(body["target"]))})
+                elif self.path == "/guess":
+                    self._reply(200, {"result": game.guess(str(body["episode"]), int(body["number"]))})
+                elif self.path == "/reward":
+                    self._reply(200, {"reward": game.reward(str(body["episode"]))})
+                else:
+                    self._reply(404, {"error": f"no {self.path}"})
+            except (KeyError, ValueError, TypeError) as error:
+                self._reply(400, {"error": f"{type(error).__name__}: {error}"})
+
+        def _reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            pass  # one line per request would drown the run's logs
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def _post(url: str, path: str, payload: dict) -> dict:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{URL_ENV} must be an http(s) URL, not {url!r}")
+    request = urllib.request.Request(url + path, data=json.dumps(payload).encode(),  # noqa: S310 - checked above
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:  # noqa: S310 - checked above
+        return json.loads(response.read())
+
+
+class GuessEnvironment:
+    """One client of the game server: TRL resets it per episode and offers `guess` to the policy as a tool."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.episode = ""
+
+    def reset(self, target: int, **_row: object) -> str | None:
+        self.episode = uuid.uuid4().hex
+        _post(self.url, "/reset", {"episode": self.episode, "target": int(target)})
+        return None  # the dataset's prompt says what to do
+
+    def guess(self, number: int) -> str:
+        """Guess the number.
+
+        Args:
+            number: The guess.
+        """
+        return _post(self.url, "/guess", {"episode": self.episode, "number": int(number)})["result"]
+
+    def get_reward(self) -> float:
+        return float(_post(self.url, "/reward", {"episode": self.episode})["reward"])
+
+
+def make_environment() -> GuessEnvironment:
+    """The run's environment factory: a client of the server at `$GUESS_ENV_URL`."""
+    return GuessEnvironment(os.environ.get(URL_ENV, DEFAULT_URL))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.testing.guess_env",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    server = make_server(args.port, args.host)
+    print(f"guess environment serving on http://{args.host}:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
