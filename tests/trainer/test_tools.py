@@ -46,7 +46,7 @@ def test_the_spec_refuses_what_cannot_name_user_code(training, message):
 
 def test_grporun_local_refuses_a_tool_that_does_not_import_as_it_does_a_reward(tmp_path):
     from grpo_operator.api import parse_spec
-    from grpo_operator.cli.local.plan import check_rewards
+    from grpo_operator.local.plan import check_rewards
     from grpo_operator.manifest import ManifestInvalid
 
     spec = parse_spec({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "constant"}],
