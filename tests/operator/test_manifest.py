@@ -337,6 +337,11 @@ CEL_CASES = {
                                "spec.rewards: each reward may appear only once"),
     "reward-function": (_update(lambda m: m["spec"]["rewards"][1].update(function="mypkg/rewards.py")),
                         "spec.rewards[1].function: must be an import path like 'mypkg.rewards:format_reward'"),
+    "tool-not-import-path": (_update(lambda m: m["spec"]["training"].update(tools=["mytools/search.py"])),
+                             "spec.training.tools[0]: must be an import path like 'mypkg.tools:search'"),
+    "environment-factory-not-import-path": (
+        _update(lambda m: m["spec"]["training"].update(environmentFactory="envs.make")),
+        "spec.training.environmentFactory: must be an import path like 'mypkg.envs:make_environment'"),
     "reward-function-two-colons": (_update(lambda m: m["spec"]["rewards"][1].update(function="a:b:c")),
                                    "spec.rewards[1].function: must be an import path"),
     "reward-duplicate-name": (_update(lambda m: m["spec"]["rewards"].append({"name": "accuracy"})),

@@ -240,6 +240,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
     model and TRL load, so a mistake in it ends the learner at once."""
     from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
+    from .inputs import resolve
 
     try:
         attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
@@ -252,6 +253,18 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         raise ConfigError(str(error)) from None
     if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
         raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    try:
+        args = AsyncGRPOConfig(**trainer_arguments(config))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
+    if problem:
+        raise ConfigError(problem)
+    # Only now the inputs: an s3:// model may take minutes to download, and the mistakes above need none of it.
+    config = resolve(config, dataset=True)
     try:
         reward_funcs = load_rewards(config.rewards)
         tools = load_tools(config.training.tools)
@@ -261,20 +274,12 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     dataset = load_prompts(config.dataset)
 
     from transformers import AutoConfig, AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner
     from .weight_sync import make_weight_transfer
 
-    try:
-        args = AsyncGRPOConfig(**trainer_arguments(config))
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
-    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
-    if problem:
-        raise ConfigError(problem)
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         model_config = AutoConfig.from_pretrained(config.model)
@@ -478,7 +483,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
-    from .inputs import InputError, resolve
+    from .inputs import InputError
     from .model_export import ExportError
     from .progress import AccountingError, StallError
 
@@ -487,7 +492,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
-        learner = build_learner(resolve(config, dataset=True), config_path)
+        learner = build_learner(config, config_path)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
