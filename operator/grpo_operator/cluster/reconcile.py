@@ -44,6 +44,7 @@ from ..status import (
     Event,
     Observation,
     PodObservation,
+    admission,
     invalid_spec_status,
     scaling,
     urgency,
@@ -214,7 +215,7 @@ class ClusterRun:
         self.gate = gate
         refused, configured = None, None
         if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
-            spec, refused = kueue.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
+            spec, refused = admission.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
         if live and not was_finished:
             urls = await _configured_urls(kube, run, memory)
             configured = None if urls is None else len(urls)

@@ -10,7 +10,8 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - servers.py: `status.rollout`, each server as its pod and the learner see it;
 - scaling.py: a live replica change, the removed servers deleted once the learner has drained them, and the
   refusal of one a gang cannot take;
-- admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished;
+- admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished; a size
+  beyond what Kueue admitted refused;
 - children.py: what an existing child object (the run config, the PodGroup) is patched to before pods start;
 - urgency.py: which status changes are written at once and which wait for the status interval;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);

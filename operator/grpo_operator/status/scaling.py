@@ -103,7 +103,7 @@ def scale_message(before: int, after: int) -> str:
 def gang_scale_in_effect(spec: GRPORunSpec, configured_servers: int | None) -> tuple[GRPORunSpec, str | None]:
     """The spec to run a live run by, and why its replica change is refused. A gang (its PodGroup's minMember counts
     every pod) keeps the `configured_servers` it started with (the count its run config lists; None when unread).
-    A Kueue run's rule is cluster.kueue.within_admission."""
+    A Kueue run's rule is admission.within_admission."""
     if not (spec.scheduling and spec.scheduling.gang):
         return spec, None
     if configured_servers is None or configured_servers == spec.rollout.replicas:
