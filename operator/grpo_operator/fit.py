@@ -60,7 +60,6 @@ KNOWN_GPU_GIB = (("h200", 141), ("h100", 80), ("l40s", 48), ("l40", 48), ("a100"
                  ("l4", 24), ("v100", 16), ("t4", 16))
 
 
-# more than 8: mirrors the shape fields of a transformers config.json; built by model_shape, by keyword
 @dataclass(frozen=True)
 class ModelShape:
     hidden_size: int

@@ -60,7 +60,6 @@ def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-# more than 8: state kept between passes, every field defaulted; never passed at construction
 @dataclasses.dataclass
 class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
@@ -84,7 +83,6 @@ class RunMemory:
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
-# more than 8: the operator's settings, all but the image defaulted; built once, by keyword
 @dataclasses.dataclass
 class OperatorContext:
     """The operator's configuration and shared state; handed to kopf as its memo (`memo.context`)."""

@@ -51,7 +51,6 @@ from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
 from .scaling import RolloutScaling, scale_bounds
 
 
-# more than 8: the local run's plan and its live state; built once, by keyword
 @dataclass
 class LocalRun:
     name: str
