@@ -1,4 +1,5 @@
-"""Pure status derivation: (spec, last status, pods, learner progress, now) -> new status, events, actions.
+"""Pure status derivation: derive_status(run, spec, last status, observation) -> Decision(new status, events,
+actions); the observation holds the pods, the learner's progress, the time and, for a queued run, its Workload.
 
 Everything the operator decides lives here, with no I/O and no clock of its own (`now` is an input), so the kopf
 handlers and `grporun local` share one state machine and the tests can replay any lifecycle step by step.

@@ -1,4 +1,4 @@
-"""derive_status: (spec, last status, pods, learner progress, now) -> Decision(new status, events, actions).
+"""derive_status(run, spec, last status, observation) -> Decision(new status, events, actions).
 
 The orchestration of one pass; the failure policy is in exits.py, the progress clock in clock.py, condition
 bookkeeping in conditions.py.
