@@ -35,6 +35,20 @@ same bench run, on the machine below. The machine is shared (2 cores, other proc
 carry noise; ratios of interleaved repetitions carry less."""
 
 
+#: Sections measured outside `make bench`: the GPU check's (another machine) and the builds' and test runs' (timed by
+#: hand). A full run rewrites the document from its header and keeps them.
+KEPT_SECTIONS = (DEVICE_SECTION, "builds")
+
+
+def kept_sections(before: str, document: str) -> str:
+    """`document` with the KEPT_SECTIONS that `before` (the file as it was) holds."""
+    for name in KEPT_SECTIONS:
+        kept = section_body(before, name)
+        if kept:
+            document = splice(document, name, kept)
+    return document
+
+
 def run_section(name: str, context: Context) -> str:
     module = importlib.import_module(f"bench.{MODULES[name]}")
     started = time.monotonic()
@@ -87,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in SECTIONS:
         if name in bodies:
             document = splice(document, name, bodies[name])
-    kept = section_body(before, DEVICE_SECTION)
-    if everything and kept:  # the GPU check's figures come from another machine: a CPU run keeps them
-        document = splice(document, DEVICE_SECTION, kept)
+    if everything:
+        document = kept_sections(before, document)
     args.output.write_text(document.rstrip() + "\n")
     print(f"[bench] wrote {args.output} in {total:.0f} s", file=sys.stderr)
     return 0

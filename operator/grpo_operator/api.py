@@ -153,7 +153,6 @@ def _check_store_uri(value: str, field: str) -> str:
     return value
 
 
-# more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call
 class RolloutSpec(RolePodSpec):
     # Bounded by status.rollout.servers (one entry per server): a larger run could not report its servers.
     replicas: int = Field(1, ge=1, le=MAX_ROLLOUT_REPLICAS)
@@ -161,7 +160,6 @@ class RolloutSpec(RolePodSpec):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
 
 
-# more than 8: mirrors the CRD's spec.learner, one field per key; built by validation, not by a call
 class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
@@ -288,7 +286,6 @@ class RunPolicySpec(WireModel):
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
 
 
-# more than 8: mirrors the CRD's spec, one field per key; built by validation, not by a call
 class GRPORunSpec(WireModel):
     model: str = Field(min_length=1)
     dataset: DatasetConfig
@@ -493,7 +490,6 @@ class ProgressClock(_StatusModel):
     paused_since: str | None = None  # set while the clock is paused
 
 
-# more than 8: mirrors the CRD's status.progress, one field per key; built by keyword
 class ProgressStatus(_StatusModel):
     epoch: int = 0
     epochs: float = 1
@@ -515,7 +511,6 @@ class ProgressStatus(_StatusModel):
     last_updated_time: str | None = None
 
 
-# more than 8: mirrors the CRD's status.rollout.servers[], one field per key; built by keyword
 class RolloutServerStatus(_StatusModel):
     """One rollout server: its pod as the operator sees it, and the learner's view of it (its `/progress`)."""
 
@@ -573,7 +568,6 @@ class OutputStatus(_StatusModel):
     time: str
 
 
-# more than 8: mirrors the CRD's status, one field per key; built by validation
 class GRPORunStatus(_StatusModel):
     phase: Phase | None = None
     observed_generation: int | None = None

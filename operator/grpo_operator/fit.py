@@ -60,7 +60,6 @@ KNOWN_GPU_GIB = (("h200", 141), ("h100", 80), ("l40s", 48), ("l40", 48), ("a100"
                  ("l4", 24), ("v100", 16), ("t4", 16))
 
 
-# more than 8: mirrors the shape fields of a transformers config.json; built by model_shape, by keyword
 @dataclass(frozen=True)
 class ModelShape:
     hidden_size: int
@@ -283,48 +282,70 @@ def ways_out(shape: ModelShape, *, tokens: int, gpu_bytes: int, ranks: int = 1) 
     return "; ways out: " + " or ".join(options)
 
 
-def check_fit(shape: ModelShape, *, learner_device: str, learner_ranks: int, learner_resources: Mapping | None,
-              learner_node_selector: Mapping[str, str] | None, tokens: int, strategy: Strategy = "ddp",
-              lora_rank: int | None = None, cpu_offload: bool = False, rollout_device: str,
-              rollout_node_selector: Mapping[str, str] | None, max_model_len: int, tensor_parallel_size: int,
-              gpu_memory_utilization: float) -> FitReport:
+@dataclass(frozen=True)
+class LearnerFit:
+    """What of spec.learner (and the training it runs) decides whether a learner rank fits its GPU."""
+
+    device: str
+    ranks: int
+    resources: Mapping | None
+    node_selector: Mapping[str, str] | None
+    tokens: int  # the longest row a rank trains on
+    strategy: Strategy = "ddp"
+    lora_rank: int | None = None
+    cpu_offload: bool = False
+
+
+@dataclass(frozen=True)
+class RolloutFit:
+    """What of spec.rollout decides whether a rollout server fits its GPU."""
+
+    device: str
+    node_selector: Mapping[str, str] | None
+    max_model_len: int
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+
+
+def check_fit(shape: ModelShape, learner: LearnerFit, rollout: RolloutFit) -> FitReport:
     errors: list[str] = []
     warnings: list[str] = []
     notes: list[str] = []
-    if learner_device == "cuda":
-        estimate = learner_estimate(shape, tokens=tokens, strategy=strategy, ranks=learner_ranks, lora_rank=lora_rank,
-                                    cpu_offload=cpu_offload)
-        need = (f"the learner needs ~{_gib(estimate.total_bytes)} per GPU under {strategy} "
+    if learner.device == "cuda":
+        estimate = learner_estimate(shape, tokens=learner.tokens, strategy=learner.strategy, ranks=learner.ranks,
+                                    lora_rank=learner.lora_rank, cpu_offload=learner.cpu_offload)
+        need = (f"the learner needs ~{_gib(estimate.total_bytes)} per GPU under {learner.strategy} "
                 f"({_learner_breakdown(estimate)})")
-        gpu = gpu_of(learner_node_selector) if gpus_requested(learner_resources) else None
+        gpu = gpu_of(learner.node_selector) if gpus_requested(learner.resources) else None
         if gpu is not None and estimate.state_bytes + CUDA_CONTEXT_BYTES > gpu.bytes:
             errors.append(f"spec.learner: {need}, more than the {_gib(gpu.bytes)} of its GPU ({gpu.named_by})"
-                          + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes, ranks=learner_ranks))
+                          + ways_out(shape, tokens=learner.tokens, gpu_bytes=gpu.bytes, ranks=learner.ranks))
         elif gpu is not None and estimate.total_bytes > gpu.bytes:
             warnings.append(f"spec.learner: {need}, more than the {_gib(gpu.bytes)} of its GPU ({gpu.named_by}) "
                             "once the activations are counted"
-                            + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes, ranks=learner_ranks))
+                            + ways_out(shape, tokens=learner.tokens, gpu_bytes=gpu.bytes, ranks=learner.ranks))
         elif gpu is None and estimate.total_bytes > UNNAMED_GPU_BYTES:
             warnings.append(f"spec.learner: {need}, more than an 80 GB GPU holds; name the GPU in "
                             f"spec.learner.nodeSelector ({GPU_PRODUCT_LABELS[0]}) to check it"
-                            + ways_out(shape, tokens=tokens, gpu_bytes=UNNAMED_GPU_BYTES, ranks=learner_ranks))
+                            + ways_out(shape, tokens=learner.tokens, gpu_bytes=UNNAMED_GPU_BYTES, ranks=learner.ranks))
         else:
             notes.append(f"spec.learner: {need}" + (f", within the {_gib(gpu.bytes)} of its GPU" if gpu else ""))
-    if rollout_device == "cuda":
-        rollout = rollout_estimate(shape, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
-        need = (f"a rollout server needs {_gib(rollout.weight_bytes)} of weights per GPU (tensorParallelSize "
-                f"{tensor_parallel_size}) and {_gib(rollout.kv_bytes_per_sequence)} of KV cache per "
-                f"{max_model_len}-token sequence")
-        gpu = gpu_of(rollout_node_selector)
+    if rollout.device == "cuda":
+        server = rollout_estimate(shape, max_model_len=rollout.max_model_len,
+                                  tensor_parallel_size=rollout.tensor_parallel_size)
+        need = (f"a rollout server needs {_gib(server.weight_bytes)} of weights per GPU (tensorParallelSize "
+                f"{rollout.tensor_parallel_size}) and {_gib(server.kv_bytes_per_sequence)} of KV cache per "
+                f"{rollout.max_model_len}-token sequence")
+        gpu = gpu_of(rollout.node_selector)
         if gpu is None:
             notes.append(f"spec.rollout.vllm: {need}")
-        elif (sequences := rollout.sequences(gpu.bytes, gpu_memory_utilization)) == 0:
-            errors.append(f"spec.rollout.vllm: {need}, and {gpu_memory_utilization:g} of its GPU "
+        elif (sequences := server.sequences(gpu.bytes, rollout.gpu_memory_utilization)) == 0:
+            errors.append(f"spec.rollout.vllm: {need}, and {rollout.gpu_memory_utilization:g} of its GPU "
                           f"({_gib(gpu.bytes)}, {gpu.named_by}) leaves no room for one sequence: raise "
                           "gpuMemoryUtilization or tensorParallelSize, or lower maxModelLen")
         else:
-            notes.append(f"spec.rollout.vllm: {need}; {gpu_memory_utilization:g} of its GPU ({_gib(gpu.bytes)}) "
-                         f"holds ~{sequences} such sequences")
+            notes.append(f"spec.rollout.vllm: {need}; {rollout.gpu_memory_utilization:g} of its GPU "
+                         f"({_gib(gpu.bytes)}) holds ~{sequences} such sequences")
     return FitReport(errors, warnings, notes)
 
 
@@ -354,13 +375,13 @@ def check_spec_fit(spec: GRPORunSpec, config: Mapping[str, Any]) -> FitReport:
     lora = spec.training.lora
     return check_fit(
         model_shape(config),
-        learner_device=learner.device, learner_ranks=spec.learner_world_size, learner_resources=learner.resources,
-        learner_node_selector=learner.node_selector, strategy=learner.strategy,
-        lora_rank=lora.r if lora is not None else None, cpu_offload=learner.fsdp.cpu_offload,
-        tokens=spec.training.token_budget or rollout.vllm.max_model_len,
-        rollout_device=rollout.device, rollout_node_selector=rollout.node_selector,
-        max_model_len=rollout.vllm.max_model_len, tensor_parallel_size=rollout.vllm.tensor_parallel_size,
-        gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
+        LearnerFit(device=learner.device, ranks=spec.learner_world_size, resources=learner.resources,
+                   node_selector=learner.node_selector, strategy=learner.strategy,
+                   lora_rank=lora.r if lora is not None else None, cpu_offload=learner.fsdp.cpu_offload,
+                   tokens=spec.training.token_budget or rollout.vllm.max_model_len),
+        RolloutFit(device=rollout.device, node_selector=rollout.node_selector,
+                   max_model_len=rollout.vllm.max_model_len, tensor_parallel_size=rollout.vllm.tensor_parallel_size,
+                   gpu_memory_utilization=rollout.vllm.gpu_memory_utilization),
     )
 
 

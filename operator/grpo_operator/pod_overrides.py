@@ -98,7 +98,6 @@ class PodMetadataOverride(WireModel):
     _managed = field_validator("name", "namespace", "owner_references")(_refuse)
 
 
-# more than 8: mirrors the PodSpec fields an override may set; built by validation
 class PodSpecOverride(WireModel):
     service_account_name: str | None = None
     automount_service_account_token: bool | None = None

@@ -50,3 +50,14 @@ def test_section_body_reads_back_what_splice_wrote():
     document = splice("# Benchmarks", "machine", "## Machine\n\ncores")
     assert section_body(document, "machine") == "## Machine\n\ncores"
     assert section_body(document, "e2e") is None
+
+
+def test_a_full_bench_run_keeps_the_sections_measured_elsewhere():
+    from bench.__main__ import HEADER, kept_sections
+
+    before = ("# Benchmarks\n\n<!-- bench:device -->\nGPU figures\n<!-- /bench:device -->\n\n"
+              "<!-- bench:builds -->\nbuild figures\n<!-- /bench:builds -->\n")
+    document = kept_sections(before, HEADER)
+    assert section_body(document, "device") == "GPU figures"
+    assert section_body(document, "builds") == "build figures"
+    assert kept_sections("", HEADER) == HEADER

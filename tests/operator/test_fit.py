@@ -8,7 +8,16 @@ import json
 import pytest
 
 from grpo_operator import fit
-from grpo_operator.fit import GIB, ModelConfigError, check_fit, gpu_of, learner_estimate, model_shape
+from grpo_operator.fit import (
+    GIB,
+    LearnerFit,
+    ModelConfigError,
+    RolloutFit,
+    check_fit,
+    gpu_of,
+    learner_estimate,
+    model_shape,
+)
 
 # Published shapes (config.json of Qwen2.5-7B and Qwen2.5-0.5B): 7.61B and 0.49B parameters.
 QWEN25_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "vocab_size": 152064, "intermediate_size": 18944,
@@ -72,11 +81,12 @@ def test_no_gpu_is_assumed_where_none_is_named(selector):
 
 
 def verdict(config, *, learner_selector=H100, rollout_selector=None, resources=ONE_GPU, tokens=4096, **overrides):
-    arguments = dict(learner_device="cuda", learner_ranks=1, learner_resources=resources,
-                     learner_node_selector=learner_selector, tokens=tokens, rollout_device="cuda",
-                     rollout_node_selector=rollout_selector, max_model_len=4096, tensor_parallel_size=1,
-                     gpu_memory_utilization=0.9)
-    return check_fit(model_shape(config), **{**arguments, **overrides})
+    learner = dict(device=overrides.pop("learner_device", "cuda"), ranks=overrides.pop("learner_ranks", 1),
+                   resources=resources, node_selector=learner_selector, tokens=tokens)
+    learner.update({key: overrides.pop(key) for key in ("strategy", "lora_rank", "cpu_offload") if key in overrides})
+    rollout = dict(device=overrides.pop("rollout_device", "cuda"), node_selector=rollout_selector,
+                   max_model_len=4096, tensor_parallel_size=1, gpu_memory_utilization=0.9)
+    return check_fit(model_shape(config), LearnerFit(**learner), RolloutFit(**{**rollout, **overrides}))
 
 
 def test_a_7b_ddp_learner_on_one_80gb_gpu_is_refused_with_the_numbers_and_the_ways_out():

@@ -162,27 +162,6 @@ def test_the_admitted_counts_are_kueues_assignments():
     assert kueue.admitted_counts({"spec": _admitted_workload(3, 1)["spec"], "status": {}}) == {}
 
 
-@pytest.mark.parametrize("rollout, learner", [(1, 1), (3, 2), (2, 1)])
-def test_a_run_within_its_admission_runs_as_its_spec_says(rollout, learner):
-    """Fewer pods than admitted (a scale-down) need no new admission: the quota stays reserved."""
-    spec = parse_spec(minimal_spec(rollout={"replicas": rollout}, learner={"nodes": learner}))
-    assert kueue.within_admission(spec, {"rollout": 3, "learner": 2}, "grporun-r") == (spec, None)
-
-
-def test_no_role_runs_more_pods_than_kueue_admitted_for_its_pod_set():
-    spec = parse_spec(minimal_spec(rollout={"replicas": 3}, learner={"nodes": 2}))
-    in_effect, refused = kueue.within_admission(spec, {"rollout": 1, "learner": 2}, "grporun-r")
-    assert (in_effect.rollout.replicas, in_effect.learner.nodes) == (1, 2)
-    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted (Workload "
-                              "grporun-r); the run keeps the admitted count")
-    assert spec.rollout.replicas == 3, "the spec itself is not changed"
-
-    in_effect, refused = kueue.within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
-    assert (in_effect.rollout.replicas, in_effect.learner.nodes, in_effect.learner_world_size) == (1, 1, 1)
-    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
-                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")
-
-
 def test_a_workload_is_resized_when_the_spec_asks_for_other_counts():
     workload = _admitted_workload(1, 1)
     assert not kueue.resized_pod_sets(workload, parse_spec(minimal_spec()))

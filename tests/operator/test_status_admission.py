@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_operator.api import parse_spec
 from grpo_operator.status import (
     CreateChildren,
     CreateWorkload,
@@ -18,8 +19,9 @@ from grpo_operator.status import (
     ResizeWorkload,
     WorkloadObservation,
 )
-from grpo_operator.status.admission import workload_actions
+from grpo_operator.status.admission import within_admission, workload_actions
 from tests.operator.test_status import at, pod, report, running_pods, spec_of, step
+from tests.support.specs import minimal_spec
 
 WAITING = ("WaitingForAdmission", "waiting for Kueue to admit the run (LocalQueue team-q)")
 EVICTED = ("Evicted", "evicted by Kueue: Preempted; pods deleted, the run resumes from its checkpoint when Kueue "
@@ -83,10 +85,31 @@ def test_a_run_without_a_queue_has_no_workload_action():
 
 @pytest.mark.parametrize(("workload", "finished", "pods_exist", "actions"), [
     (WorkloadObservation(exists=True, resizable=True), False, False, [ResizeWorkload()]),
-    # Kueue resizes no Workload that holds quota: the run keeps its admitted count (kueue.within_admission).
+    # Kueue resizes no Workload that holds quota: the run keeps its admitted count (admission.within_admission).
     (WorkloadObservation(exists=True, reserved=True, resizable=True), False, True, []),
     (WorkloadObservation(exists=True, evicted=True), False, False, []),  # given back already
     (WorkloadObservation(exists=False), True, False, []),  # ended before it had one: nothing to finish
 ])
 def test_the_workload_rule(workload, finished, pods_exist, actions):
     assert workload_actions(workload, finished=finished, pods_exist=pods_exist) == actions
+
+
+@pytest.mark.parametrize("rollout, learner", [(1, 1), (3, 2), (2, 1)])
+def test_a_run_within_its_admission_runs_as_its_spec_says(rollout, learner):
+    """Fewer pods than admitted (a scale-down) need no new admission: the quota stays reserved."""
+    spec = parse_spec(minimal_spec(rollout={"replicas": rollout}, learner={"nodes": learner}))
+    assert within_admission(spec, {"rollout": 3, "learner": 2}, "grporun-r") == (spec, None)
+
+
+def test_no_role_runs_more_pods_than_kueue_admitted_for_its_pod_set():
+    spec = parse_spec(minimal_spec(rollout={"replicas": 3}, learner={"nodes": 2}))
+    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 2}, "grporun-r")
+    assert (in_effect.rollout.replicas, in_effect.learner.nodes) == (1, 2)
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted (Workload "
+                              "grporun-r); the run keeps the admitted count")
+    assert spec.rollout.replicas == 3, "the spec itself is not changed"
+
+    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
+    assert (in_effect.rollout.replicas, in_effect.learner.nodes, in_effect.learner_world_size) == (1, 1, 1)
+    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
+                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")

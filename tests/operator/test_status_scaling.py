@@ -11,6 +11,7 @@ import pytest
 from grpo_operator import builders
 from grpo_operator.run_ref import RunRef
 from grpo_operator.status import ConfigureRollout, CreateChildren, DeletePods
+from grpo_operator.status.scaling import gang_scale_in_effect
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, spec_of, step
 from tests.operator.test_status_rollout import crashed, running_with
 
@@ -216,3 +217,24 @@ def test_the_rollout_selector_selects_what_the_rollout_pods_carry():
     assert dict(part.split("=") for part in selector.split(",")).items() <= pod_labels.items()
     learner_labels = builders.build_learner_pod(RUN, scaled(1), 0, trainer_image="img")["metadata"]["labels"]
     assert not dict(part.split("=") for part in selector.split(",")).items() <= learner_labels.items()
+
+
+def gang_spec(replicas: int):
+    return spec_of(rollout={"replicas": replicas}, scheduling={"gang": {"scheduler": "coscheduling"}})
+
+
+def test_a_gang_keeps_the_servers_it_started_with_and_says_how_to_get_more():
+    in_effect, refused = gang_scale_in_effect(gang_spec(3), configured_servers=2)
+    assert in_effect.rollout.replicas == 2
+    assert refused == ("spec.rollout.replicas: 3 is not applied to the running run, which keeps 2 rollout servers: "
+                       "its pods are one gang (spec.scheduling.gang) whose PodGroup counts them; set it back to 2, "
+                       "or create a new run with the count you need")
+
+
+@pytest.mark.parametrize("spec, configured", [
+    (scaled(3), 2),  # no gang: a live scale goes through (ConfigureRollout, DeletePods)
+    (gang_spec(2), 2),  # the count it runs with
+    (gang_spec(3), None),  # the run config not read yet
+])
+def test_a_replica_count_a_run_can_take_is_not_refused(spec, configured):
+    assert gang_scale_in_effect(spec, configured) == (spec, None)

@@ -90,6 +90,20 @@ def test_a_learner_without_vllm_refuses_nccl_sync_in_one_line(monkeypatch):
     assert "\n" not in str(raised.value) and "cuda trainer image" in str(raised.value)
 
 
+def test_filesystem_sync_lets_trl_build_its_worker_without_vllm_and_restores_the_check(monkeypatch):
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda: False)
+    config = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "r"}],
+                                         "rollout": {"weightSync": {"mode": "filesystem", "directory": "/w"}}})
+    with http_only_rollout_worker(config):
+        assert async_rollout_worker.is_vllm_available()  # what TRL's worker constructor asks
+    assert not async_rollout_worker.is_vllm_available()
+    with pytest.raises(RuntimeError, match="boom"), http_only_rollout_worker(config):
+        raise RuntimeError("boom")
+    assert not async_rollout_worker.is_vllm_available()
+
+
 @pytest.fixture(scope="module")
 def cuda_learner_python() -> Path:
     """`.venv-learner-cuda`'s python, built by `make setup-learner-cuda` on first use (up to date: no work)."""

@@ -55,7 +55,6 @@ class ReplicaDown(Exception):
 
 
 class RolloutBalancer:
-    # more than 8: the balancer's timeouts, each a keyword with a default; tests shorten them
     def __init__(
         self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
         port: int = 0, wait_s: float = 600.0, probe_interval_s: float = 2.0, request_timeout_s: float = 600.0,

@@ -55,7 +55,6 @@ class FileRecord(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-# more than 8: the marker file's schema, one field per key; only validates
 class ProgressMarker(BaseModel):
     """The schema of a marker: the progress state (progress.ProgressState), the trainer's own figures, and what
     vouches for them.

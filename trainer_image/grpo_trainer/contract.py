@@ -361,7 +361,6 @@ LORA_HEAD_MESSAGE = ("must not name lm_head or embed_tokens: the learner scores 
                      "embedding's base weight, so an adapter there would never be scored")
 
 
-# more than 8: mirrors the run config's training section, one field per key; built by validation
 class TrainingConfig(WireModel):
     epochs: float = Field(1, gt=0)
     num_generations: int = Field(8, ge=2)
@@ -638,7 +637,6 @@ class TrackingConfig(WireModel):
         return [name for name in ("mlflow", "tensorboard", "wandb") if getattr(self, name) is not None]
 
 
-# more than 8: mirrors the run config file, one field per section; built by validation
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
 
@@ -765,7 +763,6 @@ class _ReportModel(WireModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
 
 
-# more than 8: mirrors one server of the /progress report; built by keyword
 class RolloutReplicaReport(_ReportModel):
     """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
 
@@ -825,7 +822,6 @@ class EpisodeReport(_ReportModel):
         return self.forked / self.episodes if self.episodes else None
 
 
-# more than 8: mirrors the /progress wire format, one field per key; built by keyword
 class ProgressReport(_ReportModel):
     phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")

@@ -15,7 +15,6 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from . import contract as c
 from .exporter import write_termination_message
@@ -215,8 +214,12 @@ def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
             )
         yield
         return
-    with mock.patch.object(async_rollout_worker, "is_vllm_available", return_value=True):
+    check = async_rollout_worker.is_vllm_available
+    async_rollout_worker.is_vllm_available = lambda: True
+    try:
         yield
+    finally:
+        async_rollout_worker.is_vllm_available = check
 
 
 def load_reward_models(config: c.RunConfig) -> list:

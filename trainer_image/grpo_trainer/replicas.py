@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from . import contract as c
 
 
-# more than 8: one server's live state, all defaulted but index and url
 @dataclass
 class Replica:
     index: int

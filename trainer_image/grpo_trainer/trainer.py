@@ -102,7 +102,6 @@ class GRPOLearner(AsyncGRPOTrainer):
             this process's device.
     """
 
-    # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
     def __init__(
         self,
         *args: Any,

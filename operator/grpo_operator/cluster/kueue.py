@@ -9,9 +9,10 @@ against `backoffLimit`), and once they are gone the Workload's quota reservation
 re-admitted, the pods come back and the learner resumes from its checkpoint. Finished: the Workload is marked
 Finished and Kueue frees the quota.
 
-A run never has more pods of a role than Kueue admitted for its pod set: a size changed while the Workload holds no
-quota (queued, or evicted and given back) is written into its pod sets, so Kueue admits the new size; one changed
-while it holds quota is refused, and the run keeps the admitted count until Kueue admits it again.
+A run never has more pods of a role than Kueue admitted for its pod set (status.admission.within_admission): a size
+changed while the Workload holds no quota (queued, or evicted and given back) is written into its pod sets, so Kueue
+admits the new size; one changed while it holds quota is refused, and the run keeps the admitted count until Kueue
+admits it again.
 
 The functions here are pure except the I/O at the end: `observe` only reads (the pass's observation); `create`,
 `release`, `resize` and `finish` carry out the actions status.admission decides; `placements` reads flavours.
@@ -28,6 +29,7 @@ from ..api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
 from ..apitime import format_time
 from ..run_ref import RunRef
 from ..status import WorkloadObservation
+from ..status.admission import spec_counts
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -87,15 +89,6 @@ def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]],
             "metadata": builders.child_metadata(run, workload_name(run.name)), "spec": spec}
 
 
-def spec_counts(spec: GRPORunSpec) -> dict[str, int]:
-    """Pod set (role) -> how many pods the spec asks for."""
-    return {"rollout": spec.rollout.replicas, "learner": spec.learner.nodes}
-
-
-#: The spec field that sizes each role's pod set.
-COUNT_FIELDS = {"rollout": "spec.rollout.replicas", "learner": "spec.learner.nodes"}
-
-
 def pod_set_counts(workload: dict[str, Any]) -> dict[str, int]:
     """Pod set -> the count in the Workload's spec (what Kueue reserves quota for when it admits it)."""
     pod_sets = (workload.get("spec") or {}).get("podSets") or []
@@ -119,31 +112,6 @@ def resized_pod_sets(workload: dict[str, Any], spec: GRPORunSpec) -> bool:
     """Whether the spec asks for other pod counts than the Workload's pod sets hold."""
     current = pod_set_counts(workload)
     return any(current.get(role) != count for role, count in spec_counts(spec).items())
-
-
-def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str) -> tuple[GRPORunSpec, str | None]:
-    """The spec to run an admitted run by, and why part of it is not applied: no role runs more pods than Kueue
-    admitted for its pod set (fewer is fine: the quota stays reserved). Kueue resizes no pod set of a Workload that
-    holds quota; a larger count takes effect when Kueue admits the run again, the Workload resized meanwhile."""
-    in_effect: dict[str, int] = {}
-    refusals = []
-    for role, wanted in spec_counts(spec).items():
-        allowed = admitted.get(role)
-        if allowed is not None and wanted > allowed:
-            in_effect[role] = allowed
-            refusals.append(f"{COUNT_FIELDS[role]}: {wanted} is more than the {allowed} {role} pod(s) Kueue admitted")
-    if not refusals:
-        return spec, None
-    message = (f"{'; '.join(refusals)} (Workload {workload}); the run keeps the admitted count: Kueue does not resize "
-               "a Workload that holds quota (docs/kueue.md, \"Scaling\"). Set it back, or have Kueue admit the run "
-               "again (an eviction, or `kueuectl stop workload` then `resume`): the Workload is resized once its "
-               "quota is given back")
-    update = {}
-    if "rollout" in in_effect:
-        update["rollout"] = spec.rollout.model_copy(update={"replicas": in_effect["rollout"]})
-    if "learner" in in_effect:
-        update["learner"] = spec.learner.model_copy(update={"nodes": in_effect["learner"]})
-    return spec.model_copy(update=update), message
 
 
 def _condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:

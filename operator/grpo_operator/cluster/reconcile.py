@@ -23,7 +23,6 @@ from .. import builders, fit
 from ..api import (
     API_VERSION,
     FINISHED_PHASES,
-    GENERATION_ANNOTATION,
     KIND,
     ROLE_LABEL,
     GRPORunSpec,
@@ -45,8 +44,12 @@ from ..status import (
     Event,
     Observation,
     PodObservation,
+    admission,
     invalid_spec_status,
+    scaling,
+    urgency,
 )
+from ..status.children import child_patch
 from . import kueue
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 
@@ -57,7 +60,6 @@ def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-# more than 8: state kept between passes, every field defaulted; never passed at construction
 @dataclasses.dataclass
 class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
@@ -81,7 +83,6 @@ class RunMemory:
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
-# more than 8: the operator's settings, all but the image defaulted; built once, by keyword
 @dataclasses.dataclass
 class OperatorContext:
     """The operator's configuration and shared state; handed to kopf as its memo (`memo.context`)."""
@@ -212,12 +213,12 @@ class ClusterRun:
         self.gate = gate
         refused, configured = None, None
         if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
-            spec, refused = kueue.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
+            spec, refused = admission.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
         if live and not was_finished:
-            if refused is None:
-                spec, refused = await _scale_in_effect(kube, run, spec, memory)
             urls = await _configured_urls(kube, run, memory)
             configured = None if urls is None else len(urls)
+            if refused is None:
+                spec, refused = scaling.gang_scale_in_effect(spec, configured)
         self.spec = spec
         seen = Observation(observed, progress, now, children_exist=memory.children_created,
                            progress_error=memory.progress_error,
@@ -288,22 +289,6 @@ async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, stat
                                     logger)
     for note in report.notes:
         logger.info(f"fit: {note}")
-
-
-async def _scale_in_effect(kube: Kube, run: RunRef, spec: GRPORunSpec,
-                           memory: RunMemory) -> tuple[GRPORunSpec, str | None]:
-    """The spec to run a live run by, and why its replica change is refused. A gang (its PodGroup's minMember
-    counts every pod) keeps the rollout servers it started with. (A Kueue run's rule is kueue.within_admission.)"""
-    if not (spec.scheduling and spec.scheduling.gang):
-        return spec, None
-    urls = await _configured_urls(kube, run, memory)
-    if urls is None or len(urls) == spec.rollout.replicas:
-        return spec, None
-    message = (f"spec.rollout.replicas: {spec.rollout.replicas} is not applied to the running run, which keeps "
-               f"{len(urls)} rollout servers: its pods are one gang (spec.scheduling.gang) whose PodGroup counts "
-               f"them; set it back to {len(urls)}, or create a new run with the count you need")
-    in_effect = spec.rollout.model_copy(update={"replicas": len(urls)})
-    return spec.model_copy(update={"rollout": in_effect}), message
 
 
 async def _configured_urls(kube: Kube, run: RunRef, memory: RunMemory) -> list[str] | None:
@@ -395,7 +380,7 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
     patch = merge_patch_between(written_base, decision.status)
     now = context.clock()
     recent = memory.written_at is not None and (now - memory.written_at).total_seconds() < interval
-    if patch and recent and _fingerprint(written_base) == _fingerprint(decision.status):
+    if patch and recent and not urgency.urgent_change(written_base, decision.status):
         patch = {}  # progress only, and written recently: the metrics carry it meanwhile
     elif patch:
         written = await kube.patch_status(API_VERSION, KIND, metadata["namespace"],
@@ -408,15 +393,6 @@ async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_sta
         await context.events.record(kube, body, event, now, logger)
         (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
     return True
-
-
-def _fingerprint(status: dict[str, Any]) -> tuple:
-    """What must reach the API server at once: everything but progress counters, clocks and running messages."""
-    conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or [])
-    keys = ("phase", "observedGeneration", "startTime", "completionTime", "restarts", "disruptions", "failure")
-    # A rollout restart is written at once: the next pod is created from the count (its annotation).
-    rollout_restarts = [s.get("restarts") for s in (status.get("rollout") or {}).get("servers") or []]
-    return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None, rollout_restarts)
 
 
 async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, spec: GRPORunSpec,
@@ -469,21 +445,11 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         existing = await _existing_of(kube, child, run.uid)
         if existing is None:
             problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
-        elif child["kind"] == "ConfigMap" and not present and (
-                _rendered_generation(existing) != run.generation or _sizes(existing) != _sizes(child)):
-            # Pods about to be created from a spec edited while the run was suspended (the CRD allows rollout,
-            # learner and checkpoint edits only then, but for rollout.replicas), or at other counts than the config
-            # was rendered for (Kueue admits a run again at the size its spec asked for and was refused): their
-            # config is rendered again. A live run's never is; only its rollout.urls follow rollout.replicas
-            # (ConfigureRollout).
-            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
-                             {"metadata": {"annotations": child["metadata"]["annotations"]}, "data": child["data"]})
-            memory.rollout_urls = builders.rollout_urls_of(child)
-        elif child["kind"] == "PodGroup" and not present and existing.get("spec") != child["spec"]:
-            # The same edit (more servers or learner nodes) changes the gang's size: a group still counting the old
-            # pods would have its scheduler place part of the gang, or hold the rest forever.
-            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"],
-                             {"spec": child["spec"]})
+        elif (patch := child_patch(child, existing, generation=run.generation,
+                                   live=bool(present))) is not None:
+            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"], patch)
+            if child["kind"] == "ConfigMap":
+                memory.rollout_urls = builders.rollout_urls_of(child)
     if problem is None:
         memory.children_created, memory.create_error, memory.create_failures = True, None, 0
         memory.create_retry_at = None
@@ -510,14 +476,3 @@ async def _owned(kube: Kube, api_version: str, kind: str, run: RunRef, name: str
 def _controlled_by(existing: dict[str, Any] | None, uid: str) -> bool:
     owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)
-
-
-def _sizes(config_map: dict[str, Any]) -> tuple[list[str] | None, Any]:
-    """The rollout URLs and learner node count a ConfigMap's run config was rendered with."""
-    learner = (builders.run_config_of(config_map) or {}).get("learner")
-    return builders.rollout_urls_of(config_map), learner.get("nodes") if isinstance(learner, dict) else None
-
-
-def _rendered_generation(config_map: dict[str, Any]) -> int:
-    value = str(((config_map.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION, "1"))
-    return int(value) if value.isdigit() else 1

@@ -178,9 +178,19 @@ def plan_rollout(owner: RunRef, spec: GRPORunSpec, index: int, port: int, config
                        f"http://{LOCAL_HOST}:{port}")
 
 
+@dataclass(frozen=True)
+class LocalPorts:
+    """The loopback ports a local run's processes listen on: each rollout server's, the learner's HTTP port
+    (/progress) and accelerate's main process port (its ranks' rendezvous)."""
+
+    rollout: list[int]
+    learner_http: int
+    main_process: int
+
+
 def plan_processes(
     run: str, namespace: str, spec: GRPORunSpec, config_path: str, *, rollout_python: str, learner_python: str,
-    rollout_ports: list[int], learner_http_port: int, main_process_port: int, cpu_count: int | None = None,
+    ports: LocalPorts, cpu_count: int | None = None,
 ) -> list[ProcessPlan]:
     """The operator's pods as local processes: its commands and env, with local interpreter, config and ports.
 
@@ -192,18 +202,18 @@ def plan_processes(
     owner = RunRef(run, namespace, uid="local")  # no GRPORun object: only the pods' commands and env are used
     plans = [
         plan_rollout(owner, spec, index, port, config_path, rollout_python,
-                     cpu_bind(spec, index, len(rollout_ports), cpu_count))
-        for index, port in enumerate(rollout_ports)
+                     cpu_bind(spec, index, len(ports.rollout), cpu_count))
+        for index, port in enumerate(ports.rollout)
     ]
     pod = builders.build_learner_pod(owner, spec, 0, trainer_image="local")
     argv = _swap(pod["spec"]["containers"][0]["command"], "python", [learner_python])
     argv = _swap(argv, pod_config, [config_path])
-    argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(main_process_port))
+    argv = _set_flag(_set_flag(argv, "--main_process_ip", LOCAL_HOST), "--main_process_port", str(ports.main_process))
     env = _pod_env(pod, config_path)
     if cpu_count is not None and spec.learner.device == "cpu":
         sharers = spec.learner.processes_per_node + spec.rollout.replicas
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // sharers))
-    plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, env, f"http://{LOCAL_HOST}:{learner_http_port}"))
+    plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, env, f"http://{LOCAL_HOST}:{ports.learner_http}"))
     return plans
 
 

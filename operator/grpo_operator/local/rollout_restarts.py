@@ -40,7 +40,6 @@ def exit_line(log_path: Path) -> str | None:
     return lines[-1] if lines else None
 
 
-# more than 8: probe settings and per-server probe state, all defaulted but the first
 @dataclass
 class Liveness:
     """The kubelet's liveness probe for local servers: never blocks the supervisor (probes run on a thread pool).

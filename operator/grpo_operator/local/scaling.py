@@ -106,7 +106,6 @@ def parse_request(text: str) -> int:
     return int(stripped)
 
 
-# more than 8: the run's scaling inputs and its live state, built once by `prepare`
 @dataclass
 class RolloutScaling:
     run_dir: Path

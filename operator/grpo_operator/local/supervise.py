@@ -36,6 +36,7 @@ from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import (
     LOCAL_HOST,
     LocalError,
+    LocalPorts,
     ProcessPlan,
     check_rewards,
     cpu_bind,
@@ -50,7 +51,6 @@ from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
 from .scaling import RolloutScaling, scale_bounds
 
 
-# more than 8: the local run's plan and its live state; built once, by keyword
 @dataclass
 class LocalRun:
     name: str
@@ -236,8 +236,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     cpu_count = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count()  # the user's setting wins
     plans = plan_processes(
         run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python or sys.executable,
-        learner_python=sys.executable, rollout_ports=rollout_ports, learner_http_port=learner_port,
-        main_process_port=free_port(), cpu_count=cpu_count,
+        learner_python=sys.executable, ports=LocalPorts(rollout_ports, learner_port, free_port()), cpu_count=cpu_count,
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],

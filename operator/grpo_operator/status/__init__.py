@@ -1,4 +1,5 @@
-"""Pure status derivation: (spec, last status, pods, learner progress, now) -> new status, events, actions.
+"""Pure status derivation: derive_status(run, spec, last status, observation) -> Decision(new status, events,
+actions); the observation holds the pods, the learner's progress, the time and, for a queued run, its Workload.
 
 Everything the operator decides lives here, with no I/O and no clock of its own (`now` is an input), so the kopf
 handlers and `grporun local` share one state machine and the tests can replay any lifecycle step by step.
@@ -8,8 +9,12 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - exits.py: the failure policy, `classify_failure` (exit codes, backoff, gang restarts);
 - rollout_exits.py: rollout servers that exit, replaced alone within `runPolicy.rolloutRestartLimit`;
 - servers.py: `status.rollout`, each server as its pod and the learner see it;
-- scaling.py: a live replica change, the removed servers deleted once the learner has drained them;
-- admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished;
+- scaling.py: a live replica change, the removed servers deleted once the learner has drained them, and the
+  refusal of one a gang cannot take;
+- admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished; a size
+  beyond what Kueue admitted refused;
+- children.py: what an existing child object (the run config, the PodGroup) is patched to before pods start;
+- urgency.py: which status changes are written at once and which wait for the status interval;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);
 - deadlines.py: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules;
 - conditions.py: metav1.Condition bookkeeping and the API server's time format;

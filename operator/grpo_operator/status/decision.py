@@ -11,7 +11,6 @@ from grpo_trainer.contract import ProgressReport
 Role = Literal["rollout", "learner"]
 
 
-# more than 8: one field per fact the derivation reads of a pod; built by keyword
 @dataclass(frozen=True)
 class PodObservation:
     """What the operator needs to know about one pod (the kopf layer and `grporun local` both produce these)."""
@@ -44,7 +43,6 @@ class WorkloadObservation:
     resizable: bool = False  # it holds no quota and its pod sets' counts differ from the spec's
 
 
-# more than 8: one field per fact of a pass the derivation reads; all but three defaulted, built by keyword
 @dataclass(frozen=True)
 class Observation:
     """What the operator saw of a run in one pass, besides its spec and last status."""

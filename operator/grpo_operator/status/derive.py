@@ -1,4 +1,4 @@
-"""derive_status: (spec, last status, pods, learner progress, now) -> Decision(new status, events, actions).
+"""derive_status(run, spec, last status, observation) -> Decision(new status, events, actions).
 
 The orchestration of one pass; the failure policy is in exits.py, the progress clock in clock.py, condition
 bookkeeping in conditions.py.
@@ -398,13 +398,8 @@ class _Derivation(_ProgressRules):
 
     # --- exits and the end of a run ----------------------------------------------------------------------------
     def _decide_on_exits(self) -> bool:
-        policy = self.spec.run_policy
-        verdict = classify_failure(self.learner_pods, self.rollout_pods, restarts=self.new.restarts,
-                                   backoff_limit=policy.backoff_limit, disruptions=self.new.disruptions,
-                                   max_disruptions=policy.max_disruptions, removed_learners=self._removed_learners(),
-                                   rules=policy.pod_failure_policy or (),
-                                   stall_policy=self.spec.progress.stall_policy,
-                                   output_expected=self.spec.output is not None)
+        verdict = classify_failure(self.learner_pods, self.rollout_pods, self.spec, restarts=self.new.restarts,
+                                   disruptions=self.new.disruptions, removed_learners=self._removed_learners())
         if verdict is None:
             return self._replace_servers()
         if isinstance(verdict, Succeed):

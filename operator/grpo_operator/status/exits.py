@@ -44,7 +44,7 @@ from grpo_trainer.contract import (
     parse_progress,
 )
 
-from ..api import FailureStatus, PodFailureRule, Reason
+from ..api import FailureStatus, GRPORunSpec, PodFailureRule, Reason
 from .decision import PodObservation, rank
 
 FAILURE_MESSAGE_MAX_CHARS = 1024
@@ -145,18 +145,20 @@ def disruption_of(pod: PodObservation, rules: Sequence[PodFailureRule] = ()) -> 
     return None
 
 
-def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation], *,
-                     restarts: int, backoff_limit: int, disruptions: int = 0, max_disruptions: int | None = None,
-                     removed_learners: Sequence[str] = (), rules: Sequence[PodFailureRule] = (),
-                     stall_policy: str = "Fail", output_expected: bool = False) -> Verdict | None:
-    """The run's fate from its exited pods; None while nothing has exited.
+def classify_failure(learner_pods: Sequence[PodObservation], rollout_pods: Sequence[PodObservation],
+                     spec: GRPORunSpec, *, restarts: int, disruptions: int = 0,
+                     removed_learners: Sequence[str] = ()) -> Verdict | None:
+    """The run's fate from its exited pods under the run's `spec`; None while nothing has exited.
 
-    `restarts` and `disruptions` are those used so far; `removed_learners` are learner pods that vanished from a
-    running gang (deleted through the Eviction API, say): the rest of the gang cannot go on without them. `rules` is
-    the run's podFailurePolicy: the first rule a failed pod matches decides, before the defaults. `stall_policy`
-    (`progress.stallPolicy`) decides what a weight sync past its deadline does. `output_expected`: the run has
-    `spec.output`, so a success must report the exported model.
+    `restarts` and `disruptions` are those used so far (against `runPolicy.backoffLimit` and `maxDisruptions`);
+    `removed_learners` are learner pods that vanished from a running gang (deleted through the Eviction API, say):
+    the rest of the gang cannot go on without them. The run's `runPolicy.podFailurePolicy`: the first rule a failed
+    pod matches decides, before the defaults. `progress.stallPolicy` decides what a weight sync past its deadline
+    does. A run with `spec.output` must report the exported model when it succeeds.
     """
+    rules: Sequence[PodFailureRule] = spec.run_policy.pod_failure_policy or ()
+    backoff_limit, max_disruptions = spec.run_policy.backoff_limit, spec.run_policy.max_disruptions
+    stall_policy, output_expected = spec.progress.stall_policy, spec.output is not None
     leader = next((p for p in learner_pods if rank(p.name) == 0), None)
     if leader is not None and leader.phase == "Succeeded" and leader.exit_code in (EXIT_SUCCEEDED, None):
         report = report_from_termination_message(leader.message)

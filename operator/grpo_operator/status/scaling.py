@@ -18,7 +18,7 @@ from typing import Literal
 
 from grpo_trainer.contract import ProgressReport
 
-from ..api import Reason, RolloutServerStatus
+from ..api import GRPORunSpec, Reason, RolloutServerStatus
 from .conditions import seconds_since
 from .decision import PodObservation, rank
 
@@ -98,3 +98,18 @@ def scale_message(before: int, after: int) -> str:
     return (f"rollout scaled from {before} to {after} servers: the learner drains {before - after} server(s), "
             "then their pods are deleted")
 
+
+
+def gang_scale_in_effect(spec: GRPORunSpec, configured_servers: int | None) -> tuple[GRPORunSpec, str | None]:
+    """The spec to run a live run by, and why its replica change is refused. A gang (its PodGroup's minMember counts
+    every pod) keeps the `configured_servers` it started with (the count its run config lists; None when unread).
+    A Kueue run's rule is admission.within_admission."""
+    if not (spec.scheduling and spec.scheduling.gang):
+        return spec, None
+    if configured_servers is None or configured_servers == spec.rollout.replicas:
+        return spec, None
+    message = (f"spec.rollout.replicas: {spec.rollout.replicas} is not applied to the running run, which keeps "
+               f"{configured_servers} rollout servers: its pods are one gang (spec.scheduling.gang) whose PodGroup "
+               f"counts them; set it back to {configured_servers}, or create a new run with the count you need")
+    in_effect = spec.rollout.model_copy(update={"replicas": configured_servers})
+    return spec.model_copy(update={"rollout": in_effect}), message

@@ -13,7 +13,14 @@ from grpo_operator import builders
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
-from grpo_operator.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
+from grpo_operator.local.plan import (
+    VLLM_CPU_BIND_ENV,
+    LocalPorts,
+    ProcessPlan,
+    localize_spec,
+    observe,
+    plan_processes,
+)
 from grpo_operator.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
@@ -91,8 +98,7 @@ def test_relative_paths_are_relative_to_the_manifest(tmp_path):
 def test_processes_run_the_pods_commands_and_env():
     spec = read_grporun(TINY).spec
     plans = plan_processes("tiny", "default", spec, "/runs/tiny/run.json", rollout_python="/rv/python",
-                           learner_python="/lv/python", rollout_ports=[8111], learner_http_port=9411,
-                           main_process_port=29511)
+                           learner_python="/lv/python", ports=LocalPorts([8111], 9411, 29511))
     rollout, learner = plans
     pod_rollout = builders.rollout_command()
     assert rollout.argv == ["/rv/python", *pod_rollout[1:-1], "/runs/tiny/run.json", "--port", "8111"]
@@ -106,8 +112,7 @@ def test_processes_run_the_pods_commands_and_env():
 
 def test_a_cpu_learner_gets_its_share_of_the_cores_as_openmp_threads():
     spec = read_grporun(TINY).spec
-    plan = dict(rollout_python="/rv", learner_python="/lv", rollout_ports=[1], learner_http_port=2,
-                main_process_port=3)
+    plan = dict(rollout_python="/rv", learner_python="/lv", ports=LocalPorts([1], 2, 3))
     assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **plan)[-1].env["OMP_NUM_THREADS"] == "1"
     assert plan_processes("tiny", "default", spec, "/r.json", cpu_count=16, **plan)[-1].env["OMP_NUM_THREADS"] == "8"
     spec.learner.device = "cuda"
@@ -118,7 +123,7 @@ def test_several_learner_processes_run_under_accelerate_on_localhost():
     spec = read_grporun(TINY).spec
     spec.learner.processes_per_node = 2
     learner = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
-                             rollout_ports=[1], learner_http_port=2, main_process_port=29533)[-1]
+                             ports=LocalPorts([1], 2, 29533))[-1]
     argv = learner.argv
     assert argv[:3] == ["/lv", "-m", "grpo_trainer.gang"]
     assert argv[6:9] == ["/lv", "-m", "accelerate.commands.launch"]
@@ -161,11 +166,10 @@ def test_shipped_examples_validate_and_use_builtin_rewards(example):
 def test_several_cpu_rollout_servers_are_pinned_to_different_cores():
     spec = read_grporun(TINY).spec
     spec.rollout.replicas = 3
-    plan = dict(rollout_python="/rv", learner_python="/lv", rollout_ports=[1, 4, 5], learner_http_port=2,
-                main_process_port=3)
+    plan = dict(rollout_python="/rv", learner_python="/lv", ports=LocalPorts([1, 4, 5], 2, 3))
     rollouts = plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **plan)[:-1]
     assert [p.env[VLLM_CPU_BIND_ENV] for p in rollouts] == ["0", "1", "0"]
-    single = dict(plan, rollout_ports=[1])
+    single = dict(plan, ports=LocalPorts([1], 2, 3))
     spec.rollout.replicas = 1
     assert VLLM_CPU_BIND_ENV not in plan_processes("tiny", "default", spec, "/r.json", cpu_count=2, **single)[0].env
 

@@ -60,7 +60,6 @@ class SampleFilterQueue:
     still runs.
     """
 
-    # more than 8: the filter config's rules, each a keyword, set from FilterConfig by GRPOLearner
     def __init__(
         self,
         inner: Any,

@@ -27,7 +27,7 @@ class ProgressStateError(ValueError):
 
 
 @dataclass(frozen=True)
-class ProgressState:  # more than 8: one field per key of the checkpoint's progress state, all restored together
+class ProgressState:
     #: The first position not consumed: the resumed worker starts there.
     first_unconsumed: int = field(metadata={"ge": 0})
     #: Positions consumed beyond it (trained, dropped or regenerated groups that finished out of order).

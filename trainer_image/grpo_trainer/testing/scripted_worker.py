@@ -27,7 +27,6 @@ def varied_rewards(position: int, generation: int) -> float:
 
 
 class ScriptedRolloutWorker:
-    # more than 8: a test stand-in's script, one keyword with a default per behaviour a test may turn on
     def __init__(
         self,
         *,
