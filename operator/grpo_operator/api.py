@@ -512,6 +512,14 @@ class OutputStatus(_StatusModel):
     time: str
 
 
+class TrackedRunStatus(_StatusModel):
+    """An experiment tracker's run the learner reports to (its report, grpo_trainer.contract.TrackedRunReport)."""
+
+    tracker: str
+    run_id: str
+    uri: str
+
+
 # more than 8: mirrors the CRD's status, one field per key; built by validation
 class GRPORunStatus(_StatusModel):
     phase: Phase | None = None
@@ -530,6 +538,7 @@ class GRPORunStatus(_StatusModel):
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
+    tracking: list[TrackedRunStatus] | None = None
     message: str | None = None
 
 
