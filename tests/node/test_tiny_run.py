@@ -107,7 +107,7 @@ def check_tracked_run(uri: str, status: dict):
     assert tracked.info.status == "FINISHED" and tracked.info.run_name == RUN, tracked.info
     assert tracked.data.tags["grpo.dev/run"] == RUN, tracked.data.tags
     parameters = tracked.data.params
-    assert parameters["grporun.training.epochs"] == "2" and parameters["grporun.model"] == "/data/model", parameters
+    assert parameters["grporun.training.epochs"] == "2.0" and parameters["grporun.model"] == "/data/model", parameters
     loss = sorted(m.step for m in client.get_metric_history(tracked.info.run_id, "loss"))
     assert loss and loss == list(range(loss[0], loss[0] + len(loss))), loss  # one point per step
     trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")
