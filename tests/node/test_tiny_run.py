@@ -63,6 +63,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_t
             tracking_uri = f"http://{node.expose(mlflow.port)}"
             spec["tracking"] = {"mlflow": {"trackingUri": tracking_uri, "experiment": EXPERIMENT}}
             run.apply(manifest)
+            # The server starts while the pods do: the learner reaches it only once the rollout server is up.
+            mlflow.wait_ready()
             status = run.wait_succeeded()
             tracked = check_tracked_run(mlflow.uri, status)
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)

@@ -62,10 +62,10 @@ class MlflowServer:
 
 @contextmanager
 def running_mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
-    """A server started in `workdir`, answering /health; stopped on leaving."""
+    """A server started in `workdir` (its port chosen; `wait_ready()` before the first request: it takes tens of
+    seconds on a busy machine), stopped on leaving."""
     server = MlflowServer(workdir)
     try:
-        server.wait_ready()
         yield server
     finally:
         server.stop()

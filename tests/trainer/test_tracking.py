@@ -95,6 +95,7 @@ def mlflow_server(tmp_path_factory):
     if not MLFLOW.exists():
         pytest.skip(MISSING)
     with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        server.wait_ready()
         yield server
 
 
