@@ -195,7 +195,9 @@ for image in "$@"; do
         -- "${sources[@]}" crds/grporun.yaml .dockerignore ;;
     trainer-cpu)
       # download.pytorch.org is not needed: TORCH_CPU_INDEX= takes PyPI's torch (the Dockerfile's documented route).
-      build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" \
+      # TRACKING=true: the learner has the experiment trackers, so spec.tracking runs from this image (the node
+      # tier's tracked run reports to a real MLflow server).
+      build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" TRACKING=true \
         -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
   esac
 done

@@ -568,6 +568,14 @@ class OutputStatus(_StatusModel):
     time: str
 
 
+class TrackedRunStatus(_StatusModel):
+    """An experiment tracker's run the learner reports to (its report, grpo_trainer.contract.TrackedRunReport)."""
+
+    tracker: str
+    run_id: str
+    uri: str
+
+
 class GRPORunStatus(_StatusModel):
     phase: Phase | None = None
     observed_generation: int | None = None
@@ -585,6 +593,7 @@ class GRPORunStatus(_StatusModel):
     learner: LearnerStatus | None = None
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
+    tracking: list[TrackedRunStatus] | None = None
     message: str | None = None
 
 

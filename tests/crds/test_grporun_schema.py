@@ -28,6 +28,7 @@ from grpo_operator.api import (
     RemovedServerStatus,
     RolloutServerStatus,
     RolloutStatus,
+    TrackedRunStatus,
 )
 from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
@@ -193,6 +194,7 @@ def _full_status() -> GRPORunStatus:
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),
+        tracking=[TrackedRunStatus(tracker="mlflow", run_id="0f1e", uri="http://mlflow:5000/#/experiments/1/runs/0f1e")],
         message="running",
     )
 

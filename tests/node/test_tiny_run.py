@@ -1,17 +1,22 @@
 """The shipped tiny run on the real node, from the user's side: `kubectl apply` of examples/tiny.yaml into a
 namespace that enforces the `restricted` Pod Security Standard, the operator the chart installed
 (tests/support/operator_release.py), rollout and learner pods run as containers from the trainer image, and
-`kubectl wait --for=condition=Succeeded`. The restricted policy refuses hostPath volumes, so the model and the
-weight-sync folder come from PersistentVolumeClaims, as a cluster's admin would provide them."""
+`kubectl wait --for=condition=Succeeded`. The restricted policy refuses hostPath volumes, so the model, the
+weight-sync folder and the folder the trained model goes to (spec.output.volume) come from PersistentVolumeClaims, as
+a cluster's admin would provide them. The same run reports to a real MLflow tracking server on this machine
+(spec.tracking.mlflow), which the pods reach through the node's address."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
+from grpo_trainer.contract import EXPORT_MANIFEST_FILE
+from tests.support.mlflow_server import MISSING, MLFLOW, running_mlflow_server
 from tests.support.node import Node
-from tests.support.node_runs import NodeRun, shared_folder, tiny_manifest
+from tests.support.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
 from tests.support.operator_release import OperatorRelease
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
@@ -34,26 +39,79 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
     return {"persistentVolumeClaim": {"claimName": name}}
 
 
-def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_the_trainer_image(operator_release: OperatorRelease,
-                                                                               tiny_data: Path, tmp_path: Path):
+CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
+EXPERIMENT = "node-tiny"
+
+
+@pytest.mark.timeout(1800)  # the run, then a pod that loads the exported model and starts a vLLM server of its own
+def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_to_a_volume(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+    assert MLFLOW.exists(), MISSING
     node = operator_release.node
     namespace = node.create_namespace("tiny-restricted", labels={"pod-security.kubernetes.io/enforce": "restricted"})
     run = NodeRun(operator_release, namespace, tmp_path)
     weights = shared_folder(tmp_path / "weights", writable=True)
+    models = shared_folder(tmp_path / "models", writable=True)
     try:
-        data_claim = claimed_folder(node, namespace, "tiny-data", tiny_data)
-        data_claim["persistentVolumeClaim"]["readOnly"] = True
-        manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights))
-        manifest["spec"]["training"]["epochs"] = 2  # the runs of test_run_faults.py go the full twelve
-        run.apply(manifest)
-        run.wait_succeeded()
+        with running_mlflow_server(shared_folder(tmp_path / "mlflow", writable=True)) as mlflow:
+            data_claim = claimed_folder(node, namespace, "tiny-data", tiny_data)
+            data_claim["persistentVolumeClaim"]["readOnly"] = True
+            manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights))
+            spec = manifest["spec"]
+            spec["training"]["epochs"] = 2  # the runs of test_run_faults.py go the full twelve
+            spec["output"] = {"volume": claimed_folder(node, namespace, "tiny-models", models)}
+            tracking_uri = f"http://{node.expose(mlflow.port)}"
+            spec["tracking"] = {"mlflow": {"trackingUri": tracking_uri, "experiment": EXPERIMENT}}
+            run.apply(manifest)
+            # The server starts while the pods do: the learner reaches it only once the rollout server is up.
+            mlflow.wait_ready()
+            status = run.wait_succeeded()
+            tracked = check_tracked_run(mlflow.uri, status)
+        read = read_exported_model(operator_release, namespace, "tiny-models", RUN)
     finally:
         run.close()
-        for name in ("tiny-data", "tiny-weights"):
+        for name in CLAIMS:
             node.kubectl("delete", "persistentvolume", f"{namespace}-{name}", "--wait=false", check=False)
     seen = run.history.containers()
     assert {name.rsplit("-", 2)[-2] for name in seen} == {"rollout", "learner"}, seen  # both roles admitted
-    for name, status in sorted(seen.items()):
-        node.report(f"pod {name} ran as {status['containerID']}, image {status['image']}, imageID {status['imageID']}")
-        assert status["containerID"].startswith("containerd://"), status
-        assert status["podImage"] == operator_release.trainer.reference, status
+    for name, status_ in sorted(seen.items()):
+        node.report(f"pod {name} ran as {status_['containerID']}, image {status_['image']}, "
+                    f"imageID {status_['imageID']}")
+        assert status_["containerID"].startswith("containerd://"), status_
+        assert status_["podImage"] == operator_release.trainer.reference, status_
+
+    # The status names the tracked run where the pods reached the server.
+    assert status["tracking"] == [{"tracker": "mlflow", "runId": tracked.run_id, "uri": (
+        f"{tracking_uri}/#/experiments/{tracked.experiment_id}/runs/{tracked.run_id}")}], status.get("tracking")
+
+    # The model outlived the run's pods on the claim, whole, and the status names it by its manifest's digest.
+    output = status["output"]
+    manifest_digest = hashlib.sha256((models / RUN / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()
+    assert output["uri"] == f"pvc://tiny-models/{RUN}" and output["sha256"] == manifest_digest, output
+    assert output["step"] > 0 and output["bytes"] > 0, output
+    node.report(f"exported model {output['uri']}: step {output['step']}, {output['bytes']} bytes, {read}")
+    # The reader pod saw the same files (every one matching the manifest) and both engines loaded them.
+    assert read["sha256"] == output["sha256"] and read["step"] == output["step"], read
+    assert "model.safetensors" in read["files"] and "tokenizer_config.json" in read["files"], read
+    assert read["vllm"]["logprob"] == pytest.approx(read["transformers"]["logprob"], abs=1e-4), read
+    assert len(read["vllm"]["tokens"]) == len(read["transformers"]["tokens"]) > 0, read
+
+
+def check_tracked_run(uri: str, status: dict):
+    """The MLflow server got the learner's run: the GRPORun's spec as parameters and a point per step of TRL's loss
+    and our progress numbers. Returns the run's info."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, [e.name for e in client.search_experiments()]
+    (tracked,) = client.search_runs([experiment.experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == RUN, tracked.info
+    assert tracked.data.tags["grpo.dev/run"] == RUN, tracked.data.tags
+    parameters = tracked.data.params
+    assert parameters["grporun.training.epochs"] == "2.0" and parameters["grporun.model"] == "/data/model", parameters
+    loss = sorted(m.step for m in client.get_metric_history(tracked.info.run_id, "loss"))
+    assert loss and loss == list(range(loss[0], loss[0] + len(loss))), loss  # one point per step
+    trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")
+    assert 0 < max(m.value for m in trained) <= status["progress"]["groupsTrained"], trained
+    return tracked.info

@@ -33,6 +33,7 @@ from grpo_trainer.contract import (
     EXIT_STALLED,
     ExportReport,
     ProgressReport,
+    TrackedRunReport,
     parse_progress,
 )
 from tests.support.specs import minimal_spec, status_errors
@@ -258,6 +259,20 @@ def test_the_exported_model_goes_on_the_status_with_an_event():
     # A later pass (the run finished) keeps it and says it once.
     again = step(spec, decision.status, pods, None, now=at(65))
     assert again.status["output"] == decision.status["output"] and "Exported" not in reasons(again)
+
+
+TRACKED = TrackedRunReport(tracker="mlflow", run_id="0f1e2d", uri="http://mlflow:5000/#/experiments/3/runs/0f1e2d")
+
+
+def test_the_trackers_run_goes_on_the_status_and_stays_while_a_restarted_learner_has_none_yet():
+    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}})
+    status = running_status(spec)
+    assert "tracking" not in status
+    tracked = step(spec, status, running_pods(), report(groupsTrained=4, tracking=[TRACKED.to_wire()]), now=at(5))
+    assert tracked.status["tracking"] == [{"tracker": "mlflow", "runId": "0f1e2d",
+                                           "uri": "http://mlflow:5000/#/experiments/3/runs/0f1e2d"}]
+    starting = step(spec, tracked.status, running_pods(), report(groupsTrained=4), now=at(10))
+    assert starting.status["tracking"] == tracked.status["tracking"]
 
 
 @pytest.mark.parametrize("termination_message", [

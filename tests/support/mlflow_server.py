@@ -8,12 +8,15 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from grpo_operator.local.processes import free_port
 from tests.support.paths import REPO, make_variable
 
 MLFLOW = REPO / make_variable("MLFLOW_VENV") / "bin" / "mlflow"
+MISSING = f"no MLflow server at {MLFLOW}: `make setup-mlflow` installs it"
 
 
 class MlflowServer:
@@ -55,3 +58,14 @@ class MlflowServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.log.close()
+
+
+@contextmanager
+def running_mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
+    """A server started in `workdir` (its port chosen; `wait_ready()` before the first request: it takes tens of
+    seconds on a busy machine), stopped on leaving."""
+    server = MlflowServer(workdir)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -490,6 +490,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 os.kill(pid, signum)
         return pids
 
+    def expose(self, port: int) -> str:
+        """A server on this machine's loopback `port`, made reachable by the node's pods, which have no route out:
+        a forwarder listening on the node's address inside its namespace, connecting to 127.0.0.1:`port` here.
+        Returns the `HOST:PORT` pods connect to. It ends with the node."""
+        assert self.holder is not None
+        process = subprocess.Popen(
+            ["nsenter", f"--target={self.holder.pid}", "--net", "--", sys.executable,
+             str(Path(__file__).with_name("netns_forward.py")), f"/proc/{os.getpid()}/ns/net", "127.0.0.1", str(port),
+             self.addresses.gateway],
+            stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=self._join_node_cgroup)
+        self.processes.append(process)
+        return f"{self.addresses.gateway}:{int(process.stdout.readline())}"
+
     def report(self, line: str) -> None:
         """A line for the session's printout (what ran on the node: runtime, image IDs)."""
         self.report_lines.append(line)

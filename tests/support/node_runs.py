@@ -238,3 +238,41 @@ class NodeRun:
     def close(self) -> None:
         self.history.stop()
         self.node.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+
+
+READER_SCRIPT = REPO / "tests" / "support" / "exported_model_reader.py"
+READER_POD = "model-reader"
+READER_TIMEOUT_S = 900
+
+
+def read_exported_model(release: OperatorRelease, namespace: str, claim: str, folder: str) -> dict:
+    """A pod of the user's own, apart from the run: it mounts `claim` read-only and, from the trainer image, checks
+    the model in `folder` of it against its manifest, loads it with transformers and serves it with the vLLM CPU
+    server (tests/support/exported_model_reader.py). Its result line, once it Succeeded; its log otherwise."""
+    node = release.node
+    node.kubectl("create", "configmap", "model-reader", "-n", namespace, f"--from-file={READER_SCRIPT}")
+    container = {
+        "name": "reader", "image": release.trainer.reference, "imagePullPolicy": "Never",
+        "command": ["/opt/learner/bin/python", f"/reader/{READER_SCRIPT.name}", f"/models/{folder}"],
+        # The image's user may not write its HOME: caches go to an emptyDir, as the operator's pods do.
+        "env": [{"name": "HOME", "value": "/cache"}, {"name": "HF_HOME", "value": "/cache/huggingface"},
+                {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                         {"name": "reader", "mountPath": "/reader", "readOnly": True},
+                         {"name": "shm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": "/cache"}]}
+    node.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": READER_POD, "namespace": namespace},
+                "spec": {"restartPolicy": "Never", "containers": [container],
+                         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                         "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim,
+                                                                                  "readOnly": True}},
+                                     {"name": "reader", "configMap": {"name": "model-reader"}},
+                                     {"name": "shm", "emptyDir": {"medium": "Memory"}},
+                                     {"name": "cache", "emptyDir": {}}]}})
+    began = time.monotonic()
+    pod = node.wait_for_pod(namespace, READER_POD, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                            "finished", timeout=READER_TIMEOUT_S)
+    logs = node.kubectl("logs", READER_POD, "-n", namespace, check=False)
+    node.report(f"model reader pod in {namespace}: {time.monotonic() - began:.1f} s, {pod['status']['phase']}")
+    assert pod["status"]["phase"] == "Succeeded", f"{READER_POD} {pod['status']}\n{logs.stdout[-6000:]}{logs.stderr}"
+    return json.loads(logs.stdout.strip().splitlines()[-1])

@@ -17,6 +17,7 @@ from grpo_trainer.contract import (
     RolloutReplicaReport,
     RunConfig,
     StallCause,
+    TrackedRunReport,
     parse_progress,
 )
 from grpo_trainer.validation import config_error_line
@@ -49,6 +50,11 @@ HOSTILE = [
      "output.time"),
     ('{"output": {"uri": "", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
      "output.uri"),
+    # The trackers' runs: copied into status.tracking.
+    ('{"tracking": [{"tracker": "mlflow", "runId": 7, "uri": "u"}]}', "tracking[0].runId"),
+    ('{"tracking": [{"tracker": "mlflow", "runId": "r", "uri": ""}]}', "tracking[0].uri"),
+    ('{"tracking": [{"tracker": "mlflow", "runId": "r", "uri": "u"}], "output": 1}', "output"),
+    ('{"tracking": ' + json.dumps([{"tracker": "mlflow", "runId": "r", "uri": "u"}] * 4) + '}', "tracking"),
 ]
 
 
@@ -84,6 +90,16 @@ def test_the_exported_model_survives_the_termination_messages_bound():
     message = report.termination_message()
     assert len(message.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
     assert parse_progress(message).output == export  # the rollout detail and the message give way first
+    tracked = [TrackedRunReport(tracker=name, run_id="i" * 128, uri="u" * 1024) for name in ("a", "b", "c")]
+    message = report.model_copy(update={"tracking": tracked}).termination_message()
+    assert len(message.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    assert parse_progress(message).output == export  # the trackers' runs give way too: the status keeps them
+
+
+def test_a_newer_learners_tracked_run_is_read_without_its_new_fields():
+    report = parse_progress(json.dumps({"tracking": [{"tracker": "mlflow", "runId": "r1", "uri": "http://m/#/r1",
+                                                      "artifactUri": "s3://a"}]}))
+    assert report.tracking == [TrackedRunReport(tracker="mlflow", run_id="r1", uri="http://m/#/r1")]
 
 
 NEWER_LEARNER = {

@@ -90,16 +90,13 @@ def test_the_run_spec_becomes_flat_string_parameters():
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    from tests.support.mlflow_server import MLFLOW, MlflowServer
+    from tests.support.mlflow_server import MISSING, MLFLOW, running_mlflow_server
 
     if not MLFLOW.exists():
-        pytest.skip(f"no MLflow server at {MLFLOW}: `make setup-mlflow` installs it")
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
-    try:
+        pytest.skip(MISSING)
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
         server.wait_ready()
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow
@@ -149,6 +146,9 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
     assert sorted((m.step, m.value) for m in trained) == [(1, 1.0), (2, 2.0), (3, 3.0)]
     dropped = client.get_metric_history(tracked.info.run_id, "progress/groups_dropped/no_signal")
     assert [m.value for m in sorted(dropped, key=lambda m: m.step)] == [1.0, 2.0, 3.0]
+    # What the learner's progress report carries to status.tracking: the run, and its page on the server.
+    assert callbacks[1].tracked_runs() == [c.TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=(
+        f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}"))]
 
 
 @pytest.mark.slow

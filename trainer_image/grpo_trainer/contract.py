@@ -822,6 +822,16 @@ class EpisodeReport(_ReportModel):
         return self.forked / self.episodes if self.episodes else None
 
 
+class TrackedRunReport(_ReportModel):
+    """The experiment tracker's run the learner reports to (spec.tracking); the operator copies it into
+    `status.tracking`, so users find the run's curves from the GRPORun."""
+
+    tracker: str = Field(min_length=1, max_length=32, description="The tracker, by its spec.tracking name.")
+    run_id: str = Field(min_length=1, max_length=128, description="The run's id in the tracker.")
+    uri: str = Field(min_length=1, max_length=1024, description="Where a user opens the run (MLflow: its page on "
+                     "the tracking server).")
+
+
 class ProgressReport(_ReportModel):
     phase: _known_or_text(LearnerPhase) = LearnerPhase.STARTING
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
@@ -861,6 +871,8 @@ class ProgressReport(_ReportModel):
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
+    tracking: list[TrackedRunReport] = Field(default_factory=list, max_length=3, description="The trackers' runs, "
+                                             "once they started (spec.tracking).")
     attention_kernel: _known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")
@@ -900,6 +912,8 @@ class ProgressReport(_ReportModel):
         overflow = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES
         if overflow > 0 and self.rollout:  # per-replica detail goes first: the operator polls it while running
             return self.model_copy(update={"rollout": []}).termination_message()
+        if overflow > 0 and self.tracking:  # then the trackers' runs, which the status keeps from /progress
+            return self.model_copy(update={"tracking": []}).termination_message()
         if overflow > 0:
             kept = max(0, len(self.message) - overflow - 3)
             short = self.model_copy(update={"message": self.message[:kept] + "..."})

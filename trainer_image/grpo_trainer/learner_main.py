@@ -328,7 +328,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
             pool.stop()
         raise
     if trackers:
-        learner.add_callback(parameters_callback(config, trackers, learner.callback_handler.callbacks))
+        parameters = parameters_callback(config, trackers, learner.callback_handler.callbacks)
+        learner.add_callback(parameters)
+        learner.tracked_runs_fn = parameters.tracked_runs
     if pool is not None:
         learner.rollout_report_fn = pool.report
         learner.rollout_pool = pool

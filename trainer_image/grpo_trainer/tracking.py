@@ -161,17 +161,46 @@ def log_run_parameters(config: c.RunConfig, trackers: list[str], tensorboard_wri
             wandb.config.update(parameters, allow_val_change=True)
 
 
+def mlflow_run_uri(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """Where a user opens an MLflow run: its page in the tracking server's UI; for a tracking URI that is no web
+    server (a file store, a database), the URI and the run id."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{tracking_uri}#{run_id}"
+
+
+def tracked_runs(trackers: list[str]) -> list[c.TrackedRunReport]:
+    """The runs the trackers' integrations started (MLflow's: the tracked run with an id on a server)."""
+    runs = []
+    if "mlflow" in trackers:
+        import mlflow
+
+        if (active := mlflow.active_run()) is not None:
+            info = active.info
+            runs.append(c.TrackedRunReport(tracker="mlflow", run_id=info.run_id, uri=mlflow_run_uri(
+                mlflow.get_tracking_uri(), info.experiment_id, info.run_id)))
+    return runs
+
+
 def parameters_callback(config: c.RunConfig, trackers: list[str], callbacks: list):
-    """A TrainerCallback that logs the run's spec once the trackers' runs have started. Added after transformers'
-    integrations (`callbacks` is the trainer's list), so their `on_train_begin` has run when this one does."""
+    """A TrainerCallback that logs the run's spec once the trackers' runs have started, and keeps their identity
+    (its `tracked_runs()`, for the progress report). Added after transformers' integrations (`callbacks` is the
+    trainer's list), so their `on_train_begin` has run when this one does."""
     from transformers import TrainerCallback
 
     class RunParameters(TrainerCallback):
+        def __init__(self):
+            self.runs: list[c.TrackedRunReport] = []
+
+        def tracked_runs(self) -> list[c.TrackedRunReport]:
+            return list(self.runs)
+
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
                 return
             writer = next((getattr(cb, "tb_writer", None) for cb in callbacks
                            if type(cb).__name__ == "TensorBoardCallback"), None)
             log_run_parameters(config, trackers, writer)
+            self.runs = tracked_runs(trackers)
 
     return RunParameters()

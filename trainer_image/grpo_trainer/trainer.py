@@ -191,6 +191,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
                                                "rollout_queue_samples": self.rollout_wait.qsize()})
+        if tracked_runs_fn := getattr(self, "tracked_runs_fn", None):  # set by learner_main: spec.tracking's runs
+            report = report.model_copy(update={"tracking": tracked_runs_fn()})
         rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
         return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Literal
 
-from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport
+from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport, TrackedRunReport
 
 from ..api import (
     FINISHED_PHASES,
@@ -22,6 +22,7 @@ from ..api import (
     Phase,
     ProgressStatus,
     Reason,
+    TrackedRunStatus,
     parse_status,
 )
 from ..builders import drain_deadline_seconds, learner_pod_name, rollout_selector
@@ -66,6 +67,10 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
         reward_mean=report.reward_mean,
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
+
+
+def tracking_status(report: TrackedRunReport) -> TrackedRunStatus:
+    return TrackedRunStatus(tracker=report.tracker, run_id=report.run_id, uri=report.uri)
 
 
 def output_status(report: ExportReport) -> OutputStatus:
@@ -184,6 +189,8 @@ class _ProgressRules(RunRecord):
         take_learner_view(self.new.rollout, report)
         previous_trained = self.old.progress.groups_trained if self.old.progress else 0
         self.new.progress = progress_status(report)
+        if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
+            self.new.tracking = [tracking_status(run) for run in report.tracking]
         if report.groups_trained > previous_trained:
             self.trained_now = True
             self.new.last_progress_time = format_time(self.now)

@@ -1,0 +1,89 @@
+"""What a user's pod does with a model a GRPORun exported to a volume: run in the trainer image (the learner venv's
+python, `python exported_model_reader.py MODEL_DIR`), it checks the files against the manifest, loads the model with
+transformers, then serves the same folder with the vLLM CPU server (the rollout venv, which the image's
+GRPO_ROLLOUT_PYTHON names) and asks it for a completion.
+It prints one JSON line: the manifest's sha256, the step, and both engines' greedy logprob of the next token after
+PROMPT and their greedy continuations. Any failure is a traceback and a non-zero exit (the test shows the pod's log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_trainer.contract import EXPORT_MANIFEST_FILE
+from grpo_trainer.model_export import verify_export
+from grpo_trainer.rollout import CPU_KVCACHE_SPACE_GIB, ROLLOUT_PYTHON_ENV, SERVER_MODULE, cpu_scheduler_flags
+
+PORT = 8011
+PROMPT = [1, 2, 3, 4, 5]  # token ids: the tiny model's tokenizer has no words worth spelling
+NEW_TOKENS = 8
+MAX_MODEL_LEN = 256
+SERVER_START_TIMEOUT_S = 600
+
+
+def with_transformers(model_dir: str) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    AutoTokenizer.from_pretrained(model_dir)  # the tokenizer is part of the export
+    with torch.no_grad():
+        logprob = torch.log_softmax(model(torch.tensor([PROMPT])).logits[0, -1], -1).max().item()
+        generated = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return {"logprob": logprob, "tokens": generated[0, len(PROMPT):].tolist()}
+
+
+def post(url: str, body: dict) -> dict:
+    """A JSON POST to the pod's own server (http, loopback)."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
+        return json.load(response)
+
+
+def with_vllm(model_dir: str) -> dict:
+    server = subprocess.Popen(
+        [os.environ[ROLLOUT_PYTHON_ENV], "-m", SERVER_MODULE, "--model", model_dir, "--host", "127.0.0.1",
+         "--port", str(PORT), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+         *cpu_scheduler_flags(MAX_MODEL_LEN)],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(CPU_KVCACHE_SPACE_GIB)})
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                sys.exit(f"the vLLM server exited {server.returncode} before it was ready")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    sys.exit(f"the vLLM server was not ready in {SERVER_START_TIMEOUT_S} s")
+                time.sleep(1)
+        url = f"http://127.0.0.1:{PORT}/v1/completions"
+        first = post(url, {"model": model_dir, "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1})
+        text = post(url, {"model": model_dir, "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0,
+                          "ignore_eos": True, "return_token_ids": True})
+        return {"logprob": first["choices"][0]["logprobs"]["token_logprobs"][0],
+                "tokens": text["choices"][0]["token_ids"]}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def main() -> None:
+    model_dir = sys.argv[1]
+    manifest = verify_export(model_dir)  # every file as the manifest lists it, or ExportError
+    result = {"sha256": hashlib.sha256((Path(model_dir) / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest(),
+              "step": manifest["step"], "files": sorted(entry["path"] for entry in manifest["files"]),
+              "transformers": with_transformers(model_dir), "vllm": with_vllm(model_dir)}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
