@@ -172,6 +172,7 @@ def _write_config(tmp_path: Path, model: str, **inputs) -> Path:
     path = tmp_path / "run.json"
     path.write_text(c.RunConfig(
         model=model, dataset=c.DatasetConfig(path="/dev/null"), rewards=[c.RewardConfig(name="constant")],
+        learner=c.LearnerConfig(device="cpu"),
         inputs=c.InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs),
         termination_message_path=str(tmp_path / "termination-log")).model_dump_json(by_alias=True))
     (tmp_path / "termination-log").write_text("")
