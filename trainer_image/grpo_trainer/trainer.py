@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accelerate.utils import broadcast
+from accelerate.utils import broadcast, broadcast_object_list, is_peft_model
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -26,6 +26,8 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     TokenBudgetBatcher,
     _EmptyIterableDataset,
     _EpochStopCallback,
+    save_lora_adapter,
+    select_adapter_sync,
 )
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
@@ -70,7 +72,7 @@ from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
 from .tracking import progress_logs
-from .weight_sync import FilesystemWeightTransfer
+from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
         attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
             this process's device.
+        adapter_sync: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (where
+            the servers serve adapters; else merged weights, as TRL decides). Every rank must pass the same value.
     """
 
     # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
@@ -112,6 +116,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
         importance_bounds: ImportanceBounds | None = None,
         attention_kernel: AttentionKernel | None = None,
+        adapter_sync: bool = False,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -127,6 +132,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
         self.attention_kernel = attention_kernel
         super().__init__(*args, **kwargs)
+        if adapter_sync:
+            self._choose_adapter_sync()
         if type(self.rollout_worker) is AsyncRolloutWorker:
             # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
             self.rollout_worker.__class__ = SupervisedRolloutWorker
@@ -170,6 +177,66 @@ class GRPOLearner(AsyncGRPOTrainer):
             self._progress_server = ProgressServer(self.progress_report, port=progress_server_port,
                                                    step_metrics=self.step_metrics).start()
             logger.info(f"progress: {self._progress_server.url}/progress and /metrics")
+
+    # ------------------------------------------------------------------------------------------------ adapter sync
+    def _choose_adapter_sync(self) -> None:
+        """Sync the adapter alone through our transfer, to every replica, when the servers serve adapters.
+
+        TRL probes for adapter sync only when it builds its own transfer, and its adapter sync reaches the one server
+        its client talks to. Rank 0 asks a server (through the balancer) with TRL's own rule (`select_adapter_sync`:
+        a server without `--enable-lora`, or an adapter vLLM cannot serve, falls back to merged weights; too low a
+        `--max-lora-rank` or too few `--max-loras` raise) and every rank takes its answer, as the sync's collectives
+        must agree. The rollout worker then names `policy-vN` in its requests.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        decision: bool | Exception | None = None
+        if self.accelerator.is_main_process:
+            try:
+                if not is_peft_model(model) or not isinstance(self.weight_transfer, FilesystemWeightTransfer):
+                    decision = False
+                else:
+                    self.vllm_client.wait_for_server_ready()
+                    decision = select_adapter_sync(self.vllm_client.get_server_info(), model, self.args)
+            except Exception as error:  # noqa: BLE001 - raised on every rank below, not on rank 0 alone
+                decision = error
+        decision = broadcast_object_list([decision], from_process=0)[0]
+        if isinstance(decision, Exception):
+            raise decision
+        if not decision:
+            logger.warning("weight sync: the rollout servers do not serve LoRA adapters; syncing merged weights")
+            return
+        self._lora_sync = True
+        self._lora_name = ADAPTER_NAME
+        loop_kwargs = getattr(self.rollout_worker, "_loop_kwargs", None)
+        if loop_kwargs is not None:
+            loop_kwargs["lora_name"] = ADAPTER_NAME
+        logger.info("weight sync: the adapter alone, loaded on every rollout server as %s-vN", ADAPTER_NAME)
+
+    def _sync_weight_lora(self, t0: float) -> tuple[float, float, float]:
+        """TRL's adapter sync (its dispatch and timings), through our transfer: the adapter is saved into the next
+        version directory (TRL's collective save, published by a rename) and loaded on every replica in the pool.
+        The version continues the transfer's count, so a restarted learner never reuses a name a server holds."""
+        model = self.accelerator.unwrap_model(self.model)
+        transfer = self.weight_transfer if self.accelerator.is_main_process else None
+        if transfer is not None:
+            transfer.version = max(transfer.version, self.model_version)
+            transfer.pause()
+        t_pause = time.time()
+        self.accelerator.wait_for_everyone()
+        t_barrier = time.time()
+        # Every rank saves: gathering a sharded adapter is a collective; only rank 0 writes (the path is its).
+        save_lora_adapter(model, self.accelerator, self._adapter_name,
+                          str(transfer.adapter_directory()) if transfer is not None else "")
+        t_transfer = time.time()
+        self.accelerator.wait_for_everyone()
+        if transfer is not None:
+            # Loaded before the version moves: the worker names the adapter after `model_version`.
+            transfer.publish_adapter()
+            transfer.resume()
+            self.model_version = transfer.version
+            if self.rollout_worker is not None:
+                self.rollout_worker.update_model_version(self.model_version)
+        return t_pause, t_barrier, t_transfer
 
     # ------------------------------------------------------------------------------------------------ observability
     def progress_report(self) -> ProgressReport:
