@@ -233,6 +233,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             # Loaded before the version moves: the worker names the adapter after `model_version`.
             transfer.publish_adapter()
             transfer.resume()
+            transfer.retire_stale_adapter()
             self.model_version = transfer.version
             if self.rollout_worker is not None:
                 self.rollout_worker.update_model_version(self.model_version)

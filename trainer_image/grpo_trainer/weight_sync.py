@@ -350,30 +350,35 @@ class FilesystemWeightTransfer:
         return self.directory / f"{VERSION_PREFIX}{self.version + 1}"
 
     def publish_adapter(self) -> None:
-        """Load the adapter saved in `adapter_directory()` on every server, then unload the version that left the
-        window and delete the files of the one before it. Between `pause` and `resume`, as `send_weights`."""
+        """Load the adapter saved in `adapter_directory()` on every server: between `pause` and `resume`, as
+        `send_weights`; `retire_stale_adapter` follows the resume."""
         started = time.perf_counter()
         adapter = self.adapter_directory()
         if not is_adapter(adapter):
             raise WeightSyncError(f"weight sync: no adapter was saved in {adapter}")
-        version = self.version + 1
         self.bytes_written = directory_bytes(adapter)
-        self.version = version  # from here a replica admitted by the balancer catches up to this version
+        self.version += 1  # from here a replica admitted by the balancer catches up to this version
         targets = self._each(lambda url: self._load(url, adapter), "load_lora_adapter")
-        stale = version - self.adapter_window
+        elapsed = time.perf_counter() - started
+        self.sync_seconds.append(elapsed)
+        logger.info("weight sync v%d: adapter of %.2f MB to %d server(s) in %.2fs", self.version,
+                    self.bytes_written / 1e6, len(targets), elapsed)
+
+    def retire_stale_adapter(self) -> None:
+        """Unload, once the servers generate again (frozen requests may still use it), the adapter version that
+        left the window, and delete the files of the one before it: vLLM reads an adapter's files lazily and a
+        missing one kills its engine, so they outlive the unload by one sync."""
+        stale = self.version - self.adapter_window
         if stale > 0:
             # An unload that fails leaves one more adapter in the server's cache, which evicts the least recently
             # used: never a reason to take a server out of the pool.
-            for url in targets:
+            for url in (self.replicas.ready_urls() if self.replicas is not None else self.server_urls):
                 try:
                     self._post(url, "/v1/unload_lora_adapter", json={"lora_name": adapter_name(stale)})
                 except WeightSyncError as error:
                     logger.info("weight sync: %s kept adapter %s: %s", url, adapter_name(stale), error)
-        remove_other_versions(self.directory, keep=[f"{VERSION_PREFIX}{v}" for v in range(max(stale, 1), version + 1)])
-        elapsed = time.perf_counter() - started
-        self.sync_seconds.append(elapsed)
-        logger.info("weight sync v%d: adapter of %.2f MB to %d server(s) in %.2fs", version, self.bytes_written / 1e6,
-                    len(targets), elapsed)
+        kept = range(max(stale, 1), self.version + 1)
+        remove_other_versions(self.directory, keep=[f"{VERSION_PREFIX}{version}" for version in kept])
 
     def resume(self) -> None:
         try:
