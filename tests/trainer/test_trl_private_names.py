@@ -50,3 +50,17 @@ def test_rollout_worker_attributes_the_supervised_worker_reads():
     for attribute in ("_process", "_stop_event_mp", "_failed_event", "_exception_info_queue"):
         assert f"self.{attribute} =" in source, f"AsyncRolloutWorker no longer sets {attribute}"
     assert "AsyncRolloutWorker(" in inspect.getsource(T.AsyncGRPOTrainer.__init__)  # TRL still builds it itself
+
+
+def test_the_adapter_sync_seams_the_learner_takes_over():
+    # GRPOLearner keeps TRL's dispatch (`_sync_weight` on `_lora_sync`) and replaces the adapter arm, reusing TRL's
+    # collective save and its rule of what vLLM serves; the worker names `{lora_name}-v{model_version}`.
+    assert callable(T.save_lora_adapter) and callable(T.validate_lora_for_vllm_sync)
+    assert list(inspect.signature(T.save_lora_adapter).parameters) == ["model", "accelerator", "adapter_name",
+                                                                        "dest_dir"]
+    assert "self._sync_weight_lora(t0)" in inspect.getsource(T.AsyncGRPOTrainer._sync_weight)
+    init = inspect.getsource(T.AsyncGRPOTrainer.__init__)
+    for attribute in ("_lora_sync", "_lora_name", "_adapter_name"):
+        assert f"self.{attribute} =" in init, f"AsyncGRPOTrainer no longer sets {attribute}"
+    assert "lora_name=" in init
+    assert 'f"{self.lora_name}-v{self.model_version}"' in inspect.getsource(W)

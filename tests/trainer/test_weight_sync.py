@@ -161,7 +161,7 @@ class AdapterServer:
     """A vLLM-shaped aiohttp server on its own loop thread that keeps the adapters loaded on it as vLLM does: a name
     loaded twice is answered 400 "has already been loaded", a path without an adapter is refused."""
 
-    def __init__(self):
+    def __init__(self, serves_adapters: bool = True):
         from aiohttp import web
 
         self.loaded: list[str] = []
@@ -196,9 +196,16 @@ class AdapterServer:
             return web.json_response({})
 
         app = web.Application()
-        for path, handler in {"/v1/load_lora_adapter": load, "/v1/unload_lora_adapter": unload,
-                              "/update_weight_version": version, "/pause": step, "/resume": step}.items():
+        routes = {"/update_weight_version": version, "/pause": step, "/resume": step}
+        if serves_adapters:  # vLLM adds these only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            routes |= {"/v1/load_lora_adapter": load, "/v1/unload_lora_adapter": unload}
+        for path, handler in routes.items():
             app.router.add_post(path, handler)
+
+        async def not_found(_request):  # FastAPI's answer to a path it does not have
+            return web.json_response({"detail": "Not Found"}, status=404)
+
+        app.router.add_route("*", "/{tail:.*}", not_found)
         self._runner = web.AppRunner(app)
 
         async def start():
@@ -281,3 +288,18 @@ def test_an_adapter_sync_with_no_adapter_saved_fails_by_name(adapter_servers, tm
     transfer.init_weight_transfer()
     with pytest.raises(WeightSyncError, match="no adapter was saved in .*v1"):
         transfer.publish_adapter()
+
+
+def test_a_server_that_does_not_load_adapters_fails_the_sync_naming_what_it_needs(tmp_path):
+    server = AdapterServer(serves_adapters=False)
+    try:
+        transfer = FilesystemWeightTransfer([server.url], tmp_path, replicas=ReplicaSet([server.url]),
+                                            ready_timeout_s=0)
+        transfer.replicas.admitted(server.url)
+        transfer.init_weight_transfer()
+        with pytest.raises(WeightSyncError, match="no rollout server was ready"):
+            sync_adapter(transfer)
+        error = transfer.replicas.report()[0].last_error
+    finally:
+        server.close()
+    assert "does not load LoRA adapters: it needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in error

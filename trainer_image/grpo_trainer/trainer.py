@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accelerate.utils import broadcast, broadcast_object_list, is_peft_model
+from accelerate.utils import broadcast, is_peft_model
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -27,7 +27,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
     save_lora_adapter,
-    select_adapter_sync,
+    validate_lora_for_vllm_sync,
 )
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
@@ -100,8 +100,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
         attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
             this process's device.
-        adapter_sync: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (where
-            the servers serve adapters; else merged weights, as TRL decides). Every rank must pass the same value.
+        adapter_sync: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (started
+            with the flags it needs); merged weights where vLLM cannot serve the adapter. The same on every rank.
     """
 
     # more than 8: TRL's trainer arguments pass through *args; ours are keywords with defaults
@@ -180,30 +180,22 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ adapter sync
     def _choose_adapter_sync(self) -> None:
-        """Sync the adapter alone through our transfer, to every replica, when the servers serve adapters.
+        """Sync the adapter alone through our transfer, to every replica.
 
-        TRL probes for adapter sync only when it builds its own transfer, and its adapter sync reaches the one server
-        its client talks to. Rank 0 asks a server (through the balancer) with TRL's own rule (`select_adapter_sync`:
-        a server without `--enable-lora`, or an adapter vLLM cannot serve, falls back to merged weights; too low a
-        `--max-lora-rank` or too few `--max-loras` raise) and every rank takes its answer, as the sync's collectives
-        must agree. The rollout worker then names `policy-vN` in its requests.
+        TRL turns adapter sync on only when it builds its own transfer, from the server's `/server_info` (which
+        vLLM 0.32 answers 500 where its environment has no pip: it lists pip's packages), and its adapter sync
+        reaches the one server its client talks to. Here the servers are started from the same spec, with
+        `--enable-lora`, the rank and the slots the adapter needs (rollout.lora_server_flags); an adapter vLLM
+        cannot serve (TRL's `validate_lora_for_vllm_sync`) is synced merged instead. The decision depends on the
+        spec and the model alone, so every rank takes the same one. The rollout worker then names `policy-vN`.
         """
         model = self.accelerator.unwrap_model(self.model)
-        decision: bool | Exception | None = None
-        if self.accelerator.is_main_process:
-            try:
-                if not is_peft_model(model) or not isinstance(self.weight_transfer, FilesystemWeightTransfer):
-                    decision = False
-                else:
-                    self.vllm_client.wait_for_server_ready()
-                    decision = select_adapter_sync(self.vllm_client.get_server_info(), model, self.args)
-            except Exception as error:  # noqa: BLE001 - raised on every rank below, not on rank 0 alone
-                decision = error
-        decision = broadcast_object_list([decision], from_process=0)[0]
-        if isinstance(decision, Exception):
-            raise decision
-        if not decision:
-            logger.warning("weight sync: the rollout servers do not serve LoRA adapters; syncing merged weights")
+        if not is_peft_model(model):
+            return
+        try:
+            validate_lora_for_vllm_sync(model)
+        except ValueError as error:
+            logger.warning("weight sync: merged weights, as the adapter cannot be served alone: %s", error)
             return
         self._lora_sync = True
         self._lora_name = ADAPTER_NAME

@@ -51,6 +51,11 @@ ADAPTER_NAME = "policy"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
+#: The server's answer to a path it does not have (FastAPI's): vLLM adds `/v1/load_lora_adapter` only when it may
+#: load adapters at runtime.
+ROUTE_NOT_FOUND = re.compile(r'answered 404: \{"detail": ?"Not Found"\}')
+
+
 def adapter_name(version: int) -> str:
     """What generation requests name as their model to be served adapter version `version`."""
     return f"{ADAPTER_NAME}-{VERSION_PREFIX}{version}"
@@ -340,6 +345,11 @@ class FilesystemWeightTransfer:
             self._post(url, "/v1/load_lora_adapter",
                        json={"lora_name": name, "lora_path": str(adapter), "load_inplace": False})
         except WeightSyncError as error:
+            if ROUTE_NOT_FOUND.search(str(error)):
+                raise WeightSyncError(
+                    f"weight sync: {url} does not load LoRA adapters: it needs --enable-lora and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (the rollout entrypoint sets both for training.lora.sync: "
+                    "adapter), or the run needs training.lora.sync: merged") from error
             if "has already been loaded" not in str(error):
                 raise
         self._post(url, "/update_weight_version", json={"new_version": adapter.name})
