@@ -42,7 +42,7 @@ def larger_model(context: Context) -> str:
         return str(out)
     tiny = Qwen2Config.from_pretrained(context.model_dir)
     torch.manual_seed(0)
-    config = Qwen2Config(**{**tiny.to_dict(), **LARGER})
+    config = Qwen2Config(**{**tiny.to_dict(), **LARGER, "layer_types": None})
     Qwen2ForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(context.model_dir).save_pretrained(out)
     return str(out)
