@@ -10,7 +10,9 @@ then the version that left the window unloaded. Both include the pause and the r
 Step: one optimizer step (forward, backward, AdamW as TRL uses it) on 4 sequences of 128 tokens, float32 on CPU,
 each configuration in a fresh process so its peak resident memory is its own: the full model trained, or the frozen
 model with a rank-8 adapter on every linear layer but the head. Not TRL's whole step (no packing, no rollout
-pipeline): the part LoRA changes.
+pipeline): the part LoRA changes. The resident memory includes the libraries (torch, transformers, peft: ~0.7 GB
+here); the last column is what the steps added to the process once the model was loaded (gradients, AdamW's
+moments, activations).
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ if lora:
     from grpo_trainer.contract import LoraConfig
     from grpo_trainer.learner_main import peft_config
     model = get_peft_model(model, peft_config(LoraConfig(r=rank)))
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+loaded_mb = resident_mb()
 trainable = [p for p in model.parameters() if p.requires_grad]
 optimizer = torch.optim.AdamW(trainable, lr=1e-6)
 tokens = torch.randint(0, model.config.vocab_size, (4, 128))
@@ -134,6 +140,7 @@ for step in range(reps + 1):
     if step:
         times.append(time.perf_counter() - started)
 print(json.dumps({"step_s": times, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "loaded_mb": loaded_mb, "after_steps_mb": resident_mb(),
                   "trainable": sum(p.numel() for p in trainable),
                   "total": sum(p.numel() for p in model.parameters())}))
 """
@@ -177,12 +184,14 @@ def run(context: Context) -> str:
             step = step_figures(model_dir, lora, reps)
             step_rows.append([f"{label}: {'LoRA r=' + str(RANK) if lora else 'full fine-tuning'}",
                               f"{step['trainable']:,} of {step['total']:,}", spread(step["step_s"], "{:.3f}", " s"),
-                              f"{step['peak_rss_mb']:.0f} MB"])
+                              f"{step['peak_rss_mb']:.0f} MB",
+                              f"{step['peak_rss_mb'] - step['loaded_mb']:+.0f} MB"])
         loads.append(os.getloadavg()[0])
     load_note = ", ".join(f"{load:.1f}" for load in loads)
     return (f"## {TITLE}\n\n{__doc__.split(chr(10), 1)[1].strip()}\n\n"
             + table(["sync", "bytes per sync", "time per sync", ""], sync_rows)
-            + "\n\n" + table(["learner step", "trainable parameters", "time per step", "peak resident memory"],
+            + "\n\n" + table(["learner step", "trainable parameters", "time per step", "peak resident memory",
+                                     "added by training (peak − once loaded)"],
                              step_rows)
             + f"\n\n{reps} syncs of each kind (interleaved, after one warm-up each) and {reps} steps after a warm-up "
             f"step. The machine's 1-minute load average at the start, after each model's syncs and after its steps: "
