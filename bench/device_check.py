@@ -10,8 +10,8 @@ window), step time (from /progress's globalStep), sync time (/progress's weightS
 memory per process (nvidia-smi: the learner does not report torch's allocator peak) and the learner's
 `attentionKernel`. One GPU: one row, learner and server sharing it, syncing through the filesystem (NCCL refuses two
 ranks of one communicator on one GPU). Two or more: NCCL sync with the server on its own GPU, and a second row with
-two learner ranks (DDP: the learner has no other multi-rank strategy) syncing through the filesystem, the mode the CRD
-allows for several ranks. `--write` puts the table in BENCHMARKS.md's "device" section.
+two learner ranks under FSDP2 (`learner.strategy: fsdp2`) syncing through the filesystem, the mode the CRD allows for
+several ranks. `--write` puts the table in BENCHMARKS.md's "device" section.
 
 Runs under the learner's Python (the cuda trainer image's `python`); the server under $GRPO_ROLLOUT_PYTHON or
 `--rollout-python`. Exit 2: it cannot run here (no CUDA device, a package missing: all named, no traceback); exit 1: a
@@ -131,6 +131,7 @@ class Layout:
     ranks: int
     sync: str
     note: str = ""
+    strategy: str = "ddp"
 
 
 def plan_layouts(gpus: int, sync: str = "auto") -> list[Layout]:
@@ -145,8 +146,8 @@ def plan_layouts(gpus: int, sync: str = "auto") -> list[Layout]:
         return [Layout("1 rank", "0", "0", 1, mode, note)]
     rows = [Layout("1 rank", "0", "1", 1, "nccl" if sync == "auto" else sync, "learner GPU 0, server GPU 1")]
     server = "2" if gpus > 2 else "1"
-    rows.append(Layout("2 ranks, DDP", "0,1", server, 2, "filesystem",
-                       f"learner GPUs 0-1, server GPU {server}; DDP: the learner has no FSDP2 strategy"))
+    rows.append(Layout("2 ranks, FSDP2", "0,1", server, 2, "filesystem",
+                       f"learner GPUs 0-1 sharding the model (fsdp2), server GPU {server}", strategy="fsdp2"))
     return rows
 
 
@@ -167,7 +168,8 @@ def run_config(model: str, workdir: Path, layout: Layout, *, server_url: str, ht
         progress=c.ProgressConfig(stall_policy="Report"),
         rollout=c.RolloutConfig(urls=[server_url], max_model_len=completion_tokens + 128,
                                 gpu_memory_utilization=gpu_memory_utilization, device="cuda", weight_sync=sync),
-        learner=c.LearnerConfig(nodes=1, processes_per_node=layout.ranks, device="cuda", http_port=http_port),
+        learner=c.LearnerConfig(nodes=1, processes_per_node=layout.ranks, device="cuda", http_port=http_port,
+                                strategy=layout.strategy),
         checkpoint=c.CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=100_000),
         output_dir=str(workdir / "out"), termination_message_path=str(workdir / "termination.json"),
     )
@@ -533,7 +535,7 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
     say(f"{name}: learner, {layout.ranks} rank(s) on GPU {layout.learner_gpus}, {layout.sync} sync, until its "
         f"epoch bound (at most {timeout_s:.0f} s)")
     argv = learner_argv(str(config_path), processes_per_machine=layout.ranks, main_process_port=free_port(),
-                        python=sys.executable)
+                        python=sys.executable, strategy=layout.strategy)
     learner = processes.start(name, argv, CUDA_VISIBLE_DEVICES=layout.learner_gpus)
     roots = {"learner": learner.pid, "server": server.pid}
     polls: list[Poll] = []

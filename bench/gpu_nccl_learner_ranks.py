@@ -54,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nccl-ranks-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from grpo_operator.cli.local.processes import free_port
+    from grpo_operator.local.processes import free_port
     from grpo_trainer.launch import learner_argv
     from grpo_trainer.testing.tiny_assets import build_tiny_model
 

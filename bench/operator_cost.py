@@ -64,7 +64,7 @@ def default_status_interval() -> float:
 
 
 def default_reconcile_interval() -> float:
-    from grpo_operator.reconcile import OperatorContext
+    from grpo_operator.cluster.reconcile import OperatorContext
 
     return OperatorContext.__dataclass_fields__["reconcile_interval"].default
 
@@ -177,7 +177,7 @@ def measure(runs: int, interval: float, window: float, status_interval: float) -
     client = c["KubeClient"](emulator_thread.url, timeout=120)  # a busy emulator answers late, not wrongly
     client.create(c["CRDS"], None, yaml.safe_load((ROOT / "crds" / "grporun.yaml").read_text()))
     learner = CountingLearner(servers=LEARNER_SERVERS)
-    from grpo_operator.cli.local.processes import free_port
+    from grpo_operator.local.processes import free_port
 
     metrics_port = free_port()
     # Its log goes to a file: a pipe nobody reads fills up (64 KiB) at 1,000 runs, and the operator then blocks on

@@ -40,7 +40,7 @@ def serve_operator(api_url: str, progress_url: str, interval: float, metrics_por
     from kopf._cogs.structs.credentials import Vault
 
     import grpo_operator.handlers  # noqa: F401
-    from grpo_operator.reconcile import OperatorContext
+    from grpo_operator.cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=logging.WARNING)
     urls = progress_url.split(",")

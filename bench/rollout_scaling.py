@@ -165,7 +165,7 @@ def group_cpu_seconds(pgid: int) -> float:
 
 def base_config(scratch: Path):
     """examples/tiny.yaml resolved as `grporun local` resolves it, EPOCHS long, with the per-server cap."""
-    from grpo_operator.cli.local.plan import localize_spec
+    from grpo_operator.local.plan import localize_spec
     from grpo_operator.manifest import read_grporun
     from grpo_operator.resolve import resolve_run_config
 
@@ -218,7 +218,7 @@ def as_poll(report) -> Poll:
 
 def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str, int], *,
                 scale: ScalePlan | None = None, wall_bound_s: float | None = None) -> RunResult:
-    from grpo_operator.cli.local.processes import free_port, read_progress_blocking
+    from grpo_operator.local.processes import free_port, read_progress_blocking
     from grpo_trainer.contract import parse_progress
 
     directory = scratch / label

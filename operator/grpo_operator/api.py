@@ -26,7 +26,10 @@ from grpo_trainer.contract import (
     AttentionSetting,
     DatasetConfig,
     FilterConfig,
+    FsdpConfig,
+    InvalidObjectStoreURI,
     LearnerConfig,
+    LearnerStrategy,
     ProgressConfig,
     ReplicaState,
     RewardConfig,
@@ -35,9 +38,11 @@ from grpo_trainer.contract import (
     TrainingConfig,
     WeightSyncConfig,
     WireModel,
+    field_path,
+    first_error,
+    is_object_store_uri,
+    parse_uri,
 )
-from grpo_trainer.store_uri import InvalidObjectStoreURI, parse_uri
-from grpo_trainer.validation import field_path, first_error
 
 from .eta import ProgressRate, TrainerStatus
 from .pod_overrides import PodTemplateOverride
@@ -138,6 +143,16 @@ class RolePodSpec(WireModel):
     topology: TopologySpec | None = None
 
 
+def _check_store_uri(value: str, field: str) -> str:
+    """An s3:// input must name a bucket (and a prefix or key) the way parse_uri reads it."""
+    if is_object_store_uri(value):
+        try:
+            parse_uri(value, field)
+        except InvalidObjectStoreURI as error:
+            raise ValueError(error.reason) from None
+    return value
+
+
 # more than 8: mirrors the CRD's spec.rollout, one field per key; built by validation, not by a call
 class RolloutSpec(RolePodSpec):
     # Bounded by status.rollout.servers (one entry per server): a larger run could not report its servers.
@@ -151,11 +166,22 @@ class LearnerSpec(RolePodSpec):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     attention: AttentionSetting = LearnerConfig.model_fields["attention"]
+    strategy: LearnerStrategy = LearnerConfig.model_fields["strategy"]
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
 
 
 class CheckpointSpec(WireModel):
     volume: dict[str, Any] | None = None
     save_steps: int = Field(100, ge=1)
+
+
+def check_endpoint(endpoint: str | None) -> str | None:
+    """An S3-compatible server's URL: http(s), a host, nothing after the path."""
+    if endpoint is not None:
+        parts = urllib.parse.urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f"{endpoint!r} is not an http(s) URL of an S3-compatible server")
+    return endpoint
 
 
 class OutputSpec(WireModel):
@@ -184,11 +210,7 @@ class OutputSpec(WireModel):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_url(cls, endpoint: str | None) -> str | None:
-        if endpoint is not None:
-            parts = urllib.parse.urlsplit(endpoint)
-            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-                raise ValueError(f"{endpoint!r} is not an http(s) URL of an S3-compatible server")
-        return endpoint
+        return check_endpoint(endpoint)
 
     @model_validator(mode="after")
     def _somewhere(self) -> OutputSpec:
@@ -200,6 +222,30 @@ class OutputSpec(WireModel):
             if store_only:
                 raise ValueError(f"{', '.join(store_only)}: only for an object store: set uri too")
         return self
+
+
+class InputsSpec(WireModel):
+    # A volume source (e.g. a claim holding models and datasets) that learner and rollout pods mount read-only at
+    # builders.INPUTS_DIR; spec.model and spec.dataset.path may name paths under it.
+    volume: dict[str, Any] | None = Field(None, min_length=1)
+    # For an s3:// model or dataset.path: the Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
+    # AWS_SESSION_TOKEN), the S3-compatible server, the region; as spec.output's.
+    credentials_secret: str | None = Field(None, min_length=1, max_length=253)
+    endpoint: str | None = Field(None, max_length=1024)
+    region: str | None = Field(None, min_length=1, max_length=64)
+    # A Secret whose key HF_TOKEN is the hub token (gated or private hub models and datasets).
+    hub_token_secret: str | None = Field(None, min_length=1, max_length=253)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_url(cls, endpoint: str | None) -> str | None:
+        return check_endpoint(endpoint)
+
+
+class ModelCacheSpec(WireModel):
+    # A volume source every pod of the run mounts for the hub's cache (HF_HOME) and the s3:// inputs' downloads: a
+    # restarted pod or a new rollout replica finds them there. Shared by pods on several nodes: ReadWriteMany.
+    volume: dict[str, Any] = Field(min_length=1)
 
 
 class ExitCodeMatch(WireModel):
@@ -254,10 +300,24 @@ class GRPORunSpec(WireModel):
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     output: OutputSpec | None = None
+    inputs: InputsSpec | None = None
+    model_cache: ModelCacheSpec | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)
+
+    @field_validator("model")
+    @classmethod
+    def _model_uri(cls, model: str) -> str:
+        return _check_store_uri(model, "spec.model")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_uri(cls, dataset: DatasetConfig) -> DatasetConfig:
+        if dataset.path is not None:
+            _check_store_uri(dataset.path, "spec.dataset.path")
+        return dataset
 
     @property
     def learner_world_size(self) -> int:
@@ -279,7 +339,7 @@ def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
 def check_reward_names(spec: GRPORunSpec) -> GRPORunSpec:
     """The rule the CRD cannot hold: a built-in reward must exist (`grpo_trainer.rewards` owns the names, and it is
     torch-free). The same line under `grporun validate`, `grporun local` and the operator; raises SpecError."""
-    from grpo_trainer.rewards import RewardError, check_reward_name
+    from grpo_trainer.contract import RewardError, check_reward_name
 
     for index, reward in enumerate(spec.rewards):
         if reward.name is not None:
@@ -406,6 +466,7 @@ class Reason:
     FINISHED = "Finished"
     EXPORTED = "Exported"  # the event when the learner wrote the trained model to spec.output
     EXPORT_FAILED = "ExportFailed"  # the model could not be written to spec.output: the run fails
+    WORK_NOT_KEPT = "WorkNotKept"  # the Warning events a run starts with when a pod's end loses checkpoints or model
 
 
 class _StatusModel(WireModel):

@@ -27,22 +27,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_trainer.contract import (
+    ACCESS_KEY_ENV,
     DEFAULT_TERMINATION_MESSAGE_PATH,
+    ENDPOINT_ENV,
+    HUB_TOKEN_ENV,
+    INPUT_CREDENTIALS_ENV_PREFIX,
     LEARNER_HTTP_PORT,
-    MLFLOW_CREDENTIAL_ENV,
-    ROLLOUT_HTTP_PORT,
-    WANDB_API_KEY_ENV,
-    TrackingConfig,
-    request_timeout_seconds,
-)
-from grpo_trainer.launch import MAIN_PROCESS_PORT, learner_argv
-from grpo_trainer.rollout_health import (
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
+    MAIN_PROCESS_PORT,
+    MLFLOW_CREDENTIAL_ENV,
     PROBE_TIMEOUT_S,
+    REGION_ENV,
+    ROLLOUT_HTTP_PORT,
+    SECRET_KEY_ENV,
+    SESSION_TOKEN_ENV,
     STARTUP_WAIT_S,
+    WANDB_API_KEY_ENV,
+    TrackingConfig,
+    learner_argv,
+    request_timeout_seconds,
 )
-from grpo_trainer.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV
 
 from . import podgroup
 from .api import (
@@ -53,6 +58,7 @@ from .api import (
     ROLLOUT_RESTARTS_ANNOTATION,
     RUN_LABEL,
     GRPORunSpec,
+    InputsSpec,
     OutputSpec,
     RolePodSpec,
 )
@@ -73,6 +79,12 @@ MODEL_OUTPUT_DIR = "/var/lib/grpo/model"
 MODEL_OUTPUT_VOLUME = "model"
 WEIGHT_SYNC_DIR = "/var/lib/grpo/weights"
 CACHE_DIR = "/var/cache/grpo"
+#: The model cache every pod of a run mounts (spec.modelCache.volume, else the pod's own emptyDir): the hub's cache
+#: (HF_HOME) and the s3:// inputs' downloads (INPUTS_CACHE_DIR).
+MODEL_CACHE_DIR = "/var/cache/grpo-models"
+INPUTS_CACHE_DIR = f"{MODEL_CACHE_DIR}/objects"
+#: Where learner and rollout pods mount spec.inputs.volume, read-only: spec.model and dataset.path name paths in it.
+INPUTS_DIR = "/var/lib/grpo/inputs"
 #: The trainer image's own user (its HOME and caches are that user's), fixed so files on a shared checkpoint volume
 #: stay writable across restarts.
 RUN_AS_USER = 10001
@@ -205,6 +217,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
         weight_sync_dir=WEIGHT_SYNC_DIR if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
         output=output,
+        inputs_cache_dir=INPUTS_CACHE_DIR,
     )
     metadata = child_metadata(run, config_map_name(run.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
@@ -312,6 +325,8 @@ def _volumes(run: str, spec: GRPORunSpec, *, exports_model: bool) -> tuple[list[
         {"name": "config", "configMap": {"name": config_map_name(run)}},
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
         {"name": "cache", "emptyDir": {}},
+        # Shared by the run's pods when spec.modelCache sets it: a restarted or added pod finds its model there.
+        {"name": "model-cache", **(spec.model_cache.volume if spec.model_cache is not None else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
         # Without a volume, checkpoints live as long as the pod: a restart then starts over instead of resuming.
         {"name": "checkpoints", **(spec.checkpoint.volume or {"emptyDir": {}})},
@@ -320,12 +335,16 @@ def _volumes(run: str, spec: GRPORunSpec, *, exports_model: bool) -> tuple[list[
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
         {"name": "output", "mountPath": OUTPUT_DIR},
         {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
     ]
     if spec.rollout.weight_sync.mode == "filesystem":
         volumes.append({"name": "weights", **(spec.rollout.weight_sync.volume or {"emptyDir": {}})})
         mounts.append({"name": "weights", "mountPath": WEIGHT_SYNC_DIR})
+    if spec.inputs is not None and spec.inputs.volume is not None:
+        volumes.append({"name": "inputs", **spec.inputs.volume})
+        mounts.append({"name": "inputs", "mountPath": INPUTS_DIR, "readOnly": True})
     if exports_model and spec.output is not None and spec.output.volume is not None:
         volumes.append({"name": MODEL_OUTPUT_VOLUME, **spec.output.volume})
         mounts.append({"name": MODEL_OUTPUT_VOLUME, "mountPath": MODEL_OUTPUT_DIR})
@@ -340,10 +359,28 @@ def _env(run: RunRef, role: str) -> list[dict[str, Any]]:
         {"name": "GRPO_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
         {"name": "GRPO_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         # Hub caches must be writable by the non-root user; the image's HOME may not be.
-        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "HF_HOME", "value": f"{MODEL_CACHE_DIR}/huggingface"},
         {"name": "HOME", "value": CACHE_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+
+
+def inputs_secret_env(inputs: InputsSpec | None) -> list[dict[str, Any]]:
+    """The inputs' credentials on every learner and rollout pod: spec.inputs.credentialsSecret's keys under their
+    GRPO_INPUTS_ names (learner rank 0 may hold spec.output's under the plain ones), the hub token as HF_TOKEN.
+    Optional references: a missing Secret or key is the pod's one-line exit 78 naming the field
+    (grpo_trainer.inputs), not a pod that never starts."""
+    if inputs is None:
+        return []
+    env: list[dict[str, Any]] = []
+    if inputs.credentials_secret is not None:
+        env += [{"name": f"{INPUT_CREDENTIALS_ENV_PREFIX}{key}",
+                 "valueFrom": {"secretKeyRef": {"name": inputs.credentials_secret, "key": key, "optional": True}}}
+                for key in (ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV)]
+    if inputs.hub_token_secret is not None:
+        env.append({"name": HUB_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": inputs.hub_token_secret, "key": HUB_TOKEN_ENV, "optional": True}}})
+    return env
 
 
 def tracking_secret_env(tracking: TrackingConfig) -> list[dict[str, Any]]:
@@ -390,7 +427,7 @@ def _pod(run: RunRef, spec: GRPORunSpec, role: PodRole, *, trainer_image: str, a
         "image": settings.image or trainer_image,
         "command": role.command,
         "ports": role.ports,
-        "env": [*_env(run, role.role), *role.env],
+        "env": [*_env(run, role.role), *inputs_secret_env(spec.inputs), *role.env],
         "volumeMounts": mounts,
         "securityContext": _container_security_context(),
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
@@ -431,7 +468,8 @@ def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
     leader = pod_dns(learner_pod_name(run.name, 0), learner_service_name(run.name), run.namespace)
     return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", num_machines=spec.learner.nodes,
                         processes_per_machine=spec.learner.processes_per_node, machine_rank=rank,
-                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
+                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT,
+                        strategy=spec.learner.strategy, cpu_offload=spec.learner.fsdp.cpu_offload)
 
 
 #: Model download and load before the first /health: up to an hour (12 runs of the startup probe's wait) before the

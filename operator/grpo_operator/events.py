@@ -22,7 +22,7 @@ import aiohttp
 from kopf._cogs.clients import errors
 
 from .apitime import format_time
-from .kube import Kube
+from .cluster.kube import Kube
 from .status import Event
 
 #: Posted Events remembered for aggregation (client-go's maxLruCacheEntries).

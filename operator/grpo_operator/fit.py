@@ -3,10 +3,11 @@
 Pure but for `read_model_config`: the estimate is arithmetic on the model's shape and the spec, so `grporun validate`
 and the operator say the same thing. What is counted (docs/cli.md, "Fit check", has the figures' sources):
 
-- the learner, per GPU: under DDP (what `grpo_trainer.launch` starts) every rank holds the whole model's training
+- the learner, per GPU, under the spec's `learner.strategy`: under ddp every rank holds the whole model's training
   state, 16 bytes per parameter (TRL's async GRPO loads float32 weights and trains under bf16 autocast: fp32
-  weights 4, gradients 4, Adam's two moments 8); under FSDP2 that state is sharded over the ranks; with LoRA the base
-  weights are frozen (4 bytes per parameter) and only the adapters train. Plus the activations of one row of
+  weights 4, gradients 4, Adam's two moments 8); under fsdp2 that state is sharded over the ranks, and with
+  `learner.fsdp.cpuOffload` the shards live in CPU memory, the GPU holding only the layer being computed; with LoRA
+  the base weights are frozen (4 bytes per parameter) and only the adapters train. Plus the activations of one row of
   `training.tokenBudget` tokens (gradient checkpointing, TRL's default: each layer's fp32 input, one layer
   recomputed in bf16, and the logits in bf16, their fp32 copy and its gradient) and the CUDA context.
 - a rollout server, per GPU: the weights in the model's dtype over `tensorParallelSize` GPUs, and what is left of
@@ -135,6 +136,7 @@ class LearnerEstimate:
     activation_bytes: int
     tokens: int
     lora_rank: int | None = None
+    host_bytes: int = 0  # the sharded training state one rank keeps in CPU memory (fsdp2 with cpuOffload)
 
     @property
     def total_bytes(self) -> int:
@@ -149,8 +151,8 @@ def activation_bytes(shape: ModelShape, tokens: int) -> int:
 
 
 def learner_estimate(shape: ModelShape, *, tokens: int, strategy: Strategy = "ddp", ranks: int = 1,
-                     lora_rank: int | None = None) -> LearnerEstimate:
-    """Per-GPU memory of one learner rank."""
+                     lora_rank: int | None = None, cpu_offload: bool = False) -> LearnerEstimate:
+    """Per-GPU memory of one learner rank (`cpu_offload` applies to fsdp2 only, as `learner.fsdp.cpuOffload`)."""
     parameters = shape.parameters
     if lora_rank is not None:
         state = parameters * FROZEN_BYTES_PER_PARAM + shape.lora_parameters(lora_rank) * TRAIN_STATE_BYTES_PER_PARAM
@@ -159,7 +161,11 @@ def learner_estimate(shape: ModelShape, *, tokens: int, strategy: Strategy = "dd
     if strategy == "fsdp2":
         # Each rank keeps its shard, and gathers one layer's full fp32 weights (and their gradients) at a time.
         layer = sum(a * b for a, b in shape.layer_linear_shapes) * 8
-        state = math.ceil(state / ranks) + layer
+        shard = math.ceil(state / ranks)
+        if cpu_offload:
+            return LearnerEstimate(strategy, ranks, parameters, layer, activation_bytes(shape, tokens), tokens,
+                                   lora_rank, host_bytes=shard)
+        state = shard + layer
     return LearnerEstimate(strategy, ranks, parameters, state, activation_bytes(shape, tokens), tokens, lora_rank)
 
 
@@ -246,18 +252,29 @@ def _learner_breakdown(estimate: LearnerEstimate) -> str:
     else:
         state = f"{_gib(estimate.state_bytes)} fp32 weights, gradients and Adam states"
     sharded = f" sharded over {estimate.ranks} ranks" if estimate.strategy == "fsdp2" else ""
+    if estimate.host_bytes:
+        state = (f"one layer's gathered weights and gradients ({_gib(estimate.state_bytes)}; the "
+                 f"{_gib(estimate.host_bytes)} shard of each rank is offloaded to CPU memory)")
+        sharded = ""
     return (f"{_billions(estimate.parameters)} parameters: {state}{sharded} + {_gib(estimate.activation_bytes)} "
             f"activations of a {estimate.tokens}-token row + {_gib(CUDA_CONTEXT_BYTES)} CUDA context")
 
 
-def ways_out(shape: ModelShape, *, tokens: int, gpu_bytes: int) -> str:
-    """FSDP2 over the fewest GPUs that fit, and LoRA, with their per-GPU figures."""
+def ways_out(shape: ModelShape, *, tokens: int, gpu_bytes: int, ranks: int = 1) -> str:
+    """FSDP2 (learner.strategy fsdp2) over the fewest GPUs that fit, FSDP2 with its CPU offload on the run's own
+    GPUs, and LoRA, each where it fits, with their per-GPU figures."""
     options = []
-    for ranks in (2, 4, 8, 16, 32, 64):
-        sharded = learner_estimate(shape, tokens=tokens, strategy="fsdp2", ranks=ranks)
+    for sharded_over in (2, 4, 8, 16, 32, 64):
+        if sharded_over <= ranks:
+            continue  # already that many (or more) ranks: only more of them would shard further
+        sharded = learner_estimate(shape, tokens=tokens, strategy="fsdp2", ranks=sharded_over)
         if sharded.total_bytes <= gpu_bytes:
-            options.append(f"FSDP2 over {ranks} GPUs (~{_gib(sharded.total_bytes)} each)")
+            options.append(f"FSDP2 over {sharded_over} GPUs (~{_gib(sharded.total_bytes)} each)")
             break
+    offloaded = learner_estimate(shape, tokens=tokens, strategy="fsdp2", ranks=ranks, cpu_offload=True)
+    if offloaded.total_bytes <= gpu_bytes:
+        options.append(f"FSDP2 with learner.fsdp.cpuOffload on {ranks} GPU{'s' if ranks > 1 else ''} "
+                       f"(~{_gib(offloaded.total_bytes)} per GPU, {_gib(offloaded.host_bytes)} of CPU memory per rank)")
     lora = learner_estimate(shape, tokens=tokens, lora_rank=WAY_OUT_LORA_RANK)
     if lora.total_bytes <= gpu_bytes:
         options.append(f"LoRA adapters, rank {WAY_OUT_LORA_RANK} (~{_gib(lora.total_bytes)})")
@@ -268,26 +285,29 @@ def ways_out(shape: ModelShape, *, tokens: int, gpu_bytes: int) -> str:
 
 def check_fit(shape: ModelShape, *, learner_device: str, learner_ranks: int, learner_resources: Mapping | None,
               learner_node_selector: Mapping[str, str] | None, tokens: int, strategy: Strategy = "ddp",
-              lora_rank: int | None = None, rollout_device: str, rollout_node_selector: Mapping[str, str] | None,
-              max_model_len: int, tensor_parallel_size: int, gpu_memory_utilization: float) -> FitReport:
+              lora_rank: int | None = None, cpu_offload: bool = False, rollout_device: str,
+              rollout_node_selector: Mapping[str, str] | None, max_model_len: int, tensor_parallel_size: int,
+              gpu_memory_utilization: float) -> FitReport:
     errors: list[str] = []
     warnings: list[str] = []
     notes: list[str] = []
     if learner_device == "cuda":
-        estimate = learner_estimate(shape, tokens=tokens, strategy=strategy, ranks=learner_ranks, lora_rank=lora_rank)
+        estimate = learner_estimate(shape, tokens=tokens, strategy=strategy, ranks=learner_ranks, lora_rank=lora_rank,
+                                    cpu_offload=cpu_offload)
         need = (f"the learner needs ~{_gib(estimate.total_bytes)} per GPU under {strategy} "
                 f"({_learner_breakdown(estimate)})")
         gpu = gpu_of(learner_node_selector) if gpus_requested(learner_resources) else None
         if gpu is not None and estimate.state_bytes + CUDA_CONTEXT_BYTES > gpu.bytes:
             errors.append(f"spec.learner: {need}, more than the {_gib(gpu.bytes)} of its GPU ({gpu.named_by})"
-                          + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes))
+                          + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes, ranks=learner_ranks))
         elif gpu is not None and estimate.total_bytes > gpu.bytes:
             warnings.append(f"spec.learner: {need}, more than the {_gib(gpu.bytes)} of its GPU ({gpu.named_by}) "
-                            "once the activations are counted" + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes))
+                            "once the activations are counted"
+                            + ways_out(shape, tokens=tokens, gpu_bytes=gpu.bytes, ranks=learner_ranks))
         elif gpu is None and estimate.total_bytes > UNNAMED_GPU_BYTES:
             warnings.append(f"spec.learner: {need}, more than an 80 GB GPU holds; name the GPU in "
                             f"spec.learner.nodeSelector ({GPU_PRODUCT_LABELS[0]}) to check it"
-                            + ways_out(shape, tokens=tokens, gpu_bytes=UNNAMED_GPU_BYTES))
+                            + ways_out(shape, tokens=tokens, gpu_bytes=UNNAMED_GPU_BYTES, ranks=learner_ranks))
         else:
             notes.append(f"spec.learner: {need}" + (f", within the {_gib(gpu.bytes)} of its GPU" if gpu else ""))
     if rollout_device == "cuda":
@@ -328,12 +348,15 @@ def read_model_config(model: str, base_dir: str | os.PathLike[str] | None = None
 
 
 def check_spec_fit(spec: GRPORunSpec, config: Mapping[str, Any]) -> FitReport:
-    """The check for a run: its model's config.json and its spec. The learner is DDP (`grpo_trainer.launch`)."""
+    """The check for a run: its model's config.json and its spec (the learner's strategy, ranks and LoRA as
+    `grpo_trainer.launch` and the learner apply them)."""
     learner, rollout = spec.learner, spec.rollout
+    lora = spec.training.lora
     return check_fit(
         model_shape(config),
         learner_device=learner.device, learner_ranks=spec.learner_world_size, learner_resources=learner.resources,
-        learner_node_selector=learner.node_selector,
+        learner_node_selector=learner.node_selector, strategy=learner.strategy,
+        lora_rank=lora.r if lora is not None else None, cpu_offload=learner.fsdp.cpu_offload,
         tokens=spec.training.token_budget or rollout.vllm.max_model_len,
         rollout_device=rollout.device, rollout_node_selector=rollout.node_selector,
         max_model_len=rollout.vllm.max_model_len, tensor_parallel_size=rollout.vllm.tensor_parallel_size,

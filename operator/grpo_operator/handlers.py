@@ -17,8 +17,8 @@ import kopf
 
 from . import events
 from .api import CONTROLLER_NAME, FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION, managed_by
+from .cluster.reconcile import OperatorContext, reconcile_run
 from .pods import observe_pod, pod_facts
-from .reconcile import OperatorContext, reconcile_run
 from .run_loops import RunLoops
 
 

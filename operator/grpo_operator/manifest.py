@@ -24,6 +24,7 @@ import yaml
 from celpy import celtypes
 
 from grpo_operator.api import GRPORunSpec, SpecError, parse_spec
+from grpo_operator.status.durability import unkept_work
 
 #: Overridable so an installed operator image can point at the CRD it ships.
 CRD_PATH = Path(os.environ.get("GRPO_CRD_PATH", Path(__file__).resolve().parents[2] / "crds" / "grporun.yaml"))
@@ -433,26 +434,9 @@ def read_grporun(path: str | os.PathLike[str], default_namespace: str = "default
 MACHINE_LOCAL_PREFIXES = ("./", "../", "~")
 
 
-def _persistent(volume: dict[str, Any] | None) -> bool:
-    """A volume source that outlives the pod (an emptyDir is the pod's own)."""
-    return volume is not None and "emptyDir" not in volume
-
-
 def cluster_warnings(spec: GRPORunSpec) -> list[str]:
     """One line per warning, naming the field: what `grporun validate` reports and `--strict` refuses."""
-    warnings = []
-    if spec.checkpoint.volume is None:
-        warnings.append("spec.checkpoint.volume: not set: checkpoints live as long as the learner pod, so a "
-                        "restarted learner starts over")
-    elif not _persistent(spec.checkpoint.volume):
-        warnings.append("spec.checkpoint.volume: an emptyDir lives as long as the learner pod, so a restarted "
-                        "learner starts over")
-    if spec.output is None and not _persistent(spec.checkpoint.volume):
-        warnings.append("spec.output: not set, and no checkpoint is on a persistent volume: the trained model is lost "
-                        "with the learner pod (set spec.output.volume or spec.output.uri to keep it)")
-    elif spec.output is not None and spec.output.uri is None and not _persistent(spec.output.volume):
-        warnings.append("spec.output.volume: an emptyDir is deleted with the learner pod, and the exported model "
-                        "with it")
+    warnings = unkept_work(spec)
     paths = [("spec.model", spec.model), ("spec.dataset.path", spec.dataset.path)]
     paths += [(f"spec.rewards[{index}].model", reward.model) for index, reward in enumerate(spec.rewards)]
     for field_name, value in paths:

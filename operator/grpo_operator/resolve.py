@@ -10,6 +10,7 @@ from __future__ import annotations
 from grpo_operator.api import GRPORunSpec
 from grpo_trainer.contract import (
     CheckpointConfig,
+    InputsConfig,
     LearnerConfig,
     OutputConfig,
     ProgressConfig,
@@ -30,8 +31,11 @@ def resolve_run_config(
     weight_sync_dir: str | None,
     termination_message_path: str,
     output: tuple[str, str] | None = None,
+    inputs_cache_dir: str | None = None,
 ) -> RunConfig:
     """`output`: (the model's folder as the learner sees it, its URI as users find it) when the spec has an output.
+
+    `inputs_cache_dir`: where the pods download s3:// inputs (None: the learner's and server's own default).
 
     Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
     filesystem mode, no output folder for spec.output): a bug in the caller, not a user mistake."""
@@ -70,12 +74,23 @@ def resolve_run_config(
             processes_per_node=spec.learner.processes_per_node,
             device=spec.learner.device,
             attention=spec.learner.attention,
+            strategy=spec.learner.strategy,
+            fsdp=spec.learner.fsdp.model_copy(deep=True),
         ),
         checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
         output=None if output is None else OutputConfig(
             directory=output[0], uri=output[1],
             run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
+        inputs=_inputs(spec, inputs_cache_dir),
         tracking=spec.tracking.model_copy(deep=True),
         output_dir=output_dir,
         termination_message_path=termination_message_path,
     )
+
+
+def _inputs(spec: GRPORunSpec, cache_dir: str | None) -> InputsConfig:
+    inputs = spec.inputs
+    if inputs is None:
+        return InputsConfig(cache_dir=cache_dir)
+    return InputsConfig(cache_dir=cache_dir, endpoint=inputs.endpoint, region=inputs.region,
+                        credentials_secret=inputs.credentials_secret, hub_token_secret=inputs.hub_token_secret)

@@ -51,6 +51,7 @@ def test_every_layout_writes_a_run_config_the_contract_accepts(tmp_path, gpus):
         config = c.load_run_config(json.dumps(wire))
         assert config.rollout.weight_sync.mode == layout.sync
         assert config.learner.processes_per_node == layout.ranks
+        assert config.learner.strategy == layout.strategy
         assert (config.learner.device, config.rollout.device) == ("cuda", "cuda")
         assert config.rollout.max_model_len >= config.training.max_completion_length
         if layout.sync == "filesystem":
@@ -64,7 +65,8 @@ def test_layouts_give_nccl_its_own_gpu_and_several_ranks_the_filesystem():
     assert dc.plan_layouts(1, "nccl")[0].sync == "nccl"
     single, ranks = dc.plan_layouts(2)
     assert (single.ranks, single.sync, single.server_gpu) == (1, "nccl", "1")
-    assert (ranks.ranks, ranks.learner_gpus, ranks.sync) == (2, "0,1", "filesystem")
+    assert (ranks.ranks, ranks.learner_gpus, ranks.sync, ranks.strategy) == (2, "0,1", "filesystem", "fsdp2")
+    assert single.strategy == alone.strategy == "ddp"
     assert dc.plan_layouts(3)[1].server_gpu == "2"
 
 

@@ -108,6 +108,12 @@ REFERENCES = {
                       "spec.output.volume"),
     "object store credentials": (minimal_spec(output={"uri": "s3://models/runs", "credentialsSecret": "s"}),
                                  "spec.output.credentialsSecret"),
+    "inputs volume": (minimal_spec(inputs={"volume": {"secret": {"secretName": "s"}}}), "spec.inputs.volume"),
+    "inputs credentials": (minimal_spec(model="s3://models/qwen", inputs={"credentialsSecret": "s"}),
+                           "spec.inputs.credentialsSecret"),
+    "hub token": (minimal_spec(inputs={"hubTokenSecret": "s"}), "spec.inputs.hubTokenSecret"),
+    "model cache volume": (minimal_spec(modelCache={"volume": {"csi": {"driver": "d", "nodePublishSecretRef": {
+        "name": "s"}}}}), "spec.modelCache.volume"),
     "weight sync volume": (minimal_spec(rollout={"weightSync": {"mode": "filesystem", "volume": {
         "projected": {"sources": [{"secret": {"name": "s"}}]}}}}), "spec.rollout.weightSync.volume"),
     "env secretKeyRef": (with_pod("rollout", {"containers": [{"name": "rollout", "env": [

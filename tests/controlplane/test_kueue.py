@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator import kueue
+from grpo_operator.cluster import kueue
 from tests.support.control_plane_client import kubectl
 from tests.support.control_plane_cluster import RealCluster, real_cluster
 from tests.support.kube_emulator import GRPORUNS, ApiError

@@ -49,6 +49,11 @@ SPECS = {
     "object store output": {"learner": {"nodes": 2},
                             "output": {"uri": "s3://models/runs", "credentialsSecret": "s3-models",
                                        "endpoint": "http://minio.storage:9000", "region": "eu-west-1"}},
+    "inputs and model cache": {"model": "s3://models/qwen3", "rollout": {"replicas": 2},
+                               "inputs": {"volume": {"persistentVolumeClaim": {"claimName": "datasets"}},
+                                          "credentialsSecret": "s3-inputs", "endpoint": "http://minio:9000",
+                                          "hubTokenSecret": "hub"},
+                               "modelCache": {"volume": {"persistentVolumeClaim": {"claimName": "model-cache"}}}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
     "tracking": {"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-login"},
@@ -154,6 +159,48 @@ def test_an_object_store_output_beside_a_volume_is_written_to_the_volume_then_up
     assert not env & {"AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL_S3"}  # no Secret, no endpoint: the pod's own identity
 
 
+def test_every_pod_shares_the_model_cache_volume_for_the_hubs_cache_and_the_inputs_downloads():
+    cache = {"persistentVolumeClaim": {"claimName": "model-cache"}}
+    objects = by_name(children(modelCache={"volume": cache}, rollout={"replicas": 2}, learner={"nodes": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.inputs.cache_dir == builders.INPUTS_CACHE_DIR
+    assert config.inputs.cache_dir.startswith(builders.MODEL_CACHE_DIR + "/")
+    for name in ("run-rollout-0", "run-rollout-1", "run-learner-0", "run-learner-1"):
+        pod = objects[name]
+        assert {"name": "model-cache", **cache} in pod["spec"]["volumes"]
+        assert {"name": "model-cache", "mountPath": builders.MODEL_CACHE_DIR} in container(pod)["volumeMounts"]
+        env = {var["name"]: var.get("value") for var in container(pod)["env"]}
+        assert env["HF_HOME"].startswith(builders.MODEL_CACHE_DIR + "/")
+
+
+def test_without_a_model_cache_each_pod_downloads_into_its_own():
+    objects = by_name(children())
+    for name in ("run-rollout-0", "run-learner-0"):
+        assert {"name": "model-cache", "emptyDir": {}} in objects[name]["spec"]["volumes"]
+
+
+def test_the_inputs_volume_and_credentials_reach_every_learner_and_rollout_pod():
+    inputs = {"volume": {"persistentVolumeClaim": {"claimName": "datasets"}}, "credentialsSecret": "s3-inputs",
+              "endpoint": "http://minio:9000", "region": "eu-west-1", "hubTokenSecret": "hub"}
+    output = {"uri": "s3://models/runs", "credentialsSecret": "s3-models"}
+    objects = by_name(children(model="s3://models/qwen3", inputs=inputs, output=output, learner={"nodes": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert (config.inputs.endpoint, config.inputs.region) == ("http://minio:9000", "eu-west-1")
+    assert (config.inputs.credentials_secret, config.inputs.hub_token_secret) == ("s3-inputs", "hub")
+    for name in ("run-rollout-0", "run-learner-0", "run-learner-1"):
+        pod = objects[name]
+        assert {"name": "inputs", "persistentVolumeClaim": {"claimName": "datasets"}} in pod["spec"]["volumes"]
+        assert {"name": "inputs", "mountPath": builders.INPUTS_DIR, "readOnly": True} in container(pod)["volumeMounts"]
+        env = {var["name"]: var for var in container(pod)["env"]}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            assert env[f"GRPO_INPUTS_{key}"]["valueFrom"] == {
+                "secretKeyRef": {"name": "s3-inputs", "key": key, "optional": True}}
+        assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hub", "key": "HF_TOKEN", "optional": True}}
+    # spec.output's credentials stay rank 0's, under the names boto3 reads, apart from the inputs'.
+    rank0 = {var["name"]: var for var in container(objects["run-learner-0"])["env"]}
+    assert rank0["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "s3-models"
+
+
 def test_without_an_output_no_model_volume_and_no_output_in_the_run_config():
     objects = by_name(children())
     assert load_run_config(objects["run-config"]["data"]["run.json"]).output is None
@@ -240,6 +287,21 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
                          "--main_process_ip": "run-learner-0.run-learner.ml.svc", "--main_process_port": "29500",
                          "--num_processes": "24"}
         assert command[14:] == ["-m", "grpo_trainer", "learner", "--config", "/etc/grpo/run.json"]
+
+
+def test_fsdp2_learners_launch_under_accelerates_fsdp2_plugin_with_the_specs_offload():
+    objects = by_name(children(learner={"nodes": 2, "processesPerNode": 4, "strategy": "fsdp2",
+                                        "fsdp": {"cpuOffload": True}}))
+    for rank in range(2):
+        command = container(objects[f"run-learner-{rank}"])["command"]
+        assert command[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+        assert "--multi_gpu" not in command and command[command.index("--fsdp_version") + 1] == "2"
+        assert command[command.index("--fsdp_offload_params") + 1] == "true"
+        assert command[command.index("--machine_rank") + 1] == str(rank)
+        assert command[command.index("--num_processes") + 1] == "8"
+    # One GPU under fsdp2 (the CPU offload's case) is launched by accelerate as well.
+    single = container(by_name(children(learner={"strategy": "fsdp2"}))["run-learner-0"])["command"]
+    assert "--use_fsdp" in single and single[single.index("--fsdp_offload_params") + 1] == "false"
 
 
 def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():

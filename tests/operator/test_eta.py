@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_operator import eta
-from grpo_operator.cli.local.console import bar_fields
+from grpo_operator.local.console import bar_fields
 from tests.operator.test_lifecycle import printer_columns
 from tests.operator.test_status import T0, at, report, running_pods, spec_of, step
 

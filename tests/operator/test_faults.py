@@ -150,7 +150,9 @@ def test_a_create_blocked_for_a_minute_makes_a_handful_of_events_at_most(cluster
     failed = [e for e in cluster.events("storm") if e["reason"] == "CreateFailed"]
     assert len(failed) == 1, [e["message"] for e in failed]
     assert failed[0]["count"] == 1
-    assert len(cluster.events("storm")) <= 3, cluster.event_reasons("storm")
+    # the start's own (Created, and WorkNotKept for a spec without volumes) aside
+    assert len([e for e in cluster.events("storm") if e["reason"] != "WorkNotKept"]) <= 3, \
+        cluster.event_reasons("storm")
 
 
 def test_an_event_that_comes_again_is_counted_on_one_object(cluster, learner, progress_urls):

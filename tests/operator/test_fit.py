@@ -85,8 +85,31 @@ def test_a_7b_ddp_learner_on_one_80gb_gpu_is_refused_with_the_numbers_and_the_wa
     assert line.startswith("spec.learner: the learner needs ~122 GiB per GPU under ddp (7.6B parameters: 113 GiB "
                            "fp32 weights, gradients and Adam states + 7.9 GiB activations of a 4096-token row")
     assert "more than the 80 GiB of its GPU (nodeSelector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3)" in line
-    assert line.endswith("; ways out: FSDP2 over 2 GPUs (~67 GiB each) or LoRA adapters, rank 16 (~38 GiB)")
+    assert line.endswith("; ways out: FSDP2 over 2 GPUs (~67 GiB each) or FSDP2 with learner.fsdp.cpuOffload on 1 "
+                         "GPU (~11 GiB per GPU, 113 GiB of CPU memory per rank) or LoRA adapters, rank 16 (~38 GiB)")
     assert report.warnings == []
+
+
+def test_fsdp2_with_cpu_offload_keeps_one_layer_on_the_gpu_and_the_shard_in_cpu_memory():
+    shape = model_shape(QWEN25_7B)
+    sharded = learner_estimate(shape, tokens=4096, strategy="fsdp2", ranks=2)
+    offloaded = learner_estimate(shape, tokens=4096, strategy="fsdp2", ranks=2, cpu_offload=True)
+    layer = sum(a * b for a, b in shape.layer_linear_shapes) * 8
+    assert offloaded.state_bytes == layer and offloaded.host_bytes == sharded.state_bytes - layer
+    assert learner_estimate(shape, tokens=4096, cpu_offload=True).host_bytes == 0  # ddp has nothing to offload
+    report = verdict(QWEN25_7B, strategy="fsdp2", cpu_offload=True)
+    assert report.errors == report.warnings == []
+    assert report.notes[0].startswith("spec.learner: the learner needs ~11 GiB per GPU under fsdp2 (7.6B parameters: "
+                                      "one layer's gathered weights and gradients (1.7 GiB; the 113 GiB shard")
+
+
+def test_an_fsdp2_learner_short_of_gpus_is_offered_more_of_them():
+    report = verdict(QWEN25_7B, strategy="fsdp2", learner_ranks=2, resources={"limits": {"nvidia.com/gpu": 2}},
+                     learner_selector={"nvidia.com/gpu.product": "NVIDIA-L40S"})
+    (line,) = report.errors
+    assert line.startswith("spec.learner: the learner needs ~")
+    assert "under fsdp2" in line and "sharded over 2 ranks" in line
+    assert "; ways out: FSDP2 over 4 GPUs" in line  # more ranks than it has; never 2 again
 
 
 def test_the_same_learner_fits_an_h200_and_the_estimate_is_said():

@@ -1,8 +1,8 @@
-"""grpo_operator.kube: object URLs and merge patches."""
+"""grpo_operator.cluster.kube: object URLs and merge patches."""
 
 from __future__ import annotations
 
-from grpo_operator.kube import merge_patch_between, object_url
+from grpo_operator.cluster.kube import merge_patch_between, object_url
 
 
 def test_merge_patch_between_nulls_removed_keys_and_replaces_lists():

@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
-from grpo_operator import builders, kueue
+from grpo_operator import builders
 from grpo_operator.api import parse_spec
-from grpo_operator.kube import APIClientError
+from grpo_operator.cluster import kueue
+from grpo_operator.cluster.kube import APIClientError
 from grpo_operator.run_ref import RunRef
+from grpo_operator.status import ResizeWorkload, WorkloadObservation
+from grpo_operator.status.admission import workload_actions
 from tests.operator.test_lifecycle import _owner
 from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
@@ -198,9 +201,10 @@ class _NoKueue:
 
 
 def test_a_cluster_without_kueue_keeps_the_run_waiting_and_says_why():
-    spec = parse_spec(queued_spec())
-    gate = asyncio.run(kueue.gate(_NoKueue(), RunRef("r", "ml", "u"), "team-q", spec, trainer_image="img",
-                                  pods_exist=False, now=NOW))
+    spec, run = parse_spec(queued_spec()), RunRef("r", "ml", "u")
+    refusal = asyncio.run(kueue.create(_NoKueue(), run, "team-q", spec, trainer_image="img"))
+    gate, seen = asyncio.run(kueue.observe(_NoKueue(), run, "team-q", spec, create_error=refusal))
+    assert seen == WorkloadObservation(exists=False)  # the next pass creates it again
     reason, message = gate.hold
     assert reason == "WaitingForAdmission"
     assert message == ("the Kueue Workload grporun-r was rejected: the server could not find the requested resource "
@@ -224,8 +228,12 @@ class _KueueWith:
 
 
 def _gate(kube, spec: dict[str, Any]) -> kueue.Gate:
-    return asyncio.run(kueue.gate(kube, RunRef("r", "ml", "u"), "team-q", parse_spec(spec), trainer_image="img",
-                                  pods_exist=False, now=NOW))
+    """One pass's part in Kueue: the Workload observed (read only), then what status.admission decides done."""
+    run, parsed = RunRef("r", "ml", "u"), parse_spec(spec)
+    gate, seen = asyncio.run(kueue.observe(kube, run, "team-q", parsed))
+    if workload_actions(seen, finished=False, pods_exist=False) == [ResizeWorkload()]:
+        asyncio.run(kueue.resize(kube, run, "team-q", parsed, gate.workload, trainer_image="img"))
+    return gate
 
 
 def test_a_workload_that_holds_no_quota_is_resized_to_the_spec_if_it_has_not_changed_since_read():

@@ -179,8 +179,8 @@ STRUCTURAL_CASES = {
                     "spec.rollout.vllm.maxModelLength: unknown field (did you mean maxModelLen?)"),
     "typo-root": (_set("specs", {}), "specs: unknown field (did you mean spec?)"),
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
-                 "image, imagePullPolicy, resources, device, attention, topology, nodeSelector, tolerations, "
-                 "podTemplateOverride)"),
+                 "image, imagePullPolicy, resources, device, strategy, fsdp, attention, topology, nodeSelector, "
+                 "tolerations, podTemplateOverride)"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
@@ -308,6 +308,14 @@ CEL_CASES = {
     "clip-bounds-order": (_update(lambda m: m["spec"]["training"].update(vllmImportanceSamplingClipMin=3.0,
                                                                          vllmImportanceSamplingClipMax=2.0)),
                           "spec.training.vllmImportanceSamplingClipMin: must be below vllmImportanceSamplingClipMax"),
+    "fsdp2-cpu": (_update(lambda m: (m["spec"]["learner"].update(device="cpu", strategy="fsdp2"),
+                                     m["spec"]["training"].pop("lora", None))),
+                  "spec.learner.strategy: fsdp2 needs learner.device cuda"),
+    "fsdp2-lora": (_update(lambda m: (m["spec"]["learner"].update(strategy="fsdp2", device="cuda"),
+                                      m["spec"]["training"].update(lora={"r": 8}))),
+                   "spec.learner.strategy: must be ddp with training.lora"),
+    "strategy-unknown": (_set("spec.learner.strategy", "zero3"), "spec.learner.strategy"),
+    "fsdp-unknown-field": (_set("spec.learner.fsdp", {"offload": True}), "spec.learner.fsdp"),
     "nccl-learner-ranks": (_set("spec.learner.processesPerNode", 2, base=_nccl),
                            "spec.rollout.weightSync.mode: must be filesystem when the learner has more than one "
                            "process"),
@@ -355,7 +363,8 @@ CEL_CASES = {
                            f"{_LEARNER_OVERRIDE}.spec.restartPolicy: is managed by the operator"),
         "volume": (_update(lambda m: _learner_override(m)["spec"]["volumes"].append(
             {"name": "config", "emptyDir": {}})),
-            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, output, checkpoints, weights and model"),
+            f"{_LEARNER_OVERRIDE}.spec.volumes[1].name: config, shm, cache, model-cache, output, checkpoints, "
+            "weights, model and inputs"),
         "env": (_update(lambda m: _learner_container(m)["env"].append({"name": "GRPO_CONFIG", "value": "/x"})),
                 f"{_LEARNER_OVERRIDE}.spec.containers[0].env[2].name: is managed by the operator"),
         "env-home": (_update(lambda m: _learner_container(m)["env"].append({"name": "HF_HOME", "value": "/x"})),

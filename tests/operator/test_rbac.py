@@ -67,7 +67,7 @@ def test_a_cluster_wide_operators_requests_are_allowed_by_the_cluster_wide_chart
 def _kueue_lifecycle(cluster, learner, progress_urls, name: str) -> None:
     """Queued, resized while queued, admitted on a flavour, evicted, released, re-admitted, finished: every Kueue
     call the operator makes."""
-    from grpo_operator import kueue
+    from grpo_operator.cluster import kueue
     from tests.operator.test_kueue import (
         FLAVOR,
         _kueue_writes,

@@ -77,6 +77,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
                                                        "deadline_seconds": 1200}
     assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
     assert config.learner.attention == "varlen"
+    assert config.learner.strategy == "ddp" and config.learner.fsdp.cpu_offload
     assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
     assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
 
@@ -105,3 +106,12 @@ def test_resolve_round_trips_through_the_configmap_json():
 def test_resolve_rejects_a_caller_that_leaves_out_what_the_spec_needs(fixture, overrides, message):
     with pytest.raises(ValueError, match=message):
         resolve(fixture, **overrides)
+
+
+def test_resolve_carries_the_learners_strategy():
+    run = read_grporun(FIXTURES / "minimal.yaml")
+    spec = run.spec.model_copy(update={"learner": run.spec.learner.model_copy(update={"strategy": "fsdp2"})})
+    config = resolve_run_config(run.name, run.namespace, spec, rollout_urls=["http://r:8000"], output_dir="/out",
+                                checkpoint_dir=None, weight_sync_dir=None,
+                                termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH)
+    assert config.learner.strategy == "fsdp2" and not config.learner.fsdp.cpu_offload

@@ -92,7 +92,36 @@ def test_a_new_run_is_pending_creates_children_and_declares_every_condition():
     assert [c["type"] for c in status["conditions"]] == [
         "RolloutReady", "Progressing", "Stalled", "Suspended", "Succeeded", "Failed"]
     assert all(c["status"] == "False" for c in status["conditions"])
-    assert reasons(decision) == ["Created"]
+    assert reasons(decision)[-1] == "Created"
+
+
+def _warnings(decision: Decision) -> list[str]:
+    return [event.message for event in decision.events if event.type == "Warning"]
+
+
+def test_a_run_that_would_lose_its_work_with_the_learner_pod_says_so_once_at_start():
+    spec = spec_of()  # no checkpoint volume, no output
+    first = step(spec, {}, [])
+    assert reasons(first) == ["WorkNotKept", "WorkNotKept", "Created"]
+    assert [line.split(":")[0] for line in _warnings(first)] == ["spec.checkpoint.volume", "spec.output"]
+    assert "a restarted learner starts over" in _warnings(first)[0]
+    later = step(spec, first.status, running_pods(), report(groupsTrained=1), now=at(10))
+    assert "WorkNotKept" not in reasons(later)
+
+
+@pytest.mark.parametrize(("checkpoint", "output", "warned"), [
+    ({"volume": {"emptyDir": {}}}, {"uri": "s3://models/runs"}, ["spec.checkpoint.volume"]),
+    ({"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}, None, []),
+    ({"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}, {"volume": {"emptyDir": {}}},
+     ["spec.output.volume"]),
+])
+def test_only_what_a_pods_end_would_lose_is_warned_of(checkpoint, output, warned):
+    spec = spec_of(checkpoint=checkpoint, **({"output": output} if output else {}))
+    assert [line.split(":")[0] for line in _warnings(step(spec, {}, []))] == warned
+
+
+def test_a_local_run_keeps_its_work_in_its_folder_and_is_not_warned():
+    assert _warnings(step(spec_of(), {}, [], work_kept_locally=True)) == []
 
 
 def test_children_are_recreated_after_an_operator_restart_only_by_idempotent_create():

@@ -8,7 +8,7 @@ import collections
 import pytest
 import requests
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.kube_emulator import CONFIGMAPS, LEASES, PODS, SERVICES
 from tests.support.operator_fixtures import cluster, learner  # noqa: F401  (fixtures)
 from tests.support.operator_process import OperatorProcess, write_kubeconfig

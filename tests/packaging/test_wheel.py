@@ -20,7 +20,7 @@ PACKAGE_ROOTS = {"grpo_operator": REPO / "operator" / "grpo_operator",
 
 
 def tree_modules() -> set[str]:
-    """Every module file of both packages, as a path inside the wheel (grpo_operator/cli/local/plan.py)."""
+    """Every module file of both packages, as a path inside the wheel (grpo_operator/local/plan.py)."""
     return {f"{name}/{path.relative_to(root).as_posix()}"
             for name, root in PACKAGE_ROOTS.items()
             for path in root.rglob("*.py") if "__pycache__" not in path.parts}

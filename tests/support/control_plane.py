@@ -23,7 +23,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.builds import Build, Unavailable
 from tests.support.paths import REPO
 

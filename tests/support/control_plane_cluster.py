@@ -24,7 +24,7 @@ import pytest
 import requests
 from kopf._cogs.structs.credentials import Vault
 
-from grpo_operator.reconcile import OperatorContext
+from grpo_operator.cluster.reconcile import OperatorContext
 from tests.support.control_plane import ControlPlane
 from tests.support.control_plane_client import Client
 from tests.support.control_plane_faults import NODE_FINALIZER, ClusterFaults

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.builds import Build
 from tests.support.control_plane import ControlPlane, Unavailable, _die_with_parent, go_build
 from tests.support.control_plane_client import Client

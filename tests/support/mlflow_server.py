@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.paths import REPO, make_variable
 
 MLFLOW = REPO / make_variable("MLFLOW_VENV") / "bin" / "mlflow"

@@ -20,7 +20,7 @@ import yaml
 from kopf._cogs.structs.credentials import Vault
 
 import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
-from grpo_operator.reconcile import OperatorContext
+from grpo_operator.cluster.reconcile import OperatorContext
 from grpo_trainer.contract import ProgressReport
 from grpo_trainer.exporter import ProgressServer
 from tests.support.kube_emulator import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.chart_render import CHART_DIR
 
 ALERTS_FILE = CHART_DIR / "files" / "alerts.yaml"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.cli.local.processes import LOCAL_HOST, free_port
+from grpo_operator.local.processes import LOCAL_HOST, free_port
 from tests.support.builds import Build
 from tests.support.control_plane import _die_with_parent, go_build
 from tests.support.paths import REPO

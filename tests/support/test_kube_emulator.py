@@ -1,5 +1,5 @@
 """The API emulator's realism layer (tests/support/kube_emulator.py): the semantics kopf relies on, and a guard that
-fails when a kmock or kopf upgrade changes the internals the layer and grpo_operator.kube use."""
+fails when a kmock or kopf upgrade changes the internals the layer and grpo_operator.cluster.kube use."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.control_plane import _die_with_parent
 from tests.support.paths import REPO
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.cli.local.plan import localize_spec
+from grpo_operator.local.plan import localize_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import resolve_run_config
 from grpo_trainer import contract as c

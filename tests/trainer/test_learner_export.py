@@ -27,7 +27,7 @@ class FinishedLearner:
 
     def __init__(self, is_main: bool = True, weights_from: str | None = None):
         self.accelerator = SimpleNamespace(is_main_process=is_main, num_processes=1, process_index=0,
-                                           unwrap_model=lambda model: model)
+                                           unwrap_model=lambda model: model, is_fsdp2=False)
         # A module (what accelerate's is_peft_model inspects) that is not a peft model: the plain save.
         self.model = torch.nn.Module()
         self.model.generation_config = None
@@ -151,7 +151,7 @@ def test_an_upload_that_fails_ends_the_learner_as_export_failed_naming_the_cause
 
 
 def test_an_unreachable_endpoint_ends_the_learner_as_export_failed_naming_it(tmp_path, learner, monkeypatch):
-    from grpo_operator.cli.local.processes import free_port
+    from grpo_operator.local.processes import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)

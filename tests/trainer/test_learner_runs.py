@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import learner_argv

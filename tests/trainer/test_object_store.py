@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from grpo_trainer.object_store import (
     ObjectStoreError,

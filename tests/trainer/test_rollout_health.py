@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
 

@@ -18,7 +18,8 @@ def test_trl_is_the_pinned_release():
 @pytest.mark.parametrize(
     "name",
     ["RolloutQueueDataset", "TokenBudgetBatcher", "FixedCountBatcher", "DataCollatorForRollout",
-     "_EmptyIterableDataset", "_EpochStopCallback", "AsyncGRPOTrainer", "get_peak_flops_per_device"],
+     "_EmptyIterableDataset", "_EpochStopCallback", "AsyncGRPOTrainer", "get_peak_flops_per_device",
+     "_iter_vllm_named_params"],
 )
 def test_module_level_names(name):
     assert hasattr(T, name), f"trl.experimental.async_grpo.async_grpo_trainer.{name} moved"
@@ -50,6 +51,14 @@ def test_rollout_worker_attributes_the_supervised_worker_reads():
     for attribute in ("_process", "_stop_event_mp", "_failed_event", "_exception_info_queue"):
         assert f"self.{attribute} =" in source, f"AsyncRolloutWorker no longer sets {attribute}"
     assert "AsyncRolloutWorker(" in inspect.getsource(T.AsyncGRPOTrainer.__init__)  # TRL still builds it itself
+
+
+def test_the_weight_sync_streams_what_the_learner_gathers():
+    # GRPOLearner._streaming_iter gathers each parameter before it is sent: TRL must still send that iterator, on
+    # rank 0, and walk it on the other ranks.
+    source = inspect.getsource(T.AsyncGRPOTrainer._sync_weight_merged)
+    assert "self.weight_transfer.send_weights(self._streaming_iter())" in source
+    assert "for _ in self._streaming_iter():" in source
 
 
 def test_the_adapter_sync_seams_the_learner_takes_over():

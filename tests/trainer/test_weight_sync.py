@@ -15,7 +15,7 @@ import requests
 import torch
 from safetensors.torch import load_file
 
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import (
     TIED_EMBEDDING_ALIASES,

@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
     learner = sub.add_parser("learner", help="train: the GRPO learner (one process; accelerate launches several)")
     learner.add_argument("--config", required=True, help="the resolved run config (run.json)")
+    export = sub.add_parser("export", help="export the model of the newest complete checkpoint to the run's output "
+                            "again (after a failed export)")
+    export.add_argument("--config", required=True, help="the resolved run config (run.json)")
+    export.add_argument("--checkpoint", help="a checkpoint folder (default: the newest complete one)")
     probe = sub.add_parser("probe", help="exit 0 when the local rollout server generates one token (its liveness)")
     probe.add_argument("--config", required=True, help="the resolved run config (run.json)")
     probe.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
@@ -47,22 +51,48 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = read_config(args.config)
     except (OSError, ValidationError) as error:
-        print(f"grpo rollout: {describe_config_error(args.config, error)}", file=sys.stderr)
+        print(f"grpo {args.role}: {describe_config_error(args.config, error)}", file=sys.stderr)
         return c.EXIT_INVALID_CONFIG
+    if args.role == "export":
+        return export(config, args.checkpoint)
     if args.role == "probe":
         if args.startup:
             return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
+    from .inputs import InputError, resolve
     from .rollout import main as rollout_main
+    from .rollout import refuse
 
+    try:
+        config = resolve(config, dataset=False)
+    except InputError as error:
+        return refuse(f"the model cannot be loaded: {error}", config.termination_message_path)
     return rollout_main(config, port=args.port)
+
+
+def export(config: c.RunConfig, checkpoint: str | None) -> int:
+    """The export alone (grpo_trainer.reexport): where the model went on stdout, else why not, in one line."""
+    from .model_export import ExportError
+    from .reexport import export_from_checkpoint
+
+    try:
+        exported = export_from_checkpoint(config, checkpoint)
+    except ExportError as error:
+        print(f"grpo export: {error}", file=sys.stderr)
+        return c.EXIT_EXPORT_FAILED
+    print(f"grpo export: model exported to {exported.uri} (step {exported.step}, {exported.bytes} bytes, manifest "
+          f"sha256 {exported.sha256})")
+    return c.EXIT_SUCCEEDED
 
 
 def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int:
     """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
+    from .inputs import local_path
     from .rollout_health import PROBE_TIMEOUT_S, probe_generation
 
-    error = probe_generation(f"http://127.0.0.1:{port}", config.model, timeout_s or PROBE_TIMEOUT_S)
+    # The server serves the model under the name it loaded it from (an s3:// model: its place in the inputs cache).
+    model = local_path(config.model, config)
+    error = probe_generation(f"http://127.0.0.1:{port}", model, timeout_s or PROBE_TIMEOUT_S)
     if error is not None:
         print(f"grpo probe: the rollout server generated no token: {error}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ exit codes, the drop reasons and the learner's Prometheus metric names.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 from enum import Enum
@@ -438,14 +439,38 @@ class AttentionKernel(str, Enum):
 AttentionSetting = Literal["auto", "fa3", "varlen", "sdpa"]
 
 
+#: `learner.strategy`: how the ranks hold the model. ddp: each rank the whole training state; fsdp2: PyTorch's FSDP2
+#: shards parameters, gradients and optimizer state over the ranks (accelerate's FSDP2 plugin, bf16 compute).
+LearnerStrategy = Literal["ddp", "fsdp2"]
+
+
+class FsdpConfig(WireModel):
+    cpu_offload: bool = Field(False, description="FSDP2 keeps the parameter, gradient and optimizer shards in CPU "
+                              "memory and moves each layer to the GPU only while it computes: slower, far less GPU "
+                              "memory.")
+
+
 class LearnerConfig(WireModel):
     nodes: int = Field(1, ge=1)
     processes_per_node: int = Field(1, ge=1)
     device: Literal["cuda", "cpu"] = "cuda"
+    strategy: LearnerStrategy = Field(
+        "ddp", description="ddp: every rank holds the whole model and its optimizer state; fsdp2: both are sharded "
+        "over the ranks (GPU learners only).")
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     attention: AttentionSetting = Field(
         "auto", description="The tree-attention kernel; auto: fa3 where baked in and on Hopper, else varlen on a "
         "CUDA GPU (compute capability 8.0+), else sdpa.")
     http_port: int = LEARNER_HTTP_PORT
+
+    @model_validator(mode="after")
+    def _fsdp2_on_gpu(self) -> LearnerConfig:
+        # accelerate (1.15) applies its FSDP plugin only to GPU-type runs: a `use_cpu` run stays MULTI_CPU and would
+        # train as DDP while the spec said fsdp2.
+        if self.strategy == "fsdp2" and self.device == "cpu":
+            raise ValueError("strategy fsdp2 needs device cuda: on CPU accelerate runs the ranks as "
+                             "DDP whatever its FSDP flags say")
+        return self
 
 
 class CheckpointConfig(WireModel):
@@ -472,6 +497,29 @@ class OutputConfig(WireModel):
             except InvalidObjectStoreURI as error:
                 raise ValueError(error.reason) from None
         return uri
+
+
+#: The learner's and the rollout server's names for the inputs' object-store credentials (spec.inputs
+#: .credentialsSecret's keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, with this prefix): apart from
+#: the plain names, which learner rank 0 may hold for spec.output's store.
+INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
+#: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
+HUB_TOKEN_ENV = "HF_TOKEN"
+
+
+class InputsConfig(WireModel):
+    """Where the model and dataset come from when they are not a hub id or a plain path (the GRPORun's
+    `spec.inputs`), and where downloads are kept (grpo_trainer.inputs)."""
+
+    cache_dir: str | None = Field(
+        None, description="Where s3:// inputs are downloaded, once: on spec.modelCache.volume in a pod; default "
+        "$XDG_CACHE_HOME/grpo/inputs (grporun local).")
+    endpoint: str | None = Field(None, description="The S3-compatible server of s3:// inputs; AWS's own without it.")
+    region: str | None = Field(None, description="The inputs' bucket region.")
+    credentials_secret: str | None = Field(
+        None, description="The Secret whose keys are the inputs' object-store credentials (named in errors).")
+    hub_token_secret: str | None = Field(
+        None, description="The Secret whose key HF_TOKEN is the hub token (named in errors).")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -548,6 +596,7 @@ class RunConfig(WireModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     output: OutputConfig | None = None
+    inputs: InputsConfig = Field(default_factory=InputsConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
@@ -558,6 +607,15 @@ class RunConfig(WireModel):
         if not value.strip():
             raise ValueError("model must name a hub id or a local path")
         return value
+
+    @model_validator(mode="after")
+    def _fsdp2_without_lora(self) -> RunConfig:
+        # The final export merges a LoRA adapter into the base weights, which under FSDP2 are sharded; that merge
+        # is not built.
+        if self.learner.strategy == "fsdp2" and self.training.lora is not None:
+            raise ValueError("learner.strategy fsdp2 with training.lora is not supported: use learner.strategy ddp "
+                             "(the frozen base and a small adapter fit where full training does not)")
+        return self
 
 
 #: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and
@@ -781,3 +839,34 @@ def parse_progress(text: str | bytes) -> ProgressReport:
         problems = [f"{field_path('', e['loc']) or 'report'}: {error_message(e)}" for e in errors[:3]]
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""  # it ends up in a condition message
         raise InvalidReport("; ".join(problems) + more) from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The rest of what the operator takes from this package: facts owned by the modules that use them in the pods (the
+# learner's launch argv, the rollout entrypoint's exit line, the probes' timing, the object store's URI and credential
+# variables, reward names, `grporun export`'s re-export), reached through this module so that it is the operator's
+# one door into grpo_trainer (tests/operator/test_boundary.py fails on any other import). Looked up on first use:
+# several of those modules import this one, so either may be imported first.
+# --------------------------------------------------------------------------------------------------------------------
+
+_OWNERS = {
+    "engine_errors": ("engine_error_line",),
+    "launch": ("MAIN_PROCESS_PORT", "learner_argv"),
+    "model_export": ("ExportError",),
+    "reexport": ("export_from_checkpoint", "store_environ"),
+    "rewards": ("RewardError", "check_reward_name", "load_reward"),
+    "rollout": ("EXIT_LINE_PREFIX", "ROLLOUT_PYTHON_ENV"),
+    "rollout_health": ("HEALTH_REQUEST_TIMEOUT_S", "LIVENESS_FAILURE_THRESHOLD", "LIVENESS_PERIOD_S", "PROBE_TIMEOUT_S",
+                       "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
+    "store_uri": ("ACCESS_KEY_ENV", "ENDPOINT_ENV", "REGION_ENV", "SECRET_KEY_ENV", "SESSION_TOKEN_ENV",
+                  "InvalidObjectStoreURI", "is_object_store_uri", "parse_uri"),
+    "validation": ("field_path", "first_error"),
+}
+_OWNER_OF = {name: module for module, names in _OWNERS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _OWNER_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __package__), name)

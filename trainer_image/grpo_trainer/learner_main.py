@@ -337,6 +337,12 @@ def save_final_model(learner, directory: str) -> None:
     from accelerate.utils import is_peft_model
 
     model = learner.accelerator.unwrap_model(learner.model)
+    if learner.accelerator.is_fsdp2:
+        # The trainer's own save writes an FSDP2 model as each rank's shard (SHARDED_STATE_DICT): not a model
+        # vLLM or from_pretrained loads.
+        save_sharded_model(model, learner.processing_class, directory, is_main=learner.accelerator.is_main_process)
+        learner.accelerator.wait_for_everyone()
+        return
     if not is_peft_model(model):
         learner.save_model(directory)
         return
@@ -346,6 +352,19 @@ def save_final_model(learner, directory: str) -> None:
         model.merge_and_unload().save_pretrained(directory)
         learner.processing_class.save_pretrained(directory)
     learner.accelerator.wait_for_everyone()
+
+
+def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> None:
+    """An FSDP2 model consolidated into `directory` as a transformers model (safetensors): every rank takes part in
+    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return
+    model.save_pretrained(directory, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
 
 
 def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
@@ -463,6 +482,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from .inputs import InputError, resolve
     from .model_export import ExportError
     from .progress import AccountingError, StallError
 
@@ -471,7 +491,7 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     try:
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
         resume = newest_checkpoint(config.checkpoint.directory)
-        learner = build_learner(config, config_path)
+        learner = build_learner(resolve(config, dataset=True), config_path)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
@@ -487,7 +507,8 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
         return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
-    except (ConfigError, UnusableCheckpoints) as error:  # a retry would find the same config, the same files
+    # a retry would find the same config, the same files, the same store
+    except (ConfigError, UnusableCheckpoints, InputError) as error:
         return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
     except StallError as error:
         return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -222,7 +223,10 @@ def read_manifest(location: Location, *, client: Any = None) -> dict[str, Any] |
     return None if fetched is None else fetched[1]
 
 
-def _fetch_manifest(client: Any, location: Location) -> tuple[bytes, dict[str, Any]] | None:
+def _fetch_manifest(client: Any, location: Location, *,
+                    optional: bool = False) -> tuple[bytes, dict[str, Any]] | None:
+    """`optional`: the location may hold no manifest at all (an input), so a refusal names the location rather
+    than the manifest."""
     where = f"s3://{location.bucket}/{location.manifest_key}"
     try:
         response = client.get_object(Bucket=location.bucket, Key=location.manifest_key)
@@ -230,7 +234,7 @@ def _fetch_manifest(client: Any, location: Location) -> tuple[bytes, dict[str, A
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
         if _is_missing_key(error):
             return None
-        raise ObjectStoreError(describe(error, location, location.manifest_key)) from None
+        raise ObjectStoreError(describe(error, location, None if optional else location.manifest_key)) from None
     if len(data) > MANIFEST_MAX_BYTES:
         raise ObjectStoreError(f"{where}: not a manifest: over {MANIFEST_MAX_BYTES} bytes")
     try:
@@ -290,3 +294,61 @@ def download_folder(location: Location, folder: str | os.PathLike[str], *, clien
                                    "store") from None
         raise ObjectStoreError(describe(error, location, key)) from None
     return manifest
+
+
+def download(location: Location, destination: str | os.PathLike[str], *, client: Any = None) -> Path:
+    """Download what `location` names to `destination` (absent): a folder the store holds with a manifest (verified
+    as download_folder does), else every object under the prefix as a folder, else the one object the prefix names
+    as a file. ObjectStoreError naming the cause, or that nothing is there.
+
+    What is downloaded lands in a hidden folder of its own beside `destination` and is renamed into place last, so
+    that `destination` existing means complete: a download killed halfway leaves only the hidden folder, and two
+    processes downloading at once each stage their own, the second finding the first's in place."""
+    destination = Path(destination)
+    client = client or client_from_env()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    try:
+        staged = stage / destination.name
+        if _fetch_manifest(client, location, optional=True) is not None:
+            download_folder(location, staged, client=client)
+        else:
+            _download_unlisted(client, location, staged)
+        try:
+            os.rename(staged, destination)
+        except OSError:
+            if not destination.exists():
+                raise
+    except OSError as error:
+        raise ObjectStoreError(describe(error, location)) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return destination
+
+
+def _download_unlisted(client: Any, location: Location, target: Path) -> None:
+    """The objects under `location`'s prefix into the folder `target`, else its one object into the file `target`."""
+    key = None
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=location.bucket, Prefix=f"{location.prefix}/" if location.prefix else "")
+        keys = [item["Key"] for page in pages for item in page.get("Contents", []) if not item["Key"].endswith("/")]
+        if keys:
+            start = len(location.prefix) + 1 if location.prefix else 0
+            for key in keys:
+                if not _safe_relative(key[start:]):  # anyone with write access names the keys
+                    raise ObjectStoreError(f"s3://{location.bucket}/{key}: not a file path under {location.uri}")
+                path = target / key[start:]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(location.bucket, key, str(path))
+            return
+        if not location.prefix:
+            raise ObjectStoreError(f"{location.uri}: the bucket is empty")
+        key = location.prefix
+        client.download_file(location.bucket, key, str(target))
+    except ObjectStoreError:
+        raise
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        if key == location.prefix and _is_missing_key(error):
+            raise ObjectStoreError(f"{location.uri}: no such object, and no objects under it") from None
+        raise ObjectStoreError(describe(error, location, key)) from None

@@ -102,6 +102,21 @@ def build_server_command(
     return argv, env
 
 
+def refuse(reason: str, termination_log: str = DEFAULT_TERMINATION_LOG) -> int:
+    """The server will not start (a user mistake, `reason`): the exit line, where a server's exit says its error,
+    and the invalid-config exit code."""
+    summary = f"{EXIT_LINE_PREFIX}{reason}"
+    print(summary, file=sys.stderr, flush=True)
+    _write_termination_message(summary, termination_log)
+    return c.EXIT_INVALID_CONFIG
+
+
+def _write_termination_message(summary: str, termination_log: str) -> None:
+    if os.path.exists(termination_log):  # the kubelet's file in a pod; absent on a workstation
+        with contextlib.suppress(OSError), open(termination_log, "w", encoding="utf-8") as f:
+            f.write(summary[-c.TERMINATION_MESSAGE_MAX_BYTES:])
+
+
 def serve(argv: list[str], extra_env: dict[str, str], termination_log: str = DEFAULT_TERMINATION_LOG) -> int:
     """Run the server as a child, pass SIGTERM/SIGINT on, return its exit code (128+signal if killed).
 
@@ -129,9 +144,7 @@ def serve(argv: list[str], extra_env: dict[str, str], termination_log: str = DEF
     code = 128 - code if code < 0 else code
     summary = f"{EXIT_LINE_PREFIX}vLLM exited with code {code}" + (f": {error}" if error else "")
     print(summary, file=sys.stderr, flush=True)
-    if os.path.exists(termination_log):  # the kubelet's file in a pod; absent on a workstation
-        with contextlib.suppress(OSError), open(termination_log, "w", encoding="utf-8") as f:
-            f.write(summary[-c.TERMINATION_MESSAGE_MAX_BYTES:])
+    _write_termination_message(summary, termination_log)
     return code
 
 

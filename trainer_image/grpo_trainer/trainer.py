@@ -26,6 +26,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     TokenBudgetBatcher,
     _EmptyIterableDataset,
     _EpochStopCallback,
+    _iter_vllm_named_params,
     save_lora_adapter,
     validate_lora_for_vllm_sync,
 )
@@ -72,7 +73,7 @@ from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
 from .tracking import progress_logs
-from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer
+from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +275,23 @@ class GRPOLearner(AsyncGRPOTrainer):
             self.weight_transfer = None
             raise
         self._follow_served_version()
+
+    def _streaming_iter(self):
+        """The weights the sync sends, each parameter gathered whole before it is handed on (every rank walks it;
+        rank 0 sends). TRL's own (`async_grpo_trainer.py:1723 (trl 1.16.0)`) hands the sender lazy `full_tensor()`
+        gathers, which its NCCL client runs on its own thread between broadcasts to vLLM.
+
+        A sender that consumes on the caller's thread (the filesystem sync) takes each parameter as it is gathered;
+        TRL's NCCL client, which consumes on a thread of its own, gets them once all are gathered on rank 0 (with
+        more than one rank: a single rank has no collective to order).
+        """
+        named = _iter_vllm_named_params(self.accelerator.unwrap_model(self.model))
+        device = self.accelerator.device
+        transfer = self.weight_transfer
+        if (self.accelerator.is_main_process and self.accelerator.num_processes > 1 and transfer is not None
+                and not isinstance(transfer, FilesystemWeightTransfer)):
+            return gathered_before_sending(named, device)
+        return gathered_parameters(named, device)
 
     def _sync_waiting_on(self) -> str:
         """For a stalled sync's message: the server and step it waits on where this rank can see them."""

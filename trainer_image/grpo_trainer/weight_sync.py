@@ -45,6 +45,47 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+def gathered_parameters(
+    named: Iterable[tuple[str, torch.Tensor]], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter whole on `device`, in `named`'s order, its gather finished before it is handed on.
+
+    An FSDP2 parameter is a DTensor holding this rank's shard: `full_tensor()` all-gathers it, a collective every
+    rank must enter in the same order, so every rank walks this iterator whole while only rank 0 sends. Waiting for
+    the gather before yielding keeps the training group's collectives strictly ordered against whatever the sender
+    does next (a vLLM NCCL group of its own, an HTTP call, a file write): a gather left queued on the device behind
+    the sender's broadcasts is how the ranks deadlock. A shard offloaded to CPU (`learner.fsdp.cpuOffload`) is
+    moved to the device first, where the process group gathers.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, param in named:
+        if isinstance(param, DTensor):
+            if param.device != device:
+                param = param.to(device)
+            full = param.full_tensor().detach()
+            if full.is_cuda:
+                torch.cuda.current_stream(full.device).synchronize()
+        else:
+            full = param.detach()
+        yield name, full if full.device == device else full.to(device)
+
+
+def gathered_before_sending(
+    named: Iterable[tuple[str, torch.Tensor]], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter gathered (into CPU memory) before the first is handed on; each then moves to `device` as
+    the sender takes it.
+
+    For a sender that consumes on a thread of its own while it talks to other processes (TRL's NCCL client
+    broadcasts to vLLM from a daemon thread during an HTTP call): rank 0's gathers then all finish on the caller's
+    thread, in the order the other ranks run them, before any byte goes to vLLM. The whole model is held in CPU
+    memory for the sync's duration, the device holds one parameter at a time.
+    """
+    held = [(name, tensor.to("cpu")) for name, tensor in gathered_parameters(named, device)]  # now, not lazily
+    return ((name, tensor.to(device)) for name, tensor in held)
+
+
 #: The name the rollout servers serve the trained adapter under, with its version (`adapter_name`).
 ADAPTER_NAME = "policy"
 #: peft's adapter config file: a version directory holding it is an adapter, not whole weights.

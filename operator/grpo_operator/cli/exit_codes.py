@@ -18,13 +18,15 @@ class ExitCode(IntEnum):
 
 
 MEANINGS: dict[ExitCode, str] = {
-    ExitCode.OK: "done: the manifests are valid, the objects rendered, the local run Succeeded, the scale asked",
+    ExitCode.OK: "done: the manifests are valid, the objects rendered, the local run Succeeded, the scale asked, "
+                 "the model exported",
     ExitCode.FAILED: "the work ran and failed: the local run ended Failed, or the operator cannot use the cluster; "
-                     "local scale of a run that is not running",
+                     "local scale of a run that is not running; an export that failed (the cause named)",
     ExitCode.USAGE: "the command line is wrong: an unknown flag, a bad value; a run folder that exists, without "
                     "--resume or --fresh; local scale of an unknown run, or to a count out of its bounds",
     ExitCode.LOST_LEADERSHIP: "the operator lost its Lease and stopped (its container restarts as a standby)",
-    ExitCode.INVALID: "a manifest, or a file it names, is invalid or unreadable (validate --strict: a warning too)",
+    ExitCode.INVALID: "a manifest, or a file it names, is invalid or unreadable (validate --strict: a warning too); "
+                      "a run folder without a readable run.json",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a local run's processes are stopped",
 }
 

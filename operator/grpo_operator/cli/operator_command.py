@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     import kopf
 
     from .. import handlers  # noqa: F401  (registers the handlers with kopf)
-    from ..reconcile import OperatorContext
+    from ..cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = args.liveness or (f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None)

@@ -9,6 +9,7 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - rollout_exits.py: rollout servers that exit, replaced alone within `runPolicy.rolloutRestartLimit`;
 - servers.py: `status.rollout`, each server as its pod and the learner see it;
 - scaling.py: a live replica change, the removed servers deleted once the learner has drained them;
+- admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);
 - deadlines.py: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules;
 - conditions.py: metav1.Condition bookkeeping and the API server's time format;
@@ -26,21 +27,27 @@ from .decision import (
     Action,
     ConfigureRollout,
     CreateChildren,
+    CreateWorkload,
     Decision,
     DeletePods,
     DeleteRun,
     Event,
+    FinishWorkload,
     Observation,
     PodObservation,
     RecreatePods,
+    ReleaseQuota,
+    ResizeWorkload,
     Role,
+    WorkloadObservation,
 )
 from .derive import STUCK_WAITING_REASONS, derive_status, invalid_spec_status, progress_status
 from .exits import classify_failure, failure_text, report_from_termination_message
 
 __all__ = [
-    "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "Decision", "DeletePods", "DeleteRun",
-    "Event",
-    "Observation", "PodObservation", "RecreatePods", "Role", "classify_failure", "derive_status", "failure_text",
+    "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "CreateWorkload", "Decision",
+    "DeletePods", "DeleteRun", "Event", "FinishWorkload", "Observation", "PodObservation", "RecreatePods",
+    "ReleaseQuota", "ResizeWorkload", "Role", "WorkloadObservation", "classify_failure", "derive_status",
+    "failure_text",
     "format_time", "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
 ]

@@ -33,6 +33,17 @@ class PodObservation:
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
 
 
+@dataclass(frozen=True)
+class WorkloadObservation:
+    """What the pass saw of a queued run's Kueue Workload (a run with no queue has none: Observation.workload None)."""
+
+    exists: bool
+    reserved: bool = False  # it holds quota (QuotaReserved)
+    evicted: bool = False
+    finished: bool = False  # marked Finished
+    resizable: bool = False  # it holds no quota and its pod sets' counts differ from the spec's
+
+
 # more than 8: one field per fact of a pass the derivation reads; all but three defaulted, built by keyword
 @dataclass(frozen=True)
 class Observation:
@@ -60,6 +71,11 @@ class Observation:
     #: How many servers the run config's `rollout.urls` lists (as last read or written); None when not known (no
     #: live pods, or no ConfigMap yet). A live run's config is rewritten while it differs from the spec's count.
     configured_servers: int | None = None
+    #: grporun local: checkpoints and the model stay in the run's folder on this machine, whatever the spec's
+    #: volumes say (the run's start warns of no lost work).
+    work_kept_locally: bool = False
+    #: The run's Kueue Workload as read this pass; None for a run that names no queue.
+    workload: WorkloadObservation | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,26 @@ class RecreatePods(Action):
 @dataclass(frozen=True)
 class DeleteRun(Action):
     """ttlSecondsAfterFinished has elapsed: delete the GRPORun (its children go with it by ownerReference)."""
+
+
+@dataclass(frozen=True)
+class CreateWorkload(Action):
+    """Create the run's Workload, its pod sets the run's own pods (Kueue counts their real requests)."""
+
+
+@dataclass(frozen=True)
+class ReleaseQuota(Action):
+    """Give back an evicted Workload's quota reservation: its pods are gone, so Kueue may queue it again."""
+
+
+@dataclass(frozen=True)
+class ResizeWorkload(Action):
+    """Write the spec's pod counts into the Workload's pod sets (it holds no quota, so Kueue admits the new size)."""
+
+
+@dataclass(frozen=True)
+class FinishWorkload(Action):
+    """Mark the Workload Finished: the run has ended, and Kueue frees the quota it holds."""
 
 
 @dataclass(frozen=True)

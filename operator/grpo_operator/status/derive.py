@@ -27,7 +27,7 @@ from ..api import (
 from ..builders import drain_deadline_seconds, learner_pod_name, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
-from . import clock, scaling
+from . import admission, clock, scaling
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
 from .decision import (
@@ -43,6 +43,7 @@ from .decision import (
     RecreatePods,
     rank,
 )
+from .durability import unkept_work
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
@@ -123,6 +124,8 @@ class RunRecord:
         self.learner_pods = sorted((p for p in self.pods if p.role == "learner"), key=lambda p: rank(p.name))
 
     def decision(self) -> Decision:
+        self.actions += admission.workload_actions(self.seen.workload, finished=self.new.phase in FINISHED_PHASES,
+                                                   pods_exist=bool(self.pods))
         if self.new.progress is not None:
             self.new.progress_rate = update_estimate(
                 self.new.progress, self.new.progress_rate, self.old.progress, self.now,
@@ -253,6 +256,9 @@ class _Derivation(_ProgressRules):
             return
         if not self.new.conditions:
             _initial_conditions(self.conditions)
+            if not self.seen.work_kept_locally:
+                for warning in unkept_work(self.spec):
+                    self.event("Warning", Reason.WORK_NOT_KEPT, warning)
         self._count_pods()
         if self.spec.run_policy.suspend or self.seen.hold is not None:
             self._suspend()

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grpo_trainer.engine_errors import engine_error_line
-from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from grpo_trainer.contract import EXIT_LINE_PREFIX, engine_error_line
 
 from ..api import FailureStatus, PodFailureRule, Reason
 from .decision import PodObservation, rank

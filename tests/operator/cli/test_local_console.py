@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from grpo_operator.cli.local.console import Periodic, event_logger, final_summary, make_console, progress_line
-from grpo_operator.cli.local.plan import ProcessPlan
-from grpo_operator.cli.local.processes import LocalProcess
-from grpo_operator.cli.local.supervise import LocalRun, supervise
+from grpo_operator.local.console import Periodic, event_logger, final_summary, make_console, progress_line
+from grpo_operator.local.plan import ProcessPlan
+from grpo_operator.local.processes import LocalProcess
+from grpo_operator.local.supervise import LocalRun, supervise
 from grpo_operator.manifest import read_grporun
 from grpo_operator.status import PodObservation
 from tests.support.paths import REPO

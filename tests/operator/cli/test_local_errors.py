@@ -12,9 +12,9 @@ import yaml
 from grpo_operator import builders
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.cli.local.console import final_summary
-from grpo_operator.cli.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
-from grpo_operator.cli.local.supervise import prepare
+from grpo_operator.local.console import final_summary
+from grpo_operator.local.plan import VLLM_CPU_BIND_ENV, ProcessPlan, localize_spec, observe, plan_processes
+from grpo_operator.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
 from grpo_trainer.contract import load_run_config

@@ -18,8 +18,7 @@ import pytest
 import yaml
 
 from grpo_trainer import contract as c
-from grpo_trainer.object_store import download_folder
-from grpo_trainer.store_uri import parse_uri
+from grpo_trainer.inputs import resolve as resolve_inputs
 from tests.support.paths import REPO
 from tests.support.vllm_server import EAGER_VLLM_ARGS
 
@@ -97,14 +96,21 @@ def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_m
                                                                                      s3_server, s3_bucket):
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1, processes=2)
     uri = f"s3://{s3_bucket}/runs/tiny"
+    prompts = REPO / "examples" / "tiny-prompts.jsonl"
+    s3_server.client().upload_file(str(prompts), s3_bucket, "data/tiny-prompts.jsonl")
     with_output = yaml.safe_load(manifest.read_text())
     with_output["spec"]["output"] = {"uri": uri, "endpoint": s3_server.endpoint}
+    # The prompts come from the store too: both learner processes read them from there.
+    with_output["spec"]["dataset"]["path"] = f"s3://{s3_bucket}/data/tiny-prompts.jsonl"
+    with_output["spec"]["inputs"] = {"endpoint": s3_server.endpoint}
     manifest.write_text(yaml.safe_dump(with_output))
     # The keys come from this machine's environment, the endpoint from the spec.
     credentials = {name: value for name, value in s3_server.env().items() if name != "AWS_ENDPOINT_URL_S3"}
+    cache = tmp_path / "cache"  # grporun local's inputs cache: $XDG_CACHE_HOME/grpo/inputs
     result = subprocess.run(
         [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, **credentials},
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, **credentials, "XDG_CACHE_HOME": str(cache)},
     )
     log = (tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + log[-3000:]
@@ -120,10 +126,17 @@ def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_m
     report = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text())
     assert report.output is not None and report.output.uri == uri
     assert f"model: {uri} (step {report.global_step}, {report.output.bytes} bytes" in result.stdout
-    downloaded = tmp_path / "downloaded"
-    download_folder(parse_uri(uri, "spec.output.uri"), downloaded, client=s3_server.client())
+    (dataset,) = (cache / "grpo" / "inputs").rglob("tiny-prompts.jsonl")
+    assert dataset.read_bytes() == prompts.read_bytes()
+    # The export read back as a next run's model would be: through the inputs cache, checked against its manifest.
+    config = c.RunConfig(model=uri, dataset=c.DatasetConfig(path=str(prompts)), rewards=[c.RewardConfig(name="length")],
+                         inputs=c.InputsConfig(cache_dir=str(tmp_path / "next"), endpoint=s3_server.endpoint))
+    downloaded = Path(resolve_inputs(config, dataset=False, environ=credentials).model)
     assert hashlib.sha256((downloaded / c.EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == report.output.sha256
     assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {path.name for path in downloaded.iterdir()}
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(downloaded).num_parameters() > 0
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ scripted servers (tests/support/completions_server.py); the slow test scales a r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
@@ -25,10 +26,11 @@ from grpo_operator import builders
 from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.cli.local.plan import ProcessPlan
-from grpo_operator.cli.local.processes import http_get, http_ok
-from grpo_operator.cli.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
-from grpo_operator.cli.local.supervise import LocalRun, prepare
+from grpo_operator.engine import run_pass
+from grpo_operator.local.plan import ProcessPlan
+from grpo_operator.local.processes import LocalProcess, http_get, http_ok
+from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from grpo_trainer import contract as c
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.paths import REPO
@@ -101,7 +103,7 @@ def local_run(tmp_path, tiny_model_dir):
         return ProcessPlan(builders.rollout_pod_name(local.name, ordinal), "rollout",
                            [sys.executable, SERVER, f"s{ordinal}", str(port)], {}, f"http://127.0.0.1:{port}")
 
-    local.scaling.plan_server = scripted_server
+    local.plan_server = scripted_server
     learner = local.learner()
     learner.plan = ProcessPlan(learner.plan.name, "learner", [sys.executable, "-c", "import time; time.sleep(300)"],
                                {}, learner.plan.url)
@@ -115,13 +117,23 @@ def run_config_urls(local: LocalRun) -> list[str]:
     return json.loads((local.run_dir / "run.json").read_text())["rollout"]["urls"]
 
 
-def tick(local: LocalRun, log) -> None:
-    """One pass of the supervisor's loop without the learner's report: follow the request, derive, act."""
-    local.scaling.follow(local, log)
-    seen = st.Observation(local.observations(), None, datetime.datetime.now(datetime.UTC))
-    decision = st.derive_status(local.ref, local.spec, local.status, seen)
-    local.status = decision.status
-    local.act(decision.actions, log)
+class Ticks:
+    """The supervisor's passes (the engine's, through the local port) with the learner's report and the clock
+    scripted: `report` is what the learner's /progress answers next, `now` the time the pass sees."""
+
+    def __init__(self, local: LocalRun):
+        self.local, self.log = local, []
+        self.report: c.ProgressReport | None = None
+        self.now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        self.port = LocalPort(local, self.log.append, read_progress=lambda url: self.report, now=lambda: self.now)
+
+    def __call__(self) -> st.Decision:
+        decision = asyncio.run(run_pass(self.local.ref, self.port))
+        assert decision is not None
+        return decision
+
+    def events(self, reason: str) -> list[str]:
+        return [line for line in self.log if f" {reason}: " in line]
 
 
 def report_of(*servers: tuple[str, c.ReplicaState]) -> c.ProgressReport:
@@ -129,84 +141,90 @@ def report_of(*servers: tuple[str, c.ReplicaState]) -> c.ProgressReport:
                                      for i, (url, state) in enumerate(servers)])
 
 
+def scaled_to_two(local: LocalRun, tick: Ticks) -> LocalProcess:
+    """The run up (the learner started), then scaled to two servers: the added one started and in run.json."""
+    tick()
+    (local.run_dir / REPLICAS_FILE).write_text("2\n")
+    tick()
+    added = local.processes["tiny-rollout-1"]
+    assert added.popen is not None  # started by CreateChildren
+    return added
+
+
 def test_a_scaled_local_run_starts_the_added_server_rewrites_the_config_and_stops_a_removed_one_once_drained(
         local_run):
     local, first_url = local_run
-    log: list[str] = []
+    tick = Ticks(local)
     assert (local.run_dir / SUPERVISOR_FILE).is_file()
-    tick(local, log.append)  # the run's own pods: the learner starts
-    (local.run_dir / REPLICAS_FILE).write_text("2\n")
-    tick(local, log.append)
-    added = local.processes["tiny-rollout-1"]
-    assert local.spec.rollout.replicas == 2 and added.popen is not None  # started by the state machine
+    added = scaled_to_two(local, tick)
+    assert local.spec.rollout.replicas == 2
     assert run_config_urls(local) == [first_url, added.plan.url]
-    assert any("RolloutScaled: 1 -> 2 rollout servers: starting tiny-rollout-1" in line for line in log)
+    assert SupervisorRecord.read(local.run_dir).replicas == 2
+    assert tick.events("Scaled") == [
+        "Normal Scaled: rollout scaled from 1 to 2 servers: creating 1 rollout pod(s)"]
     deadline = time.monotonic() + 30
     while not http_ok(f"{added.plan.url}/health"):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
-    tick(local, log.append)
-    assert run_config_urls(local) == [first_url] and "tiny-rollout-1" not in local.processes
-    assert local.spec.rollout.replicas == 1
     # The learner still reports it (it has not read the file yet, then while it drains): it keeps running.
     for state in (c.ReplicaState.SERVING, c.ReplicaState.DRAINING):
-        local.scaling.finish_drains(report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, state)), True,
-                                    log.append)
-        assert added.poll() is None
-    local.scaling.finish_drains(None, True, log.append)  # no report this tick: no verdict
+        tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, state))
+        tick()
+        assert run_config_urls(local) == [first_url] and local.spec.rollout.replicas == 1
+        assert added.poll() is None and "tiny-rollout-1" in local.processes
+    tick.report = None  # no report this pass: no verdict
+    tick()
     assert added.poll() is None
-    local.scaling.finish_drains(report_of((first_url, c.ReplicaState.SERVING)), True, log.append)
-    assert added.poll() is not None and not local.scaling.draining
-    assert log[-1] == "Normal RolloutDrained: tiny-rollout-1: the learner sends it nothing more; stopped"
+    tick.report = report_of((first_url, c.ReplicaState.SERVING))
+    decision = tick()
+    assert st.DeletePods(("tiny-rollout-1",), reason="drained") in decision.actions
+    assert added.poll() is not None and "tiny-rollout-1" not in local.processes
+    assert tick.events("Drained") == [
+        "Normal Drained: tiny-rollout-1 left the rollout set and the learner has drained it"]
     assert [p.name for p in local.observations() if p.role == "rollout"] == ["tiny-rollout-0"]
 
 
 def test_a_removed_server_still_draining_at_its_deadline_is_stopped_with_a_warning(local_run):
     local, first_url = local_run
-    log: list[str] = []
-    now = [0.0]
-    local.scaling.clock = lambda: now[0]
-    tick(local, log.append)
-    (local.run_dir / REPLICAS_FILE).write_text("2\n")
-    tick(local, log.append)
-    added = local.processes["tiny-rollout-1"]
+    tick = Ticks(local)
+    added = scaled_to_two(local, tick)
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
-    tick(local, log.append)
-    draining = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
-    now[0] = local.scaling.drain_s - 1
-    local.scaling.finish_drains(draining, True, log.append)
+    tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
+    tick()
+    deadline_s = builders.drain_deadline_seconds(local.spec)
+    tick.now += datetime.timedelta(seconds=deadline_s - 1)
+    tick()
     assert added.poll() is None
-    now[0] = local.scaling.drain_s + 1
-    local.scaling.finish_drains(draining, True, log.append)
-    assert added.poll() is not None
-    assert log[-1].startswith(f"Warning RolloutDrainDeadline: tiny-rollout-1: still draining after "
-                              f"{local.scaling.drain_s:.0f}s")
+    tick.now += datetime.timedelta(seconds=2)
+    tick()
+    assert added.poll() is not None and "tiny-rollout-1" not in local.processes
+    assert tick.events("DrainDeadlineExceeded")[0].startswith(
+        f"Warning DrainDeadlineExceeded: tiny-rollout-1 left the rollout set {deadline_s} s ago")
 
 
 def test_a_server_asked_back_while_draining_serves_again_in_its_own_process(local_run):
     local, first_url = local_run
-    log: list[str] = []
-    tick(local, log.append)
-    (local.run_dir / REPLICAS_FILE).write_text("2\n")
-    tick(local, log.append)
-    added = local.processes["tiny-rollout-1"]
+    tick = Ticks(local)
+    added = scaled_to_two(local, tick)
     pid = added.popen.pid
+    tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
-    tick(local, log.append)
+    tick()
+    assert run_config_urls(local) == [first_url]
     (local.run_dir / REPLICAS_FILE).write_text("2 \n")
-    tick(local, log.append)
-    assert local.processes["tiny-rollout-1"].popen.pid == pid and not local.scaling.draining
+    tick()
+    assert local.processes["tiny-rollout-1"].popen.pid == pid and added.poll() is None
     assert run_config_urls(local) == [first_url, added.plan.url]
 
 
 def test_an_unusable_request_is_refused_once_and_changes_nothing(local_run):
     local, first_url = local_run
-    log: list[str] = []
+    tick = Ticks(local)
     for text in ("tw", "two\n", "two\n", "9\n", "0\n"):
         (local.run_dir / REPLICAS_FILE).write_text(text)
-        local.scaling.follow(local, log.append)
-    refused = [line for line in log if "ScaleRefused" in line]
+        tick()
+    refused = [line for line in tick.log if "ScaleRefused" in line]
     assert len(refused) == 4  # a file left as it is is not refused again
     assert "'two' is not a whole number" in refused[1] and str(local.run_dir / REPLICAS_FILE) in refused[1]
     assert "9 is above" in refused[2] and "0 is below 1" in refused[3]
@@ -298,8 +316,8 @@ def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_th
             process.communicate()
     assert process.returncode == 0 and "phase: Succeeded" in out, out[-4000:]
     assert before_removal.groups_consumed < before_removal.groups_total  # scaled down while it trained
-    assert "RolloutScaled: 1 -> 2" in out and "RolloutScaled: 2 -> 1" in out
-    assert "RolloutDrained: tiny-rollout-1" in out and "RolloutDrainDeadline" not in out
+    assert "Scaled: rollout scaled from 1 to 2" in out and "Scaled: rollout scaled from 2 to 1" in out
+    assert "Drained: tiny-rollout-1" in out and "DrainDeadlineExceeded" not in out
     report = c.parse_progress((run_dir / "termination-log").read_text())
     assert report.groups_consumed == report.groups_total  # the exact epoch bound
     assert report.groups_trained + report.dropped_total == report.groups_total  # each group trained (or filtered) once

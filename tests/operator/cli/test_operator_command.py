@@ -12,7 +12,7 @@ import requests
 import yaml
 
 from grpo_operator.cli import operator_command as main
-from grpo_operator.cli.local.processes import free_port
+from grpo_operator.local.processes import free_port
 from tests.support.chart_render import objects_of_kind, render_objects
 
 

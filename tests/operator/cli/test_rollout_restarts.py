@@ -8,7 +8,7 @@ real vLLM server under a running learner is in tests/trainer/test_rollout_replic
 
 from __future__ import annotations
 
-import datetime
+import asyncio
 import io
 import os
 import signal
@@ -18,11 +18,12 @@ import time
 from rich.console import Console
 
 from grpo_operator.api import parse_spec
-from grpo_operator.cli.local.plan import ProcessPlan
-from grpo_operator.cli.local.processes import LocalProcess, free_port
-from grpo_operator.cli.local.rollout_restarts import Liveness, exit_line
-from grpo_operator.cli.local.supervise import LocalRun
-from grpo_operator.status import Observation, derive_status
+from grpo_operator.engine import run_pass
+from grpo_operator.local.plan import ProcessPlan
+from grpo_operator.local.processes import LocalProcess, free_port
+from grpo_operator.local.rollout_restarts import Liveness, exit_line
+from grpo_operator.local.supervise import LocalPort, LocalRun
+from grpo_operator.status import Decision
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
 from tests.support.paths import REPO
 from tests.support.specs import minimal_spec
@@ -35,6 +36,13 @@ import sys
 print("nanobind: leaked 12 instances!")
 print("{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}", file=sys.stderr)
 """
+
+
+def one_pass(local: LocalRun, log) -> Decision:
+    """One tick of `grporun local`'s loop (the engine's pass through the local port), the learner's report unread."""
+    decision = asyncio.run(run_pass(local.ref, LocalPort(local, log, read_progress=lambda url: None)))
+    assert decision is not None
+    return decision
 
 
 def _wait_exit(process: LocalProcess) -> None:
@@ -59,11 +67,7 @@ def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_th
         for _ in range(20):
             if server.popen is not None:
                 _wait_exit(server)
-            decision = derive_status(local.ref, spec, local.status,
-                                     Observation(local.observations(), None, datetime.datetime.now(datetime.UTC)))
-            local.status = decision.status
-            events += decision.events
-            local.act(decision.actions, console.log)
+            events += one_pass(local, console.log).events
             if local.status["phase"] == "Failed":
                 break
         learner_pid = learner.popen.pid
@@ -99,12 +103,7 @@ def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_sta
         deadline = time.monotonic() + 60
         while not condition():
             assert time.monotonic() < deadline, console.file.getvalue()
-            local.stop_hung(console.log)
-            decision = derive_status(local.ref, spec, local.status,
-                                     Observation(local.observations(), None, datetime.datetime.now(datetime.UTC)))
-            local.status = decision.status
-            events.extend(decision.events)
-            local.act(decision.actions, console.log)
+            events.extend(one_pass(local, console.log).events)  # its observe runs the liveness probes
             time.sleep(0.05)
 
     try:

@@ -180,8 +180,33 @@ def test_validate_refuses_a_7b_ddp_learner_on_one_80gb_gpu_with_the_estimate_and
     (line,) = out.err.splitlines()
     assert line.startswith(f"{path}: spec.learner: the learner needs ~122 GiB per GPU under ddp (7.6B parameters")
     assert "more than the 80 GiB of its GPU (nodeSelector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3)" in line
-    assert line.endswith("ways out: FSDP2 over 2 GPUs (~67 GiB each) or LoRA adapters, rank 16 (~38 GiB)")
+    assert line.endswith("ways out: FSDP2 over 2 GPUs (~67 GiB each) or FSDP2 with learner.fsdp.cpuOffload on 1 GPU "
+                         "(~11 GiB per GPU, 113 GiB of CPU memory per rank) or LoRA adapters, rank 16 (~38 GiB)")
     assert not out.out.startswith("OK")
+
+
+@pytest.mark.parametrize(("learner", "training", "estimate"), [
+    ({"strategy": "fsdp2", "processesPerNode": 2, "resources": {"limits": {"nvidia.com/gpu": 2}}}, {},
+     "~67 GiB per GPU under fsdp2"),
+    ({"strategy": "fsdp2", "fsdp": {"cpuOffload": True}}, {}, "~11 GiB per GPU under fsdp2"),
+    ({}, {"lora": {"r": 16}}, "~38 GiB per GPU under ddp"),
+])
+def test_validate_estimates_the_7b_learner_the_spec_asks_for_and_passes_it(capsys, tmp_path, learner, training,
+                                                                          estimate):
+    # Each way out the refusal names, taken: the check must estimate the learner the spec runs, not a DDP one.
+    import json
+
+    (tmp_path / "qwen7b").mkdir()
+    (tmp_path / "qwen7b" / "config.json").write_text(json.dumps(QWEN25_7B_CONFIG))
+    manifest = one_gpu_run(str(tmp_path / "qwen7b"))
+    manifest["spec"]["learner"].update(learner)
+    manifest["spec"]["training"].update(training)
+    manifest["spec"]["rollout"]["weightSync"] = {"mode": "filesystem"}  # NCCL sync is refused from several ranks
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"{path}: fit: spec.learner: the learner needs {estimate}")
+    assert out[1].endswith("within the 80 GiB of its GPU")
 
 
 def test_validate_warns_of_a_7b_learner_on_an_unnamed_gpu(capsys, tmp_path):

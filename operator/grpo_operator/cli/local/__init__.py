@@ -18,13 +18,13 @@ import os
 import sys
 
 from ...api import Phase
+from ...local.console import event_logger, final_summary, make_console
+from ...local.plan import LocalError
+from ...local.supervise import prepare, supervise
 from ...manifest import ManifestError
 from ...pod_overrides import local_env_notes
 from ..exit_codes import ExitCode
 from ..output import manifest_problem, problem
-from .console import event_logger, final_summary, make_console
-from .plan import LocalError
-from .supervise import prepare, supervise
 
 EXAMPLES = """examples:
   grporun local examples/tiny.yaml                  # starts a vLLM server and the learner; writes runs/tiny/

@@ -1,7 +1,7 @@
 """`grporun local scale NAME N`: ask the `grporun local` running run NAME for N rollout servers.
 
 It checks the request against the running run's bounds, then writes N into the run folder's `rollout-replicas`
-file, which the supervising `grporun local` follows (cli/local/scaling.py): it starts the added servers, rewrites the
+file, which the supervising `grporun local` follows (local/scaling.py): it starts the added servers, rewrites the
 run config the learner watches, and stops each removed server once the learner has drained it.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...local.scaling import REPLICAS_FILE, SupervisorRecord, write_atomically
 from ..exit_codes import ExitCode
 from ..output import problem
-from .scaling import REPLICAS_FILE, SupervisorRecord, write_atomically
 
 COMMAND = "local scale"
 HELP = "change the number of rollout servers of a run that `grporun local` is running"

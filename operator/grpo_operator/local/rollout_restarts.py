@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_trainer.rollout import EXIT_LINE_PREFIX
-from grpo_trainer.rollout_health import (
+from grpo_trainer.contract import (
+    EXIT_LINE_PREFIX,
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
     PROBE_TIMEOUT_S,

@@ -1,12 +1,13 @@
 """A local run: prepare it (validate, resolve the config, plan the processes), then supervise it like the operator.
 
-Each tick observes the processes as pods, derives the status with the operator's own state machine
-(grpo_operator.status.derive_status) and carries out its actions on the processes.
+Each tick is one pass of the engine (engine.run_pass) through a LocalPort: the processes observed as pods, the
+status derived by the operator's own state machine, its actions carried out on the processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import shutil
@@ -19,19 +20,23 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from grpo_trainer import contract as c
+from grpo_trainer.contract import EXIT_LINE_PREFIX
 
-from ... import builders
-from ... import status as st
-from ...api import FINISHED_PHASES, GRPORunSpec, Phase
-from ...manifest import read_grporun
-from ...resolve import resolve_run_config
-from ...run_ref import RunRef
-from ..exit_codes import ExitCode
+from .. import builders
+from .. import status as st
+from ..api import FINISHED_PHASES, GRPORunSpec, Phase
+from ..cli.exit_codes import ExitCode
+from ..engine import Observed, run_pass
+from ..manifest import read_grporun
+from ..resolve import resolve_run_config
+from ..run_ref import RunRef
+from ..status.decision import rank
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .plan import (
     LOCAL_HOST,
     LocalError,
+    ProcessPlan,
     check_rewards,
     cpu_bind,
     local_output,
@@ -42,7 +47,7 @@ from .plan import (
 )
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
 from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
-from .scaling import RolloutScaling, drain_seconds, scale_bounds
+from .scaling import RolloutScaling, scale_bounds
 
 
 # more than 8: the local run's plan and its live state; built once, by keyword
@@ -59,11 +64,13 @@ class LocalRun:
     liveness: Liveness | None = None
     hung: dict[str, str] = field(default_factory=dict)  # rollout server -> why its liveness probes stopped it
     scaling: RolloutScaling | None = None  # `grporun local scale` while the run runs
+    plan_server: Callable[[int, int], ProcessPlan] | None = None  # (ordinal, port) -> an added rollout server
     notes: list[str] = field(default_factory=list)  # said once at the start: how the manifest maps to this machine
 
     @property
     def ref(self) -> RunRef:
-        """The run as the derivation sees it: no GRPORun object, so no uid, and a spec never edited."""
+        """The run as the derivation sees it: no GRPORun object, so no uid, and one generation (a scale request
+        changes only rollout.replicas, which a running run may change)."""
         return RunRef(self.name, self.namespace, uid="local")
 
     def learner(self) -> LocalProcess:
@@ -91,25 +98,51 @@ class LocalRun:
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
-    def act(self, actions: list[st.Action], log: Callable[[str], None]) -> None:
-        for action in actions:
-            if isinstance(action, st.CreateChildren):
-                for process in self.processes.values():
-                    if process.popen is None:
-                        process.start()
-                        self.hung.pop(process.plan.name, None)
-                        if self.liveness is not None:
-                            self.liveness.forget(process.plan.name)
-                        log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
-            elif isinstance(action, st.DeletePods | st.RecreatePods):
-                for name in action.pods:
-                    process = self.processes.get(name)
-                    if process is not None and process.popen is not None:
-                        process.stop()
-                        if isinstance(action, st.RecreatePods):
-                            process.popen = None  # missing now: the next CreateChildren starts it again
-                            if process.plan.role == "learner" and self.termination_path:
-                                self.termination_path.unlink(missing_ok=True)
+    def start_missing(self, log: Callable[[str], None]) -> None:
+        """CreateChildren: start every planned process that is not running (new, or stopped to be recreated)."""
+        for process in self.processes.values():
+            if process.popen is None:
+                process.start()
+                self.hung.pop(process.plan.name, None)
+                if self.liveness is not None:
+                    self.liveness.forget(process.plan.name)
+                log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
+
+    def stop(self, names: tuple[str, ...], *, recreate: bool) -> None:
+        """DeletePods (recreate=False) and RecreatePods: stop the processes; a recreated one counts as missing, so
+        the next CreateChildren starts it again. A rollout server past spec.rollout.replicas (drained after a
+        scale-down) is gone afterwards, as its deleted pod would be."""
+        for name in names:
+            process = self.processes.get(name)
+            if process is not None and process.plan.role == "rollout" and rank(name) >= self.spec.rollout.replicas:
+                process.stop()
+                del self.processes[name]
+                self.forget_server(name)
+            elif process is not None and process.popen is not None:
+                process.stop()
+                if recreate:
+                    process.popen = None
+                    if process.plan.role == "learner" and self.termination_path:
+                        self.termination_path.unlink(missing_ok=True)
+
+    def configure_rollout(self, replicas: int, log: Callable[[str], None]) -> None:
+        """ConfigureRollout: run.json lists the first `replicas` servers, in ordinal order. A server not planned yet
+        (a scale-up) is planned first, so that its URL is in the config before CreateChildren starts it."""
+        if self.scaling is None:
+            return  # no run.json of this run's own to rewrite
+        urls = []
+        for ordinal in range(replicas):
+            if ordinal < len(self.external_rollout_urls):
+                urls.append(self.external_rollout_urls[ordinal])
+                continue
+            name = builders.rollout_pod_name(self.name, ordinal)
+            if name not in self.processes and self.plan_server is not None:
+                plan = self.plan_server(ordinal, free_port())
+                self.processes[name] = LocalProcess(plan, self.run_dir / "logs" / f"{name}.log")
+            if name in self.processes:  # (none without a Python to start it: the scale bounds keep the count)
+                urls.append(self.processes[name].plan.url)
+        if self.scaling.configure(urls):
+            log(f"run config: rollout.urls now lists {len(urls)} server(s)")
 
     def waiting_for(self, pods: list[st.PodObservation]) -> list[str]:
         """What the run waits for while a rollout server is up but not ready (a model load takes minutes)."""
@@ -152,7 +185,6 @@ class LocalRun:
         for process in self.processes.values():
             process.stop()
         if self.scaling is not None:
-            self.scaling.stop_all()
             self.scaling.end()
 
 
@@ -218,41 +250,89 @@ def prepare(args: argparse.Namespace) -> LocalRun:
 
     bounds = scale_bounds(config, external=len(external), can_start=rollout_python is not None,
                           cpu_count=os.cpu_count())
-    local.scaling = RolloutScaling(run_dir, config_path, config, bounds, plan_server, drain_seconds(config))
+    local.scaling = RolloutScaling(run_dir, config_path, config, bounds)
+    local.plan_server = plan_server
     local.scaling.begin()
     return local
 
 
+class LocalPort:
+    """The engine's port for a local run: processes observed as pods, the status kept in memory (and drawn), the
+    actions carried out on the processes and the run folder's run.json."""
+
+    def __init__(self, local: LocalRun, log: Callable[[str], None], waiting: Periodic | None = None,
+                 read_progress: Callable[[str], c.ProgressReport | None] = read_progress_blocking,
+                 now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)):
+        self.local, self.log, self.waiting = local, log, waiting or Periodic()
+        self.read_progress = read_progress  # the learner's /progress, by its URL
+        self.now = now
+
+    async def observe(self) -> Observed:
+        local, log = self.local, self.log
+        local.stop_hung(log)
+        if local.scaling is not None and (replicas := local.scaling.follow(log)) is not None:
+            local.spec.rollout.replicas = replicas  # as an edit of the spec: the state machine scales to it
+        pods = local.observations()
+        waits = local.waiting_for(pods)
+        if self.waiting.due(bool(waits)):
+            for line in waits:
+                log(line)
+        learner = local.learner()
+        alive = learner.popen is not None and learner.poll() is None
+        report = self.read_progress(learner.plan.url) if alive else None
+        configured = None if local.scaling is None else local.scaling.configured
+        seen = st.Observation(pods, report, self.now(), configured_servers=configured, work_kept_locally=True)
+        return Observed(local.spec, local.status, seen)
+
+    async def write(self, decision: st.Decision) -> bool:
+        self.local.status = decision.status
+        for event in decision.events:
+            self.log(f"{event.type} {event.reason}: {one_line(event.message)}")
+        return True
+
+    async def configure_rollout(self, replicas: int) -> None:
+        self.local.configure_rollout(replicas, self.log)
+
+    async def create_children(self, status: dict[str, Any]) -> None:
+        self.local.start_missing(self.log)
+
+    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
+        self.local.stop(pods, recreate=False)
+
+    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
+        self.local.stop(pods, recreate=True)
+
+    async def delete_run(self) -> None:
+        """ttlSecondsAfterFinished: a local run has no object to delete; its folder is the user's to keep."""
+
+    # A local run names no Kueue queue: its observation has no Workload, so the state machine asks for none of these.
+    async def create_workload(self) -> None:
+        pass
+
+    async def release_quota(self) -> None:
+        pass
+
+    async def resize_workload(self) -> None:
+        pass
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        pass
+
+
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
               clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
-    """Tick until the run finishes: observe, derive the status like the operator, act, draw."""
+    """Tick until the run finishes: one engine pass (observe, derive the status like the operator, act), then draw."""
     waiting, training = Periodic(clock=clock), Periodic(clock=clock)
-    with progress_bar(console) as bar:
+    port = LocalPort(local, log, waiting)
+    with progress_bar(console) as bar, asyncio.Runner() as runner:
         task = bar.add_task("run", **bar_fields({}))
         while True:
-            local.stop_hung(log)
-            if local.scaling is not None:
-                local.scaling.follow(local, log)
-            pods = local.observations()
-            waits = local.waiting_for(pods)
-            if waiting.due(bool(waits)):
-                for line in waits:
-                    log(line)
-            learner = local.learner()
-            alive = learner.popen is not None and learner.poll() is None
-            report = read_progress_blocking(learner.plan.url) if alive else None
-            if local.scaling is not None:  # after the report: it was taken once run.json names the new set
-                local.scaling.finish_drains(report, alive, log)
-            seen = st.Observation(pods, report, datetime.datetime.now(datetime.UTC))
-            decision = st.derive_status(local.ref, local.spec, local.status, seen)
-            local.status = decision.status
-            for event in decision.events:
-                log(f"{event.type} {event.reason}: {one_line(event.message)}")
-            local.act(decision.actions, log)
-            bar.update(task, **bar_fields(local.status))
-            running = local.status.get("phase") == Phase.RUNNING.value
+            runner.run(run_pass(local.ref, port))
+            status = local.status or {}  # the pass's write: a local run's status is kept in memory
+            bar.update(task, **bar_fields(status))
+            running = status.get("phase") == Phase.RUNNING.value
             if training.due(running and not console.is_terminal):  # a terminal has the bar
-                log(progress_line(local.status))
-            if Phase(local.status["phase"]) in FINISHED_PHASES:
-                return local.status
+                log(progress_line(status))
+            if Phase(status["phase"]) in FINISHED_PHASES:
+                return status
             time.sleep(poll_interval_s)

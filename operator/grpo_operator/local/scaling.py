@@ -1,39 +1,23 @@
-"""Scaling a local run's rollout servers while it runs, as the operator does in a cluster.
+"""Scaling a local run's rollout servers while it runs, through the same actions as in a cluster.
 
 The run folder's `rollout-replicas` file holds the count wanted (one integer; `grporun local scale NAME N` writes it
-in one step). Each tick the supervisor reads it. For a new count it plans the added servers (the state machine then
-starts them, as it creates the pods it misses), rewrites `rollout.urls` in run.json (the file the learner watches;
-URLs in ordinal order, so the highest ordinals leave first) and keeps each removed server running, draining, until
-the learner's `/progress` no longer lists it, or its drain deadline passes. docs/rollout.md ("Scaling a running
-run") has the design; docs/cli.md the command.
+in one step). Each pass the local port reads it (`RolloutScaling.follow`) as the cluster reads spec.rollout.replicas;
+the state machine then decides, as for pods: ConfigureRollout rewrites `rollout.urls` in run.json (the file the
+learner watches; URLs in ordinal order, so the highest ordinals leave first), CreateChildren starts the added servers,
+and a removed server keeps running, draining, until status.scaling lets DeletePods stop it (the learner's `/progress`
+no longer lists it, or its drain deadline passed). docs/rollout.md ("Scaling a running run") has the design;
+docs/cli.md the command.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from grpo_trainer import contract as c
-
-from ... import builders
-from ...status.scaling import DrainEnd, drain_end
-from .plan import ProcessPlan
-from .processes import STOP_GRACE_S, LocalProcess, free_port
-
-if TYPE_CHECKING:
-    from .supervise import LocalRun
-
-_DRAINED_LINES = {
-    DrainEnd.NO_LEARNER: "Normal RolloutDrained: {name}: the learner is not running; stopped",
-    DrainEnd.DRAINED: "Normal RolloutDrained: {name}: the learner sends it nothing more; stopped",
-    DrainEnd.DEADLINE: ("Warning RolloutDrainDeadline: {name}: still draining after {drain_s:.0f}s (the request "
-                        "timeout plus the stop grace); stopped anyway, its requests are sent again"),
-}
 
 #: In the run folder: the count of rollout servers asked for, and who supervises the run (the scale command reads it).
 REPLICAS_FILE = "rollout-replicas"
@@ -122,13 +106,6 @@ def parse_request(text: str) -> int:
     return int(stripped)
 
 
-@dataclass
-class Draining:
-    process: LocalProcess
-    url: str
-    deadline: float
-
-
 # more than 8: the run's scaling inputs and its live state, built once by `prepare`
 @dataclass
 class RolloutScaling:
@@ -136,16 +113,17 @@ class RolloutScaling:
     config_path: Path
     config: c.RunConfig  # as run.json holds it
     bounds: ScaleBounds
-    plan_server: Callable[[int, int], ProcessPlan]  # (ordinal, port) -> the server's process
-    drain_s: float
-    clock: Callable[[], float] = time.monotonic
-    draining: dict[str, Draining] = field(default_factory=dict)  # pod name -> the server leaving
     _seen: str | None = None  # the request file's text last acted on
     _problem: str | None = None
 
     @property
     def request_path(self) -> Path:
         return self.run_dir / REPLICAS_FILE
+
+    @property
+    def configured(self) -> int:
+        """How many servers run.json's `rollout.urls` lists."""
+        return len(self.config.rollout.urls)
 
     def begin(self) -> None:
         """At the start: a request left by an earlier run in this folder does not apply; the record says who runs."""
@@ -157,18 +135,19 @@ class RolloutScaling:
             path.unlink(missing_ok=True)
 
     def record(self) -> None:
-        SupervisorRecord(os.getpid(), len(self.config.rollout.urls), self.bounds).write(self.run_dir)
+        SupervisorRecord(os.getpid(), self.configured, self.bounds).write(self.run_dir)
 
-    def follow(self, local: LocalRun, log: Callable[[str], None]) -> None:
-        """Act on a new count in the request file (one warning for one that cannot be used)."""
+    def follow(self, log: Callable[[str], None]) -> int | None:
+        """A new count in the request file, within bounds; None when there is none (one warning for one that
+        cannot be used)."""
         try:
             text = self.request_path.read_text()
         except FileNotFoundError:
-            return
+            return None
         except OSError as error:
             return self._refuse(f"cannot read it ({error.strerror})", log)
         if text == self._seen:
-            return
+            return None
         self._seen = text
         try:
             replicas = parse_request(text)
@@ -177,69 +156,20 @@ class RolloutScaling:
         if (problem := self.bounds.problem(replicas)) is not None:
             return self._refuse(problem, log)
         self._problem = None
-        if replicas != len(self.config.rollout.urls):
-            self.scale(local, replicas, log)
+        return replicas
 
     def _refuse(self, problem: str, log: Callable[[str], None]) -> None:
         if problem != self._problem:
             self._problem = problem
-            log(f"Warning ScaleRefused: {self.request_path}: {problem}; keeping {len(self.config.rollout.urls)} "
+            log(f"Warning ScaleRefused: {self.request_path}: {problem}; keeping {self.configured} "
                 "rollout server(s)")
 
-    def scale(self, local: LocalRun, replicas: int, log: Callable[[str], None]) -> None:
-        urls = list(self.config.rollout.urls)
-        before = len(urls)
-        started, drained = [], []
-        for ordinal in range(before, replicas):
-            name = builders.rollout_pod_name(local.name, ordinal)
-            back = self.draining.pop(name, None)
-            if back is not None:  # still draining: it serves again (the learner admits it again first)
-                local.processes[name] = back.process
-                urls.append(back.url)
-            else:
-                plan = self.plan_server(ordinal, free_port())
-                local.processes[name] = LocalProcess(plan, self.run_dir / "logs" / f"{name}.log")
-                urls.append(plan.url)
-            started.append(name)
-        for ordinal in reversed(range(replicas, before)):
-            name = builders.rollout_pod_name(local.name, ordinal)
-            process = local.processes.pop(name)
-            self.draining[name] = Draining(process, urls[ordinal], self.clock() + self.drain_s)
-            local.forget_server(name)
-            drained.append(name)
-        urls = urls[:replicas]
-        local.spec.rollout.replicas = replicas  # the state machine starts the servers it now misses
+    def configure(self, urls: list[str]) -> bool:
+        """ConfigureRollout: run.json's `rollout.urls` becomes `urls`, in one step. False when it listed them."""
+        if urls == list(self.config.rollout.urls):
+            return False
         self.config = self.config.model_copy(
             update={"rollout": self.config.rollout.model_copy(update={"urls": urls})})
         write_atomically(self.config_path, self.config.model_dump_json(by_alias=True, indent=2))
         self.record()
-        change = [f"starting {', '.join(started)}"] if started else []
-        change += [f"draining {', '.join(drained)} (stopped once the learner no longer reports it)"] if drained else []
-        log(f"Normal RolloutScaled: {before} -> {replicas} rollout servers: {'; '.join(change)}")
-
-    def finish_drains(self, report: c.ProgressReport | None, learner_alive: bool, log: Callable[[str], None]) -> None:
-        """Stop each draining server the learner is done with: absent from its report, or the learner is not
-        running (a restarted learner reads run.json afresh), or past its drain deadline (then a warning)."""
-        for name, leaving in list(self.draining.items()):
-            end = drain_end(exited=leaving.process.popen is None or leaving.process.poll() is not None,
-                            learner_running=learner_alive,
-                            still_reported=None if report is None else any(
-                                server.url == leaving.url for server in report.rollout),
-                            past_deadline=self.clock() > leaving.deadline)
-            if end is None:
-                continue
-            leaving.process.stop()
-            del self.draining[name]
-            if end is not DrainEnd.EXITED:  # never started, or gone by itself: nothing to say
-                log(_DRAINED_LINES[end].format(name=name, drain_s=self.drain_s))
-
-    def stop_all(self) -> None:
-        for leaving in self.draining.values():
-            leaving.process.stop()
-        self.draining.clear()
-
-
-def drain_seconds(config: c.RunConfig) -> float:
-    """How long a removed server may drain: its requests' timeout, then the stop's grace (the cluster's rule with
-    `grporun local`'s grace in place of the pod's)."""
-    return c.request_timeout_seconds(config.training.extra_args) + STOP_GRACE_S
+        return True

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from kopf._cogs.clients import api, errors
 
-from .api import KIND, PLURAL
+from ..api import KIND, PLURAL
 
 APIClientError = errors.APIClientError
 #: Statuses that mean the object itself is invalid: retrying the same object cannot help.

@@ -13,7 +13,8 @@ A run never has more pods of a role than Kueue admitted for its pod set: a size 
 quota (queued, or evicted and given back) is written into its pod sets, so Kueue admits the new size; one changed
 while it holds quota is refused, and the run keeps the admitted count until Kueue admits it again.
 
-The functions here are pure except `gate`, `placements` and `finish`, which read and write through `kube.Kube`.
+The functions here are pure except the I/O at the end: `observe` only reads (the pass's observation); `create`,
+`release`, `resize` and `finish` carry out the actions status.admission decides; `placements` reads flavours.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builders
-from .api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
-from .apitime import format_time
+from .. import builders
+from ..api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
+from ..apitime import format_time
+from ..run_ref import RunRef
+from ..status import WorkloadObservation
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
-from .run_ref import RunRef
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP = "kueue.x-k8s.io"
@@ -270,41 +272,53 @@ class Gate:
     hold: tuple[str, str] | None
     flavors: dict[str, list[str]] = field(default_factory=dict)
     admitted: dict[str, int] = field(default_factory=dict)  # pod set -> pods admitted (admitted runs only)
+    workload: dict[str, Any] | None = None  # as read this pass (what releasing or resizing it starts from)
 
 
-async def gate(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, trainer_image: str, pods_exist: bool,
-               now: datetime.datetime) -> Gate:
-    """Create the Workload if missing and say whether the run may have pods; release an evicted one's quota once
-    its pods are gone; resize the pod sets of one that holds no quota to the spec's counts. One GET per pass for a
-    queued run."""
+async def observe(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *,
+                  create_error: str | None = None) -> tuple[Gate, WorkloadObservation]:
+    """Read the run's Workload (one GET, no write): whether the run may have pods, and what status.admission needs
+    to decide what to do with the Workload. `create_error`: why creating it failed last time (shown while it is
+    missing)."""
     workload = await kube.read(API_VERSION, WORKLOAD, run.namespace, workload_name(run.name))
     if workload is None:
-        pods = builders.build_pods(run, spec, trainer_image=trainer_image)
-        try:
-            await kube.create(build_workload(run, queue, pods, role_topologies(spec)))
-        except APIClientError as error:
-            refusal = f"the Kueue Workload {workload_name(run.name)} was rejected: {error.message or error}"
-            if error.status in PERMANENT_REJECTIONS:
-                raise WorkloadRejected(refusal) from None
-            # No Kueue on the cluster (404), or its webhook is not answering yet: try again on the next pass.
-            return Gate((Reason.WAITING_FOR_ADMISSION, f"{refusal} (is Kueue installed?)"))
-        return Gate(hold_of(Admission("pending"), queue))
+        hold = hold_of(Admission("pending"), queue)
+        if create_error is not None:
+            hold = (Reason.WAITING_FOR_ADMISSION, f"{create_error} (is Kueue installed?)")
+        return Gate(hold), WorkloadObservation(exists=False)
     admission = admission_of(workload)
-    if admission.state == "evicted" and admission.reserved and not pods_exist:
-        version = status_api_version(await kube.api_group(GROUP))
-        await kube.patch_status(version, WORKLOAD, run.namespace, workload_name(run.name),
-                                released_status(workload, now))
-    elif not admission.reserved and resized_pod_sets(workload, spec):
-        await _resize(kube, run, queue, spec, workload, trainer_image=trainer_image)
     admitted = admitted_counts(workload) if admission.state == "admitted" else {}
-    return Gate(hold_of(admission, queue), admission.flavors, admitted)
+    seen = WorkloadObservation(exists=True, reserved=admission.reserved, evicted=admission.state == "evicted",
+                               finished=_is_true(workload, FINISHED),
+                               resizable=not admission.reserved and bool(resized_pod_sets(workload, spec)))
+    return Gate(hold_of(admission, queue), admission.flavors, admitted, workload), seen
 
 
-async def _resize(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, workload: dict[str, Any], *,
-                  trainer_image: str) -> None:
-    """Write the spec's pod sets into a Workload that holds no quota, so Kueue admits the size the run now asks
-    for. Conditional on the version read: Kueue may reserve quota in between, and then its webhook refuses a change
-    to the pod sets; either refusal is tried again on the next pass."""
+async def create(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, trainer_image: str) -> str | None:
+    """CreateWorkload. Returns why it failed when another try may pass (no Kueue on the cluster, its webhook not
+    answering yet); raises WorkloadRejected when the API server refuses it as invalid."""
+    pods = builders.build_pods(run, spec, trainer_image=trainer_image)
+    try:
+        await kube.create(build_workload(run, queue, pods, role_topologies(spec)))
+    except APIClientError as error:
+        refusal = f"the Kueue Workload {workload_name(run.name)} was rejected: {error.message or error}"
+        if error.status in PERMANENT_REJECTIONS:
+            raise WorkloadRejected(refusal) from None
+        return refusal
+    return None
+
+
+async def release(kube: Kube, run: RunRef, workload: dict[str, Any], now: datetime.datetime) -> None:
+    """ReleaseQuota: give back an evicted Workload's quota reservation, its pods being gone."""
+    version = status_api_version(await kube.api_group(GROUP))
+    await kube.patch_status(version, WORKLOAD, run.namespace, workload_name(run.name), released_status(workload, now))
+
+
+async def resize(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, workload: dict[str, Any], *,
+                 trainer_image: str) -> None:
+    """ResizeWorkload: write the spec's pod sets into a Workload that holds no quota, so Kueue admits the size the
+    run now asks for. Conditional on the version read: Kueue may reserve quota in between, and then its webhook
+    refuses a change to the pod sets; either refusal is tried again on the next pass."""
     pods = builders.build_pods(run, spec, trainer_image=trainer_image)
     pod_sets = build_workload(run, queue, pods, role_topologies(spec))["spec"]["podSets"]
     before = pod_set_counts(workload)

@@ -14,7 +14,7 @@ from urllib.error import URLError
 from urllib.request import urlopen
 
 from grpo_trainer import contract as c
-from grpo_trainer.rollout import ROLLOUT_PYTHON_ENV
+from grpo_trainer.contract import ROLLOUT_PYTHON_ENV
 
 from .plan import LOCAL_HOST, LocalError, ProcessPlan
 

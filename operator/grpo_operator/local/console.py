@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ...eta import format_duration
+from ..eta import format_duration
 
 EVENT_DISPLAY_CHARS = 300
 #: While a server loads (minutes on a CPU), a line this often says what the run waits for; off a terminal, where

@@ -1,7 +1,8 @@
-"""One reconcile pass of one GRPORun: observe -> derive (pure, the status package) -> write status -> act.
+"""The cluster's port for the engine's pass (engine.run_pass): a GRPORun observed through the API server and the pod
+index, its status written to the status subresource, its actions carried out on Kubernetes objects.
 
 The kopf handlers (handlers.py) call `reconcile_run` from one task per run (run_loops.py), so passes of one run
-never overlap and no lock is needed. Everything decided here comes from status.derive_status; this module only reads the
+never overlap and no lock is needed. Everything decided comes from status.derive_status; this module only reads the
 world (the pod index, the learner's /progress) and carries out the Decision.
 """
 
@@ -18,8 +19,8 @@ import kopf
 
 from grpo_trainer.contract import ProgressReport
 
-from . import builders, fit, kueue
-from .api import (
+from .. import builders, fit
+from ..api import (
     API_VERSION,
     FINISHED_PHASES,
     GENERATION_ANNOTATION,
@@ -31,27 +32,23 @@ from .api import (
     parse_status,
     parse_stored_spec,
 )
-from .events import EventRecorder
-from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
-from .operator_metrics import OperatorMetrics
-from .pod_overrides import OverrideError
-from .pods import PodFacts
-from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
-from .run_loops import RunLoops
-from .run_ref import RunRef
-from .status import (
-    ConfigureRollout,
-    CreateChildren,
+from ..engine import Observed, run_pass
+from ..events import EventRecorder
+from ..operator_metrics import OperatorMetrics
+from ..pod_overrides import OverrideError
+from ..pods import PodFacts
+from ..progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from ..run_loops import RunLoops
+from ..run_ref import RunRef
+from ..status import (
     Decision,
-    DeletePods,
-    DeleteRun,
     Event,
     Observation,
     PodObservation,
-    RecreatePods,
-    derive_status,
     invalid_spec_status,
 )
+from . import kueue
+from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -72,6 +69,7 @@ class RunMemory:
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
     children_created: bool = False
     kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
+    workload_error: str | None = None  # why creating the run's Kueue Workload failed last time (retried)
     progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
     progress_error: str | None = None
     progress_invalid: bool = False  # the last answer was a report that breaks the contract
@@ -131,72 +129,146 @@ class ChildRejected(Exception):
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
                         indexed_pods: list[tuple[PodObservation, PodFacts]], logger: Logger) -> bool:
-    """One pass. Returns False when the run needs no more passes until its spec changes (finished, cleaned up, no
-    TTL pending)."""
-    metadata = body.get("metadata", {})
-    run = RunRef.of(metadata)
-    name, namespace, uid = run.name, run.namespace, run.uid
-    memory = context.memory(uid)
-    kube = Kube(context.settings, logger)
-    base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
-    now = context.clock()
-
-    # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
-    owned = [(obs, facts) for obs, facts in indexed_pods if facts.owner_uid == uid]
-    memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
-    observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
-                for obs, facts in owned]
-    live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
-
+    """One pass (engine.run_pass through a ClusterRun). Returns False when the run needs no more passes until its
+    spec changes (finished, cleaned up, no TTL pending)."""
+    port = ClusterRun(context, body, indexed_pods, logger)
     try:
-        spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
-    except SpecError as error:
-        await _fail_permanently(context, kube, body, base_status, error, live, logger)
-    if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
-        memory.warned_unknown_fields = True
-        logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
-
-    progress = None
-    was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
-    if not was_finished and not live and not memory.children_created and not memory.fit_checked:
-        await _check_fit(context, kube, body, base_status, spec, live, logger)
-    if not was_finished:
-        progress = await _poll(context, memory, namespace, builders.learner_pod_name(name, 0), live, logger)
-    queue = kueue.queue_name(metadata)
-    gate = None
-    if queue and not was_finished:
-        try:
-            gate = await kueue.gate(kube, run, queue, spec, trainer_image=context.trainer_image,
-                                    pods_exist=bool(live), now=now)
-        except kueue.WorkloadRejected as error:
-            await _fail_permanently(context, kube, body, base_status, error, live, logger)
-    refused, configured = None, None
-    if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
-        spec, refused = kueue.within_admission(spec, gate.admitted, kueue.workload_name(name))
-    if live and not was_finished:
-        if refused is None:
-            spec, refused = await _scale_in_effect(kube, run, spec, memory)
-        urls = await _configured_urls(kube, run, memory)
-        configured = None if urls is None else len(urls)
-    seen = Observation(observed, progress, now, children_exist=memory.children_created,
-                       progress_error=memory.progress_error,
-                       progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
-                       create_error=memory.create_error, hold=gate.hold if gate else None, scale_refused=refused,
-                       configured_servers=configured)
-    decision = derive_status(run, spec, base_status, seen)
-    if not await _write(context, kube, body, base_status, decision, logger,
-                        interval=spec.progress.status_interval_seconds):
-        return False  # the run is gone
-    await _release_quota(context, kube, metadata, decision.status)
-    try:
-        await _act(context, kube, body, spec, decision, live, {obs.name for obs in observed}, logger, gate)
+        decision = await run_pass(port.run, port)
     except ChildRejected as error:
-        await _fail_permanently(context, kube, body, decision.status, error, live, logger,
+        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger,
                                 created_pods=error.created_pods)
-    context.metrics.observe_run(namespace, name, spec.model, spec.progress.progress_deadline_seconds, decision.status,
-                                rollout_wanted=spec.rollout.replicas)
+    except kueue.WorkloadRejected as error:
+        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger)
+    if decision is None:
+        return False  # the run is gone
+    spec = port.spec
+    context.metrics.observe_run(port.run.namespace, port.run.name, spec.model, spec.progress.progress_deadline_seconds,
+                                decision.status, rollout_wanted=spec.rollout.replicas)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
     return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+
+
+class ClusterRun:
+    """The engine's port for one pass of a GRPORun in the cluster: observes the pod index, the learner's /progress,
+    the run config and Kueue's admission; writes the status subresource; acts through the API server. One is made
+    per pass: what it observed is what its actions use."""
+
+    def __init__(self, context: OperatorContext, body: kopf.Body,
+                 indexed_pods: list[tuple[PodObservation, PodFacts]], logger: Logger):
+        self.context, self.body, self.logger = context, body, logger
+        self.run = RunRef.of(body.get("metadata", {}))
+        self.memory = context.memory(self.run.uid)
+        self.kube = Kube(context.settings, logger)
+        self.indexed_pods = indexed_pods
+        self.base_status: dict[str, Any] = {}
+        self.live: list[tuple[PodObservation, PodFacts]] = []
+        self.present: set[str] = set()
+        self.spec: GRPORunSpec  # as run: within what Kueue admitted, a refused scale at the count in effect
+        self.asked: GRPORunSpec  # as written: what the run's Workload is created and resized to
+        self.queue: str | None = None
+        self.gate: kueue.Gate | None = None
+        self.workload: dict[str, Any] | None = None  # the Workload as read this pass
+        self.written: Decision
+
+    async def observe(self) -> Observed:
+        context, memory, kube, body, logger, run = (self.context, self.memory, self.kube, self.body, self.logger,
+                                                    self.run)
+        metadata = body.get("metadata", {})
+        base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
+        self.base_status = base_status
+        now = context.clock()
+
+        # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
+        owned = [(obs, facts) for obs, facts in self.indexed_pods if facts.owner_uid == run.uid]
+        memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
+        observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
+                    for obs, facts in owned]
+        live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
+        self.live, self.present = live, {obs.name for obs in observed}
+
+        try:
+            spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
+        except SpecError as error:
+            await _fail_permanently(context, kube, body, base_status, error, live, logger)
+        if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
+            memory.warned_unknown_fields = True
+            logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
+
+        progress = None
+        was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+        if not was_finished and not live and not memory.children_created and not memory.fit_checked:
+            await _check_fit(context, kube, body, base_status, spec, live, logger)
+        if not was_finished:
+            progress = await _poll(context, memory, run.namespace, builders.learner_pod_name(run.name, 0), live,
+                                   logger)
+        self.asked = spec
+        self.queue = queue = kueue.queue_name(metadata)
+        gate, workload = None, None
+        if queue and not (was_finished and memory.kueue_finished):
+            gate, workload = await kueue.observe(kube, run, queue, spec, create_error=memory.workload_error)
+            self.workload = gate.workload
+            if was_finished:
+                gate = None  # nothing holds a finished run: only its Workload's finish may be left
+        self.gate = gate
+        refused, configured = None, None
+        if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
+            spec, refused = kueue.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
+        if live and not was_finished:
+            if refused is None:
+                spec, refused = await _scale_in_effect(kube, run, spec, memory)
+            urls = await _configured_urls(kube, run, memory)
+            configured = None if urls is None else len(urls)
+        self.spec = spec
+        seen = Observation(observed, progress, now, children_exist=memory.children_created,
+                           progress_error=memory.progress_error,
+                           progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
+                           create_error=memory.create_error, hold=gate.hold if gate else None,
+                           scale_refused=refused, configured_servers=configured, workload=workload)
+        return Observed(spec, base_status, seen)
+
+    async def write(self, decision: Decision) -> bool:
+        self.written = decision
+        return await _write(self.context, self.kube, self.body, self.base_status, decision, self.logger,
+                            interval=self.spec.progress.status_interval_seconds)
+
+    async def configure_rollout(self, replicas: int) -> None:
+        await _configure_rollout(self.kube, self.run, self.memory, replicas, self.logger)
+
+    async def create_children(self, status: dict[str, Any]) -> None:
+        await _create_children(self.context, self.kube, self.run, self.spec, status, self.present, self.logger,
+                               self.gate)
+
+    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
+        uids = {obs.name: facts.uid for obs, facts in self.live}
+        for pod in pods:
+            await self.kube.delete("v1", "Pod", self.run.namespace, pod)
+            if pod in uids:
+                self.memory.deleted_uids.add(uids[pod])
+
+    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
+        await self.delete_pods(pods, "recreated")
+
+    async def delete_run(self) -> None:
+        self.logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
+        await self.kube.delete(API_VERSION, KIND, self.run.namespace, self.run.name)
+
+    async def create_workload(self) -> None:
+        if self.queue is not None:  # status.admission asks only for a run that names a queue
+            self.memory.workload_error = await kueue.create(self.kube, self.run, self.queue, self.asked,
+                                                            trainer_image=self.context.trainer_image)
+
+    async def release_quota(self) -> None:
+        if self.workload is not None:
+            await kueue.release(self.kube, self.run, self.workload, self.context.clock())
+
+    async def resize_workload(self) -> None:
+        if self.queue is not None and self.workload is not None:
+            await kueue.resize(self.kube, self.run, self.queue, self.asked, self.workload,
+                               trainer_image=self.context.trainer_image)
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        await kueue.finish(self.kube, self.run.name, self.run.namespace, status, self.context.clock())
+        self.memory.kueue_finished = True
 
 
 async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
@@ -286,8 +358,8 @@ async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Bod
 
 async def _release_quota(context: OperatorContext, kube: Kube, metadata: dict[str, Any],
                          status: dict[str, Any]) -> None:
-    """Mark the Kueue Workload of a finished run Finished, so Kueue frees the quota it holds. Every path that ends a
-    run calls this after writing the final status; it is done once per operator process (and is idempotent)."""
+    """Mark the Kueue Workload of a run that failed as InvalidSpec Finished, so Kueue frees the quota it holds (a
+    spec that cannot be run never reaches the state machine, whose FinishWorkload does this for every other end)."""
     memory = context.memory(metadata["uid"])
     if memory.kueue_finished or not kueue.queue_name(metadata):
         return
@@ -345,28 +417,6 @@ def _fingerprint(status: dict[str, Any]) -> tuple:
     # A rollout restart is written at once: the next pod is created from the count (its annotation).
     rollout_restarts = [s.get("restarts") for s in (status.get("rollout") or {}).get("servers") or []]
     return (*(repr(status.get(key)) for key in keys), conditions, status.get("message") is None, rollout_restarts)
-
-
-async def _act(context: OperatorContext, kube: Kube, body: kopf.Body, spec: GRPORunSpec, decision: Decision,
-               live: list[tuple[PodObservation, PodFacts]], present: set[str], logger: Logger,
-               gate: kueue.Gate | None = None) -> None:
-    run = RunRef.of(body["metadata"])
-    name, namespace = run.name, run.namespace
-    memory = context.memory(run.uid)
-    uids = {obs.name: facts.uid for obs, facts in live}
-    for action in decision.actions:
-        if isinstance(action, ConfigureRollout):
-            await _configure_rollout(kube, run, memory, action.replicas, logger)
-        elif isinstance(action, CreateChildren):
-            await _create_children(context, kube, run, spec, decision.status, present, logger, gate)
-        elif isinstance(action, (DeletePods, RecreatePods)):
-            for pod in action.pods:
-                await kube.delete("v1", "Pod", namespace, pod)
-                if pod in uids:
-                    memory.deleted_uids.add(uids[pod])
-        elif isinstance(action, DeleteRun):
-            logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
-            await kube.delete(API_VERSION, KIND, namespace, name)
 
 
 async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, spec: GRPORunSpec,

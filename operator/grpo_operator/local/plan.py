@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import builders
-from ...api import GRPORunSpec
-from ...manifest import ManifestInvalid
-from ...run_ref import RunRef
-from ...status import PodObservation, Role
-from ..exit_codes import ExitCode
+from grpo_trainer.contract import is_object_store_uri
+
+from .. import builders
+from ..api import GRPORunSpec
+from ..cli.exit_codes import ExitCode
+from ..manifest import ManifestInvalid
+from ..run_ref import RunRef
+from ..status import PodObservation, Role
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -68,7 +70,8 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     spec.model = localize_path(spec.model, manifest_dir)
     if _looks_local(spec.model) and not Path(spec.model).expanduser().is_dir():
         raise ManifestInvalid([f"spec.model: {spec.model}: no such directory"])
-    if spec.dataset.path is not None:
+    # An s3:// model or dataset is downloaded by the learner and the server themselves (grpo_trainer.inputs).
+    if spec.dataset.path is not None and not is_object_store_uri(spec.dataset.path):
         spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
         if not Path(spec.dataset.path).expanduser().exists():
             raise ManifestInvalid([f"spec.dataset.path: {spec.dataset.path}: no such file or directory"])
@@ -89,7 +92,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards must import here, before minutes of server start-up (built-in names are checked
     with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.contract import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:

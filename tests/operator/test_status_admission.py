@@ -1,0 +1,92 @@
+"""Kueue admission replayed through derive_status alone: what the pass saw of the run's Workload in, the actions
+on it out (create, give back an evicted one's quota, resize, finish), one pass at a time, no API server.
+
+The cluster's port turns a Workload into this observation (cluster/kueue.py `observe`, tested in test_kueue.py with
+the emulator and in tests/controlplane/test_kueue.py with the real Kueue) and carries the actions out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_operator.status import (
+    CreateChildren,
+    CreateWorkload,
+    DeletePods,
+    FinishWorkload,
+    ReleaseQuota,
+    ResizeWorkload,
+    WorkloadObservation,
+)
+from grpo_operator.status.admission import workload_actions
+from tests.operator.test_status import at, pod, report, running_pods, spec_of, step
+
+WAITING = ("WaitingForAdmission", "waiting for Kueue to admit the run (LocalQueue team-q)")
+EVICTED = ("Evicted", "evicted by Kueue: Preempted; pods deleted, the run resumes from its checkpoint when Kueue "
+                      "admits it again")
+ADMITTED = WorkloadObservation(exists=True, reserved=True)
+
+
+def test_a_queued_run_is_admitted_evicted_given_back_admitted_again_and_finished_by_its_passes_alone():
+    spec = spec_of(runPolicy={"cleanPodPolicy": "None"})
+    # Queued, no Workload yet: the run waits, and the pass asks for its Workload (after the status is written).
+    first = step(spec, {}, [], hold=WAITING, workload=WorkloadObservation(exists=False))
+    assert first.status["phase"] == "Suspended" and first.actions == [CreateWorkload()]
+    # Created, not admitted: nothing to do but wait.
+    waiting = step(spec, first.status, [], now=at(5), hold=WAITING, workload=WorkloadObservation(exists=True))
+    assert waiting.actions == []
+    # Admitted: the pods.
+    admitted = step(spec, waiting.status, [], now=at(10), workload=ADMITTED)
+    assert admitted.actions == [CreateChildren()]
+    running = step(spec, admitted.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(20),
+                   workload=ADMITTED)
+    assert running.status["phase"] == "Running" and running.actions == []
+    # Evicted: the pods go first; the quota is kept while any of them still runs.
+    evicted = WorkloadObservation(exists=True, reserved=True, evicted=True)
+    held = step(spec, running.status, running_pods(), now=at(30), hold=EVICTED, workload=evicted)
+    assert held.status["phase"] == "Suspended"
+    assert held.actions == [DeletePods(("r-learner-0", "r-rollout-0"), reason="suspended")]
+    assert ReleaseQuota() not in step(spec, held.status, [pod("r-rollout-0")], now=at(31), hold=EVICTED,
+                                      workload=evicted).actions
+    # Every pod deleted (being deleted counts): the quota is given back, so Kueue queues the Workload again.
+    going = [pod("r-rollout-0", terminating=True), pod("r-learner-0", terminating=True)]
+    gone = step(spec, held.status, going, now=at(32), hold=EVICTED, workload=evicted)
+    assert gone.actions == [ReleaseQuota()]
+    requeued = step(spec, gone.status, [], now=at(33), hold=WAITING, workload=WorkloadObservation(exists=True))
+    assert requeued.actions == []
+    # Admitted again: the pods come back; the learner resumes and finishes; the Workload is marked Finished once.
+    back = step(spec, requeued.status, [], now=at(40), workload=ADMITTED)
+    assert back.actions == [CreateChildren()]
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=40, epochsDone=1)
+    done = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    finished = step(spec, back.status, done, now=at(60), workload=ADMITTED)
+    assert finished.status["phase"] == "Succeeded" and finished.actions == [FinishWorkload()]
+    marked = WorkloadObservation(exists=True, reserved=True, finished=True)
+    assert step(spec, finished.status, done, now=at(61), workload=marked).actions == []
+
+
+def test_a_run_that_fails_while_admitted_finishes_its_workload_after_cleaning_its_pods():
+    spec = spec_of(runPolicy={"backoffLimit": 0})
+    running = step(spec, step(spec, {}, [], workload=ADMITTED).status, running_pods(), report(groupsTrained=1),
+                   workload=ADMITTED)
+    crashed = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=1)]
+    failed = step(spec, running.status, crashed, now=at(30), workload=ADMITTED)
+    assert failed.status["phase"] == "Failed"
+    assert failed.actions == [DeletePods(("r-rollout-0",), reason="cleanPodPolicy Running"), FinishWorkload()]
+
+
+def test_a_run_without_a_queue_has_no_workload_action():
+    spec = spec_of()
+    assert step(spec, {}, []).actions == [CreateChildren()]
+
+
+@pytest.mark.parametrize(("workload", "finished", "pods_exist", "actions"), [
+    (WorkloadObservation(exists=True, resizable=True), False, False, [ResizeWorkload()]),
+    # Kueue resizes no Workload that holds quota: the run keeps its admitted count (kueue.within_admission).
+    (WorkloadObservation(exists=True, reserved=True, resizable=True), False, True, []),
+    (WorkloadObservation(exists=True, evicted=True), False, False, []),  # given back already
+    (WorkloadObservation(exists=False), True, False, []),  # ended before it had one: nothing to finish
+])
+def test_the_workload_rule(workload, finished, pods_exist, actions):
+    assert workload_actions(workload, finished=finished, pods_exist=pods_exist) == actions
