@@ -11,8 +11,8 @@ Step: one optimizer step (forward, backward, AdamW as TRL uses it) on 4 sequence
 each configuration in a fresh process so its peak resident memory is its own: the full model trained, or the frozen
 model with a rank-8 adapter on every linear layer but the head. Not TRL's whole step (no packing, no rollout
 pipeline): the part LoRA changes. The resident memory includes the libraries (torch, transformers, peft: ~0.7 GB
-here); the last column is what the steps added to the process once the model was loaded (gradients, AdamW's
-moments, activations).
+here) and the model load's own peak; the last column is the steps' peak (the process's peak reset once the model
+was loaded) above the memory then resident: gradients, AdamW's moments, activations.
 """
 
 from __future__ import annotations
@@ -126,7 +126,12 @@ if lora:
 def resident_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+def peak_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 loaded_mb = resident_mb()
+with open("/proc/self/clear_refs", "w") as f:  # the peak from here on: the steps', not the model load's
+    f.write("5")
 trainable = [p for p in model.parameters() if p.requires_grad]
 optimizer = torch.optim.AdamW(trainable, lr=1e-6)
 tokens = torch.randint(0, model.config.vocab_size, (4, 128))
@@ -140,7 +145,7 @@ for step in range(reps + 1):
     if step:
         times.append(time.perf_counter() - started)
 print(json.dumps({"step_s": times, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "loaded_mb": loaded_mb, "after_steps_mb": resident_mb(),
+                  "loaded_mb": loaded_mb, "steps_peak_mb": peak_mb(),
                   "trainable": sum(p.numel() for p in trainable),
                   "total": sum(p.numel() for p in model.parameters())}))
 """
@@ -185,13 +190,13 @@ def run(context: Context) -> str:
             step_rows.append([f"{label}: {'LoRA r=' + str(RANK) if lora else 'full fine-tuning'}",
                               f"{step['trainable']:,} of {step['total']:,}", spread(step["step_s"], "{:.3f}", " s"),
                               f"{step['peak_rss_mb']:.0f} MB",
-                              f"{step['peak_rss_mb'] - step['loaded_mb']:+.0f} MB"])
+                              f"{step['steps_peak_mb'] - step['loaded_mb']:+.0f} MB"])
         loads.append(os.getloadavg()[0])
     load_note = ", ".join(f"{load:.1f}" for load in loads)
     return (f"## {TITLE}\n\n{__doc__.split(chr(10), 1)[1].strip()}\n\n"
             + table(["sync", "bytes per sync", "time per sync", ""], sync_rows)
             + "\n\n" + table(["learner step", "trainable parameters", "time per step", "peak resident memory",
-                                     "added by training (peak − once loaded)"],
+                                     "added by the steps (their peak − once loaded)"],
                              step_rows)
             + f"\n\n{reps} syncs of each kind (interleaved, after one warm-up each) and {reps} steps after a warm-up "
             f"step. The machine's 1-minute load average at the start, after each model's syncs and after its steps: "
