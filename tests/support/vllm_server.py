@@ -35,6 +35,8 @@ MAX_MODEL_LEN = 256
 #: servers: 205 s compiled, 156 s eager). These tests start many servers and test what happens around them, so
 #: theirs skip it; the shipped example, `make demo` and the node tier's tiny run keep the compiled path.
 EAGER_VLLM_ARGS = ("--enforce-eager",)
+#: The adapter rank the test servers are started for (`--max-lora-rank`): a test's adapter may be this or lower.
+SERVED_LORA_RANK = 8
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ def server_config(model: str, url: str, weight_dir: str) -> dict:
             "extraArgs": list(EAGER_VLLM_ARGS),
             "weightSync": {"mode": "filesystem", "directory": weight_dir},
         },
+        # A LoRA run's servers (`--enable-lora`, rank and slots from the spec): serving adapters costs the base model
+        # nothing that matters here, and a whole-weight sync reloads such a server just the same
+        # (test_weight_sync), so one server serves the LoRA runs and the others alike.
+        "training": {"lora": {"r": SERVED_LORA_RANK}},
         "learner": {"device": "cpu"},
     }
 

@@ -80,13 +80,16 @@ def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_pa
     print(f"constant reward stalled after {seconds:.0f}s: {report.message}")
 
 
-def test_a_lora_run_reaches_the_bound_and_the_server_serves_base_plus_adapter(vllm_server, tmp_path):
-    """training.lora: TRL trains a peft adapter, each filesystem sync sends the base weights with the adapter merged
-    in, checkpoints hold the adapter, and the final model is the merged model with the adapter beside it."""
+def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_sync(vllm_server, tmp_path):
+    """training.lora: TRL trains a peft adapter, each filesystem sync loads the adapter alone on the server under a
+    versioned name (what the rollout worker requests), checkpoints hold the adapter, and the final model is the
+    merged model with the adapter beside it."""
+    import requests
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from grpo_trainer.weight_sync import adapter_name
     from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
     config_path, config = tiny_run_config(
@@ -111,9 +114,21 @@ def test_a_lora_run_reaches_the_bound_and_the_server_serves_base_plus_adapter(vl
     assert greedy_logprob_hf(from_adapter) == pytest.approx(greedy_logprob_hf(merged), abs=1e-5)
     untrained = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32)
     assert greedy_logprob_hf(merged) != pytest.approx(greedy_logprob_hf(untrained), abs=1e-4)  # the adapter trained
-    # The last sync (after the last step) left the server on the merged policy.
-    assert greedy_logprob_vllm(vllm_server.url, vllm_server.model) == pytest.approx(greedy_logprob_hf(merged),
-                                                                                    abs=1e-4)
+    # Every sync moved the adapter alone; the last one (after the last step) left the server serving the trained
+    # policy under the name of that version, which is what the run's samples were generated with.
+    assert "weight sync: the adapter alone" in log
+    syncs = [line for line in log.splitlines() if "weight sync v" in line]
+    assert len(syncs) == report.weight_syncs and all("adapter of" in line for line in syncs), syncs
+    assert requests.get(f"{vllm_server.url}/weight_info", timeout=10).json()["weight_version"] == \
+        report.rollout[0].weight_version == f"v{report.weight_syncs}"
+    served = [model["id"] for model in requests.get(f"{vllm_server.url}/v1/models", timeout=10).json()["data"]]
+    assert adapter_name(report.weight_syncs) in served
+    assert greedy_logprob_vllm(vllm_server.url, adapter_name(report.weight_syncs)) == pytest.approx(
+        greedy_logprob_hf(merged), abs=1e-4)
+    # the versions a request may no longer name were unloaded
+    window = config.training.max_staleness + 1
+    assert [name for name in served if name.startswith("policy-")] == \
+        [adapter_name(v) for v in range(max(report.weight_syncs - window + 1, 1), report.weight_syncs + 1)]
     checkpoints = sorted(Path(config.checkpoint.directory).glob("checkpoint-*"))
     assert checkpoints
     for checkpoint in checkpoints:

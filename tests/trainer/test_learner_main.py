@@ -11,6 +11,7 @@ import pytest
 from grpo_trainer import contract as c
 from grpo_trainer.learner_main import (
     ConfigError,
+    adapter_sync,
     as_messages,
     check_lora_targets,
     head_module_names,
@@ -198,6 +199,17 @@ def test_training_lora_becomes_peft_lora_config_for_a_causal_lm():
     assert set(lora.target_modules) == {"q_proj", "self_attn.v_proj"}
     assert lora.bias == "none" and not lora.modules_to_save  # nothing outside the adapter trains
     assert peft_config(None) is None  # no training.lora: full fine-tuning
+
+
+@pytest.mark.parametrize("training, mode, synced", [
+    ({"lora": {"r": 4}}, "filesystem", True),
+    ({"lora": {"r": 4, "sync": "merged"}}, "filesystem", False),
+    ({}, "filesystem", False),
+    ({"lora": {"r": 4}}, "nccl", False),  # TRL decides itself, from the server's --enable-lora
+])
+def test_the_learner_syncs_the_adapter_alone_only_for_a_filesystem_lora_run_that_asks(training, mode, synced):
+    sync = {"mode": mode, "directory": "/w"} if mode == "filesystem" else {"mode": mode}
+    assert adapter_sync(config(training=training, rollout={"urls": ["http://r:8000"], "weightSync": sync})) is synced
 
 
 def test_unset_lora_targets_adapt_every_linear_layer_but_the_head(tiny_model_dir):

@@ -15,10 +15,10 @@ from grpo_trainer.__main__ import main as entry_main
 from grpo_trainer.rollout import SERVER_MODULE, build_server_command
 
 
-def run_config(**rollout) -> c.RunConfig:
+def run_config(training: dict | None = None, **rollout) -> c.RunConfig:
     return c.RunConfig.model_validate({
         "model": "/models/tiny", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
-        "rollout": rollout,
+        "rollout": rollout, "training": training or {},
     })
 
 
@@ -60,6 +60,24 @@ def test_cpu_server_never_chunks_a_prefill_and_its_budget_holds_the_longest_prom
         assert int(flag(argv, "--max-num-batched-tokens")) >= max_model_len
     gpu_argv, _ = build_server_command(run_config())
     assert "--no-enable-chunked-prefill" not in gpu_argv  # CUDA generators rewind fine
+
+
+@pytest.mark.parametrize("rank, served_rank", [(1, 1), (4, 8), (16, 16), (17, 32), (300, 320)])
+def test_an_adapter_synced_run_serves_with_lora_its_rank_and_a_slot_per_version_in_flight(rank, served_rank):
+    config = run_config(training={"maxStaleness": 3, "lora": {"r": rank}}, device="cpu",
+                        weightSync={"mode": "filesystem", "directory": "/w"})
+    argv, env = build_server_command(config)
+    assert "--enable-lora" in argv
+    assert flag(argv, "--max-lora-rank") == str(served_rank)  # the smallest rank vLLM builds buffers for
+    # versions max_staleness back are still requested, and the next one is loaded before the oldest goes
+    assert flag(argv, "--max-loras") == flag(argv, "--max-cpu-loras") == "5"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+
+
+@pytest.mark.parametrize("training", [{}, {"lora": {"r": 8, "sync": "merged"}}], ids=["full", "merged-lora"])
+def test_a_run_that_syncs_whole_weights_serves_without_lora(training):
+    argv, env = build_server_command(run_config(training=training))
+    assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
 
 
 def test_extra_args_come_last_so_they_override():
@@ -136,7 +154,8 @@ for argv in json.loads(sys.argv[1]):
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     validate_parsed_serve_args(args)
     print(json.dumps({"model": args.model, "port": args.port, "max_model_len": args.max_model_len,
-                      "transfer": str(args.weight_transfer_config), "dtype": args.dtype}))
+                      "transfer": str(args.weight_transfer_config), "dtype": args.dtype,
+                      "lora": [args.enable_lora, args.max_lora_rank, args.max_loras]}))
 """
 
 
@@ -147,7 +166,8 @@ def test_vllms_own_parser_accepts_both_command_lines():
 
     python = require_rollout_python()
     gpu = run_config(maxModelLen=2048)
-    cpu = run_config(device="cpu", maxModelLen=128, weightSync={"mode": "filesystem", "directory": "/w"})
+    cpu = run_config(training={"lora": {"r": 4}}, device="cpu", maxModelLen=128,
+                     weightSync={"mode": "filesystem", "directory": "/w"})
     server_args = []
     for config in (gpu, cpu):
         argv, _ = build_server_command(config, port=8123)
@@ -158,3 +178,4 @@ def test_vllms_own_parser_accepts_both_command_lines():
     parsed = [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]
     assert parsed[0]["transfer"] == "WeightTransferConfig(backend='nccl')" and parsed[0]["max_model_len"] == 2048
     assert parsed[1]["dtype"] == "float32" and parsed[1]["port"] == 8123
+    assert parsed[1]["lora"] == [True, 8, c.TrainingConfig().max_staleness + 2]

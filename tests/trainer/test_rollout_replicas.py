@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+import yaml
 
 from grpo_trainer import contract as c
+from grpo_trainer.weight_sync import adapter_name
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.vllm_server import running_vllm_server
 from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
@@ -42,8 +44,13 @@ def second_server(vllm_server, tmp_path_factory):
         yield running
 
 
-def _run(tmp_path: Path, model: str, urls: list[str], epochs: int) -> tuple[subprocess.Popen, Path]:
+def _run(tmp_path: Path, model: str, urls: list[str], epochs: int,
+         lora: dict | None = None) -> tuple[subprocess.Popen, Path]:
     manifest = tiny_manifest(tmp_path, model, epochs=epochs)
+    if lora is not None:
+        spec = yaml.safe_load(manifest.read_text())
+        spec["spec"]["training"]["lora"] = lora
+        manifest.write_text(yaml.safe_dump(spec))
     command = [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--poll-interval", "0.5"]
     for url in urls:
         command += ["--rollout-url", url]
@@ -56,15 +63,18 @@ def _final_report(run_dir: Path) -> c.ProgressReport:
 
 
 def _assert_serves_final_weights(run_dir: Path, url: str, model: str) -> None:
+    """`model`: the base model's name after a whole-weight sync, the last adapter's after an adapter sync; the
+    final model is the merged one either way."""
     from transformers import AutoModelForCausalLM
 
     final = AutoModelForCausalLM.from_pretrained(run_dir / "output" / "final", dtype=torch.float32)
     assert greedy_logprob_vllm(url, model) == pytest.approx(greedy_logprob_hf(final), abs=1e-4), url
 
 
-def test_two_replicas_share_generation_and_end_on_the_learners_weights(vllm_server, second_server, tmp_path):
+def test_two_replicas_share_generation_and_both_serve_each_adapter_version(vllm_server, second_server, tmp_path):
+    """A LoRA run: each sync loads the adapter on both replicas (TRL's own adapter sync reaches one server)."""
     urls = [vllm_server.url, second_server.server.url]
-    process, run_dir = _run(tmp_path, vllm_server.model, urls, epochs=3)
+    process, run_dir = _run(tmp_path, vllm_server.model, urls, epochs=3, lora={"r": 4})
     out, _ = process.communicate(timeout=RUN_TIMEOUT_S)
     assert process.returncode == 0 and "phase: Succeeded" in out, out[-4000:]
     report = _final_report(run_dir)
@@ -79,9 +89,12 @@ def test_two_replicas_share_generation_and_end_on_the_learners_weights(vllm_serv
     assert all(seconds >= 0.35 * sum(busy) for seconds in busy), busy
     versions = {replica.weight_version for replica in report.rollout}
     assert len(versions) == 1 and c.weight_version_number(versions.pop()) == report.weight_syncs
+    learner_log = (run_dir / "logs" / "tiny-learner-0.log").read_text(errors="replace")
+    syncs = [line for line in learner_log.splitlines() if "weight sync v" in line]
+    assert len(syncs) == report.weight_syncs and all("adapter of" in line for line in syncs), syncs
     for url in urls:
         assert requests.get(f"{url}/weight_info", timeout=10).json()["weight_version"] == f"v{report.weight_syncs}"
-        _assert_serves_final_weights(run_dir, url, vllm_server.model)
+        _assert_serves_final_weights(run_dir, url, adapter_name(report.weight_syncs))
     print(f"two replicas: samples {samples}, request-seconds {busy}, {report.weight_syncs} syncs")
 
 

@@ -71,3 +71,17 @@ def test_the_rollout_loop_hooks_the_episode_loop_overrides():
     assert {"completions", "completions_sequences", "tool_call_counts", "tool_failure_counts"} <= group_fields
     # An environment's tools reach `_generate_one` only as its bound methods, which is how the loop finds it.
     assert "getattr(environment, member_name)" in inspect.getsource(W._AsyncRolloutLoop._generate_loop)
+
+
+def test_the_adapter_sync_seams_the_learner_takes_over():
+    # GRPOLearner keeps TRL's dispatch (`_sync_weight` on `_lora_sync`) and replaces the adapter arm, reusing TRL's
+    # collective save and its rule of what vLLM serves; the worker names `{lora_name}-v{model_version}`.
+    assert callable(T.save_lora_adapter) and callable(T.validate_lora_for_vllm_sync)
+    assert list(inspect.signature(T.save_lora_adapter).parameters) == ["model", "accelerator", "adapter_name",
+                                                                        "dest_dir"]
+    assert "self._sync_weight_lora(t0)" in inspect.getsource(T.AsyncGRPOTrainer._sync_weight)
+    init = inspect.getsource(T.AsyncGRPOTrainer.__init__)
+    for attribute in ("_lora_sync", "_lora_name", "_adapter_name"):
+        assert f"self.{attribute} =" in init, f"AsyncGRPOTrainer no longer sets {attribute}"
+    assert "lora_name=" in init
+    assert 'f"{self.lora_name}-v{self.model_version}"' in inspect.getsource(W)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -154,3 +155,151 @@ def test_a_learner_told_to_stop_leaves_a_sync_held_by_a_frozen_server_at_once(tm
         server.wait()
     assert waited < 60, f"the sync held the stopping learner {waited:.0f} s"  # the pause's timeout alone is 120 s
     assert sorted(os.listdir(tmp_path)) == ["v1"]  # the weights are still published for the restarted learner
+
+
+class AdapterServer:
+    """A vLLM-shaped aiohttp server on its own loop thread that keeps the adapters loaded on it as vLLM does: a name
+    loaded twice is answered 400 "has already been loaded", a path without an adapter is refused."""
+
+    def __init__(self, serves_adapters: bool = True):
+        from aiohttp import web
+
+        self.loaded: list[str] = []
+        self.calls: list[str] = []
+        self.version: str | None = None
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+
+        async def load(request):
+            body = await request.json()
+            self.calls.append(f"load {body['lora_name']}")
+            if body["lora_name"] in self.loaded:
+                return web.json_response({"message": f"The lora adapter '{body['lora_name']}' has already been "
+                                                     "loaded."}, status=400)
+            if not os.path.isfile(os.path.join(body["lora_path"], "adapter_config.json")):
+                return web.json_response({"message": "no adapter there"}, status=404)
+            self.loaded.append(body["lora_name"])
+            return web.json_response({})
+
+        async def unload(request):
+            name = (await request.json())["lora_name"]
+            self.calls.append(f"unload {name}")
+            self.loaded.remove(name)
+            return web.json_response({})
+
+        async def version(request):
+            self.version = (await request.json())["new_version"]
+            return web.json_response({})
+
+        async def step(request):
+            self.calls.append(request.path)
+            return web.json_response({})
+
+        app = web.Application()
+        routes = {"/update_weight_version": version, "/pause": step, "/resume": step}
+        if serves_adapters:  # vLLM adds these only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            routes |= {"/v1/load_lora_adapter": load, "/v1/unload_lora_adapter": unload}
+        for path, handler in routes.items():
+            app.router.add_post(path, handler)
+
+        async def not_found(_request):  # FastAPI's answer to a path it does not have
+            return web.json_response({"detail": "Not Found"}, status=404)
+
+        app.router.add_route("*", "/{tail:.*}", not_found)
+        self._runner = web.AppRunner(app)
+
+        async def start():
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+
+        self.url = f"http://127.0.0.1:{asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)}"
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.fixture
+def adapter_servers():
+    servers = [AdapterServer(), AdapterServer()]
+    yield servers
+    for server in servers:
+        server.close()
+
+
+def sync_adapter(transfer: FilesystemWeightTransfer) -> None:
+    """One adapter sync as the learner makes it: saved (staged, then renamed into place), loaded, resumed."""
+    transfer.pause()
+    destination = transfer.adapter_directory()
+    staging = destination.parent / f".{destination.name}.tmp"
+    staging.mkdir()
+    (staging / "adapter_config.json").write_text('{"r": 4}')
+    (staging / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
+    staging.rename(destination)
+    transfer.publish_adapter()
+    transfer.resume()
+    transfer.retire_stale_adapter()
+
+
+def test_an_adapter_sync_loads_the_adapter_on_every_replica_and_keeps_each_ones_version(adapter_servers, tmp_path):
+    urls = [server.url for server in adapter_servers]
+    replicas = ReplicaSet(urls)
+    for url in urls:
+        replicas.admitted(url)
+    transfer = FilesystemWeightTransfer(urls, tmp_path, replicas=replicas, adapter_window=2)
+    transfer.init_weight_transfer()
+    for _ in range(3):
+        sync_adapter(transfer)
+    for server in adapter_servers:
+        # the version that left the window (max_staleness + 1 = 2 versions) is unloaded once the next is loaded
+        assert server.loaded == ["policy-v2", "policy-v3"]
+        assert server.calls[-4:] == ["/pause", "load policy-v3", "/resume", "unload policy-v1"]
+        assert server.version == "v3"
+    assert [replica.weight_version for replica in replicas.report()] == ["v3", "v3"]
+    # the unloaded adapter's files outlive it by one sync: vLLM reads them lazily
+    assert sorted(os.listdir(tmp_path)) == ["v1", "v2", "v3"]
+    assert transfer.bytes_written == 1008
+    sync_adapter(transfer)
+    assert sorted(os.listdir(tmp_path)) == ["v2", "v3", "v4"]
+
+
+def test_a_replica_admitted_late_catches_up_to_every_adapter_a_request_may_still_name(adapter_servers, tmp_path):
+    early, late = adapter_servers
+    replicas = ReplicaSet([early.url, late.url])
+    replicas.admitted(early.url)
+    transfer = FilesystemWeightTransfer([early.url, late.url], tmp_path, replicas=replicas, adapter_window=2)
+    transfer.init_weight_transfer()
+    for _ in range(3):
+        sync_adapter(transfer)
+    assert late.loaded == []  # out of the pool: no sync reached it
+    late.loaded.append("policy-v2")  # it had v2 before it failed: loaded again counts as loaded
+    transfer.catch_up(late.url)
+    assert late.loaded == ["policy-v2", "policy-v3"]  # oldest first, the whole window
+    assert late.calls == ["load policy-v2", "load policy-v3", "/resume"]
+    assert late.version == "v3"
+    assert {replica.url: replica.weight_version for replica in replicas.report()}[late.url] == "v3"
+
+
+def test_an_adapter_sync_with_no_adapter_saved_fails_by_name(adapter_servers, tmp_path):
+    url = adapter_servers[0].url
+    transfer = FilesystemWeightTransfer([url], tmp_path, replicas=ReplicaSet([url]))
+    transfer.init_weight_transfer()
+    with pytest.raises(WeightSyncError, match="no adapter was saved in .*v1"):
+        transfer.publish_adapter()
+
+
+def test_a_server_that_does_not_load_adapters_fails_the_sync_naming_what_it_needs(tmp_path):
+    server = AdapterServer(serves_adapters=False)
+    try:
+        transfer = FilesystemWeightTransfer([server.url], tmp_path, replicas=ReplicaSet([server.url]),
+                                            ready_timeout_s=0)
+        transfer.replicas.admitted(server.url)
+        transfer.init_weight_transfer()
+        with pytest.raises(WeightSyncError, match="no rollout server was ready"):
+            sync_adapter(transfer)
+        error = transfer.replicas.report()[0].last_error
+    finally:
+        server.close()
+    assert "does not load LoRA adapters: it needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in error

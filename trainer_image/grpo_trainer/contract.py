@@ -335,18 +335,23 @@ def managed_args_message(keys: list[str]) -> str:
 #: The output embedding: TRL's fused log-probabilities read the head's base weight, so an adapter on it would train a
 #: policy the learner never scores. The input embedding: a model that ties the two shares that weight.
 LORA_REFUSED_MODULES = ("lm_head", "embed_tokens")
+#: The largest adapter rank vLLM serves (the top of the ranks it builds LoRA buffers for, `--max-lora-rank`).
+MAX_SERVED_LORA_RANK = 512
 
 
 class LoraConfig(WireModel):
     """A LoRA adapter trained in place of the full policy (peft's LoraConfig through TRL's `peft_config`)."""
 
-    r: int = Field(8, ge=1, description="The adapter's rank.")
+    r: int = Field(8, ge=1, le=MAX_SERVED_LORA_RANK, description="The adapter's rank.")
     alpha: float = Field(16.0, gt=0, description="Scales the adapter's update by alpha / r (peft's lora_alpha).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
     target_modules: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, min_length=1,
         description="Module names (or dotted suffixes) to adapt; default: every linear layer but the output layer.",
     )
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter", description="What a weight sync sends the rollout servers: the adapter alone (loaded on every "
+        "server under a versioned name), or the base weights with the adapter merged in.")
 
     @field_validator("target_modules")
     @classmethod

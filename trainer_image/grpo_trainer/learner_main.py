@@ -109,6 +109,13 @@ def peft_config(lora: c.LoraConfig | None):
     )
 
 
+def adapter_sync(config: c.RunConfig) -> bool:
+    """Whether the learner syncs the adapter alone to each rollout server through its filesystem transfer. Over
+    NCCL TRL decides itself, from the server's `--enable-lora`, which the rollout pods get only for `sync: adapter`."""
+    lora = config.training.lora
+    return lora is not None and lora.sync == "adapter" and config.rollout.weight_sync.mode == "filesystem"
+
+
 def lora_target_matches(module_name: str, target: str) -> bool:
     """Whether a peft `target_modules` entry selects a module: its full name, or the end of its dotted path."""
     return module_name == target or module_name.endswith(f".{target}")
@@ -300,7 +307,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                                   request_timeout_s=args.request_timeout, config_path=config_path)
         args.vllm_server_base_url = pool.url
         weight_transfer = pool.transfer
-    elif is_main:
+    else:
+        # Every rank passes a transfer where rank 0's is ours: TRL's own adapter-sync probe is a collective it runs
+        # only without one, and a rank that ran it alone would wait in it for good. TRL drops it off rank 0.
         weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
     try:
         with http_only_rollout_worker(config):
@@ -322,6 +331,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
+                adapter_sync=adapter_sync(config),
             )
     except BaseException:
         if pool is not None:

@@ -49,6 +49,7 @@ def start_rollout_pool(
     transfer = FilesystemWeightTransfer(
         replicas.urls, sync.directory, ready_timeout_s=ready_timeout_s,
         aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
+        adapter_window=config.training.max_staleness + 1,
     )
     watch = RolloutUrlsWatch(config_path, replicas.urls) if config_path else None
     balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from accelerate.utils import broadcast
+from accelerate.utils import broadcast, is_peft_model
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -27,6 +27,8 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     _EmptyIterableDataset,
     _EpochStopCallback,
     _iter_vllm_named_params,
+    save_lora_adapter,
+    validate_lora_for_vllm_sync,
 )
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
@@ -72,7 +74,7 @@ from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .sync_watchdog import SyncTimer, WeightSyncStuck
 from .tracking import progress_logs
-from .weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
+from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
         attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
             this process's device.
+        adapter_sync: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (started
+            with the flags it needs); merged weights where vLLM cannot serve the adapter. The same on every rank.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
         importance_bounds: ImportanceBounds | None = None,
         attention_kernel: AttentionKernel | None = None,
+        adapter_sync: bool = False,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -131,6 +136,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
         self.episodes = EpisodeCounts()
         super().__init__(*args, **kwargs)
+        if adapter_sync:
+            self._choose_adapter_sync()
         if type(self.rollout_worker) is AsyncRolloutWorker:
             # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
             self.rollout_worker.__class__ = SupervisedRolloutWorker
@@ -174,6 +181,59 @@ class GRPOLearner(AsyncGRPOTrainer):
             self._progress_server = ProgressServer(self.progress_report, port=progress_server_port,
                                                    step_metrics=self.step_metrics).start()
             logger.info(f"progress: {self._progress_server.url}/progress and /metrics")
+
+    # ------------------------------------------------------------------------------------------------ adapter sync
+    def _choose_adapter_sync(self) -> None:
+        """Sync the adapter alone through our transfer, to every replica.
+
+        TRL turns adapter sync on only when it builds its own transfer, from the server's `/server_info` (which
+        vLLM 0.32 answers 500 where its environment has no pip: it lists pip's packages), and its adapter sync
+        reaches the one server its client talks to. Here the servers are started from the same spec, with
+        `--enable-lora`, the rank and the slots the adapter needs (rollout.lora_server_flags); an adapter vLLM
+        cannot serve (TRL's `validate_lora_for_vllm_sync`) is synced merged instead. The decision depends on the
+        spec and the model alone, so every rank takes the same one. The rollout worker then names `policy-vN`.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if not is_peft_model(model):
+            return
+        try:
+            validate_lora_for_vllm_sync(model)
+        except ValueError as error:
+            logger.warning("weight sync: merged weights, as the adapter cannot be served alone: %s", error)
+            return
+        self._lora_sync = True
+        self._lora_name = ADAPTER_NAME
+        loop_kwargs = getattr(self.rollout_worker, "_loop_kwargs", None)
+        if loop_kwargs is not None:
+            loop_kwargs["lora_name"] = ADAPTER_NAME
+        logger.info("weight sync: the adapter alone, loaded on every rollout server as %s-vN", ADAPTER_NAME)
+
+    def _sync_weight_lora(self, t0: float) -> tuple[float, float, float]:
+        """TRL's adapter sync (its dispatch and timings), through our transfer: the adapter is saved into the next
+        version directory (TRL's collective save, published by a rename) and loaded on every replica in the pool.
+        The version continues the transfer's count, so a restarted learner never reuses a name a server holds."""
+        model = self.accelerator.unwrap_model(self.model)
+        transfer = self.weight_transfer if self.accelerator.is_main_process else None
+        if transfer is not None:
+            transfer.version = max(transfer.version, self.model_version)
+            transfer.pause()
+        t_pause = time.time()
+        self.accelerator.wait_for_everyone()
+        t_barrier = time.time()
+        # Every rank saves: gathering a sharded adapter is a collective; only rank 0 writes (the path is its).
+        save_lora_adapter(model, self.accelerator, self._adapter_name,
+                          str(transfer.adapter_directory()) if transfer is not None else "")
+        t_transfer = time.time()
+        self.accelerator.wait_for_everyone()
+        if transfer is not None:
+            # Loaded before the version moves: the worker names the adapter after `model_version`.
+            transfer.publish_adapter()
+            transfer.resume()
+            transfer.retire_stale_adapter()
+            self.model_version = transfer.version
+            if self.rollout_worker is not None:
+                self.rollout_worker.update_model_version(self.model_version)
+        return t_pause, t_barrier, t_transfer
 
     # ------------------------------------------------------------------------------------------------ observability
     def progress_report(self) -> ProgressReport:

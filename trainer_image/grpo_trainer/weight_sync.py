@@ -1,5 +1,11 @@
 """CPU weight sync: safetensors in a shared directory, then vLLM's own `reload_weights`, behind TRL's protocol.
 
+A LoRA run syncs its adapter alone (`training.lora.sync: adapter`): each version directory then holds the peft
+adapter, and every rollout server loads it through `/v1/load_lora_adapter` under a versioned name
+(`adapter_name`) that generation requests name as their model. TRL's own adapter sync reaches the one server its
+client talks to (it falls back to merged weights when a server holds several replicas); here it goes to each
+replica in the pool, with each replica's version kept as for whole weights.
+
 vLLM ships no CPU weight-transfer engine (nccl, ipc, sparse_nccl, nccl_m2n, sharded_rdt are all GPU), so on CPU the
 learner writes the streamed `(name, tensor)` pairs as a safetensors checkpoint into a directory the server can read
 and asks every rollout server to reload from it through `POST /collective_rpc` (dev mode). Each sync goes to a fresh
@@ -80,10 +86,36 @@ def gathered_before_sending(
     return ((name, tensor.to(device)) for name, tensor in held)
 
 
+#: The name the rollout servers serve the trained adapter under, with its version (`adapter_name`).
+ADAPTER_NAME = "policy"
+#: peft's adapter config file: a version directory holding it is an adapter, not whole weights.
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+
+#: The server's answer to a path it does not have (FastAPI's): vLLM adds `/v1/load_lora_adapter` only when it may
+#: load adapters at runtime.
+ROUTE_NOT_FOUND = re.compile(r'answered 404: \{"detail": ?"Not Found"\}')
+
+
+def adapter_name(version: int) -> str:
+    """What generation requests name as their model to be served adapter version `version`."""
+    return f"{ADAPTER_NAME}-{VERSION_PREFIX}{version}"
+
+
+def is_adapter(checkpoint: Path) -> bool:
+    return (checkpoint / ADAPTER_CONFIG_FILE).is_file()
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
 #: The sync step each server call belongs to, for a stall's message (the reload is three calls).
 SYNC_STEPS = {
     "/pause": "pause",
     "/collective_rpc": "reload_weights",
+    "/v1/load_lora_adapter": "load_lora_adapter",
+    "/v1/unload_lora_adapter": "unload_lora_adapter",
     "/update_weight_version": "reload_weights",
     "/reset_prefix_cache": "reload_weights",
     "/resume": "resume",
@@ -144,7 +176,7 @@ class FilesystemWeightTransfer:
     def __init__(
         self, server_urls: list[str], directory: str | os.PathLike, *, timeout_s: float = 300.0,
         ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None, replicas: ReplicaSet | None = None,
-        pause_timeout_s: float = PROBE_TIMEOUT_S,
+        pause_timeout_s: float = PROBE_TIMEOUT_S, adapter_window: int = 1,
     ):
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
@@ -161,6 +193,9 @@ class FilesystemWeightTransfer:
         self.pause_timeout_s = pause_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.aliases = dict(aliases or {})
+        # Adapter versions a request may still name (TRL's max_staleness + 1): each stays loaded on the servers, and
+        # on disk for one sync more (vLLM reads an adapter's files lazily, and a missing one kills its engine).
+        self.adapter_window = adapter_window
         # Set on SIGTERM (`stop_waiting`): the learner has the pod's grace period (30 s by default) to checkpoint.
         self._stopping = threading.Event()
         self.version = 0
@@ -325,7 +360,7 @@ class FilesystemWeightTransfer:
         staging.rename(final)
         self.version = version  # from here a replica admitted by the balancer catches up to this version
         targets = self._each(lambda url: self._load(url, final), "reload_weights")
-        remove_other_versions(self.directory, keep=final.name)
+        remove_other_versions(self.directory, keep=[final.name])
         elapsed = time.perf_counter() - started
         self.sync_seconds.append(elapsed)
         logger.info(
@@ -335,9 +370,66 @@ class FilesystemWeightTransfer:
 
     def _load(self, url: str, checkpoint: Path) -> None:
         with self._lock:  # one load per server at a time: the sync's and a catch-up's never interleave
-            self._reload(url, checkpoint)
+            if is_adapter(checkpoint):
+                self._load_adapter(url, checkpoint)
+            else:
+                self._reload(url, checkpoint)
         if self.replicas is not None:
             self.replicas.set_version(url, checkpoint.name)
+
+    def _load_adapter(self, url: str, adapter: Path) -> None:
+        """Load `adapter` (a version directory) on `url` under its versioned name. A fresh name per version: vLLM keys
+        its prefix cache on the adapter's name, so no cache reset is needed. Already loaded (a catch-up of a server
+        that had it) counts as loaded."""
+        name = adapter_name(_version_of(adapter))
+        try:
+            self._post(url, "/v1/load_lora_adapter",
+                       json={"lora_name": name, "lora_path": str(adapter), "load_inplace": False})
+        except WeightSyncError as error:
+            if ROUTE_NOT_FOUND.search(str(error)):
+                raise WeightSyncError(
+                    f"weight sync: {url} does not load LoRA adapters: it needs --enable-lora and "
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (the rollout entrypoint sets both for training.lora.sync: "
+                    "adapter), or the run needs training.lora.sync: merged") from error
+            if "has already been loaded" not in str(error):
+                raise
+        self._post(url, "/update_weight_version", json={"new_version": adapter.name})
+
+    def adapter_directory(self) -> Path:
+        """Where the next version's adapter is to be saved (peft's layout: `adapter_config.json` at its root),
+        published atomically by the saver (a rename), then loaded everywhere by `publish_adapter`."""
+        return self.directory / f"{VERSION_PREFIX}{self.version + 1}"
+
+    def publish_adapter(self) -> None:
+        """Load the adapter saved in `adapter_directory()` on every server: between `pause` and `resume`, as
+        `send_weights`; `retire_stale_adapter` follows the resume."""
+        started = time.perf_counter()
+        adapter = self.adapter_directory()
+        if not is_adapter(adapter):
+            raise WeightSyncError(f"weight sync: no adapter was saved in {adapter}")
+        self.bytes_written = directory_bytes(adapter)
+        self.version += 1  # from here a replica admitted by the balancer catches up to this version
+        targets = self._each(lambda url: self._load(url, adapter), "load_lora_adapter")
+        elapsed = time.perf_counter() - started
+        self.sync_seconds.append(elapsed)
+        logger.info("weight sync v%d: adapter of %.2f MB to %d server(s) in %.2fs", self.version,
+                    self.bytes_written / 1e6, len(targets), elapsed)
+
+    def retire_stale_adapter(self) -> None:
+        """Unload, once the servers generate again (frozen requests may still use it), the adapter version that
+        left the window, and delete the files of the one before it: vLLM reads an adapter's files lazily and a
+        missing one kills its engine, so they outlive the unload by one sync."""
+        stale = self.version - self.adapter_window
+        if stale > 0:
+            # An unload that fails leaves one more adapter in the server's cache, which evicts the least recently
+            # used: never a reason to take a server out of the pool.
+            for url in (self.replicas.ready_urls() if self.replicas is not None else self.server_urls):
+                try:
+                    self._post(url, "/v1/unload_lora_adapter", json={"lora_name": adapter_name(stale)})
+                except WeightSyncError as error:
+                    logger.info("weight sync: %s kept adapter %s: %s", url, adapter_name(stale), error)
+        kept = range(max(stale, 1), self.version + 1)
+        remove_other_versions(self.directory, keep=[f"{VERSION_PREFIX}{version}" for version in kept])
 
     def resume(self) -> None:
         try:
@@ -350,11 +442,18 @@ class FilesystemWeightTransfer:
         """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
         loaded = 0
         while self.version != loaded:  # a sync that published a newer version meanwhile may not have reached it
-            loaded = self.version
-            current = self.directory / f"{VERSION_PREFIX}{loaded}"
+            target = self.version
+            current = self.directory / f"{VERSION_PREFIX}{target}"
             if not current.is_dir():
                 break
+            if is_adapter(current):
+                # Requests retried from another server may still name any adapter in the window, oldest first.
+                for version in range(max(loaded + 1, target - self.adapter_window + 1, 1), target):
+                    older = self.directory / f"{VERSION_PREFIX}{version}"
+                    if is_adapter(older):
+                        self._load(url, older)
             self._load(url, current)
+            loaded = target
             logger.info("rollout server %s caught up to %s", url, current.name)
         self._post(url, "/resume")  # a server left paused by a failed sync generates nothing
 
@@ -373,15 +472,23 @@ def resume_version(directory: Path) -> int:
     """
     versions = [int(m.group(1)) for entry in directory.iterdir() if (m := _VERSION_DIR.match(entry.name))]
     newest = max(versions, default=0)
-    remove_other_versions(directory, keep=f"{VERSION_PREFIX}{newest}" if newest else None)
+    remove_other_versions(directory, keep=[f"{VERSION_PREFIX}{newest}"] if newest else [])
     return newest
 
 
-def remove_other_versions(directory: Path, keep: str | None) -> None:
-    """Delete every version and partial directory but `keep` (the one servers serve and a restarted one loads)."""
+def _version_of(checkpoint: Path) -> int:
+    match = _VERSION_DIR.match(checkpoint.name)
+    if match is None:
+        raise WeightSyncError(f"weight sync: {checkpoint} is not a version directory")
+    return int(match.group(1))
+
+
+def remove_other_versions(directory: Path, keep: list[str]) -> None:
+    """Delete every version and partial directory but those in `keep` (what servers serve and a restarted one
+    loads)."""
     for entry in directory.iterdir():
         is_version = bool(_VERSION_DIR.match(entry.name)) or entry.name.startswith(f".{VERSION_PREFIX}")
-        if entry.is_dir() and is_version and entry.name != keep:
+        if entry.is_dir() and is_version and entry.name not in keep:
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -398,4 +505,5 @@ def make_weight_transfer(
     return FilesystemWeightTransfer(
         config.rollout.urls, sync.directory, ready_timeout_s=ready_timeout_s,
         aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
+        adapter_window=config.training.max_staleness + 1,
     )
