@@ -90,7 +90,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     from grpo_trainer.step_scoring import ImportanceBounds
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
-    from grpo_trainer.trainer import GRPOLearner
+    from grpo_trainer.trainer import GRPOLearner, WeightSyncOptions
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
                               progress_server_port=args.progress_port, reward_models=reward_models,
-                              weight_sync_deadline_s=args.weight_sync_deadline,
+                              weight_sync=WeightSyncOptions(args.weight_sync_deadline),
                               importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 
     micro_batches: list[int] = []  # 1 trained, -1 fetched but discarded (the stop cut its window short), 0 the stop

@@ -287,7 +287,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
 
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
-    from .trainer import GRPOLearner
+    from .trainer import GRPOLearner, WeightSyncOptions
     from .weight_sync import make_weight_transfer
 
     try:
@@ -327,11 +327,10 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 stall_groups=config.progress.stall_groups,
                 progress_server_port=config.learner.http_port if is_main else None,
                 reward_models=reward_models,
-                weight_sync_deadline_s=config.rollout.weight_sync.deadline_seconds,
+                weight_sync=WeightSyncOptions(config.rollout.weight_sync.deadline_seconds, adapter_sync(config)),
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
-                adapter_sync=adapter_sync(config),
             )
     except BaseException:
         if pool is not None:

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,6 +86,20 @@ ROLLOUT_STATE_FILE = "rollout_state.json"
 LOST_AFTER_REQUEST_TIMEOUTS = 3
 
 
+@dataclass(frozen=True)
+class WeightSyncOptions:
+    """How the learner's weights reach the rollout servers.
+
+    deadline_s: a weight sync still running after this long ends the run as stalled (grpo_trainer.sync_watchdog;
+        default: the spec's); None: no deadline.
+    adapter: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (started with the
+        flags it needs); merged weights where vLLM cannot serve the adapter. The same on every rank.
+    """
+
+    deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS
+    adapter: bool = False
+
+
 class GRPOLearner(AsyncGRPOTrainer):
     """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing.
 
@@ -98,12 +113,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
         importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.step_scoring); samples
             with a non-finite loss or logprob leave the loss whatever they are.
-        weight_sync_deadline_s: a weight sync still running after this long ends the run as stalled
-            (grpo_trainer.sync_watchdog; default: the spec's); None: no deadline.
+        weight_sync: how the weights reach the servers (`WeightSyncOptions`: the sync's deadline, adapter or merged).
         attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
             this process's device.
-        adapter_sync: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (started
-            with the flags it needs); merged weights where vLLM cannot serve the adapter. The same on every rank.
     """
 
     def __init__(
@@ -114,10 +126,9 @@ class GRPOLearner(AsyncGRPOTrainer):
         progress_server_port: int | None = None,
         lost_after_s: float | None = None,
         reward_models: Sequence[RewardModel] = (),
-        weight_sync_deadline_s: float | None = WEIGHT_SYNC_DEADLINE_SECONDS,
+        weight_sync: WeightSyncOptions | None = None,
         importance_bounds: ImportanceBounds | None = None,
         attention_kernel: AttentionKernel | None = None,
-        adapter_sync: bool = False,
         **kwargs: Any,
     ):
         training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
@@ -136,7 +147,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
         self.episodes = EpisodeCounts()
         super().__init__(*args, **kwargs)
-        if adapter_sync:
+        weight_sync = weight_sync or WeightSyncOptions()
+        if weight_sync.adapter:
             self._choose_adapter_sync()
         if type(self.rollout_worker) is AsyncRolloutWorker:
             # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
@@ -165,7 +177,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.stall_cause: StallCause | None = None
         self.importance_bounds = importance_bounds or ImportanceBounds()
         self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
-        self.sync_timer = SyncTimer(weight_sync_deadline_s, thread_setup=self._select_device,
+        self.sync_timer = SyncTimer(weight_sync.deadline_s, thread_setup=self._select_device,
                                     waiting_on=self._sync_waiting_on)
         self._collator: ProgressCollator | None = None
         self._train_stream: StopAwareDataset | None = None
