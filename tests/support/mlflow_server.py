@@ -69,3 +69,26 @@ def running_mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
         yield server
     finally:
         server.stop()
+
+
+def check_tracked_run(uri: str, experiment_name: str, run_name: str, *, model: str, epochs: float,
+                      groups_trained: int):
+    """The MLflow server at `uri` got the learner's run: the GRPORun's spec as parameters (its `model` and
+    `epochs`), a point per step of TRL's loss, and our progress numbers (at most `groups_trained`, the run's final
+    count). Returns the run's info."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    assert experiment is not None, [e.name for e in client.search_experiments()]
+    (tracked,) = client.search_runs([experiment.experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == run_name, tracked.info
+    assert tracked.data.tags["grpo.dev/run"] == run_name, tracked.data.tags
+    parameters = tracked.data.params
+    assert parameters["grporun.training.epochs"] == str(float(epochs)), parameters
+    assert parameters["grporun.model"] == model, parameters
+    loss = sorted(m.step for m in client.get_metric_history(tracked.info.run_id, "loss"))
+    assert loss and loss == list(range(loss[0], loss[0] + len(loss))), loss  # one point per step
+    trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")
+    assert 0 < max(m.value for m in trained) <= groups_trained, trained
+    return tracked.info

@@ -1,6 +1,6 @@
 """`grporun local` end to end: the tiny example reaches Succeeded, its learner (`python -m grpo_trainer learner`, as
-the pod runs it) ending with the termination message the operator reads and its model exported (to a folder, and to
-the S3 test server); Ctrl-C leaves no process behind."""
+the pod runs it) ending with the termination message the operator reads, its model exported (to a folder, and to
+the S3 test server) and its curves on a real MLflow server; Ctrl-C leaves no process behind."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import yaml
 
 from grpo_trainer import contract as c
 from grpo_trainer.inputs import resolve as resolve_inputs
+from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.paths import REPO
 from tests.support.vllm_server import EAGER_VLLM_ARGS
 
@@ -43,15 +44,25 @@ def tiny_manifest(tmp_path: Path, model: str, epochs: float, processes: int = 1,
 
 
 def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
+    assert MLFLOW.exists(), MISSING
     manifest = tiny_manifest(tmp_path, vllm_server.model, epochs=1)
     with_output = yaml.safe_load(manifest.read_text())
     with_output["spec"]["output"] = {"volume": {"hostPath": {"path": str(tmp_path / "models")}}}
-    manifest.write_text(yaml.safe_dump(with_output))
-    result = subprocess.run(
-        [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url,
-         "--poll-interval", "0.5"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-    )
+    (tmp_path / "mlflow").mkdir()
+    with running_mlflow_server(tmp_path / "mlflow") as mlflow:
+        with_output["spec"]["tracking"] = {"mlflow": {"trackingUri": mlflow.uri, "experiment": "local-tiny"}}
+        manifest.write_text(yaml.safe_dump(with_output))
+        mlflow.wait_ready()
+        result = subprocess.run(
+            [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url,
+             "--poll-interval", "0.5"],
+            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        )
+        tracked = None  # read while the server runs; a failed run is reported below, with its logs
+        if result.returncode == 0:
+            trained = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
+            tracked = check_tracked_run(mlflow.uri, "local-tiny", "tiny", model=vllm_server.model, epochs=1,
+                                        groups_trained=trained)
     run_dir = tmp_path / "runs" / "tiny"
     learner_log = (run_dir / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
@@ -65,6 +76,8 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert report.groups_trained > 0 and report.global_step > 0
     assert report.weight_syncs >= report.global_step  # one sync per step (weightSyncSteps 1) plus the cold one
     assert "AsyncRolloutWorker child is ready" in learner_log  # TRL's own worker generated the rollouts
+    # The tracked run, on the real MLflow server: the report names it as the operator's status would.
+    assert [(run.tracker, run.run_id) for run in report.tracking] == [("mlflow", tracked.run_id)], report.tracking
     # The model, exported to spec.output's folder with its manifest; the summary says where.
     model_dir = tmp_path / "models" / "tiny"
     assert report.output is not None and report.output.path == str(model_dir)
