@@ -167,17 +167,17 @@ def base_config(scratch: Path):
     """examples/tiny.yaml resolved as `grporun local` resolves it, EPOCHS long, with the per-server cap."""
     from grpo_operator.local.plan import localize_spec
     from grpo_operator.manifest import read_grporun
-    from grpo_operator.resolve import resolve_run_config
+    from grpo_operator.resolve import RunPlacement, resolve_run_config
 
     run = read_grporun(MANIFEST)
     spec = localize_spec(run.spec, MANIFEST.parent)
     spec.training.epochs = EPOCHS
     spec.rollout.vllm.extra_args = [*spec.rollout.vllm.extra_args, "--max-num-seqs", str(MAX_NUM_SEQS)]
-    return resolve_run_config(
-        run.name, run.namespace, spec, rollout_urls=["http://127.0.0.1:0"], output_dir=str(scratch / "output"),
+    return resolve_run_config(run.name, run.namespace, spec, RunPlacement(
+        rollout_urls=["http://127.0.0.1:0"], output_dir=str(scratch / "output"),
         checkpoint_dir=None, weight_sync_dir=str(scratch / "weights"),
         termination_message_path=str(scratch / "termination-log"),
-    )
+    ))
 
 
 def write_config(path: Path, config) -> None:

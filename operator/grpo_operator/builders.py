@@ -63,7 +63,7 @@ from .api import (
     RolePodSpec,
 )
 from .pod_overrides import apply_override
-from .resolve import resolve_run_config
+from .resolve import RunPlacement, resolve_run_config
 from .run_ref import RunRef
 
 #: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
@@ -209,8 +209,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     if spec.output is not None:
         output = (model_directory(run.name, spec.output),
                   spec.output.uri or output_uri(run.name, spec.output.volume or {}))
-    config = resolve_run_config(
-        run.name, run.namespace, spec,
+    config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
         rollout_urls=rollout_urls(run.name, run.namespace, spec.rollout.replicas),
         output_dir=OUTPUT_DIR,
         checkpoint_dir=CHECKPOINT_DIR,
@@ -218,7 +217,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
         output=output,
         inputs_cache_dir=INPUTS_CACHE_DIR,
-    )
+    ))
     metadata = child_metadata(run, config_map_name(run.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,

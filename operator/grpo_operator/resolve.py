@@ -7,6 +7,9 @@ imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from grpo_operator.api import GRPORunSpec
 from grpo_trainer.contract import (
     CheckpointConfig,
@@ -20,25 +23,26 @@ from grpo_trainer.contract import (
 )
 
 
-def resolve_run_config(
-    name: str,
-    namespace: str,
-    spec: GRPORunSpec,
-    *,
-    rollout_urls: list[str],
-    output_dir: str,
-    checkpoint_dir: str | None,
-    weight_sync_dir: str | None,
-    termination_message_path: str,
-    output: tuple[str, str] | None = None,
-    inputs_cache_dir: str | None = None,
-) -> RunConfig:
-    """`output`: (the model's folder as the learner sees it, its URI as users find it) when the spec has an output.
+@dataclass(frozen=True)
+class RunPlacement:
+    """What only the caller knows: where the rollout servers answer and where things live inside the pods.
 
-    `inputs_cache_dir`: where the pods download s3:// inputs (None: the learner's and server's own default).
+    `output`: (the model's folder as the learner sees it, its URI as users find it) when the spec has an output.
+    `inputs_cache_dir`: where the pods download s3:// inputs (None: the learner's and server's own default)."""
 
-    Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
+    rollout_urls: Sequence[str]
+    output_dir: str
+    checkpoint_dir: str | None
+    weight_sync_dir: str | None
+    termination_message_path: str
+    output: tuple[str, str] | None = None
+    inputs_cache_dir: str | None = None
+
+
+def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: RunPlacement) -> RunConfig:
+    """Raises ValueError when the caller's part does not fit the spec (no rollout URL, no weight-sync directory for
     filesystem mode, no output folder for spec.output): a bug in the caller, not a user mistake."""
+    rollout_urls, weight_sync_dir, output = placement.rollout_urls, placement.weight_sync_dir, placement.output
     if not rollout_urls:
         raise ValueError("rollout_urls: at least one rollout server URL is needed")
     weight_sync = spec.rollout.weight_sync
@@ -77,14 +81,14 @@ def resolve_run_config(
             strategy=spec.learner.strategy,
             fsdp=spec.learner.fsdp.model_copy(deep=True),
         ),
-        checkpoint=CheckpointConfig(directory=checkpoint_dir, save_steps=spec.checkpoint.save_steps),
+        checkpoint=CheckpointConfig(directory=placement.checkpoint_dir, save_steps=spec.checkpoint.save_steps),
         output=None if output is None else OutputConfig(
             directory=output[0], uri=output[1],
             run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),
-        inputs=_inputs(spec, inputs_cache_dir),
+        inputs=_inputs(spec, placement.inputs_cache_dir),
         tracking=spec.tracking.model_copy(deep=True),
-        output_dir=output_dir,
-        termination_message_path=termination_message_path,
+        output_dir=placement.output_dir,
+        termination_message_path=placement.termination_message_path,
     )
 
 

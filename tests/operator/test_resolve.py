@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_operator.manifest import read_grporun
-from grpo_operator.resolve import resolve_run_config
+from grpo_operator.resolve import RunPlacement, resolve_run_config
 from grpo_trainer.contract import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     CheckpointConfig,
@@ -26,7 +26,7 @@ def resolve(fixture: str, **overrides):
     arguments = dict(rollout_urls=["http://run-rollout-0.run-rollout:8000"], output_dir="/out", checkpoint_dir=None,
                      weight_sync_dir=None, termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH)
     arguments.update(overrides)
-    return run, resolve_run_config(run.name, run.namespace, run.spec, **arguments)
+    return run, resolve_run_config(run.name, run.namespace, run.spec, RunPlacement(**arguments))
 
 
 def test_resolve_defaulted_spec_gives_the_contracts_defaults():
@@ -111,7 +111,7 @@ def test_resolve_rejects_a_caller_that_leaves_out_what_the_spec_needs(fixture, o
 def test_resolve_carries_the_learners_strategy():
     run = read_grporun(FIXTURES / "minimal.yaml")
     spec = run.spec.model_copy(update={"learner": run.spec.learner.model_copy(update={"strategy": "fsdp2"})})
-    config = resolve_run_config(run.name, run.namespace, spec, rollout_urls=["http://r:8000"], output_dir="/out",
-                                checkpoint_dir=None, weight_sync_dir=None,
-                                termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH)
+    config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
+        rollout_urls=["http://r:8000"], output_dir="/out", checkpoint_dir=None, weight_sync_dir=None,
+        termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH))
     assert config.learner.strategy == "fsdp2" and not config.learner.fsdp.cpu_offload

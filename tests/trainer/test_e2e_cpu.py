@@ -16,7 +16,7 @@ import pytest
 
 from grpo_operator.local.plan import localize_spec
 from grpo_operator.manifest import read_grporun
-from grpo_operator.resolve import resolve_run_config
+from grpo_operator.resolve import RunPlacement, resolve_run_config
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
 
@@ -39,11 +39,11 @@ def tiny_run_config(tmp_path: Path, server, manifest: Path = TINY, **changes) ->
         for parent in parents:
             target = getattr(target, parent)
         setattr(target, leaf, value)
-    config = resolve_run_config(
-        "tiny", "default", spec, rollout_urls=[server.url], output_dir=str(tmp_path / "output"),
+    config = resolve_run_config("tiny", "default", spec, RunPlacement(
+        rollout_urls=[server.url], output_dir=str(tmp_path / "output"),
         checkpoint_dir=str(tmp_path / "checkpoints"), weight_sync_dir=str(tmp_path / "weights"),
         termination_message_path=str(tmp_path / "termination-log"),
-    )
+    ))
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": 0})})
     path = tmp_path / "run.json"
     path.write_text(config.model_dump_json(by_alias=True))

@@ -29,7 +29,7 @@ from ..api import FINISHED_PHASES, GRPORunSpec, Phase
 from ..cli.exit_codes import ExitCode
 from ..engine import Observed, run_pass
 from ..manifest import read_grporun
-from ..resolve import resolve_run_config
+from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
 from ..status.decision import rank
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
@@ -222,13 +222,13 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         rollout_python = find_rollout_python(args.rollout_python)
     termination_path = run_dir / "termination-log"
     output = local_output(run.name, spec, run_dir)
-    config = resolve_run_config(
-        run.name, run.namespace, spec, rollout_urls=urls, output_dir=str(run_dir / "output"),
+    config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
+        rollout_urls=urls, output_dir=str(run_dir / "output"),
         checkpoint_dir=str(run_dir / "checkpoints"),
         weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=str(termination_path),
         output=None if output is None else (str(output[0]), output[1]),
-    )
+    ))
     learner_port = free_port()
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
     config_path = run_dir / "run.json"
