@@ -530,12 +530,12 @@ def phase_server(processes: Processes, name: str, rollout_python: str, config_pa
 def phase_learner(processes: Processes, name: str, config_path: Path, layout: Layout, http_port: int,
                   server: subprocess.Popen, server_url: str, timeout_s: float) -> tuple[list[Poll], object | None]:
     from grpo_trainer import contract as c
-    from grpo_trainer.launch import learner_argv
+    from grpo_trainer.launch import GangLayout, learner_argv
 
     say(f"{name}: learner, {layout.ranks} rank(s) on GPU {layout.learner_gpus}, {layout.sync} sync, until its "
         f"epoch bound (at most {timeout_s:.0f} s)")
-    argv = learner_argv(str(config_path), processes_per_machine=layout.ranks, main_process_port=free_port(),
-                        python=sys.executable, strategy=layout.strategy)
+    gang = GangLayout(processes_per_machine=layout.ranks, main_process_port=free_port())
+    argv = learner_argv(str(config_path), gang=gang, python=sys.executable, strategy=layout.strategy)
     learner = processes.start(name, argv, CUDA_VISIBLE_DEVICES=layout.learner_gpus)
     roots = {"learner": learner.pid, "server": server.pid}
     polls: list[Poll] = []

@@ -55,7 +55,7 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nccl-ranks-"))
     workdir.mkdir(parents=True, exist_ok=True)
     from grpo_operator.local.processes import free_port
-    from grpo_trainer.launch import learner_argv
+    from grpo_trainer.launch import GangLayout, learner_argv
     from grpo_trainer.testing.tiny_assets import build_tiny_model
 
     model = str(build_tiny_model(workdir / "model"))
@@ -81,7 +81,7 @@ def main() -> int:
                 print("FAIL: the vLLM server did not start")
                 return 2
             time.sleep(2)
-        argv = learner_argv(str(config_path), processes_per_machine=2, main_process_port=free_port(),
+        argv = learner_argv(str(config_path), gang=GangLayout(processes_per_machine=2, main_process_port=free_port()),
                             python=sys.executable)
         with open(workdir / "learner.log", "wb") as learner_log:
             learner = subprocess.run(argv, stdout=learner_log, stderr=subprocess.STDOUT, timeout=3600,

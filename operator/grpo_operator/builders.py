@@ -44,6 +44,7 @@ from grpo_trainer.contract import (
     SESSION_TOKEN_ENV,
     STARTUP_WAIT_S,
     WANDB_API_KEY_ENV,
+    GangLayout,
     TrackingConfig,
     learner_argv,
     request_timeout_seconds,
@@ -465,9 +466,9 @@ def rollout_command() -> list[str]:
 
 def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
     leader = pod_dns(learner_pod_name(run.name, 0), learner_service_name(run.name), run.namespace)
-    return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", num_machines=spec.learner.nodes,
-                        processes_per_machine=spec.learner.processes_per_node, machine_rank=rank,
-                        main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT,
+    gang = GangLayout(num_machines=spec.learner.nodes, processes_per_machine=spec.learner.processes_per_node,
+                      machine_rank=rank, main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
+    return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", gang=gang,
                         strategy=spec.learner.strategy, cpu_offload=spec.learner.fsdp.cpu_offload)
 
 

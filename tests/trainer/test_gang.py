@@ -17,7 +17,7 @@ from grpo_trainer.contract import (
     EXIT_SUCCEEDED,
 )
 from grpo_trainer.gang import gang_exit_code
-from grpo_trainer.launch import learner_argv
+from grpo_trainer.launch import GangLayout, learner_argv
 
 
 @pytest.mark.parametrize(("launcher", "outcomes", "expected"), [
@@ -44,7 +44,7 @@ def test_gang_exit_code(launcher, outcomes, expected):
 
 
 def test_multi_process_launch_line_runs_under_the_gang_supervisor():
-    argv = learner_argv("/c/run.json", processes_per_machine=4, num_machines=2)
+    argv = learner_argv("/c/run.json", gang=GangLayout(processes_per_machine=4, num_machines=2))
     assert argv[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
     assert argv[6:10] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
     one_process = learner_argv("/c/run.json")

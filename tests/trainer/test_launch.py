@@ -9,7 +9,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.launch import prepare_multi_gpu_env
 
-from grpo_trainer.launch import learner_argv
+from grpo_trainer.launch import GangLayout, learner_argv
 
 
 def accelerate_args(argv: list[str]):
@@ -28,7 +28,7 @@ def fsdp_plugin_of(argv: list[str]) -> tuple[FullyShardedDataParallelPlugin, dic
 
 
 def test_a_ddp_learner_is_accelerates_multi_gpu_launch_and_a_single_process_runs_alone():
-    argv = learner_argv("/c/run.json", num_machines=2, processes_per_machine=4, strategy="ddp")
+    argv = learner_argv("/c/run.json", gang=GangLayout(num_machines=2, processes_per_machine=4), strategy="ddp")
     args = accelerate_args(argv)
     assert args.multi_gpu and not args.use_fsdp and args.num_processes == 8
     assert learner_argv("/c/run.json", strategy="ddp") == ["python", "-m", "grpo_trainer", "learner",
@@ -37,8 +37,8 @@ def test_a_ddp_learner_is_accelerates_multi_gpu_launch_and_a_single_process_runs
 
 @pytest.mark.parametrize("cpu_offload", [False, True])
 def test_an_fsdp2_learner_launches_under_accelerates_fsdp2_plugin(cpu_offload):
-    argv = learner_argv("/c/run.json", num_machines=2, processes_per_machine=4, machine_rank=1,
-                        main_process_ip="leader", strategy="fsdp2", cpu_offload=cpu_offload)
+    gang = GangLayout(num_machines=2, processes_per_machine=4, machine_rank=1, main_process_ip="leader")
+    argv = learner_argv("/c/run.json", gang=gang, strategy="fsdp2", cpu_offload=cpu_offload)
     assert argv[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
     args = accelerate_args(argv)
     assert args.use_fsdp and not args.multi_gpu

@@ -17,7 +17,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from grpo_operator.local.processes import free_port
 from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
-from grpo_trainer.launch import learner_argv
+from grpo_trainer.launch import GangLayout, learner_argv
 from grpo_trainer.learner_main import trainer_arguments
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXI
         command = [sys.executable, *scenario]
     else:
         # The learner pods' own launch line (grpo_trainer.launch), with the scenario script as the entry.
-        command = learner_argv("unused", processes_per_machine=ranks, main_process_port=free_port(),
+        command = learner_argv("unused", gang=GangLayout(processes_per_machine=ranks, main_process_port=free_port()),
                                python=sys.executable, entry=tuple(scenario))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -92,7 +92,8 @@ def test_two_ranks_with_an_invalid_config_exit_78_under_the_pod_launch_line(tmp_
     config = tmp_path / "run.json"
     config.write_text('{"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}], '
                       '"training": {"epochs": -1}}')
-    command = learner_argv(str(config), processes_per_machine=2, main_process_port=free_port(), python=sys.executable)
+    command = learner_argv(str(config), gang=GangLayout(processes_per_machine=2, main_process_port=free_port()),
+                           python=sys.executable)
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == EXIT_INVALID_CONFIG, done.stderr[-3000:]
     assert "training.epochs" in done.stderr

@@ -952,7 +952,7 @@ def parse_progress(text: str | bytes) -> ProgressReport:
 
 _OWNERS = {
     "engine_errors": ("engine_error_line",),
-    "launch": ("MAIN_PROCESS_PORT", "learner_argv"),
+    "launch": ("MAIN_PROCESS_PORT", "GangLayout", "learner_argv"),
     "model_export": ("ExportError",),
     "reexport": ("export_from_checkpoint", "store_environ"),
     "rewards": ("RewardError", "check_reward_name", "load_reward"),

@@ -14,18 +14,31 @@ And one that is loud: torchrun reports any failed worker as exit 1, so with seve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 LEARNER_ENTRY = ("-m", "grpo_trainer", "learner")
 MAIN_PROCESS_PORT = 29500
+
+
+@dataclass(frozen=True)
+class GangLayout:
+    """Where one learner machine (pod) sits in the run's gang: how many machines and ranks per machine, which
+    machine this is, and where machine 0 waits for the others to join."""
+
+    num_machines: int = 1
+    processes_per_machine: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: int = MAIN_PROCESS_PORT
+
+
+ONE_PROCESS = GangLayout()
 
 
 def learner_argv(
     config_path: str,
     *,
-    num_machines: int = 1,
-    processes_per_machine: int = 1,
-    machine_rank: int = 0,
-    main_process_ip: str = "127.0.0.1",
-    main_process_port: int = MAIN_PROCESS_PORT,
+    gang: GangLayout = ONE_PROCESS,
     python: str = "python",
     entry: tuple[str, ...] = LEARNER_ENTRY,
     strategy: str = "ddp",
@@ -36,15 +49,15 @@ def learner_argv(
     `strategy` is `learner.strategy`: ddp launches plain data-parallel ranks; fsdp2 launches them under accelerate's
     FSDP2 plugin (`fsdp_flags`), also for a single process, where sharding over one rank leaves the CPU offload."""
     arguments = [*entry, "--config", config_path] if entry == LEARNER_ENTRY else list(entry)
-    world_size = num_machines * processes_per_machine
+    world_size = gang.num_machines * gang.processes_per_machine
     if world_size == 1 and strategy == "ddp":
         return [python, *arguments]
     mode = ["--multi_gpu"] if strategy == "ddp" else fsdp_flags(cpu_offload=cpu_offload)
     return [
-        python, "-m", "grpo_trainer.gang", "--ranks", str(processes_per_machine), "--",
+        python, "-m", "grpo_trainer.gang", "--ranks", str(gang.processes_per_machine), "--",
         python, "-m", "accelerate.commands.launch", *mode,
-        "--num_machines", str(num_machines), "--machine_rank", str(machine_rank),
-        "--main_process_ip", main_process_ip, "--main_process_port", str(main_process_port),
+        "--num_machines", str(gang.num_machines), "--machine_rank", str(gang.machine_rank),
+        "--main_process_ip", gang.main_process_ip, "--main_process_port", str(gang.main_process_port),
         "--num_processes", str(world_size),
         *arguments,
     ]
