@@ -21,11 +21,14 @@ import pytest
 from aiohttp import web
 
 from grpo_trainer import contract as c
-from grpo_trainer.balancer import RolloutBalancer
+from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.replicas import ReplicaSet
 from grpo_trainer.weight_sync import resume_version
 from tests.support.paths import REPO
+
+#: Unready replicas probed often, so a test sees admissions within a fraction of a second.
+FAST_PROBES = BalancerTimings(probe_interval_s=0.1)
 
 
 class FakeServer:
@@ -98,7 +101,7 @@ def test_generation_is_shared_fairly_and_an_unready_replica_gets_none(servers):
     a, b, broken = servers("a"), servers("b"), servers("broken", mode="fail")
     replicas = ReplicaSet([a.url, b.url, broken.url])
     admitted: list[str] = []
-    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1).start()
+    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=FAST_PROBES).start()
     try:
         _wait_ready(replicas, 2)
         results = asyncio.run(_generate(balancer.url, 60))
@@ -115,7 +118,7 @@ def test_generation_is_shared_fairly_and_an_unready_replica_gets_none(servers):
 def test_requests_on_a_replica_that_dies_are_sent_again_to_another(servers):
     a, b = servers("a"), servers("b")
     replicas = ReplicaSet([a.url, b.url])
-    balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+    balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
     try:
         _wait_ready(replicas, 2)
         b.mode = "fail"  # the engine died: every request on it answers 500
@@ -133,7 +136,8 @@ def test_with_no_ready_replica_a_request_waits_and_is_served_once_one_is_admitte
     a = servers("a", mode="fail")
     replicas = ReplicaSet([a.url])
     admitted: list[str] = []
-    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1, wait_s=30).start()
+    timings = BalancerTimings(probe_interval_s=0.1, wait_s=30)
+    balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=timings).start()
     try:
         async def scenario() -> list[tuple[int, str]]:
             pending = asyncio.ensure_future(_generate(balancer.url, 3))
@@ -152,7 +156,8 @@ def test_with_no_ready_replica_a_request_waits_and_is_served_once_one_is_admitte
 
 def test_with_no_replica_within_the_bound_the_request_is_answered_503(servers):
     a = servers("a", mode="fail")
-    balancer = RolloutBalancer(ReplicaSet([a.url]), "m", probe_interval_s=0.1, wait_s=0.5).start()
+    timings = BalancerTimings(probe_interval_s=0.1, wait_s=0.5)
+    balancer = RolloutBalancer(ReplicaSet([a.url]), "m", timings=timings).start()
     try:
         [(status, body)] = asyncio.run(_generate(balancer.url, 1))
     finally:
@@ -195,8 +200,8 @@ def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns
         b = servers("b")
         replicas = ReplicaSet([hung_url, b.url])
         admitted: list[str] = []
-        balancer = RolloutBalancer(replicas, "m", admit=admitted.append, probe_interval_s=0.1,
-                                   liveness_interval_s=0.2, liveness_timeout_s=1.0).start()
+        timings = BalancerTimings(probe_interval_s=0.1, liveness_interval_s=0.2, liveness_timeout_s=1.0)
+        balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=timings).start()
         try:
             _wait_ready(replicas, 2)
             os.kill(hung.pid, signal.SIGSTOP)
@@ -225,7 +230,7 @@ def test_replicas_of_unequal_speed_get_equal_concurrency_and_samples_by_speed(se
     # finished differ by at most the window, and both measure speed. The fair share is of the concurrency.
     fast, slow = servers("fast"), servers("slow", mode="slow")  # 0.05 s and 0.3 s per completion
     replicas = ReplicaSet([fast.url, slow.url])
-    balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+    balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
     try:
         _wait_ready(replicas, 2)
         asyncio.run(_generate_window(balancer.url, total=120, window=8))
@@ -264,7 +269,7 @@ def test_a_stopping_learner_does_not_wait_on_a_request_a_frozen_server_holds(ser
     try:
         url = hung.stdout.readline().strip()
         replicas = ReplicaSet([url])
-        balancer = RolloutBalancer(replicas, "m", probe_interval_s=0.1).start()
+        balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
         try:
             _wait_ready(replicas, 1)
             os.kill(hung.pid, signal.SIGSTOP)

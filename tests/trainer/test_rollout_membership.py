@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from grpo_trainer import contract as c
-from grpo_trainer.balancer import RolloutBalancer
+from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.replicas import EmptyRolloutSet, ReplicaSet
 from grpo_trainer.run_config_watch import RolloutUrlsWatch
 from grpo_trainer.sync_watchdog import DaemonCall
@@ -90,8 +90,8 @@ def in_background(coroutine) -> tuple[asyncio.AbstractEventLoop, asyncio.Future]
 def balancer_on(config: Path, urls: list[str], admit=None) -> tuple[ReplicaSet, RolloutBalancer]:
     write_config(config, urls)
     replicas = ReplicaSet(urls)
-    balancer = RolloutBalancer(replicas, "m", admit=admit, probe_interval_s=0.05, watch_interval_s=WATCH_S,
-                               watch=RolloutUrlsWatch(config, urls)).start()
+    balancer = RolloutBalancer(replicas, "m", admit=admit, watch=RolloutUrlsWatch(config, urls),
+                               timings=BalancerTimings(probe_interval_s=0.05, watch_interval_s=WATCH_S)).start()
     return replicas, balancer
 
 

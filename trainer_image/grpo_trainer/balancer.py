@@ -20,6 +20,7 @@ With a `RolloutUrlsWatch` the set of servers follows the run config while the le
 request and is in no weight sync, its requests in flight finish there (or, if it fails or hangs, are sent again
 elsewhere), and it leaves the set when none is left. A sync that was running when it left may have paused it: it is
 resumed once that sync ends, so its frozen requests finish without the sync waiting on it.
+The clocks named here are `BalancerTimings` fields.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -50,6 +52,24 @@ AdmitFn = Callable[[str], None]
 LIVENESS_INTERVAL_S = 15.0
 
 
+@dataclass(frozen=True)
+class BalancerTimings:
+    """The balancer's clocks. `wait_s`: how long a request is held while no replica is ready; `probe_interval_s`: how
+    often unready replicas are probed; `request_timeout_s`: a request's whole time on one replica;
+    `liveness_interval_s`/`liveness_timeout_s`: how often a ready replica must generate a token, and within what;
+    `watch_interval_s`: how often the run config's rollout URLs are read again."""
+
+    wait_s: float = 600.0
+    probe_interval_s: float = 2.0
+    request_timeout_s: float = 600.0
+    liveness_interval_s: float = LIVENESS_INTERVAL_S
+    liveness_timeout_s: float = PROBE_TIMEOUT_S
+    watch_interval_s: float = WATCH_INTERVAL_S
+
+
+DEFAULT_TIMINGS = BalancerTimings()
+
+
 class ReplicaDown(Exception):
     """The replica a request was on was found hung while the request waited."""
 
@@ -57,21 +77,14 @@ class ReplicaDown(Exception):
 class RolloutBalancer:
     def __init__(
         self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
-        port: int = 0, wait_s: float = 600.0, probe_interval_s: float = 2.0, request_timeout_s: float = 600.0,
-        liveness_interval_s: float = LIVENESS_INTERVAL_S, liveness_timeout_s: float = PROBE_TIMEOUT_S,
-        watch: RolloutUrlsWatch | None = None, watch_interval_s: float = WATCH_INTERVAL_S,
+        port: int = 0, watch: RolloutUrlsWatch | None = None, timings: BalancerTimings = DEFAULT_TIMINGS,
     ):
         self.replicas = replicas
         self.model = model
         self.admit = admit
         self.watch = watch
-        self.watch_interval_s = watch_interval_s
         self.host, self.port = host, port
-        self.wait_s = wait_s
-        self.probe_interval_s = probe_interval_s
-        self.request_timeout_s = request_timeout_s
-        self.liveness_interval_s = liveness_interval_s
-        self.liveness_timeout_s = liveness_timeout_s
+        self.timings = timings
         self._down: dict[str, asyncio.Event] = {}  # set when a replica is found hung: its requests go elsewhere
         self.waiting = 0  # requests held because no replica is ready (visible in logs and tests)
         self._loop = asyncio.new_event_loop()
@@ -132,7 +145,7 @@ class RolloutBalancer:
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.gather(*(self._probe(url) for url in self.replicas.to_admit()))
-            await asyncio.sleep(self.probe_interval_s)
+            await asyncio.sleep(self.timings.probe_interval_s)
 
     async def _probe(self, url: str) -> None:
         # A server left paused by a failed sync holds every request, the probe's too: it gets no traffic from here
@@ -160,7 +173,7 @@ class RolloutBalancer:
 
     async def _liveness_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.liveness_interval_s)
+            await asyncio.sleep(self.timings.liveness_interval_s)
             watched = self.replicas.ready_urls() + self.replicas.draining_busy_urls()
             await asyncio.gather(*(self._check_alive(url) for url in watched))
 
@@ -168,7 +181,7 @@ class RolloutBalancer:
         syncs = self.replicas.syncs_started
         if self.replicas.syncing:
             return
-        error = await generation_probe(self._session, url, self.model, timeout_s=self.liveness_timeout_s)
+        error = await generation_probe(self._session, url, self.model, timeout_s=self.timings.liveness_timeout_s)
         if error is None or self.replicas.syncing or self.replicas.syncs_started != syncs:
             return  # a sync paused it meanwhile: no verdict
         if not self.replicas.is_ready(url):
@@ -180,7 +193,7 @@ class RolloutBalancer:
     # -- membership ---------------------------------------------------------------------------------------------------
     async def _watch_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.watch_interval_s)
+            await asyncio.sleep(self.timings.watch_interval_s)
             urls = self.watch.poll()
             if urls is not None:
                 self.apply_servers(urls)
@@ -238,7 +251,7 @@ class RolloutBalancer:
         while True:
             replica = await self._acquire()
             if replica is None:
-                return web.json_response({"error": f"no rollout server was ready within {self.wait_s:.0f}s"},
+                return web.json_response({"error": f"no rollout server was ready within {self.timings.wait_s:.0f}s"},
                                          status=503)
             if attempts:
                 self.replicas.count_retry(replica)
@@ -263,8 +276,8 @@ class RolloutBalancer:
         if replica is not None:
             return replica
         self.waiting += 1
-        logger.warning("no rollout server is ready; holding a request for up to %.0fs", self.wait_s)
-        deadline = time.monotonic() + self.wait_s
+        logger.warning("no rollout server is ready; holding a request for up to %.0fs", self.timings.wait_s)
+        deadline = time.monotonic() + self.timings.wait_s
         try:
             while replica is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
@@ -289,7 +302,7 @@ class RolloutBalancer:
         raise ReplicaDown(f"{url} is hung: no token from its liveness probe")
 
     async def _forward(self, url: str, request: web.Request, body: bytes, headers: dict) -> tuple[int, bytes, str]:
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.timings.request_timeout_s)
         async with self._session.request(request.method, f"{url}{request.path_qs}", data=body, headers=headers,
                                          timeout=timeout) as response:
             return response.status, await response.read(), response.content_type

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import contract as c
-from .balancer import RolloutBalancer
+from .balancer import BalancerTimings, RolloutBalancer
 from .replicas import ReplicaSet
 from .run_config_watch import RolloutUrlsWatch
 from .weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
@@ -52,6 +52,6 @@ def start_rollout_pool(
         adapter_window=config.training.max_staleness + 1,
     )
     watch = RolloutUrlsWatch(config_path, replicas.urls) if config_path else None
-    balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, wait_s=NO_REPLICA_WAIT_S,
-                               request_timeout_s=request_timeout_s, watch=watch).start()
+    timings = BalancerTimings(wait_s=NO_REPLICA_WAIT_S, request_timeout_s=request_timeout_s)
+    balancer = RolloutBalancer(replicas, config.model, admit=transfer.catch_up, watch=watch, timings=timings).start()
     return RolloutPool(replicas, transfer, balancer)
