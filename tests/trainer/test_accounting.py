@@ -22,6 +22,7 @@ from grpo_trainer.progress import (
     RolloutProgress,
     RolloutStop,
     SampleFilterQueue,
+    SampleLimits,
 )
 from grpo_trainer.scoring import ScoringQueue
 from tests.trainer.test_learner_runs import run as run_scenario
@@ -67,8 +68,8 @@ def test_a_reward_model_drop_past_the_bound_is_accounted_for_when_a_regeneration
     version = [0]
     scoring = ScoringQueue(inner, [UnscorablePrompts({"p2"})], num_generations=2,
                            drop=lambda group_id, reason: progress.drop(group_id, reason))
-    stream = SampleFilterQueue(scoring, progress, model_version_fn=lambda: version[0], max_staleness=0,
-                               num_generations=2, end_token_ids={1})
+    stream = SampleFilterQueue(scoring, progress, model_version_fn=lambda: version[0],
+                               limits=SampleLimits(max_staleness=0, num_generations=2), end_token_ids={1})
     assert stream.get(timeout=0.1).group_id == 0
     progress.train([0])  # collated; its optimizer step moves the learner's version
     version[0] = 1  # group 0's second sample is now stale (one sample of a group that trains: nothing to settle)

@@ -12,7 +12,7 @@ import torch
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
-from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.contract import DROP_REASONS, DropReason, FilterConfig, LearnerPhase
 from grpo_trainer.episodes import GROUP_ROWS_KEY
 from grpo_trainer.progress import (
     STOP_KEY,
@@ -21,6 +21,7 @@ from grpo_trainer.progress import (
     RolloutProgress,
     RolloutStop,
     SampleFilterQueue,
+    SampleLimits,
     StopAwareDataset,
     StopCode,
     stop_from_batch,
@@ -45,13 +46,16 @@ def sample(group_id, rewards=(0.0, 1.0), k=0, version=0, tokens=6, last_token=1,
     )
 
 
-def filter_queue(progress, samples, *, version=0, num_generations=2, **kwargs) -> SampleFilterQueue:
+def filter_queue(progress, samples, *, version=0, num_generations=2, max_staleness=2, token_budget=0,
+                 **kwargs) -> SampleFilterQueue:
+    """`kwargs`: FilterConfig's fields by name, and SampleFilterQueue's own keyword arguments."""
     inner = queue.Queue()
     for s in samples:
         inner.put(s)
-    defaults = dict(model_version_fn=lambda: version, max_staleness=2, num_generations=num_generations,
-                    end_token_ids={1, 0})
-    return SampleFilterQueue(inner, progress, **(defaults | kwargs))
+    filters = {name: kwargs.pop(name) for name in list(kwargs) if name in FilterConfig.model_fields}
+    limits = SampleLimits(max_staleness=max_staleness, num_generations=num_generations, token_budget=token_budget)
+    return SampleFilterQueue(inner, progress, model_version_fn=lambda: version, limits=limits,
+                             filter_config=FilterConfig(**filters), **({"end_token_ids": {1, 0}} | kwargs))
 
 
 def drain(fq, limit=1000):
@@ -357,8 +361,8 @@ class TestSampleFilterQueue:
         progress = make_progress(n=100)
         version = [0]
         inner = queue.Queue()
-        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: version[0], max_staleness=2,
-                               num_generations=2, end_token_ids={1, 0})
+        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: version[0],
+                               limits=SampleLimits(max_staleness=2, num_generations=2), end_token_ids={1, 0})
         for s in [sample(1, k=k) for k in range(2)]:
             inner.put(s)
         assert len(drain(fq)) == 2 and progress.regenerated == 0
@@ -372,8 +376,9 @@ class TestSampleFilterQueue:
         now = [0.0]
         progress = make_progress(n=100)
         inner = queue.Queue()
-        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: 0, max_staleness=1000, num_generations=2,
-                               end_token_ids={1, 0}, lost_after_s=60, clock=lambda: now[0])
+        fq = SampleFilterQueue(inner, progress, model_version_fn=lambda: 0,
+                               limits=SampleLimits(max_staleness=1000, num_generations=2), end_token_ids={1, 0},
+                               lost_after_s=60, clock=lambda: now[0])
         for s in [sample(1, k=k) for k in range(2)]:
             inner.put(s)
         drain(fq)

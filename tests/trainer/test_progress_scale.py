@@ -184,11 +184,11 @@ class TestStops:
     def test_a_requested_stop_ends_the_stream_without_waiting_for_the_queue(self):
         import queue
 
-        from grpo_trainer.progress import SampleFilterQueue
+        from grpo_trainer.progress import SampleFilterQueue, SampleLimits
 
         progress = make_progress()
-        source = SampleFilterQueue(queue.Queue(), progress, model_version_fn=lambda: 0, max_staleness=1,
-                                   num_generations=2)
+        source = SampleFilterQueue(queue.Queue(), progress, model_version_fn=lambda: 0,
+                                   limits=SampleLimits(max_staleness=1, num_generations=2))
         progress.request_stop("preempted: SIGTERM")
         with pytest.raises(RolloutStop) as stop:
             source.get(timeout=3600)  # an empty queue: without the flag check this waits an hour

@@ -32,7 +32,7 @@ from .accounting import (
     StallError,
     StopCode,
 )
-from .filtering import PRUNE_EVERY_GROUPS, SampleFilterQueue, queue_bound
+from .filtering import PRUNE_EVERY_GROUPS, SampleFilterQueue, SampleLimits, queue_bound
 from .ids import ConsumedIds, DropRuns
 from .state import PROGRESS_STATE_VERSION, ProgressState, ProgressStateError
 from .stream import SAMPLE_GROUP_KEY, STOP_KEY, ProgressCollator, StopAwareDataset, stop_from_batch
@@ -40,6 +40,6 @@ from .stream import SAMPLE_GROUP_KEY, STOP_KEY, ProgressCollator, StopAwareDatas
 __all__ = [
     "PROGRESS_STATE_VERSION", "PRUNE_EVERY_GROUPS", "REGENERATE_LIMIT", "SAMPLE_GROUP_KEY", "STOP_KEY",
     "AccountingError", "ConsumedIds", "DropRuns", "ProgressCollator", "ProgressState", "ProgressStateError",
-    "RolloutPipelineError", "RolloutProgress", "RolloutStop", "SampleFilterQueue", "StallError", "StopAwareDataset",
-    "StopCode", "queue_bound", "stop_from_batch",
+    "RolloutPipelineError", "RolloutProgress", "RolloutStop", "SampleFilterQueue", "SampleLimits", "StallError",
+    "StopAwareDataset", "StopCode", "queue_bound", "stop_from_batch",
 ]

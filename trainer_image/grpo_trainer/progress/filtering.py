@@ -6,9 +6,10 @@ import math
 import queue
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from ..contract import DropReason
+from ..contract import DropReason, FilterConfig
 from ..episodes import group_rows, strip_stamps
 from .accounting import RolloutProgress
 
@@ -24,6 +25,18 @@ def queue_bound(max_staleness: int, *, samples_per_step: int) -> int:
     return max(max_staleness, 1) * max(samples_per_step, 1)
 
 
+@dataclass(frozen=True)
+class SampleLimits:
+    """The trainer's sizes a sample is held to: TRL's `max_staleness` (versions), `num_generations` (a group's
+    samples) and `token_budget` (one row's tokens; 0: no limit)."""
+
+    max_staleness: int
+    num_generations: int
+    token_budget: int = 0
+
+
+DEFAULT_FILTER = FilterConfig()
+
 #: How often (in group ids) SampleFilterQueue forgets accepted groups that never delivered all their samples.
 PRUNE_EVERY_GROUPS = 4096
 
@@ -36,7 +49,7 @@ class SampleFilterQueue:
     - unscorable: no reward scored the sample (its reward is NaN: TRL's worker gives it advantage 0) or its reward
       is infinite, whatever `drop_no_signal` says;
     - no signal: `reward_std <= eps` (never `advantage == 0`: identical rewards give advantages near 1e-9) or NaN;
-    - truncated: the last token is neither eos nor pad (only when `drop_truncated`);
+    - truncated: the last token is neither eos nor pad (only when `filter_config.drop_truncated`);
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
     - too long: more tokens than one row's `token_budget`, TRL's oversize rule, so its silent drop never fires.
     A group is settled once all its samples were dropped (`num_generations`, or the row count the rollout loop
@@ -66,12 +79,8 @@ class SampleFilterQueue:
         progress: RolloutProgress,
         *,
         model_version_fn: Callable[[], int],
-        max_staleness: int,
-        num_generations: int,
-        token_budget: int = 0,
-        drop_no_signal: bool = True,
-        drop_truncated: bool = False,
-        no_signal_epsilon: float = 1e-6,
+        limits: SampleLimits,
+        filter_config: FilterConfig = DEFAULT_FILTER,
         end_token_ids: Iterable[int] = (),
         lost_after_s: float = 1800.0,  # GRPOLearner's default with TRL's request_timeout (600 s)
         clock: Callable[[], float] = time.monotonic,
@@ -79,12 +88,12 @@ class SampleFilterQueue:
         self.inner = inner
         self.progress = progress
         self.model_version_fn = model_version_fn
-        self.max_staleness = max_staleness
-        self.num_generations = num_generations
-        self.token_budget = token_budget
-        self.drop_no_signal = drop_no_signal
-        self.drop_truncated = drop_truncated
-        self.no_signal_epsilon = no_signal_epsilon
+        self.max_staleness = limits.max_staleness
+        self.num_generations = limits.num_generations
+        self.token_budget = limits.token_budget
+        self.drop_no_signal = filter_config.drop_no_signal
+        self.drop_truncated = filter_config.drop_truncated
+        self.no_signal_epsilon = filter_config.no_signal_epsilon
         self.end_token_ids = frozenset(int(t) for t in end_token_ids)
         self.lost_after_s = lost_after_s
         self._clock = clock
