@@ -56,7 +56,7 @@ def reward_script(args: argparse.Namespace):
 
 
 def build_worker(args: argparse.Namespace, tokenizer):
-    from grpo_trainer.testing.scripted_worker import ScriptedRolloutWorker
+    from grpo_trainer.testing.scripted_worker import GroupScript, SampleShape, ScriptedRolloutWorker
 
     class Worker(ScriptedRolloutWorker):
         """last_pass_oversize: from the last pass on, samples exceed the token budget (a completion-length blow-up),
@@ -68,9 +68,9 @@ def build_worker(args: argparse.Namespace, tokenizer):
             return super().group_samples(group_id, position)
 
     return Worker(
-        dataset_size=args.prompts, num_generations=args.generations, reward=reward_script(args),
-        vocab_size=len(tokenizer), prompt_tokens=PROMPT_TOKENS, completion_tokens=SHORT_COMPLETION,
-        eos_token_id=tokenizer.eos_token_id,
+        dataset_size=args.prompts, num_generations=args.generations, script=GroupScript(reward=reward_script(args)),
+        shape=SampleShape(vocab_size=len(tokenizer), prompt_tokens=PROMPT_TOKENS, completion_tokens=SHORT_COMPLETION,
+                          eos_token_id=tokenizer.eos_token_id),
     )
 
 

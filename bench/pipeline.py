@@ -80,12 +80,13 @@ class Bench:
         return [sample for group in range(shape.groups) for sample in worker.group_samples(group, group)]
 
     def _worker(self, shape: Shape, reward):
-        from grpo_trainer.testing.scripted_worker import ScriptedRolloutWorker
+        from grpo_trainer.testing.scripted_worker import GroupScript, SampleShape, ScriptedRolloutWorker
 
         return ScriptedRolloutWorker(
-            dataset_size=len(self.dataset), num_generations=shape.generations, reward=reward,
-            vocab_size=len(self.tokenizer), prompt_tokens=shape.prompt_tokens,
-            completion_tokens=shape.completion_tokens, eos_token_id=self.tokenizer.eos_token_id, queue_maxsize=0,
+            dataset_size=len(self.dataset), num_generations=shape.generations, script=GroupScript(reward=reward),
+            shape=SampleShape(vocab_size=len(self.tokenizer), prompt_tokens=shape.prompt_tokens,
+                              completion_tokens=shape.completion_tokens, eos_token_id=self.tokenizer.eos_token_id),
+            queue_maxsize=0,
         )
 
     def trainer(self, kind: str, shape: Shape):

@@ -88,7 +88,12 @@ def run_scenario(args: argparse.Namespace) -> int:
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.scoring import RewardModel
     from grpo_trainer.step_scoring import ImportanceBounds
-    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.testing.scripted_worker import (
+        GroupScript,
+        NoWeightTransfer,
+        SampleShape,
+        ScriptedRolloutWorker,
+    )
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
     from grpo_trainer.trainer import GRPOLearner, WeightSyncOptions
 
@@ -106,11 +111,12 @@ def run_scenario(args: argparse.Namespace) -> int:
     def prompt_text(index: int) -> str:
         return f"prompt {index} {UNSCORABLE_MARKER}" if every and index % every == every - 1 else f"prompt {index}"
 
+    script = GroupScript(reward=reward, lost=lost, off_policy=every_nth(args.off_policy_every),
+                         nan_logprobs=every_nth(args.nan_logprobs_every), fail_after_groups=args.worker_fails_after)
     worker = ScriptedRolloutWorker(
-        dataset_size=args.prompts, num_generations=args.generations, reward=reward, vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id, lost=lost, delay_s=args.worker_delay,
-        fail_after_groups=args.worker_fails_after, prompt_text=prompt_text, queue_maxsize=args.queue_maxsize,
-        off_policy=every_nth(args.off_policy_every), nan_logprobs=every_nth(args.nan_logprobs_every),
+        dataset_size=args.prompts, num_generations=args.generations, script=script,
+        shape=SampleShape(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id),
+        delay_s=args.worker_delay, prompt_text=prompt_text, queue_maxsize=args.queue_maxsize,
     )
     reward_models = []
     if args.reward_model and int(os.environ.get("RANK", "0")) == 0:

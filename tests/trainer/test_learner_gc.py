@@ -12,13 +12,13 @@ def test_the_set_up_heap_is_frozen_while_training_and_released_after(tiny_model_
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.testing.scripted_worker import GroupScript, NoWeightTransfer, SampleShape, ScriptedRolloutWorker
     from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "p0"}]]})
-    worker = ScriptedRolloutWorker(dataset_size=1, num_generations=2, vocab_size=len(tokenizer),
-                                   reward=lambda p, k: float(k % 2))
+    worker = ScriptedRolloutWorker(dataset_size=1, num_generations=2, shape=SampleShape(vocab_size=len(tokenizer)),
+                                   script=GroupScript(reward=lambda p, k: float(k % 2)))
     args = AsyncGRPOConfig(output_dir=str(tmp_path), use_cpu=True, dtype="float32", report_to=[], num_generations=2,
                            per_device_train_batch_size=2, token_budget=0, save_strategy="no", disable_tqdm=True)
     learner = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,

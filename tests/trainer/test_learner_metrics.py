@@ -39,15 +39,21 @@ def finished_run(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, ScriptedRolloutWorker
+    from grpo_trainer.testing.scripted_worker import (
+        GroupScript,
+        NoWeightTransfer,
+        SampleShape,
+        ScriptedRolloutWorker,
+    )
     from grpo_trainer.tracking import configure, parameters_callback
     from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = 9
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(prompts)]})
-    worker = ScriptedRolloutWorker(dataset_size=prompts, num_generations=4, vocab_size=len(tokenizer),
-                                   reward=lambda p, k: 0.0 if p % 3 == 0 else float(k % 2), delay_s=0.05)
+    script = GroupScript(reward=lambda p, k: 0.0 if p % 3 == 0 else float(k % 2))
+    worker = ScriptedRolloutWorker(dataset_size=prompts, num_generations=4, script=script,
+                                   shape=SampleShape(vocab_size=len(tokenizer)), delay_s=0.05)
     out = tmp_path_factory.mktemp("metrics-run")
     run_config = c.RunConfig.model_validate({
         "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],

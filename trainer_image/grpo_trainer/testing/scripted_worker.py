@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -26,42 +27,65 @@ def varied_rewards(position: int, generation: int) -> float:
     return float(generation % 2)
 
 
+def never(position: int) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class GroupScript:
+    """What happens to each group, by its absolute position: its rewards; whether it is `lost` (never queued);
+    whether its rollout logprobs are far from any learner's (`off_policy`: an importance ratio of about
+    e^(5 x completion tokens)) or NaN (`nan_logprobs`: a server that returned no logprob), the training step's
+    scoring cases; and after how many groups the worker fails (`fail_after_groups`). None: never."""
+
+    reward: RewardScript = varied_rewards
+    lost: Callable[[int], bool] | None = None
+    off_policy: Callable[[int], bool] | None = None
+    nan_logprobs: Callable[[int], bool] | None = None
+    fail_after_groups: int | None = None
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """What a scripted sample looks like: token ids drawn from [2, vocab_size), a completion ending in eos."""
+
+    vocab_size: int = 256
+    prompt_tokens: int = 8
+    completion_tokens: int = 8
+    eos_token_id: int = 1
+
+
+DEFAULT_SCRIPT = GroupScript()
+DEFAULT_SHAPE = SampleShape()
+
+
 class ScriptedRolloutWorker:
     def __init__(
         self,
         *,
         dataset_size: int,
         num_generations: int,
-        reward: RewardScript = varied_rewards,
-        vocab_size: int = 256,
-        prompt_tokens: int = 8,
-        completion_tokens: int = 8,
-        eos_token_id: int = 1,
-        lost: Callable[[int], bool] | None = None,
+        script: GroupScript = DEFAULT_SCRIPT,
+        shape: SampleShape = DEFAULT_SHAPE,
         queue_maxsize: int = 64,
         seed: int = 0,
         delay_s: float = 0.0,
-        fail_after_groups: int | None = None,
         prompt_text: Callable[[int], str] | None = None,
-        off_policy: Callable[[int], bool] | None = None,
-        nan_logprobs: Callable[[int], bool] | None = None,
     ):
         self.dataset_size = dataset_size
         self.num_generations = num_generations
-        self.reward = reward
-        self.vocab_size = vocab_size
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
-        self.eos_token_id = eos_token_id
-        self.lost = lost or (lambda position: False)
+        self.reward = script.reward
+        self.lost = script.lost or never
+        self.off_policy = script.off_policy or never
+        self.nan_logprobs = script.nan_logprobs or never
+        self.fail_after_groups = script.fail_after_groups
+        self.vocab_size = shape.vocab_size
+        self.prompt_tokens = shape.prompt_tokens
+        self.completion_tokens = shape.completion_tokens  # a subclass may change it per group (bench/learner_run.py)
+        self.eos_token_id = shape.eos_token_id
         self.seed = seed
         self.delay_s = delay_s
-        self.fail_after_groups = fail_after_groups
         self.prompt_text = prompt_text or (lambda index: f"prompt {index}")  # prompt index -> the user's text
-        # Position -> whether the group's rollout logprobs are far from any learner's (an importance ratio of about
-        # e^(5 x completion tokens)), or NaN (a server that returned no logprob): the training step's scoring cases.
-        self.off_policy = off_policy or (lambda position: False)
-        self.nan_logprobs = nan_logprobs or (lambda position: False)
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self._loop_kwargs = {"dataset_start_index": 0}
