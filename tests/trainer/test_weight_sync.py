@@ -165,6 +165,7 @@ class AdapterServer:
         from aiohttp import web
 
         self.loaded: list[str] = []
+        self.paths: dict[str, str] = {}  # what each loaded name serves
         self.calls: list[str] = []
         self.version: str | None = None
         self._loop = asyncio.new_event_loop()
@@ -179,6 +180,7 @@ class AdapterServer:
             if not os.path.isfile(os.path.join(body["lora_path"], "adapter_config.json")):
                 return web.json_response({"message": "no adapter there"}, status=404)
             self.loaded.append(body["lora_name"])
+            self.paths[body["lora_name"]] = body["lora_path"]
             return web.json_response({})
 
         async def unload(request):
@@ -274,12 +276,28 @@ def test_a_replica_admitted_late_catches_up_to_every_adapter_a_request_may_still
     for _ in range(3):
         sync_adapter(transfer)
     assert late.loaded == []  # out of the pool: no sync reached it
-    late.loaded.append("policy-v2")  # it had v2 before it failed: loaded again counts as loaded
+    late.loaded.append("policy-v2")  # it had v2 before it failed: loaded again, from this run's files
+    late.paths["policy-v2"] = "/elsewhere/v2"
     transfer.catch_up(late.url)
     assert late.loaded == ["policy-v2", "policy-v3"]  # oldest first, the whole window
-    assert late.calls == ["load policy-v2", "load policy-v3", "/resume"]
+    assert late.calls == ["load policy-v2", "unload policy-v2", "load policy-v2", "load policy-v3", "/resume"]
+    assert late.paths == {"policy-v2": str(tmp_path / "v2"), "policy-v3": str(tmp_path / "v3")}
     assert late.version == "v3"
     assert {replica.url: replica.weight_version for replica in replicas.report()}[late.url] == "v3"
+
+
+def test_an_adapter_name_another_run_left_on_a_reused_server_serves_this_runs_adapter(adapter_servers, tmp_path):
+    # A `grporun local --rollout-url` server keeps the adapters of the run before: same names, other weights.
+    server = adapter_servers[0]
+    server.loaded.append("policy-v1")
+    server.paths["policy-v1"] = "/runs/earlier/weights/v1"
+    replicas = ReplicaSet([server.url])
+    replicas.admitted(server.url)
+    transfer = FilesystemWeightTransfer([server.url], tmp_path / "weights", replicas=replicas, adapter_window=2)
+    transfer.init_weight_transfer()
+    sync_adapter(transfer)
+    assert server.paths["policy-v1"] == str(tmp_path / "weights" / "v1")
+    assert server.calls[-4:] == ["load policy-v1", "unload policy-v1", "load policy-v1", "/resume"]
 
 
 def test_an_adapter_sync_with_no_adapter_saved_fails_by_name(adapter_servers, tmp_path):

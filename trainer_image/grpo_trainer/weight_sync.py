@@ -379,12 +379,14 @@ class FilesystemWeightTransfer:
 
     def _load_adapter(self, url: str, adapter: Path) -> None:
         """Load `adapter` (a version directory) on `url` under its versioned name. A fresh name per version: vLLM keys
-        its prefix cache on the adapter's name, so no cache reset is needed. Already loaded (a catch-up of a server
-        that had it) counts as loaded."""
+        its prefix cache on the adapter's name, so no cache reset is needed. A name the server already holds may be
+        another adapter's (an earlier learner of this run, or another run on a reused server): it is unloaded and
+        this version's files loaded, so the name always serves what this learner trained (and the reload gets a new
+        adapter id, which keeps the prefix cache from mixing the two)."""
         name = adapter_name(_version_of(adapter))
+        request = {"lora_name": name, "lora_path": str(adapter), "load_inplace": False}
         try:
-            self._post(url, "/v1/load_lora_adapter",
-                       json={"lora_name": name, "lora_path": str(adapter), "load_inplace": False})
+            self._post(url, "/v1/load_lora_adapter", json=request)
         except WeightSyncError as error:
             if ROUTE_NOT_FOUND.search(str(error)):
                 raise WeightSyncError(
@@ -393,6 +395,8 @@ class FilesystemWeightTransfer:
                     "adapter), or the run needs training.lora.sync: merged") from error
             if "has already been loaded" not in str(error):
                 raise
+            self._post(url, "/v1/unload_lora_adapter", json={"lora_name": name})
+            self._post(url, "/v1/load_lora_adapter", json=request)
         self._post(url, "/update_weight_version", json={"new_version": adapter.name})
 
     def adapter_directory(self) -> Path:
