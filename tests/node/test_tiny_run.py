@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_trainer.contract import EXPORT_MANIFEST_FILE
-from tests.support.mlflow_server import MISSING, MLFLOW, running_mlflow_server
+from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.node import Node
 from tests.support.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
 from tests.support.operator_release import OperatorRelease
@@ -66,7 +66,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_t
             # The server starts while the pods do: the learner reaches it only once the rollout server is up.
             mlflow.wait_ready()
             status = run.wait_succeeded()
-            tracked = check_tracked_run(mlflow.uri, status)
+            tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model="/data/model", epochs=2,
+                                        groups_trained=status["progress"]["groupsTrained"])
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)
     finally:
         run.close()
@@ -95,23 +96,3 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_t
     assert "model.safetensors" in read["files"] and "tokenizer_config.json" in read["files"], read
     assert read["vllm"]["logprob"] == pytest.approx(read["transformers"]["logprob"], abs=1e-4), read
     assert len(read["vllm"]["tokens"]) == len(read["transformers"]["tokens"]) > 0, read
-
-
-def check_tracked_run(uri: str, status: dict):
-    """The MLflow server got the learner's run: the GRPORun's spec as parameters and a point per step of TRL's loss
-    and our progress numbers. Returns the run's info."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    assert experiment is not None, [e.name for e in client.search_experiments()]
-    (tracked,) = client.search_runs([experiment.experiment_id])
-    assert tracked.info.status == "FINISHED" and tracked.info.run_name == RUN, tracked.info
-    assert tracked.data.tags["grpo.dev/run"] == RUN, tracked.data.tags
-    parameters = tracked.data.params
-    assert parameters["grporun.training.epochs"] == "2.0" and parameters["grporun.model"] == "/data/model", parameters
-    loss = sorted(m.step for m in client.get_metric_history(tracked.info.run_id, "loss"))
-    assert loss and loss == list(range(loss[0], loss[0] + len(loss))), loss  # one point per step
-    trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")
-    assert 0 < max(m.value for m in trained) <= status["progress"]["groupsTrained"], trained
-    return tracked.info
