@@ -57,6 +57,14 @@ class GuessGame:
         return 1.0 if last == target else WRONG_GUESS_REWARD
 
 
+class GameServer(ThreadingHTTPServer):
+    """Every client request is a new connection, and a run keeps as many episodes in flight as the rollout worker's
+    `max_inflight_tasks`: the standard library's backlog of 5 connections reset the ones past it."""
+
+    request_queue_size = 256
+    daemon_threads = True
+
+
 def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     game = GuessGame()
 
@@ -92,7 +100,7 @@ def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         def log_message(self, fmt: str, *args: object) -> None:
             pass  # one line per request would drown the run's logs
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return GameServer((host, port), Handler)
 
 
 def _post(url: str, path: str, payload: dict) -> dict:

@@ -171,10 +171,48 @@ def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
     return conversations
 
 
+def tool_chat_template(tokenizer) -> str:
+    """The template TRL's worker renders a tool-using conversation with: Qwen3's own drops an earlier turn's empty
+    think block once a tool answer follows, so the worker swaps in TRL's training variant, which renders every turn as
+    it was generated. The tool model is taught in that rendering: its re-rendered conversation then extends the tokens
+    it generated, the worker appends cleanly and trains the tool call (a re-render that rewrote it would "realign",
+    and the tool call would be untrained context)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    return tokenizer.chat_template if is_chat_template_prefix_preserving(tokenizer) else \
+        get_training_chat_template(tokenizer)
+
+
 def _tool_schema() -> list:
     from .guess_env import GuessEnvironment
 
     return [GuessEnvironment("http://unused").guess]  # bound, as TRL's worker passes an environment's tools
+
+
+def tool_training_row(tokenizer, conversation: list[dict], tools: list) -> tuple[list[int], list[int]]:
+    """One conversation's tokens, rendered as the worker renders it, and its trained mask: what the policy generates
+    (the template's generation spans: each assistant turn with its end-of-turn token), nothing else."""
+    encoded = tokenizer.apply_chat_template(conversation, tools=tools, return_dict=True,
+                                            return_assistant_tokens_mask=True,
+                                            chat_template=tool_chat_template(tokenizer))
+    return list(encoded["input_ids"]), list(encoded["assistant_masks"])
+
+
+def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed: int = 0):
+    """The tool model's tokenizer, trained on `conversations` as the worker renders them, saved in `directory` beside
+    the model's config and read back as every runtime reads it: transformers picks the tokenizer class by the model's
+    type, and Qwen2's splits a digit from the space before it where the freshly trained one does not. Taught in the
+    trained one's tokens, the model would generate tokens the worker's re-render never gives back."""
+    from transformers import AutoTokenizer
+
+    plain = build_tokenizer()
+    template = tool_chat_template(plain)
+    rendered = [plain.apply_chat_template(c, tools=_tool_schema(), tokenize=False, chat_template=template)
+                for c in conversations]
+    trained = build_tokenizer(_corpus() + rendered, vocab_size=TOOL_VOCAB_SIZE)
+    trained.save_pretrained(directory)
+    build_model(trained, seed).config.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
@@ -190,28 +228,9 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     staging = out.with_name(out.name + f".tmp-{os.getpid()}")
     conversations = _tool_conversations(guess_prompts(prompts))
     tools = _tool_schema()
-    plain = build_tokenizer()
-    rendered = [plain.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
-    tokenizer = build_tokenizer(_corpus() + rendered, vocab_size=TOOL_VOCAB_SIZE)
+    tokenizer = build_tool_tokenizer(conversations, staging, seed)
     model = build_model(tokenizer, seed)
-    rows, masks = [], []
-    for conversation in conversations:
-        # Trained: what the policy generates (each assistant turn after its generation prompt), nothing else.
-        ids: list[int] = []
-        mask: list[int] = []
-        for end in range(1, len(conversation) + 1):
-            text = tokenizer.apply_chat_template(conversation[:end], tools=tools, tokenize=False)
-            if conversation[end - 1]["role"] == "assistant":
-                prefix = tokenizer.apply_chat_template(conversation[:end - 1], tools=tools, tokenize=False,
-                                                       add_generation_prompt=True)
-                before = tokenizer(prefix)["input_ids"]
-                mask += [0] * (len(before) - len(ids))
-                ids = before
-            full = tokenizer(text.rstrip("\n"))["input_ids"]
-            mask += [1 if conversation[end - 1]["role"] == "assistant" else 0] * (len(full) - len(ids))
-            ids = full
-        rows.append(ids)
-        masks.append(mask)
+    rows, masks = zip(*(tool_training_row(tokenizer, c, tools) for c in conversations), strict=True)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
