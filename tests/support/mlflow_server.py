@@ -72,10 +72,11 @@ def running_mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
 
 
 def check_tracked_run(uri: str, experiment_name: str, run_name: str, *, model: str, epochs: float,
-                      groups_trained: int):
-    """The MLflow server at `uri` got the learner's run: the GRPORun's spec as parameters (its `model` and
-    `epochs`), a point per step of TRL's loss, and our progress numbers (at most `groups_trained`, the run's final
-    count). Returns the run's info."""
+                      groups_trained: int, dataset: str | None = None):
+    """The MLflow server at `uri` got the learner's run: the GRPORun's spec as parameters (its `model`, `epochs` and,
+    when given, `dataset.path`: as the spec names them, an s3:// URI and not the copy a pod downloaded), a point per
+    step of TRL's loss, and our progress numbers (at most `groups_trained`, the run's final count). Returns the run's
+    info."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -87,6 +88,8 @@ def check_tracked_run(uri: str, experiment_name: str, run_name: str, *, model: s
     parameters = tracked.data.params
     assert parameters["grporun.training.epochs"] == str(float(epochs)), parameters
     assert parameters["grporun.model"] == model, parameters
+    if dataset is not None:
+        assert parameters["grporun.dataset.path"] == dataset, parameters
     loss = sorted(m.step for m in client.get_metric_history(tracked.info.run_id, "loss"))
     assert loss and loss == list(range(loss[0], loss[0] + len(loss))), loss  # one point per step
     trained = client.get_metric_history(tracked.info.run_id, "progress/groups_trained")

@@ -22,7 +22,7 @@ from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
 from .rewards import RewardResultError, UserCodeError, load_rewards
 from .store_uri import is_object_store_uri
-from .tools import environment_factories, load_environment_factory, load_tools
+from .tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
 
@@ -273,7 +273,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
     if problem:
         raise ConfigError(problem)
-    # Only now the inputs: an s3:// model may take minutes to download, and the mistakes above need none of it.
+    # Only now the inputs: an s3:// model may take minutes to download, and the mistakes above need none of it. The
+    # spec's names (not the downloaded copies') are what the trackers record.
+    spec_config = config
     config = resolve(config, dataset=True)
     try:
         reward_funcs = load_rewards(config.rewards)
@@ -295,6 +297,11 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         model_config = AutoConfig.from_pretrained(config.model)
     except (OSError, ValueError) as error:
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
+    if tools or environment_factory is not None:
+        try:
+            check_tool_chat_template(tokenizer, spec_config.model)
+        except UserCodeError as error:
+            raise ConfigError(str(error)) from None
     tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
     check_lora_targets(config.training.lora, model_config)
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -337,7 +344,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
             pool.stop()
         raise
     if trackers:
-        parameters = parameters_callback(config, trackers, learner.callback_handler.callbacks)
+        parameters = parameters_callback(spec_config, trackers, learner.callback_handler.callbacks)
         learner.add_callback(parameters)
         learner.tracked_runs_fn = parameters.tracked_runs
     if pool is not None:

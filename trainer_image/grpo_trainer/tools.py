@@ -17,6 +17,7 @@ the tool's result and counts a tool failure.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -156,3 +157,26 @@ def load_environment_factory(
 def environment_factories(training: TrainingConfig) -> str | dict[str, str] | None:
     """The config's environment factory, or its factories by name (the spec allows one of the two)."""
     return training.environment_factory or training.environment_factories
+
+
+def check_tool_chat_template(tokenizer: Any, model: str) -> None:
+    """Raise ToolError (one line) when TRL's worker could not play a tool-using conversation with `model`'s chat
+    template: it parses each turn's tool calls with a response schema it knows per template, and renders the
+    conversation with a prefix-preserving template (the model's own, or TRL's training variant of it). Checked before
+    the worker starts: its child would otherwise die at start, and the learner be restarted for a mistake that stays."""
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+    )
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise ToolError(f"model {model!r}: its tokenizer has no chat template, and tools need one")
+    try:
+        if not any(getattr(tokenizer, name, None) is not None for name in ("response_template", "response_schema")):
+            add_response_schema(copy.copy(tokenizer))  # the worker's own call, on a copy it may annotate
+        if not is_chat_template_prefix_preserving(tokenizer):
+            get_training_chat_template(tokenizer)
+    except ValueError as error:
+        raise ToolError(f"model {model!r}: TRL cannot run tool calls with its chat template: "
+                        f"{str(error).splitlines()[0]}") from None

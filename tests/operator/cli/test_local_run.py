@@ -116,15 +116,23 @@ def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_m
     # The prompts come from the store too: both learner processes read them from there.
     with_output["spec"]["dataset"]["path"] = f"s3://{s3_bucket}/data/tiny-prompts.jsonl"
     with_output["spec"]["inputs"] = {"endpoint": s3_server.endpoint}
-    manifest.write_text(yaml.safe_dump(with_output))
     # The keys come from this machine's environment, the endpoint from the spec.
     credentials = {name: value for name, value in s3_server.env().items() if name != "AWS_ENDPOINT_URL_S3"}
     cache = tmp_path / "cache"  # grporun local's inputs cache: $XDG_CACHE_HOME/grpo/inputs
-    result = subprocess.run(
-        [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        env={**os.environ, **credentials, "XDG_CACHE_HOME": str(cache)},
-    )
+    (tmp_path / "mlflow").mkdir()
+    with running_mlflow_server(tmp_path / "mlflow") as mlflow:
+        with_output["spec"]["tracking"] = {"mlflow": {"trackingUri": mlflow.uri, "experiment": "local-s3"}}
+        manifest.write_text(yaml.safe_dump(with_output))
+        mlflow.wait_ready()
+        result = subprocess.run(
+            [*GRPORUN, str(manifest), "--runs-dir", str(tmp_path / "runs"), "--rollout-url", vllm_server.url],
+            capture_output=True, text=True, timeout=900, cwd=tmp_path,
+            env={**os.environ, **credentials, "XDG_CACHE_HOME": str(cache)},
+        )
+        if result.returncode == 0:  # the tracker records the spec's URI, not the downloaded copy's path
+            trained = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
+            check_tracked_run(mlflow.uri, "local-s3", "tiny", model=vllm_server.model, epochs=1,
+                              groups_trained=trained, dataset=with_output["spec"]["dataset"]["path"])
     log = (tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + log[-3000:]
     assert "accelerate launch" in log  # accelerate's own start-up notice: the ranks ran under it
