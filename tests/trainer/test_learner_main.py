@@ -267,3 +267,32 @@ def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_
     report = c.parse_progress((tmp_path / "termination-log").read_text())
     assert report.phase == c.LearnerPhase.FAILED
     assert report.message.startswith("training.lora.targetModules: ['wte'] select the model's output embedding")
+
+
+def test_the_learner_exits_78_naming_the_model_when_its_chat_template_cannot_run_tool_calls(tmp_path, tiny_model_dir):
+    """TRL's worker would die at start in its child (and the learner be restarted for a spec that stays wrong)."""
+    import shutil
+
+    from grpo_trainer.learner_main import main
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    (model_dir / "chat_template.jinja").write_text(  # a template of its own: no response schema TRL knows
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    config = c.RunConfig.model_validate({
+        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / "tiny-guess.jsonl")},
+        "rewards": [{"name": "constant"}],
+        "training": {"environmentFactory": "grpo_trainer.testing.guess_env:make_environment",
+                     "extraArgs": {"vllm_server_timeout": 5}},  # no server: the check comes first
+        "learner": {"device": "cpu"},
+        "rollout": {"device": "cpu", "urls": ["http://127.0.0.1:9"],
+                    "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}},
+        "checkpoint": {"directory": str(tmp_path / "checkpoints")},
+        "outputDir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.FAILED
+    assert report.message.startswith(f"model {str(model_dir)!r}: TRL cannot run tool calls with its chat template: "
+                                      "Unrecognized chat template"), report.message
