@@ -147,6 +147,14 @@ def sync_weights(server: VllmServer, named_parameters, weights_dir: Path):
     return sync
 
 
+def restore_model_weights(server: VllmServer, weights_dir: Path):
+    """Serve the tiny model's own weights again on `server`: what a fresh rollout server serves. A LoRA run's
+    adapters apply to the weights the server holds, so they are only the run's policy on these."""
+    from transformers import AutoModelForCausalLM
+
+    return sync_weights(server, AutoModelForCausalLM.from_pretrained(server.model).named_parameters(), weights_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory) -> VllmServer:
     with running_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm")) as running:

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import requests
 
-from tests.support.vllm_server import sync_weights
+from tests.support.vllm_server import restore_model_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -58,10 +58,7 @@ def test_a_seed_still_fixes_the_sample(vllm_server, tmp_path):
     # The per-request seed's purpose: independent samples across replicas, and the same seed gives the same sample.
     # On the tiny model's own weights: a run that trained its task into the shared server leaves it answering the
     # same token whatever the seed.
-    from transformers import AutoModelForCausalLM
-
-    sync_weights(vllm_server, AutoModelForCausalLM.from_pretrained(vllm_server.model).named_parameters(),
-                 tmp_path / "weights")
+    restore_model_weights(vllm_server, tmp_path / "weights")
     prompt = list(range(10, 10 + PROMPT_TOKENS))
 
     def sample(seed: int) -> list[int]:

@@ -19,6 +19,7 @@ from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
+from tests.support.vllm_server import restore_model_weights
 
 TINY = REPO / "examples" / "tiny.yaml"
 PROMPTS = REPO / "examples" / "tiny-prompts.jsonl"
@@ -92,6 +93,7 @@ def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_
     from grpo_trainer.weight_sync import adapter_name
     from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
+    restore_model_weights(vllm_server, tmp_path / "model-weights")  # the base the adapter is trained on
     config_path, config = tiny_run_config(
         tmp_path, vllm_server, training__epochs=2.0,
         training__lora=c.LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]),
