@@ -490,6 +490,18 @@ class ProgressClock(_StatusModel):
     paused_since: str | None = None  # set while the clock is paused
 
 
+class EpisodeStatus(_StatusModel):
+    """ProgressReport.episodes (a run with tools or environments), counted by the learner process now running."""
+
+    episodes: int = 0
+    rows: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    forked: int = 0
+    environment_failures: dict[str, int] = Field(default_factory=dict)  # by environment
+
+
 class ProgressStatus(_StatusModel):
     epoch: int = 0
     epochs: float = 1
@@ -505,6 +517,7 @@ class ProgressStatus(_StatusModel):
     percent: float = 0.0
     reward_mean: float | None = None
     masked_fraction: float | None = None  # ProgressReport.masked_fraction: the training step's scoring
+    episodes: EpisodeStatus | None = None  # None for a run without tools or environments
     # KEP-2779's names (Kubeflow TrainJob progress); filled by grpo_operator.eta.
     progress_percentage: int | None = None
     estimated_remaining_seconds: int | None = None

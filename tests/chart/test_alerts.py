@@ -17,7 +17,7 @@ from tests.support.promql_names import unknown_metrics
 ALERTS_FILE = CHART_DIR / "files" / "alerts.yaml"
 ALERT_TESTS = REPO / "tests" / "fixtures" / "alerts.test.yaml"
 EXPECTED_ALERTS = {"GRPORunStalled", "GRPORunNoProgress", "GRPORunRolloutNotReady", "GRPORunFailed", "GRPOOperatorDown",
-                   "GRPORunRolloutAtMaxReplicas"}
+                   "GRPORunRolloutAtMaxReplicas", "GRPORunEnvironmentFailing"}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,11 @@ MUTATIONS = [
      "        for: 1m\n"),
     ("operator-down ignores a missing target", 'absent(up{job=~".*grpo-operator.*"}) or ', ""),
     ("at-max ignores whether the learner waits", "[5m])) > 0.2)\n", "[5m])) >= 0)\n"),
+    ("environment-failing fires without waiting", "> 0.5\n        for: 5m\n", "> 0.5\n        for: 0m\n"),
+    ("environment-failing fires on any failure", "> 0.5\n", "> 0\n"),
+    ("environment-failing adds up the run's environments",
+     "sum by (namespace, run, environment) (rate(grpo_learner_environment_failures_total",
+     "sum by (namespace, run) (rate(grpo_learner_environment_failures_total"),
     ("at-max ignores the maximum", "  >= on (namespace, horizontalpodautoscaler)",
      "  <= on (namespace, horizontalpodautoscaler)"),
 ]

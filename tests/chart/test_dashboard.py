@@ -115,3 +115,16 @@ def test_phase_timeline_colours_every_phase_the_operator_exports():
     coloured = {override["matcher"]["options"].removeprefix(".*: ").removesuffix("$")
                 for override in timeline["fieldConfig"]["overrides"]}
     assert coloured == {phase.value for phase in Phase}
+
+
+def test_dashboard_shows_tool_use_and_environment_failures_as_rates():
+    """A tool-using run's episodes, tool calls, tool failures and environment failures (per environment), as rates:
+    the learner's counters start from 0 in a restarted process, which rate() reads as a reset, not a drop."""
+    reads = {name: [t for _, t in _targets() if name in metric_names_in(t["expr"])]
+             for name in (contract.METRIC_EPISODES, contract.METRIC_TOOL_CALLS, contract.METRIC_TOOL_FAILURES,
+                          contract.METRIC_ENVIRONMENT_FAILURES)}
+    for name, targets in reads.items():
+        assert targets, f"no panel shows {name}"
+        assert all(f"rate({name}" in t["expr"] for t in targets), name
+    failures = reads[contract.METRIC_ENVIRONMENT_FAILURES]
+    assert all("environment" in t["expr"] and "{{environment}}" in t["legendFormat"] for t in failures)

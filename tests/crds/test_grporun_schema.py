@@ -18,6 +18,7 @@ from grpo_operator.api import (
     MAX_ROLLOUT_REPLICAS,
     Condition,
     ConditionType,
+    EpisodeStatus,
     FailureStatus,
     GRPORunStatus,
     LearnerStatus,
@@ -32,7 +33,7 @@ from grpo_operator.api import (
 )
 from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
-from grpo_trainer.contract import DROP_REASONS, ReplicaState
+from grpo_trainer.contract import DROP_REASONS, MAX_REPORTED_REASONS, EpisodeReport, ReplicaState
 from tests.support.specs import status_errors
 
 CRD = load_crd()
@@ -177,6 +178,8 @@ def _full_status() -> GRPORunStatus:
         progress=ProgressStatus(epoch=1, epochs=2.0, groups_consumed=10, groups_total=20, groups_trained=7,
                                 groups_dropped=3, dropped=dict.fromkeys(DROP_REASONS, 1), stall_streak=2,
                                 stall_limit=20, global_step=5, percent=50.0, reward_mean=0.25, masked_fraction=0.125,
+                                episodes=EpisodeStatus(episodes=16, rows=18, turns=30, tool_calls=14, tool_failures=2,
+                                                       forked=2, environment_failures={"arithmetic": 3}),
                                 progress_percentage=50, estimated_remaining_seconds=600,
                                 last_updated_time="2026-01-01T00:30:00Z"),
         progress_rate=ProgressRate(samples=[RateSample(time="2026-01-01T00:30:00Z", groups_consumed=10,
@@ -234,3 +237,10 @@ def test_crd_rollout_replicas_bound_is_the_operators():
     replicas = CRD.schema["properties"]["spec"]["properties"]["rollout"]["properties"]["replicas"]
     servers = CRD.schema["properties"]["status"]["properties"]["rollout"]["properties"]["servers"]
     assert replicas["maximum"] == servers["maxItems"] == MAX_ROLLOUT_REPLICAS
+
+
+def test_crd_episode_counts_are_the_learners():
+    """status.progress.episodes holds every count a learner's report can carry, and every environment it can name."""
+    episodes = CRD.schema["properties"]["status"]["properties"]["progress"]["properties"]["episodes"]
+    assert list(episodes["properties"]) == [field.alias for field in EpisodeReport.model_fields.values()]
+    assert episodes["properties"]["environmentFailures"]["maxProperties"] == MAX_REPORTED_REASONS

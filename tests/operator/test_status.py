@@ -175,6 +175,32 @@ def test_progress_fields_land_in_status():
 
 
 
+EPISODES = {"episodes": 16, "rows": 18, "turns": 30, "toolCalls": 14, "toolFailures": 2, "forked": 2,
+            "environmentFailures": {"arithmetic": 3, "sandbox": 0}}
+
+
+def test_a_tool_using_runs_episode_counts_land_in_status_progress():
+    """What the learner's /progress says of episodes is status.progress.episodes, under the same names; a field only
+    a newer learner knows is not copied (the API server would prune it)."""
+    spec = spec_of()
+    status = running_status(spec)
+    decision = step(spec, status, running_pods(),
+                    parse_progress(json.dumps({"phase": "Running", "groupsTotal": 40, "groupsConsumed": 5,
+                                               "groupsTrained": 4, "episodes": {**EPISODES, "sandboxSeconds": 9}})),
+                    now=at(7))
+    assert decision.status["progress"]["episodes"] == EPISODES
+
+
+def test_a_run_without_tools_has_no_episodes_in_status_progress():
+    spec = spec_of()
+    with_tools = step(spec, running_status(spec), running_pods(),
+                      report(groupsConsumed=4, groupsTrained=4, episodes=EPISODES), now=at(5)).status
+    assert "episodes" in with_tools["progress"]
+    decision = step(spec, with_tools, running_pods(), report(groupsConsumed=5, groupsTrained=5), now=at(7))
+    assert "episodes" not in decision.status["progress"]
+    assert decision.status["progress"]["groupsTrained"] == 5
+
+
 def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
     """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
     (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a

@@ -50,6 +50,16 @@ HOSTILE = [
      "output.time"),
     ('{"output": {"uri": "", "path": "p", "step": 1, "bytes": 1, "sha256": "' + "a" * 64 + '", "time": 1}}',
      "output.uri"),
+    # The episodes of a run with tools: copied into status.progress.episodes.
+    ('{"episodes": 7}', "episodes"),
+    ('{"episodes": {"toolCalls": "5"}}', "episodes.toolCalls"),
+    ('{"episodes": {"turns": -1}}', "episodes.turns"),
+    ('{"episodes": {"forked": 1.5}}', "episodes.forked"),
+    ('{"episodes": {"environmentFailures": {"sandbox": NaN}}}', "episodes.environmentFailures.sandbox"),
+    ('{"episodes": {"environmentFailures": {"no such name!": 1}}}', "episodes.environmentFailures"),
+    ('{"episodes": {"environmentFailures": ' + json.dumps({f"e{i}": 1 for i in range(33)}) + '}}',
+     "episodes.environmentFailures"),
+    (f'{{"episodes": {{"environmentFailures": {{"a": {INT64_MAX}, "b": 1}}}}}}', "episodes.environmentFailures"),
     # The trackers' runs: copied into status.tracking.
     ('{"tracking": [{"tracker": "mlflow", "runId": 7, "uri": "u"}]}', "tracking[0].runId"),
     ('{"tracking": [{"tracker": "mlflow", "runId": "r", "uri": ""}]}', "tracking[0].uri"),

@@ -144,8 +144,10 @@ def test_metrics_parse_and_match_progress(finished_run):
                    c.METRIC_REPLICA_FAILURES, c.METRIC_REPLICA_VERSION_LAG}
     # TRL's rollout worker logs the completion lengths; the scripted worker logs none, so they are absent, not 0.
     completions = {c.METRIC_STEP_COMPLETION_TOKENS_MEAN, c.METRIC_STEP_COMPLETION_TOKENS_MAX}
-    assert set(c.LEARNER_METRIC_NAMES) - per_replica - completions <= exported
-    assert not (per_replica | completions) & exported
+    # No tools, so no episode series: test_episodes_are_exported_only_for_a_run_with_tools... reads those.
+    episodes = set(c.EPISODE_METRIC_NAMES)
+    assert set(c.LEARNER_METRIC_NAMES) - per_replica - completions - episodes <= exported
+    assert not (per_replica | completions | episodes) & exported
 
 
 @pytest.mark.slow
@@ -355,10 +357,12 @@ def test_a_learner_without_logged_steps_exports_no_step_curves():
 
 
 def test_episodes_are_exported_only_for_a_run_with_tools_and_failures_by_environment():
-    assert c.METRIC_TOOL_CALLS not in samples_by_name(render_metrics(lambda: c.ProgressReport()).decode())
+    assert not set(c.EPISODE_METRIC_NAMES) & set(samples_by_name(render_metrics(lambda: c.ProgressReport()).decode()))
     episodes = c.EpisodeReport(episodes=16, rows=18, turns=30, tool_calls=14, tool_failures=2, forked=2,
                                environment_failures={"guess": 3})
     found = samples_by_name(render_metrics(lambda: c.ProgressReport(episodes=episodes)).decode())
+    # Every one is a learner metric (what the chart's alerts and dashboard may read) and exported with tools.
+    assert set(c.EPISODE_METRIC_NAMES) <= set(found) and set(c.EPISODE_METRIC_NAMES) <= set(c.LEARNER_METRIC_NAMES)
     assert [s.value for s in found[c.METRIC_TOOL_CALLS]] == [14]
     assert [s.value for s in found[c.METRIC_EPISODES_FORKED]] == [2]
     assert [(s.labels, s.value) for s in found[c.METRIC_ENVIRONMENT_FAILURES]] == [({"environment": "guess"}, 3)]

@@ -189,6 +189,11 @@ TRL_LOG_METRICS: dict[str, tuple[str, dict[str, str]]] = {
     "sample/staleness_max": (METRIC_STEP_STALENESS_MAX, {}),
 }
 STEP_METRIC_NAMES: tuple[str, ...] = tuple(dict.fromkeys(name for name, _ in TRL_LOG_METRICS.values()))
+#: Exported only by a learner whose run has tools or an environment (ProgressReport.episodes).
+EPISODE_METRIC_NAMES: tuple[str, ...] = (
+    METRIC_EPISODES, METRIC_EPISODE_TURNS, METRIC_EPISODES_FORKED, METRIC_TOOL_CALLS, METRIC_TOOL_FAILURES,
+    METRIC_ENVIRONMENT_FAILURES,
+)
 LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_CONSUMED,
@@ -222,6 +227,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_REPLICA_FAILURES,
     METRIC_REPLICA_VERSION_LAG,
     *STEP_METRIC_NAMES,
+    *EPISODE_METRIC_NAMES,
 )
 
 

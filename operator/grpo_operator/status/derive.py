@@ -14,6 +14,7 @@ from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport, Tr
 from ..api import (
     FINISHED_PHASES,
     ConditionType,
+    EpisodeStatus,
     FailureStatus,
     GRPORunSpec,
     GRPORunStatus,
@@ -66,7 +67,8 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         dropped={reason: report.dropped[reason] for reason in DROP_REASONS}, stall_streak=report.stall_streak,
         stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
         reward_mean=report.reward_mean,
-        masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4))
+        masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4),
+        episodes=None if report.episodes is None else EpisodeStatus.model_validate(report.episodes.model_dump()))
 
 
 def tracking_status(report: TrackedRunReport) -> TrackedRunStatus:
