@@ -3,8 +3,9 @@ namespace that enforces the `restricted` Pod Security Standard, the operator the
 (tests/support/operator_release.py), rollout and learner pods run as containers from the trainer image, and
 `kubectl wait --for=condition=Succeeded`. The restricted policy refuses hostPath volumes, so the model, the
 weight-sync folder and the folder the trained model goes to (spec.output.volume) come from PersistentVolumeClaims, as
-a cluster's admin would provide them. The same run reports to a real MLflow tracking server on this machine
-(spec.tracking.mlflow), which the pods reach through the node's address."""
+a cluster's admin would provide them. The model itself comes from a real S3 server on this machine (spec.model
+`s3://`, downloaded by both roles), and the trained model goes back to it too (spec.output.uri); the same run reports
+to a real MLflow tracking server (spec.tracking.mlflow). The pods reach both through the node's address."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, runn
 from tests.support.node import Node
 from tests.support.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
 from tests.support.operator_release import OperatorRelease
+from tests.support.s3_server import S3Server
 
-pytestmark = [pytest.mark.node, pytest.mark.slow]
+pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.s3]
 
 
 def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
@@ -41,11 +43,25 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
 
 CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
 EXPERIMENT = "node-tiny"
+STORE_SECRET = "tiny-store"
+
+
+def store_for_pods(node: Node, namespace: str, s3_server: S3Server, bucket: str, model: Path) -> dict:
+    """The tiny model uploaded under `s3://BUCKET/tiny-model` (a plain prefix: no manifest), and a Secret with the
+    store's keys in `namespace`. Returns the store's fields of spec.inputs and spec.output."""
+    client = s3_server.client()
+    for path in sorted(model.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"tiny-model/{path.relative_to(model).as_posix()}")
+    keys = s3_server.env()
+    node.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": namespace},
+                "stringData": {name: keys[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    return {"credentialsSecret": STORE_SECRET, "endpoint": f"http://{node.expose(s3_server.port)}"}
 
 
 @pytest.mark.timeout(1800)  # the run, then a pod that loads the exported model and starts a vLLM server of its own
-def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_to_a_volume(
-        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_store_and_a_volume(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path, s3_server: S3Server, s3_bucket: str):
     assert MLFLOW.exists(), MISSING
     node = operator_release.node
     namespace = node.create_namespace("tiny-restricted", labels={"pod-security.kubernetes.io/enforce": "restricted"})
@@ -59,14 +75,18 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_t
             manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights))
             spec = manifest["spec"]
             spec["training"]["epochs"] = 2  # the runs of test_run_faults.py go the full twelve
-            spec["output"] = {"volume": claimed_folder(node, namespace, "tiny-models", models)}
+            store = store_for_pods(node, namespace, s3_server, s3_bucket, tiny_data / "model")
+            spec["model"] = f"s3://{s3_bucket}/tiny-model"
+            spec["inputs"] = dict(store)
+            spec["output"] = {"volume": claimed_folder(node, namespace, "tiny-models", models),
+                              "uri": f"s3://{s3_bucket}/{RUN}", **store}
             tracking_uri = f"http://{node.expose(mlflow.port)}"
             spec["tracking"] = {"mlflow": {"trackingUri": tracking_uri, "experiment": EXPERIMENT}}
             run.apply(manifest)
             # The server starts while the pods do: the learner reaches it only once the rollout server is up.
             mlflow.wait_ready()
             status = run.wait_succeeded()
-            tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model="/data/model", epochs=2,
+            tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model", epochs=2,
                                         groups_trained=status["progress"]["groupsTrained"])
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)
     finally:
@@ -85,10 +105,16 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_and_exports_its_model_t
     assert status["tracking"] == [{"tracker": "mlflow", "runId": tracked.run_id, "uri": (
         f"{tracking_uri}/#/experiments/{tracked.experiment_id}/runs/{tracked.run_id}")}], status.get("tracking")
 
-    # The model outlived the run's pods on the claim, whole, and the status names it by its manifest's digest.
+    # The model outlived the run's pods on the claim, whole, and went to the store, manifest last; the status names
+    # the store's copy by its manifest's digest, the same bytes as the claim's.
     output = status["output"]
     manifest_digest = hashlib.sha256((models / RUN / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()
-    assert output["uri"] == f"pvc://tiny-models/{RUN}" and output["sha256"] == manifest_digest, output
+    assert output["uri"] == f"s3://{s3_bucket}/{RUN}" and output["sha256"] == manifest_digest, output
+    stored = s3_server.client().get_object(Bucket=s3_bucket, Key=f"{RUN}/{EXPORT_MANIFEST_FILE}")["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == manifest_digest
+    stored_files = {item["Key"] for item in s3_server.client().list_objects_v2(
+        Bucket=s3_bucket, Prefix=f"{RUN}/")["Contents"]}
+    assert {f"{RUN}/{name}" for name in read["files"]} <= stored_files, (read["files"], stored_files)
     assert output["step"] > 0 and output["bytes"] > 0, output
     node.report(f"exported model {output['uri']}: step {output['step']}, {output['bytes']} bytes, {read}")
     # The reader pod saw the same files (every one matching the manifest) and both engines loaded them.
