@@ -223,9 +223,9 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         __doc__.split("\n", 1)[1].strip(),
         "",
         f"Config: examples/tiny.yaml (groups of {generations}, completions ≤ {max_completion_length} tokens), "
-        f"{epochs} epochs ({total}), one OpenMP thread for each learner, the server bound to one core, on "
-        f"{cores} cores shared with other processes; the load average (1 min) at the start and end of each row is "
-        f"beside its ratios. Server start-up: {starts}.",
+        f"{epochs} epoch{'' if epochs == 1 else 's'} ({total}), one OpenMP thread for each learner, the server bound "
+        f"to one core, on {cores} cores shared with other processes; the load average (1 min) at the start and end "
+        f"of each row is beside its ratios. Server start-up: {starts}.",
         "",
         "Ratios ours / TRL per pair, median (min–max) over the pairs:",
         "",
