@@ -302,8 +302,11 @@ def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]
     return records, final
 
 
-def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epochs: int) -> tuple[RowResult, object]:
-    """One server started for the row, `pairs` interleaved pairs on it; also the row's run config."""
+def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int,
+            epochs: int) -> tuple[RowResult, object, int | None]:
+    """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
+    import pytest
+
     from tests.support.vllm_server import restore_model_weights, running_vllm_server
 
     from .rollout_scaling import base_config
@@ -320,10 +323,8 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
             running = stack.enter_context(running_vllm_server(
                 config.model, directory / "server", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, config=wire,
                 start_timeout_s=SERVER_START_TIMEOUT_S))
-        except BaseException as error:  # pytest's failure (the helper is the tests' too) is no Exception
-            if isinstance(error, KeyboardInterrupt):
-                raise
-            raise RuntimeError(f"the vLLM server did not start: {error}") from None
+        except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
+            raise RuntimeError(f"the vLLM server did not start: {failed}") from None
         server_start_s = time.time() - started
         print(f"[bench] {NAME}: {name} server ready in {server_start_s:.0f} s", file=sys.stderr, flush=True)
         config.rollout.urls = [running.server.url]
@@ -340,7 +341,7 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
                     groups_total = final.groups_total
             results.append(Pair(figures["ours"], figures["trl"], ours_first))
     row = RowResult(name, max_num_seqs, results, load_start, os.getloadavg()[0], server_start_s)
-    return row, (config, groups_total)
+    return row, config, groups_total
 
 
 def run(context: Context) -> str:
@@ -356,7 +357,7 @@ def run(context: Context) -> str:
     epochs = chosen.get("epochs", EPOCHS)
     rows, config, groups_total = [], None, None
     for name in chosen.get("rows", tuple(ROWS)):
-        row, (config, groups_total) = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs)
+        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs)
         rows.append(row)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return render(rows, epochs=epochs, groups_total=groups_total, generations=config.training.num_generations,
