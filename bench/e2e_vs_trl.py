@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .report import Context, SectionUnavailable, spread, table
+from .rollout_scaling import MAX_NUM_SEQS
 
 NAME = "e2e_vs_trl"
 TITLE = "10. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
 ROOT = Path(__file__).resolve().parent.parent
 #: Row name -> vLLM `--max-num-seqs` on its server (None: vLLM's default, the server outpaces the learner).
-ROWS: dict[str, int | None] = {"learner-bound": None, "generation-bound": 2}
+ROWS: dict[str, int | None] = {"learner-bound": None, "generation-bound": MAX_NUM_SEQS}
 PAIRS, QUICK_PAIRS = 5, 2
 EPOCHS = 6
 #: A learner's start-up alone (imports, model) took over 4 min at load average 20 (section 9).
