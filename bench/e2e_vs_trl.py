@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .report import Context, SectionUnavailable, spread, table
-from .rollout_scaling import MAX_NUM_SEQS
+from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, write_config
 
 NAME = "e2e_vs_trl"
 TITLE = "10. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
@@ -259,8 +259,6 @@ def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]
     from grpo_operator.local.processes import free_port
     from grpo_trainer.contract import parse_progress
 
-    from .rollout_scaling import StepRecord, write_config
-
     directory.mkdir(parents=True)
     config = config.model_copy(deep=True, update={
         "output_dir": str(directory / "output"),
@@ -309,8 +307,6 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int,
     import pytest
 
     from tests.support.vllm_server import restore_model_weights, running_vllm_server
-
-    from .rollout_scaling import base_config
 
     directory = scratch / name
     config = base_config(directory, epochs=epochs, max_num_seqs=max_num_seqs)
