@@ -28,7 +28,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -175,11 +174,6 @@ def ratio_spread(values: Sequence[float]) -> str:
     """'median (min–max)' of the ratios, NaNs left out."""
     finite = [value for value in values if not math.isnan(value)]
     return spread(finite, "{:.2f}") if finite else "n/a"
-
-
-def ratio_median(values: Sequence[float]) -> float:
-    finite = [value for value in values if not math.isnan(value)]
-    return statistics.median(finite) if finite else math.nan
 
 
 # --------------------------------------------------------------------------------------------------------- report
