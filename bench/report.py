@@ -9,7 +9,7 @@ import platform
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -19,10 +19,12 @@ class SectionUnavailable(Exception):
 
 @dataclass
 class Context:
-    """What every section gets: where to put scratch files, the tiny model, and how many repetitions to run."""
+    """What every section gets: where to put scratch files, the tiny model, how many repetitions to run, and the
+    options of the sections that take some (section name -> its options)."""
 
     scratch: Path
     quick: bool = False
+    options: dict[str, dict] = field(default_factory=dict)
 
     def reps(self, full: int, quick: int = 2) -> int:
         return quick if self.quick else full

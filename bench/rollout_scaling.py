@@ -61,12 +61,14 @@ class StepRecord:
     wait_s: float
     samples: float
     groups: float = 0.0
+    cpu_s: float | None = None  # the learner process tree's CPU seconds so far
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
         data = json.loads(line)
+        cpu_s = data.get("cpu_s")
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
-                   float(data.get("groups", 0.0)))
+                   float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s))
 
 
 @dataclass(frozen=True)
@@ -163,16 +165,18 @@ def group_cpu_seconds(pgid: int) -> float:
     return total
 
 
-def base_config(scratch: Path):
-    """examples/tiny.yaml resolved as `grporun local` resolves it, EPOCHS long, with the per-server cap."""
+def base_config(scratch: Path, epochs: int = EPOCHS, max_num_seqs: int | None = MAX_NUM_SEQS):
+    """examples/tiny.yaml resolved as `grporun local` resolves it, `epochs` long, with the per-server cap (None:
+    vLLM's own default)."""
     from grpo_operator.local.plan import localize_spec
     from grpo_operator.manifest import read_grporun
     from grpo_operator.resolve import RunPlacement, resolve_run_config
 
     run = read_grporun(MANIFEST)
     spec = localize_spec(run.spec, MANIFEST.parent)
-    spec.training.epochs = EPOCHS
-    spec.rollout.vllm.extra_args = [*spec.rollout.vllm.extra_args, "--max-num-seqs", str(MAX_NUM_SEQS)]
+    spec.training.epochs = epochs
+    if max_num_seqs is not None:
+        spec.rollout.vllm.extra_args = [*spec.rollout.vllm.extra_args, "--max-num-seqs", str(max_num_seqs)]
     return resolve_run_config(run.name, run.namespace, spec, RunPlacement(
         rollout_urls=["http://127.0.0.1:0"], output_dir=str(scratch / "output"),
         checkpoint_dir=None, weight_sync_dir=str(scratch / "weights"),

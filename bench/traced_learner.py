@@ -1,4 +1,4 @@
-"""One learner process against real rollout servers, recording every optimizer step (bench section 9).
+"""One learner process against real rollout servers, recording every optimizer step (bench sections 9, 10).
 
 `python -m bench.traced_learner --kind ours|trl --config run.json --records steps.jsonl [--wall-bound S]`
 
@@ -8,15 +8,18 @@
   rewards and tokenizer), its own AsyncRolloutWorker talking straight to the first server in `rollout.urls`. TRL's
   weight transfer needs NCCL and a GPU; it gets the filesystem sync our learner uses, the only one a CPU server has.
 
-Each step appends one JSON line: the wall time it was logged at, the global step, and TRL's own per-step figures
+Each step appends one JSON line: the wall time it was logged at, the global step, TRL's own per-step figures
 (`perf/rollout_wait_s`: seconds the trainer sat blocked on an empty rollout queue since the previous step;
-`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`). `--wall-bound S` stops training at the first step
-logged S seconds or more after the first one (TRL has no bound of its own short of its epochs).
+`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), and `cpu_s`: the user + system CPU seconds the
+learner process and its children (both trainers' rollout worker is a child process) have used so far.
+`--wall-bound S` stops training at the first step logged S seconds or more after the first one (TRL has no bound of
+its own short of its epochs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,8 +30,31 @@ WAIT_KEY, SAMPLES_KEY, GROUPS_KEY, STEP_KEY = (
     "perf/rollout_wait_s", "batch/samples_per_step", "batch/groups_per_step", "perf/step_s")
 
 
+class ProcessTreeCpu:
+    """CPU seconds used so far by this process and the children it had when first asked (the rollout worker is
+    started before the first step); found once, so that a step does not pay for a scan of every process."""
+
+    def __init__(self) -> None:
+        self.processes: list | None = None
+
+    def __call__(self) -> float:
+        import psutil
+
+        if self.processes is None:
+            me = psutil.Process()
+            self.processes = [me, *me.children(recursive=True)]
+        total = 0.0
+        for process in self.processes:
+            with contextlib.suppress(psutil.Error):  # a child gone: its time is no longer the run's to count
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
+
 def step_recorder(path: str, wall_bound_s: float | None):
     from transformers import TrainerCallback
+
+    cpu_seconds = ProcessTreeCpu()
 
     class StepRecorder(TrainerCallback):
         deadline: float | None = None
@@ -38,7 +64,7 @@ def step_recorder(path: str, wall_bound_s: float | None):
                 return
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
-                      "step_s": logs.get(STEP_KEY)}
+                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds()}
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             if wall_bound_s and self.deadline is None:

@@ -1,0 +1,355 @@
+"""Section 10: our learner against TRL 1.16's AsyncGRPOTrainer, end to end, in interleaved pairs on one server.
+
+Per row, one vLLM CPU server is started once, through the rollout entrypoint (from .venv-rollout), from the run's own
+config: examples/tiny.yaml with the bench's epochs. Rows: learner-bound (the server uncapped: it outpaces the
+learner) and generation-bound (vLLM's `--max-num-seqs 2`, section 9's cap: the learner waits for samples). On that
+server, pairs of runs, each to its epoch bound: ours (the learner entrypoint, `python -m grpo_trainer learner`) and
+TRL's unmodified AsyncGRPOTrainer built from the same config, both through bench.traced_learner. The order within a
+pair alternates (ours first in the first pair, TRL first in the second, ...) so that a drift in the machine's load
+falls on both sides alike, and the server is given the model's own weights again before every run, so that each run
+starts from the same policy.
+
+Both sides are observed the same way: neither is polled while it runs. Every figure comes from what the learner
+process recorded itself: one line per optimizer step (its wall time, TRL's own per-step figures, which both trainers
+log, and the CPU seconds its process and children had used), and for ours its final report (the termination
+message: groups consumed and dropped by reason). TRL keeps no such report; it trains every group it consumes.
+
+Figures per run, over the steps after the first (the first step's wait holds the start-up and the first sync):
+wall time = last step's log time − first step's; groups consumed per s = (groups consumed in the run − the first
+step's groups) / wall time; samples trained per s = Σ `batch/samples_per_step` / wall time; learner wait share =
+Σ `perf/rollout_wait_s` / wall time; CPU s per group = the process tree's CPU seconds from the first step to the last
+/ those groups. Ratios are ours / TRL within a pair (above 1: ours faster; for CPU per group, below 1: ours cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .report import Context, SectionUnavailable, spread, table
+from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, write_config
+
+NAME = "e2e_vs_trl"
+TITLE = "10. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
+ROOT = Path(__file__).resolve().parent.parent
+#: Row name -> vLLM `--max-num-seqs` on its server (None: vLLM's default, the server outpaces the learner).
+ROWS: dict[str, int | None] = {"learner-bound": None, "generation-bound": MAX_NUM_SEQS}
+PAIRS, QUICK_PAIRS = 5, 2
+EPOCHS = 6
+#: A learner's start-up alone (imports, model) took over 4 min at load average 20 (section 9).
+RUN_TIMEOUT_S = 1800.0
+SERVER_START_TIMEOUT_S = 1500.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("e2e_vs_trl")
+    group.add_argument("--pairs", type=int, default=None,
+                       help=f"interleaved ours/TRL pairs per row (default {PAIRS}; --quick: {QUICK_PAIRS})")
+    group.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's epoch bound (default {EPOCHS})")
+    group.add_argument("--rows", default=",".join(ROWS),
+                       help=f"comma-separated rows to run, any of {', '.join(ROWS)} (default: all)")
+
+
+def options(args: argparse.Namespace) -> dict[str, object]:
+    """The section's options from the bench's command line; a wrong one is the parser's error."""
+    rows = tuple(name.strip() for name in args.rows.split(",") if name.strip())
+    unknown = [name for name in rows if name not in ROWS]
+    if unknown or not rows:
+        raise ValueError(f"--rows: unknown row {unknown[0]!r}; choose from {', '.join(ROWS)}" if unknown
+                         else "--rows: name at least one row")
+    if args.pairs is not None and args.pairs < 1:
+        raise ValueError("--pairs: must be at least 1")
+    if args.epochs < 1:
+        raise ValueError("--epochs: must be at least 1")
+    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------ figures (pure)
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's figures over its steps after the first."""
+
+    kind: str  # "ours" or "trl"
+    wall_s: float
+    steps: int
+    groups: float  # consumed
+    samples: float  # trained
+    wait_s: float
+    cpu_s: float | None
+    dropped_groups: int = 0  # ours: the whole run's, every reason; TRL drops none before its batch
+    no_signal_groups: int = 0
+    dropped_samples: int = 0
+
+    @property
+    def groups_per_s(self) -> float:
+        return self.groups / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def samples_with_dropped_per_s(self) -> float:
+        """Samples per s as if the dropped groups' samples had been trained too."""
+        return (self.samples + self.dropped_samples) / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def wait_share(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def cpu_s_per_group(self) -> float:
+        return self.cpu_s / self.groups if self.cpu_s is not None and self.groups > 0 else math.nan
+
+
+def run_figures(kind: str, records: Sequence, final=None, num_generations: int = 0) -> RunFigures:
+    """`records`: the run's StepRecords; `final`: ours' final ProgressReport (its groups consumed and dropped).
+
+    Ours consumes groups it never trains (drops before the batch), so its consumed count comes from its report; TRL
+    trains what it consumes, so its count is the groups its steps trained."""
+    if len(records) < 2:
+        raise ValueError(f"{kind}: {len(records)} steps recorded; figures need at least two")
+    ordered = sorted(records, key=lambda record: record.t)
+    first, last, after = ordered[0], ordered[-1], ordered[1:]
+    trained_groups = sum(record.groups for record in after)
+    dropped = no_signal = 0
+    if final is not None:
+        groups = final.groups_consumed - first.groups
+        dropped = final.dropped_total
+        no_signal = final.dropped.get("no_signal", 0)
+    else:
+        groups = trained_groups
+    cpu_s = last.cpu_s - first.cpu_s if first.cpu_s is not None and last.cpu_s is not None else None
+    return RunFigures(kind, last.t - first.t, len(after), groups, sum(record.samples for record in after),
+                      sum(record.wait_s for record in after), cpu_s, dropped, no_signal, dropped * num_generations)
+
+
+#: (column, RunFigures property) of the per-pair ratios ours / TRL.
+RATIOS: tuple[tuple[str, str], ...] = (
+    ("groups consumed per s", "groups_per_s"),
+    ("samples trained per s", "samples_per_s"),
+    ("samples per s, ours' dropped counted as trained", "samples_with_dropped_per_s"),
+    ("CPU s per group", "cpu_s_per_group"),
+)
+
+
+def pair_ratios(ours: RunFigures, trl: RunFigures) -> dict[str, float]:
+    """Ours / TRL for each of RATIOS (NaN where either side has no figure). TRL drops nothing before its batch, so
+    its side of the 'dropped counted' ratio is its samples trained per s."""
+    ratios = {}
+    for _, name in RATIOS:
+        mine, theirs = getattr(ours, name), getattr(trl, "samples_per_s" if name == "samples_with_dropped_per_s"
+                                                     else name)
+        ratios[name] = mine / theirs if theirs > 0 and not math.isnan(mine) else math.nan
+    return ratios
+
+
+@dataclass(frozen=True)
+class Pair:
+    ours: RunFigures
+    trl: RunFigures
+    ours_first: bool
+
+
+@dataclass(frozen=True)
+class RowResult:
+    name: str
+    max_num_seqs: int | None
+    pairs: list[Pair]
+    load_start: float
+    load_end: float
+    server_start_s: float
+
+
+def ratio_spread(values: Sequence[float]) -> str:
+    """'median (min–max)' of the ratios, NaNs left out."""
+    finite = [value for value in values if not math.isnan(value)]
+    return spread(finite, "{:.2f}") if finite else "n/a"
+
+
+# --------------------------------------------------------------------------------------------------------- report
+def _figure(runs: Sequence[RunFigures], name: str, fmt: str) -> str:
+    values = [getattr(run, name) for run in runs]
+    finite = [value for value in values if not math.isnan(value)]
+    return spread(finite, fmt) if finite else "n/a"
+
+
+def _share(runs: Sequence[RunFigures]) -> str:
+    shares = [100 * run.wait_share for run in runs if not math.isnan(run.wait_share)]
+    return spread(shares, "{:.0f}", " %") if shares else "n/a"
+
+
+def _server(row: RowResult) -> str:
+    return "uncapped" if row.max_num_seqs is None else f"`--max-num-seqs {row.max_num_seqs}`"
+
+
+def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, generations: int,
+           max_completion_length: int, cores: int) -> str:
+    side_rows, ratio_rows, pair_rows = [], [], []
+    for row in rows:
+        for label, runs in (("ours", [pair.ours for pair in row.pairs]), ("TRL", [pair.trl for pair in row.pairs])):
+            dropped = (f"{_figure(runs, 'dropped_groups', '{:.0f}')} ({_figure(runs, 'no_signal_groups', '{:.0f}')})"
+                       if label == "ours" else "— (trains all)")
+            side_rows.append([row.name, label, len(runs), _figure(runs, "wall_s", "{:.1f}"),
+                              _figure(runs, "groups_per_s", "{:.2f}"), _figure(runs, "samples_per_s", "{:.1f}"),
+                              _share(runs), _figure(runs, "cpu_s_per_group", "{:.2f}"), dropped])
+        ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
+        ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
+                           *(ratio_spread([r[name] for r in ratios]) for _, name in RATIOS)])
+        for index, (pair, ratio) in enumerate(zip(row.pairs, ratios, strict=True), start=1):
+            pair_rows.append([row.name, index, "ours, TRL" if pair.ours_first else "TRL, ours",
+                              f"{pair.ours.wall_s:.1f} / {pair.trl.wall_s:.1f}",
+                              *(("n/a" if math.isnan(ratio[name]) else f"{ratio[name]:.2f}") for _, name in RATIOS),
+                              f"{pair.ours.dropped_groups} ({pair.ours.no_signal_groups})"])
+    starts = ", ".join(f"{row.name} {row.server_start_s:.0f} s" for row in rows)
+    total = f"{groups_total} groups" if groups_total else "groups: no report"
+    text = [
+        f"## {TITLE}",
+        "",
+        __doc__.split("\n", 1)[1].strip(),
+        "",
+        f"Config: examples/tiny.yaml (groups of {generations}, completions ≤ {max_completion_length} tokens), "
+        f"{epochs} epoch{'' if epochs == 1 else 's'} ({total}), one OpenMP thread for each learner, the server bound "
+        f"to one core, on {cores} cores shared with other processes; the load average (1 min) at the start and end "
+        f"of each row is beside its ratios. Server start-up: {starts}.",
+        "",
+        "Ratios ours / TRL per pair, median (min–max) over the pairs:",
+        "",
+        table(["row", "server", "pairs", "load average, start → end", *(column for column, _ in RATIOS)], ratio_rows),
+        "",
+        "Each side's figures, median (min–max) over its runs:",
+        "",
+        table(["row", "learner", "runs", "wall s, first to last step", "groups consumed per s",
+               "samples trained per s", "learner wait share", "CPU s per group (learner and its children)",
+               "groups dropped (of which no signal)"], side_rows),
+        "",
+        "Per pair:",
+        "",
+        table(["row", "pair", "order", "wall s, ours / TRL", *(column for column, _ in RATIOS),
+               "ours' groups dropped (no signal)"], pair_rows),
+        "",
+        "Ours drops groups without reward signal before the batch (`filter.dropNoSignal`); TRL trains them, so its "
+        "samples trained per s counts samples ours would not train: the ratio with ours' dropped samples counted as "
+        "trained is beside the one without. Groups consumed per s counts the groups both sides take from the "
+        "dataset, trained or not. Learner wait share: both trainers log TRL's `perf/rollout_wait_s`, the seconds "
+        "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
+        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound]` (needs .venv-rollout).",
+    ]
+    return "\n".join(text)
+
+
+# ------------------------------------------------------------------------------------------------------------ I/O
+def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]:
+    """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report."""
+    from grpo_operator.local.processes import free_port
+    from grpo_trainer.contract import parse_progress
+
+    directory.mkdir(parents=True)
+    config = config.model_copy(deep=True, update={
+        "output_dir": str(directory / "output"),
+        "termination_message_path": str(directory / "termination-log"),
+        "learner": config.learner.model_copy(update={"http_port": free_port()}),
+    })
+    config.rollout.weight_sync.directory = str(directory / "weights")
+    config_path, records_path = directory / "run.json", directory / "steps.jsonl"
+    write_config(config_path, config)
+    command = [sys.executable, "-m", "bench.traced_learner", "--kind", kind, "--config", str(config_path),
+               "--records", str(records_path)]
+    # One OpenMP thread, as `grporun local` gives a CPU learner beside its server on two cores; the same for both.
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    started = time.time()
+    log_path = directory / "log.txt"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{directory.name}: no end within {RUN_TIMEOUT_S:.0f} s; log: {log_path}") from None
+        finally:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, 9)
+                process.wait(30)
+    print(f"[bench] {NAME}: {directory.name} exited {process.returncode} after {time.time() - started:.0f} s",
+          file=sys.stderr, flush=True)
+    records = ([StepRecord.from_json(line) for line in records_path.read_text().splitlines() if line]
+               if records_path.exists() else [])
+    termination = directory / "termination-log"
+    final = None
+    if kind == "ours" and termination.exists() and termination.read_text().strip():
+        final = parse_progress(termination.read_text())
+    if process.returncode != 0 or len(records) < 2 or (kind == "ours" and final is None):
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{directory.name}: exit {process.returncode}, {len(records)} steps recorded, "
+                           f"final report {'read' if final else 'missing'}:\n{tail}")
+    return records, final
+
+
+def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int,
+            epochs: int) -> tuple[RowResult, object, int | None]:
+    """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
+    import pytest
+
+    from tests.support.vllm_server import restore_model_weights, running_vllm_server
+
+    directory = scratch / name
+    config = base_config(directory, epochs=epochs, max_num_seqs=max_num_seqs)
+    (directory / "server").mkdir(parents=True)
+    load_start = os.getloadavg()[0]
+    started = time.time()
+    wire = json.loads(config.model_dump_json(by_alias=True))
+    # vLLM's CPU backend binds its worker to a core; core 0, as `grporun local` binds its first server.
+    with contextlib.ExitStack() as stack:
+        try:
+            running = stack.enter_context(running_vllm_server(
+                config.model, directory / "server", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, config=wire,
+                start_timeout_s=SERVER_START_TIMEOUT_S))
+        except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
+            raise RuntimeError(f"the vLLM server did not start: {failed}") from None
+        server_start_s = time.time() - started
+        print(f"[bench] {NAME}: {name} server ready in {server_start_s:.0f} s", file=sys.stderr, flush=True)
+        config.rollout.urls = [running.server.url]
+        generations = config.training.num_generations
+        results, groups_total = [], None
+        for index in range(pairs):
+            ours_first = index % 2 == 0
+            figures = {}
+            for kind in ("ours", "trl") if ours_first else ("trl", "ours"):
+                restore_model_weights(running.server, directory / f"model-weights-{index}-{kind}")
+                records, final = traced_run(directory / f"pair-{index + 1}-{kind}", kind, config)
+                figures[kind] = run_figures(kind, records, final, generations)
+                if final is not None:
+                    groups_total = final.groups_total
+            results.append(Pair(figures["ours"], figures["trl"], ours_first))
+    row = RowResult(name, max_num_seqs, results, load_start, os.getloadavg()[0], server_start_s)
+    return row, config, groups_total
+
+
+def run(context: Context) -> str:
+    if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
+        raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
+    model = ROOT / "examples" / "tiny-assets" / "model"
+    if not (model / "config.json").exists():
+        from grpo_trainer.testing.tiny_assets import build_tiny_model
+
+        build_tiny_model(model)
+    chosen = context.options.get(NAME, {})
+    pairs = chosen.get("pairs") or context.reps(PAIRS, QUICK_PAIRS)
+    epochs = chosen.get("epochs", EPOCHS)
+    rows, config, groups_total = [], None, None
+    for name in chosen.get("rows", tuple(ROWS)):
+        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs)
+        rows.append(row)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return render(rows, epochs=epochs, groups_total=groups_total, generations=config.training.num_generations,
+                  max_completion_length=config.training.max_completion_length, cores=cores)

@@ -1,0 +1,110 @@
+"""bench/e2e_vs_trl.py: each run's figures from its own step records and report, ours/TRL ratios, their rendering."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from bench.e2e_vs_trl import Pair, RowResult, RunFigures, add_arguments, options, pair_ratios, render, run_figures
+from bench.rollout_scaling import StepRecord
+from grpo_trainer.contract import ProgressReport
+
+
+def record(t: float, step: int, wait_s: float, samples: float, groups: float, cpu_s: float | None) -> StepRecord:
+    return StepRecord(t, step, wait_s, samples, groups, cpu_s)
+
+
+def test_a_runs_figures_count_the_steps_after_the_first():
+    # Step 1 (start-up in its wait) trained 3 groups; steps 2 and 3 trained 5 groups of 8 in 10 s, waiting 2 s.
+    records = [record(100.0, 1, 40.0, 24, 3, 50.0), record(104.0, 2, 0.5, 16, 2, 54.0),
+               record(110.0, 3, 1.5, 24, 3, 60.0)]
+    trl = run_figures("trl", records)
+    assert (trl.wall_s, trl.steps, trl.groups, trl.samples, trl.wait_s, trl.cpu_s) == (10.0, 2, 5, 40, 2.0, 10.0)
+    assert (trl.groups_per_s, trl.samples_per_s, trl.wait_share, trl.cpu_s_per_group) == (0.5, 4.0, 0.2, 2.0)
+    assert trl.dropped_groups == 0
+
+
+def test_ours_consumes_the_groups_its_report_counts_dropped_ones_included():
+    records = [record(0.0, 1, 9.0, 24, 3, 1.0), record(5.0, 2, 0.0, 24, 3, 11.0)]
+    final = ProgressReport(groups_total=16, groups_consumed=16, groups_trained=6,
+                           dropped={"no_signal": 9, "stale": 1})
+    ours = run_figures("ours", records, final, num_generations=8)
+    assert ours.groups == 13  # 16 consumed, less the first step's 3
+    assert (ours.dropped_groups, ours.no_signal_groups, ours.dropped_samples) == (10, 9, 80)
+    assert ours.samples_per_s == pytest.approx(24 / 5)
+    assert ours.samples_with_dropped_per_s == pytest.approx((24 + 80) / 5)
+    assert ours.cpu_s_per_group == pytest.approx(10 / 13)
+
+
+def test_a_run_without_cpu_records_has_no_cpu_figure_and_one_step_has_no_figures():
+    records = [record(0.0, 1, 1.0, 8, 1, None), record(2.0, 2, 0.0, 8, 1, None)]
+    assert math.isnan(run_figures("trl", records).cpu_s_per_group)
+    with pytest.raises(ValueError, match="1 steps recorded"):
+        run_figures("trl", records[:1])
+
+
+def figures(kind: str, wall_s: float, groups: float, samples: float, cpu_s: float, dropped: int = 0,
+            no_signal: int = 0) -> RunFigures:
+    return RunFigures(kind, wall_s, 10, groups, samples, wall_s / 10, cpu_s, dropped, no_signal, dropped * 8)
+
+
+def test_ratios_are_ours_over_trl_and_trl_trains_what_ours_would_drop():
+    ours = figures("ours", 10.0, 20, 100, 10.0, dropped=5)
+    trl = figures("trl", 20.0, 20, 300, 40.0)
+    ratios = pair_ratios(ours, trl)
+    assert ratios["groups_per_s"] == pytest.approx(2.0)  # twice as fast through the same groups
+    assert ratios["samples_per_s"] == pytest.approx(10 / 15)  # it trained fewer samples, ...
+    assert ratios["samples_with_dropped_per_s"] == pytest.approx(14 / 15)  # ... 40 of them dropped
+    assert ratios["cpu_s_per_group"] == pytest.approx(0.5 / 2.0)
+
+
+def test_a_ratio_without_a_figure_is_nan_not_an_error():
+    ours = RunFigures("ours", 10.0, 3, 6, 48, 1.0, None)
+    ratios = pair_ratios(ours, RunFigures("trl", 0.0, 0, 0, 0, 0.0, None))
+    assert all(math.isnan(value) for value in ratios.values())
+
+
+def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_load():
+    # TRL: 1 group and 15 samples per s, 2 CPU s per group. Ours: the same groups and CPU in 10, 20 and 40 s,
+    # training half TRL's samples and dropping 4, 6 and 8 groups of 8.
+    trl = figures("trl", 20.0, 20, 300, 40.0)
+    pairs = [Pair(figures("ours", wall, 20, 150, 40.0, dropped, dropped - 1), trl, index % 2 == 0)
+             for index, (wall, dropped) in enumerate([(10.0, 4), (20.0, 6), (40.0, 8)])]
+    rows = [RowResult("learner-bound", None, pairs, 1.5, 2.5, 300.0),
+            RowResult("generation-bound", 2, pairs[:1], 3.0, 4.0, 250.0)]
+    text = render(rows, epochs=6, groups_total=96, generations=8, max_completion_length=16, cores=2)
+    ratio_table = text.split("Ratios ours / TRL")[1].split("Each side's")[0]
+    # groups per s 2, 1, 0.5; samples 1, 0.5, 0.25; with drops (150 + 32|48|64) / wall / 15: 1.21, 0.66, 0.36
+    assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.66 (0.36–1.21) "
+            "| 1.00 |") in ratio_table
+    assert "| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.21 | 1.00 |" in ratio_table
+    sides = text.split("Each side's")[1].split("Per pair")[0]
+    assert "| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) |" in sides
+    assert "6 (4–8) (5 (3–7))" in sides  # ours' drops, the no-signal ones among them
+    assert "| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 10 % | 2.00 | — (trains all) |" in sides
+    per_pair = text.split("Per pair")[1]
+    assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 6 (5) |" in per_pair
+    assert "6 epochs (96 groups)" in text and "on 2 cores" in text
+    assert "learner-bound 300 s, generation-bound 250 s" in text
+
+
+@pytest.mark.parametrize(("argv", "wrong"), [
+    (["--rows", "learner-bound,fast"], "--rows: unknown row 'fast'"),
+    (["--rows", ","], "--rows: name at least one row"),
+    (["--pairs", "0"], "--pairs: must be at least 1"),
+    (["--epochs", "0"], "--epochs: must be at least 1"),
+])
+def test_a_wrong_option_is_named(argv, wrong):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match=wrong):
+        options(parser.parse_args(argv))
+
+
+def test_the_options_default_to_every_row():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
+                                                                                    "generation-bound")}
