@@ -302,7 +302,8 @@ def test_a_recorded_mlflow_run_the_server_no_longer_has_gives_way_to_a_new_run(m
     assert f"MLflow run {'0' * 32} is not on {mlflow_server.uri} any more: starting a new run" in caplog.text
     unknown.log_steps((1,))
     unknown.end()
-    ((new_run, _, _),) = [(r.run_id, r.tracker, r.uri) for r in unknown.parameters.tracked_runs()]
+    (started,) = unknown.parameters.tracked_runs()
+    new_run = started.run_id
     assert new_run != "0" * 32
     assert tracking.read_recorded_runs(run).mlflow.run_id == new_run
 
