@@ -151,7 +151,7 @@ def continued_mlflow_run(config: c.RunConfig, recorded: RecordedMlflowRun) -> st
     mlflow = config.tracking.mlflow
     experiment = mlflow_experiment(config)
     if recorded.tracking_uri != mlflow.tracking_uri or recorded.experiment != experiment:
-        logger.warning(f"tracking: MLflow run {recorded.run_id} was on {recorded.tracking_uri} in experiment "
+        logger.warning(f"tracking: MLflow run {recorded.run_id} was on {recorded.tracking_uri!r} in experiment "
                        f"{recorded.experiment!r}; spec.tracking.mlflow now names another: starting a new run")
         return None
     from mlflow.exceptions import MlflowException
