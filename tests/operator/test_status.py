@@ -290,13 +290,26 @@ def test_the_exported_model_goes_on_the_status_with_an_event():
 TRACKED = TrackedRunReport(tracker="mlflow", run_id="0f1e2d", uri="http://mlflow:5000/#/experiments/3/runs/0f1e2d")
 
 
+#: The other trackers' runs as the learner reports them: TensorBoard's directory, an offline W&B run's directory.
+TRACKED_FILES = [
+    TrackedRunReport(tracker="tensorboard", run_id="tiny", uri="/checkpoints/tensorboard"),
+    TrackedRunReport(tracker="wandb", run_id="a1b2c3d4",
+                     uri="/checkpoints/wandb/wandb/offline-run-20261203_141500-a1b2c3d4"),
+]
+
+
 def test_the_trackers_run_goes_on_the_status_and_stays_while_a_restarted_learner_has_none_yet():
-    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}})
+    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}, "tensorboard": {},
+                             "wandb": {"project": "grpo", "mode": "offline"}})
     status = running_status(spec)
     assert "tracking" not in status
-    tracked = step(spec, status, running_pods(), report(groupsTrained=4, tracking=[TRACKED.to_wire()]), now=at(5))
-    assert tracked.status["tracking"] == [{"tracker": "mlflow", "runId": "0f1e2d",
-                                           "uri": "http://mlflow:5000/#/experiments/3/runs/0f1e2d"}]
+    runs = [TRACKED, *TRACKED_FILES]
+    tracked = step(spec, status, running_pods(), report(groupsTrained=4, tracking=[r.to_wire() for r in runs]),
+                   now=at(5))
+    assert tracked.status["tracking"] == [
+        {"tracker": "mlflow", "runId": "0f1e2d", "uri": "http://mlflow:5000/#/experiments/3/runs/0f1e2d"},
+        {"tracker": "tensorboard", "runId": "tiny", "uri": "/checkpoints/tensorboard"},
+        {"tracker": "wandb", "runId": "a1b2c3d4", "uri": TRACKED_FILES[1].uri}]
     starting = step(spec, tracked.status, running_pods(), report(groupsTrained=4), now=at(10))
     assert starting.status["tracking"] == tracked.status["tracking"]
 

@@ -66,7 +66,9 @@ def finished_run(tiny_model_dir, tmp_path_factory):
                            disable_tqdm=True, max_staleness=1000)
     trainer = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
                           rollout_worker=worker, weight_transfer=NoWeightTransfer(), progress_server_port=0)
-    trainer.add_callback(parameters_callback(run_config, trackers, trainer.callback_handler.callbacks))
+    parameters = parameters_callback(run_config, trackers, trainer.callback_handler.callbacks)
+    trainer.add_callback(parameters)
+    trainer.tracked_runs_fn = parameters.tracked_runs  # as learner_main wires it: the runs go on /progress
     os.environ.clear()
     os.environ.update(saved_env)
     seen: list[dict] = []
@@ -172,6 +174,10 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
 
     trainer, _, run_config = finished_run
     directory = tracking_directory(run_config, "tensorboard")
+    # The run on /progress (so on status.tracking): the run's name and the directory to point `tensorboard
+    # --logdir` at.
+    final = c.parse_progress(fetch(trainer.progress_url + c.PROGRESS_PATH))
+    assert final.tracking == [c.TrackedRunReport(tracker="tensorboard", run_id="metrics", uri=directory)]
     events = event_accumulator.EventAccumulator(directory, size_guidance={event_accumulator.TENSORS: 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])

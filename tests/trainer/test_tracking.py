@@ -3,6 +3,8 @@ cannot work, our progress numbers and the run's spec as parameters."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from grpo_trainer import contract as c
@@ -88,6 +90,44 @@ def test_the_run_spec_becomes_flat_string_parameters():
     assert all(isinstance(v, str) for v in parameters.values())
 
 
+WANDB_OFFLINE = {"wandb": {"project": "grpo", "mode": "offline"}}
+
+
+def test_a_learner_starting_again_continues_the_recorded_wandb_run(tmp_path):
+    run = config(tmp_path, tracking=WANDB_OFFLINE)
+    tracking.record_runs(run, [c.TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run")])
+    assert tracking.continued_runs_env(run) == {"WANDB_RUN_ID": "a1b2c3d4", "WANDB_RESUME": "allow"}
+    # Another project (the spec changed between starts) is another run.
+    moved = config(tmp_path, tracking={"wandb": {"project": "other", "mode": "offline"}})
+    assert tracking.continued_runs_env(moved) == {}
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"{not json", "not a runs file"),
+    (b'{"run": "ml/tiny", "wandb": {"runId": "../../etc", "project": "grpo"}}', "wandb.runId"),
+    (b'{"run": "ml/tiny", "wandb": {"runId": 7, "project": "grpo"}}', "wandb.runId"),
+    (b'{"run": "ml/other-run", "wandb": {"runId": "a1b2c3d4", "project": "grpo"}}', "'ml/other-run', not of"),
+    (b"[]", "not a runs file"),
+    (b" " * (tracking.RUNS_FILE_MAX_BYTES + 1), "bytes"),
+])
+def test_a_runs_file_that_cannot_be_trusted_starts_new_runs_with_a_warning(tmp_path, caplog, content, why):
+    run = config(tmp_path, tracking=WANDB_OFFLINE)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / tracking.RUNS_FILE).write_bytes(content)
+    environ: dict[str, str] = {}
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        assert tracking.configure(run, environ) == ["wandb"]
+    assert "WANDB_RUN_ID" not in environ and "WANDB_RESUME" not in environ
+    assert why in caplog.text and "the trackers start new runs" in caplog.text
+
+
+def test_a_runs_report_too_long_for_the_status_is_left_out_with_a_warning(caplog):
+    writer = type("Writer", (), {"get_logdir": lambda self: "/" + "d" * 2000})()
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        assert tracking.tracked_runs(["tensorboard"], "tiny", writer) == []
+    assert "tensorboard run 'tiny'" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     from tests.support.mlflow_server import MISSING, MLFLOW, running_mlflow_server
@@ -151,6 +191,131 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
         f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}"))]
 
 
+class TrackedLearner:
+    """A learner's trackers as learner_main wires them (transformers' integration for each tracker from the env
+    `configure` sets, our parameters callback after them), fed TRL-shaped logs: what a learner start does to its
+    trackers, without the model."""
+
+    def __init__(self, run: c.RunConfig, setenv):
+        from transformers import TrainerControl, TrainerState
+        from transformers.integrations import INTEGRATION_TO_CALLBACK
+        from trl.experimental.async_grpo import AsyncGRPOConfig
+
+        environ: dict[str, str] = {}
+        trackers = tracking.configure(run, environ)
+        for name, value in environ.items():
+            setenv(name, value)
+        self.environ = environ
+        self.args = AsyncGRPOConfig(**trainer_arguments(run))
+        self.integrations = [INTEGRATION_TO_CALLBACK[tracker]() for tracker in trackers]
+        self.parameters = tracking.parameters_callback(run, trackers, self.integrations)
+        self.state, self.control = TrainerState(), TrainerControl()
+        for callback in (*self.integrations, self.parameters):
+            callback.on_train_begin(self.args, self.state, self.control, model=None)
+
+    def log_steps(self, steps) -> None:
+        for step in steps:
+            self.state.global_step = step
+            for integration in self.integrations:
+                integration.on_log(self.args, self.state, self.control, logs={"loss": 0.25 * step})
+
+    def end(self) -> None:
+        for integration in self.integrations:
+            integration.on_train_end(self.args, self.state, self.control)
+
+
+#: A learner process killed after logging steps 1-3: its MLflow run stays RUNNING, as a kill leaves it.
+KILLED_LEARNER = """
+import os, signal, sys
+import mlflow
+from grpo_trainer import contract as c
+from tests.trainer.test_tracking import TrackedLearner
+learner = TrackedLearner(c.RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
+learner.log_steps((1, 2, 3))
+mlflow.flush_async_logging()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_restarted_learner_continues_its_mlflow_run_killed_or_finished(mlflow_server, tmp_path, monkeypatch,
+                                                                         caplog, capfd):
+    """One MLflow run across three starts of a learner on the same checkpoint directory: killed after steps 1-3,
+    then restarted (steps 4-5, ending), then resumed once more (step 6), on the real tracking server."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.support.paths import REPO
+
+    mlflow = {"mlflow": {"trackingUri": mlflow_server.uri, "experiment": "grpo-continued"}}
+    run = config(tmp_path, learner={"device": "cpu"}, tracking=mlflow)
+    killed = subprocess.run([sys.executable, "-c", KILLED_LEARNER, run.model_dump_json(by_alias=True)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("grpo-continued")
+    (first,) = client.search_runs([experiment.experiment_id])
+    assert first.info.status == "RUNNING"  # nobody ended it
+
+    # The rollout servers moved meanwhile: a changed parameter keeps its first value, and does not stop the start.
+    moved = config(tmp_path, learner={"device": "cpu"}, tracking=mlflow, rollout={"urls": ["http://rollout-b:8000"]})
+    with caplog.at_level("WARNING"):
+        restarted = TrackedLearner(moved, monkeypatch.setenv)
+    assert restarted.environ["MLFLOW_RUN_ID"] == first.info.run_id
+    assert "keeps its first value of" in caplog.text and "grporun.rollout.urls" in caplog.text
+    restarted.log_steps((4, 5))
+    restarted.end()
+    resumed = TrackedLearner(run, monkeypatch.setenv)
+    resumed.log_steps((6,))
+    resumed.end()
+
+    assert "Changing param values is not allowed" not in capfd.readouterr().err  # MLflow's, logging params again
+    (tracked,) = client.search_runs([experiment.experiment_id])
+    assert tracked.info.run_id == first.info.run_id and tracked.info.status == "FINISHED"
+    assert tracked.data.params["vllm_server_base_url"] == "http://127.0.0.1:8000"  # the first start's
+    loss = client.get_metric_history(tracked.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in loss) == [(step, 0.25 * step) for step in range(1, 7)]
+    assert tracked.data.params["grporun.rollout.urls"] == first.data.params["grporun.rollout.urls"]
+    page = f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}"
+    expected = [c.TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=page)]
+    assert restarted.parameters.tracked_runs() == resumed.parameters.tracked_runs() == expected
+
+
+@pytest.mark.slow
+def test_a_recorded_mlflow_run_the_server_no_longer_has_gives_way_to_a_new_run(mlflow_server, tmp_path, monkeypatch,
+                                                                                caplog):
+    """A run deleted on the tracking server, or one it never had (another server's, a database reset), cannot be
+    continued: MLflow would refuse it at every start. The learner starts a new run, says so, and records it."""
+    from mlflow.tracking import MlflowClient
+
+    mlflow = {"mlflow": {"trackingUri": mlflow_server.uri, "experiment": "grpo-gone"}}
+    run = config(tmp_path, learner={"device": "cpu"}, tracking=mlflow)
+    recorded = tracking.RecordedMlflowRun(runId="0" * 32, trackingUri=mlflow_server.uri, experiment="grpo-gone")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / tracking.RUNS_FILE).write_text(
+        tracking.RecordedRuns(run="ml/tiny", mlflow=recorded).model_dump_json(by_alias=True))
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        unknown = TrackedLearner(run, monkeypatch.setenv)
+    assert "MLFLOW_RUN_ID" not in unknown.environ
+    assert f"MLflow run {'0' * 32} is not on {mlflow_server.uri} any more: starting a new run" in caplog.text
+    unknown.log_steps((1,))
+    unknown.end()
+    (started,) = unknown.parameters.tracked_runs()
+    new_run = started.run_id
+    assert new_run != "0" * 32
+    assert tracking.read_recorded_runs(run).mlflow.run_id == new_run
+
+    MlflowClient(mlflow_server.uri).delete_run(new_run)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        after_delete = TrackedLearner(run, monkeypatch.setenv)
+    assert "MLFLOW_RUN_ID" not in after_delete.environ and "was deleted" in caplog.text
+    after_delete.end()
+    assert after_delete.parameters.tracked_runs()[0].run_id not in (new_run, "0" * 32)
+
+
 @pytest.mark.slow
 def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_network(tmp_path, monkeypatch):
     """transformers' W&B integration as the learner configures it (offline), with our parameters callback: the run's
@@ -159,7 +324,7 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
     from transformers.integrations import WandbCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    run = config(tmp_path, learner={"device": "cpu"}, tracking={"wandb": {"project": "grpo", "mode": "offline"}})
+    run = config(tmp_path, learner={"device": "cpu"}, tracking=WANDB_OFFLINE)
     environ: dict[str, str] = {}
     trackers = tracking.configure(run, environ)
     for name, value in environ.items():
@@ -186,3 +351,20 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
     data = records.read_bytes()
     assert b"grporun.training.learningRate" in data
     assert b"train/loss" in data and b"train/progress/groups_trained" in data
+    # The run on the status: its id, and the offline run's directory (what `wandb sync` uploads).
+    (first,) = callbacks[1].tracked_runs()
+    assert offline_run.name.endswith(f"-{first.run_id}")
+    assert first == c.TrackedRunReport(tracker="wandb", run_id=first.run_id, uri=str(offline_run))
+
+    # A learner that starts again continues the same run, by its id. (A new process reads W&B's env afresh; here
+    # the teardown makes this one do so.)
+    wandb.teardown()
+    again = TrackedLearner(run, monkeypatch.setenv)
+    assert again.environ["WANDB_RUN_ID"] == first.run_id and again.environ["WANDB_RESUME"] == "allow"
+    assert wandb.run is not None and wandb.run.id == first.run_id
+    again.log_steps((3,))
+    again.end()
+    (continued,) = again.parameters.tracked_runs()
+    wandb.finish()
+    assert continued.run_id == first.run_id and continued.uri != first.uri  # each start: its own offline directory
+    assert (tmp_path / "ckpt" / "wandb" / "wandb" / Path(continued.uri).name).is_dir()

@@ -839,8 +839,8 @@ class TrackedRunReport(_ReportModel):
 
     tracker: str = Field(min_length=1, max_length=32, description="The tracker, by its spec.tracking name.")
     run_id: str = Field(min_length=1, max_length=128, description="The run's id in the tracker.")
-    uri: str = Field(min_length=1, max_length=1024, description="Where a user opens the run (MLflow: its page on "
-                     "the tracking server).")
+    uri: str = Field(min_length=1, max_length=1024, description="Where a user opens the run (MLflow, W&B online: "
+                     "its page; TensorBoard: the event files' directory; W&B offline: the run's directory).")
 
 
 class ProgressReport(_ReportModel):

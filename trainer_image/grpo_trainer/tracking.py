@@ -6,6 +6,10 @@ env it reads (`configure` sets it) and each logging the dict `Trainer.log` recei
 learner adds to that dict, so our progress numbers sit beside TRL's loss and entropy on the same steps. The trackers
 are optional installs (the `tracking` extra): a run asking for one this image lacks ends at start with a config error
 naming `spec.tracking.<name>`.
+
+A learner that starts again (a restart, a resume) continues its trackers' runs rather than opening new ones: rank 0
+records their ids beside the checkpoints when they start (`RUNS_FILE`), and `configure` hands them back to the
+integrations (`MLFLOW_RUN_ID`; `WANDB_RUN_ID` with `WANDB_RESUME=allow`). TensorBoard appends to its directory anyway.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import logging
 import os
 from collections.abc import Iterator, MutableMapping
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import contract as c
 
@@ -30,16 +36,178 @@ TRACKER_MODULES = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "w
 #: MLflow refuses a parameter value longer than this.
 MLFLOW_PARAM_MAX_CHARS = 6000
 MLFLOW_PARAMS_PER_BATCH = 100
+#: The trackers' runs a learner that starts again continues, beside the checkpoints (which outlive the pod).
+RUNS_FILE = "tracking-runs.json"
+#: More than a runs file ever holds: a bigger one is not read.
+RUNS_FILE_MAX_BYTES = 64 * 1024
 
 
 class TrackingConfigError(ValueError):
     """A tracker the run asks for that cannot work here; one line naming `spec.tracking.<name>`."""
 
 
+def tracking_root(config: c.RunConfig) -> str:
+    """Where the trackers' files go: the checkpoint directory (a volume that outlives the pod) when the run has one,
+    else the output directory."""
+    return config.checkpoint.directory or config.output_dir
+
+
 def tracking_directory(config: c.RunConfig, tracker: str) -> str:
-    """Where a file-writing tracker writes: under the checkpoint directory (a volume that outlives the pod) when the
-    run has one, else under the output directory."""
-    return os.path.join(config.checkpoint.directory or config.output_dir, tracker)
+    """Where a file-writing tracker writes."""
+    return os.path.join(tracking_root(config), tracker)
+
+
+def runs_file(config: c.RunConfig) -> str:
+    return os.path.join(tracking_root(config), RUNS_FILE)
+
+
+class _RecordedRun(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # The characters MLflow and W&B accept in a run id, which also keeps the id harmless in a URL or a log line.
+    run_id: str = Field(alias="runId", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+class RecordedMlflowRun(_RecordedRun):
+    tracking_uri: str = Field(alias="trackingUri", min_length=1)
+    experiment: str = Field(min_length=1)
+
+
+class RecordedWandbRun(_RecordedRun):
+    project: str = Field(min_length=1)
+    entity: str | None = None
+
+
+class RecordedRuns(BaseModel):
+    """`RUNS_FILE`: the trackers' runs of one GRPORun (`run`: namespace/name), as rank 0 saw them start."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    run: str
+    mlflow: RecordedMlflowRun | None = None
+    wandb: RecordedWandbRun | None = None
+
+
+def _run_key(config: c.RunConfig) -> str:
+    return f"{config.namespace}/{config.run_name}"
+
+
+def read_recorded_runs(config: c.RunConfig) -> RecordedRuns | None:
+    """The runs the last start of this learner recorded; None, with a warning, for a file that cannot be trusted
+    (torn, tampered with, another run's): the trackers then start new runs."""
+    path = runs_file(config)
+    try:
+        with open(path, "rb") as file:
+            data = file.read(RUNS_FILE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        logger.warning(f"tracking: cannot read {path} ({error}): the trackers start new runs")
+        return None
+    if len(data) > RUNS_FILE_MAX_BYTES:
+        logger.warning(f"tracking: {path} is over {RUNS_FILE_MAX_BYTES} bytes: the trackers start new runs")
+        return None
+    try:
+        recorded = RecordedRuns.model_validate_json(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "file"
+        logger.warning(f"tracking: {path} is not a runs file ({where}: {first['msg']}): the trackers start new runs")
+        return None
+    if recorded.run != _run_key(config):
+        logger.warning(f"tracking: {path} records the runs of {recorded.run!r}, not of {_run_key(config)!r}: the "
+                       "trackers start new runs")
+        return None
+    return recorded
+
+
+def record_runs(config: c.RunConfig, runs: list[c.TrackedRunReport]) -> None:
+    """Save the runs the trackers started, for the next start of this learner to continue (rank 0 only)."""
+    ids = {run.tracker: run.run_id for run in runs}
+    tracking = config.tracking
+    recorded = RecordedRuns(run=_run_key(config))
+    if tracking.mlflow is not None and "mlflow" in ids:
+        recorded.mlflow = RecordedMlflowRun(runId=ids["mlflow"], trackingUri=tracking.mlflow.tracking_uri,
+                                            experiment=mlflow_experiment(config))
+    if tracking.wandb is not None and "wandb" in ids:
+        recorded.wandb = RecordedWandbRun(runId=ids["wandb"], project=tracking.wandb.project,
+                                          entity=tracking.wandb.entity)
+    if recorded.mlflow is None and recorded.wandb is None:
+        return
+    path = runs_file(config)
+    staging = f"{path}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(staging, "w") as file:
+            file.write(recorded.model_dump_json(by_alias=True, exclude_none=True))
+        os.replace(staging, path)
+    except OSError as error:
+        logger.warning(f"tracking: cannot write {path} ({error}): a restarted learner will start new runs")
+
+
+def continued_mlflow_run(config: c.RunConfig, recorded: RecordedMlflowRun) -> str | None:
+    """The recorded MLflow run's id when the tracking server still has it, active, in the run's experiment; else
+    None with a warning (MLflow refuses to continue such a run, and the learner would fail each start)."""
+    mlflow = config.tracking.mlflow
+    experiment = mlflow_experiment(config)
+    if recorded.tracking_uri != mlflow.tracking_uri or recorded.experiment != experiment:
+        logger.warning(f"tracking: MLflow run {recorded.run_id} was on {recorded.tracking_uri!r} in experiment "
+                       f"{recorded.experiment!r}; spec.tracking.mlflow now names another: starting a new run")
+        return None
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow.tracking_uri)
+    try:
+        run = client.get_run(recorded.run_id)
+        run_experiment = client.get_experiment(run.info.experiment_id)
+    except MlflowException as error:
+        if error.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            logger.warning(f"tracking: MLflow run {recorded.run_id} is not on {mlflow.tracking_uri} any more: "
+                           "starting a new run")
+            return None
+        # The tracking server cannot say now; starting the run will meet the same trouble and report it.
+        logger.warning(f"tracking: cannot check MLflow run {recorded.run_id} ({str(error).splitlines()[0]}): "
+                       "continuing it")
+        return recorded.run_id
+    if run.info.lifecycle_stage != "active" or run_experiment.name != experiment:
+        logger.warning(f"tracking: MLflow run {recorded.run_id} was deleted or moved out of experiment "
+                       f"{experiment!r}: starting a new run")
+        return None
+    return recorded.run_id
+
+
+def continued_runs_env(config: c.RunConfig) -> dict[str, str]:
+    """The env that makes the trackers' integrations continue the runs this learner's last start recorded."""
+    recorded = read_recorded_runs(config)
+    if recorded is None:
+        return {}
+    env: dict[str, str] = {}
+    tracking = config.tracking
+    if tracking.mlflow is not None and recorded.mlflow is not None and (
+            run_id := continued_mlflow_run(config, recorded.mlflow)):
+        env["MLFLOW_RUN_ID"] = run_id
+        # The run holds transformers' TrainingArguments parameters from its first start; logging them again would
+        # have MLflow refuse each one whose value changed (a moved rollout server) with an error in the log.
+        env["MLFLOW_MAX_LOG_PARAMS"] = "0"
+    wandb = tracking.wandb
+    if wandb is not None and recorded.wandb is not None:
+        if (recorded.wandb.project, recorded.wandb.entity) == (wandb.project, wandb.entity):
+            # allow: a run the W&B server does not know (an offline run never synced) starts under the same id.
+            env.update(WANDB_RUN_ID=recorded.wandb.run_id, WANDB_RESUME="allow")
+        else:
+            logger.warning(f"tracking: W&B run {recorded.wandb.run_id} was in another project or entity than "
+                           "spec.tracking.wandb names now: starting a new run")
+    for tracker, variable in (("MLflow", "MLFLOW_RUN_ID"), ("W&B", "WANDB_RUN_ID")):
+        if variable in env:
+            logger.info(f"tracking: continuing the {tracker} run {env[variable]} of this learner's last start")
+    return env
+
+
+def mlflow_experiment(config: c.RunConfig) -> str:
+    """The MLflow experiment the run's runs go to: the spec's, else the run's namespace."""
+    return config.tracking.mlflow.experiment or config.namespace
 
 
 def tracker_env(config: c.RunConfig) -> dict[str, str]:
@@ -49,7 +217,7 @@ def tracker_env(config: c.RunConfig) -> dict[str, str]:
     env: dict[str, str] = {}
     if tracking.mlflow is not None:
         env["MLFLOW_TRACKING_URI"] = tracking.mlflow.tracking_uri
-        env["MLFLOW_EXPERIMENT_NAME"] = tracking.mlflow.experiment or config.namespace
+        env["MLFLOW_EXPERIMENT_NAME"] = mlflow_experiment(config)
         env["MLFLOW_TAGS"] = json.dumps({"grpo.dev/namespace": config.namespace, "grpo.dev/run": config.run_name})
     if tracking.tensorboard is not None:
         env["TENSORBOARD_LOGGING_DIR"] = tracking_directory(config, "tensorboard")
@@ -86,10 +254,13 @@ def check_trackers(config: c.RunConfig, environ: MutableMapping[str, str] | None
 
 
 def configure(config: c.RunConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:
-    """Check the trackers, set the env their integrations read, make their directories; the `report_to` list."""
+    """Check the trackers, set the env their integrations read (continuing the runs this learner's last start
+    recorded), make their directories; the `report_to` list."""
     environ = os.environ if environ is None else environ
     check_trackers(config, environ)
     env = tracker_env(config)
+    if config.tracking.trackers:
+        env.update(continued_runs_env(config))
     environ.update(env)
     for variable in ("TENSORBOARD_LOGGING_DIR", "WANDB_DIR"):
         if variable in env:
@@ -144,11 +315,18 @@ def log_run_parameters(config: c.RunConfig, trackers: list[str], tensorboard_wri
     if "mlflow" in trackers:
         import mlflow
 
-        if mlflow.active_run() is not None:
+        if (active := mlflow.active_run()) is not None:
             fitting = {k: v for k, v in parameters.items() if len(v) <= MLFLOW_PARAM_MAX_CHARS}
             for key in sorted(set(parameters) - set(fitting)):
                 logger.warning(f"mlflow: parameter {key} is over {MLFLOW_PARAM_MAX_CHARS} characters: not logged")
-            items = sorted(fitting.items())
+            # A continued run holds the parameters of its first start; MLflow refuses to change a parameter's value.
+            logged = mlflow.get_run(active.info.run_id).data.params
+            changed = sorted(key for key, value in fitting.items() if key in logged and logged[key] != value)
+            if changed:
+                more = " ..." if len(changed) > 5 else ""
+                logger.warning(f"mlflow: run {active.info.run_id} keeps its first value of {len(changed)} "
+                               f"parameter(s) changed since: {', '.join(changed[:5])}{more}")
+            items = sorted((key, value) for key, value in fitting.items() if key not in logged)
             for start in range(0, len(items), MLFLOW_PARAMS_PER_BATCH):
                 mlflow.log_params(dict(items[start:start + MLFLOW_PARAMS_PER_BATCH]))
     if "tensorboard" in trackers and tensorboard_writer is not None:
@@ -169,23 +347,42 @@ def mlflow_run_uri(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     return f"{tracking_uri}#{run_id}"
 
 
-def tracked_runs(trackers: list[str]) -> list[c.TrackedRunReport]:
-    """The runs the trackers' integrations started (MLflow's: the tracked run with an id on a server)."""
+def _tracked_run(tracker: str, run_id: str, uri: str) -> c.TrackedRunReport | None:
+    try:
+        return c.TrackedRunReport(tracker=tracker, run_id=run_id, uri=uri)
+    except ValidationError as error:
+        logger.warning(f"tracking: {tracker} run {run_id[:128]!r} at {uri[:256]!r} is not reported "
+                       f"({error.errors()[0]['msg']})")
+        return None
+
+
+def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: Any = None) -> list[c.TrackedRunReport]:
+    """The runs the trackers' integrations started: MLflow's (its page on the tracking server), TensorBoard's (the
+    run name, and the event files' directory to point `tensorboard --logdir` at), W&B's (its page; offline, the
+    run's directory that `wandb sync` uploads)."""
     runs = []
     if "mlflow" in trackers:
         import mlflow
 
         if (active := mlflow.active_run()) is not None:
             info = active.info
-            runs.append(c.TrackedRunReport(tracker="mlflow", run_id=info.run_id, uri=mlflow_run_uri(
+            runs.append(_tracked_run("mlflow", info.run_id, mlflow_run_uri(
                 mlflow.get_tracking_uri(), info.experiment_id, info.run_id)))
-    return runs
+    if "tensorboard" in trackers and tensorboard_writer is not None:
+        runs.append(_tracked_run("tensorboard", run_name, os.path.abspath(tensorboard_writer.get_logdir())))
+    if "wandb" in trackers:
+        import wandb
+
+        if (run := wandb.run) is not None:
+            runs.append(_tracked_run("wandb", run.id, run.sync_dir if run.offline else (run.url or "")))
+    return [run for run in runs if run is not None]
 
 
 def parameters_callback(config: c.RunConfig, trackers: list[str], callbacks: list):
-    """A TrainerCallback that logs the run's spec once the trackers' runs have started, and keeps their identity
-    (its `tracked_runs()`, for the progress report). Added after transformers' integrations (`callbacks` is the
-    trainer's list), so their `on_train_begin` has run when this one does."""
+    """A TrainerCallback that logs the run's spec once the trackers' runs have started, keeps their identity (its
+    `tracked_runs()`, for the progress report) and records it for the next start to continue (`RUNS_FILE`). Added
+    after transformers' integrations (`callbacks` is the trainer's list), so their `on_train_begin` has run when
+    this one does."""
     from transformers import TrainerCallback
 
     class RunParameters(TrainerCallback):
@@ -201,6 +398,7 @@ def parameters_callback(config: c.RunConfig, trackers: list[str], callbacks: lis
             writer = next((getattr(cb, "tb_writer", None) for cb in callbacks
                            if type(cb).__name__ == "TensorBoardCallback"), None)
             log_run_parameters(config, trackers, writer)
-            self.runs = tracked_runs(trackers)
+            self.runs = tracked_runs(trackers, args.run_name or config.run_name, writer)
+            record_runs(config, self.runs)
 
     return RunParameters()
