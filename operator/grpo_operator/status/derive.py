@@ -1,12 +1,14 @@
 """derive_status(run, spec, last status, observation) -> Decision(new status, events, actions).
 
-The orchestration of one pass; the failure policy is in exits.py, the progress clock in clock.py, condition
-bookkeeping in conditions.py.
+The orchestration of one pass: a PassRecord holds what the pass reads and what it has decided so far, and the rules
+are plain functions over it, grouped by concern below. The failure policy is in exits.py, the progress clock in
+clock.py, condition bookkeeping in conditions.py.
 """
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport, TrackedRunReport
@@ -84,9 +86,9 @@ def output_status(report: ExportReport) -> OutputStatus:
 def derive_status(run: RunRef, spec: GRPORunSpec, status: dict[str, Any] | None, seen: Observation) -> Decision:
     """The next status of a run, the events its transitions emit and the actions the I/O layer must take, from its
     spec, its last status and what the operator saw of it this pass (status.observedGeneration: `run.generation`)."""
-    derivation = _Derivation(run, spec, parse_status(status), seen)
-    derivation.decide()
-    return derivation.decision()
+    record = _start_pass(run, spec, parse_status(status), seen)
+    _decide(record)
+    return _decision(record)
 
 
 def invalid_spec_status(status: dict[str, Any] | None, error: Exception, now: datetime.datetime, *,
@@ -110,413 +112,467 @@ def invalid_spec_status(status: dict[str, Any] | None, error: Exception, now: da
     return Decision(_wire(new), events, [])
 
 
-class RunRecord:
-    """The pass's inputs and what it has decided so far: the new status, its conditions, events and actions."""
+@dataclass
+class PassRecord:
+    """What one pass reads (the run, its spec, its last status, the observation) and what it has decided so far (the
+    new status, its conditions, events and actions). The rules below read and extend it; it is the only state."""
 
-    def __init__(self, run: RunRef, spec: GRPORunSpec, old: GRPORunStatus, seen: Observation):
-        self.run, self.spec, self.old, self.seen = run, spec, old, seen
-        self.now, self.progress = seen.now, seen.progress
-        self.new = old.model_copy(deep=True)
-        self.new.observed_generation = run.generation
-        self.conditions = Conditions(self.new, seen.now, run.generation)
-        self.events: list[Event] = []
-        self.actions: list[Action] = []
-        self.terminating = [p for p in seen.pods if p.terminating]
-        self.pods = [p for p in seen.pods if not p.terminating]
-        self.trained_now = False  # this pass's report has more trained groups than the last one
-        rollout_pods = sorted((p for p in self.pods if p.role == "rollout"), key=lambda p: rank(p.name))
-        # The servers spec.rollout.replicas asks for; the others (the highest ordinals, left by a scale-down) drain.
-        self.rollout_pods = [p for p in rollout_pods if rank(p.name) < spec.rollout.replicas]
-        self.surplus_pods = [p for p in rollout_pods if rank(p.name) >= spec.rollout.replicas]
-        self.learner_pods = sorted((p for p in self.pods if p.role == "learner"), key=lambda p: rank(p.name))
-
-    def decision(self) -> Decision:
-        self.actions += admission.workload_actions(self.seen.workload, finished=self.new.phase in FINISHED_PHASES,
-                                                   pods_exist=bool(self.pods))
-        if self.new.progress is not None:
-            self.new.progress_rate = update_estimate(
-                self.new.progress, self.new.progress_rate, self.old.progress, self.now,
-                running=self.new.phase == Phase.RUNNING, stalled=self.conditions.is_true(ConditionType.STALLED),
-                succeeded=self.new.phase == Phase.SUCCEEDED)
-            self.new.trainer_status = trainer_status(self.new.progress)
-        return Decision(_wire(self.new), self.events, self.actions)
-
-    def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.events.append(Event(kind, reason, message))
-
-    def set_phase(self, phase: Phase) -> None:
-        previous = self.new.phase
-        self.new.phase = phase
-        if previous != phase:
-            reason = Reason.CREATED if previous is None else phase.value
-            self.event("Normal", reason, _phase_message(self.spec, phase))
-
-    def finish(self, phase: Phase, reason: str, message: str, failure: FailureStatus | None = None) -> None:
-        self.new.completion_time = format_time(self.now)
-        self.new.message = message
-        self.new.failure = failure
-        succeeded = phase == Phase.SUCCEEDED
-        self.conditions.set(ConditionType.SUCCEEDED, "True" if succeeded else "False",
-                            reason if succeeded else Reason.FINISHED, message if succeeded else "")
-        self.conditions.set(ConditionType.FAILED, "False" if succeeded else "True",
-                            Reason.FINISHED if succeeded else reason, "" if succeeded else message)
-        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        self.tick_clock(running=False)
-        self.new.phase = phase
-        self.event("Normal" if succeeded else "Warning", reason if not succeeded else phase.value, message)
-        self.clean_pods()
-
-    def clean_pods(self) -> None:
-        policy = self.spec.run_policy.clean_pod_policy
-        if policy == "None":
-            return
-        doomed = [p.name for p in self.pods if policy == "All" or p.phase in ("Pending", "Running", "Unknown")]
-        if doomed:
-            self.actions.append(DeletePods(tuple(sorted(doomed)), reason=f"cleanPodPolicy {policy}"))
-
-    def tick_clock(self, *, running: bool) -> None:
-        self.new.progress_clock = clock.tick(self.new.progress_clock, self.now, running=running)
+    run: RunRef
+    spec: GRPORunSpec
+    old: GRPORunStatus
+    seen: Observation
+    new: GRPORunStatus
+    conditions: Conditions
+    #: The pods not being deleted, and those being deleted (their names are not free yet).
+    pods: list[PodObservation]
+    terminating: list[PodObservation]
+    #: The servers spec.rollout.replicas asks for; the surplus ones (the highest ordinals, left by a scale-down) drain.
+    rollout_pods: list[PodObservation]
+    surplus_pods: list[PodObservation]
+    learner_pods: list[PodObservation]
+    events: list[Event] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    #: This pass's report has more trained groups than the last one.
+    trained_now: bool = False
 
 
-class _ProgressRules(RunRecord):
-    """The learner's progress, the progress clock, the deadlines and the stall rules of one pass."""
+def _start_pass(run: RunRef, spec: GRPORunSpec, old: GRPORunStatus, seen: Observation) -> PassRecord:
+    new = old.model_copy(deep=True)
+    new.observed_generation = run.generation
+    pods = [p for p in seen.pods if not p.terminating]
+    rollout_pods = sorted((p for p in pods if p.role == "rollout"), key=lambda p: rank(p.name))
+    return PassRecord(
+        run=run, spec=spec, old=old, seen=seen, new=new, conditions=Conditions(new, seen.now, run.generation),
+        pods=pods, terminating=[p for p in seen.pods if p.terminating],
+        rollout_pods=[p for p in rollout_pods if rank(p.name) < spec.rollout.replicas],
+        surplus_pods=[p for p in rollout_pods if rank(p.name) >= spec.rollout.replicas],
+        learner_pods=sorted((p for p in pods if p.role == "learner"), key=lambda p: rank(p.name)))
 
-    def _take_progress(self) -> None:
-        report = self.progress
-        if report is None:  # the learner is gone: its termination message carries the final report
-            for pod in self.learner_pods:
-                report = report or report_from_termination_message(pod.message)
-        if report is None:
-            return
-        take_learner_view(self.new.rollout, report)
-        previous_trained = self.old.progress.groups_trained if self.old.progress else 0
-        self.new.progress = progress_status(report)
-        if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
-            self.new.tracking = [tracking_status(run) for run in report.tracking]
-        if report.groups_trained > previous_trained:
-            self.trained_now = True
-            self.new.last_progress_time = format_time(self.now)
-            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
-        elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
-            self.new.progress_clock = clock.restart(self.new.progress_clock, self.now)
 
-    def _progress_unknown(self) -> bool:
-        """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
-        message = f"the learner's progress cannot be read: {self.seen.progress_error}"
-        if self.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
-            self.event("Warning", Reason.PROGRESS_UNKNOWN, message)
-        self.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
-        self.new.message = message
+# --- one pass of the state machine ------------------------------------------------------------------------------------
+
+def _decide(record: PassRecord) -> None:
+    """The rules of one pass, in order; a rule that decides the pass (the run finished, suspended, restarting, failed
+    on a deadline or a stall) ends it."""
+    if record.old.phase in FINISHED_PHASES:
+        _after_finish(record)
+        return
+    if not record.new.conditions:
+        _initial_conditions(record.conditions)
+        if not record.seen.work_kept_locally:
+            for warning in unkept_work(record.spec):
+                _event(record, "Warning", Reason.WORK_NOT_KEPT, warning)
+    _count_pods(record)
+    if record.spec.run_policy.suspend or record.seen.hold is not None:
+        _suspend(record)
+        return
+    if record.old.phase == Phase.SUSPENDED:
+        _resume(record)
+    if record.new.start_time is None:
+        record.new.start_time = format_time(record.seen.now)
+    _take_progress(record)
+    if _decide_on_exits(record):
+        return
+    _scale(record)
+    # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
+    missing = _missing_pods(record.spec, record.pods + record.terminating)
+    if missing or not record.seen.children_exist:
+        record.actions.append(CreateChildren())
+    phase = _running_phase(record, missing)
+    _surface_create_error(record)
+    _tick_clock(record, running=phase == Phase.RUNNING)
+    if _check_deadlines(record, waiting=phase != Phase.RUNNING) or _check_stall(record, running=phase == Phase.RUNNING):
+        return
+    _set_phase(record, phase)
+
+
+def _decision(record: PassRecord) -> Decision:
+    """The pass's Decision, with what follows from its final phase: the Workload's actions and the progress estimate."""
+    record.actions += admission.workload_actions(record.seen.workload, finished=record.new.phase in FINISHED_PHASES,
+                                                 pods_exist=bool(record.pods))
+    if record.new.progress is not None:
+        record.new.progress_rate = update_estimate(
+            record.new.progress, record.new.progress_rate, record.old.progress, record.seen.now,
+            running=record.new.phase == Phase.RUNNING, stalled=record.conditions.is_true(ConditionType.STALLED),
+            succeeded=record.new.phase == Phase.SUCCEEDED)
+        record.new.trainer_status = trainer_status(record.new.progress)
+    return Decision(_wire(record.new), record.events, record.actions)
+
+
+# --- what a pass records: events, the phase, the end of a run ---------------------------------------------------------
+
+def _event(record: PassRecord, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+    record.events.append(Event(kind, reason, message))
+
+
+def _set_phase(record: PassRecord, phase: Phase) -> None:
+    previous = record.new.phase
+    record.new.phase = phase
+    if previous != phase:
+        reason = Reason.CREATED if previous is None else phase.value
+        _event(record, "Normal", reason, _phase_message(record.spec, phase))
+
+
+def _finish(record: PassRecord, phase: Phase, reason: str, message: str, failure: FailureStatus | None = None) -> None:
+    record.new.completion_time = format_time(record.seen.now)
+    record.new.message = message
+    record.new.failure = failure
+    succeeded = phase == Phase.SUCCEEDED
+    record.conditions.set(ConditionType.SUCCEEDED, "True" if succeeded else "False",
+                          reason if succeeded else Reason.FINISHED, message if succeeded else "")
+    record.conditions.set(ConditionType.FAILED, "False" if succeeded else "True",
+                          Reason.FINISHED if succeeded else reason, "" if succeeded else message)
+    record.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
+    _tick_clock(record, running=False)
+    record.new.phase = phase
+    _event(record, "Normal" if succeeded else "Warning", reason if not succeeded else phase.value, message)
+    _clean_pods(record)
+
+
+def _clean_pods(record: PassRecord) -> None:
+    policy = record.spec.run_policy.clean_pod_policy
+    if policy == "None":
+        return
+    doomed = [p.name for p in record.pods if policy == "All" or p.phase in ("Pending", "Running", "Unknown")]
+    if doomed:
+        record.actions.append(DeletePods(tuple(sorted(doomed)), reason=f"cleanPodPolicy {policy}"))
+
+
+def _tick_clock(record: PassRecord, *, running: bool) -> None:
+    record.new.progress_clock = clock.tick(record.new.progress_clock, record.seen.now, running=running)
+
+
+# --- the learner's progress, the progress clock, the deadlines and the stall rules ------------------------------------
+
+def _take_progress(record: PassRecord) -> None:
+    report = record.seen.progress
+    if report is None:  # the learner is gone: its termination message carries the final report
+        for pod in record.learner_pods:
+            report = report or report_from_termination_message(pod.message)
+    if report is None:
+        return
+    take_learner_view(record.new.rollout, report)
+    previous_trained = record.old.progress.groups_trained if record.old.progress else 0
+    record.new.progress = progress_status(report)
+    if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
+        record.new.tracking = [tracking_status(run) for run in report.tracking]
+    if report.groups_trained > previous_trained:
+        record.trained_now = True
+        record.new.last_progress_time = format_time(record.seen.now)
+        record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
+    elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
+        record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
+
+
+def _progress_unknown(record: PassRecord) -> bool:
+    """The learner's progress cannot be read: Stalled is Unknown, and missing data alone never fails a run."""
+    message = f"the learner's progress cannot be read: {record.seen.progress_error}"
+    if record.conditions.set(ConditionType.STALLED, "Unknown", Reason.PROGRESS_UNKNOWN, message):
+        _event(record, "Warning", Reason.PROGRESS_UNKNOWN, message)
+    record.conditions.set(ConditionType.PROGRESSING, "Unknown", Reason.PROGRESS_UNKNOWN, message)
+    record.new.message = message
+    return False
+
+
+def _check_deadlines(record: PassRecord, *, waiting: bool) -> bool:
+    exceeded = deadline_exceeded(record.spec, record.new, record.seen.now, pending=waiting)
+    if exceeded is not None:
+        _finish(record, Phase.FAILED, exceeded.reason, exceeded.message,
+                FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
+    return exceeded is not None
+
+
+def _check_stall(record: PassRecord, *, running: bool) -> bool:
+    """Set or clear the Stalled condition; True when the stall policy finished the run."""
+    idle = clock.idle_seconds(record.new.progress_clock, record.seen.now)
+    cause = stall_cause(record.spec, record.new, idle, running=running)
+    deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
+    if running and record.seen.progress_error is not None and (record.seen.progress_lost or deadline):
+        return _progress_unknown(record)
+    if cause is None:
+        # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
+        # again): `kubectl wait --for=condition=Stalled=False` and alerts must see the end of either. A stuck
+        # weight sync restarted under `stallPolicy: Report` is over only once a group trains again.
+        stalled = record.conditions.get(ConditionType.STALLED)
+        waits_for_training = (stalled is not None and stalled.status == "True"
+                              and stalled.reason == Reason.WEIGHT_SYNC_STUCK and not record.trained_now)
+        if stalled is not None and stalled.status != "False" and not waits_for_training:
+            resumed = ("groups are training again" if stalled.status == "True"
+                       else "the learner's progress can be read again")
+            record.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
+            _event(record, "Normal", Reason.PROGRESS_RESUMED, resumed)
+        if running:
+            percent = f" ({record.new.progress.percent}% consumed)" if record.new.progress else ""
+            record.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
+                                  f"the learner is training{percent}")
+            record.new.message = None
         return False
-
-    def _check_deadlines(self, *, waiting: bool) -> bool:
-        exceeded = deadline_exceeded(self.spec, self.new, self.now, pending=waiting)
-        if exceeded is not None:
-            self.finish(Phase.FAILED, exceeded.reason, exceeded.message,
-                         FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
-        return exceeded is not None
-
-    def _check_stall(self, *, running: bool) -> bool:
-        """Set or clear the Stalled condition; True when the stall policy finished the run."""
-        idle = clock.idle_seconds(self.new.progress_clock, self.now)
-        cause = stall_cause(self.spec, self.new, idle, running=running)
-        deadline = cause is not None and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED
-        if running and self.seen.progress_error is not None and (self.seen.progress_lost or deadline):
-            return self._progress_unknown()
-        if cause is None:
-            # Stalled clears from True (groups train again) and from Unknown (the learner's reports can be read
-            # again): `kubectl wait --for=condition=Stalled=False` and alerts must see the end of either. A stuck
-            # weight sync restarted under `stallPolicy: Report` is over only once a group trains again.
-            stalled = self.conditions.get(ConditionType.STALLED)
-            waits_for_training = (stalled is not None and stalled.status == "True"
-                                  and stalled.reason == Reason.WEIGHT_SYNC_STUCK and not self.trained_now)
-            if stalled is not None and stalled.status != "False" and not waits_for_training:
-                resumed = ("groups are training again" if stalled.status == "True"
-                           else "the learner's progress can be read again")
-                self.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
-                self.event("Normal", Reason.PROGRESS_RESUMED, resumed)
-            if running:
-                percent = f" ({self.new.progress.percent}% consumed)" if self.new.progress else ""
-                self.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
-                                    f"the learner is training{percent}")
-                self.new.message = None
-            return False
-        if self.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
-            self.event("Warning", Reason.STALLED, cause.message)
-        # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
-        # termination message, which is what status.failure should carry. Failing the run here as well raced that
-        # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
-        if self.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
-            leader = next((p.name for p in self.learner_pods if rank(p.name) == 0), None)
-            self.finish(Phase.FAILED, Reason.STALLED, cause.message,
-                         FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=cause.message))
-            return True
-        self.conditions.set(ConditionType.PROGRESSING, "False", cause.reason, cause.message)
-        self.new.message = cause.message
-        return False
+    if record.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
+        _event(record, "Warning", Reason.STALLED, cause.message)
+    # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
+    # termination message, which is what status.failure should carry. Failing the run here as well raced that
+    # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
+    if record.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
+        leader = next((p.name for p in record.learner_pods if rank(p.name) == 0), None)
+        _finish(record, Phase.FAILED, Reason.STALLED, cause.message,
+                FailureStatus(role="learner", pod=leader, reason=Reason.STALLED, message=cause.message))
+        return True
+    record.conditions.set(ConditionType.PROGRESSING, "False", cause.reason, cause.message)
+    record.new.message = cause.message
+    return False
 
 
-class _Derivation(_ProgressRules):
-    """One pass of the state machine over a RunRecord."""
+# --- pods and readiness -----------------------------------------------------------------------------------------------
 
-    def decide(self) -> None:
-        if self.old.phase in FINISHED_PHASES:
-            self._after_finish()
-            return
-        if not self.new.conditions:
-            _initial_conditions(self.conditions)
-            if not self.seen.work_kept_locally:
-                for warning in unkept_work(self.spec):
-                    self.event("Warning", Reason.WORK_NOT_KEPT, warning)
-        self._count_pods()
-        if self.spec.run_policy.suspend or self.seen.hold is not None:
-            self._suspend()
-            return
-        if self.old.phase == Phase.SUSPENDED:
-            self._resume()
-        if self.new.start_time is None:
-            self.new.start_time = format_time(self.now)
-        self._take_progress()
-        if self._decide_on_exits():
-            return
-        self._scale()
-        missing = self._missing_pods()
-        if missing or not self.seen.children_exist:
-            self.actions.append(CreateChildren())
-        phase = self._running_phase(missing)
-        self._surface_create_error()
-        self.tick_clock(running=phase == Phase.RUNNING)
-        if self._check_deadlines(waiting=phase != Phase.RUNNING) or self._check_stall(running=phase == Phase.RUNNING):
-            return
-        self.set_phase(phase)
+def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
+    """status.rollout and status.learner from the pods that exist. A finished run is counted too: once
+    cleanPodPolicy has deleted its servers it claims none (the scale subresource and `kubectl get` read these)."""
+    record.new.rollout = rollout_status(record.spec.rollout.replicas, record.rollout_pods + record.surplus_pods,
+                                        record.old.rollout, selector=rollout_selector(record.run.name),
+                                        now=format_time(record.seen.now))
+    learner_ready = sum(1 for p in record.learner_pods if p.phase == "Running")
+    record.new.learner = LearnerStatus(nodes=record.spec.learner.nodes, ready=learner_ready,
+                                       restarts=record.new.restarts)
+    if finished:
+        _finished_rollout_ready(record)
+    else:
+        _rollout_ready(record)
 
-    # --- observations ------------------------------------------------------------------------------------------
-    def _count_pods(self, *, finished: bool = False) -> None:
-        """status.rollout and status.learner from the pods that exist. A finished run is counted too: once
-        cleanPodPolicy has deleted its servers it claims none (the scale subresource and `kubectl get` read these)."""
-        self.new.rollout = rollout_status(self.spec.rollout.replicas, self.rollout_pods + self.surplus_pods,
-                                          self.old.rollout, selector=rollout_selector(self.run.name),
-                                          now=format_time(self.now))
-        learner_ready = sum(1 for p in self.learner_pods if p.phase == "Running")
-        self.new.learner = LearnerStatus(nodes=self.spec.learner.nodes, ready=learner_ready, restarts=self.new.restarts)
-        if finished:
-            self._finished_rollout_ready()
+
+def _finished_rollout_ready(record: PassRecord) -> None:
+    """RolloutReady of a finished run: what its remaining pods show, False with reason Finished once its servers
+    are gone; no event (the run's end was announced)."""
+    ready, reason, message = readiness(record.new.rollout, record.spec.run_policy.rollout_restart_limit)
+    if not ready:
+        wanted = len(wanted_servers(record.new.rollout))
+        reason, message = (Reason.FINISHED,
+                           f"the run has finished: {record.new.rollout.ready}/{wanted} rollout servers ready")
+    record.conditions.set(ConditionType.ROLLOUT_READY, "True" if ready else "False", reason, message)
+
+
+def _rollout_ready(record: PassRecord) -> None:
+    stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
+    for pod in record.rollout_pods:
+        if (waiting := _waiting_reason([pod], [])) is not None:
+            reason, text = waiting[0], waiting[1].removeprefix(f"pod {pod.name}: ")
+            stuck[rank(pod.name)] = f"{reason}: {text.removeprefix(f'{reason}: ')}"
+    ready, reason, message = readiness(record.new.rollout, record.spec.run_policy.rollout_restart_limit, stuck)
+    if not ready:
+        changed = record.conditions.set(ConditionType.ROLLOUT_READY, "False", reason, message)
+        if changed and record.old.phase == Phase.RUNNING:
+            _event(record, "Warning", reason, message)
+    elif record.conditions.set(ConditionType.ROLLOUT_READY, "True", reason, message):
+        _event(record, "Normal", Reason.ROLLOUT_READY, message)
+
+
+def _missing_pods(spec: GRPORunSpec, pods: list[PodObservation]) -> list[tuple[str, int]]:
+    """The (role, rank) slots the spec asks for that none of `pods` holds."""
+    present = {(p.role, rank(p.name)) for p in pods}
+    expected = [("rollout", i) for i in range(spec.rollout.replicas)]
+    expected += [("learner", r) for r in range(spec.learner.nodes)]
+    return [slot for slot in expected if slot not in present]
+
+
+def _running_phase(record: PassRecord, missing: list[tuple[str, int]]) -> Phase:
+    # A running learner goes on while rollout servers are replaced (it waits when none is left): the run stays
+    # Running and its progress clock counts, so progressDeadlineSeconds bounds the wait.
+    learner_whole = not any(role == "learner" for role, _ in missing + [(p.role, 0) for p in record.terminating])
+    if (record.old.phase == Phase.RUNNING and learner_whole and record.learner_pods
+            and all(p.phase == "Running" for p in record.learner_pods)):
+        return Phase.RUNNING
+    if missing or record.terminating or any(p.phase in ("Pending", "Unknown") for p in record.pods):
+        _surface_waiting(record, default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
+        return Phase.PENDING
+    all_ready = record.conditions.is_true(ConditionType.ROLLOUT_READY)
+    learners_running = all(p.phase == "Running" for p in record.learner_pods)
+    # Once running, an unready rollout server does not stop the run (or its clock): RolloutReady says it.
+    if learners_running and (all_ready or record.old.phase == Phase.RUNNING):
+        return Phase.RUNNING
+    _surface_waiting(record, default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
+    return Phase.STARTING
+
+
+def _reported(old: GRPORunStatus, reason: str) -> bool:
+    """The last pass's status already showed `reason` on Progressing: its event was emitted then. (The condition
+    of this pass may have been overwritten by an earlier step of the same pass: not the one to compare with.)"""
+    previous = next((c for c in old.conditions if c.type == ConditionType.PROGRESSING.value), None)
+    return previous is not None and previous.reason == reason
+
+
+def _surface_waiting(record: PassRecord, default: tuple[str, str]) -> None:
+    reason, message = _waiting_reason(record.pods, record.terminating) or default
+    record.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
+    # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
+    # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
+    # it would be "new" again on every pass).
+    quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
+    if not quiet and record.seen.create_error is None and not _reported(record.old, reason):
+        _event(record, "Warning", reason, message)
+    record.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
+
+
+def _surface_create_error(record: PassRecord) -> None:
+    error = record.seen.create_error
+    if error is None:
+        return
+    record.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, error)
+    if not _reported(record.old, Reason.CREATE_FAILED):
+        _event(record, "Warning", Reason.CREATE_FAILED, error)
+    record.new.message = error
+
+
+# --- a live replica change --------------------------------------------------------------------------------------------
+
+def _scale(record: PassRecord) -> None:
+    """Keep the run config's `rollout.urls` at the spec's servers and delete the removed servers the learner has
+    let go. While removed servers' pods remain, or the config lists another count (a scale back up while servers
+    drain: no pod is missing, but their URLs must join again), ConfigureRollout comes first of the pass's
+    actions: a server leaves the config before its pod may go, and joins it before the learner is expected to
+    use it. (A scale-up's new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
+    configured = record.seen.configured_servers
+    if record.surplus_pods or (configured is not None and configured != record.spec.rollout.replicas):
+        record.actions.insert(0, ConfigureRollout(record.spec.rollout.replicas))
+    rollout = record.new.rollout
+    refused = record.seen.scale_refused
+    if refused is not None and refused != (record.old.rollout.scale_refused if record.old.rollout else None):
+        _event(record, "Warning", Reason.SCALE_REFUSED, refused)
+    rollout.scale_refused = refused
+    before = len(wanted_servers(record.old.rollout)) if record.old.rollout else None
+    if before is not None and before != record.spec.rollout.replicas and record.old.phase is not None:
+        _event(record, "Normal", Reason.SCALED, scaling.scale_message(before, record.spec.rollout.replicas))
+    learner_running = any(p.phase == "Running" for p in record.learner_pods)
+    gone = scaling.removals(record.surplus_pods, rollout.servers, record.seen.progress, learner_running=learner_running,
+                            now=record.seen.now, deadline_s=drain_deadline_seconds(record.spec))
+    if gone:
+        record.actions.append(DeletePods(tuple(removal.pod for removal in gone), reason="drained"))
+    for removal in gone:
+        _event(record, removal.type, removal.reason, removal.message)
+
+
+# --- exits and the end of a run ---------------------------------------------------------------------------------------
+
+def _decide_on_exits(record: PassRecord) -> bool:
+    verdict = classify_failure(record.learner_pods, record.rollout_pods, record.spec, restarts=record.new.restarts,
+                               disruptions=record.new.disruptions, removed_learners=_removed_learners(record))
+    if verdict is None:
+        return _replace_servers(record)
+    if isinstance(verdict, Succeed):
+        if verdict.output is not None:
+            record.new.output = output_status(verdict.output)
+            _event(record, "Normal", Reason.EXPORTED, _exported_message(verdict.output))
+        _finish(record, Phase.SUCCEEDED, verdict.reason, verdict.message)
+    elif isinstance(verdict, Fail):
+        if verdict.stall is not None:
+            record.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason, verdict.stall.message)
+        _finish(record, Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
+    elif isinstance(verdict, Restart):
+        if verdict.stall is not None and record.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason,
+                                                               verdict.stall.message):
+            _event(record, "Warning", verdict.stall.reason, f"{verdict.stall.message} (stallPolicy Report: "
+                   "the pods restart under backoffLimit)")
+        return _restart(record, verdict)
+    return True
+
+
+def _replace_servers(record: PassRecord) -> bool:
+    """Rollout servers that exited are replaced one by one while the learner goes on; True when the run failed."""
+    limit = record.spec.run_policy.rollout_restart_limit
+    used = {server.replica: server.restarts for server in record.new.rollout.servers}
+    outcome = classify_rollout_exits(record.rollout_pods, used, limit=limit,
+                                     rules=record.spec.run_policy.pod_failure_policy or ())
+    if isinstance(outcome, Fail):
+        _finish(record, Phase.FAILED, outcome.reason, outcome.message, outcome.failure)
+        return True
+    for restart in outcome:
+        record.actions.append(RecreatePods((restart.pod,)))
+        if not restart.counted:
+            count = count_restart(record.new.rollout, restart)
+            error = f": {restart.error}" if restart.error else ""
+            _event(record, "Warning", Reason.ROLLOUT_RESTARTED, f"{restart.what}; restart {count}/{limit}, the "
+                   f"learner goes on with the other servers or waits for this one{error}")
+    if outcome:
+        _rollout_ready(record)
+    return False
+
+
+def _restart(record: PassRecord, verdict: Restart) -> bool:
+    """Recreate the verdict's pods; True when the pass ends here (the learner restarts: the run is Pending)."""
+    if verdict.pods:  # none when every pod to restart is going already (a drain)
+        record.actions.append(RecreatePods(verdict.pods))
+    # Rollout servers alone (a disrupted one, one a podFailurePolicy rule restarts): a running learner goes on.
+    learners = {p.name for p in record.learner_pods} & set(verdict.pods) or _removed_learners(record)
+    servers_only = record.old.phase == Phase.RUNNING and not learners
+    resume = "the learner goes on" if servers_only else "resuming from the last checkpoint"
+    if not verdict.counted:
+        detail = f": {verdict.detail}" if verdict.detail else ""
+        if verdict.disruption is not None:
+            record.new.disruptions += 1
+            limit = record.spec.run_policy.max_disruptions
+            _event(record, "Warning", Reason.DISRUPTED, f"{verdict.what}; disruption {record.new.disruptions}"
+                   + (f"/{limit}" if limit is not None else "")
+                   + f", not counted against backoffLimit; {resume}")
         else:
-            self._rollout_ready()
-
-    def _finished_rollout_ready(self) -> None:
-        """RolloutReady of a finished run: what its remaining pods show, False with reason Finished once its servers
-        are gone; no event (the run's end was announced)."""
-        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit)
-        if not ready:
-            wanted = len(wanted_servers(self.new.rollout))
-            reason, message = (Reason.FINISHED,
-                               f"the run has finished: {self.new.rollout.ready}/{wanted} rollout servers ready")
-        self.conditions.set(ConditionType.ROLLOUT_READY, "True" if ready else "False", reason, message)
-
-    def _rollout_ready(self) -> None:
-        stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
-        for pod in self.rollout_pods:
-            if (waiting := _waiting_reason([pod], [])) is not None:
-                reason, text = waiting[0], waiting[1].removeprefix(f"pod {pod.name}: ")
-                stuck[rank(pod.name)] = f"{reason}: {text.removeprefix(f'{reason}: ')}"
-        ready, reason, message = readiness(self.new.rollout, self.spec.run_policy.rollout_restart_limit, stuck)
-        if not ready:
-            changed = self.conditions.set(ConditionType.ROLLOUT_READY, "False", reason, message)
-            if changed and self.old.phase == Phase.RUNNING:
-                self.event("Warning", reason, message)
-        elif self.conditions.set(ConditionType.ROLLOUT_READY, "True", reason, message):
-            self.event("Normal", Reason.ROLLOUT_READY, message)
-
-    def _missing_pods(self) -> list[tuple[str, int]]:
-        # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
-        present = {(p.role, rank(p.name)) for p in self.pods + self.terminating}
-        expected = [("rollout", i) for i in range(self.spec.rollout.replicas)]
-        expected += [("learner", r) for r in range(self.spec.learner.nodes)]
-        return [slot for slot in expected if slot not in present]
-
-    def _running_phase(self, missing: list[tuple[str, int]]) -> Phase:
-        # A running learner goes on while rollout servers are replaced (it waits when none is left): the run stays
-        # Running and its progress clock counts, so progressDeadlineSeconds bounds the wait.
-        learner_whole = not any(role == "learner" for role, _ in missing + [(p.role, 0) for p in self.terminating])
-        if (self.old.phase == Phase.RUNNING and learner_whole and self.learner_pods
-                and all(p.phase == "Running" for p in self.learner_pods)):
-            return Phase.RUNNING
-        if missing or self.terminating or any(p.phase in ("Pending", "Unknown") for p in self.pods):
-            self._surface_waiting(default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
-            return Phase.PENDING
-        all_ready = self.conditions.is_true(ConditionType.ROLLOUT_READY)
-        learners_running = all(p.phase == "Running" for p in self.learner_pods)
-        # Once running, an unready rollout server does not stop the run (or its clock): RolloutReady says it.
-        if learners_running and (all_ready or self.old.phase == Phase.RUNNING):
-            return Phase.RUNNING
-        self._surface_waiting(default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
-        return Phase.STARTING
-
-    def _reported(self, reason: str) -> bool:
-        """The last pass's status already showed `reason` on Progressing: its event was emitted then. (The condition
-        of this pass may have been overwritten by an earlier step of the same pass: not the one to compare with.)"""
-        previous = next((c for c in self.old.conditions if c.type == ConditionType.PROGRESSING.value), None)
-        return previous is not None and previous.reason == reason
-
-    def _surface_waiting(self, default: tuple[str, str]) -> None:
-        reason, message = _waiting_reason(self.pods, self.terminating) or default
-        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
-        # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
-        # it would be "new" again on every pass).
-        quiet = reason in (Reason.PODS_PENDING, Reason.STARTING, Reason.POD_TERMINATING)
-        if not quiet and self.seen.create_error is None and not self._reported(reason):
-            self.event("Warning", reason, message)
-        self.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
-
-    def _surface_create_error(self) -> None:
-        error = self.seen.create_error
-        if error is None:
-            return
-        self.conditions.set(ConditionType.PROGRESSING, "False", Reason.CREATE_FAILED, error)
-        if not self._reported(Reason.CREATE_FAILED):
-            self.event("Warning", Reason.CREATE_FAILED, error)
-        self.new.message = error
-
-    # --- a live replica change ----------------------------------------------------------------------------------
-    def _scale(self) -> None:
-        """Keep the run config's `rollout.urls` at the spec's servers and delete the removed servers the learner has
-        let go. While removed servers' pods remain, or the config lists another count (a scale back up while servers
-        drain: no pod is missing, but their URLs must join again), ConfigureRollout comes first of the pass's
-        actions: a server leaves the config before its pod may go, and joins it before the learner is expected to
-        use it. (A scale-up's new servers are missing pods: CreateChildren adds their URLs before it creates them.)"""
-        configured = self.seen.configured_servers
-        if self.surplus_pods or (configured is not None and configured != self.spec.rollout.replicas):
-            self.actions.insert(0, ConfigureRollout(self.spec.rollout.replicas))
-        rollout = self.new.rollout
-        refused = self.seen.scale_refused
-        if refused is not None and refused != (self.old.rollout.scale_refused if self.old.rollout else None):
-            self.event("Warning", Reason.SCALE_REFUSED, refused)
-        rollout.scale_refused = refused
-        before = len(wanted_servers(self.old.rollout)) if self.old.rollout else None
-        if before is not None and before != self.spec.rollout.replicas and self.old.phase is not None:
-            self.event("Normal", Reason.SCALED, scaling.scale_message(before, self.spec.rollout.replicas))
-        learner_running = any(p.phase == "Running" for p in self.learner_pods)
-        gone = scaling.removals(self.surplus_pods, rollout.servers, self.progress, learner_running=learner_running,
-                                now=self.now, deadline_s=drain_deadline_seconds(self.spec))
-        if gone:
-            self.actions.append(DeletePods(tuple(removal.pod for removal in gone), reason="drained"))
-        for removal in gone:
-            self.event(removal.type, removal.reason, removal.message)
-
-    # --- exits and the end of a run ----------------------------------------------------------------------------
-    def _decide_on_exits(self) -> bool:
-        verdict = classify_failure(self.learner_pods, self.rollout_pods, self.spec, restarts=self.new.restarts,
-                                   disruptions=self.new.disruptions, removed_learners=self._removed_learners())
-        if verdict is None:
-            return self._replace_servers()
-        if isinstance(verdict, Succeed):
-            if verdict.output is not None:
-                self.new.output = output_status(verdict.output)
-                self.event("Normal", Reason.EXPORTED, _exported_message(verdict.output))
-            self.finish(Phase.SUCCEEDED, verdict.reason, verdict.message)
-        elif isinstance(verdict, Fail):
-            if verdict.stall is not None:
-                self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason, verdict.stall.message)
-            self.finish(Phase.FAILED, verdict.reason, verdict.message, verdict.failure)
-        elif isinstance(verdict, Restart):
-            if verdict.stall is not None and self.conditions.set(ConditionType.STALLED, "True", verdict.stall.reason,
-                                                                 verdict.stall.message):
-                self.event("Warning", verdict.stall.reason, f"{verdict.stall.message} (stallPolicy Report: "
-                           "the pods restart under backoffLimit)")
-            return self._restart(verdict)
-        return True
-
-    def _replace_servers(self) -> bool:
-        """Rollout servers that exited are replaced one by one while the learner goes on; True when the run failed."""
-        limit = self.spec.run_policy.rollout_restart_limit
-        used = {server.replica: server.restarts for server in self.new.rollout.servers}
-        outcome = classify_rollout_exits(self.rollout_pods, used, limit=limit,
-                                         rules=self.spec.run_policy.pod_failure_policy or ())
-        if isinstance(outcome, Fail):
-            self.finish(Phase.FAILED, outcome.reason, outcome.message, outcome.failure)
-            return True
-        for restart in outcome:
-            self.actions.append(RecreatePods((restart.pod,)))
-            if not restart.counted:
-                count = count_restart(self.new.rollout, restart)
-                error = f": {restart.error}" if restart.error else ""
-                self.event("Warning", Reason.ROLLOUT_RESTARTED, f"{restart.what}; restart {count}/{limit}, the "
-                           f"learner goes on with the other servers or waits for this one{error}")
-        if outcome:
-            self._rollout_ready()
+            record.new.restarts += 1
+            _event(record, "Warning", Reason.RESTARTING, f"{verdict.what}; restart {record.new.restarts}/"
+                   f"{record.spec.run_policy.backoff_limit}, {resume}{detail}")
+    record.new.learner.restarts = record.new.restarts
+    if servers_only:
         return False
+    _tick_clock(record, running=False)
+    reason = Reason.DISRUPTED if verdict.disruption is not None else Reason.RESTARTING
+    record.conditions.set(ConditionType.PROGRESSING, "False", reason, verdict.what)
+    _set_phase(record, Phase.PENDING)
+    return True
 
-    def _restart(self, verdict: Restart) -> bool:
-        """Recreate the verdict's pods; True when the pass ends here (the learner restarts: the run is Pending)."""
-        if verdict.pods:  # none when every pod to restart is going already (a drain)
-            self.actions.append(RecreatePods(verdict.pods))
-        # Rollout servers alone (a disrupted one, one a podFailurePolicy rule restarts): a running learner goes on.
-        learners = {p.name for p in self.learner_pods} & set(verdict.pods) or self._removed_learners()
-        servers_only = self.old.phase == Phase.RUNNING and not learners
-        resume = "the learner goes on" if servers_only else "resuming from the last checkpoint"
-        if not verdict.counted:
-            detail = f": {verdict.detail}" if verdict.detail else ""
-            if verdict.disruption is not None:
-                self.new.disruptions += 1
-                limit = self.spec.run_policy.max_disruptions
-                self.event("Warning", Reason.DISRUPTED, f"{verdict.what}; disruption {self.new.disruptions}"
-                           + (f"/{limit}" if limit is not None else "")
-                           + f", not counted against backoffLimit; {resume}")
-            else:
-                self.new.restarts += 1
-                self.event("Warning", Reason.RESTARTING, f"{verdict.what}; restart {self.new.restarts}/"
-                           f"{self.spec.run_policy.backoff_limit}, {resume}{detail}")
-        self.new.learner.restarts = self.new.restarts
-        if servers_only:
-            return False
-        self.tick_clock(running=False)
-        reason = Reason.DISRUPTED if verdict.disruption is not None else Reason.RESTARTING
-        self.conditions.set(ConditionType.PROGRESSING, "False", reason, verdict.what)
-        self.set_phase(Phase.PENDING)
-        return True
 
-    def _removed_learners(self) -> list[str]:
-        """Learner pods that vanished from a running gang, or are going (the Eviction API, a manual delete). One seen
-        while Terminating counts: the operator's own deletes leave the run Pending, so in a Running or Starting run
-        someone else deleted it, and waiting until it is gone would leave the rest of the gang on an ended rendezvous
-        (by then the run is Pending and the gap looks like a pod still to create)."""
-        if self.old.phase not in (Phase.RUNNING, Phase.STARTING):
-            return []
-        present = {rank(p.name) for p in self.learner_pods}
-        return [learner_pod_name(self.run.name, r) for r in range(self.spec.learner.nodes) if r not in present]
+def _removed_learners(record: PassRecord) -> list[str]:
+    """Learner pods that vanished from a running gang, or are going (the Eviction API, a manual delete). One seen
+    while Terminating counts: the operator's own deletes leave the run Pending, so in a Running or Starting run
+    someone else deleted it, and waiting until it is gone would leave the rest of the gang on an ended rendezvous
+    (by then the run is Pending and the gap looks like a pod still to create)."""
+    if record.old.phase not in (Phase.RUNNING, Phase.STARTING):
+        return []
+    present = {rank(p.name) for p in record.learner_pods}
+    return [learner_pod_name(record.run.name, r) for r in range(record.spec.learner.nodes) if r not in present]
 
-    def _after_finish(self) -> None:
-        self._count_pods(finished=True)
-        self.clean_pods()
-        ttl = self.spec.run_policy.ttl_seconds_after_finished
-        if ttl is not None and self.new.completion_time and seconds_since(self.now, self.new.completion_time) >= ttl:
-            self.actions.append(DeleteRun())
 
-    # --- suspend -----------------------------------------------------------------------------------------------
-    def _suspend(self) -> None:
-        if self.pods:
-            self.actions.append(DeletePods(tuple(sorted(p.name for p in self.pods)), reason="suspended"))
-        self.tick_clock(running=False)
-        reason, message = Reason.SUSPENDED, _phase_message(self.spec, Phase.SUSPENDED)
-        if not self.spec.run_policy.suspend and self.seen.hold is not None:
-            reason, message = self.seen.hold
-        previous = self.conditions.get(ConditionType.SUSPENDED)
-        changed = self.conditions.set(ConditionType.SUSPENDED, "True", reason, message)
-        if changed or previous is None or previous.reason != reason:
-            self.event("Warning" if reason == Reason.EVICTED else "Normal", reason, message)
-        self.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
-        self.new.phase = Phase.SUSPENDED
-        self.new.message = None
+def _after_finish(record: PassRecord) -> None:
+    _count_pods(record, finished=True)
+    _clean_pods(record)
+    ttl = record.spec.run_policy.ttl_seconds_after_finished
+    completed = record.new.completion_time
+    if ttl is not None and completed and seconds_since(record.seen.now, completed) >= ttl:
+        record.actions.append(DeleteRun())
 
-    def _resume(self) -> None:
-        message = "resumed: recreating pods, the learner resumes from its last checkpoint"
-        if self.conditions.set(ConditionType.SUSPENDED, "False", Reason.RESUMED, message):
-            self.event("Normal", Reason.RESUMED, message)
-        self.new.start_time = None  # Job semantics: the active deadline counts again from the resume
-        # Waiting to run again is timed from the resume, not from the suspension.
-        self.new.progress_clock = clock.restart_pause(self.new.progress_clock, self.now)
+
+# --- suspend ----------------------------------------------------------------------------------------------------------
+
+def _suspend(record: PassRecord) -> None:
+    if record.pods:
+        record.actions.append(DeletePods(tuple(sorted(p.name for p in record.pods)), reason="suspended"))
+    _tick_clock(record, running=False)
+    reason, message = Reason.SUSPENDED, _phase_message(record.spec, Phase.SUSPENDED)
+    if not record.spec.run_policy.suspend and record.seen.hold is not None:
+        reason, message = record.seen.hold
+    previous = record.conditions.get(ConditionType.SUSPENDED)
+    changed = record.conditions.set(ConditionType.SUSPENDED, "True", reason, message)
+    if changed or previous is None or previous.reason != reason:
+        _event(record, "Warning" if reason == Reason.EVICTED else "Normal", reason, message)
+    record.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
+    record.new.phase = Phase.SUSPENDED
+    record.new.message = None
+
+
+def _resume(record: PassRecord) -> None:
+    message = "resumed: recreating pods, the learner resumes from its last checkpoint"
+    if record.conditions.set(ConditionType.SUSPENDED, "False", Reason.RESUMED, message):
+        _event(record, "Normal", Reason.RESUMED, message)
+    record.new.start_time = None  # Job semantics: the active deadline counts again from the resume
+    # Waiting to run again is timed from the resume, not from the suspension.
+    record.new.progress_clock = clock.restart_pause(record.new.progress_clock, record.seen.now)
+
+
+# --- messages and the wire format -------------------------------------------------------------------------------------
 
 def _exported_message(report: ExportReport) -> str:
     return (f"model exported to {report.uri}: step {report.step}, {report.bytes} bytes, manifest sha256 "
