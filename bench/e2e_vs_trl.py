@@ -39,7 +39,7 @@ from .report import Context, SectionUnavailable, spread, table
 from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, write_config
 
 NAME = "e2e_vs_trl"
-TITLE = "10. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
+TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
 ROOT = Path(__file__).resolve().parent.parent
 #: Row name -> vLLM `--max-num-seqs` on its server (None: vLLM's default, the server outpaces the learner).
 ROWS: dict[str, int | None] = {"learner-bound": None, "generation-bound": MAX_NUM_SEQS}
