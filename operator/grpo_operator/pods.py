@@ -46,7 +46,7 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
     role = (metadata.get("labels") or {}).get(ROLE_LABEL)
     return PodObservation(
         name=metadata.get("name", ""),
-        role="learner" if role == "learner" else "rollout",
+        role=role if role in ("learner", "environment") else "rollout",
         phase=status.get("phase") or "Pending",
         ready=(conditions.get("Ready") or {}).get("status") == "True",
         exit_code=terminated.get("exitCode"),

@@ -463,6 +463,10 @@ UPDATE_CASES = {
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
+    "environments-added": (_set("spec.environments", [{"name": "guess", "image": "x"}]),
+                           ["spec.environments: can change only while the run is suspended (set runPolicy.suspend "
+                            "to true first; the environment servers and the run config are recreated with the change "
+                            "on resume)"]),
     "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
                    ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
@@ -494,6 +498,21 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     running = make()
     running["spec"]["runPolicy"]["suspend"] = False
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
+
+
+def test_manifest_environments_change_only_while_the_run_is_suspended():
+    """A live run's config keeps the URLs it started with: an added environment's URL would never reach the learner,
+    and a removed one's pods would be left running."""
+    def manifest(replicas: int, suspend: bool) -> dict:
+        made = _agentic()
+        made["spec"]["environments"][0]["replicas"] = replicas
+        made["spec"]["runPolicy"] = {"suspend": suspend}
+        return made
+
+    assert validate_manifest(manifest(3, True), old=manifest(2, True)) == []
+    assert validate_manifest(manifest(3, False), old=manifest(2, False)) == [
+        "spec.environments: can change only while the run is suspended (set runPolicy.suspend to true first; the "
+        "environment servers and the run config are recreated with the change on resume)"]
 
 
 _MODELS = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}

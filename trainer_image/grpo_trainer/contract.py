@@ -571,6 +571,12 @@ class OutputConfig(WireModel):
 #: .credentialsSecret's keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, with this prefix): apart from
 #: the plain names, which learner rank 0 may hold for spec.output's store.
 INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
+
+
+def environment_url_variable(name: str) -> str:
+    """The variable that holds an environment server's URL on the learner's pods, so that an environment factory
+    reads it without our code: GRPO_ENVIRONMENT_<NAME>_URL, the name upper-cased with '-' as '_'."""
+    return f"GRPO_ENVIRONMENT_{name.upper().replace('-', '_')}_URL"
 #: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
 HUB_TOKEN_ENV = "HF_TOKEN"
 
@@ -667,6 +673,10 @@ class RunConfig(WireModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
+    environments: dict[str, str] = Field(
+        default_factory=dict,
+        description="The run's environment servers (spec.environments) by name: the URL of each one's Service. The "
+                    "learner's pods also have each as the variable environment_url_variable(name) names.")
 
     @field_validator("model")
     @classmethod

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from grpo_trainer.contract import ProgressReport
 
-Role = Literal["rollout", "learner"]
+Role = Literal["rollout", "learner", "environment"]
 
 
 @dataclass(frozen=True)
