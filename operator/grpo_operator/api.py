@@ -607,6 +607,16 @@ class LearnerStatus(_StatusModel):
     restarts: int = 0
 
 
+class EnvironmentStatus(_StatusModel):
+    """One environment of spec.environments: its server pods as the operator sees them."""
+
+    name: str
+    wanted: int = 0  # spec.environments[].replicas
+    replicas: int = 0  # server pods that exist
+    ready: int = 0  # of those, the Ready ones
+    restarts: int = 0  # the kubelet's in-place restarts of the servers that exist
+
+
 class FailureStatus(_StatusModel):
     role: Literal["rollout", "learner", "operator"] | None = None
     pod: str | None = None
@@ -648,6 +658,7 @@ class GRPORunStatus(_StatusModel):
     trainer_status: TrainerStatus | None = None  # Kubeflow Trainer's view of `progress` (grpo_operator.eta)
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
+    environments: list[EnvironmentStatus] | None = None  # None for a run without spec.environments
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
     tracking: list[TrackedRunStatus] | None = None

@@ -72,3 +72,9 @@ def test_an_environment_server_reads_as_its_own_role_not_a_rollout_server():
         {"name": "environment", "ready": True, "state": {"running": {}}}],
         "conditions": [{"type": "Ready", "status": "True"}]}, role="environment"))
     assert (observed.role, observed.ready, observed.container) == ("environment", True, "environment")
+
+
+def test_a_container_restarted_in_place_reads_with_its_restart_count():
+    observed = observe_pod(pod({"phase": "Running", "containerStatuses": [
+        {"name": "environment", "restartCount": 4, "state": {"running": {}}}]}, role="environment"))
+    assert observed.container_restarts == 4

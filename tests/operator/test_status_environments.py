@@ -80,3 +80,19 @@ def test_suspending_deletes_the_environment_servers_with_the_other_pods():
     decision = step(spec, status, all_pods())
     (delete,) = [action for action in decision.actions if isinstance(action, DeletePods)]
     assert set(ENVIRONMENT_PODS) <= set(delete.pods)
+
+
+def test_status_lists_each_environment_with_its_servers_ready_and_restarted():
+    spec = spec_of(environments=ENVIRONMENTS)
+    status = running_status(spec)
+    pods = [*running_pods(), environment_pod("r-env-guess-0", container_restarts=2),
+            environment_pod("r-env-guess-1", ready=False, container_restarts=1)]
+    decision = step(spec, status, pods, report(groupsConsumed=3, groupsTrained=3))
+    assert decision.status["environments"] == [
+        {"name": "guess", "wanted": 2, "replicas": 2, "ready": 1, "restarts": 3},
+        {"name": "code", "wanted": 1, "replicas": 0, "ready": 0, "restarts": 0}]
+
+
+def test_a_run_without_environments_has_no_environments_status():
+    spec = spec_of()
+    assert "environments" not in step(spec, {}, running_pods()).status

@@ -30,6 +30,7 @@ class PodObservation:
     conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
     container: str | None = None  # the main container's name (the role's)
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
+    container_restarts: int = 0  # the kubelet's in-place restarts of the main container (restartPolicy Always)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from .decision import (
     rank,
 )
 from .durability import unkept_work
+from .environments import environments_status
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
@@ -334,6 +335,7 @@ def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
     learner_ready = sum(1 for p in record.learner_pods if p.phase == "Running")
     record.new.learner = LearnerStatus(nodes=record.spec.learner.nodes, ready=learner_ready,
                                        restarts=record.new.restarts)
+    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods)
     if finished:
         _finished_rollout_ready(record)
     else:
