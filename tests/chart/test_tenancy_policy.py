@@ -126,8 +126,8 @@ REFERENCES = {
                          f"{LEARNER}.imagePullSecrets"),
     "environment env secretKeyRef": (minimal_spec(environments=[
         {"name": "a", "image": "a:1"},
-        {"name": "b", "image": "b:1", "env": [{"name": "A", "value": "x"},
-                                              {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]),
+        {"name": "b", "image": "b:1", "env": [
+            {"name": "A", "value": "x"}, {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]),
         "spec.environments.env"),
     "environment override volume": (minimal_spec(environments=[{"name": "a", "image": "a:1", "podTemplateOverride": {
         "spec": {"volumes": [{"name": "v", "secret": {"secretName": "s"}}]}}}]), f"{ENVIRONMENT}.volumes"),
