@@ -571,14 +571,14 @@ class OutputConfig(WireModel):
 #: .credentialsSecret's keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, with this prefix): apart from
 #: the plain names, which learner rank 0 may hold for spec.output's store.
 INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
+#: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
+HUB_TOKEN_ENV = "HF_TOKEN"
 
 
 def environment_url_variable(name: str) -> str:
     """The variable that holds an environment server's URL on the learner's pods, so that an environment factory
     reads it without our code: GRPO_ENVIRONMENT_<NAME>_URL, the name upper-cased with '-' as '_'."""
     return f"GRPO_ENVIRONMENT_{name.upper().replace('-', '_')}_URL"
-#: The hub token huggingface_hub reads (spec.inputs.hubTokenSecret's key of the same name).
-HUB_TOKEN_ENV = "HF_TOKEN"
 
 
 class InputsConfig(WireModel):
