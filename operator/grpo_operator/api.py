@@ -16,6 +16,7 @@ the contract's own exactly-one rules, which is what the operator needs once the 
 from __future__ import annotations
 
 import copy
+import re
 import urllib.parse
 from enum import Enum
 from typing import Any, Literal
@@ -45,7 +46,7 @@ from grpo_trainer.contract import (
 )
 
 from .eta import ProgressRate, TrainerStatus
-from .pod_overrides import PodTemplateOverride
+from .pod_overrides import EnvVar, PodTemplateOverride
 from .podgroup import SchedulingSpec
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -61,6 +62,8 @@ FINALIZER = f"{GROUP}/finalizer"
 KOPF_ANNOTATION_PREFIX = GROUP
 RUN_LABEL = f"{GROUP}/run"
 ROLE_LABEL = f"{GROUP}/role"
+#: On an environment server's pod and its Service's selector: the environment's name (spec.environments[].name).
+ENVIRONMENT_LABEL = f"{GROUP}/environment"
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
 #: On a rollout pod: its server's restart count when the pod was created (a crash is counted once).
 ROLLOUT_RESTARTS_ANNOTATION = f"{GROUP}/rollout-restarts"
@@ -72,6 +75,13 @@ MANAGED_BY = "grpo-operator"
 CONTROLLER_NAME = f"{GROUP}/{MANAGED_BY}"
 #: The most rollout servers one run may have (spec.rollout.replicas' maximum, status.rollout.servers' maxItems).
 MAX_ROLLOUT_REPLICAS = 1024
+#: The most environments one run may have, and the most servers one environment may have (the CRD's maxItems and
+#: maximum; status.environments has one entry per environment).
+MAX_ENVIRONMENTS = 16
+MAX_ENVIRONMENT_REPLICAS = 256
+#: An environment's name: a DNS-1035 label (its Service is `<run>-env-<name>`), at most this long.
+ENVIRONMENT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_ENVIRONMENT_NAME = 15
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
@@ -166,6 +176,31 @@ class LearnerSpec(RolePodSpec):
     attention: AttentionSetting = LearnerConfig.model_fields["attention"]
     strategy: LearnerStrategy = LearnerConfig.model_fields["strategy"]
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
+
+
+class EnvironmentSpec(WireModel):
+    """An environment server the operator runs for the run: `replicas` pods from `image` behind one Service, whose
+    URL the learner's environment factory gets (RunConfig.environments, GRPO_ENVIRONMENT_<NAME>_URL)."""
+
+    name: str = Field(min_length=1, max_length=MAX_ENVIRONMENT_NAME)
+    image: str = Field(min_length=1)
+    replicas: int = Field(1, ge=0, le=MAX_ENVIRONMENT_REPLICAS)
+    port: int = Field(8000, ge=1, le=65535)
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] | None = None
+    resources: dict[str, Any] | None = None
+    # A core/v1 Probe; free-form like the volume sources. Unset: a TCP connect to `port` (builders).
+    readiness_probe: dict[str, Any] | None = None
+    pod_template_override: PodTemplateOverride | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        if not re.fullmatch(ENVIRONMENT_NAME_PATTERN, name):
+            raise ValueError(f"{name!r} must be a DNS-1035 label (lowercase letters, digits and '-', starting with a "
+                             "letter): the environment's Service is named after it")
+        return name
 
 
 class CheckpointSpec(WireModel):
@@ -302,6 +337,7 @@ class GRPORunSpec(WireModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     scheduling: SchedulingSpec | None = None
+    environments: list[EnvironmentSpec] | None = Field(None, max_length=MAX_ENVIRONMENTS)
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)
 
     @field_validator("model")
@@ -315,6 +351,14 @@ class GRPORunSpec(WireModel):
         if dataset.path is not None:
             _check_store_uri(dataset.path, "spec.dataset.path")
         return dataset
+
+    @field_validator("environments")
+    @classmethod
+    def _unique_environment_names(cls, environments: list[EnvironmentSpec] | None) -> list[EnvironmentSpec] | None:
+        names = [environment.name for environment in environments or []]
+        if duplicates := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"environment names must be unique: {', '.join(duplicates)} named more than once")
+        return environments
 
     @property
     def learner_world_size(self) -> int:
@@ -563,6 +607,16 @@ class LearnerStatus(_StatusModel):
     restarts: int = 0
 
 
+class EnvironmentStatus(_StatusModel):
+    """One environment of spec.environments: its server pods as the operator sees them."""
+
+    name: str
+    wanted: int = 0  # spec.environments[].replicas
+    replicas: int = 0  # server pods that exist
+    ready: int = 0  # of those, the Ready ones
+    restarts: int = 0  # the kubelet's in-place restarts of the servers that exist
+
+
 class FailureStatus(_StatusModel):
     role: Literal["rollout", "learner", "operator"] | None = None
     pod: str | None = None
@@ -604,6 +658,7 @@ class GRPORunStatus(_StatusModel):
     trainer_status: TrainerStatus | None = None  # Kubeflow Trainer's view of `progress` (grpo_operator.eta)
     rollout: RolloutStatus | None = None
     learner: LearnerStatus | None = None
+    environments: list[EnvironmentStatus] | None = None  # None for a run without spec.environments
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
     tracking: list[TrackedRunStatus] | None = None

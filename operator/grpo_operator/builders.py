@@ -46,6 +46,7 @@ from grpo_trainer.contract import (
     WANDB_API_KEY_ENV,
     GangLayout,
     TrackingConfig,
+    environment_url_variable,
     learner_argv,
     request_timeout_seconds,
 )
@@ -53,11 +54,13 @@ from grpo_trainer.contract import (
 from . import podgroup
 from .api import (
     ATTEMPT_ANNOTATION,
+    ENVIRONMENT_LABEL,
     GENERATION_ANNOTATION,
     MANAGED_BY,
     ROLE_LABEL,
     ROLLOUT_RESTARTS_ANNOTATION,
     RUN_LABEL,
+    EnvironmentSpec,
     GRPORunSpec,
     InputsSpec,
     OutputSpec,
@@ -69,6 +72,8 @@ from .run_ref import RunRef
 
 #: The image of rollout and learner pods whose spec names none; the operator's --trainer-image overrides it.
 DEFAULT_TRAINER_IMAGE = "grpo-trainer:cuda"
+#: The role label of environment servers' pods and Services (spec.environments).
+ENVIRONMENT_ROLE = "environment"
 TRAINER_IMAGE_ENV = "GRPO_TRAINER_IMAGE"
 
 CONFIG_DIR = "/etc/grpo"
@@ -117,6 +122,20 @@ def rollout_pod_name(run: str, index: int) -> str:
 
 def learner_pod_name(run: str, rank: int) -> str:
     return f"{run}-learner-{rank}"
+
+
+def environment_service_name(run: str, environment: str) -> str:
+    return f"{run}-env-{environment}"
+
+
+def environment_pod_name(run: str, environment: str, index: int) -> str:
+    return f"{run}-env-{environment}-{index}"
+
+
+def environment_urls(run: str, namespace: str, environments: Sequence[EnvironmentSpec] | None) -> dict[str, str]:
+    """Each environment's URL by its name: its Service, which spreads connections over the servers that are ready."""
+    return {environment.name: f"http://{environment_service_name(run, environment.name)}.{namespace}.svc:"
+                               f"{environment.port}" for environment in environments or []}
 
 
 def pod_dns(pod: str, service: str, namespace: str) -> str:
@@ -218,6 +237,7 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH,
         output=output,
         inputs_cache_dir=INPUTS_CACHE_DIR,
+        environment_urls=environment_urls(run.name, run.namespace, spec.environments),
     ))
     metadata = child_metadata(run, config_map_name(run.name))
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
@@ -513,11 +533,90 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
     # Rank 0 alone exports the model, and alone reads the object store's credentials.
-    env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *tracking_secret_env(spec.tracking),
-           *(object_store_env(spec.output) if rank == 0 else [])]
+    env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *environment_url_env(run, spec),
+           *tracking_secret_env(spec.tracking), *(object_store_env(spec.output) if rank == 0 else [])]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
                    env=env)
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)
+
+
+def environment_url_env(run: RunRef, spec: GRPORunSpec) -> list[dict[str, Any]]:
+    """Each environment's URL as GRPO_ENVIRONMENT_<NAME>_URL: what the learner's environment factory reads, with
+    no code of ours (the run config has the same under `environments`)."""
+    return [{"name": environment_url_variable(name), "value": url}
+            for name, url in environment_urls(run.name, run.namespace, spec.environments).items()]
+
+
+def environment_selector_labels(run: str, environment: str) -> dict[str, str]:
+    return {**selector_labels(run, ENVIRONMENT_ROLE), ENVIRONMENT_LABEL: environment}
+
+
+def build_environment_service(run: RunRef, environment: EnvironmentSpec) -> dict[str, Any]:
+    """A ClusterIP Service: the factory gets one URL, and connections go only to the servers that are ready (the
+    rollout Service is headless because the learner addresses each server; an environment is one pool)."""
+    metadata = child_metadata(run, environment_service_name(run.name, environment.name), ENVIRONMENT_ROLE)
+    metadata["labels"][ENVIRONMENT_LABEL] = environment.name
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": {
+        "selector": environment_selector_labels(run.name, environment.name),
+        "ports": [{"name": "http", "port": environment.port, "targetPort": environment.port, "protocol": "TCP"}],
+    }}
+
+
+#: The readiness probe of an environment server whose spec sets none: a TCP connect to its port, which any server
+#: answers once it listens (an HTTP path would assume one the image may not serve).
+ENVIRONMENT_READINESS_PERIOD_S = 10
+
+
+def environment_readiness_probe(environment: EnvironmentSpec) -> dict[str, Any]:
+    if environment.readiness_probe is not None:
+        return dict(environment.readiness_probe)
+    return {"tcpSocket": {"port": environment.port}, "periodSeconds": ENVIRONMENT_READINESS_PERIOD_S,
+            "failureThreshold": 3}
+
+
+def build_environment_pod(run: RunRef, environment: EnvironmentSpec, index: int, *, where: str) -> dict[str, Any]:
+    """One server of an environment. restartPolicy Always: a server holds none of the run's state, so the kubelet
+    restarts its container in place (with its backoff) and the run goes on; a pod that is gone or failed (evicted,
+    its node lost) is created again by the operator. `where`: the environment's field path, for override errors."""
+    name = environment_pod_name(run.name, environment.name, index)
+    container: dict[str, Any] = {
+        "name": ENVIRONMENT_ROLE,
+        "image": environment.image,
+        "ports": [{"name": "http", "containerPort": environment.port, "protocol": "TCP"}],
+        "env": [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in environment.env or []],
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "readinessProbe": environment_readiness_probe(environment),
+        "securityContext": _container_security_context(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if environment.command is not None:
+        container["command"] = list(environment.command)
+    if environment.args is not None:
+        container["args"] = list(environment.args)
+    if environment.resources:
+        container["resources"] = environment.resources
+    metadata = child_metadata(run, name, ENVIRONMENT_ROLE)
+    metadata["labels"][ENVIRONMENT_LABEL] = environment.name
+    override = environment.pod_template_override
+    chosen_grace = override.spec.termination_grace_period_seconds if override and override.spec else None
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": ROLLOUT_TERMINATION_GRACE_S if chosen_grace is None else chosen_grace,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return apply_override(pod, override, f"{where}.podTemplateOverride")
+
+
+def build_environment_pods(run: RunRef, spec: GRPORunSpec) -> list[dict[str, Any]]:
+    return [build_environment_pod(run, environment, index, where=f"spec.environments[{position}]")
+            for position, environment in enumerate(spec.environments or [])
+            for index in range(environment.replicas)]
 
 
 def build_pods(run: RunRef, spec: GRPORunSpec, *, trainer_image: str, attempt: int = 0,
@@ -552,6 +651,9 @@ def build_children(run: RunRef, spec: GRPORunSpec, *, trainer_image: str, attemp
         build_config_map(run, spec),
         build_rollout_service(run),
         build_learner_service(run),
+        *(build_environment_service(run, environment) for environment in spec.environments or []),
         *([pod_group] if pod_group else []),
         *build_pods(run, spec, trainer_image=trainer_image, attempt=attempt, rollout_restarts=rollout_restarts),
+        # Not in the gang: environment servers hold no accelerator the gang waits for, and start on their own.
+        *build_environment_pods(run, spec),
     ]

@@ -322,7 +322,8 @@ def is_transition_rule(rule: dict[str, Any]) -> bool:
 
 def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any], path: str,
                   old: Any = _ABSENT) -> RuleResult:
-    where = path + rule.get("fieldPath", "")
+    # A rule on the root names its field without the leading dot the API server's fieldPath syntax needs.
+    where = (path + rule.get("fieldPath", "")).removeprefix(".")
     message = rule.get("message") or f"failed rule: {rule['rule']}"
     activation = {"self": to_cel(value, schema)}
     if old is not _ABSENT:

@@ -46,7 +46,7 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
     role = (metadata.get("labels") or {}).get(ROLE_LABEL)
     return PodObservation(
         name=metadata.get("name", ""),
-        role="learner" if role == "learner" else "rollout",
+        role=role if role in ("learner", "environment") else "rollout",
         phase=status.get("phase") or "Pending",
         ready=(conditions.get("Ready") or {}).get("status") == "True",
         exit_code=terminated.get("exitCode"),
@@ -60,7 +60,12 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         conditions=frozenset(kind for kind, c in conditions.items() if kind and c.get("status") == "True"),
         container=container.get("name"),
         memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
+        container_restarts=_count(container.get("restartCount")),
     )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _disruption(condition: dict[str, Any] | None) -> str | None:

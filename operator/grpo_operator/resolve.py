@@ -7,8 +7,8 @@ imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from grpo_operator.api import GRPORunSpec
 from grpo_trainer.contract import (
@@ -37,6 +37,7 @@ class RunPlacement:
     termination_message_path: str
     output: tuple[str, str] | None = None
     inputs_cache_dir: str | None = None
+    environment_urls: Mapping[str, str] = field(default_factory=dict)  # by spec.environments[].name
 
 
 def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: RunPlacement) -> RunConfig:
@@ -89,6 +90,7 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
         tracking=spec.tracking.model_copy(deep=True),
         output_dir=placement.output_dir,
         termination_message_path=placement.termination_message_path,
+        environments=dict(placement.environment_urls),
     )
 
 

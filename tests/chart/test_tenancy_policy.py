@@ -93,6 +93,7 @@ def secret_refusal(name: str, *wheres: str) -> str:
 
 LEARNER = "spec.learner.podTemplateOverride.spec"
 ROLLOUT = "spec.rollout.podTemplateOverride.spec"
+ENVIRONMENT = "spec.environments.podTemplateOverride.spec"
 REFERENCES = {
     "secret volume": (with_pod("learner", {"volumes": [{"name": "v", "secret": {"secretName": "s"}}]}),
                       f"{LEARNER}.volumes"),
@@ -123,6 +124,19 @@ REFERENCES = {
         {"configMapRef": {"name": "c"}}, {"secretRef": {"name": "s"}}]}]}), f"{LEARNER}.containers.envFrom"),
     "imagePullSecrets": (with_pod("learner", {"imagePullSecrets": [{"name": "s"}]}),
                          f"{LEARNER}.imagePullSecrets"),
+    "environment env secretKeyRef": (minimal_spec(environments=[
+        {"name": "a", "image": "a:1"},
+        {"name": "b", "image": "b:1", "env": [
+            {"name": "A", "value": "x"}, {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]),
+        "spec.environments.env"),
+    "environment override volume": (minimal_spec(environments=[{"name": "a", "image": "a:1", "podTemplateOverride": {
+        "spec": {"volumes": [{"name": "v", "secret": {"secretName": "s"}}]}}}]), f"{ENVIRONMENT}.volumes"),
+    "environment override envFrom": (minimal_spec(environments=[{"name": "a", "image": "a:1", "podTemplateOverride": {
+        "spec": {"containers": [{"name": "environment", "envFrom": [{"secretRef": {"name": "s"}}]}]}}}]),
+        f"{ENVIRONMENT}.containers.envFrom"),
+    "environment override imagePullSecrets": (minimal_spec(environments=[
+        {"name": "a", "image": "a:1", "podTemplateOverride": {"spec": {"imagePullSecrets": [{"name": "s"}]}}}]),
+        f"{ENVIRONMENT}.imagePullSecrets"),
     "mlflow credentials": (minimal_spec(tracking={"mlflow": {"trackingUri": "http://m", "credentialsSecret": "s"}}),
                            "spec.tracking.mlflow.credentialsSecret"),
     "wandb api key": (minimal_spec(tracking={"wandb": {"project": "p", "apiKeySecret": {"name": "s", "key": "k"}}}),
@@ -161,6 +175,23 @@ def test_naming_a_service_account_needs_create_on_pods(policy):
         f"{USER} may not create pods in namespace {NAMESPACE}, so the run's pods may not run as ServiceAccount "
         f"trainer ({LEARNER}.serviceAccountName): naming a ServiceAccount takes the right to create pods"]
     assert refusals(policy, spec, Authorizer({("create", "pods", "")})) == []
+
+
+def test_an_environment_naming_a_service_account_needs_create_on_pods(policy):
+    spec = minimal_spec(environments=[{"name": "a", "image": "a:1", "podTemplateOverride": {
+        "spec": {"serviceAccountName": "sandbox"}}}])
+    assert refusals(policy, spec, Authorizer()) == [
+        f"{USER} may not create pods in namespace {NAMESPACE}, so the run's pods may not run as ServiceAccount "
+        f"sandbox ({ENVIRONMENT}.serviceAccountName): naming a ServiceAccount takes the right to create pods"]
+    assert refusals(policy, spec, Authorizer({("create", "pods", "")})) == []
+
+
+def test_an_update_that_changes_the_environments_is_checked(policy):
+    stored = minimal_spec(environments=[{"name": "a", "image": "a:1"}], runPolicy={"suspend": True})
+    changed = copy.deepcopy(stored)
+    changed["environments"][0]["env"] = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    assert refusals(policy, changed, Authorizer(), old_spec=stored) == [
+        secret_refusal("s", "spec.environments.env")]
 
 
 def test_more_distinct_secrets_than_the_policy_checks_are_refused_not_admitted_unchecked(policy):

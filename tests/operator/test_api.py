@@ -168,9 +168,15 @@ def _good_spec() -> dict[str, Any]:
          "spec.tracking.wandb: online mode needs apiKeySecret (or mode offline)"),
         (lambda spec: spec.update(tracking={"mlflow": {"experiment": "grpo"}}),
          "spec.tracking.mlflow.trackingUri: required field is missing"),
+        (lambda spec: spec.update(environments=[{"name": "guess", "image": "a"}, {"name": "guess", "image": "b"}]),
+         "spec.environments: environment names must be unique: guess named more than once"),
+        (lambda spec: spec.update(environments=[{"name": "Guess_1", "image": "a"}]),
+         "spec.environments[0].name: 'Guess_1' must be a DNS-1035 label"),
+        (lambda spec: spec.update(environments=[{"name": "guess", "image": "a", "port": 70000}]),
+         "spec.environments[0].port: input should be less than or equal to 65535"),
     ],
     ids=["unknown", "missing", "empty", "no-rewards", "range", "one-of", "function", "type", "enum", "wandb-key",
-         "mlflow-uri"],
+         "mlflow-uri", "environment-duplicate", "environment-name", "environment-port"],
 )
 def test_spec_parse_errors_name_the_field_in_one_line(change, expected):
     spec = _good_spec()

@@ -56,6 +56,17 @@ SPECS = {
                                "modelCache": {"volume": {"persistentVolumeClaim": {"claimName": "model-cache"}}}},
     "cpu filesystem sync": {"rollout": {"device": "cpu", "weightSync": {"mode": "filesystem"}},
                             "learner": {"device": "cpu", "processesPerNode": 2}},
+    "environments": {"environments": [
+        {"name": "guess", "image": "registry.example/guess:1", "replicas": 2, "port": 8765,
+         "command": ["python", "-m", "guess"], "args": ["--port", "8765"],
+         "env": [{"name": "LEVEL", "value": "3"},
+                 {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "guess", "key": "token"}}}],
+         "resources": {"requests": {"cpu": "100m"}},
+         "readinessProbe": {"httpGet": {"path": "/ready", "port": 8765}, "periodSeconds": 5},
+         "podTemplateOverride": {"metadata": {"labels": {"team": "envs"}},
+                                 "spec": {"containers": [{"name": "environment",
+                                                          "env": [{"name": "EXTRA", "value": "1"}]}]}}},
+        {"name": "code-exec", "image": "registry.example/sandbox:1", "replicas": 0}]},
     "tracking": {"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow-login"},
                               "tensorboard": {},
                               "wandb": {"project": "grpo", "apiKeySecret": {"name": "wandb", "key": "apiKey"}}}},
@@ -364,3 +375,79 @@ def test_a_run_without_tracking_has_no_tracker_env():
     objects = by_name(children())
     names = {e["name"] for e in container(objects["run-learner-0"])["env"]}
     assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & names
+
+
+# --- environment servers (spec.environments) --------------------------------------------------------------------------
+ENVIRONMENTS = SPECS["environments"]
+
+
+def test_each_environment_is_a_service_and_its_replicas_as_owned_labelled_pods():
+    objects = children(**ENVIRONMENTS)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ConfigMap", "run-config"), ("Service", "run-rollout"), ("Service", "run-learner"),
+        ("Service", "run-env-guess"), ("Service", "run-env-code-exec"),
+        ("Pod", "run-rollout-0"), ("Pod", "run-learner-0"), ("Pod", "run-env-guess-0"), ("Pod", "run-env-guess-1")]
+    named = by_name(objects)
+    service = named["run-env-guess"]
+    # One URL for the pool: a ClusterIP Service (not headless) that sends connections to ready servers only.
+    assert "clusterIP" not in service["spec"] and "publishNotReadyAddresses" not in service["spec"]
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8765, "targetPort": 8765, "protocol": "TCP"}]
+    assert service["spec"]["selector"] == {"grpo.dev/run": "run", "grpo.dev/role": "environment",
+                                           "grpo.dev/environment": "guess"}
+    for name in ("run-env-guess", "run-env-guess-0", "run-env-guess-1"):
+        metadata = named[name]["metadata"]
+        assert metadata["ownerReferences"][0]["uid"] == UID and metadata["ownerReferences"][0]["controller"]
+        assert service["spec"]["selector"].items() <= metadata["labels"].items()
+    assert named["run-env-guess-1"]["metadata"]["labels"]["team"] == "envs"
+
+
+def test_an_environment_pod_runs_the_image_as_specified_hardened_and_restarting_in_place():
+    pod = by_name(children(**ENVIRONMENTS))["run-env-guess-0"]
+    main = container(pod)
+    assert main["name"] == "environment" and main["image"] == "registry.example/guess:1"
+    assert main["command"] == ["python", "-m", "guess"] and main["args"] == ["--port", "8765"]
+    assert main["ports"] == [{"name": "http", "containerPort": 8765, "protocol": "TCP"}]
+    assert main["env"] == [{"name": "LEVEL", "value": "3"},
+                           {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "guess", "key": "token"}}},
+                           {"name": "EXTRA", "value": "1"}]
+    assert main["resources"] == {"requests": {"cpu": "100m"}}
+    assert main["readinessProbe"] == {"httpGet": {"path": "/ready", "port": 8765}, "periodSeconds": 5}
+    assert main["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Always"
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Nothing of the run's own: no run config, checkpoints or credentials on a user's server.
+    assert [volume["name"] for volume in spec["volumes"]] == ["shm"]
+
+
+def test_an_environment_without_a_probe_or_command_is_ready_once_its_port_accepts_and_runs_its_image_entrypoint():
+    pod = by_name(children(environments=[{"name": "guess", "image": "guess:1"}]))["run-env-guess-0"]
+    main = container(pod)
+    assert main["readinessProbe"]["tcpSocket"] == {"port": 8000}
+    assert "command" not in main and "args" not in main and main["env"] == []
+
+
+def test_the_run_config_and_the_learner_pods_name_each_environments_url():
+    objects = by_name(children(learner={"nodes": 2}, **ENVIRONMENTS))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert config.environments == {"guess": "http://run-env-guess.ml.svc:8765",
+                                   "code-exec": "http://run-env-code-exec.ml.svc:8000"}
+    for learner in ("run-learner-0", "run-learner-1"):
+        env = {item["name"]: item.get("value") for item in container(objects[learner])["env"]}
+        assert env["GRPO_ENVIRONMENT_GUESS_URL"] == "http://run-env-guess.ml.svc:8765"
+        assert env["GRPO_ENVIRONMENT_CODE_EXEC_URL"] == "http://run-env-code-exec.ml.svc:8000"
+    assert not any(item["name"].startswith("GRPO_ENVIRONMENT_") for item in container(objects["run-rollout-0"])["env"])
+
+
+def test_a_run_without_environments_has_none_in_its_run_config():
+    config = load_run_config(by_name(children())["run-config"]["data"]["run.json"])
+    assert config.environments == {}
+
+
+def test_environment_servers_stay_out_of_the_gang():
+    objects = by_name(children(scheduling={"gang": {"scheduler": "volcano"}}, **ENVIRONMENTS))
+    assert objects["run"]["kind"] == "PodGroup" and objects["run"]["spec"]["minMember"] == 2  # rollout, learner
+    assert "schedulerName" not in objects["run-env-guess-0"]["spec"]

@@ -53,6 +53,10 @@ def good() -> dict[str, Any]:
     return load_manifest(FIXTURES / "full-gpu.yaml")
 
 
+def _agentic() -> dict[str, Any]:
+    return load_manifest(FIXTURES / "agentic.yaml")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------------------------
@@ -181,6 +185,12 @@ STRUCTURAL_CASES = {
     "no-guess": (_set("spec.learner.zzz", 1), "spec.learner.zzz: unknown field (known: nodes, processesPerNode, "
                  "image, imagePullPolicy, resources, device, strategy, fsdp, attention, topology, nodeSelector, "
                  "tolerations, podTemplateOverride)"),
+    "environment-port": (_set("spec.environments", [{"name": "guess", "image": "x", "port": 0}], base=_agentic),
+                         "spec.environments[0].port: must be >= 1, not 0"),
+    "environment-replicas": (_set("spec.environments", [{"name": "guess", "image": "x", "replicas": -1}],
+                                  base=_agentic), "spec.environments[0].replicas: must be >= 0, not -1"),
+    "environment-image": (_set("spec.environments", [{"name": "guess"}], base=_agentic),
+                          "spec.environments[0].image: required field is missing"),
     "missing-model": (_set("spec.model", _DELETE), "spec.model: required field is missing"),
     "missing-spec": (_set("spec", _DELETE), "spec: required field is missing"),
     "empty-model": (_set("spec.model", ""), "spec.model: must not be empty"),
@@ -351,6 +361,18 @@ CEL_CASES = {
                               "spec.rewards: each reward may appear only once"),
     "reward-duplicate-function": (_update(lambda m: m["spec"]["rewards"].append(dict(m["spec"]["rewards"][1]))),
                                   "spec.rewards: each reward may appear only once"),
+    "environment-duplicate": (_update(lambda m: m["spec"]["environments"].append(
+        {**m["spec"]["environments"][0], "image": "other"}), base=_agentic),
+        "spec.environments: environment names must be unique"),
+    "environment-name": (_set("spec.environments", [{"name": "Guess_1", "image": "x"}], base=_agentic),
+                         "spec.environments[0].name: must be a DNS-1035 label"),
+    "environment-service-name": (_update(lambda m: (m["metadata"].update(name="r" * 48), m["spec"]["environments"][0]
+                                                    .update(name="guessing-server")), base=_agentic),
+                                 "spec.environments: an environment's Service, <run>-env-<name>, must be at most 63"),
+    "environment-container": (_update(lambda m: m["spec"]["environments"][0]["podTemplateOverride"]["spec"]
+                                      ["containers"][0].update(name="rollout"), base=_agentic),
+                              "spec.environments[0].podTemplateOverride.spec.containers: the environment pods have "
+                              "one container, named environment"),
     **{f"override-{name}": case for name, case in {
         "label": (_set(f"{_LEARNER_OVERRIDE}.metadata.labels", {"grpo.dev/role": "rollout"}),
                   f"{_LEARNER_OVERRIDE}.metadata.labels: keys under grpo.dev/ and app.kubernetes.io/name"),
@@ -441,6 +463,10 @@ UPDATE_CASES = {
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
+    "environments-added": (_set("spec.environments", [{"name": "guess", "image": "x"}]),
+                           ["spec.environments: can change only while the run is suspended (set runPolicy.suspend "
+                            "to true first; the environment servers and the run config are recreated with the change "
+                            "on resume)"]),
     "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
                    ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
@@ -472,6 +498,21 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     running = make()
     running["spec"]["runPolicy"]["suspend"] = False
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
+
+
+def test_manifest_environments_change_only_while_the_run_is_suspended():
+    """A live run's config keeps the URLs it started with: an added environment's URL would never reach the learner,
+    and a removed one's pods would be left running."""
+    def manifest(replicas: int, suspend: bool) -> dict:
+        made = _agentic()
+        made["spec"]["environments"][0]["replicas"] = replicas
+        made["spec"]["runPolicy"] = {"suspend": suspend}
+        return made
+
+    assert validate_manifest(manifest(3, True), old=manifest(2, True)) == []
+    assert validate_manifest(manifest(3, False), old=manifest(2, False)) == [
+        "spec.environments: can change only while the run is suspended (set runPolicy.suspend to true first; the "
+        "environment servers and the run config are recreated with the change on resume)"]
 
 
 _MODELS = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}

@@ -65,3 +65,16 @@ def test_a_pod_being_deleted_disrupted_or_restarted_says_so():
     assert (plain.terminating, plain.disruption, plain.attempt) == (False, None, None)
     assert plain.rollout_restarts is None
     assert observe_pod(pod({}, annotations={"grpo.dev/rollout-restarts": "2"})).rollout_restarts == 2
+
+
+def test_an_environment_server_reads_as_its_own_role_not_a_rollout_server():
+    observed = observe_pod(pod({"phase": "Running", "containerStatuses": [
+        {"name": "environment", "ready": True, "state": {"running": {}}}],
+        "conditions": [{"type": "Ready", "status": "True"}]}, role="environment"))
+    assert (observed.role, observed.ready, observed.container) == ("environment", True, "environment")
+
+
+def test_a_container_restarted_in_place_reads_with_its_restart_count():
+    observed = observe_pod(pod({"phase": "Running", "containerStatuses": [
+        {"name": "environment", "restartCount": 4, "state": {"running": {}}}]}, role="environment"))
+    assert observed.container_restarts == 4

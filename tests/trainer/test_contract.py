@@ -18,6 +18,8 @@ from grpo_trainer.contract import (
     RunConfig,
     StallCause,
     TrackedRunReport,
+    environment_url_variable,
+    load_run_config,
     parse_progress,
 )
 from grpo_trainer.validation import config_error_line
@@ -175,3 +177,16 @@ def test_an_fsdp2_learner_with_lora_is_refused_naming_the_fields():
         RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}],
                                   "learner": {"strategy": "fsdp2"}, "training": {"lora": {"r": 8}}})
     assert "learner.strategy fsdp2 with training.lora is not supported" in config_error_line(refused.value)
+
+
+@pytest.mark.parametrize(("name", "variable"), [("guess", "GRPO_ENVIRONMENT_GUESS_URL"),
+                                                ("code-exec-2", "GRPO_ENVIRONMENT_CODE_EXEC_2_URL")])
+def test_an_environments_url_variable_is_its_name_upper_cased_with_dashes_as_underscores(name, variable):
+    assert environment_url_variable(name) == variable
+
+
+def test_the_run_config_carries_the_environments_urls_and_a_config_without_them_has_none():
+    base = {"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}]}
+    assert load_run_config(json.dumps(base)).environments == {}
+    urls = {"guess": "http://r-env-guess.ns.svc:8765"}
+    assert load_run_config(json.dumps({**base, "environments": urls})).environments == urls

@@ -575,6 +575,12 @@ INPUT_CREDENTIALS_ENV_PREFIX = "GRPO_INPUTS_"
 HUB_TOKEN_ENV = "HF_TOKEN"
 
 
+def environment_url_variable(name: str) -> str:
+    """The variable that holds an environment server's URL on the learner's pods, so that an environment factory
+    reads it without our code: GRPO_ENVIRONMENT_<NAME>_URL, the name upper-cased with '-' as '_'."""
+    return f"GRPO_ENVIRONMENT_{name.upper().replace('-', '_')}_URL"
+
+
 class InputsConfig(WireModel):
     """Where the model and dataset come from when they are not a hub id or a plain path (the GRPORun's
     `spec.inputs`), and where downloads are kept (grpo_trainer.inputs)."""
@@ -667,6 +673,10 @@ class RunConfig(WireModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
+    environments: dict[str, str] = Field(
+        default_factory=dict,
+        description="The run's environment servers (spec.environments) by name: the URL of each one's Service. The "
+                    "learner's pods also have each as the variable environment_url_variable(name) names.")
 
     @field_validator("model")
     @classmethod

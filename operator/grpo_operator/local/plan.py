@@ -86,6 +86,9 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     if spec.learner.nodes != 1:
         nodes = spec.learner.nodes
         raise ManifestInvalid([f"spec.learner.nodes: grporun local runs on one machine; got {nodes}, use 1"])
+    if spec.environments:
+        raise ManifestInvalid(["spec.environments: grporun local does not run environment servers: start them "
+                               "yourself and give the factory their URLs (docs/agentic.md), or run on a cluster"])
     return spec
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from grpo_trainer.contract import ProgressReport
 
-Role = Literal["rollout", "learner"]
+Role = Literal["rollout", "learner", "environment"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class PodObservation:
     conditions: frozenset[str] = frozenset()  # the types of its True conditions (for runPolicy.podFailurePolicy)
     container: str | None = None  # the main container's name (the role's)
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
+    container_restarts: int = 0  # the kubelet's in-place restarts of the main container (restartPolicy Always)
 
 
 @dataclass(frozen=True)

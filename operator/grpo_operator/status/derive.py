@@ -28,7 +28,7 @@ from ..api import (
     TrackedRunStatus,
     parse_status,
 )
-from ..builders import drain_deadline_seconds, learner_pod_name, rollout_selector
+from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
 from . import admission, clock, scaling
@@ -48,6 +48,7 @@ from .decision import (
     rank,
 )
 from .durability import unkept_work
+from .environments import environments_status
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
@@ -174,8 +175,9 @@ def _decide(record: PassRecord) -> None:
     if _decide_on_exits(record):
         return
     _scale(record)
+    _replace_environment_servers(record)
     # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
-    missing = _missing_pods(record.spec, record.pods + record.terminating)
+    missing = _missing_pods(record.run, record.spec, record.pods + record.terminating)
     if missing or not record.seen.children_exist:
         record.actions.append(CreateChildren())
     phase = _running_phase(record, missing)
@@ -333,6 +335,7 @@ def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
     learner_ready = sum(1 for p in record.learner_pods if p.phase == "Running")
     record.new.learner = LearnerStatus(nodes=record.spec.learner.nodes, ready=learner_ready,
                                        restarts=record.new.restarts)
+    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods)
     if finished:
         _finished_rollout_ready(record)
     else:
@@ -365,15 +368,28 @@ def _rollout_ready(record: PassRecord) -> None:
         _event(record, "Normal", Reason.ROLLOUT_READY, message)
 
 
-def _missing_pods(spec: GRPORunSpec, pods: list[PodObservation]) -> list[tuple[str, int]]:
-    """The (role, rank) slots the spec asks for that none of `pods` holds."""
-    present = {(p.role, rank(p.name)) for p in pods}
-    expected = [("rollout", i) for i in range(spec.rollout.replicas)]
+def _missing_pods(run: RunRef, spec: GRPORunSpec, pods: list[PodObservation]) -> list[tuple[str, int | str]]:
+    """The (role, rank) slots the spec asks for that none of `pods` holds; an environment server's slot is its pod's
+    name (each environment numbers its servers from 0)."""
+    present = {(p.role, p.name if p.role == "environment" else rank(p.name)) for p in pods}
+    expected: list[tuple[str, int | str]] = [("rollout", i) for i in range(spec.rollout.replicas)]
     expected += [("learner", r) for r in range(spec.learner.nodes)]
+    expected += [("environment", environment_pod_name(run.name, environment.name, i))
+                 for environment in spec.environments or [] for i in range(environment.replicas)]
     return [slot for slot in expected if slot not in present]
 
 
-def _running_phase(record: PassRecord, missing: list[tuple[str, int]]) -> Phase:
+def _replace_environment_servers(record: PassRecord) -> None:
+    """An environment server restarts in place (restartPolicy Always); one whose pod ended anyway (evicted, its node
+    lost) is deleted, and created again once it is gone. The run goes on meanwhile: its episodes on that server fail
+    and are counted as environment failures (docs/agentic.md)."""
+    ended = tuple(sorted(p.name for p in record.pods if p.role == "environment"
+                         and p.phase in ("Failed", "Succeeded")))
+    if ended:
+        record.actions.append(RecreatePods(ended))
+
+
+def _running_phase(record: PassRecord, missing: list[tuple[str, int | str]]) -> Phase:
     # A running learner goes on while rollout servers are replaced (it waits when none is left): the run stays
     # Running and its progress clock counts, so progressDeadlineSeconds bounds the wait.
     learner_whole = not any(role == "learner" for role, _ in missing + [(p.role, 0) for p in record.terminating])

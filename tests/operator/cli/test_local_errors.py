@@ -63,9 +63,11 @@ def mutate(manifest: dict, change) -> dict:
         (lambda s: s["dataset"].update(path="/no/such/prompts.jsonl"), "spec.dataset.path:"),
         (lambda s: s["learner"].update(nodes=2), "spec.learner.nodes"),
         (lambda s: s["rewards"].append({"model": "./no-such-rm"}), "spec.rewards[1].model: "),
+        (lambda s: s.update(environments=[{"name": "guess", "image": "guess:1"}]),
+         "spec.environments: grporun local does not run environment servers"),
     ],
     ids=["unknown-field", "wrong-type", "missing-model", "unknown-reward", "bad-reward-import", "missing-model-dir",
-         "missing-dataset", "multi-node", "missing-reward-model-dir"],
+         "missing-dataset", "multi-node", "missing-reward-model-dir", "environments"],
 )
 def test_bad_manifest_gives_one_line_naming_the_field(tmp_path, tiny_manifest, capsys, change, expected):
     code, lines = run_local(tmp_path, mutate(tiny_manifest, change), capsys)
