@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .report import Context, SectionUnavailable, spread, table
-from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, write_config
+from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run
 
 NAME = "e2e_vs_trl"
 TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
@@ -250,26 +250,14 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
 # ------------------------------------------------------------------------------------------------------------ I/O
 def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]:
     """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report."""
-    from grpo_operator.local.processes import free_port
     from grpo_trainer.contract import parse_progress
 
-    directory.mkdir(parents=True)
-    config = config.model_copy(deep=True, update={
-        "output_dir": str(directory / "output"),
-        "termination_message_path": str(directory / "termination-log"),
-        "learner": config.learner.model_copy(update={"http_port": free_port()}),
-    })
-    config.rollout.weight_sync.directory = str(directory / "weights")
-    config_path, records_path = directory / "run.json", directory / "steps.jsonl"
-    write_config(config_path, config)
-    command = [sys.executable, "-m", "bench.traced_learner", "--kind", kind, "--config", str(config_path),
-               "--records", str(records_path)]
-    # One OpenMP thread, as `grporun local` gives a CPU learner beside its server on two cores; the same for both.
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    traced = lay_out_traced_run(directory, kind, config)
+    records_path = traced.records_path
     started = time.time()
     log_path = directory / "log.txt"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(traced.command, cwd=ROOT, env=traced.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:
             process.wait(timeout=RUN_TIMEOUT_S)

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .report import Context, SectionUnavailable, table
 
@@ -220,14 +221,22 @@ def as_poll(report) -> Poll:
     return Poll(time.time(), report.groups_consumed, servers)
 
 
-def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str, int], *,
-                scale: ScalePlan | None = None, wall_bound_s: float | None = None) -> RunResult:
-    from grpo_operator.local.processes import free_port, read_progress_blocking
-    from grpo_trainer.contract import parse_progress
+@dataclass
+class TracedRun:
+    """A bench.traced_learner run laid out in its own folder: its config (written), command and environment."""
 
-    directory = scratch / label
+    config: Any
+    config_path: Path
+    records_path: Path
+    command: list[str]
+    env: dict[str, str]
+
+
+def lay_out_traced_run(directory: Path, kind: str, config) -> TracedRun:
+    """`config` for a learner of `kind` writing everything under `directory` (created), on a port of its own."""
+    from grpo_operator.local.processes import free_port
+
     directory.mkdir(parents=True)
-    urls = list(config.rollout.urls)
     config = config.model_copy(deep=True, update={
         "output_dir": str(directory / "output"),
         "termination_message_path": str(directory / "termination-log"),
@@ -238,10 +247,23 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
     write_config(config_path, config)
     command = [sys.executable, "-m", "bench.traced_learner", "--kind", kind, "--config", str(config_path),
                "--records", str(records_path)]
+    # One OpenMP thread, as `grporun local` gives a CPU learner beside its servers on two cores; the same for both.
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return TracedRun(config, config_path, records_path, command, env)
+
+
+def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str, int], *,
+                scale: ScalePlan | None = None, wall_bound_s: float | None = None) -> RunResult:
+    from grpo_operator.local.processes import read_progress_blocking
+    from grpo_trainer.contract import parse_progress
+
+    directory = scratch / label
+    urls = list(config.rollout.urls)
+    traced = lay_out_traced_run(directory, kind, config)
+    config, config_path, records_path, command, env = (traced.config, traced.config_path, traced.records_path,
+                                                       traced.command, traced.env)
     if wall_bound_s is not None:
         command += ["--wall-bound", f"{wall_bound_s:.1f}"]
-    # One OpenMP thread, as `grporun local` gives a CPU learner beside its servers on two cores.
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = RunResult(label, [])
     cpu_before: dict[str, float] = {}  # at the first step: the servers idle while the learner starts
     started = time.time()

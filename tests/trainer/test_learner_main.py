@@ -252,17 +252,8 @@ def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_
     GPT2LMHeadModel(_gpt2_config()).save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(f"{tiny_model_dir}/{name}", model_dir / name)
-    config = c.RunConfig.model_validate({
-        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / "tiny-prompts.jsonl")},
-        "rewards": [{"name": "constant"}], "training": {"lora": {"targetModules": ["c_attn", "wte"]},
-                                                 # no server: without the check, the run fails otherwise, soon
-                                                 "extraArgs": {"vllm_server_timeout": 5}},
-        "learner": {"device": "cpu"},
-        "rollout": {"device": "cpu", "urls": ["http://127.0.0.1:9"],
-                    "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}},
-        "checkpoint": {"directory": str(tmp_path / "checkpoints")},
-        "outputDir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
-    })
+    config = _config_without_a_server(tmp_path, model_dir, "tiny-prompts.jsonl",
+                                      {"lora": {"targetModules": ["c_attn", "wte"]}})
     assert main(config) == c.EXIT_INVALID_CONFIG
     report = c.parse_progress((tmp_path / "termination-log").read_text())
     assert report.phase == c.LearnerPhase.FAILED
@@ -280,19 +271,24 @@ def test_the_learner_exits_78_naming_the_model_when_its_chat_template_cannot_run
     (model_dir / "chat_template.jinja").write_text(  # a template of its own: no response schema TRL knows
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    config = c.RunConfig.model_validate({
-        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / "tiny-guess.jsonl")},
-        "rewards": [{"name": "constant"}],
-        "training": {"environmentFactory": "grpo_trainer.testing.guess_env:make_environment",
-                     "extraArgs": {"vllm_server_timeout": 5}},  # no server: the check comes first
+    config = _config_without_a_server(tmp_path, model_dir, "tiny-guess.jsonl",
+                                      {"environmentFactory": "grpo_trainer.testing.guess_env:make_environment"})
+    assert main(config) == c.EXIT_INVALID_CONFIG
+    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == c.LearnerPhase.FAILED
+    assert report.message.startswith(f"model {str(model_dir)!r}: TRL cannot run tool calls with its chat template: "
+                                      "Unrecognized chat template"), report.message
+
+
+def _config_without_a_server(tmp_path, model_dir, prompts: str, training: dict) -> c.RunConfig:
+    """A CPU run whose rollout server never answers: a check that comes first ends it; without the check, the run
+    fails otherwise, soon (TRL waits 5 s for the server)."""
+    return c.RunConfig.model_validate({
+        "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / prompts)},
+        "rewards": [{"name": "constant"}], "training": {**training, "extraArgs": {"vllm_server_timeout": 5}},
         "learner": {"device": "cpu"},
         "rollout": {"device": "cpu", "urls": ["http://127.0.0.1:9"],
                     "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}},
         "checkpoint": {"directory": str(tmp_path / "checkpoints")},
         "outputDir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
     })
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED
-    assert report.message.startswith(f"model {str(model_dir)!r}: TRL cannot run tool calls with its chat template: "
-                                      "Unrecognized chat template"), report.message
