@@ -344,6 +344,9 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
         integration.on_log(args, state, control, logs={"loss": 0.5 / step, "progress/groups_trained": float(step)})
     integration.on_train_end(args, state, control)
     wandb.finish()
+    # W&B's service process writes the run's records: it may still hold them after `finish` returns, until it ends
+    # (as at the learner process's exit). Here the teardown ends it.
+    wandb.teardown()
 
     (offline_run,) = (tmp_path / "ckpt" / "wandb" / "wandb").glob("offline-run-*")
     (records,) = offline_run.glob("run-*.wandb")
@@ -357,8 +360,7 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
     assert first == c.TrackedRunReport(tracker="wandb", run_id=first.run_id, uri=str(offline_run))
 
     # A learner that starts again continues the same run, by its id. (A new process reads W&B's env afresh; here
-    # the teardown makes this one do so.)
-    wandb.teardown()
+    # the teardown above makes this one do so.)
     again = TrackedLearner(run, monkeypatch.setenv)
     assert again.environ["WANDB_RUN_ID"] == first.run_id and again.environ["WANDB_RESUME"] == "allow"
     assert wandb.run is not None and wandb.run.id == first.run_id

@@ -134,13 +134,12 @@ def record_runs(config: c.RunConfig, runs: list[c.TrackedRunReport]) -> None:
                                           entity=tracking.wandb.entity)
     if recorded.mlflow is None and recorded.wandb is None:
         return
+    from .checkpoints import write_json_atomically
+
     path = runs_file(config)
-    staging = f"{path}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(staging, "w") as file:
-            file.write(recorded.model_dump_json(by_alias=True, exclude_none=True))
-        os.replace(staging, path)
+        write_json_atomically(path, recorded.model_dump(mode="json", by_alias=True, exclude_none=True))
     except OSError as error:
         logger.warning(f"tracking: cannot write {path} ({error}): a restarted learner will start new runs")
 
