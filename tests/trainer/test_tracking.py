@@ -102,6 +102,25 @@ def test_a_learner_starting_again_continues_the_recorded_wandb_run(tmp_path):
     assert tracking.continued_runs_env(moved) == {}
 
 
+def test_only_the_main_process_asks_to_continue_the_recorded_runs(tmp_path, monkeypatch):
+    """Every rank configures its trackers, but only rank 0 logs to them: the other ranks neither ask the tracking
+    server about the recorded run nor carry its id."""
+    run = config(tmp_path, tracking={**MLFLOW, **WANDB_OFFLINE})
+    tracking.record_runs(run, [c.TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run"),
+                               c.TrackedRunReport(tracker="mlflow", run_id="0f1e2d3c", uri="http://mlflow/run")])
+    asked = []
+    monkeypatch.setattr(tracking, "continued_mlflow_run", lambda config, recorded: asked.append(recorded.run_id)
+                        or recorded.run_id)
+    other_rank: dict[str, str] = {}
+    assert tracking.configure(run, other_rank, main_process=False) == ["mlflow", "wandb"]
+    assert asked == [] and "MLFLOW_RUN_ID" not in other_rank and "WANDB_RUN_ID" not in other_rank
+    assert other_rank["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"  # the integration's own env all the same
+    rank_0: dict[str, str] = {}
+    tracking.configure(run, rank_0)
+    assert asked == ["0f1e2d3c"]
+    assert (rank_0["MLFLOW_RUN_ID"], rank_0["WANDB_RUN_ID"]) == ("0f1e2d3c", "a1b2c3d4")
+
+
 @pytest.mark.parametrize("content, why", [
     (b"{not json", "not a runs file"),
     (b'{"run": "ml/tiny", "wandb": {"runId": "../../etc", "project": "grpo"}}', "wandb.runId"),

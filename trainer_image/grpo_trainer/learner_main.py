@@ -258,7 +258,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         raise ConfigError(str(error)) from None
     logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     try:
-        trackers = configure_tracking(config)
+        trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
     except TrackingConfigError as error:
         raise ConfigError(str(error)) from None
     if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch

@@ -252,13 +252,16 @@ def check_trackers(config: c.RunConfig, environ: MutableMapping[str, str] | None
                 "(install grpo-operator's `tracking` extra in the image)")
 
 
-def configure(config: c.RunConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:
+def configure(config: c.RunConfig, environ: MutableMapping[str, str] | None = None, *,
+              main_process: bool = True) -> list[str]:
     """Check the trackers, set the env their integrations read (continuing the runs this learner's last start
-    recorded), make their directories; the `report_to` list."""
+    recorded), make their directories; the `report_to` list. Only the main process (rank 0) logs to the trackers,
+    so only it asks the tracking server whether the recorded run can be continued: one request per start, not one per
+    rank."""
     environ = os.environ if environ is None else environ
     check_trackers(config, environ)
     env = tracker_env(config)
-    if config.tracking.trackers:
+    if config.tracking.trackers and main_process:
         env.update(continued_runs_env(config))
     environ.update(env)
     for variable in ("TENSORBOARD_LOGGING_DIR", "WANDB_DIR"):
