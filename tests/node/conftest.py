@@ -1,4 +1,5 @@
-"""What the node tier's run tests share: the tiny model and prompts in one folder the pods can read."""
+"""What the node tier's run tests share: the tiny model and prompts, and the tiny tool model and the guess game's
+prompts, each in one folder the pods can read."""
 
 from __future__ import annotations
 
@@ -17,4 +18,16 @@ def tiny_data(tmp_path_factory, tiny_model_dir: str) -> Path:
     data = tmp_path_factory.mktemp("tiny-data")
     shutil.copytree(tiny_model_dir, data / "model")
     shutil.copy(REPO / "examples" / "tiny-prompts.jsonl", data / "tiny-prompts.jsonl")
+    return shared_folder(data, writable=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_tool_data(tmp_path_factory) -> Path:
+    """The tool model (taught offline to call the guess game's tool) and the game's prompts, in one folder readable
+    by the pods' user."""
+    from grpo_trainer.testing.tiny_assets import build_tiny_tool_model
+
+    data = tmp_path_factory.mktemp("tiny-tool-data")
+    prompts = shutil.copy(REPO / "examples" / "tiny-guess.jsonl", data / "tiny-guess.jsonl")
+    build_tiny_tool_model(data / "model", prompts)
     return shared_folder(data, writable=False)

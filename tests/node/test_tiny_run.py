@@ -1,19 +1,24 @@
-"""The shipped tiny run on the real node, from the user's side: `kubectl apply` of examples/tiny.yaml into a
+"""The shipped agentic run on the real node, from the user's side: `kubectl apply` of examples/tiny-agentic.yaml into a
 namespace that enforces the `restricted` Pod Security Standard, the operator the chart installed
-(tests/support/operator_release.py), rollout and learner pods run as containers from the trainer image, and
-`kubectl wait --for=condition=Succeeded`. The restricted policy refuses hostPath volumes, so the model, the
-weight-sync folder and the folder the trained model goes to (spec.output.volume) come from PersistentVolumeClaims, as
-a cluster's admin would provide them. The model itself comes from a real S3 server on this machine (spec.model
-`s3://`, downloaded by both roles), and the trained model goes back to it too (spec.output.uri); the same run reports
-to a real MLflow tracking server (spec.tracking.mlflow). The pods reach both through the node's address."""
+(tests/support/operator_release.py), rollout, learner and environment pods run as containers from the trainer image,
+and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment server (spec.environments:
+a pod the operator runs behind a Service, whose URL the learner's environment factory gets); the test deletes its pod
+mid-run, and the operator creates it again while the run goes on to its bound. The restricted policy refuses hostPath
+volumes, so the model, the weight-sync folder and the folder the trained model goes to (spec.output.volume) come from
+PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes from a real S3 server on this
+machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to it too (spec.output.uri);
+the same run reports to a real MLflow tracking server (spec.tracking.mlflow). The pods reach both through the node's
+address."""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
 
+from grpo_operator.builders import environment_pod_name
 from grpo_trainer.contract import EXPORT_MANIFEST_FILE
 from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.node import Node
@@ -44,6 +49,27 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
 CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
 EXPERIMENT = "node-tiny"
 STORE_SECRET = "tiny-store"
+GAME = "guess"
+GAME_POD = environment_pod_name(RUN, GAME, 0)
+EPOCHS = 4  # 32 groups: the game's pod is deleted after the first, and the run goes on well past its return
+
+
+def game_environment(image: str) -> dict:
+    """The guess game as spec.environments[] entry: the trainer image holds it (grpo_trainer.testing.guess_env)."""
+    return {"name": GAME, "image": image, "port": 8000, "command": [
+        "/opt/learner/bin/python", "-m", "grpo_trainer.testing.guess_env", "--host", "0.0.0.0", "--port", "8000"]}
+
+
+def delete_the_game_mid_run(run: NodeRun) -> str:
+    """Once the learner has consumed a group (its environment answered), the game's pod deleted at once, as a
+    lost node or an eviction would: the UID it had."""
+    run.wait_for(lambda: run.status().get("progress", {}).get("groupsConsumed", 0) > 0, "a group consumed")
+    uid = run.pod(GAME_POD)["metadata"]["uid"]
+    run.node.kubectl("delete", "pod", GAME_POD, "-n", run.namespace, "--grace-period=0", "--force")
+    status = run.status()
+    run.node.report(f"game pod deleted at {status['progress']['groupsConsumed']} of "
+                    f"{status['progress']['groupsTotal']} groups ({time.monotonic() - run.began:.1f} s after apply)")
+    return uid
 
 
 def store_for_pods(node: Node, namespace: str, s3_server: S3Server, bucket: str, model: Path) -> dict:
@@ -61,7 +87,7 @@ def store_for_pods(node: Node, namespace: str, s3_server: S3Server, bucket: str,
 
 @pytest.mark.timeout(1800)  # the run, then a pod that loads the exported model and starts a vLLM server of its own
 def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_store_and_a_volume(
-        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path, s3_server: S3Server, s3_bucket: str):
+        operator_release: OperatorRelease, tiny_tool_data: Path, tmp_path: Path, s3_server: S3Server, s3_bucket: str):
     assert MLFLOW.exists(), MISSING
     node = operator_release.node
     namespace = node.create_namespace("tiny-restricted", labels={"pod-security.kubernetes.io/enforce": "restricted"})
@@ -70,12 +96,14 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
     models = shared_folder(tmp_path / "models", writable=True)
     try:
         with running_mlflow_server(shared_folder(tmp_path / "mlflow", writable=True)) as mlflow:
-            data_claim = claimed_folder(node, namespace, "tiny-data", tiny_data)
+            data_claim = claimed_folder(node, namespace, "tiny-data", tiny_tool_data)
             data_claim["persistentVolumeClaim"]["readOnly"] = True
-            manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights))
+            manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights),
+                                     example="tiny-agentic.yaml", prompts="tiny-guess.jsonl")
             spec = manifest["spec"]
-            spec["training"]["epochs"] = 2  # the runs of test_run_faults.py go the full twelve
-            store = store_for_pods(node, namespace, s3_server, s3_bucket, tiny_data / "model")
+            spec["training"]["epochs"] = EPOCHS
+            spec["environments"] = [game_environment(operator_release.trainer.reference)]
+            store = store_for_pods(node, namespace, s3_server, s3_bucket, tiny_tool_data / "model")
             spec["model"] = f"s3://{s3_bucket}/tiny-model"
             spec["inputs"] = dict(store)
             spec["output"] = {"volume": claimed_folder(node, namespace, "tiny-models", models),
@@ -85,21 +113,33 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             run.apply(manifest)
             # The server starts while the pods do: the learner reaches it only once the rollout server is up.
             mlflow.wait_ready()
+            deleted_uid = delete_the_game_mid_run(run)
             status = run.wait_succeeded()
-            tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model", epochs=2,
-                                        groups_trained=status["progress"]["groupsTrained"])
+            tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
+                                        epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)
     finally:
         run.close()
         for name in CLAIMS:
             node.kubectl("delete", "persistentvolume", f"{namespace}-{name}", "--wait=false", check=False)
     seen = run.history.containers()
-    assert {name.rsplit("-", 2)[-2] for name in seen} == {"rollout", "learner"}, seen  # both roles admitted
+    assert {name.rsplit("-", 2)[-2] for name in seen} == {"rollout", "learner", GAME}, seen  # every role admitted
     for name, status_ in sorted(seen.items()):
         node.report(f"pod {name} ran as {status_['containerID']}, image {status_['image']}, "
                     f"imageID {status_['imageID']}")
         assert status_["containerID"].startswith("containerd://"), status_
         assert status_["podImage"] == operator_release.trainer.reference, status_
+
+    # The game's pod came back under its name, created again by the operator, and served the rest of the run; the
+    # episodes it held when it went are counted (environment failures, their groups unscorable), none lost.
+    uids = run.history.uids(GAME_POD)
+    assert uids[0] == deleted_uid and len(uids) == 2, uids
+    assert status["environments"] == [{"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}], status
+    progress, episodes = status["progress"], status["progress"]["episodes"]
+    assert progress["groupsTrained"] + sum(progress.get("dropped", {}).values()) == progress["groupsConsumed"], progress
+    assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
+    assert set(episodes.get("environmentFailures", {})) <= {GAME}, episodes
+    node.report(f"agentic run: {progress}")
 
     # The status names the tracked run where the pods reached the server.
     assert status["tracking"] == [{"tracker": "mlflow", "runId": tracked.run_id, "uri": (

@@ -40,13 +40,15 @@ def host_folder(folder: Path) -> dict:
     return {"hostPath": {"path": str(folder), "type": "Directory"}}
 
 
-def tiny_manifest(data_volume: dict, weights_volume: dict) -> dict:
-    """examples/tiny.yaml with the model and prompts at DATA_MOUNT (from `data_volume`, mounted read-only by both
-    roles) and the weight-sync folder on `weights_volume`."""
-    manifest = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
+def tiny_manifest(data_volume: dict, weights_volume: dict, *, example: str = "tiny.yaml",
+                  prompts: str = "tiny-prompts.jsonl") -> dict:
+    """examples/`example`, named RUN, with the model and `prompts` at DATA_MOUNT (from `data_volume`, mounted
+    read-only by both roles) and the weight-sync folder on `weights_volume`."""
+    manifest = yaml.safe_load((REPO / "examples" / example).read_text())
+    manifest["metadata"]["name"] = RUN
     spec = manifest["spec"]
     spec["model"] = f"{DATA_MOUNT}/model"
-    spec["dataset"]["path"] = f"{DATA_MOUNT}/tiny-prompts.jsonl"
+    spec["dataset"]["path"] = f"{DATA_MOUNT}/{prompts}"
     spec["rollout"]["weightSync"]["volume"] = weights_volume
     for role in ("rollout", "learner"):
         spec[role]["podTemplateOverride"] = {"spec": {

@@ -85,6 +85,19 @@ def test_a_guarded_environment_plays_as_the_users_and_keeps_its_tool_schema(game
     assert get_json_schema(environment.guess) == get_json_schema(GuessEnvironment("x").guess)
 
 
+def test_the_guess_factory_plays_against_the_server_the_operator_named_for_an_environment_called_guess(
+        game_url, monkeypatch):
+    from grpo_trainer.contract import environment_url_variable
+    from grpo_trainer.testing import guess_env
+
+    assert guess_env.SERVICE_URL_ENV == environment_url_variable("guess")
+    monkeypatch.setenv(guess_env.URL_ENV, "http://127.0.0.1:9")  # the run's own server comes first
+    monkeypatch.setenv(guess_env.SERVICE_URL_ENV, game_url)
+    environment = guess_env.make_environment()
+    environment.reset(target=2)
+    assert environment.guess(number=2) == "right" and environment.get_reward() == 1.0
+
+
 def test_the_game_server_takes_as_many_episodes_at_once_as_a_run_keeps_in_flight(game_url):
     """A client opens a connection per request: with the standard library's backlog of 5, a burst of 64 episodes had
     about one in ten reset by the server (measured: 161 of 2000), each an environment failure in the run."""

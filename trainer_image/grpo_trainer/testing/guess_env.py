@@ -23,6 +23,9 @@ import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+#: An environment named `guess` in spec.environments: the operator hands its Service's URL to the learner's pods in
+#: this variable (grpo_trainer.contract.environment_url_variable; spelled out, as this module imports nothing of ours).
+SERVICE_URL_ENV = "GRPO_ENVIRONMENT_GUESS_URL"
 URL_ENV = "GUESS_ENV_URL"
 DEFAULT_URL = "http://127.0.0.1:8765"
 #: A wrong guess's reward: more than no guess at all.
@@ -137,8 +140,9 @@ class GuessEnvironment:
 
 
 def make_environment() -> GuessEnvironment:
-    """The run's environment factory: a client of the server at `$GUESS_ENV_URL`."""
-    return GuessEnvironment(os.environ.get(URL_ENV, DEFAULT_URL))
+    """The run's environment factory: a client of the run's own `guess` environment server
+    (`$GRPO_ENVIRONMENT_GUESS_URL`), else of the server at `$GUESS_ENV_URL`."""
+    return GuessEnvironment(os.environ.get(SERVICE_URL_ENV) or os.environ.get(URL_ENV, DEFAULT_URL))
 
 
 def main(argv: list[str] | None = None) -> int:
