@@ -90,7 +90,7 @@ def test_the_guess_factory_plays_against_the_server_the_operator_named_for_an_en
     from grpo_trainer.contract import environment_url_variable
     from grpo_trainer.testing import guess_env
 
-    assert guess_env.SERVICE_URL_ENV == environment_url_variable("guess")
+    assert environment_url_variable("guess") == guess_env.SERVICE_URL_ENV
     monkeypatch.setenv(guess_env.URL_ENV, "http://127.0.0.1:9")  # the run's own server comes first
     monkeypatch.setenv(guess_env.SERVICE_URL_ENV, game_url)
     environment = guess_env.make_environment()
