@@ -76,9 +76,9 @@ def _queues(cluster, cpu: str) -> str:
     return queue
 
 
-def _queued_run(cluster, name: str) -> str:
+def _queued_run(cluster, name: str, **spec: Any) -> str:
     """Apply a run queued to `team`; the path of its Workload."""
-    body = grporun(name, minimal_spec(rollout={"resources": REQUESTS}, learner={"resources": REQUESTS}))
+    body = grporun(name, minimal_spec(rollout={"resources": REQUESTS}, learner={"resources": REQUESTS}, **spec))
     body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team"}
     cluster.apply(body)
     return f"{KUEUE_API}/namespaces/{cluster.namespace}/workloads/{kueue.workload_name(name)}"
@@ -90,21 +90,25 @@ def _merge_patch(admin, path: str, patch: dict[str, Any]) -> None:
 
 def test_a_queued_run_waits_for_kueue_to_admit_it_then_runs(cluster, learner, progress_urls):
     admin = cluster.client
-    queue = _queues(cluster, "1")
-    workload_path = _queued_run(cluster, "kq")
-    # Two pods of 1 CPU each against a quota of 1: Kueue sees the Workload and leaves it pending.
+    queue = _queues(cluster, "2")
+    game = {"name": "guess", "image": "game:1", "resources": REQUESTS}
+    workload_path = _queued_run(cluster, "kq", environments=[game])
+    # Three pods of 1 CPU each (a rollout server, the learner and the environment's server) against a quota of 2:
+    # Kueue sees the Workload and leaves it pending. Without the environment's pod set it would fit.
     pending = cluster.wait_for(lambda: (c := _conditions(_workload(admin, workload_path)).get("QuotaReserved"))
                                and c["status"] == "False" and c, what="Kueue's verdict on the Workload")
     assert "insufficient" in pending["message"].lower() or "couldn't" in pending["message"].lower(), pending
+    assert [s["name"] for s in _workload(admin, workload_path)["spec"]["podSets"]] == ["rollout", "learner",
+                                                                                      "env-guess"]
     cluster.wait_phase("kq", "Suspended")
     assert cluster.condition("kq", "Suspended")["reason"] == "WaitingForAdmission"
     assert cluster.pods_ever_created("kq") == []
 
     _merge_patch(admin, f"{KUEUE_API}/clusterqueues/{queue}", {"spec": {"resourceGroups": _quota("4")}})
-    cluster.wait_for(lambda: len(cluster.pods("kq")) == 2, timeout=30, what="the pods once Kueue admits the run")
+    cluster.wait_for(lambda: len(cluster.pods("kq")) == 3, timeout=30, what="the pods once Kueue admits the run")
     assert _conditions(_workload(admin, workload_path))["Admitted"]["status"] == "True"
     progress_urls["kq-learner-0"] = learner.url()
-    cluster.bring_up("kq")
+    cluster.bring_up("kq", pods=3)
     learner.update(groups_consumed=4, groups_trained=4)
     cluster.wait_phase("kq", "Running")
     cluster.wait_event("kq", "WaitingForAdmission", "Resumed")

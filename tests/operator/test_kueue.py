@@ -40,7 +40,7 @@ def admitted_status(flavor: str = "h100", *, rollout: int = 1, learner: int = 1)
     counts = {"rollout": rollout, "learner": learner}
     return {"admission": {"clusterQueue": "gpus", "podSetAssignments": [
                 {"name": role, "count": counts[role], "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor}}
-                for role in kueue.ROLES]},
+                for role in ("rollout", "learner")]},
             "conditions": [_condition("QuotaReserved", "True", "QuotaReserved"), _condition("Admitted", "True"),
                            _condition("Evicted", "False", "QuotaReserved")]}
 
@@ -69,6 +69,34 @@ def test_the_workload_holds_both_roles_with_their_requests_and_priority():
     for pod_set in workload["spec"]["podSets"]:
         assert pod_set["template"]["spec"]["containers"][0]["resources"] == GPU
     assert workload["spec"]["priorityClassName"] == "research"
+
+
+GAME_CPU = {"requests": {"cpu": "2", "memory": "1Gi"}}
+
+
+def test_environment_servers_take_quota_as_a_pod_set_of_their_own():
+    """Environment servers are pods of the run: Kueue reserves quota for them too (a pod set per environment, its
+    servers' count and requests), or the run would run pods no quota holds."""
+    spec = parse_spec(minimal_spec(rollout={"resources": GPU}, environments=[
+        {"name": "guess", "image": "game:1", "replicas": 3, "resources": GAME_CPU},
+        {"name": "idle", "image": "game:1", "replicas": 0}]))
+    run = RunRef("r", "ml", "uid-1")
+    pods = builders.build_pods(run, spec, trainer_image="img") + builders.build_environment_pods(run, spec)
+    workload = kueue.build_workload(run, "team-q", pods)
+    assert [(s["name"], s["count"]) for s in workload["spec"]["podSets"]] == [
+        ("rollout", 1), ("learner", 1), ("env-guess", 3)]  # an environment without servers takes nothing
+    game = workload["spec"]["podSets"][2]["template"]["spec"]["containers"][0]
+    assert (game["image"], game["resources"]) == ("game:1", GAME_CPU)
+    assert [kueue.pod_set_of(pod) for pod in pods] == ["rollout", "learner", "env-guess", "env-guess", "env-guess"]
+
+
+def test_a_queued_run_with_more_environments_than_a_workload_holds_is_refused_naming_the_field():
+    spec = parse_spec(minimal_spec(environments=[{"name": f"e{i}", "image": "game:1"} for i in range(7)]))
+    run = RunRef("r", "ml", "uid-1")
+    pods = builders.build_pods(run, spec, trainer_image="img") + builders.build_environment_pods(run, spec)
+    with pytest.raises(kueue.TooManyPodSets, match=r"^spec.environments: a run queued in Kueue has at most 6 "
+                                                   r"environments with servers, not 7 \(a Kueue Workload holds"):
+        kueue.build_workload(run, "team-q", pods)
 
 
 RACK = "topology.example.com/rack"

@@ -19,7 +19,7 @@ from grpo_operator.status import (
     ResizeWorkload,
     WorkloadObservation,
 )
-from grpo_operator.status.admission import within_admission, workload_actions
+from grpo_operator.status.admission import spec_counts, within_admission, workload_actions
 from tests.operator.test_status import at, pod, report, running_pods, spec_of, step
 from tests.support.specs import minimal_spec
 
@@ -113,3 +113,13 @@ def test_no_role_runs_more_pods_than_kueue_admitted_for_its_pod_set():
     assert (in_effect.rollout.replicas, in_effect.learner.nodes, in_effect.learner_world_size) == (1, 1, 1)
     assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
                               "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")
+
+
+def test_an_environment_runs_no_more_servers_than_kueue_admitted_for_its_pod_set():
+    spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 3},
+                                                 {"name": "other", "image": "game:1", "replicas": 1}]))
+    assert spec_counts(spec) == {"rollout": 1, "learner": 1, "env-guess": 3, "env-other": 1}
+    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1, "env-guess": 2, "env-other": 1},
+                                          "grporun-r")
+    assert [e.replicas for e in in_effect.environments] == [2, 1]
+    assert refused.startswith("spec.environments[0].replicas: 3 is more than the 2 env-guess pod(s) Kueue admitted")

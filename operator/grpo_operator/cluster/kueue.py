@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import builders
-from ..api import ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
+from ..api import ENVIRONMENT_LABEL, ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
 from ..apitime import format_time
 from ..run_ref import RunRef
 from ..status import WorkloadObservation
-from ..status.admission import spec_counts
+from ..status.admission import environment_pod_set, spec_counts
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -37,7 +37,8 @@ GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta1"
 WORKLOAD = "Workload"
 RESOURCE_FLAVOR = "ResourceFlavor"
-ROLES = ("rollout", "learner")
+#: Kueue's limit on a Workload's pod sets: the rollout's, the learner's, and one per environment with servers.
+MAX_POD_SETS = 8
 #: Topology-aware scheduling (Kueue's TopologyUngater): a pod carrying the gate, the Workload annotation, its pod set
 #: label and its pod set's topology annotation is held until Kueue gives it the node labels of its assigned domain.
 TOPOLOGY_GATE = f"{GROUP}/topology"
@@ -68,17 +69,37 @@ def topology_request(topology: TopologySpec) -> dict[str, str]:
     return topology.model_dump(exclude_none=True)
 
 
+def pod_set_of(pod: dict[str, Any]) -> str:
+    """The pod set a pod of the run belongs to: its role's, or its environment's (status.admission)."""
+    labels = pod["metadata"]["labels"]
+    if labels.get(ROLE_LABEL) == builders.ENVIRONMENT_ROLE:
+        return environment_pod_set(labels[ENVIRONMENT_LABEL])
+    return labels[ROLE_LABEL]
+
+
+class TooManyPodSets(ValueError):
+    """The run asks for more pod sets than a Workload holds."""
+
+
 def build_workload(run: RunRef, queue: str, pods: list[dict[str, Any]],
                    topologies: dict[str, TopologySpec] | None = None) -> dict[str, Any]:
-    """The run's Workload: one pod set per role, the role's first pod as its template, the role's pod count, and
-    the role's topology request if it has one."""
+    """The run's Workload: one pod set per role and per environment, in the order of `pods`, the set's first pod
+    as its template, its pod count, and the role's topology request if it has one. Environment servers take quota
+    like the run's other pods: a run Kueue admits never runs pods it holds no quota for."""
+    members: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        members.setdefault(pod_set_of(pod), []).append(pod)
+    if len(members) > MAX_POD_SETS:
+        raise TooManyPodSets(
+            f"spec.environments: a run queued in Kueue has at most {MAX_POD_SETS - 2} environments with servers, "
+            f"not {len(members) - 2} (a Kueue Workload holds at most {MAX_POD_SETS} pod sets: the rollout's, the "
+            "learner's and one per environment)")
     pod_sets = []
-    for role in ROLES:
-        mine = [pod for pod in pods if pod["metadata"]["labels"].get(ROLE_LABEL) == role]
+    for name, mine in members.items():
         template = {"metadata": {"labels": dict(mine[0]["metadata"]["labels"])}, "spec": mine[0]["spec"]}
-        pod_set: dict[str, Any] = {"name": role, "count": len(mine), "template": template}
-        if role in (topologies or {}):
-            pod_set["topologyRequest"] = topology_request(topologies[role])
+        pod_set: dict[str, Any] = {"name": name, "count": len(mine), "template": template}
+        if name in (topologies or {}):
+            pod_set["topologyRequest"] = topology_request(topologies[name])
         pod_sets.append(pod_set)
     spec: dict[str, Any] = {"queueName": queue, "podSets": pod_sets}
     priority_class = next((p["spec"]["priorityClassName"] for p in pods if p["spec"].get("priorityClassName")), None)
@@ -265,9 +286,11 @@ async def observe(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *,
 async def create(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *, trainer_image: str) -> str | None:
     """CreateWorkload. Returns why it failed when another try may pass (no Kueue on the cluster, its webhook not
     answering yet); raises WorkloadRejected when the API server refuses it as invalid."""
-    pods = builders.build_pods(run, spec, trainer_image=trainer_image)
+    pods = builders.build_pods(run, spec, trainer_image=trainer_image) + builders.build_environment_pods(run, spec)
     try:
         await kube.create(build_workload(run, queue, pods, role_topologies(spec)))
+    except TooManyPodSets as error:
+        raise WorkloadRejected(str(error)) from None
     except APIClientError as error:
         refusal = f"the Kueue Workload {workload_name(run.name)} was rejected: {error.message or error}"
         if error.status in PERMANENT_REJECTIONS:
@@ -287,7 +310,7 @@ async def resize(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, workloa
     """ResizeWorkload: write the spec's pod sets into a Workload that holds no quota, so Kueue admits the size the
     run now asks for. Conditional on the version read: Kueue may reserve quota in between, and then its webhook
     refuses a change to the pod sets; either refusal is tried again on the next pass."""
-    pods = builders.build_pods(run, spec, trainer_image=trainer_image)
+    pods = builders.build_pods(run, spec, trainer_image=trainer_image) + builders.build_environment_pods(run, spec)
     pod_sets = build_workload(run, queue, pods, role_topologies(spec))["spec"]["podSets"]
     before = pod_set_counts(workload)
     version = (workload.get("metadata") or {}).get("resourceVersion")

@@ -417,8 +417,8 @@ async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, sp
         await _configure_rollout(kube, run, memory, spec.rollout.replicas, logger)
     if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
         placed = await kueue.placements(kube, gate.flavors)
-        children = [kueue.place(child, *placed[role]) if child["kind"] == "Pod" and (
-            role := child["metadata"]["labels"].get(ROLE_LABEL)) in placed else child
+        children = [kueue.place(child, *placed[pod_set]) if child["kind"] == "Pod" and (
+            pod_set := kueue.pod_set_of(child)) in placed else child
             for child in children]
         topologies = kueue.role_topologies(spec)
         children = [kueue.topology_gated(child, run.name, role, topologies[role]) if child["kind"] == "Pod" and (

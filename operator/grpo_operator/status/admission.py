@@ -32,13 +32,25 @@ def workload_actions(workload: WorkloadObservation | None, *, finished: bool, po
     return []
 
 
+def environment_pod_set(environment: str) -> str:
+    """The pod set of an environment's servers (spec.environments[].name): they take quota as the run's other pods."""
+    return f"env-{environment}"
+
+
 def spec_counts(spec: GRPORunSpec) -> dict[str, int]:
-    """Pod set (role) -> how many pods the spec asks for."""
-    return {"rollout": spec.rollout.replicas, "learner": spec.learner.nodes}
+    """Pod set -> how many pods the spec asks for: a pod set per role, and one per environment that has servers."""
+    counts = {"rollout": spec.rollout.replicas, "learner": spec.learner.nodes}
+    counts.update({environment_pod_set(environment.name): environment.replicas
+                   for environment in spec.environments or [] if environment.replicas > 0})
+    return counts
 
 
-#: The spec field that sizes each role's pod set.
-COUNT_FIELDS = {"rollout": "spec.rollout.replicas", "learner": "spec.learner.nodes"}
+def count_fields(spec: GRPORunSpec) -> dict[str, str]:
+    """Pod set -> the spec field that sizes it."""
+    fields = {"rollout": "spec.rollout.replicas", "learner": "spec.learner.nodes"}
+    fields.update({environment_pod_set(environment.name): f"spec.environments[{position}].replicas"
+                   for position, environment in enumerate(spec.environments or [])})
+    return fields
 
 
 def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str) -> tuple[GRPORunSpec, str | None]:
@@ -47,11 +59,12 @@ def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str)
     holds quota; a larger count takes effect when Kueue admits the run again, the Workload resized meanwhile."""
     in_effect: dict[str, int] = {}
     refusals = []
-    for role, wanted in spec_counts(spec).items():
-        allowed = admitted.get(role)
+    fields = count_fields(spec)
+    for pod_set, wanted in spec_counts(spec).items():
+        allowed = admitted.get(pod_set)
         if allowed is not None and wanted > allowed:
-            in_effect[role] = allowed
-            refusals.append(f"{COUNT_FIELDS[role]}: {wanted} is more than the {allowed} {role} pod(s) Kueue admitted")
+            in_effect[pod_set] = allowed
+            refusals.append(f"{fields[pod_set]}: {wanted} is more than the {allowed} {pod_set} pod(s) Kueue admitted")
     if not refusals:
         return spec, None
     message = (f"{'; '.join(refusals)} (Workload {workload}); the run keeps the admitted count: Kueue does not resize "
@@ -63,4 +76,8 @@ def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str)
         update["rollout"] = spec.rollout.model_copy(update={"replicas": in_effect["rollout"]})
     if "learner" in in_effect:
         update["learner"] = spec.learner.model_copy(update={"nodes": in_effect["learner"]})
+    if spec.environments and any(environment_pod_set(e.name) in in_effect for e in spec.environments):
+        update["environments"] = [e.model_copy(update={"replicas": in_effect.get(environment_pod_set(e.name),
+                                                                                  e.replicas)})
+                                  for e in spec.environments]
     return spec.model_copy(update=update), message
