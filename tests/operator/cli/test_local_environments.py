@@ -23,11 +23,14 @@ import pytest
 import yaml
 from rich.console import Console
 
+from grpo_operator.api import parse_spec
 from grpo_operator.engine import run_pass
+from grpo_operator.local.environments import BACKOFF_RESET_S, InPlaceRestarts
 from grpo_operator.local.plan import ProcessPlan
-from grpo_operator.local.processes import http_get
+from grpo_operator.local.processes import LocalProcess, http_get
 from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from tests.support.paths import REPO
+from tests.support.specs import minimal_spec
 
 TINY = REPO / "examples" / "tiny.yaml"
 SERVER = str(REPO / "tests" / "support" / "completions_server.py")
@@ -96,3 +99,48 @@ def test_an_environment_server_runs_where_the_learner_is_told_restarts_in_place_
 
     local.stop_all()
     assert server.poll() is not None and http_get(f"{url}/health") is None
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def exited(process) -> None:
+    deadline = time.monotonic() + 30
+    while process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_server_that_keeps_exiting_is_restarted_after_a_doubling_back_off_and_shows_crash_loop_back_off(tmp_path):
+    spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "g:1", "command": ["x"]}]))
+    server = LocalProcess(ProcessPlan("tiny-env-guess-0", "environment", [sys.executable, "-c", "print('bye')"], {},
+                                      url="http://127.0.0.1:9"), tmp_path / "guess.log")
+    clock, lines = Clock(), []
+    local = LocalRun("tiny", "default", spec, tmp_path, {"tiny-env-guess-0": server},
+                     in_place=InPlaceRestarts(clock=clock))
+    local.start_missing(lines.append)
+
+    def restarts_after(seconds: float) -> int:
+        exited(server)
+        clock.now += seconds
+        local.restart_environments(lines.append)
+        return local.in_place.restarts["tiny-env-guess-0"]
+
+    # The back-off counts from when the exit is seen.
+    assert restarts_after(0) == 1  # the first exit: started again at once
+    assert restarts_after(0) == 1  # the second: 1 s back-off
+    [pod] = local.observations()
+    assert (pod.phase, pod.ready, pod.waiting_reason, pod.container_restarts) == ("Running", False,
+                                                                                  "CrashLoopBackOff", 1)
+    assert pod.message == "bye bye"  # the log's tail (the restarts append to it), as a pod's termination message
+    assert restarts_after(0.5) == 1 and restarts_after(0.5) == 2
+    assert restarts_after(0) == 2 and restarts_after(1.9) == 2 and restarts_after(0.1) == 3  # then 2 s
+    assert restarts_after(BACKOFF_RESET_S) == 4  # it ran a minute: started again at once
+    assert lines[-1].startswith("restarted tiny-env-guess-0 in place after it exited with code 0 (restart 4")
+    local.stop(("tiny-env-guess-0",), recreate=False)  # its pod deleted: gone, not restarted, no restarts kept
+    assert server.popen is None and local.observations() == [] and local.in_place.restarts["tiny-env-guess-0"] == 0
