@@ -238,8 +238,8 @@ def expand_references(value: str, env: Mapping[str, str]) -> str:
 def plan_environment(owner: RunRef, spec: GRPORunSpec, position: int, index: int, port: int,
                      python: str) -> ProcessPlan:
     """Server `index` of spec.environments[position] as a local process listening on `port`: its pod's command and
-    args (`python` as the first word runs with `python`, grporun's own interpreter, as the learner does), with its
-    pod's literal env and $PORT set to `port`. A `valueFrom` variable is left to this machine's environment (the
+    args (a first word `python` becomes the interpreter `python` names, grporun's own, as the learner's does), with
+    its pod's literal env and $PORT set to `port`. A `valueFrom` variable is left to this machine's environment (the
     process inherits it), as for the other roles' overrides."""
     environment = (spec.environments or [])[position]
     where = f"spec.environments[{position}]"
