@@ -562,6 +562,11 @@ def build_environment_service(run: RunRef, environment: EnvironmentSpec) -> dict
     }}
 
 
+#: The variable that holds an environment server's port on its pod (and under `grporun local`, where each server gets
+#: a free loopback port): a server reads it, or its command or args name it as `$(PORT)`, to listen where its URL says.
+ENVIRONMENT_PORT_ENV = "PORT"
+
+
 #: The readiness probe of an environment server whose spec sets none: a TCP connect to its port, which any server
 #: answers once it listens (an HTTP path would assume one the image may not serve).
 ENVIRONMENT_READINESS_PERIOD_S = 10
@@ -583,7 +588,9 @@ def build_environment_pod(run: RunRef, environment: EnvironmentSpec, index: int,
         "name": ENVIRONMENT_ROLE,
         "image": environment.image,
         "ports": [{"name": "http", "containerPort": environment.port, "protocol": "TCP"}],
-        "env": [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in environment.env or []],
+        # PORT last: the server listens on `port`, which its Service and URL name, whatever an entry of its own says.
+        "env": [*(item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in environment.env or []),
+                {"name": ENVIRONMENT_PORT_ENV, "value": str(environment.port)}],
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
         "readinessProbe": environment_readiness_probe(environment),
         "securityContext": _container_security_context(),

@@ -409,7 +409,7 @@ def test_an_environment_pod_runs_the_image_as_specified_hardened_and_restarting_
     assert main["ports"] == [{"name": "http", "containerPort": 8765, "protocol": "TCP"}]
     assert main["env"] == [{"name": "LEVEL", "value": "3"},
                            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "guess", "key": "token"}}},
-                           {"name": "EXTRA", "value": "1"}]
+                           {"name": "PORT", "value": "8765"}, {"name": "EXTRA", "value": "1"}]
     assert main["resources"] == {"requests": {"cpu": "100m"}}
     assert main["readinessProbe"] == {"httpGet": {"path": "/ready", "port": 8765}, "periodSeconds": 5}
     assert main["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
@@ -427,7 +427,8 @@ def test_an_environment_without_a_probe_or_command_is_ready_once_its_port_accept
     pod = by_name(children(environments=[{"name": "guess", "image": "guess:1"}]))["run-env-guess-0"]
     main = container(pod)
     assert main["readinessProbe"]["tcpSocket"] == {"port": 8000}
-    assert "command" not in main and "args" not in main and main["env"] == []
+    # The server's port is in $PORT too, for a server that reads it or a command that names it as $(PORT).
+    assert "command" not in main and "args" not in main and main["env"] == [{"name": "PORT", "value": "8000"}]
 
 
 def test_the_run_config_and_the_learner_pods_name_each_environments_url():

@@ -205,6 +205,23 @@ def test_grporun_validate_names_each_managed_field(tmp_path, capsys):
     ])
 
 
+def test_the_restart_policy_refusal_says_each_roles_own_policy(tmp_path, capsys):
+    """Rollout and learner pods never restart in place (the operator retries by exit code); environment servers
+    always do: the refusal of an override says which."""
+    def change(spec):
+        spec["learner"]["podTemplateOverride"]["spec"]["restartPolicy"] = "OnFailure"
+        spec["environments"] = [{"name": "guess", "image": "guess:1",
+                                 "podTemplateOverride": {"spec": {"restartPolicy": "Never"}}}]
+    path = _manifest_with(tmp_path, change)
+    assert cli.main(["validate", path]) == ExitCode.INVALID
+    assert sorted(capsys.readouterr().err.splitlines()) == [
+        f"{path}: spec.environments[0].podTemplateOverride.spec.restartPolicy: is managed by the operator (Always: "
+        "an environment server restarts in place, and a pod that ends is created again) and cannot be overridden",
+        f"{path}: spec.learner.podTemplateOverride.spec.restartPolicy: is managed by the operator (Never: it decides "
+        "retries by exit code) and cannot be overridden",
+    ]
+
+
 def test_grporun_render_shows_the_overrides(tmp_path):
     path = _manifest_with(tmp_path, lambda spec: None)
     objects = {obj["metadata"]["name"]: obj for obj in yaml.safe_load_all(

@@ -13,7 +13,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
 from grpo_trainer.contract import DROP_REASONS, DropReason, FilterConfig, LearnerPhase
-from grpo_trainer.episodes import GROUP_ROWS_KEY
+from grpo_trainer.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
@@ -308,6 +308,42 @@ class TestSampleFilterQueue:
         with pytest.raises(RolloutStop) as stop:
             drain(fq)
         assert stop.value.code == StopCode.STALLED and "unscorable 3" in stop.value.error
+
+    def episodes_failed(self, group_id, failed: dict[str, int]):
+        """A group of two episodes as the episode rollout loop stamps it (grpo_trainer.episodes.stamp_group), with
+        `failed` of them failed in each environment; a group whose both failed is unscorable."""
+        rows = ([self.unscored(group_id, k) for k in range(2)] if sum(failed.values()) == 2
+                else [sample(group_id, rewards=(0.0, 1.0), k=k) for k in range(2)])
+        rows[0].metrics[EPISODES_KEY] = {"episodes": 2, "rows": 2, "environment_failures": failed}
+        return rows
+
+    def stall_of(self, groups) -> str:
+        """The stall message of a pass over `groups` read through the learner's episode counting."""
+        counts = EpisodeCounts()
+        progress = make_progress(n=len(groups), epochs=2, stall_cause=counts.failed_environments)
+        fq = filter_queue(progress, [row for group in groups for row in group])
+        fq.inner = EpisodeQueue(fq.inner, counts)
+        with pytest.raises(RolloutStop) as stop:
+            drain(fq)
+        assert stop.value.code == StopCode.STALLED
+        return stop.value.error
+
+    def test_a_pass_in_which_every_episode_failed_stalls_naming_the_environment(self):
+        error = self.stall_of([self.episodes_failed(g, {"guess": 2}) for g in range(3)])
+        assert error.startswith("stalled: 3 prompt groups in a row were consumed without one training")
+        assert "unscorable 3" in error
+        assert "every episode of the last 3 groups failed in environment guess (6 episodes)" in error
+        both = self.stall_of([self.episodes_failed(0, {"guess": 2}), self.episodes_failed(1, {"guess": 1, "sum": 1}),
+                              self.episodes_failed(2, {"guess": 2})])
+        assert "failed in environments guess (5 episodes), sum (1 episode)" in both
+
+    def test_a_stall_of_drops_whose_episodes_did_not_all_fail_names_no_environment(self):
+        # Two groups failed whole in the environment, the third has one episode that played (and no signal).
+        mixed = [self.episodes_failed(0, {"guess": 2}), self.episodes_failed(1, {"guess": 2}),
+                 [sample(2, rewards=(1.0, 1.0), k=k) for k in range(2)]]
+        mixed[2][0].metrics[EPISODES_KEY] = {"episodes": 2, "rows": 2, "environment_failures": {"guess": 1}}
+        error = self.stall_of(mixed)
+        assert "unscorable 2" in error and "no_signal 1" in error and "environment" not in error
 
     def test_stale_uses_trls_exact_rule(self):
         progress = make_progress(n=10)

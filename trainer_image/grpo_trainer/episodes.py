@@ -37,19 +37,45 @@ def group_rows(sample: Any, default: int) -> int:
 
 
 class EpisodeCounts:
-    """What the episodes that reached this learner process did. Thread-safe: /progress reads it while it counts."""
+    """What the episodes that reached this learner process did. Thread-safe: /progress reads it while it counts.
+
+    It also keeps the groups that arrived last in a row with every episode failed in an environment, and where they
+    failed: a pass of them trains nothing and stalls the run, and the stall's message then names the environment
+    (`failed_environments`), which the drops alone (`unscorable`) do not.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: Counter[str] = Counter()
         self._environment_failures: Counter[str] = Counter()
+        self._failed_groups = 0  # the last groups to arrive, in a row, whose every episode failed
+        self._failed_by_environment: Counter[str] = Counter()  # their episodes, by the environment they failed in
 
     def add(self, stamp: dict[str, Any]) -> None:
+        failures = {str(k): int(v) for k, v in (stamp.get("environment_failures") or {}).items()}
+        episodes = int(stamp.get("episodes", 0))
         with self._lock:
             for key in ("episodes", "rows", "turns", "tool_calls", "tool_failures", "forked"):
                 self._totals[key] += int(stamp.get(key, 0))
-            self._environment_failures.update({str(k): int(v) for k, v in
-                                               (stamp.get("environment_failures") or {}).items()})
+            self._environment_failures.update(failures)
+            if episodes > 0 and sum(failures.values()) >= episodes:
+                self._failed_groups += 1
+                self._failed_by_environment.update(failures)
+            else:
+                self._failed_groups = 0
+                self._failed_by_environment.clear()
+
+    def failed_environments(self, groups: int) -> str | None:
+        """Where every episode of the last `groups` groups to arrive failed, when each of them failed whole (the
+        environments, most failures first, with their episodes over that run of groups); else None."""
+        with self._lock:
+            if groups <= 0 or self._failed_groups < groups:
+                return None
+            where = ", ".join(f"{name} ({count} episode{'' if count == 1 else 's'})"
+                              for name, count in self._failed_by_environment.most_common())
+            plural = "s" if len(self._failed_by_environment) > 1 else ""
+            return (f"every episode of the last {self._failed_groups} groups failed in environment{plural} {where}; "
+                    "each failure's cause is in the learner's log")
 
     def report(self) -> EpisodeReport:
         with self._lock:

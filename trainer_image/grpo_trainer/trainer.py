@@ -169,6 +169,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             stall_groups=stall_groups,
             groups_per_epoch=groups_per_epoch,
             epochs=self.args.num_train_epochs if groups_per_epoch else None,
+            stall_cause=self.episodes.failed_environments,
         )
         self.lost_after_s = lost_after_s or LOST_AFTER_REQUEST_TIMEOUTS * self.args.request_timeout
         self.reward_models = list(reward_models)
@@ -746,6 +747,7 @@ class GRPOLearner(AsyncGRPOTrainer):
                 stall_groups=self.stall_groups,
                 groups_per_epoch=self.progress.groups_per_epoch,
                 epochs=self.progress.epochs,
+                stall_cause=self.episodes.failed_environments,
             )
             start = self.progress.start_group
             self._groups_before_resume = start

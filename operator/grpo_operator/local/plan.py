@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from grpo_trainer.contract import is_object_store_uri
+from grpo_trainer.contract import environment_url_variable, is_object_store_uri
 
 from .. import builders
-from ..api import GRPORunSpec
+from ..api import EnvironmentSpec, GRPORunSpec
 from ..cli.exit_codes import ExitCode
 from ..manifest import ManifestInvalid
 from ..run_ref import RunRef
@@ -86,9 +88,11 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     if spec.learner.nodes != 1:
         nodes = spec.learner.nodes
         raise ManifestInvalid([f"spec.learner.nodes: grporun local runs on one machine; got {nodes}, use 1"])
-    if spec.environments:
-        raise ManifestInvalid(["spec.environments: grporun local does not run environment servers: start them "
-                               "yourself and give the factory their URLs (docs/agentic.md), or run on a cluster"])
+    for position, environment in enumerate(spec.environments or []):
+        if environment.command is None:
+            raise ManifestInvalid([f"spec.environments[{position}].command: grporun local runs the server's command "
+                                   "on this machine, not its image's entrypoint: set command (and args)"])
+        local_probe(environment, f"spec.environments[{position}]")  # refused here, before anything starts
     return spec
 
 
@@ -123,12 +127,47 @@ def check_rewards(spec: GRPORunSpec) -> None:
 
 
 @dataclass(frozen=True)
+class LocalProbe:
+    """An environment server's readiness probe on this machine (its pod's, `builders.environment_readiness_probe`):
+    a TCP connect to the server's port, an HTTP GET of `path` on it (200 to 399 passes, as the kubelet's), or
+    `command` run with the server's environment (exit 0 passes)."""
+
+    kind: Literal["tcp", "http", "exec"]
+    path: str = "/"
+    command: tuple[str, ...] = ()
+    timeout_s: float = 1.0
+
+
+def local_probe(environment: EnvironmentSpec, where: str) -> LocalProbe:
+    """The environment's probe as run here. Raises ManifestInvalid for what a local server cannot answer: a probe of
+    another port than its own (it has one here, in $PORT), HTTPS, or a gRPC probe."""
+    probe = builders.environment_readiness_probe(environment)
+    field_path = f"{where}.readinessProbe"
+    timeout_s = float(probe.get("timeoutSeconds") or 1)
+    if "exec" in probe:
+        return LocalProbe("exec", command=tuple(str(part) for part in probe["exec"].get("command") or []),
+                          timeout_s=timeout_s)
+    action = probe.get("httpGet") or probe.get("tcpSocket")
+    if action is None:
+        raise ManifestInvalid([f"{field_path}: grporun local runs tcpSocket, httpGet and exec probes only"])
+    if action.get("port") not in (environment.port, str(environment.port), "http"):
+        raise ManifestInvalid([f"{field_path}: port {action.get('port')!r}: a local server has one port (its "
+                               f"port, {environment.port} in a pod), so its probe must use that one"])
+    if "httpGet" in probe:
+        if str(action.get("scheme", "HTTP")).upper() != "HTTP":
+            raise ManifestInvalid([f"{field_path}.httpGet.scheme: grporun local probes over plain HTTP only"])
+        return LocalProbe("http", path=str(action.get("path") or "/"), timeout_s=timeout_s)
+    return LocalProbe("tcp", timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
 class ProcessPlan:
     name: str  # the pod's name: status derivation keys replicas and ranks by it
     role: Role
     argv: list[str]
     env: dict[str, str]
-    url: str | None = None  # rollout: where /health answers; learner: where /progress answers
+    url: str | None = None  # rollout: where /health answers; learner: where /progress answers; environment: its URL
+    probe: LocalProbe | None = None  # an environment server's readiness probe
 
 
 def _pod_env(pod: dict[str, Any], config_path: str) -> dict[str, str]:
@@ -181,14 +220,58 @@ def plan_rollout(owner: RunRef, spec: GRPORunSpec, index: int, port: int, config
                        f"http://{LOCAL_HOST}:{port}")
 
 
+#: `$(NAME)` in a container's command and args: the kubelet puts the container's variable NAME there (`$$` is `$`).
+_VARIABLE_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand_references(value: str, env: Mapping[str, str]) -> str:
+    """`value` with `$(NAME)` replaced as the kubelet does in a command or args: by the container's own variable
+    NAME (not this machine's), left as it is when there is none, and `$$` as `$`."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _VARIABLE_REFERENCE.sub(replace, value)
+
+
+def plan_environment(owner: RunRef, spec: GRPORunSpec, position: int, index: int, port: int,
+                     python: str) -> ProcessPlan:
+    """Server `index` of spec.environments[position] as a local process listening on `port`: its pod's command and
+    args (a first word `python` becomes the interpreter `python` names, grporun's own, as the learner's does), with
+    its pod's literal env and $PORT set to `port`. A `valueFrom` variable is left to this machine's environment (the
+    process inherits it), as for the other roles' overrides."""
+    environment = (spec.environments or [])[position]
+    where = f"spec.environments[{position}]"
+    pod = builders.build_environment_pod(owner, environment, index, where=where)
+    container = pod["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    env[builders.ENVIRONMENT_PORT_ENV] = str(port)
+    argv = [expand_references(part, env) for part in [*container.get("command", []), *container.get("args", [])]]
+    if argv and argv[0] == "python":
+        argv[0] = python
+    return ProcessPlan(pod["metadata"]["name"], "environment", argv, env, f"http://{LOCAL_HOST}:{port}",
+                       local_probe(environment, where))
+
+
+def local_environment_urls(spec: GRPORunSpec, ports: Mapping[str, list[int]]) -> dict[str, str]:
+    """Each environment's URL on this machine: its first server's (a cluster's Service spreads connections over the
+    servers; locally the learner gets one of them). An environment of 0 servers names its spec's port, where no
+    server of the run listens (a Service with no server behind it)."""
+    return {environment.name: f"http://{LOCAL_HOST}:{(ports.get(environment.name) or [environment.port])[0]}"
+            for environment in spec.environments or []}
+
+
 @dataclass(frozen=True)
 class LocalPorts:
     """The loopback ports a local run's processes listen on: each rollout server's, the learner's HTTP port
-    (/progress) and accelerate's main process port (its ranks' rendezvous)."""
+    (/progress), accelerate's main process port (its ranks' rendezvous) and each environment's servers' (by its
+    name, one per replica)."""
 
     rollout: list[int]
     learner_http: int
     main_process: int
+    environments: dict[str, list[int]] = field(default_factory=dict)
 
 
 def plan_processes(
@@ -216,7 +299,12 @@ def plan_processes(
     if cpu_count is not None and spec.learner.device == "cpu":
         sharers = spec.learner.processes_per_node + spec.rollout.replicas
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // sharers))
+    for name, url in local_environment_urls(spec, ports.environments).items():
+        env[environment_url_variable(name)] = url
     plans.append(ProcessPlan(pod["metadata"]["name"], "learner", argv, env, f"http://{LOCAL_HOST}:{ports.learner_http}"))
+    plans += [plan_environment(owner, spec, position, index, port, learner_python)
+              for position, environment in enumerate(spec.environments or [])
+              for index, port in enumerate(ports.environments.get(environment.name, []))]
     return plans
 
 

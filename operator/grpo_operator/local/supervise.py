@@ -33,6 +33,7 @@ from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
 from ..status.decision import rank
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
+from .environments import CRASH_LOOP_BACK_OFF, InPlaceRestarts, probe_passes
 from .plan import (
     LOCAL_HOST,
     LocalError,
@@ -40,6 +41,7 @@ from .plan import (
     ProcessPlan,
     check_rewards,
     cpu_bind,
+    local_environment_urls,
     local_output,
     localize_spec,
     observe,
@@ -66,6 +68,7 @@ class LocalRun:
     scaling: RolloutScaling | None = None  # `grporun local scale` while the run runs
     plan_server: Callable[[int, int], ProcessPlan] | None = None  # (ordinal, port) -> an added rollout server
     notes: list[str] = field(default_factory=list)  # said once at the start: how the manifest maps to this machine
+    in_place: InPlaceRestarts = field(default_factory=InPlaceRestarts)  # the environment servers' kubelet
 
     @property
     def ref(self) -> RunRef:
@@ -86,6 +89,9 @@ class LocalRun:
                 continue  # not created (yet, or again after a restart): derive_status asks for it
             code = process.poll()
             plan = process.plan
+            if plan.role == "environment":
+                pods.append(self._environment_observation(process))
+                continue
             if code is None:
                 ready = http_ok(f"{plan.url}/health") if plan.role == "rollout" else True
                 pods.append(observe(plan, None, ready=ready, message=None))
@@ -98,12 +104,31 @@ class LocalRun:
             pods.append(observe(plan, code, ready=False, message=message or tail(process.log_path)))
         return pods
 
+    def _environment_observation(self, process: LocalProcess) -> st.PodObservation:
+        """An environment server as its pod: Running (restarted in place when it exits), Ready while its readiness
+        probe passes, its in-place restarts counted; between an exit and its restart, waiting in CrashLoopBackOff
+        with its log's tail as the message."""
+        name = process.plan.name
+        restarts = self.in_place.restarts[name]
+        if process.poll() is None:
+            return st.PodObservation(name, "environment", "Running", probe_passes(process.plan),
+                                     container_restarts=restarts)
+        return st.PodObservation(name, "environment", "Running", False, waiting_reason=CRASH_LOOP_BACK_OFF,
+                                 message=one_line(tail(process.log_path)), container_restarts=restarts)
+
+    def restart_environments(self, log: Callable[[str], None]) -> None:
+        """The kubelet's restartPolicy Always: an environment server that exited is started again in place."""
+        for process in self.processes.values():
+            if process.plan.role == "environment":
+                self.in_place.tend(process, log)
+
     def start_missing(self, log: Callable[[str], None]) -> None:
         """CreateChildren: start every planned process that is not running (new, or stopped to be recreated)."""
         for process in self.processes.values():
             if process.popen is None:
                 process.start()
                 self.hung.pop(process.plan.name, None)
+                self.in_place.started(process.plan.name)
                 if self.liveness is not None:
                     self.liveness.forget(process.plan.name)
                 log(f"started {process.plan.name} (pid {process.popen.pid}, log {process.log_path})")
@@ -118,6 +143,12 @@ class LocalRun:
                 process.stop()
                 del self.processes[name]
                 self.forget_server(name)
+            elif process is not None and process.plan.role == "environment":
+                # Its pod deleted (cleanPodPolicy, a suspend) or ended: gone, so not restarted in place; created
+                # again, it starts with no restarts.
+                process.stop()
+                process.popen = None
+                self.in_place.forget(name)
             elif process is not None and process.popen is not None:
                 process.stop()
                 if recreate:
@@ -150,6 +181,10 @@ class LocalRun:
                     for index, url in enumerate(self.external_rollout_urls)}
         lines = []
         for pod in pods:
+            if pod.role == "environment" and pod.phase == "Running" and not pod.ready:
+                process = self.processes[pod.name]
+                lines.append(f"waiting for {pod.name}: its readiness probe does not pass yet "
+                             f"(log: {process.log_path})")
             if pod.role != "rollout" or pod.phase != "Running" or pod.ready:
                 continue
             process = self.processes.get(pod.name)
@@ -222,12 +257,15 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         rollout_python = find_rollout_python(args.rollout_python)
     termination_path = run_dir / "termination-log"
     output = local_output(run.name, spec, run_dir)
+    environment_ports = {environment.name: [free_port() for _ in range(environment.replicas)]
+                         for environment in spec.environments or []}
     config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
         rollout_urls=urls, output_dir=str(run_dir / "output"),
         checkpoint_dir=str(run_dir / "checkpoints"),
         weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
         termination_message_path=str(termination_path),
         output=None if output is None else (str(output[0]), output[1]),
+        environment_urls=local_environment_urls(spec, environment_ports),
     ))
     learner_port = free_port()
     config = config.model_copy(update={"learner": config.learner.model_copy(update={"http_port": learner_port})})
@@ -236,12 +274,13 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     cpu_count = None if "OMP_NUM_THREADS" in os.environ else os.cpu_count()  # the user's setting wins
     plans = plan_processes(
         run.name, run.namespace, spec, str(config_path), rollout_python=rollout_python or sys.executable,
-        learner_python=sys.executable, ports=LocalPorts(rollout_ports, learner_port, free_port()), cpu_count=cpu_count,
+        learner_python=sys.executable, ports=LocalPorts(rollout_ports, learner_port, free_port(), environment_ports),
+        cpu_count=cpu_count,
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
     local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
                      termination_path, liveness=Liveness(config.model),
-                     notes=[output[2]] if output is not None and output[2] else [])
+                     notes=[*([output[2]] if output is not None and output[2] else []), *environment_notes(spec)])
 
     def plan_server(ordinal: int, port: int):
         return plan_rollout(local.ref, spec, ordinal, port, str(config_path), rollout_python,
@@ -253,6 +292,24 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     local.plan_server = plan_server
     local.scaling.begin()
     return local
+
+
+def environment_notes(spec: GRPORunSpec) -> list[str]:
+    """How each environment maps to this machine, where it differs from a cluster: its command runs here, not its
+    image; of several servers, the learner's URL is the first's."""
+    notes = []
+    for environment in spec.environments or []:
+        name = environment.name
+        notes.append(f"environment {name}: {environment.replicas} server(s) run their command on this machine "
+                     f"(image {environment.image} is a cluster's), each on a free loopback port in $PORT")
+        if environment.replicas > 1:
+            notes.append(f"environment {name}: its URL names its first server only (a cluster's Service spreads "
+                         "over all of them): the others run and count in status.environments but get no episodes")
+        for item in environment.env or []:
+            if item.value_from is not None:
+                notes.append(f"environment {name}: {item.name} ({', '.join(sorted(item.value_from))}) comes from "
+                             "this machine's environment, if set")
+    return notes
 
 
 class LocalPort:
@@ -269,6 +326,7 @@ class LocalPort:
     async def observe(self) -> Observed:
         local, log = self.local, self.log
         local.stop_hung(log)
+        local.restart_environments(log)
         if local.scaling is not None and (replicas := local.scaling.follow(log)) is not None:
             local.spec.rollout.replicas = replicas  # as an edit of the spec: the state machine scales to it
         pods = local.observations()

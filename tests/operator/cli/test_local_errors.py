@@ -10,13 +10,17 @@ import pytest
 import yaml
 
 from grpo_operator import builders
+from grpo_operator.api import EnvironmentSpec
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
 from grpo_operator.local.plan import (
     VLLM_CPU_BIND_ENV,
     LocalPorts,
+    LocalProbe,
     ProcessPlan,
+    expand_references,
+    local_probe,
     localize_spec,
     observe,
     plan_processes,
@@ -64,10 +68,17 @@ def mutate(manifest: dict, change) -> dict:
         (lambda s: s["learner"].update(nodes=2), "spec.learner.nodes"),
         (lambda s: s["rewards"].append({"model": "./no-such-rm"}), "spec.rewards[1].model: "),
         (lambda s: s.update(environments=[{"name": "guess", "image": "guess:1"}]),
-         "spec.environments: grporun local does not run environment servers"),
+         "spec.environments[0].command: grporun local runs the server's command on this machine"),
+        (lambda s: s.update(environments=[{"name": "guess", "image": "guess:1", "command": ["guess"],
+                                           "readinessProbe": {"grpc": {"port": 8000}}}]),
+         "spec.environments[0].readinessProbe: grporun local runs tcpSocket, httpGet and exec probes only"),
+        (lambda s: s.update(environments=[{"name": "guess", "image": "guess:1", "command": ["guess"],
+                                           "readinessProbe": {"httpGet": {"path": "/", "port": 9090}}}]),
+         "spec.environments[0].readinessProbe: port 9090: a local server has one port"),
     ],
     ids=["unknown-field", "wrong-type", "missing-model", "unknown-reward", "bad-reward-import", "missing-model-dir",
-         "missing-dataset", "multi-node", "missing-reward-model-dir", "environments"],
+         "missing-dataset", "multi-node", "missing-reward-model-dir", "environment-without-command",
+         "environment-grpc-probe", "environment-probe-of-another-port"],
 )
 def test_bad_manifest_gives_one_line_naming_the_field(tmp_path, tiny_manifest, capsys, change, expected):
     code, lines = run_local(tmp_path, mutate(tiny_manifest, change), capsys)
@@ -297,3 +308,45 @@ def test_a_local_learner_reaches_the_object_store_the_spec_names_with_this_machi
     (learner,) = [process.plan for name, process in local.processes.items() if "learner" in name]
     assert learner.env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:8333" and learner.env["AWS_REGION"] == "eu-west-1"
     assert "AWS_ACCESS_KEY_ID" not in learner.env  # the process inherits this machine's own
+
+
+GUESS = {"name": "guess", "image": "registry.example/guess:1", "port": 8765,
+         "command": ["python", "-m", "grpo_trainer.testing.guess_env"],
+         "args": ["--port", "$(PORT)", "--x", "$$(PORT)"],
+         "env": [{"name": "LEVEL", "value": "3"}]}
+
+
+def test_environment_servers_run_their_command_here_on_free_ports_and_the_learner_is_told_where():
+    spec = read_grporun(TINY).spec.model_copy(deep=True)
+    spec.environments = [EnvironmentSpec.model_validate({**GUESS, "replicas": 2}),
+                         EnvironmentSpec.model_validate({"name": "idle", "image": "i:1", "command": ["x"],
+                                                         "replicas": 0})]
+    plans = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
+                           ports=LocalPorts([1], 2, 3, {"guess": [40001, 40002], "idle": []}))
+    learner = next(plan for plan in plans if plan.role == "learner")
+    servers = [plan for plan in plans if plan.role == "environment"]
+    assert [server.name for server in servers] == ["tiny-env-guess-0", "tiny-env-guess-1"]
+    first, second = servers
+    # The pod's command and args, `python` as grporun's interpreter, $(PORT) as the kubelet expands it.
+    assert first.argv == ["/lv", "-m", "grpo_trainer.testing.guess_env", "--port", "40001", "--x", "$(PORT)"]
+    assert second.argv[4] == "40002" and second.url == "http://127.0.0.1:40002"
+    assert first.env["PORT"] == "40001" and first.env["LEVEL"] == "3" and first.url == "http://127.0.0.1:40001"
+    assert first.probe == LocalProbe("tcp")  # the pod's default: a TCP connect to its port
+    # The learner gets the first server's URL, and an environment without servers names its spec's port.
+    assert learner.env["GRPO_ENVIRONMENT_GUESS_URL"] == "http://127.0.0.1:40001"
+    assert learner.env["GRPO_ENVIRONMENT_IDLE_URL"] == "http://127.0.0.1:8000"
+
+
+def test_an_environment_probe_runs_here_against_the_servers_own_port():
+    http = EnvironmentSpec.model_validate({**GUESS, "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
+                                                                        "timeoutSeconds": 3}})
+    assert local_probe(http, "spec.environments[0]") == LocalProbe("http", path="/health", timeout_s=3.0)
+    command = EnvironmentSpec.model_validate({**GUESS, "readinessProbe": {"exec": {"command": ["test", "-e", "/x"]}}})
+    assert local_probe(command, "spec.environments[0]") == LocalProbe("exec", command=("test", "-e", "/x"))
+
+
+def test_command_references_expand_as_the_kubelet_expands_them():
+    env = {"PORT": "41", "A": "a"}
+    assert expand_references("--port=$(PORT)", env) == "--port=41"
+    assert expand_references("$(A)$(A)-$(MISSING)-$$(A)-$$", env) == "aa-$(MISSING)-$(A)-$"
+    assert expand_references("$(HOME)", env) == "$(HOME)"  # the container's variables only, not this machine's

@@ -82,8 +82,11 @@ class RolloutProgress:
         epochs: float | None = None,
         clock: Callable[[], float] = time.time,
         regenerate_limit: int = REGENERATE_LIMIT,
+        stall_cause: Callable[[int], str | None] | None = None,
     ):
-        """A fresh run's progress; `restore` rebuilds a resumed one from its checkpoint."""
+        """A fresh run's progress; `restore` rebuilds a resumed one from its checkpoint. `stall_cause(streak)`: what
+        the stall's message adds about the last `streak` groups, if anything (the environment their episodes all
+        failed in: `episodes.EpisodeCounts.failed_environments`)."""
         if stall_groups < 0:
             raise ValueError(f"stall_groups must be >= 0, got {stall_groups}")
         if stall_groups == 0 and not groups_per_epoch:
@@ -99,6 +102,7 @@ class RolloutProgress:
         self.groups_total = total
         self.needed_end = total
         self.regenerate_limit = regenerate_limit
+        self.stall_cause = stall_cause
         self.regenerated = 0
         # Regenerated ids, and overflow ids the moved bound swallowed: consumed, neither trained nor dropped.
         self._transparent: list[int] = []  # sorted
@@ -132,7 +136,8 @@ class RolloutProgress:
     @classmethod
     def restore(cls, state: ProgressState, consumed: MutableSet[int], *, stall_groups: int, groups_per_epoch: int,
                 epochs: float, clock: Callable[[], float] = time.time,
-                regenerate_limit: int = REGENERATE_LIMIT) -> RolloutProgress:
+                regenerate_limit: int = REGENERATE_LIMIT,
+                stall_cause: Callable[[int], str | None] | None = None) -> RolloutProgress:
         """Rebuild after a resume. Fills `consumed` (TRL's set) with worker ids relative to the new start, which is
         the first absolute group not consumed: the worker skips every group before it, so none is generated again."""
         start = state.first_unconsumed
@@ -140,7 +145,7 @@ class RolloutProgress:
         consumed.update(g - start for g in state.consumed_after)
         progress = cls(consumed, epochs_done=state.epochs_done, stall_groups=stall_groups,
                        groups_per_epoch=groups_per_epoch, epochs=epochs, clock=clock,
-                       regenerate_limit=regenerate_limit)
+                       regenerate_limit=regenerate_limit, stall_cause=stall_cause)
         progress._resume_at(state)
         return progress
 
@@ -362,14 +367,18 @@ class RolloutProgress:
         if streak >= self.stall_limit:
             return RolloutStop(
                 f"stalled: {streak} prompt groups in a row were consumed without one training "
-                f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()})"
+                f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()}){self._cause(streak)}"
             )
         if self.all_consumed and self.groups_trained == 0:
             return RolloutStop(
                 f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
-                f"(dropped: {self._dropped_summary()})"
+                f"(dropped: {self._dropped_summary()}){self._cause(streak)}"
             )
         return None
+
+    def _cause(self, streak: int) -> str:
+        cause = self.stall_cause(streak) if self.stall_cause is not None else None
+        return f"; {cause}" if cause else ""
 
     @property
     def all_consumed(self) -> bool:

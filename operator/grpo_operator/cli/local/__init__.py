@@ -80,7 +80,9 @@ def main(args: argparse.Namespace) -> int:
     log(f"run {local.name}: config, logs and checkpoints in {local.run_dir}")
     for note in local.notes:
         log(note)
-    for role, role_spec in (("rollout", local.spec.rollout), ("learner", local.spec.learner)):
+    roles = [("rollout", local.spec.rollout), ("learner", local.spec.learner),
+             *((f"environment {environment.name}", environment) for environment in local.spec.environments or [])]
+    for role, role_spec in roles:
         for note in local_env_notes(role, role_spec.pod_template_override, os.environ):
             log(note)
     interrupted = False
@@ -92,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         local.stop_all()
     if interrupted:
-        print("grporun local: interrupted; stopped the rollout and learner processes", file=sys.stderr)
+        print("grporun local: interrupted; stopped the run's processes", file=sys.stderr)
         return ExitCode.INTERRUPTED
     print(final_summary(status, local.logs()))
     if local.spec.output is None and status.get("phase") == Phase.SUCCEEDED.value:
