@@ -51,7 +51,7 @@ EXPERIMENT = "node-tiny"
 STORE_SECRET = "tiny-store"
 GAME = "guess"
 GAME_POD = environment_pod_name(RUN, GAME, 0)
-EPOCHS = 4  # 32 groups: the game's pod is deleted after the first, and the run goes on well past its return
+EPOCHS = 3  # 24 groups: the game's pod is deleted after the first, and the run goes on well past its return
 
 
 def game_environment(image: str) -> dict:
@@ -115,6 +115,18 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             mlflow.wait_ready()
             deleted_uid = delete_the_game_mid_run(run)
             status = run.wait_succeeded()
+            # The game's pod came back under its name, created again by the operator, and served the rest of the run;
+            # the episodes it held when it went are counted (environment failures, their groups unscorable).
+            uids = run.history.uids(GAME_POD)
+            assert uids[0] == deleted_uid and len(uids) == 2, uids
+            assert status["environments"] == [
+                {"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}], status
+            progress, episodes = status["progress"], status["progress"]["episodes"]
+            dropped = sum(progress.get("dropped", {}).values())
+            assert progress["groupsTrained"] + dropped == progress["groupsConsumed"], progress
+            assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
+            assert set(episodes.get("environmentFailures", {})) <= {GAME}, episodes
+            node.report(f"agentic run: {progress}")
             tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
                                         epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)
@@ -129,17 +141,6 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
                     f"imageID {status_['imageID']}")
         assert status_["containerID"].startswith("containerd://"), status_
         assert status_["podImage"] == operator_release.trainer.reference, status_
-
-    # The game's pod came back under its name, created again by the operator, and served the rest of the run; the
-    # episodes it held when it went are counted (environment failures, their groups unscorable), none lost.
-    uids = run.history.uids(GAME_POD)
-    assert uids[0] == deleted_uid and len(uids) == 2, uids
-    assert status["environments"] == [{"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}], status
-    progress, episodes = status["progress"], status["progress"]["episodes"]
-    assert progress["groupsTrained"] + sum(progress.get("dropped", {}).values()) == progress["groupsConsumed"], progress
-    assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
-    assert set(episodes.get("environmentFailures", {})) <= {GAME}, episodes
-    node.report(f"agentic run: {progress}")
 
     # The status names the tracked run where the pods reached the server.
     assert status["tracking"] == [{"tracker": "mlflow", "runId": tracked.run_id, "uri": (

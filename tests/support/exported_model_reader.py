@@ -40,10 +40,10 @@ def with_transformers(model_dir: str) -> dict:
     return {"logprob": logprob, "tokens": generated[0, len(PROMPT):].tolist()}
 
 
-def post(url: str, body: dict) -> dict:
+def post(url: str, body: dict, timeout: float = 120) -> dict:
     """A JSON POST to the pod's own server (http, loopback)."""
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})  # noqa: S310
-    with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
         return json.load(response)
 
 
@@ -66,7 +66,10 @@ def with_vllm(model_dir: str) -> dict:
                     sys.exit(f"the vLLM server was not ready in {SERVER_START_TIMEOUT_S} s")
                 time.sleep(1)
         url = f"http://127.0.0.1:{PORT}/v1/completions"
-        first = post(url, {"model": model_dir, "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1})
+        # The server answers /health before its first request has built the CPU kernels it runs (a C++ compile: over
+        # two minutes on a loaded machine), so the first request is part of its start-up and has that deadline.
+        first = post(url, {"model": model_dir, "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1},
+                     timeout=max(deadline - time.monotonic(), 120))
         text = post(url, {"model": model_dir, "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0,
                           "ignore_eos": True, "return_token_ids": True})
         return {"logprob": first["choices"][0]["logprobs"]["token_logprobs"][0],
