@@ -301,6 +301,7 @@ def test_multi_row_groups_split_across_steps_resume_after_sigterm_training_every
     (first,) = run(tiny_model_dir, tmp_path / "first", *MULTI_ROW, "--save-steps", "100", "--sigterm-at-step", "2",
                    expect=EXIT_PREEMPTED)
     assert first["outcome"] == "Preempted" and first["global_step"] == 2
+    assert -1 in first["micro_batches"]  # the stop discarded a window: the one holding group 2's next rows
     assert_episodes_counted(first)
     checkpoint = tmp_path / "first" / "checkpoints" / "checkpoint-2"
     saved = json.loads((checkpoint / "grpo_progress.json").read_text())
