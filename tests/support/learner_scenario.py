@@ -60,7 +60,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--nan-logprobs-every", type=int, default=0, help="every Nth group's rollout logprobs are NaN")
     parser.add_argument("--is-clip-max", type=float, default=None, help="training.vllmImportanceSamplingClipMax")
     parser.add_argument("--lora-rank", type=int, default=0, help="training.lora with this rank (0: no LoRA)")
+    parser.add_argument("--multi-row", action="store_true",
+                        help="each conversation becomes 1-3 training rows (forks), its group stamped as with tools")
+    parser.add_argument("--sigkill-at-step", type=int, default=None, help="the process SIGKILLs itself at step N")
     return parser.parse_args(argv)
+
+
+def fork_rows(position: int, generation: int) -> int:
+    """--multi-row: the rows conversation `generation` of the group at `position` becomes (1, 2 or 3)."""
+    return 1 + (position + generation) % 3
 
 
 def every_nth(n: int):
@@ -112,7 +120,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         return f"prompt {index} {UNSCORABLE_MARKER}" if every and index % every == every - 1 else f"prompt {index}"
 
     script = GroupScript(reward=reward, lost=lost, off_policy=every_nth(args.off_policy_every),
-                         nan_logprobs=every_nth(args.nan_logprobs_every), fail_after_groups=args.worker_fails_after)
+                         nan_logprobs=every_nth(args.nan_logprobs_every), fail_after_groups=args.worker_fails_after,
+                         rows=fork_rows if args.multi_row else None)
     worker = ScriptedRolloutWorker(
         dataset_size=args.prompts, num_generations=args.generations, script=script,
         shape=SampleShape(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id),
@@ -189,11 +198,17 @@ def run_scenario(args: argparse.Namespace) -> int:
                 sigterm_time.append(time.time())
                 os.kill(os.getpid(), signal.SIGTERM)
             entry = {"step": state.global_step, "t": time.time(), "consumed": len(trainer._trained_groups)}
+            if not args.baseline:
+                entry["stepped"] = sorted(set(stepped))
             if not args.baseline and trainer.accelerator.is_main_process:
                 report = trainer.progress_report()  # checks the accounting identity; raises when it breaks
                 entry["report"] = {"consumed": report.groups_consumed, "trained": report.groups_trained,
                                    "dropped": report.dropped_total, "regenerated": report.regenerated}
             timeline.append(entry)
+            if state.global_step == args.sigkill_at_step:
+                # What the test can know of a killed process: the windows it stepped, by step.
+                (out / "killed.json").write_text(json.dumps({"timeline": timeline}))
+                os.kill(os.getpid(), signal.SIGKILL)  # before this step's checkpoint: the newest is an older one
 
     timeline: list[dict] = []
     adapter_at_start: list[float] = []
@@ -243,6 +258,7 @@ def run_scenario(args: argparse.Namespace) -> int:
             result["progress"] = trainer.progress_report().to_wire()
             result["consumed_absolute"] = trainer.progress.consumed_positions()
             result["stepped_groups"] = stepped
+            result["episodes"] = trainer.episodes.report().model_dump()
             result["samples_masked"] = trainer.exclusions.samples_masked
             result["samples_scored"] = trainer.exclusions.samples_scored
             if trainer.scoring is not None:

@@ -120,7 +120,8 @@ def test_a_report_that_breaks_the_identity_raises_naming_the_figures():
 class Stream:
     """A worker's ids in order, each given a fate at random, fed to RolloutProgress as the learner's stream does:
     trained in micro-batches (with discarded windows), dropped with a reason (by scoring, past the bound too),
-    regenerated when stale, passed on unfiltered past the bound, folded, and checkpointed and resumed."""
+    regenerated when stale, passed on unfiltered past the bound, folded, and checkpointed and resumed. A group's rows
+    may spill into the next micro-batch (a multi-row group): no group trains in two processes."""
 
     def __init__(self, seed: int, *, prompts: int, epochs: int):
         self.rng = random.Random(seed)
@@ -128,6 +129,8 @@ class Stream:
         self.progress = RolloutProgress(ConsumedIds(), epochs_done=0, stall_groups=10**6, groups_per_epoch=prompts,
                                         epochs=epochs)
         self.next_id = 0
+        self.trained_before: set[int] = set()  # absolute positions trained by the processes before this one
+        self.trained_here: set[int] = set()
         self.batcher: list[int] = []  # accepted ids waiting for a micro-batch
         self.in_flight: list[list[int]] = []  # collated micro-batches not yet through an optimizer step
         self.reports = 0
@@ -161,9 +164,18 @@ class Stream:
     def collate(self) -> None:
         size = self.rng.randint(1, 3)
         batch, self.batcher = self.batcher[:size], self.batcher[size:]
+        if batch and self.rng.random() < 0.3:  # the last group's other rows wait for the next micro-batch
+            self.batcher.insert(0, batch[-1])
         self.progress.train(batch)
         self.in_flight.append(batch)
         if self.rng.random() < 0.5:  # an optimizer step: every window before it is settled
+            progress = self.progress
+            stepped = {g for batch in self.in_flight for g in batch}
+            progress.stepped(stepped)
+            for group_id in stepped & progress._trained_ids:
+                position = progress.start_group + group_id
+                assert position not in self.trained_before, f"position {position} trained in two processes"
+                self.trained_here.add(position)
             self.in_flight.clear()
             self.progress.fold(self.progress.first_unconsumed)
         elif self.rng.random() < 0.1:  # a stop discarded the window
@@ -176,6 +188,8 @@ class Stream:
         self.progress = RolloutProgress.restore(ProgressState.from_dict(state), ConsumedIds(), stall_groups=10**6,
                                                    groups_per_epoch=self.prompts, epochs=self.epochs)
         self.next_id = 0  # the worker restarts at the first unconsumed position
+        self.trained_before |= self.trained_here
+        self.trained_here = set()
         self.batcher, self.in_flight = [], []
 
     def run(self) -> ProgressReport:

@@ -21,6 +21,7 @@ from grpo_trainer.launch import GangLayout, learner_argv
 from grpo_trainer.learner_main import trainer_arguments
 
 pytestmark = pytest.mark.slow
+from tests.support.learner_scenario import fork_rows  # noqa: E402
 from tests.support.paths import REPO  # noqa: E402
 
 SCENARIO = str(REPO / "tests" / "support" / "learner_scenario.py")
@@ -258,3 +259,73 @@ def test_a_reward_that_scores_nothing_stalls_as_unscorable_even_with_drop_no_sig
     assert progress["phase"] == "Stalled" and progress["globalStep"] == 0 and progress["groupsTrained"] == 0
     assert progress["dropped"]["unscorable"] == 6 == progress["groupsConsumed"]
     assert progress["dropped"]["no_signal"] == 0
+
+
+def expected_episodes(start: int, groups: int, generations: int = 4) -> dict[str, int]:
+    """What `groups` scripted multi-row groups from `start` on stamp (tests/support/learner_scenario.py fork_rows)."""
+    rows = [fork_rows(p, k) for p in range(start, start + groups) for k in range(generations)]
+    return {"episodes": len(rows), "rows": sum(rows), "forked": sum(1 for r in rows if r > 1)}
+
+
+def assert_episodes_counted(result: dict) -> None:
+    """The learner counted the episodes of the groups it read, in order from where its worker started."""
+    episodes = result["episodes"]
+    assert episodes["episodes"] % 4 == 0 and episodes["episodes"] > 0
+    counted = {key: episodes[key] for key in ("episodes", "rows", "forked")}
+    assert counted == expected_episodes(result["start_position"], episodes["episodes"] // 4)
+
+
+def assert_every_group_once(before: set[int], after: dict, total: int) -> None:
+    """`before`: the groups the first process trained (that its checkpoint keeps); `after`: the resumed run."""
+    progress = after["progress"]
+    assert after["outcome"] == "succeeded" and progress["phase"] == "Succeeded"
+    # A multi-row group spans micro-batches (and steps): a group is in every window its rows reached.
+    resumed = {g for g in after["stepped_groups"] if g < total}
+    assert not before & resumed, f"trained in both processes: {sorted(before & resumed)}"
+    assert before | resumed == set(range(total)), f"never trained: {sorted(set(range(total)) - before - resumed)}"
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == total and progress["epochsDone"] == 2
+    assert progress["groupsTrained"] + sum(progress["dropped"].values()) == progress["groupsConsumed"]
+    assert progress["groupsTrained"] == total  # every group has signal: none dropped
+    assert after["consumed_absolute"] == list(range(total))
+    assert_episodes_counted(after)
+
+
+MULTI_ROW = ["--scenario", "varied", "--multi-row", "--prompts", "6", "--epochs", "2", "--ga", "2"]
+
+
+def test_multi_row_groups_split_across_steps_resume_after_sigterm_training_every_group_once(tiny_model_dir,
+                                                                                               tmp_path):
+    # Groups of 7-9 rows (conversations forked into 1-3 rows) in micro-batches of 4 rows, 2 per step: step 2 ends
+    # inside group 2 (rows 0-6, 7-14, 15-23), whose other rows are in the queue, the batcher or the micro-batch
+    # already fetched when the SIGTERM stops the learner.
+    (first,) = run(tiny_model_dir, tmp_path / "first", *MULTI_ROW, "--save-steps", "100", "--sigterm-at-step", "2",
+                   expect=EXIT_PREEMPTED)
+    assert first["outcome"] == "Preempted" and first["global_step"] == 2
+    assert -1 in first["micro_batches"]  # the stop discarded a window: the one holding group 2's next rows
+    assert_episodes_counted(first)
+    checkpoint = tmp_path / "first" / "checkpoints" / "checkpoint-2"
+    saved = json.loads((checkpoint / "grpo_progress.json").read_text())
+    stepped = set(first["stepped_groups"])
+    assert saved["groups_trained"] == len(stepped)
+    assert set(range(saved["first_unconsumed"])) | set(saved["consumed_after"]) == stepped
+    (second,) = run(tiny_model_dir, tmp_path / "second", *MULTI_ROW, "--resume-from", str(checkpoint))
+    assert second["start_position"] == saved["first_unconsumed"]
+    assert_every_group_once(stepped, second, total=12)
+
+
+def test_multi_row_groups_resume_after_a_kill_from_the_last_checkpoint_training_every_group_once(tiny_model_dir,
+                                                                                                 tmp_path):
+    # Killed at step 3, before its checkpoint: the resume starts from step 2's, and step 3's groups train again.
+    killed = subprocess.run([sys.executable, SCENARIO, "--model", tiny_model_dir, "--out", str(tmp_path / "first"),
+                             *MULTI_ROW, "--save-steps", "1", "--sigkill-at-step", "3"],
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    timeline = json.loads((tmp_path / "first" / "killed.json").read_text())["timeline"]
+    stepped_by_2 = set(next(entry["stepped"] for entry in timeline if entry["step"] == 2))
+    checkpoints = tmp_path / "first" / "checkpoints"
+    saved = json.loads((checkpoints / "checkpoint-2" / "grpo_progress.json").read_text())
+    assert saved["groups_trained"] == len(stepped_by_2)
+    assert set(range(saved["first_unconsumed"])) | set(saved["consumed_after"]) == stepped_by_2
+    (second,) = run(tiny_model_dir, tmp_path / "second", *MULTI_ROW, "--resume-newest", str(checkpoints))
+    assert second["resumed_from"] == str(checkpoints / "checkpoint-2")
+    assert_every_group_once(stepped_by_2, second, total=12)

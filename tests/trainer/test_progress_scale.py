@@ -144,6 +144,29 @@ class TestGivenBack:
         state = progress.checkpoint_state().to_dict()
         assert state["first_unconsumed"] == 2 and state["consumed_after"] == [] and state["groups_trained"] == 2
 
+    def test_a_group_whose_rows_reached_a_step_stays_trained_when_its_other_rows_are_discarded(self):
+        # A multi-row group split across windows: its first rows stepped, its others are in the window a stop
+        # discarded, or only collated when a checkpoint is saved. It trained: a resume must not train it again.
+        progress = make_progress(n=10, epochs=1)
+        progress.train([0, 1, 2])
+        progress.stepped([0, 1, 2])
+        progress.train([2, 3])  # group 2's other rows, with group 3's first
+        assert progress.checkpoint_state(exclude={2, 3}).to_dict()["first_unconsumed"] == 3
+        progress.untrain({2, 3})  # the stop discarded that window
+        assert progress.groups_trained == 3 and progress.first_unconsumed == 3 and progress.groups_consumed == 3
+        state = progress.checkpoint_state().to_dict()
+        assert state["first_unconsumed"] == 3 and state["consumed_after"] == [] and state["groups_trained"] == 3
+
+    def test_settled_groups_collated_again_are_not_left_out_of_the_checkpoint(self):
+        # A late row of a group folded long ago (its other rows stepped): the checkpoint still starts after it.
+        progress = make_progress(n=10, epochs=1, consumed=ConsumedIds())
+        progress.train([0, 1, 2, 3])
+        progress.stepped([0, 1, 2, 3])
+        progress.fold(4)
+        progress.train([1, 4])
+        state = progress.checkpoint_state(exclude={1, 4}).to_dict()
+        assert state["first_unconsumed"] == 4 and state["groups_trained"] == 4
+
     def test_consumed_ids_unfold_when_a_folded_group_is_given_back(self):
         ids = ConsumedIds(range(10))
         ids.fold(10)

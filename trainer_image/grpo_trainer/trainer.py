@@ -592,7 +592,8 @@ class GRPOLearner(AsyncGRPOTrainer):
 
         The stop micro-batch is handled here, on every rank, so the window it ends never backpropagates: the
         micro-batches before it in the window are discarded (their groups go back to the unconsumed set, and a
-        checkpoint leaves them out), and no optimizer step runs on an empty window. Stepping on zeroed gradients
+        checkpoint leaves them out, except groups with rows in a window that stepped), and no optimizer step runs
+        on an empty window. Stepping on zeroed gradients
         advanced the step counter, the LR schedule and a weight sync; stepping on a partial window's unreduced
         gradients made two gloo replicas diverge (parameter checksums 308.53 vs 311.73).
         """
@@ -604,6 +605,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         groups = [collated.popleft() for _ in range(window) if collated]
         self.window_groups = set().union(*groups)
         if at is None:
+            # The window trains: its groups are trained for good, also where rows of theirs are in later windows.
+            self.progress.stepped(self.window_groups)
             return batch_samples, num_items_in_batch
         self.window_groups = set()
         self.discarded_micro_batches += at
@@ -720,7 +723,8 @@ class GRPOLearner(AsyncGRPOTrainer):
             return
         os.makedirs(checkpoint_dir, exist_ok=True)
         # Collated is not trained: groups only in micro-batches not yet through an optimizer step are left out, so a
-        # resumed run generates them again instead of losing them.
+        # resumed run generates them again instead of losing them (a group with rows in a window that stepped is
+        # kept: RolloutProgress.stepped).
         in_flight = set().union(*self._collator.in_flight) if self._collator else set()
         progress_state = self.progress.checkpoint_state(exclude=in_flight)
         state = {**progress_state.to_dict(), "model_version": self.model_version,

@@ -122,6 +122,10 @@ class RolloutProgress:
         self._lock = threading.RLock()
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
         self._trained_ids: set[int] = set()
+        # Trained ids with a row in a window that reached an optimizer step, above the folded prefix. A group spans
+        # windows when its rows outnumber a micro-batch's (a multi-row group, grpo_trainer.episodes): it trained
+        # once any of its rows stepped, whatever happens to its rows in later windows.
+        self._stepped: set[int] = set()
         self._first_unconsumed = 0
         self._folded = 0  # ids below this are settled: their details are forgotten
         self._runs = DropRuns()
@@ -252,13 +256,21 @@ class RolloutProgress:
             self._trained_ids.add(group_id)
             self.last_trained_time = now
 
+    def stepped(self, group_ids: Iterable[int]) -> None:
+        """Record collated groups whose window goes on to an optimizer step: trained for good, even when rows of
+        theirs in a later window are discarded (`untrain`) or only collated when a checkpoint is saved."""
+        with self._lock:
+            self._stepped.update(g for g in group_ids if g >= self._folded and g in self._trained_ids)
+
     def untrain(self, group_ids: Iterable[int]) -> None:
         """Return collated groups that never reached an optimizer step to the unconsumed set (a discarded
-        gradient-accumulation window): a checkpoint then leaves them out and a resumed run generates them again."""
+        gradient-accumulation window): a checkpoint then leaves them out and a resumed run generates them again.
+        A group with rows in an earlier window that stepped stays trained (`stepped`): its rows here are lost, as
+        rows of a trained group still in the queue are at a stop, and none of it trains twice."""
         with self._lock:
             for group_id in group_ids:
                 if (group_id < self._folded or group_id not in self.consumed or group_id in self._drop_reason
-                        or group_id in self._transparent_set):
+                        or group_id in self._transparent_set or group_id in self._stepped):
                     continue
                 if group_id in self._trained_ids:
                     self._trained_ids.discard(group_id)
@@ -331,6 +343,7 @@ class RolloutProgress:
             for group_id in range(self._folded, limit):
                 self._drop_reason.pop(group_id, None)
                 self._trained_ids.discard(group_id)
+                self._stepped.discard(group_id)
             self._runs.forget(self._folded - 1, limit - 1)  # the run ending at limit - 1 may still grow
             self._folded = limit
             if isinstance(self.consumed, ConsumedIds):
@@ -481,12 +494,15 @@ class RolloutProgress:
         """What a checkpoint keeps, by absolute position (prompts x passes).
 
         `exclude` are groups collated but not through an optimizer step: a resumed run must generate them again.
+        Groups with rows in a window that stepped, and settled (folded) groups, are kept whatever `exclude` says:
+        their rows in `exclude` are later rows of a group that trained.
         The resumed worker starts at the first position not consumed; the checkpoint keeps what lies beyond it
         (consumed positions, and which of them were dropped) and the length of the dropped run that ends right
         before it, so the resumed run sees exactly the stall streaks an uninterrupted one would.
         """
         with self._lock:
-            excluded = {g for g in exclude if g in self.consumed}
+            excluded = {g for g in exclude
+                        if g >= self._folded and g in self.consumed and g not in self._stepped}
             start = min([self._first_unconsumed, *excluded])
             beyond = [*range(start + 1, self._first_unconsumed), *self._consumed_beyond(self._first_unconsumed)]
             beyond = sorted(g for g in beyond if g not in excluded)

@@ -18,9 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+from ..episodes import stamp_group
+
 #: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began. NaN stands
 #: for a completion every reward function returned None for.
 RewardScript = Callable[[int, int], float]
+#: (absolute group position, generation index) -> the training rows that conversation became (at least 1).
+RowScript = Callable[[int, int], int]
 
 
 def varied_rewards(position: int, generation: int) -> float:
@@ -36,13 +40,16 @@ class GroupScript:
     """What happens to each group, by its absolute position: its rewards; whether it is `lost` (never queued);
     whether its rollout logprobs are far from any learner's (`off_policy`: an importance ratio of about
     e^(5 x completion tokens)) or NaN (`nan_logprobs`: a server that returned no logprob), the training step's
-    scoring cases; and after how many groups the worker fails (`fail_after_groups`). None: never."""
+    scoring cases; after how many groups the worker fails (`fail_after_groups`); and how many training rows each
+    conversation becomes (`rows`: a conversation TRL's tool loop forked; the group is then stamped exactly as
+    grpo_trainer.rollout_worker.EpisodeRolloutLoop stamps it). None: never (one unstamped row each)."""
 
     reward: RewardScript = varied_rewards
     lost: Callable[[int], bool] | None = None
     off_policy: Callable[[int], bool] | None = None
     nan_logprobs: Callable[[int], bool] | None = None
     fail_after_groups: int | None = None
+    rows: RowScript | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ class ScriptedRolloutWorker:
         self.off_policy = script.off_policy or never
         self.nan_logprobs = script.nan_logprobs or never
         self.fail_after_groups = script.fail_after_groups
+        self.rows = script.rows
         self.vocab_size = shape.vocab_size
         self.prompt_tokens = shape.prompt_tokens
         self.completion_tokens = shape.completion_tokens  # a subclass may change it per group (bench/learner_run.py)
@@ -133,25 +141,31 @@ class ScriptedRolloutWorker:
             old_log_prob -= 5.0
         if self.nan_logprobs(position):
             old_log_prob = np.nan
-        for k in range(self.num_generations):
-            completion = rng.integers(2, self.vocab_size, self.completion_tokens)
-            completion[-1] = self.eos_token_id
-            input_ids = np.concatenate([prompt, completion]).astype(np.int64)
-            mask = np.concatenate([np.zeros(len(prompt)), np.ones(len(completion))]).astype(np.int64)
-            samples.append(
-                RolloutSample(
-                    prompt=[{"role": "user", "content": self.prompt_text(position % self.dataset_size)}],
-                    completion=[{"role": "assistant", "content": f"completion {k}"}],
-                    input_ids=input_ids,
-                    completion_mask=mask,
-                    old_log_probs=np.full(len(input_ids), old_log_prob, dtype=np.float32),
-                    advantage=float(advantages[k]),
-                    model_version=self.model_version,
-                    group_id=group_id,
-                    metrics={"reward": float(rewards[k]), "reward_std": std},
-                    enqueued_at=time.time(),
+        rows_per_episode = [self.rows(position, k) if self.rows else 1 for k in range(self.num_generations)]
+        for k, rows in enumerate(rows_per_episode):
+            for _ in range(rows):  # a forked conversation's rows: its tokens differ, its reward and advantage do not
+                completion = rng.integers(2, self.vocab_size, self.completion_tokens)
+                completion[-1] = self.eos_token_id
+                input_ids = np.concatenate([prompt, completion]).astype(np.int64)
+                mask = np.concatenate([np.zeros(len(prompt)), np.ones(len(completion))]).astype(np.int64)
+                samples.append(
+                    RolloutSample(
+                        prompt=[{"role": "user", "content": self.prompt_text(position % self.dataset_size)}],
+                        completion=[{"role": "assistant", "content": f"completion {k}"}],
+                        input_ids=input_ids,
+                        completion_mask=mask,
+                        old_log_probs=np.full(len(input_ids), old_log_prob, dtype=np.float32),
+                        advantage=float(advantages[k]),
+                        model_version=self.model_version,
+                        group_id=group_id,
+                        metrics={"reward": float(rewards[k]), "reward_std": std},
+                        enqueued_at=time.time(),
+                    )
                 )
-            )
+        if self.rows is not None:
+            generations = self.num_generations
+            stamp_group(samples, rows_per_episode, turns=[1] * generations, tool_calls=[0] * generations,
+                        tool_failures=[0] * generations, failed_environments=[None] * generations)
         return samples
 
     def _run(self) -> None:
