@@ -62,13 +62,22 @@ def game_environment(image: str) -> dict:
 
 def delete_the_game_mid_run(run: NodeRun) -> str:
     """Once the learner has consumed a group (its environment answered), the game's pod deleted at once, as a
-    lost node or an eviction would: the UID it had."""
+    lost node or an eviction would; then, the run going on, the operator's new pod Ready and counted in
+    status.environments. The UID the deleted pod had."""
     run.wait_for(lambda: run.status().get("progress", {}).get("groupsConsumed", 0) > 0, "a group consumed")
     uid = run.pod(GAME_POD)["metadata"]["uid"]
     run.node.kubectl("delete", "pod", GAME_POD, "-n", run.namespace, "--grace-period=0", "--force")
-    status = run.status()
-    run.node.report(f"game pod deleted at {status['progress']['groupsConsumed']} of "
-                    f"{status['progress']['groupsTotal']} groups ({time.monotonic() - run.began:.1f} s after apply)")
+    progress = run.status()["progress"]
+    run.node.report(f"game pod deleted at {progress['groupsConsumed']} of {progress['groupsTotal']} groups "
+                    f"({time.monotonic() - run.began:.1f} s after apply)")
+
+    def replaced() -> bool:
+        pod = run.pod(GAME_POD)
+        return bool(pod and pod["metadata"]["uid"] != uid and run.status().get("environments") == [
+            {"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}])
+
+    run.wait_for(replaced, "the game's new pod Ready in status.environments")
+    assert run.phase() == "Running", "the run ended before the game's pod came back: give it more epochs"
     return uid
 
 
@@ -119,8 +128,6 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             # the episodes it held when it went are counted (environment failures, their groups unscorable).
             uids = run.history.uids(GAME_POD)
             assert uids[0] == deleted_uid and len(uids) == 2, uids
-            assert status["environments"] == [
-                {"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}], status
             progress, episodes = status["progress"], status["progress"]["episodes"]
             dropped = sum(progress.get("dropped", {}).values())
             assert progress["groupsTrained"] + dropped == progress["groupsConsumed"], progress
