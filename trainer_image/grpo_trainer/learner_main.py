@@ -1,7 +1,7 @@
 """The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
 
 Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
-`AsyncRolloutWorker` pointed at the rollout balancer (every replica; `grpo_trainer.balancer`), trains, and leaves the
+`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.balancer`), trains, and leaves the
 contract's exit code and the final progress report (the container's termination message) behind.
 """
 
@@ -310,7 +310,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     pool = None
     weight_transfer = None
     if is_main and config.rollout.weight_sync.mode == "filesystem":
-        # TRL's worker and client talk to the balancer, which spreads generation over every replica.
+        # TRL's worker and client talk to the balancer, which spreads generation over every server.
         pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
                                   request_timeout_s=args.request_timeout, config_path=config_path)
         args.vllm_server_base_url = pool.url

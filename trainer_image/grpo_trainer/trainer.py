@@ -231,7 +231,7 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ adapter sync
     def _choose_adapter_sync(self) -> None:
-        """Sync the adapter alone through our transfer, to every replica.
+        """Sync the adapter alone through our transfer, to every server.
 
         TRL turns adapter sync on only when it builds its own transfer, from the server's `/server_info` (which
         vLLM 0.32 answers 500 where its environment has no pip: it lists pip's packages), and its adapter sync
@@ -257,7 +257,7 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     def _sync_weight_lora(self, t0: float) -> tuple[float, float, float]:
         """TRL's adapter sync (its dispatch and timings), through our transfer: the adapter is saved into the next
-        version directory (TRL's collective save, published by a rename) and loaded on every replica in the pool.
+        version directory (TRL's collective save, published by a rename) and loaded on every server in the pool.
         The version continues the transfer's count, so a restarted learner never reuses a name a server holds."""
         model = self.accelerator.unwrap_model(self.model)
         transfer = self.weight_transfer if self.accelerator.is_main_process else None
@@ -628,7 +628,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         micro-batches before it in the window are discarded (their groups go back to the unconsumed set, and a
         checkpoint leaves them out), and no optimizer step runs on an empty window. Stepping on zeroed gradients
         advanced the step counter, the LR schedule and a weight sync; stepping on a partial window's unreduced
-        gradients made two gloo replicas diverge (parameter checksums 308.53 vs 311.73).
+        gradients made two gloo ranks diverge (parameter checksums 308.53 vs 311.73).
         """
         self._fold_settled_groups()
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
