@@ -277,7 +277,7 @@ class InputsSpec(WireModel):
 
 class ModelCacheSpec(WireModel):
     # A volume source every pod of the run mounts for the hub's cache (HF_HOME) and the s3:// inputs' downloads: a
-    # restarted pod or a new rollout replica finds them there. Shared by pods on several nodes: ReadWriteMany.
+    # restarted pod or a new rollout server finds them there. Shared by pods on several nodes: ReadWriteMany.
     volume: dict[str, Any] = Field(min_length=1)
 
 

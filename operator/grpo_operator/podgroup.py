@@ -9,7 +9,7 @@ Two schedulers are supported, each with its own PodGroup kind:
 - `volcano`: Volcano (`scheduling.volcano.sh/v1beta1`). Pods join with the annotation `scheduling.k8s.io/group-name`
   and are scheduled by `volcano`; `queue` names the Volcano queue.
 
-`minMember` is every pod of the run (rollout replicas + learner nodes): the learner waits for the rollout servers
+`minMember` is every pod of the run (rollout servers + learner nodes): the learner waits for the rollout servers
 itself, so all pods start together.
 """
 

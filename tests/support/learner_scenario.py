@@ -103,7 +103,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         ScriptedRolloutWorker,
     )
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
-    from grpo_trainer.trainer import GRPOLearner, WeightSyncOptions
+    from grpo_trainer.trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
-                              progress_server_port=args.progress_port, reward_models=reward_models,
+                              reporting=LearnerReporting(server_port=args.progress_port), reward_models=reward_models,
                               weight_sync=WeightSyncOptions(args.weight_sync_deadline),
                               importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from grpo_trainer import contract as c
 from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.exporter import render_metrics
-from grpo_trainer.replicas import ReplicaSet
+from grpo_trainer.server_set import ServerSet
 from grpo_trainer.weight_sync import resume_version
 from tests.support.paths import REPO
 
@@ -76,7 +76,7 @@ async def _generate(url: str, count: int) -> list[tuple[int, str]]:
         return await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def _wait_ready(replicas: ReplicaSet, count: int, timeout_s: float = 20.0) -> None:
+def _wait_ready(replicas: ServerSet, count: int, timeout_s: float = 20.0) -> None:
     async def wait() -> None:
         while len(replicas.ready_urls()) < count:
             await asyncio.sleep(0.05)
@@ -99,7 +99,7 @@ def servers():
 
 def test_generation_is_shared_fairly_and_an_unready_replica_gets_none(servers):
     a, b, broken = servers("a"), servers("b"), servers("broken", mode="fail")
-    replicas = ReplicaSet([a.url, b.url, broken.url])
+    replicas = ServerSet([a.url, b.url, broken.url])
     admitted: list[str] = []
     balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=FAST_PROBES).start()
     try:
@@ -117,7 +117,7 @@ def test_generation_is_shared_fairly_and_an_unready_replica_gets_none(servers):
 
 def test_requests_on_a_replica_that_dies_are_sent_again_to_another(servers):
     a, b = servers("a"), servers("b")
-    replicas = ReplicaSet([a.url, b.url])
+    replicas = ServerSet([a.url, b.url])
     balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
     try:
         _wait_ready(replicas, 2)
@@ -134,7 +134,7 @@ def test_requests_on_a_replica_that_dies_are_sent_again_to_another(servers):
 
 def test_with_no_ready_replica_a_request_waits_and_is_served_once_one_is_admitted(servers):
     a = servers("a", mode="fail")
-    replicas = ReplicaSet([a.url])
+    replicas = ServerSet([a.url])
     admitted: list[str] = []
     timings = BalancerTimings(probe_interval_s=0.1, wait_s=30)
     balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=timings).start()
@@ -157,7 +157,7 @@ def test_with_no_ready_replica_a_request_waits_and_is_served_once_one_is_admitte
 def test_with_no_replica_within_the_bound_the_request_is_answered_503(servers):
     a = servers("a", mode="fail")
     timings = BalancerTimings(probe_interval_s=0.1, wait_s=0.5)
-    balancer = RolloutBalancer(ReplicaSet([a.url]), "m", timings=timings).start()
+    balancer = RolloutBalancer(ServerSet([a.url]), "m", timings=timings).start()
     try:
         [(status, body)] = asyncio.run(_generate(balancer.url, 1))
     finally:
@@ -198,7 +198,7 @@ def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns
     try:
         hung_url = hung.stdout.readline().strip()
         b = servers("b")
-        replicas = ReplicaSet([hung_url, b.url])
+        replicas = ServerSet([hung_url, b.url])
         admitted: list[str] = []
         timings = BalancerTimings(probe_interval_s=0.1, liveness_interval_s=0.2, liveness_timeout_s=1.0)
         balancer = RolloutBalancer(replicas, "m", admit=admitted.append, timings=timings).start()
@@ -229,7 +229,7 @@ def test_replicas_of_unequal_speed_get_equal_concurrency_and_samples_by_speed(se
     # of that window equal, so the faster replica finishes (and is sent) more: requests dispatched and samples
     # finished differ by at most the window, and both measure speed. The fair share is of the concurrency.
     fast, slow = servers("fast"), servers("slow", mode="slow")  # 0.05 s and 0.3 s per completion
-    replicas = ReplicaSet([fast.url, slow.url])
+    replicas = ServerSet([fast.url, slow.url])
     balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
     try:
         _wait_ready(replicas, 2)
@@ -268,7 +268,7 @@ def test_a_stopping_learner_does_not_wait_on_a_request_a_frozen_server_holds(ser
                             stdout=subprocess.PIPE, text=True)
     try:
         url = hung.stdout.readline().strip()
-        replicas = ReplicaSet([url])
+        replicas = ServerSet([url])
         balancer = RolloutBalancer(replicas, "m", timings=FAST_PROBES).start()
         try:
             _wait_ready(replicas, 1)

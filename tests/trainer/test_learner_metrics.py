@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import threading
 import time
 import urllib.request
+from functools import partial
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,7 +48,7 @@ def finished_run(tiny_model_dir, tmp_path_factory):
         ScriptedRolloutWorker,
     )
     from grpo_trainer.tracking import configure, parameters_callback
-    from grpo_trainer.trainer import GRPOLearner
+    from grpo_trainer.trainer import GRPOLearner, LearnerReporting
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = 9
@@ -64,11 +66,10 @@ def finished_run(tiny_model_dir, tmp_path_factory):
                            num_generations=4, per_device_train_batch_size=4, token_budget=0, save_strategy="no",
                            num_train_epochs=1,
                            disable_tqdm=True, max_staleness=1000)
+    # As learner_main wires it: the trackers' runs go on /progress.
+    reporting = LearnerReporting(server_port=0, tracking=partial(parameters_callback, run_config, trackers))
     trainer = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
-                          rollout_worker=worker, weight_transfer=NoWeightTransfer(), progress_server_port=0)
-    parameters = parameters_callback(run_config, trackers, trainer.callback_handler.callbacks)
-    trainer.add_callback(parameters)
-    trainer.tracked_runs_fn = parameters.tracked_runs  # as learner_main wires it: the runs go on /progress
+                          rollout_worker=worker, weight_transfer=NoWeightTransfer(), reporting=reporting)
     os.environ.clear()
     os.environ.update(saved_env)
     seen: list[dict] = []
@@ -192,6 +193,48 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
     assert trained[-1].value <= 6 and trained[-1].value > 0
     spec = events.Tensors("grporun/spec/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "grporun.runName: metrics" in spec and "grporun.tracking.tensorboard: {}" in spec
+
+
+def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_close(tiny_model_dir, tmp_path):
+    """The rollout pool given to the learner: every report names its servers, and closing the learner stops the
+    pool's balancer (the last report still names them)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from grpo_operator.local.processes import free_port
+    from grpo_trainer.rollout_pool import start_rollout_pool
+    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, SampleShape, ScriptedRolloutWorker
+    from grpo_trainer.trainer import GRPOLearner, LearnerReporting
+
+    server = f"http://127.0.0.1:{free_port()}"  # nothing answers there: the server is in the pool, not ready
+    run_config = c.RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
+        "rollout": {"urls": [server], "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}}})
+    pool = start_rollout_pool(run_config, ready_timeout_s=5, tied_embeddings=False)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "p0"}]]})
+    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, dtype="float32", report_to=[],
+                           num_generations=2, per_device_train_batch_size=2, token_budget=0, save_strategy="no",
+                           disable_tqdm=True)
+    try:
+        learner = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
+                              rollout_worker=ScriptedRolloutWorker(dataset_size=1, num_generations=2,
+                                                                   shape=SampleShape(vocab_size=len(tokenizer))),
+                              weight_transfer=NoWeightTransfer(), reporting=LearnerReporting(rollout_pool=pool))
+    except BaseException:
+        pool.stop()
+        raise
+    try:
+        (replica,) = learner.progress_report().rollout
+        assert replica.url == server and not replica.ready
+        assert learner.progress_report().rollout == pool.report()
+    finally:
+        learner.close()
+    host, port = pool.url.removeprefix("http://").rsplit(":", 1)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
+    assert [r.url for r in learner.progress_report().rollout] == [server]
 
 
 def test_the_attention_kernel_is_one_labelled_series_once_chosen():

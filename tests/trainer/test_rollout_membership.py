@@ -22,8 +22,8 @@ import torch
 
 from grpo_trainer import contract as c
 from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
-from grpo_trainer.replicas import EmptyRolloutSet, ReplicaSet
 from grpo_trainer.run_config_watch import RolloutUrlsWatch
+from grpo_trainer.server_set import EmptyRolloutSet, ServerSet
 from grpo_trainer.sync_watchdog import DaemonCall
 from grpo_trainer.weight_sync import FilesystemWeightTransfer
 from tests.support.paths import REPO
@@ -57,7 +57,7 @@ def scripted() -> Iterator[Callable[..., str]]:
         process.wait()
 
 
-def states(replicas: ReplicaSet) -> dict[str, c.ReplicaState]:
+def states(replicas: ServerSet) -> dict[str, c.ReplicaState]:
     return {replica.url: replica.state for replica in replicas.report()}
 
 
@@ -87,9 +87,9 @@ def in_background(coroutine) -> tuple[asyncio.AbstractEventLoop, asyncio.Future]
     return loop, asyncio.run_coroutine_threadsafe(coroutine, loop)
 
 
-def balancer_on(config: Path, urls: list[str], admit=None) -> tuple[ReplicaSet, RolloutBalancer]:
+def balancer_on(config: Path, urls: list[str], admit=None) -> tuple[ServerSet, RolloutBalancer]:
     write_config(config, urls)
-    replicas = ReplicaSet(urls)
+    replicas = ServerSet(urls)
     balancer = RolloutBalancer(replicas, "m", admit=admit, watch=RolloutUrlsWatch(config, urls),
                                timings=BalancerTimings(probe_interval_s=0.05, watch_interval_s=WATCH_S)).start()
     return replicas, balancer
@@ -115,7 +115,7 @@ def test_a_server_added_to_the_config_is_admitted_then_gets_traffic(scripted, tm
 
 def test_a_joining_server_is_reported_joining_and_gets_nothing_until_it_generates(tmp_path):
     # Nothing listens on port 9: the new server is still loading its model.
-    a_replicas = ReplicaSet(["http://127.0.0.1:9"])
+    a_replicas = ServerSet(["http://127.0.0.1:9"])
     change = a_replicas.apply(["http://127.0.0.1:9", "http://127.0.0.1:10/"])
     assert change.joined == ("http://127.0.0.1:10",) and not change.draining
     assert set(states(a_replicas).values()) == {c.ReplicaState.JOINING}
@@ -184,7 +184,7 @@ def test_a_server_removed_during_a_weight_sync_is_in_none_of_its_steps_and_its_f
     a = scripted("a", "--pause-holds")
     b = scripted("b", "--pause-holds", "--delay", "0.5", "--hang", "/collective_rpc")
     replicas, balancer = balancer_on(tmp_path / "run.json", [a, b])
-    sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", replicas=replicas, timeout_s=5)
+    sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", servers=replicas, timeout_s=5)
     sync.init_weight_transfer()
     try:
         wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
@@ -208,7 +208,7 @@ def test_a_server_removed_during_a_weight_sync_is_in_none_of_its_steps_and_its_f
 
 
 def test_a_replica_that_leaves_during_a_weight_sync_step_on_it_stays_reported_until_the_step_ends():
-    replicas = ReplicaSet(["http://a", "http://b", "http://c"])
+    replicas = ServerSet(["http://a", "http://b", "http://c"])
     for url in ("http://a", "http://b"):
         assert replicas.admitted(url)
     with replicas.sync_step("http://c") as held:
@@ -244,7 +244,7 @@ def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_s
         b_lines: list[str] = []
         DaemonCall(lambda: b_lines.extend(line.strip() for line in b_process.stdout), "test-b-stdout")
         replicas, balancer = balancer_on(tmp_path / "run.json", [a, b])
-        sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", replicas=replicas, timeout_s=30)
+        sync = FilesystemWeightTransfer([a, b], tmp_path / "weights", servers=replicas, timeout_s=30)
         sync.init_weight_transfer()
         try:
             wait_for(lambda: len(replicas.ready_urls()) == 2, "both servers to be admitted")
@@ -285,7 +285,7 @@ def test_a_server_that_comes_back_while_draining_is_admitted_again_before_traffi
 
 
 def test_an_empty_set_is_refused_and_the_last_set_kept():
-    replicas = ReplicaSet(["http://a", "http://b"])
+    replicas = ServerSet(["http://a", "http://b"])
     with pytest.raises(EmptyRolloutSet):
         replicas.apply([])
     assert replicas.urls == ["http://a", "http://b"]

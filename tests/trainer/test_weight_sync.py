@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_operator.local.processes import free_port
-from grpo_trainer.replicas import ReplicaSet
+from grpo_trainer.server_set import ServerSet
 from grpo_trainer.weight_sync import (
     TIED_EMBEDDING_ALIASES,
     FilesystemWeightTransfer,
@@ -69,7 +69,7 @@ def test_a_restarted_learner_continues_the_version_count(tmp_path):
     for name in ("v4", "v5", ".v6.partial-77"):
         (tmp_path / name).mkdir()
     url = "http://127.0.0.1:9"
-    sync = FilesystemWeightTransfer([url], tmp_path, replicas=ReplicaSet([url]))
+    sync = FilesystemWeightTransfer([url], tmp_path, servers=ServerSet([url]))
     sync.init_weight_transfer()
     assert sync.version == 5  # its next sync is v6, not v1 again
     assert sorted(os.listdir(tmp_path)) == ["v5"]  # what a restarted server catches up to; nothing else
@@ -115,11 +115,11 @@ def test_a_hung_server_leaves_the_pool_at_the_pause_instead_of_holding_the_sync(
         for server in servers:
             server.stdout.readline()
         urls = [f"http://127.0.0.1:{port}" for port in ports]
-        replicas = ReplicaSet(urls)
+        replicas = ServerSet(urls)
         for url in urls:
             replicas.admitted(url)
         os.kill(servers[1].pid, signal.SIGSTOP)
-        sync = FilesystemWeightTransfer(urls, tmp_path, replicas=replicas, pause_timeout_s=1)
+        sync = FilesystemWeightTransfer(urls, tmp_path, servers=replicas, pause_timeout_s=1)
         sync.pause()
     finally:
         for server in servers:
@@ -140,10 +140,10 @@ def test_a_learner_told_to_stop_leaves_a_sync_held_by_a_frozen_server_at_once(tm
     try:
         server.stdout.readline()
         url = f"http://127.0.0.1:{port}"
-        replicas = ReplicaSet([url])
+        replicas = ServerSet([url])
         replicas.admitted(url)
         os.kill(server.pid, signal.SIGSTOP)
-        sync = FilesystemWeightTransfer([url], tmp_path, replicas=replicas, pause_timeout_s=120, ready_timeout_s=600)
+        sync = FilesystemWeightTransfer([url], tmp_path, servers=replicas, pause_timeout_s=120, ready_timeout_s=600)
         threading.Timer(0.5, sync.stop_waiting).start()
         began = time.monotonic()
         sync.pause()
@@ -247,10 +247,10 @@ def sync_adapter(transfer: FilesystemWeightTransfer) -> None:
 
 def test_an_adapter_sync_loads_the_adapter_on_every_replica_and_keeps_each_ones_version(adapter_servers, tmp_path):
     urls = [server.url for server in adapter_servers]
-    replicas = ReplicaSet(urls)
+    replicas = ServerSet(urls)
     for url in urls:
         replicas.admitted(url)
-    transfer = FilesystemWeightTransfer(urls, tmp_path, replicas=replicas, adapter_window=2)
+    transfer = FilesystemWeightTransfer(urls, tmp_path, servers=replicas, adapter_window=2)
     transfer.init_weight_transfer()
     for _ in range(3):
         sync_adapter(transfer)
@@ -269,9 +269,9 @@ def test_an_adapter_sync_loads_the_adapter_on_every_replica_and_keeps_each_ones_
 
 def test_a_replica_admitted_late_catches_up_to_every_adapter_a_request_may_still_name(adapter_servers, tmp_path):
     early, late = adapter_servers
-    replicas = ReplicaSet([early.url, late.url])
+    replicas = ServerSet([early.url, late.url])
     replicas.admitted(early.url)
-    transfer = FilesystemWeightTransfer([early.url, late.url], tmp_path, replicas=replicas, adapter_window=2)
+    transfer = FilesystemWeightTransfer([early.url, late.url], tmp_path, servers=replicas, adapter_window=2)
     transfer.init_weight_transfer()
     for _ in range(3):
         sync_adapter(transfer)
@@ -291,9 +291,9 @@ def test_an_adapter_name_another_run_left_on_a_reused_server_serves_this_runs_ad
     server = adapter_servers[0]
     server.loaded.append("policy-v1")
     server.paths["policy-v1"] = "/runs/earlier/weights/v1"
-    replicas = ReplicaSet([server.url])
+    replicas = ServerSet([server.url])
     replicas.admitted(server.url)
-    transfer = FilesystemWeightTransfer([server.url], tmp_path / "weights", replicas=replicas, adapter_window=2)
+    transfer = FilesystemWeightTransfer([server.url], tmp_path / "weights", servers=replicas, adapter_window=2)
     transfer.init_weight_transfer()
     sync_adapter(transfer)
     assert server.paths["policy-v1"] == str(tmp_path / "weights" / "v1")
@@ -302,7 +302,7 @@ def test_an_adapter_name_another_run_left_on_a_reused_server_serves_this_runs_ad
 
 def test_an_adapter_sync_with_no_adapter_saved_fails_by_name(adapter_servers, tmp_path):
     url = adapter_servers[0].url
-    transfer = FilesystemWeightTransfer([url], tmp_path, replicas=ReplicaSet([url]))
+    transfer = FilesystemWeightTransfer([url], tmp_path, servers=ServerSet([url]))
     transfer.init_weight_transfer()
     with pytest.raises(WeightSyncError, match="no adapter was saved in .*v1"):
         transfer.publish_adapter()
@@ -311,13 +311,13 @@ def test_an_adapter_sync_with_no_adapter_saved_fails_by_name(adapter_servers, tm
 def test_a_server_that_does_not_load_adapters_fails_the_sync_naming_what_it_needs(tmp_path):
     server = AdapterServer(serves_adapters=False)
     try:
-        transfer = FilesystemWeightTransfer([server.url], tmp_path, replicas=ReplicaSet([server.url]),
+        transfer = FilesystemWeightTransfer([server.url], tmp_path, servers=ServerSet([server.url]),
                                             ready_timeout_s=0)
-        transfer.replicas.admitted(server.url)
+        transfer.servers.admitted(server.url)
         transfer.init_weight_transfer()
         with pytest.raises(WeightSyncError, match="no rollout server was ready"):
             sync_adapter(transfer)
-        error = transfer.replicas.report()[0].last_error
+        error = transfer.servers.report()[0].last_error
     finally:
         server.close()
     assert "does not load LoRA adapters: it needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in error

@@ -24,7 +24,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +147,20 @@ def probe_device(device_type: str, device_index: int | None = None) -> DeviceFac
 # i's queries are q[cu_q[i]:cu_q[i+1]] and its keys k[cu_k[i]:cu_k[i+1]]; causal is bottom-right aligned (a
 # segment's queries are the tail of its keys: the shared prefix of a tree row is only in K/V).
 # --------------------------------------------------------------------------------------------------------------------
+class VarlenOptions(TypedDict, total=False):
+    """The keyword arguments of `flash_attn_varlen_func` the kernels read (TRL passes these by keyword, after the
+    seven positional ones); any other (FlashAttention's dropout_p, deterministic, ...) is ignored.
+
+    softmax_scale: None is 1/sqrt(head dim). causal: True unless said otherwise. window_size: (left, right), (-1, -1)
+    for none. softcap: None or 0 for none.
+    """
+
+    softmax_scale: float | None
+    causal: bool
+    window_size: tuple[int, int]
+    softcap: float | None
+
+
 def sdpa_varlen_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -155,14 +169,11 @@ def sdpa_varlen_attention(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    softmax_scale: float | None = None,
-    causal: bool = True,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float | None = None,
-    **_: object,
+    **options: Unpack[VarlenOptions],
 ) -> torch.Tensor:
     """Per segment: GQA by repeat_interleave, a bottom-right causal mask, torch's SDPA. Any device."""
-    if tuple(window_size) != (-1, -1) or softcap:
+    softmax_scale, causal = options.get("softmax_scale"), options.get("causal", True)
+    if tuple(options.get("window_size", (-1, -1))) != (-1, -1) or options.get("softcap"):
         raise NotImplementedError("the sdpa tree-attention kernel supports neither sliding windows nor softcap")
     heads, kv_heads = query.shape[1], key.shape[1]
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -190,26 +201,23 @@ def torch_varlen_attention(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    softmax_scale: float | None = None,
-    causal: bool = True,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float | None = None,
-    **_: object,
+    **options: Unpack[VarlenOptions],
 ) -> torch.Tensor:
     """FlashAttention's call answered by torch's varlen_attn. Its causal mask is the flash kernel's, bottom-right
     aligned (torch/nn/attention/bias.py says so of the same kernel), and it takes GQA as is (`enable_gqa`)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    if softcap:
+    if options.get("softcap"):
         raise NotImplementedError("torch's varlen attention has no softcap: set learner.attention: fa3 on Hopper")
     if query.dtype not in FLASH_DTYPES:
         raise AttentionUnavailable(f"learner.attention: varlen runs in float16 or bfloat16, the model computes "
                                    f"attention in {query.dtype}: train in bfloat16 or set learner.attention: sdpa")
-    left, right = window_size
-    if causal:
+    left, right = options.get("window_size", (-1, -1))
+    if options.get("causal", True):
         right = 0  # (-1, 0) is causal, (W, 0) causal within a sliding window of W
     return varlen_attn(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       scale=softmax_scale, window_size=(left, right), enable_gqa=query.shape[1] != key.shape[1])
+                       scale=options.get("softmax_scale"), window_size=(left, right),
+                       enable_gqa=query.shape[1] != key.shape[1])
 
 
 def load_fa3_kernel() -> Any:

@@ -1,22 +1,22 @@
 """A least-outstanding-requests HTTP front for the rollout servers, in the learner process (rank 0).
 
 TRL 1.16's rollout worker speaks to one server URL. The learner starts this front on loopback and gives TRL its URL:
-`POST /v1/completions` goes to the ready replica with the fewest requests in flight; a request that fails on a
-replica (connection refused or reset, a 5xx from a dead engine, no answer within the worker's own timeout) takes that
-replica out of the pool and is sent again to another one, so a dying server loses no sample. With no ready replica
+`POST /v1/completions` goes to the ready server with the fewest requests in flight; a request that fails on a
+server (connection refused or reset, a 5xx from a dead engine, no answer within the worker's own timeout) takes that
+server out of the pool and is sent again to another one, so a dying server loses no sample. With no ready server
 a request waits (bounded by `wait_s`, logged) instead of failing: TRL's worker would otherwise spin its own retries
-against a dead port. Every other path (`/health`, `/v1/models`, `/server_info`) goes to any ready replica.
+against a dead port. Every other path (`/health`, `/v1/models`, `/server_info`) goes to any ready server.
 
-An unready replica is probed by generating one token (`rollout_health.generation_probe`), not by `/health`: a server
+An unready server is probed by generating one token (`rollout_health.generation_probe`), not by `/health`: a server
 whose engine died, or hung, still answers `/health`. Before it is admitted again `admit(url)` runs (the weight sync's
 catch-up, which loads the current weights), so a restarted server never serves the initial or an old policy.
-Ready replicas are probed the same way every `liveness_interval_s`, except while a weight sync holds them paused (a
-paused server holds the probe too): a replica that generates no token within `liveness_timeout_s` is hung. It leaves
-the pool, the requests in flight on it are sent again to another replica at once (not after the request timeout),
+Ready servers are probed the same way every `liveness_interval_s`, except while a weight sync holds them paused (a
+paused server holds the probe too): a server that generates no token within `liveness_timeout_s` is hung. It leaves
+the pool, the requests in flight on it are sent again to another server at once (not after the request timeout),
 and it is admitted again, through the same catch-up, once it generates.
 
 With a `RolloutUrlsWatch` the set of servers follows the run config while the learner runs
-(`replicas.ReplicaSet.apply`): a new server joins through the same admission; a server that left gets no new
+(`server_set.ServerSet.apply`): a new server joins through the same admission; a server that left gets no new
 request and is in no weight sync, its requests in flight finish there (or, if it fails or hangs, are sent again
 elsewhere), and it leaves the set when none is left. A sync that was running when it left may have paused it: it is
 resumed once that sync ends, so its frozen requests finish without the sync waiting on it.
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from .replicas import EmptyRolloutSet, ReplicaSet
 from .rollout_health import PROBE_TIMEOUT_S, generation_probe
 from .run_config_watch import WATCH_INTERVAL_S, RolloutUrlsWatch
+from .server_set import EmptyRolloutSet, ServerSet
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +47,16 @@ COMPLETIONS_PATH = "/v1/completions"
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"})
 
 AdmitFn = Callable[[str], None]
-#: How often a ready replica must prove it generates. A CPU server busy with TRL's full in-flight window answered a
+#: How often a ready server must prove it generates. A CPU server busy with TRL's full in-flight window answered a
 #: one-token probe within a few seconds here, far inside PROBE_TIMEOUT_S.
 LIVENESS_INTERVAL_S = 15.0
 
 
 @dataclass(frozen=True)
 class BalancerTimings:
-    """The balancer's clocks. `wait_s`: how long a request is held while no replica is ready; `probe_interval_s`: how
-    often unready replicas are probed; `request_timeout_s`: a request's whole time on one replica;
-    `liveness_interval_s`/`liveness_timeout_s`: how often a ready replica must generate a token, and within what;
+    """The balancer's clocks. `wait_s`: how long a request is held while no server is ready; `probe_interval_s`: how
+    often unready servers are probed; `request_timeout_s`: a request's whole time on one server;
+    `liveness_interval_s`/`liveness_timeout_s`: how often a ready server must generate a token, and within what;
     `watch_interval_s`: how often the run config's rollout URLs are read again."""
 
     wait_s: float = 600.0
@@ -70,23 +70,23 @@ class BalancerTimings:
 DEFAULT_TIMINGS = BalancerTimings()
 
 
-class ReplicaDown(Exception):
-    """The replica a request was on was found hung while the request waited."""
+class ServerDown(Exception):
+    """The server a request was on was found hung while the request waited."""
 
 
 class RolloutBalancer:
     def __init__(
-        self, replicas: ReplicaSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
+        self, servers: ServerSet, model: str, *, admit: AdmitFn | None = None, host: str = "127.0.0.1",
         port: int = 0, watch: RolloutUrlsWatch | None = None, timings: BalancerTimings = DEFAULT_TIMINGS,
     ):
-        self.replicas = replicas
+        self.servers = servers
         self.model = model
         self.admit = admit
         self.watch = watch
         self.host, self.port = host, port
         self.timings = timings
-        self._down: dict[str, asyncio.Event] = {}  # set when a replica is found hung: its requests go elsewhere
-        self.waiting = 0  # requests held because no replica is ready (visible in logs and tests)
+        self._down: dict[str, asyncio.Event] = {}  # set when a server is found hung: its requests go elsewhere
+        self.waiting = 0  # requests held because no server is ready (visible in logs and tests)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpo-rollout-balancer", daemon=True)
         self._runner: web.AppRunner | None = None
@@ -104,7 +104,7 @@ class RolloutBalancer:
     def start(self) -> RolloutBalancer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        logger.info("rollout balancer on %s over %d server(s)", self.url, len(self.replicas))
+        logger.info("rollout balancer on %s over %d server(s)", self.url, len(self.servers))
         return self
 
     async def _start(self) -> None:
@@ -144,7 +144,7 @@ class RolloutBalancer:
     # -- readiness ----------------------------------------------------------------------------------------------------
     async def _probe_forever(self) -> None:
         while True:
-            await asyncio.gather(*(self._probe(url) for url in self.replicas.to_admit()))
+            await asyncio.gather(*(self._probe(url) for url in self.servers.to_admit()))
             await asyncio.sleep(self.timings.probe_interval_s)
 
     async def _probe(self, url: str) -> None:
@@ -156,7 +156,7 @@ class RolloutBalancer:
         error = await generation_probe(self._session, url, self.model)
         if error is not None:
             return
-        with self.replicas.sync_step(url, admitting=True) as held:
+        with self.servers.sync_step(url, admitting=True) as held:
             if not held:
                 return  # it left the run's set since the probe began
             try:
@@ -165,29 +165,29 @@ class RolloutBalancer:
             except Exception as admit_error:  # noqa: BLE001 - stays out of the pool; the next probe tries again
                 logger.warning("rollout server %s answers but could not be brought to the current weights: %s", url,
                                admit_error)
-                self.replicas.set_unready(url, error=str(admit_error))
+                self.servers.set_unready(url, error=str(admit_error))
                 return
         self._down[url] = asyncio.Event()
-        if self.replicas.admitted(url):
+        if self.servers.admitted(url):
             logger.info("rollout server %s is ready", url)
 
     async def _liveness_forever(self) -> None:
         while True:
             await asyncio.sleep(self.timings.liveness_interval_s)
-            watched = self.replicas.ready_urls() + self.replicas.draining_busy_urls()
+            watched = self.servers.ready_urls() + self.servers.draining_busy_urls()
             await asyncio.gather(*(self._check_alive(url) for url in watched))
 
     async def _check_alive(self, url: str) -> None:
-        syncs = self.replicas.syncs_started
-        if self.replicas.syncing:
+        syncs = self.servers.syncs_started
+        if self.servers.syncing:
             return
         error = await generation_probe(self._session, url, self.model, timeout_s=self.timings.liveness_timeout_s)
-        if error is None or self.replicas.syncing or self.replicas.syncs_started != syncs:
+        if error is None or self.servers.syncing or self.servers.syncs_started != syncs:
             return  # a sync paused it meanwhile: no verdict
-        if not self.replicas.is_ready(url):
+        if not self.servers.is_ready(url):
             return  # already out of the pool (a failed request)
         logger.warning("rollout server %s is hung (%s); it leaves the pool, its requests are sent again", url, error)
-        self.replicas.fail(url, f"liveness: {error}")
+        self.servers.fail(url, f"liveness: {error}")
         self._down.setdefault(url, asyncio.Event()).set()
 
     # -- membership ---------------------------------------------------------------------------------------------------
@@ -200,11 +200,11 @@ class RolloutBalancer:
 
     def apply_servers(self, urls: list[str]) -> None:
         """Make `urls` the set of servers (on the balancer's loop)."""
-        syncing, syncs_ended = self.replicas.syncing, self.replicas.syncs_ended
+        syncing, syncs_ended = self.servers.syncing, self.servers.syncs_ended
         try:
-            change = self.replicas.apply(urls)
+            change = self.servers.apply(urls)
         except EmptyRolloutSet:
-            logger.warning("an empty set of rollout servers is refused; the learner keeps %s", self.replicas.urls)
+            logger.warning("an empty set of rollout servers is refused; the learner keeps %s", self.servers.urls)
             return
         for url in change.joined:
             logger.info("rollout server %s joins; it gets requests once it generates at the current weights", url)
@@ -223,7 +223,7 @@ class RolloutBalancer:
         so it is resumed here once that sync is over (harmless when it was not paused)."""
         if syncs_ended is None:
             return
-        while self.replicas.syncs_ended <= syncs_ended:
+        while self.servers.syncs_ended <= syncs_ended:
             await asyncio.sleep(0.1)
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with self._session.post(f"{url}/resume", timeout=aiohttp.ClientTimeout(total=10)):
@@ -235,60 +235,60 @@ class RolloutBalancer:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if request.path == COMPLETIONS_PATH and request.method == "POST":
             return await self._generate(request, body, headers)
-        replica = await self._acquire()
-        if replica is None:
+        server = await self._acquire()
+        if server is None:
             return web.json_response({"error": "no rollout server is ready"}, status=503)
         try:
-            status, answer, content_type = await self._forward(replica.url, request, body, headers)
+            status, answer, content_type = await self._forward(server.url, request, body, headers)
         except (TimeoutError, aiohttp.ClientError) as error:
-            self.replicas.release(replica, ok=False, error=f"{type(error).__name__}: {error}")
-            return web.json_response({"error": f"rollout server {replica.url}: {error}"}, status=502)
-        self.replicas.release(replica, ok=True, sample=False)
+            self.servers.release(server, ok=False, error=f"{type(error).__name__}: {error}")
+            return web.json_response({"error": f"rollout server {server.url}: {error}"}, status=502)
+        self.servers.release(server, ok=True, sample=False)
         return web.Response(status=status, body=answer, content_type=content_type)
 
     async def _generate(self, request: web.Request, body: bytes, headers: dict) -> web.StreamResponse:
         attempts = 0
         while True:
-            replica = await self._acquire()
-            if replica is None:
+            server = await self._acquire()
+            if server is None:
                 return web.json_response({"error": f"no rollout server was ready within {self.timings.wait_s:.0f}s"},
                                          status=503)
             if attempts:
-                self.replicas.count_retry(replica)
+                self.servers.count_retry(server)
             attempts += 1
             try:
-                status, answer, content_type = await self._forward_unless_down(replica.url, request, body, headers)
+                status, answer, content_type = await self._forward_unless_down(server.url, request, body, headers)
             except (TimeoutError, aiohttp.ClientError) as error:
                 failure = f"{type(error).__name__}: {error}"
-            except ReplicaDown as error:
+            except ServerDown as error:
                 failure = str(error)
             else:
                 if status < 500:
-                    self.replicas.release(replica, ok=True, sample=status == 200)  # a 4xx is the request's fault
+                    self.servers.release(server, ok=True, sample=status == 200)  # a 4xx is the request's fault
                     return web.Response(status=status, body=answer, content_type=content_type)
                 failure = f"HTTP {status}: {answer[:200].decode(errors='replace')}"
             logger.warning("rollout server %s failed a generation (%s); it leaves the pool, request sent again",
-                           replica.url, failure)
-            self.replicas.release(replica, ok=False, error=failure)
+                           server.url, failure)
+            self.servers.release(server, ok=False, error=failure)
 
     async def _acquire(self):
-        replica = self.replicas.acquire()
-        if replica is not None:
-            return replica
+        server = self.servers.acquire()
+        if server is not None:
+            return server
         self.waiting += 1
         logger.warning("no rollout server is ready; holding a request for up to %.0fs", self.timings.wait_s)
         deadline = time.monotonic() + self.timings.wait_s
         try:
-            while replica is None and time.monotonic() < deadline:
+            while server is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
-                replica = self.replicas.acquire()
-            return replica
+                server = self.servers.acquire()
+            return server
         finally:
             self.waiting -= 1
 
     async def _forward_unless_down(self, url: str, request: web.Request, body: bytes,
                                    headers: dict) -> tuple[int, bytes, str]:
-        """`_forward`, abandoned as soon as the liveness probe finds the replica hung."""
+        """`_forward`, abandoned as soon as the liveness probe finds the server hung."""
         down = self._down.setdefault(url, asyncio.Event())
         forward = asyncio.ensure_future(self._forward(url, request, body, headers))
         hung = asyncio.ensure_future(down.wait())
@@ -299,7 +299,7 @@ class RolloutBalancer:
         if forward.done():
             return forward.result()
         forward.cancel()
-        raise ReplicaDown(f"{url} is hung: no token from its liveness probe")
+        raise ServerDown(f"{url} is hung: no token from its liveness probe")
 
     async def _forward(self, url: str, request: web.Request, body: bytes, headers: dict) -> tuple[int, bytes, str]:
         timeout = aiohttp.ClientTimeout(total=self.timings.request_timeout_s)

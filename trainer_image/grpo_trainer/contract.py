@@ -794,7 +794,7 @@ class RolloutReplicaReport(_ReportModel):
     # `vN`; bounded because it is copied into status.rollout.servers[].weightVersion.
     weight_version: str | None = Field(None, max_length=64, description="The weight version directory it serves.")
     samples: Count = Field(0, description="Completions it produced for the learner.")
-    failures: Count = Field(0, description="Requests that failed on it (each retried on another replica).")
+    failures: Count = Field(0, description="Requests that failed on it (each retried on another server).")
     retried: Count = 0
     request_seconds: float = Field(0.0, ge=0, description="Requests in flight on it, integrated over time: its share "
                                    "of the concurrent work, which least outstanding requests keeps equal.")
@@ -931,7 +931,7 @@ class ProgressReport(_ReportModel):
         """The report as JSON that fits Kubernetes' 4096-byte termination message, message shortened first."""
         text = self.model_dump_json(by_alias=True)
         overflow = len(text.encode()) - TERMINATION_MESSAGE_MAX_BYTES
-        if overflow > 0 and self.rollout:  # per-replica detail goes first: the operator polls it while running
+        if overflow > 0 and self.rollout:  # per-server detail goes first: the operator polls it while running
             return self.model_copy(update={"rollout": []}).termination_message()
         if overflow > 0 and self.tracking:  # then the trackers' runs, which the status keeps from /progress
             return self.model_copy(update={"tracking": []}).termination_message()

@@ -151,7 +151,7 @@ class ProgressCollector:
         yield from (family for family in families if family is not None)
         if report.episodes is not None:
             yield from episode_families(report.episodes)
-        yield from replica_families(report.rollout, report.weight_version)
+        yield from server_families(report.rollout, report.weight_version)
         if self._step_metrics is not None:
             yield from self._step_metrics.families()
 
@@ -176,7 +176,7 @@ def episode_families(episodes: c.EpisodeReport) -> list[Metric]:
     ]
 
 
-def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
+def server_families(servers: list[c.RolloutReplicaReport], learner_version: int = 0) -> list[Metric]:
     """One series per rollout server, label `replica` (its index in rollout.urls)."""
     ready = GaugeMetricFamily(c.METRIC_REPLICA_READY, "1 when the rollout server takes generation requests.",
                               labels=["replica"])
@@ -192,19 +192,19 @@ def replica_families(replicas: list[c.RolloutReplicaReport], learner_version: in
                             "Weight versions the rollout server is behind the learner's last push.", labels=["replica"])
     # A draining server keeps its ordinal; should a new server hold that ordinal meanwhile, the member's series wins
     # (one series per label, or the scrape fails).
-    members_first = sorted(replicas, key=lambda replica: replica.state == c.ReplicaState.DRAINING)
+    members_first = sorted(servers, key=lambda server: server.state == c.ReplicaState.DRAINING)
     labels_seen: set[int] = set()
-    for replica in members_first:
-        if replica.replica in labels_seen:
+    for server in members_first:
+        if server.replica in labels_seen:
             continue
-        labels_seen.add(replica.replica)
-        label = [str(replica.replica)]
-        served = c.weight_version_number(replica.weight_version)
-        ready.add_metric(label, float(replica.ready and replica.state == c.ReplicaState.SERVING))
+        labels_seen.add(server.replica)
+        label = [str(server.replica)]
+        served = c.weight_version_number(server.weight_version)
+        ready.add_metric(label, float(server.ready and server.state == c.ReplicaState.SERVING))
         version.add_metric(label, float(served))
         lag.add_metric(label, float(max(learner_version - served, 0)))
-        samples.add_metric(label, replica.samples)
-        failures.add_metric(label, replica.failures)
+        samples.add_metric(label, server.samples)
+        failures.add_metric(label, server.failures)
     return [ready, version, samples, failures, lag]
 
 

@@ -1,6 +1,6 @@
 """The run's inputs where the learner and the rollout server load them: an `s3://` model or dataset.path is
 downloaded once into the inputs cache (`InputsConfig.cache_dir`: on spec.modelCache.volume in a pod, so that a
-restarted pod or a new replica finds it there) and named by its local path from then on; a path must exist; the
+restarted pod or a new rollout server finds it there) and named by its local path from then on; a path must exist; the
 credentials the spec names must have arrived. Every problem is an `InputError` naming the field: a user mistake, the
 pod's exit 78.
 

@@ -1,7 +1,7 @@
 """The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
 
 Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
-`AsyncRolloutWorker` pointed at the rollout balancer (every replica; `grpo_trainer.balancer`), trains, and leaves the
+`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.balancer`), trains, and leaves the
 contract's exit code and the final progress report (the container's termination message) behind.
 """
 
@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -289,7 +290,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
 
     from .rollout_pool import start_rollout_pool
     from .step_scoring import ImportanceBounds
-    from .trainer import GRPOLearner, WeightSyncOptions
+    from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
     from .weight_sync import make_weight_transfer
 
     try:
@@ -309,7 +310,7 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
     pool = None
     weight_transfer = None
     if is_main and config.rollout.weight_sync.mode == "filesystem":
-        # TRL's worker and client talk to the balancer, which spreads generation over every replica.
+        # TRL's worker and client talk to the balancer, which spreads generation over every server.
         pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
                                   request_timeout_s=args.request_timeout, config_path=config_path)
         args.vllm_server_base_url = pool.url
@@ -318,6 +319,9 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
         # Every rank passes a transfer where rank 0's is ours: TRL's own adapter-sync probe is a collective it runs
         # only without one, and a rank that ran it alone would wait in it for good. TRL drops it off rank 0.
         weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
+    # The trackers' runs are named on /progress by a callback that reads the trainer's own tracker integrations: the
+    # learner builds it from its callbacks.
+    tracking = partial(parameters_callback, spec_config, trackers) if trackers else None
     try:
         with http_only_rollout_worker(config):
             learner = GRPOLearner(
@@ -332,24 +336,18 @@ def build_learner(config: c.RunConfig, config_path: str | None = None):
                 weight_transfer=weight_transfer,
                 filter_config=config.filter,
                 stall_groups=config.progress.stall_groups,
-                progress_server_port=config.learner.http_port if is_main else None,
                 reward_models=reward_models,
                 weight_sync=WeightSyncOptions(config.rollout.weight_sync.deadline_seconds, adapter_sync(config)),
                 importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
+                reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
+                                           tracking=tracking, rollout_pool=pool),
             )
     except BaseException:
         if pool is not None:
             pool.stop()
         raise
-    if trackers:
-        parameters = parameters_callback(spec_config, trackers, learner.callback_handler.callbacks)
-        learner.add_callback(parameters)
-        learner.tracked_runs_fn = parameters.tracked_runs
-    if pool is not None:
-        learner.rollout_report_fn = pool.report
-        learner.rollout_pool = pool
     return learner
 
 
@@ -546,9 +544,6 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         settle()
         if learner is not None:
             learner.close()
-            pool = getattr(learner, "rollout_pool", None)
-            if pool is not None:
-                pool.stop()
     try:
         report = learner.progress_report()
     except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success

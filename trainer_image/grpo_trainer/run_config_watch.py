@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .contract import load_run_config
-from .replicas import normalized
+from .server_set import normalized
 from .validation import config_error_line
 
 logger = logging.getLogger(__name__)

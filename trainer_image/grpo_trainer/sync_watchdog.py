@@ -1,7 +1,7 @@
 """Every weight sync timed, and one that outlives its deadline ends the learner as stalled.
 
 A sync can block where nothing times it out: an NCCL collective waits forever for a peer that is somewhere else, and
-the filesystem sync waits up to its server timeouts and then for a replica to come back. The learner cannot cancel
+the filesystem sync waits up to its server timeouts and then for a server to come back. The learner cannot cancel
 either (a collective in C, a socket read), so the sync runs on its own daemon thread and the training thread waits
 for it with the deadline: past it, the training thread raises `WeightSyncStuck` and the learner exits as stalled,
 leaving the stuck thread to end with the process. Every rank runs its part of the sync this way, so a rank held in

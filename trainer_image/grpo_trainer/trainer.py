@@ -12,9 +12,9 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from accelerate.utils import broadcast, is_peft_model
@@ -51,6 +51,7 @@ from .contract import (
     LearnerPhase,
     ProgressReport,
     StallCause,
+    TrackedRunReport,
 )
 from .episodes import EpisodeCounts, EpisodeQueue
 from .exporter import StepMetrics
@@ -78,6 +79,11 @@ from .sync_watchdog import SyncTimer, WeightSyncStuck
 from .tracking import progress_logs
 from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 
+if TYPE_CHECKING:
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from .rollout_pool import RolloutPool
+
 logger = logging.getLogger(__name__)
 
 # TRL's own resume file: trl/experimental/async_grpo/async_grpo_trainer.py:1860-1901 (trl 1.16.0).
@@ -101,39 +107,61 @@ class WeightSyncOptions:
     adapter: bool = False
 
 
+class TrackedRuns(Protocol):
+    """A TrainerCallback that knows the trackers' runs once they have started (grpo_trainer.tracking)."""
+
+    def tracked_runs(self) -> list[TrackedRunReport]: ...
+
+
+@dataclass(frozen=True)
+class LearnerReporting:
+    """What the learner reports beyond its own figures, and where.
+
+    server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
+    tracking: given the trainer's callbacks, the callback that names the trackers' runs on /progress
+        (grpo_trainer.tracking.parameters_callback). The learner adds it after transformers' tracker integrations,
+        which it reads, so their runs have started when it looks. None: no trackers.
+    rollout_pool: rank 0's rollout servers behind its balancer (filesystem sync): their state goes on /progress;
+        the learner owns the pool from then on and `close()` stops it.
+    """
+
+    server_port: int | None = None
+    tracking: Callable[[list], TrackedRuns] | None = None
+    rollout_pool: RolloutPool | None = None
+
+
 class GRPOLearner(AsyncGRPOTrainer):
     """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing.
 
-    Extra keyword-only arguments:
+    TRL's arguments, with `args` (its AsyncGRPOConfig) by keyword; extra keyword-only arguments:
         filter_config: which rollouts to drop before training (contract.FilterConfig).
         stall_groups: groups consumed in a row without one training before the run stalls; 0 = one pass.
-        progress_server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
-        lost_after_s: a group missing this long (while later groups arrived) is dropped as lost; a missing group
-            whose samples would be stale is regenerated long before (default: three times TRL's `request_timeout`,
-            as TRL posts a completion up to 3 times).
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
         importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.step_scoring); samples
             with a non-finite loss or logprob leave the loss whatever they are.
         weight_sync: how the weights reach the servers (`WeightSyncOptions`: the sync's deadline, adapter or merged).
         attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
             this process's device.
+        reporting: where /progress is served and what joins the report (`LearnerReporting`).
+
+    A group missing for three of TRL's `request_timeout`s (while later groups arrived) is dropped as lost, as TRL
+    posts a completion up to 3 times; a missing group whose samples would be stale is regenerated long before.
     """
 
     def __init__(
         self,
-        *args: Any,
+        *positional: Any,
+        args: AsyncGRPOConfig | None = None,
         filter_config: FilterConfig | None = None,
         stall_groups: int = 0,
-        progress_server_port: int | None = None,
-        lost_after_s: float | None = None,
         reward_models: Sequence[RewardModel] = (),
         weight_sync: WeightSyncOptions | None = None,
         importance_bounds: ImportanceBounds | None = None,
         attention_kernel: AttentionKernel | None = None,
+        reporting: LearnerReporting | None = None,
         **kwargs: Any,
     ):
-        training_args = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        on_cpu = training_args is not None and training_args.use_cpu
+        on_cpu = args is not None and args.use_cpu
         if on_cpu:
             from .cpu import enable_cpu_support
 
@@ -147,7 +175,13 @@ class GRPOLearner(AsyncGRPOTrainer):
         # Tool calls and environments: /progress reports their episodes (grpo_trainer.episodes).
         self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
         self.episodes = EpisodeCounts()
-        super().__init__(*args, **kwargs)
+        super().__init__(*positional, args=args, **kwargs)
+        reporting = reporting or LearnerReporting()
+        self._rollout_pool = reporting.rollout_pool
+        self._tracking: TrackedRuns | None = None
+        if reporting.tracking is not None:
+            self._tracking = reporting.tracking(self.callback_handler.callbacks)
+            self.add_callback(self._tracking)
         weight_sync = weight_sync or WeightSyncOptions()
         if weight_sync.adapter:
             self._choose_adapter_sync()
@@ -171,7 +205,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             epochs=self.args.num_train_epochs if groups_per_epoch else None,
             stall_cause=self.episodes.failed_environments,
         )
-        self.lost_after_s = lost_after_s or LOST_AFTER_REQUEST_TIMEOUTS * self.args.request_timeout
+        self.lost_after_s = LOST_AFTER_REQUEST_TIMEOUTS * self.args.request_timeout
         self.reward_models = list(reward_models)
         self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
@@ -189,16 +223,16 @@ class GRPOLearner(AsyncGRPOTrainer):
         self.rollout_wait: RolloutWaitMeter | None = None  # rank 0, once the pipeline is built
         self._progress_server = None
         self.step_metrics = StepMetrics()  # TRL's logged step curves, for /metrics
-        if progress_server_port is not None and self.accelerator.is_main_process:
+        if reporting.server_port is not None and self.accelerator.is_main_process:
             from .exporter import ProgressServer
 
-            self._progress_server = ProgressServer(self.progress_report, port=progress_server_port,
+            self._progress_server = ProgressServer(self.progress_report, port=reporting.server_port,
                                                    step_metrics=self.step_metrics).start()
             logger.info(f"progress: {self._progress_server.url}/progress and /metrics")
 
     # ------------------------------------------------------------------------------------------------ adapter sync
     def _choose_adapter_sync(self) -> None:
-        """Sync the adapter alone through our transfer, to every replica.
+        """Sync the adapter alone through our transfer, to every server.
 
         TRL turns adapter sync on only when it builds its own transfer, from the server's `/server_info` (which
         vLLM 0.32 answers 500 where its environment has no pip: it lists pip's packages), and its adapter sync
@@ -224,7 +258,7 @@ class GRPOLearner(AsyncGRPOTrainer):
 
     def _sync_weight_lora(self, t0: float) -> tuple[float, float, float]:
         """TRL's adapter sync (its dispatch and timings), through our transfer: the adapter is saved into the next
-        version directory (TRL's collective save, published by a rename) and loaded on every replica in the pool.
+        version directory (TRL's collective save, published by a rename) and loaded on every server in the pool.
         The version continues the transfer's count, so a restarted learner never reuses a name a server holds."""
         model = self.accelerator.unwrap_model(self.model)
         transfer = self.weight_transfer if self.accelerator.is_main_process else None
@@ -265,10 +299,11 @@ class GRPOLearner(AsyncGRPOTrainer):
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
                                                "rollout_queue_samples": self.rollout_wait.qsize()})
-        if tracked_runs_fn := getattr(self, "tracked_runs_fn", None):  # set by learner_main: spec.tracking's runs
-            report = report.model_copy(update={"tracking": tracked_runs_fn()})
-        rollout_report_fn = getattr(self, "rollout_report_fn", None)  # set by learner_main: the rollout pool
-        return report.model_copy(update={"rollout": rollout_report_fn()}) if rollout_report_fn else report
+        if self._tracking is not None:
+            report = report.model_copy(update={"tracking": self._tracking.tracked_runs()})
+        if self._rollout_pool is not None:
+            report = report.model_copy(update={"rollout": self._rollout_pool.report()})
+        return report
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log (its step metrics join `logs`), with our progress numbers beside them for the trackers; what
@@ -595,7 +630,7 @@ class GRPOLearner(AsyncGRPOTrainer):
         checkpoint leaves them out, except groups with rows in a window that stepped), and no optimizer step runs
         on an empty window. Stepping on zeroed gradients
         advanced the step counter, the LR schedule and a weight sync; stepping on a partial window's unreduced
-        gradients made two gloo replicas diverge (parameter checksums 308.53 vs 311.73).
+        gradients made two gloo ranks diverge (parameter checksums 308.53 vs 311.73).
         """
         self._fold_settled_groups()
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -767,9 +802,12 @@ class GRPOLearner(AsyncGRPOTrainer):
         return super()._inner_training_loop(*args, **kwargs)
 
     def close(self) -> None:
+        """Stop the progress server and the rollout pool; the report still names the pool's servers after."""
         if self._progress_server is not None:
             self._progress_server.stop()
             self._progress_server = None
+        if self._rollout_pool is not None:
+            self._rollout_pool.stop()
 
 
-__all__ = ["GRPOLearner", "RolloutPipelineError", "StallError"]
+__all__ = ["GRPOLearner", "LearnerReporting", "RolloutPipelineError", "StallError"]

@@ -4,7 +4,7 @@ A LoRA run syncs its adapter alone (`training.lora.sync: adapter`): each version
 adapter, and every rollout server loads it through `/v1/load_lora_adapter` under a versioned name
 (`adapter_name`) that generation requests name as their model. TRL's own adapter sync reaches the one server its
 client talks to (it falls back to merged weights when a server holds several replicas); here it goes to each
-replica in the pool, with each replica's version kept as for whole weights.
+server in the pool, with each server's version kept as for whole weights.
 
 vLLM ships no CPU weight-transfer engine (nccl, ipc, sparse_nccl, nccl_m2n, sharded_rdt are all GPU), so on CPU the
 learner writes the streamed `(name, tensor)` pairs as a safetensors checkpoint into a directory the server can read
@@ -30,8 +30,8 @@ import torch
 from safetensors.torch import save_file
 
 from . import contract as c
-from .replicas import ReplicaSet
 from .rollout_health import PROBE_TIMEOUT_S
+from .server_set import ServerSet
 from .sync_watchdog import DaemonCall
 
 logger = logging.getLogger(__name__)
@@ -175,15 +175,15 @@ class FilesystemWeightTransfer:
 
     def __init__(
         self, server_urls: list[str], directory: str | os.PathLike, *, timeout_s: float = 300.0,
-        ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None, replicas: ReplicaSet | None = None,
+        ready_timeout_s: float = 240.0, aliases: dict[str, str] | None = None, servers: ServerSet | None = None,
         pause_timeout_s: float = PROBE_TIMEOUT_S, adapter_window: int = 1,
     ):
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
         self.server_urls = [url.rstrip("/") for url in server_urls]
-        # With a replica set (the balancer's), a server that fails a sync leaves the pool instead of failing the run,
+        # With a server set (the balancer's), a server that fails a sync leaves the pool instead of failing the run,
         # and is brought to the current version by `catch_up` before the balancer admits it again.
-        self.replicas = replicas
+        self.servers = servers
         self._lock = threading.Lock()
         # Absolute: the path is resolved by the server process, whose working directory may differ.
         self.directory = Path(directory).resolve()
@@ -276,12 +276,12 @@ class FilesystemWeightTransfer:
     def init_weight_transfer(self) -> None:
         """Continue the version count from the directory, then wait for the servers (they start with the learner).
 
-        Without a replica set every server must answer /health; with one, the balancer admits servers as they come
+        Without a server set every server must answer /health; with one, the balancer admits servers as they come
         and the first sync waits for one (`_targets`).
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         self.version = resume_version(self.directory)
-        if self.replicas is not None:
+        if self.servers is not None:
             return
         deadline = time.monotonic() + self.ready_timeout_s
         for url in self.server_urls:
@@ -298,14 +298,14 @@ class FilesystemWeightTransfer:
                 time.sleep(1.0)
 
     def _each(self, action, what: str) -> list[str]:
-        """Run `action(url)` on every server; with a replica set, on the replicas in the pool.
+        """Run `action(url)` on every server; with a server set, on the servers in the pool.
 
-        With a replica set a failure takes that replica out of the pool (the balancer admits it again once it
-        generates and has caught up), a replica that is draining (it left `rollout.urls`) gets no step from the
-        moment it leaves, and when no replica is left the sync waits, bounded by `ready_timeout_s`, for
-        one to come back (a single replica being restarted) instead of failing the run.
+        With a server set a failure takes that server out of the pool (the balancer admits it again once it
+        generates and has caught up), a server that is draining (it left `rollout.urls`) gets no step from the
+        moment it leaves, and when no server is left the sync waits, bounded by `ready_timeout_s`, for
+        one to come back (a single server being restarted) instead of failing the run.
         """
-        if self.replicas is None:
+        if self.servers is None:
             for url in self.server_urls:
                 try:
                     action(url)
@@ -317,10 +317,10 @@ class FilesystemWeightTransfer:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             done = []
-            for url in self.replicas.ready_urls():
+            for url in self.servers.ready_urls():
                 if self._stopping.is_set():
                     break
-                with self.replicas.sync_step(url) as held:
+                with self.servers.sync_step(url) as held:
                     if not held:
                         continue  # it left the run's set (or failed) since the list was taken: the sync goes on
                     try:
@@ -328,7 +328,7 @@ class FilesystemWeightTransfer:
                     except WeightSyncError as error:
                         logger.warning("weight sync: %s failed on %s; it leaves the pool until it catches up: %s",
                                        what, url, error)
-                        self.replicas.fail(url, str(error))
+                        self.servers.fail(url, str(error))
                     else:
                         done.append(url)
             if done or self._stopping.is_set():
@@ -340,8 +340,8 @@ class FilesystemWeightTransfer:
             time.sleep(1.0)
 
     def pause(self) -> None:
-        if self.replicas is not None:
-            self.replicas.sync_started()
+        if self.servers is not None:
+            self.servers.sync_started()
         self._each(lambda url: self._post(url, "/pause", params={"mode": "keep"}, timeout_s=self.pause_timeout_s),
                    "pause")
 
@@ -358,7 +358,7 @@ class FilesystemWeightTransfer:
         finally:
             self._writing_since = None
         staging.rename(final)
-        self.version = version  # from here a replica admitted by the balancer catches up to this version
+        self.version = version  # from here a server admitted by the balancer catches up to this version
         targets = self._each(lambda url: self._load(url, final), "reload_weights")
         remove_other_versions(self.directory, keep=[final.name])
         elapsed = time.perf_counter() - started
@@ -374,8 +374,8 @@ class FilesystemWeightTransfer:
                 self._load_adapter(url, checkpoint)
             else:
                 self._reload(url, checkpoint)
-        if self.replicas is not None:
-            self.replicas.set_version(url, checkpoint.name)
+        if self.servers is not None:
+            self.servers.set_version(url, checkpoint.name)
 
     def _load_adapter(self, url: str, adapter: Path) -> None:
         """Load `adapter` (a version directory) on `url` under its versioned name. A fresh name per version: vLLM keys
@@ -412,7 +412,7 @@ class FilesystemWeightTransfer:
         if not is_adapter(adapter):
             raise WeightSyncError(f"weight sync: no adapter was saved in {adapter}")
         self.bytes_written = directory_bytes(adapter)
-        self.version += 1  # from here a replica admitted by the balancer catches up to this version
+        self.version += 1  # from here a server admitted by the balancer catches up to this version
         targets = self._each(lambda url: self._load(url, adapter), "load_lora_adapter")
         elapsed = time.perf_counter() - started
         self.sync_seconds.append(elapsed)
@@ -427,7 +427,7 @@ class FilesystemWeightTransfer:
         if stale > 0:
             # An unload that fails leaves one more adapter in the server's cache, which evicts the least recently
             # used: never a reason to take a server out of the pool.
-            for url in (self.replicas.ready_urls() if self.replicas is not None else self.server_urls):
+            for url in (self.servers.ready_urls() if self.servers is not None else self.server_urls):
                 try:
                     self._post(url, "/v1/unload_lora_adapter", json={"lora_name": adapter_name(stale)})
                 except WeightSyncError as error:
@@ -439,8 +439,8 @@ class FilesystemWeightTransfer:
         try:
             self._each(lambda url: self._post(url, "/resume"), "resume")
         finally:
-            if self.replicas is not None:
-                self.replicas.sync_ended()
+            if self.servers is not None:
+                self.servers.sync_ended()
 
     def catch_up(self, url: str) -> None:
         """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
@@ -498,7 +498,7 @@ def remove_other_versions(directory: Path, keep: list[str]) -> None:
 
 def make_weight_transfer(
     config: c.RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False,
-    replicas: ReplicaSet | None = None,
+    servers: ServerSet | None = None,
 ) -> FilesystemWeightTransfer | None:
     """The backend for the run: None lets TRL build its NCCL WeightTransferClient (GPU); filesystem on CPU."""
     sync = config.rollout.weight_sync
@@ -508,6 +508,6 @@ def make_weight_transfer(
         raise ValueError("rollout.weightSync.directory must be set when rollout.weightSync.mode is filesystem")
     return FilesystemWeightTransfer(
         config.rollout.urls, sync.directory, ready_timeout_s=ready_timeout_s,
-        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, replicas=replicas,
+        aliases=TIED_EMBEDDING_ALIASES if tied_embeddings else None, servers=servers,
         adapter_window=config.training.max_staleness + 1,
     )

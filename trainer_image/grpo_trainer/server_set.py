@@ -1,7 +1,7 @@
 """What the learner knows about each rollout server: its place in the set, ready or not, the weight version it
 serves, its load and output.
 
-One `ReplicaSet` is shared by the balancer (routing, readiness), the weight sync (versions, a replica that fails a
+One `ServerSet` is shared by the balancer (routing, readiness), the weight sync (versions, a server that fails a
 sync leaves the pool) and the progress report (`/progress` `rollout`, metrics with a `replica` label). Torch-free and
 thread-safe: the balancer runs on its own event-loop thread, the sync on the trainer's.
 
@@ -24,7 +24,7 @@ from . import contract as c
 
 
 @dataclass
-class Replica:
+class RolloutServer:
     index: int
     url: str
     state: c.ReplicaState = c.ReplicaState.JOINING
@@ -53,7 +53,7 @@ class Replica:
 
 @dataclass(frozen=True)
 class MembershipChange:
-    """What one `ReplicaSet.apply` did, by URL."""
+    """What one `ServerSet.apply` did, by URL."""
 
     joined: tuple[str, ...] = ()
     draining: tuple[str, ...] = ()
@@ -72,13 +72,13 @@ def normalized(urls: list[str]) -> list[str]:
     return list(dict.fromkeys(url.rstrip("/") for url in urls))
 
 
-class ReplicaSet:
+class ServerSet:
     def __init__(self, urls: list[str]):
         urls = normalized(urls)
         if not urls:
             raise EmptyRolloutSet("at least one rollout server URL is needed")
         self._lock = threading.Lock()
-        self._replicas = [Replica(index, url) for index, url in enumerate(urls)]
+        self._servers = [RolloutServer(index, url) for index, url in enumerate(urls)]
         # A weight sync holds the servers paused: the balancer's liveness probe gives no verdict meanwhile.
         self.syncing = False
         self.syncs_started = 0
@@ -94,55 +94,55 @@ class ReplicaSet:
 
     @property
     def urls(self) -> list[str]:
-        """Every replica the learner knows, draining ones too."""
+        """Every server the learner knows, draining ones too."""
         with self._lock:
-            return [replica.url for replica in self._replicas]
+            return [server.url for server in self._servers]
 
     def __len__(self) -> int:
-        return len(self._replicas)
+        return len(self._servers)
 
     def ready_urls(self) -> list[str]:
-        """The pool: admitted replicas that are up. Routing, every weight sync step and the liveness probe use it."""
+        """The pool: admitted servers that are up. Routing, every weight sync step and the liveness probe use it."""
         with self._lock:
-            return [replica.url for replica in self._replicas
-                    if replica.ready and replica.state == c.ReplicaState.SERVING]
+            return [server.url for server in self._servers
+                    if server.ready and server.state == c.ReplicaState.SERVING]
 
     @contextlib.contextmanager
     def sync_step(self, url: str, *, admitting: bool = False) -> Iterator[bool]:
-        """Hold `url` for one weight-sync step; yields whether it is held: a replica in the pool, or with `admitting`
+        """Hold `url` for one weight-sync step; yields whether it is held: a server in the pool, or with `admitting`
         one being admitted (in the set, not draining). One that leaves the set meanwhile stays in it, draining, until
         the step ends: a server stopped once the report dropped it had cut off a `/resume` under way."""
         with self._lock:
-            replica = self._find(url)
+            server = self._find(url)
             if admitting:
-                held = replica is not None and replica.state != c.ReplicaState.DRAINING
+                held = server is not None and server.state != c.ReplicaState.DRAINING
             else:
-                held = replica is not None and replica.ready and replica.state == c.ReplicaState.SERVING
+                held = server is not None and server.ready and server.state == c.ReplicaState.SERVING
             if held:
-                replica.sync_steps += 1
+                server.sync_steps += 1
         try:
             yield held
         finally:
             if held:
                 with self._lock:
-                    replica.sync_steps -= 1
-                    self._forget_if_drained(replica)
+                    server.sync_steps -= 1
+                    self._forget_if_drained(server)
 
     def draining_busy_urls(self) -> list[str]:
-        """Draining replicas that still hold requests and are believed up: the liveness probe watches them too, so a
+        """Draining servers that still hold requests and are believed up: the liveness probe watches them too, so a
         hung one's requests move elsewhere."""
         with self._lock:
-            return [replica.url for replica in self._replicas
-                    if replica.state == c.ReplicaState.DRAINING and replica.ready and replica.outstanding]
+            return [server.url for server in self._servers
+                    if server.state == c.ReplicaState.DRAINING and server.ready and server.outstanding]
 
     def to_admit(self) -> list[str]:
         """Replicas in the set that are not in the pool: joining ones, and serving ones that failed."""
         with self._lock:
-            return [replica.url for replica in self._replicas
-                    if replica.state != c.ReplicaState.DRAINING and not replica.ready]
+            return [server.url for server in self._servers
+                    if server.state != c.ReplicaState.DRAINING and not server.ready]
 
     def apply(self, urls: list[str]) -> MembershipChange:
-        """Make `urls` the set, in their order (a replica's index is its place in it; a draining one keeps its last).
+        """Make `urls` the set, in their order (a server's index is its place in it; a draining one keeps its last).
 
         A URL that comes back while it drains joins again: it missed the weight syncs meanwhile, so it is admitted
         (caught up) before it gets traffic. Raises EmptyRolloutSet for no URL, leaving the set as it was.
@@ -152,125 +152,125 @@ class ReplicaSet:
             raise EmptyRolloutSet("the new set of rollout servers is empty")
         joined, draining, left = [], [], []
         with self._lock:
-            known = {replica.url: replica for replica in self._replicas}
+            known = {server.url: server for server in self._servers}
             members = []
             for index, url in enumerate(urls):
-                replica = known.pop(url, None)
-                if replica is None:
-                    replica = Replica(index, url)
+                server = known.pop(url, None)
+                if server is None:
+                    server = RolloutServer(index, url)
                     joined.append(url)
-                elif replica.state == c.ReplicaState.DRAINING:
-                    replica.state, replica.ready = c.ReplicaState.JOINING, False
+                elif server.state == c.ReplicaState.DRAINING:
+                    server.state, server.ready = c.ReplicaState.JOINING, False
                     joined.append(url)
-                replica.index = index
-                members.append(replica)
-            for replica in known.values():
-                if replica.state != c.ReplicaState.DRAINING:
-                    replica.state = c.ReplicaState.DRAINING
-                    draining.append(replica.url)
-                if replica.busy:
-                    members.append(replica)
+                server.index = index
+                members.append(server)
+            for server in known.values():
+                if server.state != c.ReplicaState.DRAINING:
+                    server.state = c.ReplicaState.DRAINING
+                    draining.append(server.url)
+                if server.busy:
+                    members.append(server)
                 else:
-                    left.append(replica.url)
-            self._replicas = members
+                    left.append(server.url)
+            self._servers = members
         return MembershipChange(tuple(joined), tuple(draining), tuple(left))
 
     def admitted(self, url: str) -> bool:
         """The balancer admitted `url` (it generated and caught up): it serves. False when it drains or left
         meanwhile: it stays out of the pool."""
         with self._lock:
-            replica = self._find(url)
-            if replica is None or replica.state == c.ReplicaState.DRAINING:
+            server = self._find(url)
+            if server is None or server.state == c.ReplicaState.DRAINING:
                 return False
-            replica.state, replica.ready = c.ReplicaState.SERVING, True
+            server.state, server.ready = c.ReplicaState.SERVING, True
             return True
 
-    def acquire(self) -> Replica | None:
-        """The ready replica with the fewest requests in flight (ties: the fewest served so far), now holding one more.
+    def acquire(self) -> RolloutServer | None:
+        """The ready server with the fewest requests in flight (ties: the fewest served so far), now holding one more.
 
-        Least outstanding requests adapts to replicas of different speed, where round robin would queue work behind
+        Least outstanding requests adapts to servers of different speed, where round robin would queue work behind
         the slowest one; the tie-break spreads an idle start evenly.
         """
         with self._lock:
-            ready = [replica for replica in self._replicas
-                     if replica.ready and replica.state == c.ReplicaState.SERVING]
+            ready = [server for server in self._servers
+                     if server.ready and server.state == c.ReplicaState.SERVING]
             if not ready:
                 return None
-            chosen = min(ready, key=lambda replica: (replica.outstanding, replica.requests, replica.index))
+            chosen = min(ready, key=lambda server: (server.outstanding, server.requests, server.index))
             chosen.hold(+1)
             chosen.requests += 1
             return chosen
 
-    def release(self, replica: Replica, *, ok: bool, error: str = "", sample: bool = True) -> None:
-        """Give back the request slot; a failure takes the replica out of the pool until it is probed ready again.
-        A draining replica whose last request this was leaves the set."""
+    def release(self, server: RolloutServer, *, ok: bool, error: str = "", sample: bool = True) -> None:
+        """Give back the request slot; a failure takes the server out of the pool until it is probed ready again.
+        A draining server whose last request this was leaves the set."""
         with self._lock:
-            replica.hold(-1)
+            server.hold(-1)
             if ok:
-                replica.samples += int(sample)
+                server.samples += int(sample)
             else:
-                replica.failures += 1
-                replica.last_error = error
-                replica.ready = False
-            self._forget_if_drained(replica)
+                server.failures += 1
+                server.last_error = error
+                server.ready = False
+            self._forget_if_drained(server)
 
-    def count_retry(self, replica: Replica) -> None:
+    def count_retry(self, server: RolloutServer) -> None:
         with self._lock:
-            replica.retried += 1
+            server.retried += 1
 
     def set_unready(self, url: str, error: str = "") -> None:
         with self._lock:
-            replica = self._find(url)
-            if replica is None:
+            server = self._find(url)
+            if server is None:
                 return  # drained and forgotten meanwhile
-            replica.ready = False
+            server.ready = False
             if error:
-                replica.last_error = error
+                server.last_error = error
 
     def fail(self, url: str, error: str) -> None:
         """A failure outside a generation request (a weight sync step): out of the pool, counted."""
         with self._lock:
-            replica = self._find(url)
-            if replica is None:
+            server = self._find(url)
+            if server is None:
                 return
-            replica.ready = False
-            replica.failures += 1
-            replica.last_error = error
+            server.ready = False
+            server.failures += 1
+            server.last_error = error
 
     def set_version(self, url: str, version: str) -> None:
         with self._lock:
-            replica = self._find(url)
-            if replica is not None:
-                replica.weight_version = version
+            server = self._find(url)
+            if server is not None:
+                server.weight_version = version
 
     def in_flight(self, url: str) -> int:
         """Requests in flight on `url` (0 for a server the set does not hold)."""
         with self._lock:
-            replica = self._find(url)
-            return replica.outstanding if replica is not None else 0
+            server = self._find(url)
+            return server.outstanding if server is not None else 0
 
     def is_ready(self, url: str) -> bool:
         with self._lock:
-            replica = self._find(url)
-            return replica is not None and replica.ready
+            server = self._find(url)
+            return server is not None and server.ready
 
     def report(self) -> list[c.RolloutReplicaReport]:
         with self._lock:
             return [
                 c.RolloutReplicaReport(
-                    replica=replica.index, url=replica.url, ready=replica.ready, state=replica.state,
-                    weight_version=replica.weight_version,
-                    samples=replica.samples, failures=replica.failures, retried=replica.retried,
-                    request_seconds=round(replica.request_seconds, 3), last_error=replica.last_error[:200],
+                    replica=server.index, url=server.url, ready=server.ready, state=server.state,
+                    weight_version=server.weight_version,
+                    samples=server.samples, failures=server.failures, retried=server.retried,
+                    request_seconds=round(server.request_seconds, 3), last_error=server.last_error[:200],
                 )
-                for replica in self._replicas
+                for server in self._servers
             ]
 
-    def _forget_if_drained(self, replica: Replica) -> None:
-        """A draining replica with nothing left in flight leaves the set (called under the lock)."""
-        if replica.state == c.ReplicaState.DRAINING and not replica.busy:
-            self._replicas = [other for other in self._replicas if other is not replica]
+    def _forget_if_drained(self, server: RolloutServer) -> None:
+        """A draining server with nothing left in flight leaves the set (called under the lock)."""
+        if server.state == c.ReplicaState.DRAINING and not server.busy:
+            self._servers = [other for other in self._servers if other is not server]
 
-    def _find(self, url: str) -> Replica | None:
+    def _find(self, url: str) -> RolloutServer | None:
         url = url.rstrip("/")
-        return next((replica for replica in self._replicas if replica.url == url), None)
+        return next((server for server in self._servers if server.url == url), None)
