@@ -467,7 +467,8 @@ UPDATE_CASES = {
     "deadlines": (_update(lambda m: m["spec"]["progress"].update(progressDeadlineSeconds=60) or
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
-    "environments-added": (_set("spec.environments", [{"name": "guess", "image": "x"}]), [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "environments-added": (_set("spec.environments", [{"name": "guess", "image": "x"}]),
+                           [ENVIRONMENTS_WHILE_SUSPENDED]),
     "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
                    ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
@@ -541,8 +542,9 @@ ENVIRONMENT_UPDATE_CASES = {
     "resources-removed": (_environment(lambda e: e.pop("resources")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
     "probe": (_environment(lambda e: e.update(readinessProbe={"tcpSocket": {"port": 8765}})), None,
               [ENVIRONMENTS_WHILE_SUSPENDED]),
-    "pod-template-override": (_environment(lambda e: e.update(podTemplateOverride={"metadata": {"labels": {"a": "b"}}})),
-                              None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "pod-template-override": (
+        _environment(lambda e: e.update(podTemplateOverride={"metadata": {"labels": {"a": "b"}}})), None,
+        [ENVIRONMENTS_WHILE_SUSPENDED]),
     "renamed": (_environment(lambda e: e.update(name="maze")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
     "added": (_two_environments, None, [ENVIRONMENTS_WHILE_SUSPENDED]),
     "removed": (_set("spec.environments", _DELETE, base=_agentic), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
