@@ -468,7 +468,7 @@ class Reason:
     ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
     ALL_REPLICAS_READY = "AllReplicasReady"
     REPLICAS_NOT_READY = "ReplicasNotReady"
-    SCALED = "Scaled"  # the event when spec.rollout.replicas changes on a live run
+    SCALED = "Scaled"  # the event when spec.rollout.replicas or an environment's replicas changes on a live run
     DRAINED = "Drained"  # the event when a removed rollout server's pod is deleted after the learner let it go
     DRAIN_DEADLINE_EXCEEDED = "DrainDeadlineExceeded"  # ... deleted while the learner still reported it
     SCALE_REFUSED = "ScaleRefused"  # a live replica change the run's admission (Kueue, a gang) cannot take

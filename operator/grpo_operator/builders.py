@@ -128,8 +128,13 @@ def environment_service_name(run: str, environment: str) -> str:
     return f"{run}-env-{environment}"
 
 
+def environment_pod_prefix(run: str, environment: str) -> str:
+    """What an environment's server pods are named before their index."""
+    return f"{run}-env-{environment}-"
+
+
 def environment_pod_name(run: str, environment: str, index: int) -> str:
-    return f"{run}-env-{environment}-{index}"
+    return f"{environment_pod_prefix(run, environment)}{index}"
 
 
 def environment_urls(run: str, namespace: str, environments: Sequence[EnvironmentSpec] | None) -> dict[str, str]:

@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from grpo_operator.manifest import load_crd, load_manifest, validate_manifest, with_defaults
-from tests.operator.test_manifest import CEL_CASES, GOOD_FIXTURES, STRUCTURAL_CASES, UPDATE_CASES, good
+from tests.operator.test_manifest import (
+    CEL_CASES,
+    ENVIRONMENT_UPDATE_CASES,
+    GOOD_FIXTURES,
+    STRUCTURAL_CASES,
+    UPDATE_CASES,
+    good,
+)
+from tests.operator.test_manifest import _agentic as agentic
 from tests.support.chart_render import VALUE_SETS, render_manifests
 from tests.support.control_plane import ADMIN_TOKEN
 from tests.support.control_plane_client import kubectl
@@ -96,6 +104,27 @@ def test_bad_manifests_are_refused_by_the_server_naming_the_field_grporun_valida
 @pytest.mark.parametrize("make, expected", UPDATE_CASES.values(), ids=UPDATE_CASES.keys())
 def test_updates_are_judged_by_the_server_as_grporun_validate_judges_them(admin, namespace, make, expected):
     stored = _create(admin, namespace, good())
+    updated = make()
+    updated["metadata"].update(namespace=namespace, resourceVersion=stored["metadata"]["resourceVersion"])
+    path = admin.path(GRPORUNS, namespace, updated["metadata"]["name"])[len(admin.url):]
+    updated = as_kubectl_sends(updated)
+    if not expected:
+        admin.call("PUT", path, json=updated, params=STRICT)
+        return
+    with pytest.raises(ApiError) as refused:
+        admin.call("PUT", path, json=updated, params=STRICT)
+    assert refused.value.code == 422, refused.value.message
+    assert [_field(line) for line in expected] == server_fields(refused.value)
+    assert expected[0].split(": ", 1)[1] in refused.value.message
+
+
+@pytest.mark.parametrize("make, base, expected", ENVIRONMENT_UPDATE_CASES.values(),
+                         ids=ENVIRONMENT_UPDATE_CASES.keys())
+def test_live_environment_changes_are_judged_by_the_server_as_grporun_validate_judges_them(admin, namespace, make,
+                                                                                            base, expected):
+    """The per-field rule on spec.environments (all but replicas) passes the server's CEL cost limits and lets a
+    running run's environment servers scale, as `grporun validate` says."""
+    stored = _create(admin, namespace, (base or agentic)())
     updated = make()
     updated["metadata"].update(namespace=namespace, resourceVersion=stored["metadata"]["resourceVersion"])
     path = admin.path(GRPORUNS, namespace, updated["metadata"]["name"])[len(admin.url):]

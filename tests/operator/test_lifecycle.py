@@ -398,3 +398,38 @@ def test_a_newer_learners_report_keeps_the_runs_status_moving(cluster, learner, 
     assert cluster.condition("newer", "Progressing")["status"] == "True"
     assert cluster.condition("newer", "Stalled")["status"] == "False"
     assert "ProgressUnknown" not in cluster.event_reasons("newer")
+
+
+def test_a_running_runs_environment_servers_scale_live_up_and_down(cluster, learner, progress_urls):
+    """spec.environments[].replicas on a running run: 1 -> 3 creates two servers, 3 -> 1 deletes them, each with
+    a Scaled event; the run stays Running and keeps its other pods, and status.environments follows."""
+    spec = minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 1}])
+    cluster.apply(grporun("envs", spec))
+    progress_urls["envs-learner-0"] = learner.url()
+    cluster.bring_up("envs", pods=3)
+    learner.update(groups_consumed=4, groups_trained=3, global_step=2)
+    cluster.wait_phase("envs", "Running")
+    others = cluster.pod_names("envs", "rollout") + cluster.pod_names("envs", "learner")
+
+    def environments() -> list[dict[str, Any]]:
+        return cluster.status("envs").get("environments") or []
+
+    cluster.patch_spec("envs", {"environments": [{"name": "guess", "image": "game:1", "replicas": 3}]})
+    cluster.wait_for(lambda: len(cluster.pods("envs", "environment")) == 3, what="two more environment servers")
+    for pod in cluster.pod_names("envs", "environment"):
+        cluster.kubelet.run(pod)
+    cluster.wait_for(lambda: environments() == [{"name": "guess", "wanted": 3, "replicas": 3, "ready": 3,
+                                                 "restarts": 0}], what="status.environments at 3 servers")
+    cluster.patch_spec("envs", {"environments": [{"name": "guess", "image": "game:1", "replicas": 1}]})
+    cluster.wait_for(lambda: cluster.pod_names("envs", "environment") == ["envs-env-guess-0"],
+                     what="the servers past the new count deleted")
+    cluster.wait_for(lambda: environments() == [{"name": "guess", "wanted": 1, "replicas": 1, "ready": 1,
+                                                 "restarts": 0}], what="status.environments back at 1 server")
+    cluster.wait_event("envs", "Scaled")
+    messages = [e["message"] for e in cluster.events("envs") if e["reason"] == "Scaled"]
+    assert sorted(messages) == [
+        "environment guess scaled from 1 to 3 servers: creating 2 server pod(s)",
+        "environment guess scaled from 3 to 1 servers: deleting envs-env-guess-1, envs-env-guess-2; the episodes "
+        "they hold fail and count as environment failures"]
+    assert cluster.status("envs")["phase"] == "Running"
+    assert cluster.pod_names("envs", "rollout") + cluster.pod_names("envs", "learner") == others

@@ -440,6 +440,10 @@ IMMUTABLE = "is immutable: the learner's config is fixed when the run is created
 WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner and checkpoint can "
                    "change only while the run is suspended (set runPolicy.suspend to true first; the pods are then "
                    "recreated with the change on resume)")
+ENVIRONMENTS_WHILE_SUSPENDED = (
+    "spec.environments: can change only while the run is suspended, but for each environment's replicas, which a "
+    "running run takes live (set runPolicy.suspend to true first; the environment servers and the run config are "
+    "recreated with the change on resume)")
 UPDATE_CASES = {
     "model": (_set("spec.model", "Qwen/Qwen3-1.7B"), [f"spec.model: {IMMUTABLE}"]),
     "dataset": (_set("spec.dataset.limit", 10), [f"spec.dataset: {IMMUTABLE}"]),
@@ -464,9 +468,7 @@ UPDATE_CASES = {
                           m["spec"]["runPolicy"].update(ttlSecondsAfterFinished=1)), []),
     "unchanged-but-defaulted": (_set("spec.training.maxStaleness", 4), []),
     "environments-added": (_set("spec.environments", [{"name": "guess", "image": "x"}]),
-                           ["spec.environments: can change only while the run is suspended (set runPolicy.suspend "
-                            "to true first; the environment servers and the run config are recreated with the change "
-                            "on resume)"]),
+                           [ENVIRONMENTS_WHILE_SUSPENDED]),
     "managed-by": (_set("spec.managedBy", "kueue.x-k8s.io/multikueue"),
                    ["spec.managedBy: is immutable: the controller that reconciles a run is chosen when it is created"]),
 }
@@ -500,19 +502,71 @@ def test_manifest_pods_change_only_while_the_run_is_suspended(make):
     assert validate_manifest(running, old=good()) == [f"spec: {WHILE_SUSPENDED}"]
 
 
-def test_manifest_environments_change_only_while_the_run_is_suspended():
-    """A live run's config keeps the URLs it started with: an added environment's URL would never reach the learner,
-    and a removed one's pods would be left running."""
-    def manifest(replicas: int, suspend: bool) -> dict:
-        made = _agentic()
-        made["spec"]["environments"][0]["replicas"] = replicas
-        made["spec"]["runPolicy"] = {"suspend": suspend}
-        return made
+def _environment(change: Callable[[dict], Any]) -> Callable[[], dict]:
+    """The agentic manifest with its (first) environment changed."""
+    return _update(lambda m: change(m["spec"]["environments"][0]), base=_agentic)
 
-    assert validate_manifest(manifest(3, True), old=manifest(2, True)) == []
-    assert validate_manifest(manifest(3, False), old=manifest(2, False)) == [
-        "spec.environments: can change only while the run is suspended (set runPolicy.suspend to true first; the "
-        "environment servers and the run config are recreated with the change on resume)"]
+
+def _two_environments() -> dict:
+    manifest = _agentic()
+    manifest["spec"]["environments"].append({"name": "maze", "image": "registry.example/maze-env:1"})
+    return manifest
+
+
+def _reordered() -> dict:
+    manifest = _two_environments()
+    manifest["spec"]["environments"].reverse()
+    return manifest
+
+
+#: Live changes of spec.environments, judged as an update of the agentic manifest (or of `_two_environments` for
+#: the reorder): a server count changes live, as a Service's URL does not depend on it; anything else would leave
+#: the run config's URLs or the servers' pods out of date.
+ENVIRONMENT_UPDATE_CASES = {
+    "scale-up": (_environment(lambda e: e.update(replicas=5)), None, []),
+    "scale-down": (_environment(lambda e: e.update(replicas=1)), None, []),
+    "scale-to-zero": (_environment(lambda e: e.update(replicas=0)), None, []),
+    "replicas-defaulted": (_environment(lambda e: e.pop("replicas")), None, []),
+    "replicas-and-image": (_environment(lambda e: e.update(replicas=3, image="registry.example/guess-env:2")), None,
+                           [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "image": (_environment(lambda e: e.update(image="registry.example/guess-env:2")), None,
+              [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "port": (_environment(lambda e: e.update(port=9000)), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "command": (_environment(lambda e: e.update(command=["guess"])), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "command-removed": (_environment(lambda e: e.pop("command")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "args": (_environment(lambda e: e.update(args=["--port", "9"])), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "env": (_environment(lambda e: e["env"].append({"name": "X", "value": "1"})), None,
+            [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "resources": (_environment(lambda e: e.update(resources={"requests": {"cpu": "1"}})), None,
+                  [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "resources-removed": (_environment(lambda e: e.pop("resources")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "probe": (_environment(lambda e: e.update(readinessProbe={"tcpSocket": {"port": 8765}})), None,
+              [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "pod-template-override": (
+        _environment(lambda e: e.update(podTemplateOverride={"metadata": {"labels": {"a": "b"}}})), None,
+        [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "renamed": (_environment(lambda e: e.update(name="maze")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "added": (_two_environments, None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "removed": (_set("spec.environments", _DELETE, base=_agentic), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "reordered": (_reordered, _two_environments, [ENVIRONMENTS_WHILE_SUSPENDED]),
+}
+
+
+def _running(make: Callable[[], dict], suspend: bool) -> dict:
+    manifest = make()
+    manifest["spec"]["runPolicy"] = {**manifest["spec"].get("runPolicy", {}), "suspend": suspend}
+    return manifest
+
+
+@pytest.mark.parametrize("make, base, expected", ENVIRONMENT_UPDATE_CASES.values(),
+                         ids=ENVIRONMENT_UPDATE_CASES.keys())
+def test_manifest_environments_change_only_while_the_run_is_suspended_but_for_their_replicas(make, base, expected):
+    """A live run's config keeps the URLs it started with: an added environment's URL would never reach the learner,
+    a removed one's pods would be left running, and a changed server spec would reach only the servers created
+    after it. The number of servers behind a Service changes live."""
+    old = base or _agentic
+    assert validate_manifest(_running(make, False), old=_running(old, False)) == expected
+    assert validate_manifest(_running(make, True), old=_running(old, True)) == []
 
 
 _MODELS = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}

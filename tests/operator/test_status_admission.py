@@ -123,3 +123,12 @@ def test_an_environment_runs_no_more_servers_than_kueue_admitted_for_its_pod_set
                                           "grporun-r")
     assert [e.replicas for e in in_effect.environments] == [2, 1]
     assert refused.startswith("spec.environments[0].replicas: 3 is more than the 2 env-guess pod(s) Kueue admitted")
+
+
+def test_an_environment_kueue_admitted_without_servers_gets_none_when_scaled_up_live():
+    """An environment of 0 servers has no pod set in the Workload: Kueue admitted none of its pods, so a live scale
+    from 0 is refused like any count above the admission, not run outside the quota."""
+    spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 2}]))
+    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
+    assert [e.replicas for e in in_effect.environments] == [0]
+    assert refused.startswith("spec.environments[0].replicas: 2 is more than the 0 env-guess pod(s) Kueue admitted")

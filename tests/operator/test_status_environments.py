@@ -3,6 +3,7 @@ replaced when they end, never taken for rollout servers or learners, and deleted
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from grpo_operator.status import CreateChildren, DeletePods, PodObservation, RecreatePods
@@ -96,3 +97,82 @@ def test_status_lists_each_environment_with_its_servers_ready_and_restarted():
 def test_a_run_without_environments_has_no_environments_status():
     spec = spec_of()
     assert "environments" not in step(spec, {}, running_pods()).status
+
+
+# --- a live change of spec.environments[].replicas --------------------------------------------------------------------
+
+TRAINED = report(groupsConsumed=3, groupsTrained=3)
+
+
+def _scaled(guess: int) -> list[dict[str, Any]]:
+    return [{**ENVIRONMENTS[0], "replicas": guess}, ENVIRONMENTS[1]]
+
+
+def _guess(status: dict[str, Any]) -> dict[str, Any]:
+    return next(entry for entry in status["environments"] if entry["name"] == "guess")
+
+
+def test_a_live_scale_down_deletes_the_servers_past_the_new_count_and_says_so():
+    pods = [*all_pods(), environment_pod("r-env-guess-2")]
+    first = step(spec_of(environments=_scaled(3)), {}, [], now=T0)
+    status = step(spec_of(environments=_scaled(3)), first.status, pods, TRAINED).status
+    assert status["phase"] == "Running"
+    decision = step(spec_of(environments=_scaled(1)), status, pods, report(groupsConsumed=3, groupsTrained=3))
+    assert decision.actions == [DeletePods(("r-env-guess-1", "r-env-guess-2"), reason="environment scaled down")]
+    assert decision.status["phase"] == "Running" and decision.status["restarts"] == 0
+    (event,) = [event for event in decision.events if event.reason == "Scaled"]
+    assert event.type == "Normal" and event.message == (
+        "environment guess scaled from 3 to 1 servers: deleting r-env-guess-1, r-env-guess-2; the episodes they hold "
+        "fail and count as environment failures")
+    # The deleted servers count until they are gone: status shows the pool converging on the new count.
+    assert _guess(decision.status) == {"name": "guess", "wanted": 1, "replicas": 3, "ready": 3, "restarts": 0}
+    going = [dataclasses.replace(p, terminating=True) if p.name in ("r-env-guess-1", "r-env-guess-2") else p
+             for p in pods]
+    after = step(spec_of(environments=_scaled(1)), decision.status, going, report(groupsConsumed=3, groupsTrained=3))
+    assert after.actions == [] and "Scaled" not in [event.reason for event in after.events]
+    assert _guess(after.status) == {"name": "guess", "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}
+
+
+def test_a_live_scale_up_creates_the_new_servers_and_says_so():
+    pods = [p for p in all_pods() if p.name != "r-env-guess-1"]
+    first = step(spec_of(environments=_scaled(1)), {}, [], now=T0)
+    status = step(spec_of(environments=_scaled(1)), first.status, pods, TRAINED).status
+    assert status["phase"] == "Running"
+    decision = step(spec_of(environments=_scaled(3)), status, pods, report(groupsConsumed=3, groupsTrained=3))
+    assert decision.actions == [CreateChildren()]
+    assert decision.status["phase"] == "Running"
+    assert [event.message for event in decision.events if event.reason == "Scaled"] == [
+        "environment guess scaled from 1 to 3 servers: creating 2 server pod(s)"]
+    assert _guess(decision.status) == {"name": "guess", "wanted": 3, "replicas": 1, "ready": 1, "restarts": 0}
+
+
+def test_scaling_to_zero_deletes_every_server_of_that_environment_only():
+    status = running_status(spec_of(environments=ENVIRONMENTS))
+    decision = step(spec_of(environments=_scaled(0)), status, all_pods(), report(groupsConsumed=3, groupsTrained=3))
+    assert decision.actions == [DeletePods(("r-env-guess-0", "r-env-guess-1"), reason="environment scaled down")]
+
+
+def test_a_surplus_server_whose_pod_ended_is_deleted_not_recreated():
+    status = running_status(spec_of(environments=ENVIRONMENTS))
+    pods = all_pods(**{"r-env-guess-1": "Failed"})
+    decision = step(spec_of(environments=_scaled(1)), status, pods, report(groupsConsumed=3, groupsTrained=3))
+    assert decision.actions == [DeletePods(("r-env-guess-1",), reason="environment scaled down")]
+
+
+def test_an_environment_whose_name_prefixes_another_keeps_its_servers_apart():
+    """`a` and `a-1`: a-1's server 0 (r-env-a-1-0) is neither a's server nor past a's count."""
+    environments = [{"name": "a", "image": "a:1", "replicas": 1}, {"name": "a-1", "image": "b:1", "replicas": 1}]
+    pods = [*running_pods(), environment_pod("r-env-a-0"), environment_pod("r-env-a-1-0")]
+    status = step(spec_of(environments=environments), {}, [], now=T0).status
+    status = step(spec_of(environments=environments), status, pods, report(groupsConsumed=3, groupsTrained=3)).status
+    decision = step(spec_of(environments=environments), status, pods, report(groupsConsumed=3, groupsTrained=3))
+    assert decision.actions == []
+    assert [entry["replicas"] for entry in decision.status["environments"]] == [1, 1]
+
+
+def test_the_created_event_counts_the_environment_servers():
+    decision = step(spec_of(environments=ENVIRONMENTS), {}, [], now=T0)
+    (created,) = [event for event in decision.events if event.reason == "Created"]
+    assert created.message == "creating 1 rollout, 1 learner and 3 environment pods"
+    (plain,) = [event for event in step(spec_of(), {}, [], now=T0).events if event.reason == "Created"]
+    assert plain.message == "creating 1 rollout and 1 learner pods"

@@ -60,8 +60,10 @@ def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str)
     in_effect: dict[str, int] = {}
     refusals = []
     fields = count_fields(spec)
+    environments = {environment_pod_set(environment.name) for environment in spec.environments or []}
     for pod_set, wanted in spec_counts(spec).items():
-        allowed = admitted.get(pod_set)
+        # An environment admitted with 0 servers has no pod set in the Workload: Kueue admitted none of its pods.
+        allowed = admitted.get(pod_set, 0 if pod_set in environments else None)
         if allowed is not None and wanted > allowed:
             in_effect[pod_set] = allowed
             refusals.append(f"{fields[pod_set]}: {wanted} is more than the {allowed} {pod_set} pod(s) Kueue admitted")

@@ -48,7 +48,7 @@ from .decision import (
     rank,
 )
 from .durability import unkept_work
-from .environments import environments_status
+from .environments import environments_status, scale_message, server_index, surplus_servers
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
@@ -175,7 +175,8 @@ def _decide(record: PassRecord) -> None:
     if _decide_on_exits(record):
         return
     _scale(record)
-    _replace_environment_servers(record)
+    surplus = _scale_environments(record)
+    _replace_environment_servers(record, surplus)
     # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
     missing = _missing_pods(record.run, record.spec, record.pods + record.terminating)
     if missing or not record.seen.children_exist:
@@ -379,11 +380,11 @@ def _missing_pods(run: RunRef, spec: GRPORunSpec, pods: list[PodObservation]) ->
     return [slot for slot in expected if slot not in present]
 
 
-def _replace_environment_servers(record: PassRecord) -> None:
+def _replace_environment_servers(record: PassRecord, surplus: list[str]) -> None:
     """An environment server restarts in place (restartPolicy Always); one whose pod ended anyway (evicted, its node
     lost) is deleted, and created again once it is gone. The run goes on meanwhile: its episodes on that server fail
-    and are counted as environment failures (docs/agentic.md)."""
-    ended = tuple(sorted(p.name for p in record.pods if p.role == "environment"
+    and are counted as environment failures (docs/agentic.md). A surplus server is deleted by the scale-down."""
+    ended = tuple(sorted(p.name for p in record.pods if p.role == "environment" and p.name not in surplus
                          and p.phase in ("Failed", "Succeeded")))
     if ended:
         record.actions.append(RecreatePods(ended))
@@ -463,6 +464,25 @@ def _scale(record: PassRecord) -> None:
         record.actions.append(DeletePods(tuple(removal.pod for removal in gone), reason="drained"))
     for removal in gone:
         _event(record, removal.type, removal.reason, removal.message)
+
+
+def _scale_environments(record: PassRecord) -> list[str]:
+    """A live change of spec.environments[].replicas: a scale-up's servers are missing pods (CreateChildren creates
+    them; the Service takes them in once Ready); a scale-down deletes the servers past the new count at once, the
+    highest indexes. An environment server holds no state the run keeps, so there is no drain: the episodes in
+    flight on a deleted server fail and are counted as environment failures, as when a server is lost. Returns
+    the surplus servers' pods."""
+    surplus = surplus_servers(record.run.name, record.spec.environments, record.pods)
+    if surplus:
+        record.actions.append(DeletePods(tuple(surplus), reason="environment scaled down"))
+    before = {entry.name: entry.wanted for entry in record.old.environments or []}
+    for environment in record.spec.environments or []:
+        wanted = before.get(environment.name)
+        if record.old.phase is not None and wanted is not None and wanted != environment.replicas:
+            deleted = [name for name in surplus if server_index(record.run.name, environment.name, name) is not None]
+            _event(record, "Normal", Reason.SCALED, scale_message(environment.name, wanted, environment.replicas,
+                                                                  deleted))
+    return surplus
 
 
 # --- exits and the end of a run ---------------------------------------------------------------------------------------
@@ -607,12 +627,20 @@ def _initial_conditions(conditions: Conditions) -> None:
 
 def _phase_message(spec: GRPORunSpec, phase: Phase) -> str:
     messages = {
-        Phase.PENDING: f"creating {spec.rollout.replicas} rollout and {spec.learner.nodes} learner pods",
+        Phase.PENDING: _creating_message(spec),
         Phase.STARTING: "pods are running; waiting for the rollout servers and the learner",
         Phase.RUNNING: "rollout servers ready, learner training",
         Phase.SUSPENDED: "spec.runPolicy.suspend is true: pods deleted, the run is kept",
     }
     return messages.get(phase, phase.value)
+
+
+def _creating_message(spec: GRPORunSpec) -> str:
+    environment_pods = sum(environment.replicas for environment in spec.environments or [])
+    if not environment_pods:
+        return f"creating {spec.rollout.replicas} rollout and {spec.learner.nodes} learner pods"
+    return (f"creating {spec.rollout.replicas} rollout, {spec.learner.nodes} learner and {environment_pods} "
+            "environment pods")
 
 
 def _waiting_reason(pods: list[PodObservation], terminating: list[PodObservation]) -> tuple[str, str] | None:
