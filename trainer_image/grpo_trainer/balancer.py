@@ -82,8 +82,8 @@ class RolloutBalancer:
         self.host, self.port = host, port
         self.timings = timings
         # The generation requests being forwarded to each replica: cancelled when it is found hung, so that they go
-        # elsewhere at once. Registered without a task or a waiter of their own: per request, those cost more CPU
-        # than the rest of the balancer's own code.
+        # elsewhere at once. Registered, not wrapped in a task and a waiter of their own per request: those made
+        # about a sixth of the balancer thread's Python calls per proxied request.
         self._forwarding: dict[str, set[asyncio.Task]] = {}
         self._found_hung: set[asyncio.Task] = set()  # of those, the ones cancelled for that reason
         self.waiting = 0  # requests held because no replica is ready (visible in logs and tests)
