@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's epoch bound (default {EPOCHS})")
     group.add_argument("--rows", default=",".join(ROWS),
                        help=f"comma-separated rows to run, any of {', '.join(ROWS)} (default: all)")
+    group.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                       help="sample every run with py-spy (the learner, its threads and its children) into "
+                            "DIR/<row>-pair-<n>-<ours|trl>.txt, folded stacks, and its step records with each "
+                            "thread's CPU seconds beside it (.steps.jsonl); the figures then carry their cost")
 
 
 def options(args: argparse.Namespace) -> dict[str, object]:
@@ -70,7 +75,16 @@ def options(args: argparse.Namespace) -> dict[str, object]:
         raise ValueError("--pairs: must be at least 1")
     if args.epochs < 1:
         raise ValueError("--epochs: must be at least 1")
-    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows}
+    if args.profile is not None and not py_spy():
+        raise ValueError("--profile: py-spy is not installed (`.venv/bin/uv pip install --python .venv/bin/python "
+                         "py-spy`)")
+    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile}
+
+
+def py_spy() -> str | None:
+    """py-spy beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
 # ------------------------------------------------------------------------------------------------ figures (pure)
@@ -248,16 +262,22 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
 
 
 # ------------------------------------------------------------------------------------------------------------ I/O
-def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]:
-    """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report."""
+def traced_run(directory: Path, kind: str, config, profile: Path | None = None) -> tuple[list, object | None]:
+    """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report.
+    `profile`: a file for py-spy's folded stacks of the run's CPU samples (every thread, children included)."""
     from grpo_trainer.contract import parse_progress
 
     traced = lay_out_traced_run(directory, kind, config)
     records_path = traced.records_path
+    command = traced.command
+    if profile is not None:
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        command = [py_spy(), "record", "--subprocesses", "--threads", "--nonblocking", "--format", "raw",
+                   "--output", str(profile), "--", *command, "--thread-cpu"]
     started = time.time()
     log_path = directory / "log.txt"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(traced.command, cwd=ROOT, env=traced.env, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, cwd=ROOT, env=traced.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:
             process.wait(timeout=RUN_TIMEOUT_S)
@@ -272,6 +292,8 @@ def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]
           file=sys.stderr, flush=True)
     records = ([StepRecord.from_json(line) for line in records_path.read_text().splitlines() if line]
                if records_path.exists() else [])
+    if profile is not None and records_path.exists():  # beside the profile: its per-thread CPU seconds per step
+        shutil.copyfile(records_path, profile.with_suffix(".steps.jsonl"))
     termination = directory / "termination-log"
     final = None
     if kind == "ours" and termination.exists() and termination.read_text().strip():
@@ -283,8 +305,8 @@ def traced_run(directory: Path, kind: str, config) -> tuple[list, object | None]
     return records, final
 
 
-def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int,
-            epochs: int) -> tuple[RowResult, object, int | None]:
+def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epochs: int,
+            profile: Path | None = None) -> tuple[RowResult, object, int | None]:
     """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
     import pytest
 
@@ -314,7 +336,9 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int,
             figures = {}
             for kind in ("ours", "trl") if ours_first else ("trl", "ours"):
                 restore_model_weights(running.server, directory / f"model-weights-{index}-{kind}")
-                records, final = traced_run(directory / f"pair-{index + 1}-{kind}", kind, config)
+                label = f"pair-{index + 1}-{kind}"
+                records, final = traced_run(directory / label, kind, config,
+                                            profile and profile / f"{name}-{label}.txt")
                 figures[kind] = run_figures(kind, records, final, generations)
                 if final is not None:
                     groups_total = final.groups_total
@@ -336,7 +360,8 @@ def run(context: Context) -> str:
     epochs = chosen.get("epochs", EPOCHS)
     rows, config, groups_total = [], None, None
     for name in chosen.get("rows", tuple(ROWS)):
-        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs)
+        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs,
+                                            chosen.get("profile"))
         rows.append(row)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return render(rows, epochs=epochs, groups_total=groups_total, generations=config.training.num_generations,

@@ -12,6 +12,8 @@ Each step appends one JSON line: the wall time it was logged at, the global step
 (`perf/rollout_wait_s`: seconds the trainer sat blocked on an empty rollout queue since the previous step;
 `batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), and `cpu_s`: the user + system CPU seconds the
 learner process and its children (both trainers' rollout worker is a child process) have used so far.
+`--thread-cpu` adds `threads`: the CPU seconds each thread of the learner process (by its Python name; threads
+Python did not start, such as torch's, under "native") and each child process has used so far.
 `--wall-bound S` stops training at the first step logged S seconds or more after the first one (TRL has no bound of
 its own short of its epochs).
 """
@@ -51,7 +53,26 @@ class ProcessTreeCpu:
         return total
 
 
-def step_recorder(path: str, wall_bound_s: float | None):
+def cpu_by_thread() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process by Python thread name, and of each child process."""
+    import threading
+
+    import psutil
+
+    me = psutil.Process()
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    totals: dict[str, float] = {}
+    for thread in me.threads():
+        name = names.get(thread.id, "native")
+        totals[name] = totals.get(name, 0.0) + thread.user_time + thread.system_time
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = child.cpu_times()
+            totals[f"child {child.pid}"] = times.user + times.system
+    return totals
+
+
+def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = False):
     from transformers import TrainerCallback
 
     cpu_seconds = ProcessTreeCpu()
@@ -65,6 +86,8 @@ def step_recorder(path: str, wall_bound_s: float | None):
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
                       "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds()}
+            if thread_cpu:
+                record["threads"] = cpu_by_thread()
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             if wall_bound_s and self.deadline is None:
@@ -75,7 +98,7 @@ def step_recorder(path: str, wall_bound_s: float | None):
     return StepRecorder()
 
 
-def run_ours(config_path: str, records: str, wall_bound_s: float | None) -> int:
+def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False) -> int:
     from grpo_trainer import learner_main
     from grpo_trainer.__main__ import main
 
@@ -83,14 +106,14 @@ def run_ours(config_path: str, records: str, wall_bound_s: float | None) -> int:
 
     def build_traced(*args, **kwargs):
         learner = build(*args, **kwargs)
-        learner.add_callback(step_recorder(records, wall_bound_s))
+        learner.add_callback(step_recorder(records, wall_bound_s, thread_cpu))
         return learner
 
     learner_main.build_learner = build_traced
     return main(["learner", "--config", config_path])
 
 
-def run_trl(config_path: str, records: str, wall_bound_s: float | None) -> int:
+def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False) -> int:
     from transformers import AutoConfig, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
@@ -113,7 +136,7 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None) -> int:
             train_dataset=load_prompts(config.dataset), processing_class=AutoTokenizer.from_pretrained(config.model),
             weight_transfer=transfer,
         )
-    trainer.add_callback(step_recorder(records, wall_bound_s))
+    trainer.add_callback(step_recorder(records, wall_bound_s, thread_cpu))
     trainer.train()
     return 0
 
@@ -124,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--records", required=True)
     parser.add_argument("--wall-bound", type=float, default=None, help="stop S seconds after the first step")
+    parser.add_argument("--thread-cpu", action="store_true", help="record each thread's and child's CPU seconds")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     run = run_ours if args.kind == "ours" else run_trl
-    code = run(args.config, args.records, args.wall_bound)
+    code = run(args.config, args.records, args.wall_bound, args.thread_cpu)
     sys.stdout.flush()
     sys.stderr.flush()
     # TRL's rollout worker thread can outlive train(); the records are written, so do not wait on it.

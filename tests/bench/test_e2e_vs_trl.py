@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from bench import e2e_vs_trl
 from bench.e2e_vs_trl import Pair, RowResult, RunFigures, add_arguments, options, pair_ratios, render, run_figures
 from bench.rollout_scaling import StepRecord
 from grpo_trainer.contract import ProgressReport
@@ -107,4 +108,13 @@ def test_the_options_default_to_every_row():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
-                                                                                    "generation-bound")}
+                                                                                    "generation-bound"),
+                                              "profile": None}
+
+
+def test_profiling_without_py_spy_is_refused_with_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(e2e_vs_trl, "py_spy", lambda: None)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match="--profile: py-spy is not installed"):
+        options(parser.parse_args(["--profile", str(tmp_path)]))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -15,6 +18,7 @@ from bench.rollout_scaling import (
     scale_phases,
     window_figures,
 )
+from bench.traced_learner import cpu_by_thread
 
 A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
 
@@ -51,6 +55,29 @@ def test_too_few_steps_give_no_rate_rather_than_a_division_error():
 def test_a_step_record_reads_back_what_the_traced_learner_writes():
     line = json.dumps({"t": 12.5, "step": 3, "wait_s": 0.25, "samples": 24.0, "groups": 3.0, "step_s": 1.0})
     assert StepRecord.from_json(line) == StepRecord(12.5, 3, 0.25, 24.0, 3.0)
+
+
+def test_thread_cpu_names_each_python_thread_and_each_child_process():
+    started, stop = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        started.set()
+        while not stop.is_set():
+            sum(range(1000))
+
+    thread = threading.Thread(target=spin, name="bench-spinner")
+    thread.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started.wait(10)
+        seconds = cpu_by_thread()
+    finally:
+        stop.set()
+        thread.join()
+        child.kill()
+        child.wait()
+    assert {"MainThread", "bench-spinner", f"child {child.pid}"} <= seconds.keys()
+    assert all(value >= 0 for value in seconds.values())
 
 
 def poll(t: float, **servers: tuple[str, bool, int]) -> Poll:
