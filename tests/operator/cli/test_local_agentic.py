@@ -21,7 +21,9 @@ AGENTIC = REPO / "examples" / "tiny-agentic.yaml"
 PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 #: How much the environment's mean reward per step rises from the run's first tenth of steps to its last, at least.
-REWARD_RISE = 0.1
+#: Runs rose 0.12 to 0.33 (a tenth is two or three steps of about 16 episodes each: noisy); without a rise to learn
+#: the same measure moved by a few hundredths either way.
+REWARD_RISE = 0.05
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
