@@ -132,7 +132,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             dropped = sum(progress.get("dropped", {}).values())
             assert progress["groupsTrained"] + dropped == progress["groupsConsumed"], progress
             assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
-            assert set(episodes.get("environmentFailures", {})) <= {GAME}, episodes
+            # Counted by the environment factory that met them (training.environmentFactory's function).
+            assert set(episodes.get("environmentFailures", {})) <= {"make_environment"}, episodes
             node.report(f"agentic run: {progress}")
             tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
                                         epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])

@@ -1,7 +1,8 @@
 """The tiny tool model's chat template and taught rows against TRL's multi-turn reconciler: a conversation played as
-taught is one training row whose trained tokens are exactly the taught ones (the tool call included). With Qwen3's
-own template the re-render after the tool answer drops the tool call's think block, the reconciler "realigns", and
-the tool call became untrained context: the agentic run's reward could not rise."""
+taught (a guess and the closing turn, or the closing turn alone) is one training row whose trained tokens are exactly
+the taught ones (the tool call included). With Qwen3's own template the re-render after the tool answer drops the
+tool call's think block, the reconciler "realigns", and the tool call became untrained context: the agentic run's
+reward could not rise."""
 
 from __future__ import annotations
 
@@ -40,12 +41,17 @@ def _spans(mask: list[int]) -> list[tuple[int, int]]:
 
 def test_a_conversation_played_as_taught_is_one_row_training_every_taught_token(tokenizer):
     tools = _tool_schema()
-    for conversation in _tool_conversations(guess_prompts(PROMPTS))[:8]:
+    conversations = _tool_conversations(guess_prompts(PROMPTS))[:10]
+    assert any(len(conversation) == 2 for conversation in conversations)  # one answered without a guess
+    for conversation in conversations:
         ids, mask = tool_training_row(tokenizer, conversation, tools)
         spans = _spans(mask)
-        assert len(spans) == 2  # the tool call and the closing turn
+        # Each assistant turn: the tool call and the closing turn, or the closing turn alone (no guess).
+        histories = [conversation[:index] for index, message in enumerate(conversation)
+                     if message["role"] == "assistant"]
+        assert len(spans) == len(histories)
         turns = []
-        for (start, end), history in zip(spans, (conversation[:1], conversation[:3]), strict=True):
+        for (start, end), history in zip(spans, histories, strict=True):
             # The worker renders the conversation so far with the generation prompt, and the policy generates
             # the taught span.
             prompt = tokenizer.apply_chat_template(history, tools=tools, add_generation_prompt=True, return_dict=False,
@@ -53,11 +59,11 @@ def test_a_conversation_played_as_taught_is_one_row_training_every_taught_token(
             assert prompt == ids[:start]
             turns.append(TurnRecord(prompt, ids[start:end], [0.0] * (end - start)))
         rows, tally = _chain_to_sequences(turns, "rollout", fork_threshold=1024)
-        assert tally["realign"] == tally["fork"] == 0 and tally["clean"] == 1
+        assert tally["realign"] == tally["fork"] == 0 and tally["clean"] == len(spans) - 1  # each later turn appends
         (row,) = rows
         assert row.input_ids == ids[:spans[-1][1]] and row.completion_mask == mask[:spans[-1][1]]
-        tool_call = tokenizer.decode(ids[spans[0][0]:spans[0][1]])
-        assert '"name": "guess"' in tool_call, tool_call
+        first_turn = tokenizer.decode(ids[spans[0][0]:spans[0][1]])
+        assert ('"name": "guess"' in first_turn) == (len(spans) == 2), first_turn
 
 
 def test_the_tool_models_tokenizer_keeps_a_template_trl_parses_responses_with(tokenizer):

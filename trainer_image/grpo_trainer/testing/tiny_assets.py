@@ -147,8 +147,15 @@ TOOL_VOCAB_SIZE = 1024
 #: Supervised steps that teach the tool model the episode's shape (a full batch of every conversation each step).
 TOOL_SFT_STEPS = 150
 TOOL_SFT_LEARNING_RATE = 3e-3
-#: The numbers the tool model is taught to guess, evenly: a quarter of its first guesses are right.
+#: The numbers the tool model is taught to guess, evenly: a quarter of its guesses are right.
 GUESS_NUMBERS = range(4)
+#: The weight, in the teaching's loss, of each prompt's one conversation answered without a guess, against its
+#: conversations with a guess (one per number, weight 1): the tool model starts calling the tool in a third of its
+#: episodes. Calling is what the game pays for, on every prompt alike, so the run's reward has a rise it learns within
+#: its 64 groups; the targets alone (eight prompts, eight visits each) are more than the tiny model memorises there.
+NO_GUESS_WEIGHT = 2.0 * len(GUESS_NUMBERS)
+#: What the tool model says when it ends a turn, after the game's answer or instead of a guess.
+CLOSING_WORD = "done"
 
 
 def guess_prompts(path: str | os.PathLike) -> list[dict]:
@@ -157,7 +164,8 @@ def guess_prompts(path: str | os.PathLike) -> list[dict]:
 
 
 def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
-    """Every prompt with every guess, answered as the game server answers, then the policy's closing turn."""
+    """Every prompt with every guess, answered as the game server answers, then the policy's closing turn; and every
+    prompt answered without a guess."""
     conversations = []
     for row in rows:
         for number in GUESS_NUMBERS:
@@ -166,9 +174,15 @@ def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
                 {"role": "user", "content": row["prompt"]},
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "name": "guess", "content": "right" if number == row["target"] else "wrong"},
-                {"role": "assistant", "content": "done"},
+                {"role": "assistant", "content": CLOSING_WORD},
             ])
+        conversations.append([{"role": "user", "content": row["prompt"]},
+                              {"role": "assistant", "content": CLOSING_WORD}])
     return conversations
+
+
+def _teaching_weight(conversation: list[dict]) -> float:
+    return 1.0 if any("tool_calls" in message for message in conversation) else NO_GUESS_WEIGHT
 
 
 def tool_chat_template(tokenizer) -> str:
@@ -217,8 +231,9 @@ def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed:
 
 def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
     """The tiny model, taught offline to play `prompts`' guess game through the tool call format of its chat
-    template: every prompt, one `guess` call with a number drawn evenly from GUESS_NUMBERS, then "done".
-    Deterministic (CPU, seeded, full-batch steps). The reward then has something to rise from: a quarter of the
+    template: on every prompt, a third of the time one `guess` call with a number drawn evenly from GUESS_NUMBERS,
+    then "done"; otherwise "done" with no guess (NO_GUESS_WEIGHT). Deterministic (CPU, seeded, full-batch
+    steps). The reward then has something to rise from: the policy learns to play every time, and a quarter of its
     guesses are right."""
     import torch
 
@@ -237,11 +252,17 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     labels = torch.tensor([[t if m else -100 for t, m in zip(r, k, strict=True)] + [-100] * (width - len(r))
                            for r, k in zip(rows, masks, strict=True)])
     attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    # Each conversation's tokens weigh its teaching weight: a weighted mean of the next-token cross-entropy.
+    targets = labels[:, 1:]
+    weights = torch.tensor([_teaching_weight(c) for c in conversations])[:, None] * (targets != -100)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=TOOL_SFT_LEARNING_RATE)
     model.train()
     for _ in range(TOOL_SFT_STEPS):
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
+                                                       reduction="none")
+        loss = (token_loss * weights).sum() / weights.sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
