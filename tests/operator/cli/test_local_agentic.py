@@ -1,11 +1,11 @@
 """`grporun local` with an environment: the tiny tool model (taught offline to call the guess game's tool in a third
-of its episodes) served by the real vLLM CPU server, playing against the real game server in its own process. The run
+of its episodes) served by the real vLLM CPU server, playing against the real game server, which grporun local starts
+as the example's `spec.environments` server, in a process of its own. The run
 ends at its bound, the episodes are counted, the group counts add up, the tool calls train, and the environment's
 reward rises over the run: the policy learns that playing pays."""
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import subprocess
@@ -37,21 +37,7 @@ def tool_model_dir(tmp_path_factory) -> str:
     return str(build_tiny_tool_model(tmp_path_factory.mktemp("tiny-tool") / "model", PROMPTS))
 
 
-@pytest.fixture
-def game_server():
-    """The guess game in a process of its own, as an environment server is."""
-    process = subprocess.Popen([sys.executable, "-m", "grpo_trainer.testing.guess_env", "--port", "0"],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        line = process.stdout.readline()
-        url = re.search(r"http://\S+", line)[0]
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_model_dir, game_server, tmp_path):
+def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_model_dir, tmp_path):
     manifest = yaml.safe_load(AGENTIC.read_text())
     manifest["spec"]["model"] = tool_model_dir
     manifest["spec"]["dataset"]["path"] = str(PROMPTS)
@@ -60,12 +46,13 @@ def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_
     path.write_text(yaml.safe_dump(manifest))
     result = subprocess.run(
         [*GRPORUN, str(path), "--runs-dir", str(tmp_path / "runs"), "--poll-interval", "0.5"],
-        capture_output=True, text=True, timeout=1500, cwd=tmp_path, env={**os.environ, "GUESS_ENV_URL": game_server},
+        capture_output=True, text=True, timeout=1500, cwd=tmp_path,
     )
     run_dir = tmp_path / "runs" / "tiny-agentic"
     learner_log = (run_dir / "logs" / "tiny-agentic-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
     assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
+    assert "guess environment serving on" in (run_dir / "logs" / "tiny-agentic-env-guess-0.log").read_text()
 
     report = c.parse_progress((run_dir / "termination-log").read_text())
     groups = 8 * manifest["spec"]["training"]["epochs"]
