@@ -53,8 +53,8 @@ def nan_reward_model_dir(tmp_path_factory) -> str:
 def update_never_answered():
     """A stand-in rollout server that generates (the balancer admits it) but never answers its weight update
     (`/collective_rpc` reload_weights): a weight sync against it hangs."""
-    from grpo_operator.local.processes import free_port
     from tests.support.paths import REPO
+    from tests.support.ports import free_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"),

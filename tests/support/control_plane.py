@@ -23,9 +23,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from grpo_operator.local.processes import free_port
 from tests.support.builds import Build, Unavailable
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 #: Builds one set of the Go commands the tiers run from one Go module: `controlplane` (here), `node`, `helm`.
 BUILD_SCRIPT = REPO / "hack" / "k8s" / "build.sh"

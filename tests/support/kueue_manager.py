@@ -23,11 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from grpo_operator.local.processes import free_port
 from tests.support.builds import Build
 from tests.support.control_plane import ControlPlane, Unavailable, _die_with_parent, go_build
 from tests.support.control_plane_client import Client
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 BUILD_SCRIPT = REPO / "hack" / "kueue" / "build.sh"
 BUILD_NAME = "kueue"  # its name in hack/lib/build-times

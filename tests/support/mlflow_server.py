@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpo_operator.local.processes import free_port
 from tests.support.paths import REPO, make_variable
+from tests.support.ports import free_port
 
 MLFLOW = REPO / make_variable("MLFLOW_VENV") / "bin" / "mlflow"
 MISSING = f"no MLflow server at {MLFLOW}: `make setup-mlflow` installs it"

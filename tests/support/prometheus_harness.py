@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from grpo_operator.local.processes import free_port
 from tests.support.chart_render import CHART_DIR
+from tests.support.ports import free_port
 
 ALERTS_FILE = CHART_DIR / "files" / "alerts.yaml"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.local.processes import LOCAL_HOST, free_port
 from tests.support.builds import Build
 from tests.support.control_plane import _die_with_parent, go_build
 from tests.support.paths import REPO
+from tests.support.ports import LOOPBACK, free_port
 
 BUILD_SCRIPT = REPO / "hack" / "s3" / "build.sh"
 BUILD_NAME = "seaweedfs"  # its name in hack/lib/build-times
@@ -60,7 +60,7 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{LOCAL_HOST}:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
 
     def env(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> dict[str, str]:
         """The variables a client reads (those a Secret mounted as env would set)."""
@@ -81,8 +81,8 @@ class S3Server:
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         ports = {flag: free_port() for flag in ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                                                "filer.port", "filer.port.grpc", "s3.port.grpc")}
-        command = [str(self.bin_dir / "weed"), "server", f"-dir={data}", f"-ip={LOCAL_HOST}",
-                   f"-ip.bind={LOCAL_HOST}", "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
+        command = [str(self.bin_dir / "weed"), "server", f"-dir={data}", f"-ip={LOOPBACK}",
+                   f"-ip.bind={LOOPBACK}", "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
                    "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    "-master.telemetry=false", f"-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}",
                    "-volume.max=0", "-volume.preStopSeconds=0",

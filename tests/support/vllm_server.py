@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from grpo_operator.local.processes import free_port
 from tests.support.control_plane import _die_with_parent
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 ROLLOUT_PYTHON = Path(os.environ.get("GRPO_ROLLOUT_PYTHON", REPO / ".venv-rollout" / "bin" / "python"))
 START_TIMEOUT_S = 600

@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer.checkpoints import MarkerError, read_marker
 from grpo_trainer.trainer import GRPOLearner
 from grpo_trainer.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 SCENARIO = str(REPO / "tests" / "support" / "fsdp2_scenario.py")
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from grpo_trainer.inputs import InputError, local_path, resolve, store_environ
 from grpo_trainer.object_store import client_from_env, upload_folder
 from grpo_trainer.store_uri import parse_uri
+from tests.support.ports import free_port
 
 
 def _config(tmp_path: Path, model: str, dataset: str = "/dev/null", **inputs) -> c.RunConfig:

@@ -74,7 +74,7 @@ def test_a_long_error_still_fits_the_termination_message_with_its_frame():
 @pytest.fixture
 def completions_server(tiny_model_dir):
     """A stand-in rollout server that answers generations and weight syncs (tests/support/completions_server.py)."""
-    from grpo_operator.local.processes import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "a",

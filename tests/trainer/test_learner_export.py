@@ -151,7 +151,7 @@ def test_an_upload_that_fails_ends_the_learner_as_export_failed_naming_the_cause
 
 
 def test_an_unreachable_endpoint_ends_the_learner_as_export_failed_naming_it(tmp_path, learner, monkeypatch):
-    from grpo_operator.local.processes import free_port
+    from tests.support.ports import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
 from grpo_trainer.launch import GangLayout, learner_argv
 from grpo_trainer.learner_main import trainer_arguments
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 from tests.support.learner_scenario import fork_rows  # noqa: E402

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from grpo_trainer.object_store import (
     ObjectStoreError,
@@ -28,6 +27,7 @@ from grpo_trainer.object_store import (
 )
 from grpo_trainer.store_uri import InvalidObjectStoreURI, Location, parse_uri
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 SHA = "0" * 64
 

@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 SERVER = str(REPO / "tests" / "support" / "completions_server.py")
 

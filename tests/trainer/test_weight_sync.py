@@ -15,7 +15,6 @@ import requests
 import torch
 from safetensors.torch import load_file
 
-from grpo_operator.local.processes import free_port
 from grpo_trainer.server_set import ServerSet
 from grpo_trainer.weight_sync import (
     TIED_EMBEDDING_ALIASES,
@@ -25,6 +24,7 @@ from grpo_trainer.weight_sync import (
     write_checkpoint,
 )
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.vllm_server import sync_weights
 
 PROMPT = [1, 93, 91, 306, 207, 288]

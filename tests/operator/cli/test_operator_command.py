@@ -12,8 +12,8 @@ import requests
 import yaml
 
 from grpo_operator.cli import operator_command as main
-from grpo_operator.local.processes import free_port
 from tests.support.chart_render import objects_of_kind, render_objects
+from tests.support.ports import free_port
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -20,12 +20,13 @@ from rich.console import Console
 from grpo_operator.api import parse_spec
 from grpo_operator.engine import run_pass
 from grpo_operator.local.plan import ProcessPlan
-from grpo_operator.local.processes import LocalProcess, free_port
+from grpo_operator.local.processes import LocalProcess
 from grpo_operator.local.rollout_restarts import Liveness, exit_line
 from grpo_operator.local.supervise import LocalPort, LocalRun
 from grpo_operator.status import Decision
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.specs import minimal_spec
 
 SERVER = REPO / "tests" / "support" / "completions_server.py"
