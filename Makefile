@@ -79,7 +79,7 @@ setup-apt: setup-apt-images
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq -o DPkg::Lock::Timeout=600 \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 prometheus >/dev/null; }
 
-# The node tier's container runtime and pod network (tests/support/node.py): containerd and runc run the pods, the CNI
+# The node tier's container runtime and pod network (tests/support/node/node.py): containerd and runc run the pods, the CNI
 # plugins wire them to the node's bridge, nft serves kube-proxy. Skipped when all are there.
 NODE_APT_PACKAGES := containerd runc containernetworking-plugins nftables iptables iproute2
 setup-node-apt:

@@ -310,7 +310,7 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
     """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
     import pytest
 
-    from tests.support.vllm_server import restore_model_weights, running_vllm_server
+    from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
 
     directory = scratch / name
     config = base_config(directory, epochs=epochs, max_num_seqs=max_num_seqs)

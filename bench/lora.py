@@ -168,7 +168,7 @@ def _mb(value: float) -> str:
 def run(context: Context) -> str:
     if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
         raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
-    from tests.support.vllm_server import running_vllm_server
+    from tests.support.servers.vllm_server import running_vllm_server
 
     reps = context.reps(5, 2)
     loads = [os.getloadavg()[0]]

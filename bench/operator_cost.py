@@ -2,9 +2,9 @@
 
 The real kopf operator runs in its own process (bench.operator_soak's `--serve-operator`, wired as `grporun
 operator` wires it, at the operator's default reconcile interval) against the API emulator
-(tests/support/kube_emulator.py, real HTTP, every request logged). Every run's learner is one real ProgressServer that
-counts the polls it answers; a Kubelet (tests/support/operator_fixtures.py) marks the pods Running. Measured per size,
-on a fresh emulator and operator:
+(tests/support/emulator/kube_emulator.py, real HTTP, every request logged). Every run's learner is one real
+ProgressServer that counts the polls it answers; a Kubelet (tests/support/emulator/operator_fixtures.py) marks the pods
+Running. Measured per size, on a fresh emulator and operator:
 - apply -> all children: from each GRPORun's create to its ConfigMap, Services and Pods existing (bench polls
   every 0.1 s);
 - progress -> status lag: the learner's trained-group count changes once, for every run at the same moment; the
@@ -42,7 +42,7 @@ def _components():
         import yaml  # noqa: F401
 
         from grpo_operator import builders  # noqa: F401
-        from tests.support.kube_emulator import (  # noqa: F401
+        from tests.support.emulator.kube_emulator import (  # noqa: F401
             DEFAULT_RESOURCES,
             GRPORUNS,
             PODS,
@@ -50,7 +50,7 @@ def _components():
             KubeClient,
             KubeEmulator,
         )
-        from tests.support.operator_fixtures import CRDS, Kubelet  # noqa: F401
+        from tests.support.emulator.operator_fixtures import CRDS, Kubelet  # noqa: F401
         from tests.support.specs import grporun, minimal_spec  # noqa: F401
     except ImportError as error:
         raise SectionUnavailable(f"the operator or its API emulator is not importable here ({error})") from error
@@ -318,7 +318,7 @@ def _metric_groups_trained(port: int) -> dict[str, float]:
 
 
 def _child_kinds(c):
-    from tests.support.kube_emulator import CONFIGMAPS, SERVICES
+    from tests.support.emulator.kube_emulator import CONFIGMAPS, SERVICES
 
     return (("configmaps", CONFIGMAPS), ("services", SERVICES), ("pods", c["PODS"]))
 

@@ -58,11 +58,18 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
 
     from grpo_trainer.contract import ProgressReport
     from grpo_trainer.exporter import ProgressServer
-    from tests.support.kube_emulator import DEFAULT_RESOURCES, GRPORUNS, PODS, EmulatorThread, KubeClient, KubeEmulator
+    from tests.support.emulator.kube_emulator import (
+        DEFAULT_RESOURCES,
+        GRPORUNS,
+        PODS,
+        EmulatorThread,
+        KubeClient,
+        KubeEmulator,
+    )
 
     def status_patches() -> int:
         return sum(1 for r in emulator.emulator.request_log if r.rbac_resource == "grporuns/status")
-    from tests.support.operator_fixtures import CRDS, Kubelet
+    from tests.support.emulator.operator_fixtures import CRDS, Kubelet
     from tests.support.specs import grporun, minimal_spec
 
     trained = {"groups": 0}

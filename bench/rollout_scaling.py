@@ -318,7 +318,7 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
 @contextlib.contextmanager
 def two_servers(config, workdir: Path):
     """Both servers started at once (each costs minutes of start-up here), stopped whatever happens."""
-    from tests.support.vllm_server import running_vllm_server
+    from tests.support.servers.vllm_server import running_vllm_server
 
     wire = json.loads(config.model_dump_json(by_alias=True))
     cores = os.cpu_count() or 1

@@ -2,8 +2,8 @@
 
 Two figures: what the tiny reward model costs per scored sample (`RewardModel.score` in this process, groups of 8
 completions of the tiny example's length, one forward per group), and the learner's step time with and without it
-(tests/support/learner_scenario.py, the real GRPOLearner with the scripted worker: one group of 4 per step, so the
-scoring of each group sits on the step's path). Step time is the median interval between optimizer steps.
+(tests/support/learner/learner_scenario.py, the real GRPOLearner with the scripted worker: one group of 4 per step, so
+the scoring of each group sits on the step's path). Step time is the median interval between optimizer steps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NAME = "scoring"
 TITLE = "6. Reward-model scoring on the learner (tiny reward model, CPU)"
 GROUP, GROUPS = 8, 16
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO = ROOT / "tests" / "support" / "learner_scenario.py"
+SCENARIO = ROOT / "tests" / "support" / "learner" / "learner_scenario.py"
 
 
 def reward_model_dir(context: Context) -> str:

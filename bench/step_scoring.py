@@ -2,8 +2,8 @@
 
 Two figures: what `score_step` costs per sample (in this process, on TRL-shaped loss terms: 64 samples of 64 trained
 tokens, the importance bounds on), and the learner's step time with it (the real GRPOLearner, bounds off and on)
-against TRL's own AsyncGRPOTrainer, which scores nothing (tests/support/learner_scenario.py with the scripted worker,
-one torch thread). Step time is the median interval between optimizer steps.
+against TRL's own AsyncGRPOTrainer, which scores nothing (tests/support/learner/learner_scenario.py with the scripted
+worker, one torch thread). Step time is the median interval between optimizer steps.
 """
 
 from __future__ import annotations

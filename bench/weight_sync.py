@@ -88,7 +88,7 @@ def write_throughput(context: Context, reps: int) -> list[float]:
 def run(context: Context) -> str:
     if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
         raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
-    from tests.support.vllm_server import running_vllm_server
+    from tests.support.servers.vllm_server import running_vllm_server
 
     reps = context.reps(10, 3)
     model_dir = context.model_dir

@@ -12,12 +12,12 @@ import pytest
 # session fixture is a separate fixture per module, and each module started its own server (3 servers, measured).
 # The control plane (kube-apiserver + etcd) is one per session for the same reason.
 pytest_plugins = [
-    "tests.support.vllm_server",
-    "tests.support.operator_fixtures",
-    "tests.support.control_plane_fixtures",
-    "tests.support.node_fixtures",
-    "tests.support.operator_release",
-    "tests.support.s3_server",
+    "tests.support.servers.vllm_server",
+    "tests.support.emulator.operator_fixtures",
+    "tests.support.controlplane.control_plane_fixtures",
+    "tests.support.node.node_fixtures",
+    "tests.support.node.operator_release",
+    "tests.support.servers.s3_server",
     "tests.support.build_fixtures",  # last: it imports the modules above, which pytest registers (and rewrites) first
 ]
 
@@ -53,11 +53,11 @@ def nan_reward_model_dir(tmp_path_factory) -> str:
 def update_never_answered():
     """A stand-in rollout server that generates (the balancer admits it) but never answers its weight update
     (`/collective_rpc` reload_weights): a weight sync against it hangs."""
-    from tests.support.paths import REPO
+    from tests.support.paths import COMPLETIONS_SERVER
     from tests.support.ports import free_port
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"),
+    server = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER),
                                "hung-update", str(port), "--hang", "/collective_rpc"],
                               stdout=subprocess.PIPE, text=True)
     server.stdout.readline()

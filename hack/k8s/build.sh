@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds one set of the Go commands the test tiers run, from this folder's Go module, into a cache folder that it
 # prints. A second call finds them there and only prints it; one missing from the folder is built alone.
-#   hack/k8s/build.sh controlplane   kube-apiserver, kubectl, kube-controller-manager, etcd (tests/support/control_plane.py)
+#   hack/k8s/build.sh controlplane   kube-apiserver, kubectl, kube-controller-manager, etcd (tests/support/controlplane/control_plane.py)
 #   hack/k8s/build.sh node           kubelet, kube-scheduler, kube-proxy, CoreDNS, and the pause and testbox image
-#                                    archives (tests/support/node.py)
-#   hack/k8s/build.sh helm           the helm CLI that installs the chart on the node (tests/support/operator_release.py)
+#                                    archives (tests/support/node/node.py)
+#   hack/k8s/build.sh helm           the helm CLI that installs the chart on the node (tests/support/node/operator_release.py)
 #   hack/k8s/build.sh SET --print-dir   the folder, without building
 #   GRPO_CONTROLPLANE_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator)
 # One module for every set: the Kubernetes libraries and the rest they share compile once in the Go build cache,

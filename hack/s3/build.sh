@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds SeaweedFS's `weed` (github.com/seaweedfs/seaweedfs/weed, the version go.mod pins) for the tests' S3
-# endpoint (tests/support/s3_server.py), into a cache folder that it prints. A second call only prints it.
+# endpoint (tests/support/servers/s3_server.py), into a cache folder that it prints. A second call only prints it.
 # Usage: hack/s3/build.sh [--print-dir]; GRPO_CONTROLPLANE_CACHE moves the cache root as for hack/k8s.
 # A module of its own: SeaweedFS pins its own cloud SDKs and gRPC, which have nothing to do with hack/k8s's.
 set -euo pipefail

@@ -22,7 +22,7 @@ from grpo_operator.operator_metrics import OperatorMetrics
 from grpo_trainer import contract
 from grpo_trainer.exporter import ProgressServer, StepMetrics
 from tests.support.chart_render import CHART_DIR
-from tests.support.prometheus_harness import Prometheus
+from tests.support.servers.prometheus_harness import Prometheus
 
 pytestmark = pytest.mark.slow
 

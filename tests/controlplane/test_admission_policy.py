@@ -20,7 +20,7 @@ from tests.chart.test_admission_policy import managed_args_objects
 from tests.controlplane.test_api import _create
 from tests.operator.test_manifest import good
 from tests.support.chart_render import render_objects
-from tests.support.kube_emulator import GRPORUNS, ApiError
+from tests.support.emulator.kube_emulator import GRPORUNS, ApiError
 
 pytestmark = pytest.mark.controlplane
 

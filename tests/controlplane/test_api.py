@@ -25,9 +25,9 @@ from tests.operator.test_manifest import (
 )
 from tests.operator.test_manifest import _agentic as agentic
 from tests.support.chart_render import VALUE_SETS, render_manifests
-from tests.support.control_plane import ADMIN_TOKEN
-from tests.support.control_plane_client import kubectl
-from tests.support.kube_emulator import GRPORUNS, ApiError
+from tests.support.controlplane.control_plane import ADMIN_TOKEN
+from tests.support.controlplane.control_plane_client import kubectl
+from tests.support.emulator.kube_emulator import GRPORUNS, ApiError
 
 pytestmark = pytest.mark.controlplane
 

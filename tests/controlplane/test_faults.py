@@ -1,6 +1,6 @@
 """The operator's fault scenarios (tests/operator/test_faults.py, the same functions) on the real kube-apiserver,
 with the operator running as the chart's ServiceAccount under the real RBAC authorizer. Each fault comes from the
-server's own machinery (tests/support/control_plane_faults.py): a pod held Terminating by a finalizer, the
+server's own machinery (tests/support/controlplane/control_plane_faults.py): a pod held Terminating by a finalizer, the
 DisruptionTarget condition on pod status, the Eviction API, a ResourceQuota's 403, a ValidatingAdmissionPolicy's
 422, and a run deleted and created again while its old pods remain (no garbage collector runs).
 
@@ -37,6 +37,6 @@ from tests.operator.test_faults import (  # noqa: F401 (collected here again, ag
     test_spec_fields_from_a_newer_crd_are_ignored_not_fatal,
     test_unreadable_progress_is_reported_as_unknown_never_as_a_stall,
 )
-from tests.support.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
+from tests.support.controlplane.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again, against the real server)
     test_ttl_after_finished_deletes_the_run_and_its_children,
 )
-from tests.support.control_plane_cluster import RealCluster, real_cluster
+from tests.support.controlplane.control_plane_cluster import RealCluster, real_cluster
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]
 

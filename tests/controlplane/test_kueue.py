@@ -1,5 +1,5 @@
-"""The Kueue flow with the real Kueue manager (tests/support/kueue_manager.py) on the real kube-apiserver: a GRPORun
-labelled with a LocalQueue gets the Workload the operator manages; it stays Suspended, with no pod, while its
+"""The Kueue flow with the real Kueue manager (tests/support/controlplane/kueue_manager.py) on the real kube-apiserver:
+a GRPORun labelled with a LocalQueue gets the Workload the operator manages; it stays Suspended, with no pod, while its
 ClusterQueue has no room; once the quota is raised Kueue admits the Workload, and the pods come and the run runs."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from grpo_operator.cluster import kueue
-from tests.support.control_plane_client import kubectl
-from tests.support.control_plane_cluster import RealCluster, real_cluster
-from tests.support.kube_emulator import GRPORUNS, ApiError
-from tests.support.kueue_manager import KueueManager
+from tests.support.controlplane.control_plane_client import kubectl
+from tests.support.controlplane.control_plane_cluster import RealCluster, real_cluster
+from tests.support.controlplane.kueue_manager import KueueManager
+from tests.support.emulator.kube_emulator import GRPORUNS, ApiError
 from tests.support.specs import MULTI_RANK_ROLLOUT, grporun, minimal_spec
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]

@@ -33,6 +33,6 @@ from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again,
     test_stall_exit_fails_with_reason_stalled_and_no_retry,
     test_suspend_deletes_pods_and_resume_recreates_them,
 )
-from tests.support.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
+from tests.support.controlplane.control_plane_cluster import cluster  # noqa: F401 (the real-server `cluster` fixture)
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]

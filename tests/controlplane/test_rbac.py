@@ -21,8 +21,8 @@ from tests.chart.test_rbac import (
     WATCHED,
 )
 from tests.support.chart_render import RELEASE_NAMESPACE, render_objects
-from tests.support.control_plane_client import Client
-from tests.support.kube_emulator import PODS, ApiError
+from tests.support.controlplane.control_plane_client import Client
+from tests.support.emulator.kube_emulator import PODS, ApiError
 
 pytestmark = pytest.mark.controlplane
 

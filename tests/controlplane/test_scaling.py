@@ -2,8 +2,8 @@
 logged in as the chart's ServiceAccount: the scale subresource, the run config's rollout.urls, the learner pod kept,
 removed servers deleted only once the learner no longer reports them (or after the drain deadline).
 
-The learner is a real ProgressServer serving the report each step needs (tests/support/operator_fixtures.py), its
-servers' states as a learner watching rollout.urls reports them; the kubelet is the status writer of the lifecycle
+The learner is a real ProgressServer serving the report each step needs (tests/support/emulator/operator_fixtures.py),
+its servers' states as a learner watching rollout.urls reports them; the kubelet is the status writer of the lifecycle
 suite.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from grpo_operator import builders
 from tests.operator.test_lifecycle import _running
 from tests.operator.test_scaling import test_servers_scaled_back_while_they_drain_serve_again  # noqa: F401
-from tests.support.control_plane_client import kubectl
-from tests.support.control_plane_cluster import RealCluster, real_cluster
-from tests.support.kube_emulator import PODS
+from tests.support.controlplane.control_plane_client import kubectl
+from tests.support.controlplane.control_plane_cluster import RealCluster, real_cluster
+from tests.support.emulator.kube_emulator import PODS
 from tests.support.specs import minimal_spec
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.slow]

@@ -15,8 +15,8 @@ import pytest
 
 from tests.controlplane.test_admission_policy import PLURALS, installed
 from tests.support.chart_render import objects_of_kind, render_objects
-from tests.support.control_plane_client import Client
-from tests.support.kube_emulator import GRPORUNS, ApiError
+from tests.support.controlplane.control_plane_client import Client
+from tests.support.emulator.kube_emulator import GRPORUNS, ApiError
 from tests.support.specs import grporun, minimal_spec
 
 pytestmark = pytest.mark.controlplane

@@ -10,9 +10,9 @@ import pytest
 
 from tests.controlplane.test_rbac import _lease_name
 from tests.support.chart_render import RELEASE_NAMESPACE
-from tests.support.control_plane_cluster import RealCluster, context_factory
-from tests.support.kube_emulator import GRPORUNS
-from tests.support.operator_fixtures import learner  # noqa: F401  (fixture)
+from tests.support.controlplane.control_plane_cluster import RealCluster, context_factory
+from tests.support.emulator.kube_emulator import GRPORUNS
+from tests.support.emulator.operator_fixtures import learner  # noqa: F401  (fixture)
 from tests.support.operator_process import OperatorProcess
 from tests.support.specs import grporun, minimal_spec
 

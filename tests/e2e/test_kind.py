@@ -23,7 +23,7 @@ import yaml
 from tests.support.chart_render import CHART_DIR
 from tests.support.paths import REPO
 from tests.support.ports import free_port
-from tests.support.prometheus_harness import Prometheus
+from tests.support.servers.prometheus_harness import Prometheus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

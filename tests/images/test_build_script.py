@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.images import BUILD_SCRIPT, TOOLS
+from tests.support.node.images import BUILD_SCRIPT, TOOLS
 
 # A stand-in for each tool: `buildah inspect` finds no image (so the base is built), mmdebstrap writes the
 # descriptors it was started with and fails, as a real one fails, so the script stops there.

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from grpo_trainer import contract
-from tests.support import images
+from tests.support.node import images
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.images

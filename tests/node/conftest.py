@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.node_runs import shared_folder
+from tests.support.node.node_runs import shared_folder
 from tests.support.paths import REPO
 
 

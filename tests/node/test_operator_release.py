@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.support.chart_render import RELEASE
-from tests.support.operator_release import OperatorRelease
+from tests.support.node.operator_release import OperatorRelease
 
 pytestmark = pytest.mark.node
 

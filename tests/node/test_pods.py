@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from tests.support.node import TESTBOX_IMAGE, Node
+from tests.support.node.node import TESTBOX_IMAGE, Node
 
 pytestmark = pytest.mark.node
 

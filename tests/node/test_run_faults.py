@@ -1,7 +1,7 @@
 """What happens to a run on a real node, from the user's side: the kubelet's probes, signals and memory limits, the
 Eviction API, and a two-pod learner gang. Each fault is one a cluster makes: a server frozen with SIGSTOP (its
 liveness probe finds it), `kubectl drain`, `kubectl delete pod`, a memory limit the learner exceeds. The operator
-is the chart's, in its container (tests/support/operator_release.py); the pods run the trainer image."""
+is the chart's, in its container (tests/support/node/operator_release.py); the pods run the trainer image."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from grpo_operator.api import RUN_LABEL
 from grpo_trainer.contract import EXIT_PREEMPTED
-from tests.support.node import NODE_NAME
-from tests.support.node_runs import RUN, NodeRun, host_folder, shared_folder, tiny_manifest
-from tests.support.operator_release import OperatorRelease
-from tests.support.vllm_server import EAGER_VLLM_ARGS
+from tests.support.node.node import NODE_NAME
+from tests.support.node.node_runs import RUN, NodeRun, host_folder, shared_folder, tiny_manifest
+from tests.support.node.operator_release import OperatorRelease
+from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
 

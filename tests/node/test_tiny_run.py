@@ -1,14 +1,14 @@
 """The shipped agentic run on the real node, from the user's side: `kubectl apply` of examples/tiny-agentic.yaml into a
 namespace that enforces the `restricted` Pod Security Standard, the operator the chart installed
-(tests/support/operator_release.py), rollout, learner and environment pods run as containers from the trainer image,
-and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment server (spec.environments:
-a pod the operator runs behind a Service, whose URL the learner's environment factory gets); the test deletes its pod
-mid-run, and the operator creates it again while the run goes on to its bound. The restricted policy refuses hostPath
-volumes, so the model, the weight-sync folder and the folder the trained model goes to (spec.output.volume) come from
-PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes from a real S3 server on this
-machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to it too (spec.output.uri);
-the same run reports to a real MLflow tracking server (spec.tracking.mlflow). The pods reach both through the node's
-address."""
+(tests/support/node/operator_release.py), rollout, learner and environment pods run as containers from the trainer
+image, and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment server
+(spec.environments: a pod the operator runs behind a Service, whose URL the learner's environment factory gets); the
+test deletes its pod mid-run, and the operator creates it again while the run goes on to its bound. The restricted
+policy refuses hostPath volumes, so the model, the weight-sync folder and the folder the trained model goes to
+(spec.output.volume) come from PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes
+from a real S3 server on this machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to
+it too (spec.output.uri); the same run reports to a real MLflow tracking server (spec.tracking.mlflow). The pods reach
+both through the node's address."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import pytest
 
 from grpo_operator.builders import environment_pod_name
 from grpo_trainer.contract import EXPORT_MANIFEST_FILE
-from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
-from tests.support.node import Node
-from tests.support.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
-from tests.support.operator_release import OperatorRelease
-from tests.support.s3_server import S3Server
+from tests.support.node.node import Node
+from tests.support.node.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
+from tests.support.node.operator_release import OperatorRelease
+from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
+from tests.support.servers.s3_server import S3Server
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.s3]
 

@@ -3,7 +3,7 @@ evictions and preemptions, a run re-created while its old pods linger, transient
 progress endpoint, an unready rollout server, a replaced rollout server, a failed delete, and a spec from a newer CRD.
 
 Where a case depends on it, the emulator is made as strict as the real API server (graceful pod deletion, an
-asynchronous garbage collector, injected error answers); tests/support/kube_emulator.py describes each mode.
+asynchronous garbage collector, injected error answers); tests/support/emulator/kube_emulator.py describes each mode.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ def test_object_urls():
 
 def test_the_operator_uses_kopfs_public_names_except_its_client():
     """kopf exports OperatorSettings, ConnectionInfo, LoginError and login_via_client; only its HTTP client
-    (`kopf._cogs.clients`: api, errors, auth) has no public name. tests/support/test_kube_emulator.py checks that
-    those internals still exist."""
+    (`kopf._cogs.clients`: api, errors, auth) has no public name. tests/support/emulator/test_kube_emulator.py checks
+    that those internals still exist."""
     import re
 
     from tests.support.paths import REPO

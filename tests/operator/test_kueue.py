@@ -20,7 +20,7 @@ from grpo_operator.run_ref import RunRef
 from grpo_operator.status import ResizeWorkload, WorkloadObservation
 from grpo_operator.status.admission import workload_actions
 from tests.operator.test_lifecycle import _owner
-from tests.support.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
+from tests.support.emulator.kube_emulator import RESOURCE_FLAVORS, WORKLOADS
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

@@ -10,7 +10,7 @@ import kopf
 import pytest
 
 from grpo_operator.leader import LeaderElector, LeadershipLost, LeaseClient, LeaseTimings
-from tests.support.kube_emulator import LEASES, EmulatorThread, KubeClient, KubeEmulator
+from tests.support.emulator.kube_emulator import LEASES, EmulatorThread, KubeClient, KubeEmulator
 
 FAST = LeaseTimings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.2)
 LOGGER = logging.getLogger("test.leader")

@@ -13,7 +13,7 @@ from grpo_operator.api import parse_spec
 from grpo_operator.run_ref import RunRef
 from tests.operator.test_lifecycle import _owner, _running
 from tests.support.chart_rbac import is_allowed, rendered_rules
-from tests.support.kube_emulator import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS
+from tests.support.emulator.kube_emulator import COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
 
 UID = "0b7c2c9e-1111-2222-3333-444455556666"

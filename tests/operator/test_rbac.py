@@ -77,7 +77,7 @@ def _kueue_lifecycle(cluster, learner, progress_urls, name: str) -> None:
         admitted_status,
         evicted_status,
     )
-    from tests.support.kube_emulator import RESOURCE_FLAVORS
+    from tests.support.emulator.kube_emulator import RESOURCE_FLAVORS
 
     cluster.client.create(RESOURCE_FLAVORS, None, FLAVOR)
     _queued(cluster, name, _scaled_queued_spec())

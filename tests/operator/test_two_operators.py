@@ -8,8 +8,8 @@ import collections
 import pytest
 import requests
 
-from tests.support.kube_emulator import CONFIGMAPS, LEASES, PODS, SERVICES
-from tests.support.operator_fixtures import cluster, learner  # noqa: F401  (fixtures)
+from tests.support.emulator.kube_emulator import CONFIGMAPS, LEASES, PODS, SERVICES
+from tests.support.emulator.operator_fixtures import cluster, learner  # noqa: F401  (fixtures)
 from tests.support.operator_process import OperatorProcess, write_kubeconfig
 from tests.support.ports import free_port
 from tests.support.specs import NAMESPACE, grporun, minimal_spec

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import control_plane, images, kueue_manager, node, operator_release, s3_server
 from tests.support.builds import Board, Build, Builds, Outcome, Poller, Report, Unavailable
+from tests.support.controlplane import control_plane, kueue_manager
+from tests.support.node import images, node, operator_release
+from tests.support.servers import s3_server
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 MANIFEST_FIXTURES = FIXTURES / "manifests"
+# A vLLM-shaped server run as a script, so a test can SIGSTOP or kill its process.
+COMPLETIONS_SERVER = REPO / "tests" / "support" / "servers" / "completions_server.py"
 
 
 def make_variable(name: str) -> str:

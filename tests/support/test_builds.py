@@ -17,9 +17,9 @@ import pytest
 
 from tests.support.build_fixtures import Unit, next_unit
 from tests.support.builds import BUILD_NICENESS, PROGRESS_PREFIX, Board, BuildFailed, Builds
-from tests.support.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
-from tests.support.control_plane import go_build
-from tests.support.kueue_manager import BUILD_NAME as KUEUE_BUILD
+from tests.support.controlplane.control_plane import BUILD_NAME as CONTROL_PLANE_BUILD
+from tests.support.controlplane.control_plane import go_build
+from tests.support.controlplane.kueue_manager import BUILD_NAME as KUEUE_BUILD
 from tests.support.paths import REPO
 
 PROGRESS = REPO / "hack" / "lib" / "progress.sh"
@@ -124,9 +124,9 @@ from pathlib import Path
 
 import pytest
 
-import tests.support.control_plane, tests.support.kueue_manager
-tests.support.control_plane.BUILD_SCRIPT = Path({control_plane_script!r})
-tests.support.kueue_manager.BUILD_SCRIPT = Path({kueue_script!r})
+import tests.support.controlplane.control_plane, tests.support.controlplane.kueue_manager
+tests.support.controlplane.control_plane.BUILD_SCRIPT = Path({control_plane_script!r})
+tests.support.controlplane.kueue_manager.BUILD_SCRIPT = Path({kueue_script!r})
 pytest_plugins = ["tests.support.build_fixtures"]
 
 

@@ -25,7 +25,7 @@ from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.server_set import ServerSet
 from grpo_trainer.weight_sync import resume_version
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 
 #: Unready replicas probed often, so a test sees admissions within a fraction of a second.
 FAST_PROBES = BalancerTimings(probe_interval_s=0.1)
@@ -193,7 +193,7 @@ def test_a_restarted_learner_keeps_counting_versions_and_cleans_old_and_partial_
 def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns_after_catching_up(servers):
     # A SIGSTOPped server accepts connections (the kernel does) and answers nothing, /health included: only a
     # generation with a timeout tells it from a busy one.
-    hung = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "hung"],
+    hung = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "hung"],
                             stdout=subprocess.PIPE, text=True)
     try:
         hung_url = hung.stdout.readline().strip()
@@ -264,7 +264,7 @@ def test_a_stopping_learner_does_not_wait_on_a_request_a_frozen_server_holds(ser
     # The learner stops its balancer after the checkpoint, within the pod's 30 s grace period, and a drain stops
     # or freezes the servers at the same moment. aiohttp's shutdown waits 60 s for a handler still in flight: past
     # the stop's own 30 s bound, and past the grace period (the kubelet's SIGKILL, exit 137).
-    hung = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "hung"],
+    hung = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "hung"],
                             stdout=subprocess.PIPE, text=True)
     try:
         url = hung.stdout.readline().strip()

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import requests
 
-from tests.support.vllm_server import restore_model_weights
+from tests.support.servers.vllm_server import restore_model_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -19,7 +19,7 @@ from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
-from tests.support.vllm_server import restore_model_weights
+from tests.support.servers.vllm_server import restore_model_weights
 
 TINY = REPO / "examples" / "tiny.yaml"
 PROMPTS = REPO / "examples" / "tiny-prompts.jsonl"

@@ -2,7 +2,7 @@
 
 accelerate (1.15) applies its FSDP2 plugin to GPU runs only (a `use_cpu` learner stays MULTI_CPU, plain DDP), so a
 whole FSDP2 learner cannot train on this CPU machine and the config refuses fsdp2 on CPU. What FSDP2 itself does runs
-here on gloo: tests/support/fsdp2_scenario.py shards the tiny model with torch's `fully_shard` over two ranks.
+here on gloo: tests/support/learner/fsdp2_scenario.py shards the tiny model with torch's `fully_shard` over two ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from grpo_trainer.weight_sync import FilesystemWeightTransfer, gathered_before_s
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 
-SCENARIO = str(REPO / "tests" / "support" / "fsdp2_scenario.py")
+SCENARIO = str(REPO / "tests" / "support" / "learner" / "fsdp2_scenario.py")
 
 
 class Recorded:

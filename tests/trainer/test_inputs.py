@@ -1,5 +1,6 @@
 """grpo_trainer.inputs: where the learner and the rollout server load the model and the dataset from, s3:// inputs
-downloaded once into the inputs cache, against the real S3-compatible server (SeaweedFS, tests/support/s3_server.py)."""
+downloaded once into the inputs cache, against the real S3-compatible server (SeaweedFS,
+tests/support/servers/s3_server.py)."""
 
 from __future__ import annotations
 

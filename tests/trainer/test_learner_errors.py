@@ -18,7 +18,7 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.learner_main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 from tests.trainer.test_e2e_cpu import run_learner, termination_report, tiny_run_config
 
 
@@ -73,11 +73,12 @@ def test_a_long_error_still_fits_the_termination_message_with_its_frame():
 
 @pytest.fixture
 def completions_server(tiny_model_dir):
-    """A stand-in rollout server that answers generations and weight syncs (tests/support/completions_server.py)."""
+    """A stand-in rollout server that answers generations and weight syncs
+    (tests/support/servers/completions_server.py)."""
     from tests.support.ports import free_port
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "a",
+    server = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "a",
                                str(port)], stdout=subprocess.PIPE, text=True)
     server.stdout.readline()
     yield SimpleNamespace(url=f"http://127.0.0.1:{port}", model=tiny_model_dir)
@@ -87,7 +88,7 @@ def completions_server(tiny_model_dir):
 
 def _run_with_reward(tmp_path: Path, server, function: str) -> tuple[int, c.ProgressReport, str]:
     config_path, config = tiny_run_config(
-        tmp_path, server, rewards=[c.RewardConfig(function=f"tests.support.bad_rewards:{function}")],
+        tmp_path, server, rewards=[c.RewardConfig(function=f"tests.support.learner.bad_rewards:{function}")],
         training__epochs=1.0,
     )
     code, _seconds = run_learner(config_path, tmp_path / "learner.log")
@@ -102,7 +103,7 @@ def test_a_reward_returning_strings_ends_the_learner_as_invalid_config_naming_th
     code, report, log = _run_with_reward(tmp_path, completions_server, "strings")
     assert code == c.EXIT_INVALID_CONFIG, log[-4000:]
     assert report.phase == LearnerPhase.FAILED
-    assert report.message.startswith("reward function 'tests.support.bad_rewards:strings' returned 'bad' (str)")
+    assert report.message.startswith("reward function 'tests.support.learner.bad_rewards:strings' returned 'bad' (str)")
 
 
 @pytest.mark.slow
@@ -113,5 +114,5 @@ def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_si
     assert report.phase == LearnerPhase.FAILED
     assert "rollout worker child (pid " in report.message
     assert ("killed by signal 9 (SIGKILL); it runs the reward functions "
-            "'tests.support.bad_rewards:kills_its_process'") in report.message
+            "'tests.support.learner.bad_rewards:kills_its_process'") in report.message
     assert "Empty" not in report.message  # the queue poll that found the death is not its cause

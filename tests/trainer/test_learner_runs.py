@@ -1,6 +1,6 @@
 """The real GRPOLearner (TRL 1.16's AsyncGRPOTrainer subclass) on CPU with a scripted rollout worker.
 
-Each run is tests/support/learner_scenario.py in a subprocess, alone or under `accelerate launch` with two gloo
+Each run is tests/support/learner/learner_scenario.py in a subprocess, alone or under `accelerate launch` with two gloo
 ranks, the way the learner pods launch it. Every rank writes what it saw; the assertions compare ranks.
 """
 
@@ -21,10 +21,10 @@ from grpo_trainer.learner_main import trainer_arguments
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
-from tests.support.learner_scenario import fork_rows  # noqa: E402
-from tests.support.paths import REPO  # noqa: E402
+from tests.support.learner.learner_scenario import fork_rows  # noqa: E402
+from tests.support.paths import COMPLETIONS_SERVER, REPO  # noqa: E402
 
-SCENARIO = str(REPO / "tests" / "support" / "learner_scenario.py")
+SCENARIO = str(REPO / "tests" / "support" / "learner" / "learner_scenario.py")
 
 
 def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXIT_SUCCEEDED) -> list[dict]:
@@ -224,7 +224,7 @@ def test_a_resumed_learner_keeps_counting_weight_versions_and_cleans_old_and_par
     # Real filesystem weight sync (safetensors into a version directory) against a stand-in server that accepts
     # the reload calls. The first learner syncs v1..v4 (the cold sync and 3 steps), then "crashes" while writing v5.
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+    server = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "s",
                                str(port)], stdout=subprocess.PIPE, text=True)
     weights = tmp_path / "weights"
     sync = ["--weights-dir", str(weights), "--weights-server", f"http://127.0.0.1:{port}"]
@@ -262,7 +262,8 @@ def test_a_reward_that_scores_nothing_stalls_as_unscorable_even_with_drop_no_sig
 
 
 def expected_episodes(start: int, groups: int, generations: int = 4) -> dict[str, int]:
-    """What `groups` scripted multi-row groups from `start` on stamp (tests/support/learner_scenario.py fork_rows)."""
+    """What `groups` scripted multi-row groups from `start` on stamp (tests/support/learner/learner_scenario.py
+    fork_rows)."""
     rows = [fork_rows(p, k) for p in range(start, start + groups) for k in range(generations)]
     return {"episodes": len(rows), "rows": sum(rows), "forked": sum(1 for r in rows if r > 1)}
 

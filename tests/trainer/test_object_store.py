@@ -1,5 +1,5 @@
 """grpo_trainer.object_store: URIs and manifests on their own, then uploads and downloads against a real
-S3-compatible server (SeaweedFS, tests/support/s3_server.py: one per run)."""
+S3-compatible server (SeaweedFS, tests/support/servers/s3_server.py: one per run)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The export alone, again (grpo_trainer.reexport, `python -m grpo_trainer export`, `grporun export`): a run whose
 export failed keeps its checkpoints, and its model is exported from the newest complete one, to a folder or to the
-real S3-compatible server (tests/support/s3_server.py)."""
+real S3-compatible server (tests/support/servers/s3_server.py)."""
 
 from __future__ import annotations
 

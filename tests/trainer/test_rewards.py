@@ -111,19 +111,19 @@ def test_every_builtin_returns_one_score_per_completion():
 
 
 def _user_reward(function: str):
-    return load_reward(RewardConfig(function=f"tests.support.bad_rewards:{function}"))
+    return load_reward(RewardConfig(function=f"tests.support.learner.bad_rewards:{function}"))
 
 
 @pytest.mark.parametrize(
     ("function", "error", "expected"),
     [
         ("raises", RewardFunctionError,
-         "reward function 'tests.support.bad_rewards:raises' raised ValueError: could not convert string to float: "
-         "'bad'"),
+         "reward function 'tests.support.learner.bad_rewards:raises' raised ValueError: could not convert string to "
+         "float: 'bad'"),
         ("one_short", RewardResultError,
-         "reward function 'tests.support.bad_rewards:one_short' returned 1 scores for 2 completions"),
+         "reward function 'tests.support.learner.bad_rewards:one_short' returned 1 scores for 2 completions"),
         ("strings", RewardResultError,
-         "reward function 'tests.support.bad_rewards:strings' returned 'bad' (str) for completion 0"),
+         "reward function 'tests.support.learner.bad_rewards:strings' returned 'bad' (str) for completion 0"),
     ],
 )
 def test_a_reward_that_breaks_the_contract_is_named_where_it_is_called(function, error, expected):

@@ -162,7 +162,7 @@ for argv in json.loads(sys.argv[1]):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllms_own_parser_accepts_both_command_lines():
-    from tests.support.vllm_server import require_rollout_python
+    from tests.support.servers.vllm_server import require_rollout_python
 
     python = require_rollout_python()
     gpu = run_config(maxModelLen=2048)

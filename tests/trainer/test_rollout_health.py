@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from grpo_trainer import contract as c
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 from tests.support.ports import free_port
 
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 
 
 def _run_config(tmp_path: Path) -> Path:

@@ -1,6 +1,6 @@
 """The learner's set of rollout servers follows `rollout.urls` in its run config file while it runs.
 
-Scripted servers in their own processes (tests/support/completions_server.py) stand behind the real balancer,
+Scripted servers in their own processes (tests/support/servers/completions_server.py) stand behind the real balancer,
 replica set and filesystem weight sync; the run config file is written as the operator or `grporun local scale`
 would. The same change with real vLLM servers under `grporun local` is in tests/operator/cli/test_local_scale.py.
 """
@@ -26,9 +26,9 @@ from grpo_trainer.run_config_watch import RolloutUrlsWatch
 from grpo_trainer.server_set import EmptyRolloutSet, ServerSet
 from grpo_trainer.sync_watchdog import DaemonCall
 from grpo_trainer.weight_sync import FilesystemWeightTransfer
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 WATCH_S = 0.1
 
 

@@ -21,7 +21,7 @@ import yaml
 from grpo_trainer import contract as c
 from grpo_trainer.weight_sync import adapter_name
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
-from tests.support.vllm_server import restore_model_weights, running_vllm_server
+from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
 from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -9,10 +9,10 @@ import pytest
 
 from grpo_trainer.contract import EXIT_STALLED
 from grpo_trainer.sync_watchdog import SyncTimer, WeightSyncStuck
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 from tests.trainer.test_learner_runs import run
 
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 
 
 def test_a_sync_past_its_deadline_raises_while_it_is_still_blocked():

@@ -149,7 +149,7 @@ def test_a_runs_report_too_long_for_the_status_is_left_out_with_a_warning(caplog
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    from tests.support.mlflow_server import MISSING, MLFLOW, running_mlflow_server
+    from tests.support.servers.mlflow_server import MISSING, MLFLOW, running_mlflow_server
 
     if not MLFLOW.exists():
         pytest.skip(MISSING)

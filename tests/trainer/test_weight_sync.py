@@ -23,9 +23,9 @@ from grpo_trainer.weight_sync import (
     with_aliases,
     write_checkpoint,
 )
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 from tests.support.ports import free_port
-from tests.support.vllm_server import sync_weights
+from tests.support.servers.vllm_server import sync_weights
 
 PROMPT = [1, 93, 91, 306, 207, 288]
 
@@ -109,7 +109,7 @@ def test_after_a_sync_the_server_generates_with_the_learners_weights(vllm_server
 def test_a_hung_server_leaves_the_pool_at_the_pause_instead_of_holding_the_sync(tmp_path):
     # A SIGSTOPped server holds the connection open and answers nothing; /pause?mode=keep answers at once otherwise.
     ports = [free_port(), free_port()]
-    servers = [subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+    servers = [subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "s",
                                  str(port)], stdout=subprocess.PIPE, text=True) for port in ports]
     try:
         for server in servers:
@@ -135,7 +135,7 @@ def test_a_learner_told_to_stop_leaves_a_sync_held_by_a_frozen_server_at_once(tm
     # grace period to reach its checkpoint, so the sync stops waiting on servers (a restarted learner syncs them all
     # first). Without it the pause waited its timeout, then the sync waited for a server to come back.
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "completions_server.py"), "s",
+    server = subprocess.Popen([sys.executable, str(COMPLETIONS_SERVER), "s",
                                str(port)], stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()

@@ -4,7 +4,7 @@ It rides on kopf's own client (kopf 1.45.2 is pinned) so every call uses the cre
 re-authentication on 401, `settings.networking.request_timeout` and its retry backoffs; no second client library
 to configure (kubernetes==37 reads $KUBECONFIG once at import, which bites in tests and in-cluster alike).
 Only `kopf._cogs.clients` (api, errors, auth) is private here; everything else comes from kopf's public names.
-tests/support/test_kube_emulator.py checks the kopf internals used here still exist.
+tests/support/emulator/test_kube_emulator.py checks the kopf internals used here still exist.
 """
 
 from __future__ import annotations

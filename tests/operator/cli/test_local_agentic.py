@@ -16,7 +16,7 @@ import yaml
 
 from grpo_trainer import contract as c
 from tests.support.paths import REPO
-from tests.support.vllm_server import EAGER_VLLM_ARGS
+from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 AGENTIC = REPO / "examples" / "tiny-agentic.yaml"
 PROMPTS = REPO / "examples" / "tiny-guess.jsonl"

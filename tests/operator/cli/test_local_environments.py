@@ -29,11 +29,11 @@ from grpo_operator.local.environments import BACKOFF_RESET_S, InPlaceRestarts
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get
 from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER, REPO
 from tests.support.specs import minimal_spec
 
 TINY = REPO / "examples" / "tiny.yaml"
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 GUESS = {"name": "guess", "image": "registry.example/guess:1", "port": 8765,
          "command": ["python", "-m", "grpo_trainer.testing.guess_env"], "args": ["--port", "$(PORT)"],
          "readinessProbe": {"httpGet": {"path": "/health", "port": 8765}}}

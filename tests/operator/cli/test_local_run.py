@@ -19,9 +19,9 @@ import yaml
 
 from grpo_trainer import contract as c
 from grpo_trainer.inputs import resolve as resolve_inputs
-from tests.support.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.paths import REPO
-from tests.support.vllm_server import EAGER_VLLM_ARGS
+from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
+from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 TINY = REPO / "examples" / "tiny.yaml"
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]

@@ -2,7 +2,7 @@
 
 The command's own checks and the supervisor's side (start the added server through the state machine, rewrite the
 run config the learner watches, stop a removed server once the learner's report no longer lists it) run against
-scripted servers (tests/support/completions_server.py); the slow test scales a real run with real vLLM servers
+scripted servers (tests/support/servers/completions_server.py); the slow test scales a real run with real vLLM servers
 1 -> 2 -> 1 while it trains to its exact bound.
 """
 
@@ -33,9 +33,9 @@ from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBou
 from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from grpo_trainer import contract as c
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER, REPO
 
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 TINY = REPO / "examples" / "tiny.yaml"
 
 

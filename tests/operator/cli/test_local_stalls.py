@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from grpo_trainer.contract import EXIT_STALLED
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER, REPO
 
 pytestmark = pytest.mark.slow
 
 TINY = REPO / "examples" / "tiny.yaml"
-SERVER = str(REPO / "tests" / "support" / "completions_server.py")
+SERVER = str(COMPLETIONS_SERVER)
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 
 

@@ -64,7 +64,7 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
     import signal
     import time
 
-    from tests.support.kube_emulator import GRPORUNS, PODS, KubeClient
+    from tests.support.emulator.kube_emulator import GRPORUNS, PODS, KubeClient
     from tests.support.specs import grporun
 
     emulator = _emulator(with_crd=True)
@@ -96,8 +96,8 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
 
 
 def _emulator(*, with_crd: bool):
-    from tests.support.kube_emulator import DEFAULT_RESOURCES, EmulatorThread, KubeClient, KubeEmulator
-    from tests.support.operator_fixtures import CRDS
+    from tests.support.emulator.kube_emulator import DEFAULT_RESOURCES, EmulatorThread, KubeClient, KubeEmulator
+    from tests.support.emulator.operator_fixtures import CRDS
     from tests.support.paths import REPO
 
     emulator = EmulatorThread(KubeEmulator(resources=DEFAULT_RESOURCES + (CRDS,))).start()

@@ -25,11 +25,11 @@ from grpo_operator.local.rollout_restarts import Liveness, exit_line
 from grpo_operator.local.supervise import LocalPort, LocalRun
 from grpo_operator.status import Decision
 from grpo_trainer.rollout import EXIT_LINE_PREFIX
-from tests.support.paths import REPO
+from tests.support.paths import COMPLETIONS_SERVER
 from tests.support.ports import free_port
 from tests.support.specs import minimal_spec
 
-SERVER = REPO / "tests" / "support" / "completions_server.py"
+SERVER = COMPLETIONS_SERVER
 
 ENGINE_ERROR = "RuntimeError: CPU Generator does not use offset"
 DIES = f"""

@@ -1,8 +1,8 @@
 """A Kubernetes API emulator that the real kopf operator can run a whole GRPORun lifecycle against.
 
-The fast tier: a real kube-apiserver and etcd (`tests.support.control_plane`) take seconds to start and need their
-binaries built, so most operator tests run against `kmock.KubernetesEmulator` (0.8) served over real HTTP, and the
-control-plane tier runs the same scenarios again on the real server. Plain kmock keeps objects as dicts merged
+The fast tier: a real kube-apiserver and etcd (`tests.support.controlplane.control_plane`) take seconds to start and
+need their binaries built, so most operator tests run against `kmock.KubernetesEmulator` (0.8) served over real HTTP,
+and the control-plane tier runs the same scenarios again on the real server. Plain kmock keeps objects as dicts merged
 blindly: no resourceVersion, uid or generation, watches that replay a snapshot and miss what happens while they
 reconnect, no `/status` subresource, no failed JSON-patch `test`, no label selectors, no garbage collection. kopf's
 finalizer flow and its optimistic-concurrency patches need all of these, so this layer keeps kmock's HTTP server,
@@ -65,7 +65,7 @@ import kmock
 import requests
 from kmock._internal import rendering  # Request: the parsed method/path/query/resource/namespace/name/subresource
 
-#: The kmock release whose internals this layer relies on; tests/support/test_kube_emulator.py pins it.
+#: The kmock release whose internals this layer relies on; tests/support/emulator/test_kube_emulator.py pins it.
 KMOCK_VERSION = "0.8"
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")

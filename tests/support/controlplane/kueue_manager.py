@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from tests.support.builds import Build
-from tests.support.control_plane import ControlPlane, Unavailable, _die_with_parent, go_build
-from tests.support.control_plane_client import Client
+from tests.support.controlplane.control_plane import ControlPlane, Unavailable, _die_with_parent, go_build
+from tests.support.controlplane.control_plane_client import Client
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 

@@ -6,7 +6,7 @@ what it receives with the filesystem sync's writer), the final model's consolida
 its marker, which a fresh sharded model resumes from. Every rank writes OUT/rank{R}.json with each parameter's
 full-tensor sums as it saw them; the test compares the files against them.
 
-    torchrun --nproc_per_node 2 tests/support/fsdp2_scenario.py --model DIR --out OUT
+    torchrun --nproc_per_node 2 tests/support/learner/fsdp2_scenario.py --model DIR --out OUT
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from pathlib import Path
 import yaml
 
 from tests.support.builds import Build
-from tests.support.control_plane import ADMIN_TOKEN, ControlPlane, _die_with_parent, _openssl, k8s_build
-from tests.support.control_plane import make_certificates as make_serving_certificates
+from tests.support.controlplane.control_plane import ADMIN_TOKEN, ControlPlane, _die_with_parent, _openssl, k8s_build
+from tests.support.controlplane.control_plane import make_certificates as make_serving_certificates
 
 BUILD_NAME = "node"  # hack/k8s/build.sh's set, and its name in hack/lib/build-times
 NODE_NAME = "grpo-node"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.builds import Build
-from tests.support.control_plane import _die_with_parent, go_build
+from tests.support.controlplane.control_plane import _die_with_parent, go_build
 from tests.support.paths import REPO
 from tests.support.ports import LOOPBACK, free_port
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.node_runs import NodeRun
+from tests.support.node.node_runs import NodeRun
 
 
 class ScriptedRun(NodeRun):

@@ -1,4 +1,4 @@
-"""The `node` session fixture: one real node (tests/support/node.py) per pytest run, started by the first test that
+"""The `node` session fixture: one real node (tests/support/node/node.py) per pytest run, started by the first test that
 asks for it. Its binaries come from the `node_binaries` build (build_fixtures.py: built in the background once the
 tests are collected, and waited for outside the first test's timeout).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.node import DEBIAN_PACKAGES, Node, missing_prerequisites, unavailable_reason
+from tests.support.node.node import DEBIAN_PACKAGES, Node, missing_prerequisites, unavailable_reason
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ from typing import Any
 
 import requests
 
-from tests.support.control_plane import ControlPlane
-from tests.support.kube_emulator import ApiError, KubeClient
+from tests.support.controlplane.control_plane import ControlPlane
+from tests.support.emulator.kube_emulator import ApiError, KubeClient
 
 # kind -> (API path prefix, plural, namespaced) for the objects the fixtures create by kind.
 KINDS = {

@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
-from tests.support.control_plane_client import Client
-from tests.support.kube_emulator import CONFIGMAPS, GRPORUNS, PODS, SERVICES, ApiError
+from tests.support.controlplane.control_plane_client import Client
+from tests.support.emulator.kube_emulator import CONFIGMAPS, GRPORUNS, PODS, SERVICES, ApiError
 
 NODE_FINALIZER = "test.grpo.dev/node-never-confirms"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"

@@ -25,11 +25,11 @@ import requests
 from kopf._cogs.structs.credentials import Vault
 
 from grpo_operator.cluster.reconcile import OperatorContext
-from tests.support.control_plane import ControlPlane
-from tests.support.control_plane_client import Client
-from tests.support.control_plane_faults import NODE_FINALIZER, ClusterFaults
-from tests.support.kube_emulator import CONFIGMAPS, EVENTS, GRPORUNS, PODS, SERVICES
-from tests.support.operator_fixtures import TEST_IMAGE, Cluster, Kubelet, OperatorThread
+from tests.support.controlplane.control_plane import ControlPlane
+from tests.support.controlplane.control_plane_client import Client
+from tests.support.controlplane.control_plane_faults import NODE_FINALIZER, ClusterFaults
+from tests.support.emulator.kube_emulator import CONFIGMAPS, EVENTS, GRPORUNS, PODS, SERVICES
+from tests.support.emulator.operator_fixtures import TEST_IMAGE, Cluster, Kubelet, OperatorThread
 
 # The scenarios' waits were sized for the in-memory emulator; the real server on a busy 2-core machine is slower.
 TIMEOUT_SCALE = 3.0

@@ -1,5 +1,5 @@
 """The chart installed on the real node with the helm CLI (hack/k8s/build.sh helm), running the operator image
-(tests/support/images.py): the operator the node scenarios run against, in its container, with the chart's
+(tests/support/node/images.py): the operator the node scenarios run against, in its container, with the chart's
 ServiceAccount and RBAC, reaching the API server through the `kubernetes` Service as any in-cluster client does.
 The release's `trainerImage` is the trainer image's CPU variant, imported into the node beside the operator's: the
 runs' rollout and learner pods run from it.
@@ -21,9 +21,9 @@ import pytest
 
 from tests.support.builds import Build
 from tests.support.chart_render import CHART_DIR, RELEASE, RELEASE_NAMESPACE
-from tests.support.control_plane import k8s_build
-from tests.support.images import BuiltImage
-from tests.support.node import Node
+from tests.support.controlplane.control_plane import k8s_build
+from tests.support.node.images import BuiltImage
+from tests.support.node.node import Node
 
 HELM_BUILD = "helm"  # hack/k8s/build.sh's set, and its name in hack/lib/build-times
 INSTANCE_LABEL = f"app.kubernetes.io/instance={RELEASE}"

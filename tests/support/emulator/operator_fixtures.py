@@ -23,7 +23,7 @@ import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's
 from grpo_operator.cluster.reconcile import OperatorContext
 from grpo_trainer.contract import ProgressReport
 from grpo_trainer.exporter import ProgressServer
-from tests.support.kube_emulator import (
+from tests.support.emulator.kube_emulator import (
     CONFIGMAPS,
     DEFAULT_RESOURCES,
     EVENTS,
@@ -283,7 +283,7 @@ class Cluster:
         uid = self.run(name)["metadata"]["uid"]
         self.wait_for(lambda: uid not in self.operator.context.loops, what=f"the operator to leave {name} alone")
 
-    # --- faults a real cluster produces (tests/support/control_plane_cluster.py produces them for real) ---------
+    # --- faults a real cluster produces (tests/support/controlplane/control_plane_cluster.py produces them for real) --
     def evict(self, pod: str) -> None:
         """What the Eviction API does to a pod not bound to a node: it is deleted."""
         self.client.delete(PODS, self.namespace, pod)

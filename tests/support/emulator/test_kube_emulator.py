@@ -1,5 +1,5 @@
-"""The API emulator's realism layer (tests/support/kube_emulator.py): the semantics kopf relies on, and a guard that
-fails when a kmock or kopf upgrade changes the internals the layer and grpo_operator.cluster.kube use."""
+"""The API emulator's realism layer (tests/support/emulator/kube_emulator.py): the semantics kopf relies on, and a guard
+that fails when a kmock or kopf upgrade changes the internals the layer and grpo_operator.cluster.kube use."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import kmock
 import pytest
 import requests
 
-from tests.support.kube_emulator import (
+from tests.support.emulator.kube_emulator import (
     GRPORUNS,
     KMOCK_VERSION,
     NAMESPACES,

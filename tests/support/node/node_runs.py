@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from grpo_operator.api import RUN_LABEL
-from tests.support.node import Node
-from tests.support.operator_release import OperatorRelease
+from tests.support.node.node import Node
+from tests.support.node.operator_release import OperatorRelease
 from tests.support.paths import REPO
 
 RUN = "tiny"
@@ -242,7 +242,7 @@ class NodeRun:
         self.node.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
 
 
-READER_SCRIPT = REPO / "tests" / "support" / "exported_model_reader.py"
+READER_SCRIPT = REPO / "tests" / "support" / "node" / "exported_model_reader.py"
 READER_POD = "model-reader"
 READER_TIMEOUT_S = 900
 
@@ -250,7 +250,7 @@ READER_TIMEOUT_S = 900
 def read_exported_model(release: OperatorRelease, namespace: str, claim: str, folder: str) -> dict:
     """A pod of the user's own, apart from the run: it mounts `claim` read-only and, from the trainer image, checks
     the model in `folder` of it against its manifest, loads it with transformers and serves it with the vLLM CPU
-    server (tests/support/exported_model_reader.py). Its result line, once it Succeeded; its log otherwise."""
+    server (tests/support/node/exported_model_reader.py). Its result line, once it Succeeded; its log otherwise."""
     node = release.node
     node.kubectl("create", "configmap", "model-reader", "-n", namespace, f"--from-file={READER_SCRIPT}")
     container = {

@@ -19,8 +19,8 @@ import yaml
 
 from tests.support.builds import Unavailable
 from tests.support.chart_render import RELEASE_NAMESPACE, render_objects
-from tests.support.control_plane import ADMIN_TOKEN, REPO, ControlPlane
-from tests.support.control_plane_client import Client
+from tests.support.controlplane.control_plane import ADMIN_TOKEN, REPO, ControlPlane
+from tests.support.controlplane.control_plane_client import Client
 
 _names = itertools.count()
 

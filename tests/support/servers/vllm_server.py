@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.control_plane import _die_with_parent
+from tests.support.controlplane.control_plane import _die_with_parent
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 
