@@ -1,4 +1,4 @@
-"""Section 10: our learner against TRL 1.16's AsyncGRPOTrainer, end to end, in interleaved pairs on one server.
+"""Section 11: our learner against TRL 1.16's AsyncGRPOTrainer, end to end, in interleaved pairs on one server.
 
 Per row, one vLLM CPU server is started once, through the rollout entrypoint (from .venv-rollout), from the run's own
 config: examples/tiny.yaml with the bench's epochs. Rows: learner-bound (the server uncapped: it outpaces the
