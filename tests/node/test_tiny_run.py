@@ -51,7 +51,7 @@ EXPERIMENT = "node-tiny"
 STORE_SECRET = "tiny-store"
 GAME = "guess"
 GAME_POD = environment_pod_name(RUN, GAME, 0)
-EPOCHS = 3  # 24 groups: the game's pod is deleted after the first, and the run goes on well past its return
+EPOCHS = 3  # 24 groups
 
 
 def game_environment(image: str) -> dict:
@@ -61,23 +61,24 @@ def game_environment(image: str) -> dict:
 
 
 def delete_the_game_mid_run(run: NodeRun) -> str:
-    """Once the learner has consumed a group (its environment answered), the game's pod deleted at once, as a
-    lost node or an eviction would; then, the run going on, the operator's new pod Ready and counted in
-    status.environments. The UID the deleted pod had."""
-    run.wait_for(lambda: run.status().get("progress", {}).get("groupsConsumed", 0) > 0, "a group consumed")
+    """Once the game's pod is Ready (the learner is still starting: it downloads and loads the model, and then trains
+    its 24 groups in seconds on an idle machine, too fast to aim at), the pod deleted at once, as a lost node or an
+    eviction would; then, the run going on, the operator's new pod Ready and counted in status.environments. Episodes
+    that meet the game while it is gone fail and are counted (environment failures). The UID the deleted pod had."""
+    ready = [{"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}]
+    run.wait_for(lambda: run.status().get("environments") == ready, "the game's pod Ready")
     uid = run.pod(GAME_POD)["metadata"]["uid"]
     run.node.kubectl("delete", "pod", GAME_POD, "-n", run.namespace, "--grace-period=0", "--force")
-    progress = run.status()["progress"]
-    run.node.report(f"game pod deleted at {progress['groupsConsumed']} of {progress['groupsTotal']} groups "
-                    f"({time.monotonic() - run.began:.1f} s after apply)")
+    progress = run.status().get("progress", {})
+    run.node.report(f"game pod deleted at {progress.get('groupsConsumed', 0)} of {progress.get('groupsTotal')} "
+                    f"groups ({time.monotonic() - run.began:.1f} s after apply)")
 
     def replaced() -> bool:
         pod = run.pod(GAME_POD)
-        return bool(pod and pod["metadata"]["uid"] != uid and run.status().get("environments") == [
-            {"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}])
+        return bool(pod and pod["metadata"]["uid"] != uid and run.status().get("environments") == ready)
 
     run.wait_for(replaced, "the game's new pod Ready in status.environments")
-    assert run.phase() == "Running", "the run ended before the game's pod came back: give it more epochs"
+    assert run.phase() not in ("Succeeded", "Failed"), "the run ended before the game's pod came back"
     return uid
 
 
