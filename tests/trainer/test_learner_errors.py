@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,8 @@ from grpo_trainer.contract import (
 )
 from grpo_trainer.learner_main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
+from grpo_trainer.rollout_worker import STOP_JOIN_S
+from tests.support.learner.bad_rewards import PREEMPT_MARK_ENV
 from tests.support.paths import COMPLETIONS_SERVER
 from tests.trainer.test_e2e_cpu import run_learner, termination_report, tiny_run_config
 
@@ -116,3 +119,20 @@ def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_si
     assert ("killed by signal 9 (SIGKILL); it runs the reward functions "
             "'tests.support.learner.bad_rewards:kills_its_process'") in report.message
     assert "Empty" not in report.message  # the queue poll that found the death is not its cause
+
+
+@pytest.mark.slow
+def test_a_sigterm_while_the_worker_child_is_stuck_checkpoints_and_exits_preempted_without_waiting_on_it(
+        tmp_path, completions_server, monkeypatch):
+    # A drain stops the rollout servers with the learner: the child's generations in flight may never finish. The
+    # pod has its grace period (30 s by default) to checkpoint and leave; waiting out the child's stop was most of it.
+    mark = tmp_path / "sigterm-sent"
+    monkeypatch.setenv(PREEMPT_MARK_ENV, str(mark))
+    code, report, log = _run_with_reward(tmp_path, completions_server, "preempts_its_learner_then_hangs")
+    exited = time.time()
+    assert code == c.EXIT_PREEMPTED, log[-4000:]
+    assert report.phase == LearnerPhase.PREEMPTED and report.message.startswith("preempted"), report.message
+    assert list((tmp_path / "checkpoints").glob("checkpoint-*")), log[-4000:]
+    seconds = exited - float(mark.read_text())
+    assert seconds < STOP_JOIN_S, log[-4000:]  # the stuck child is not waited out
+    print(f"SIGTERM to exit with the worker child stuck: {seconds:.1f}s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 import time
 import weakref
 
@@ -266,6 +267,20 @@ class TestSampleFilterQueue:
         progress = make_progress(n=10)
         fq = filter_queue(progress, [sample(0, std=1e-9, k=k) for k in range(2)], no_signal_epsilon=1e-6)
         assert drain(fq) == [] and progress.dropped["no_signal"] == 1
+
+    def test_a_stop_request_while_the_queue_is_empty_ends_the_wait_before_its_timeout(self):
+        # SIGTERM while the learner waits on an empty queue (the rollout servers drained with it): TRL's poll waits
+        # 5 s at a time, a fifth of the pod's default grace period.
+        progress = make_progress(n=10)
+        fq = filter_queue(progress, [])
+        timer = threading.Timer(0.1, progress.request_stop, args=("preempted: SIGTERM received",))
+        timer.start()
+        try:
+            with pytest.raises(RolloutStop) as stop:
+                fq.get(timeout=30.0)
+        finally:
+            timer.cancel()
+        assert stop.value.code == StopCode.PREEMPTED
 
     def test_nan_reward_std_is_no_signal(self):
         progress = make_progress(n=10)

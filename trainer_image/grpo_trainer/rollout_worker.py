@@ -36,6 +36,9 @@ STOP_EVENT_TIMEOUT_S = 5.0
 #: A live child's time to leave after the stop event, then after SIGTERM (TRL's own 15 s and 5 s).
 STOP_JOIN_S = 15.0
 TERMINATE_JOIN_S = 5.0
+#: The child's time to leave after the stop event once the learner is preempted: the pod's grace period (30 s by
+#: default) also holds the checkpoint, and the generations in flight are regenerated after the resume anyway.
+PREEMPTED_STOP_JOIN_S = 1.0
 #: The child puts its error on a queue just before it sets its failed event; the queue's feeder thread may lag.
 ERROR_INFO_WAIT_S = 2.0
 
@@ -131,6 +134,8 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
     """AsyncRolloutWorker whose health check sees a dead child and whose stop cannot hang on one."""
 
     _loop_cls = EpisodeRolloutLoop
+    # A class default: TRL builds the worker, and GRPOLearner only swaps its class.
+    _stop_join_s = STOP_JOIN_S
 
     def child_failure(self) -> Exception | None:
         """Why the child can no longer produce samples, or None while it can."""
@@ -162,6 +167,11 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
             raise failure from None  # not "during handling of queue.Empty": the poll that found it
         super().check_health(stale_after_s)
 
+    def abandon_in_flight(self) -> None:
+        """The learner is preempted: `stop()` no longer waits for the child's work in flight (generations on servers
+        being drained with the learner, a reward or tool that does not return). Called from the signal handler."""
+        self._stop_join_s = PREEMPTED_STOP_JOIN_S
+
     def stop(self) -> None:
         process = self._process
         if process is None:
@@ -175,9 +185,9 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
             # returns. Left blocked, it ends with the process.
             if not DaemonCall(self._stop_event_mp.set, "grpo-rollout-worker-stop").join(STOP_EVENT_TIMEOUT_S):
                 logger.warning("the rollout worker child's stop event did not set within %.0fs", STOP_EVENT_TIMEOUT_S)
-            process.join(STOP_JOIN_S)
+            process.join(self._stop_join_s)
         if process.exitcode is None:
-            logger.warning("the rollout worker child did not exit within %.0fs; terminating it", STOP_JOIN_S)
+            logger.warning("the rollout worker child did not exit within %.0fs; terminating it", self._stop_join_s)
             process.terminate()
             process.join(TERMINATE_JOIN_S)
         if process.exitcode is None:

@@ -709,6 +709,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         if isinstance(self.weight_transfer, FilesystemWeightTransfer):
             # A drain stops the rollout servers with the learner: a sync waiting on them would outlast the grace.
             self.weight_transfer.stop_waiting()
+        if isinstance(self.rollout_worker, SupervisedRolloutWorker):
+            self.rollout_worker.abandon_in_flight()
         return True
 
     def _stream_stop(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,3 +29,22 @@ def kills_its_process(completions: Sequence[Any], **_: Any) -> list[float]:
     """What the kernel's OOM killer does to the worker child: SIGKILL, no exception, no last words."""
     os.kill(os.getpid(), signal.SIGKILL)
     return [0.0] * len(completions)
+
+
+#: Where `preempts_its_learner_then_hangs` writes when it sent the SIGTERM (time.time()); set by the test.
+PREEMPT_MARK_ENV = "GRPO_TEST_PREEMPT_MARK"
+_calls = 0
+
+
+def preempts_its_learner_then_hangs(completions: Sequence[Any], **_: Any) -> list[float]:
+    """A pod's SIGTERM arriving while the worker child is busy with work that does not end (a reward, a tool, a
+    generation on a server that is being drained with the learner): from the third group on, it SIGTERMs the learner
+    and never returns."""
+    global _calls
+    _calls += 1
+    if _calls >= 3:
+        with open(os.environ[PREEMPT_MARK_ENV], "w") as mark:
+            mark.write(repr(time.time()))
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(3600)
+    return [float(i % 2) for i in range(len(completions))]

@@ -36,6 +36,8 @@ class SampleLimits:
 
 
 DEFAULT_FILTER = FilterConfig()
+#: How often a wait on an empty queue looks for a stop request (SIGTERM).
+STOP_CHECK_S = 0.25
 
 #: How often (in group ids) SampleFilterQueue forgets accepted groups that never delivered all their samples.
 PRUNE_EVERY_GROUPS = 4096
@@ -126,10 +128,15 @@ class SampleFilterQueue:
             except queue.Empty:
                 if deadline is None and timeout is not None:
                     deadline = time.monotonic() + timeout
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                remaining = math.inf if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
                     raise
-                sample = self.inner.get(timeout=remaining)
+                try:
+                    # In slices: a SIGTERM while the queue is empty is seen at once, not after TRL's 5 s poll (the
+                    # pod's grace period is 30 s by default).
+                    sample = self.inner.get(timeout=min(remaining, STOP_CHECK_S))
+                except queue.Empty:
+                    continue
             if self._accept(sample):
                 return strip_stamps(sample)
 
