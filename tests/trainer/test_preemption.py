@@ -34,3 +34,23 @@ def test_once_the_outcome_is_decided_a_sigterm_lets_the_process_finish_reporting
     # torchrun SIGTERMs the surviving ranks when one rank's teardown fails; raising Preempted there escaped the
     # entrypoint and the rank recorded no outcome.
     assert sigterm_in("settled") == "finished"
+
+
+_BLOCKED_TEARDOWN = """
+import sys, threading
+import grpo_trainer.__main__ as entry
+def learner(config_path):
+    # A library thread that never ends: the interpreter's teardown would join it for good.
+    threading.Thread(target=threading.Event().wait, name="stuck-library-thread").start()
+    return 75
+entry.learner = learner
+entry.TEARDOWN_LIMIT_S = 1.0
+sys.exit(entry.main(["learner", "--config", "unused.json"]))
+"""
+
+
+def test_a_learner_whose_teardown_blocks_still_exits_with_its_recorded_outcome_naming_what_held_it():
+    # Held, the pod waited for its grace period's SIGKILL: exit 137, a crash, where the learner had decided 75.
+    done = subprocess.run([sys.executable, "-c", _BLOCKED_TEARDOWN], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stderr
+    assert "teardown was still waiting after 1s on thread 'stuck-library-thread'" in done.stderr
