@@ -45,7 +45,7 @@ def learner(config_path):
     return 75
 entry.learner = learner
 entry.TEARDOWN_LIMIT_S = 1.0
-sys.exit(entry.main(["learner", "--config", "unused.json"]))
+entry.exit_with(entry.main(["learner", "--config", "unused.json"]))  # what `python -m grpo_trainer` runs
 """
 
 

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import sys
 import threading
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -17,25 +18,27 @@ from . import contract as c
 from . import gang, preemption
 from .validation import config_error_line
 
-#: The learner's outcome is recorded when it returns; what follows is the interpreter's teardown, which joins
-#: non-daemon threads, multiprocessing's children and its queues' feeder threads. One blocked there (a child that
-#: never reads its pipe, a library's thread) held the pod until its grace period's SIGKILL: 137, read as a crash.
+#: A role's outcome is decided (and the learner's recorded) when `main` returns; what follows is the interpreter's
+#: teardown, which joins non-daemon threads, multiprocessing's children and its queues' feeder threads. One blocked
+#: there (a child that never reads its pipe, a library's thread) held the pod until its grace period's SIGKILL: 137,
+#: read as a crash.
 TEARDOWN_LIMIT_S = 20.0
 
 
-def bound_teardown(code: int, limit_s: float | None = None) -> None:
-    """Ends the process with `code` if its teardown is still running after `limit_s`, naming what it waits on."""
-    limit_s = TEARDOWN_LIMIT_S if limit_s is None else limit_s
-    timer = threading.Timer(limit_s, _exit_after_teardown, args=(code, limit_s))
+def exit_with(code: int) -> NoReturn:
+    """The process's end: exit with `code`, and if the teardown is still running after TEARDOWN_LIMIT_S, end it
+    with that code anyway, naming what it waits on."""
+    timer = threading.Timer(TEARDOWN_LIMIT_S, _exit_after_teardown, args=(code, TEARDOWN_LIMIT_S))
     timer.daemon = True
     timer.start()
+    sys.exit(code)
 
 
 def _exit_after_teardown(code: int, limit_s: float) -> None:
     waiting = [f"thread {t.name!r}" for t in threading.enumerate()
                if not t.daemon and t is not threading.main_thread()]
     waiting += [f"child process {p.name} (pid {p.pid})" for p in multiprocessing.active_children()]
-    print(f"grpo learner: exiting with {code}: the process's teardown was still waiting after {limit_s:.0f}s on "
+    print(f"grpo: exiting with {code}: the process's teardown was still waiting after {limit_s:.0f}s on "
           f"{', '.join(waiting) or 'something that is neither a thread nor a child process'}",
           file=sys.stderr, flush=True)
     os._exit(code)
@@ -73,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "learner":
         preemption.install()
         gang.record_start()
-        code = gang.record_outcome(learner(args.config))
-        bound_teardown(code)
-        return code
+        return gang.record_outcome(learner(args.config))
     try:
         config = read_config(args.config)
     except (OSError, ValidationError) as error:
@@ -157,4 +158,4 @@ def learner(config_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
