@@ -36,6 +36,14 @@ def _resumable_manifest(tiny_data: Path, tmp_path: Path) -> dict:
     return manifest
 
 
+def _exits_seen(run: NodeRun) -> str:
+    """Each ended container in a line a failure shows whole: exit code, reason, times, and its message's start (an
+    exit code alone does not say whether a SIGKILL came after the outcome was written or before)."""
+    return "\n".join(f"{pod}: {state.get('exitCode')} {state.get('reason')} {state.get('startedAt')} -> "
+                     f"{state.get('finishedAt')}: {state.get('message', '')[:400]!r}"
+                     for pod, state in run.history.exits().items())
+
+
 def _exit_codes(run: NodeRun, pod: str) -> list[int]:
     return [state["exitCode"] for state in run.history.exits_of(pod)]
 
@@ -71,7 +79,7 @@ def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_re
     assert "Liveness probe failed" in events, events
     [replaced] = status["rollout"]["servers"]
     assert replaced.get("restarts", 0) >= 1, status["rollout"]  # the liveness kill: the server's own counter
-    assert EXIT_PREEMPTED in _exit_codes(run, LEARNER), run.history.exits()  # checkpointed on SIGTERM, then left
+    assert EXIT_PREEMPTED in _exit_codes(run, LEARNER), _exits_seen(run)  # checkpointed on SIGTERM, then left
     assert status["disruptions"] >= 1 and status.get("restarts", 0) == 0, status  # not against backoffLimit
     assert RESUMED in run.logs(LEARNER)  # from the checkpoint the evicted learner wrote, every group once
 
@@ -97,7 +105,7 @@ def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gan
         run.close()
     leader = f"{LEARNER}.{RUN}-learner.{run.namespace}.svc"
     assert any(leader in arg for arg in learner["spec"]["containers"][0]["command"]), learner["spec"]
-    assert EXIT_PREEMPTED in _exit_codes(run, rank1), run.history.exits()
+    assert EXIT_PREEMPTED in _exit_codes(run, rank1), _exits_seen(run)
     assert status["disruptions"] >= 1 and status.get("restarts", 0) == 0, status
     assert RESUMED in run.logs(LEARNER)
 
@@ -116,7 +124,7 @@ def test_a_learner_over_its_memory_limit_is_oomkilled_retried_within_backoff_lim
     finally:
         run.close()
     assert [state["reason"] for state in run.history.exits_of(LEARNER)] == ["OOMKilled", "OOMKilled"], (
-        run.history.exits())
+        _exits_seen(run))
     assert status.get("restarts") == 1 and status["failure"]["reason"] == "OOMKilled", status
     [failed] = [c for c in status["conditions"] if c["type"] == "Failed"]
     assert failed["reason"] == "BackoffLimitExceeded" and "memory limit 200Mi" in failed["message"], failed
