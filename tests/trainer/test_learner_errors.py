@@ -125,7 +125,7 @@ def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_si
 def test_a_sigterm_while_the_worker_child_is_stuck_checkpoints_and_exits_preempted_without_waiting_on_it(
         tmp_path, completions_server, monkeypatch):
     # A drain stops the rollout servers with the learner: the child's generations in flight may never finish. The
-    # pod has its grace period (30 s by default) to checkpoint and leave; waiting out the child's stop was most of it.
+    # pod has its grace period to checkpoint and leave; waiting out the child's stop was most of the time it took.
     mark = tmp_path / "sigterm-sent"
     monkeypatch.setenv(PREEMPT_MARK_ENV, str(mark))
     code, report, log = _run_with_reward(tmp_path, completions_server, "preempts_its_learner_then_hangs")

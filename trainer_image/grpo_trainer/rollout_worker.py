@@ -36,8 +36,9 @@ STOP_EVENT_TIMEOUT_S = 5.0
 #: A live child's time to leave after the stop event, then after SIGTERM (TRL's own 15 s and 5 s).
 STOP_JOIN_S = 15.0
 TERMINATE_JOIN_S = 5.0
-#: The child's time to leave after the stop event once the learner is preempted: the pod's grace period (30 s by
-#: default) also holds the checkpoint, and the generations in flight are regenerated after the resume anyway.
+#: The child's time to leave after the stop event once the learner is preempted: the pod's grace period (120 s for
+#: learner pods unless the user sets it) also holds the checkpoint, and the generations in flight are regenerated
+#: after the resume anyway.
 PREEMPTED_STOP_JOIN_S = 1.0
 #: The child puts its error on a queue just before it sets its failed event; the queue's feeder thread may lag.
 ERROR_INFO_WAIT_S = 2.0

@@ -133,7 +133,7 @@ class SampleFilterQueue:
                     raise
                 try:
                     # In slices: a SIGTERM while the queue is empty is seen at once, not after TRL's 5 s poll (the
-                    # pod's grace period is 30 s by default).
+                    # pod's grace period also holds the checkpoint and the worker child's stop).
                     sample = self.inner.get(timeout=min(remaining, STOP_CHECK_S))
                 except queue.Empty:
                     continue
