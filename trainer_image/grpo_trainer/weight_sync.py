@@ -196,7 +196,7 @@ class FilesystemWeightTransfer:
         # Adapter versions a request may still name (TRL's max_staleness + 1): each stays loaded on the servers, and
         # on disk for one sync more (vLLM reads an adapter's files lazily, and a missing one kills its engine).
         self.adapter_window = adapter_window
-        # Set on SIGTERM (`stop_waiting`): the learner has the pod's grace period (30 s by default) to checkpoint.
+        # Set on SIGTERM (`stop_waiting`): the learner has the pod's grace period (120 s unless set) to checkpoint.
         self._stopping = threading.Event()
         self.version = 0
         self.sync_seconds: list[float] = []
