@@ -270,7 +270,7 @@ class TestSampleFilterQueue:
 
     def test_a_stop_request_while_the_queue_is_empty_ends_the_wait_before_its_timeout(self):
         # SIGTERM while the learner waits on an empty queue (the rollout servers drained with it): TRL's poll waits
-        # 5 s at a time, a fifth of the pod's default grace period.
+        # 5 s at a time, and the pod's grace period must also hold the checkpoint and the worker child's stop.
         progress = make_progress(n=10)
         fq = filter_queue(progress, [])
         timer = threading.Timer(0.1, progress.request_stop, args=("preempted: SIGTERM received",))
