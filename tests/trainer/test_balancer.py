@@ -35,7 +35,7 @@ class FakeServer:
     """A vLLM-shaped server on its own loop thread; `mode` is "ok", "fail" (500 like a dead engine) or "slow"."""
 
     def __init__(self, name: str, mode: str = "ok"):
-        self.name, self.mode, self.served = name, mode, 0
+        self.name, self.mode, self.served, self.probes = name, mode, 0, 0
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
@@ -60,6 +60,8 @@ class FakeServer:
         payload = await request.json()
         if payload.get("max_tokens") != 1:  # not the balancer's probe
             self.served += 1
+        else:
+            self.probes += 1
         return web.json_response({"choices": [{"text": self.name, "token_ids": [1]}]})
 
     def stop(self) -> None:
@@ -222,6 +224,28 @@ def test_a_hung_replica_leaves_the_pool_its_requests_go_elsewhere_and_it_returns
     assert admitted.count(hung_url) == 2 and admitted[-1] == hung_url
     # Every request caught on it was sent again; the liveness verdict itself counts as one failure.
     assert report[b.url].retried == report[hung_url].failures - 1
+
+
+def test_a_server_whose_completions_keep_coming_back_is_not_probed_and_an_idle_one_is(servers):
+    # Its completions prove it generates; a probe would take one of its slots (vLLM's --max-num-seqs) from the run.
+    server = servers("a")
+    replicas = ServerSet([server.url])
+    interval_s = 0.2
+    timings = BalancerTimings(probe_interval_s=0.1, liveness_interval_s=interval_s, liveness_timeout_s=1.0)
+    balancer = RolloutBalancer(replicas, "m", timings=timings).start()
+    try:
+        _wait_ready(replicas, 1)
+        admission_probes = server.probes
+        started = time.monotonic()
+        asyncio.run(_generate_window(balancer.url, total=60, window=2))  # 30 rounds of 0.05 s: ~1.5 s, 7 intervals
+        busy_s = time.monotonic() - started
+        busy_probes = server.probes - admission_probes
+        time.sleep(4 * interval_s)  # idle: nothing proves it but the probe
+        idle_probes = server.probes - admission_probes - busy_probes
+    finally:
+        balancer.stop()
+    assert busy_s > 3 * interval_s and busy_probes == 0, (busy_s, busy_probes)
+    assert idle_probes >= 1 and replicas.is_ready(server.url)
 
 
 def test_replicas_of_unequal_speed_get_equal_concurrency_and_samples_by_speed(servers):

@@ -10,8 +10,10 @@ against a dead port. Every other path (`/health`, `/v1/models`, `/server_info`) 
 An unready server is probed by generating one token (`rollout_health.generation_probe`), not by `/health`: a server
 whose engine died, or hung, still answers `/health`. Before it is admitted again `admit(url)` runs (the weight sync's
 catch-up, which loads the current weights), so a restarted server never serves the initial or an old policy.
-Ready servers are probed the same way every `liveness_interval_s`, except while a weight sync holds them paused (a
-paused server holds the probe too): a server that generates no token within `liveness_timeout_s` is hung. It leaves
+A ready server must prove that it generates at least every `liveness_interval_s`: a completion it returns proves
+it; one that returned none in that time is probed the same way, except while a weight sync holds it paused (a paused
+server holds the probe too). A server whose completions keep coming back is never probed, so the probe takes none of
+its slots while it is busy. A server that generates no token within `liveness_timeout_s` is hung. It leaves
 the pool, the requests in flight on it are sent again to another server at once (not after the request timeout),
 and it is admitted again, through the same catch-up, once it generates.
 
@@ -50,6 +52,9 @@ AdmitFn = Callable[[str], None]
 #: How often a ready server must prove it generates. A CPU server busy with TRL's full in-flight window answered a
 #: one-token probe within a few seconds here, far inside PROBE_TIMEOUT_S.
 LIVENESS_INTERVAL_S = 15.0
+#: Servers are looked at this many times per interval, so one that stops generating is probed within 1.25 intervals
+#: of its last proof, not two.
+LIVENESS_LOOKS_PER_INTERVAL = 4
 
 
 @dataclass(frozen=True)
@@ -171,17 +176,20 @@ class RolloutBalancer:
             logger.info("rollout server %s is ready", url)
 
     async def _liveness_forever(self) -> None:
+        interval = self.timings.liveness_interval_s
         while True:
-            await asyncio.sleep(self.timings.liveness_interval_s)
-            watched = self.servers.ready_urls() + self.servers.draining_busy_urls()
-            await asyncio.gather(*(self._check_alive(url) for url in watched))
+            await asyncio.sleep(interval / LIVENESS_LOOKS_PER_INTERVAL)
+            await asyncio.gather(*(self._check_alive(url) for url in self.servers.unproven_urls(interval)))
 
     async def _check_alive(self, url: str) -> None:
         syncs = self.servers.syncs_started
         if self.servers.syncing:
             return
         error = await generation_probe(self._session, url, self.model, timeout_s=self.timings.liveness_timeout_s)
-        if error is None or self.servers.syncing or self.servers.syncs_started != syncs:
+        if error is None:
+            self.servers.proved(url)
+            return
+        if self.servers.syncing or self.servers.syncs_started != syncs:
             return  # a sync paused it meanwhile: no verdict
         if not self.servers.is_ready(url):
             return  # already out of the pool (a failed request)

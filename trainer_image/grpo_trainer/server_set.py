@@ -39,6 +39,8 @@ class RolloutServer:
     last_error: str = ""
     request_seconds: float = 0.0  # outstanding requests integrated over time
     changed_at: float = field(default_factory=time.monotonic)
+    #: When it last proved that it generates (a completion returned, a liveness probe answered, its admission).
+    proven_at: float = 0.0
 
     def hold(self, delta: int) -> None:
         now = time.monotonic()
@@ -128,12 +130,23 @@ class ServerSet:
                     server.sync_steps -= 1
                     self._forget_if_drained(server)
 
-    def draining_busy_urls(self) -> list[str]:
-        """Draining servers that still hold requests and are believed up: the liveness probe watches them too, so a
-        hung one's requests move elsewhere."""
+    def unproven_urls(self, within_s: float) -> list[str]:
+        """The servers the liveness probe must try: in the pool, or draining with requests in flight (so a hung
+        one's requests move elsewhere), and with no proof that they generate in the last `within_s` seconds. A
+        server whose completions keep coming back is proven by them: probing it would only take one of its slots."""
+        since = time.monotonic() - within_s
         with self._lock:
             return [server.url for server in self._servers
-                    if server.state == c.ReplicaState.DRAINING and server.ready and server.outstanding]
+                    if server.ready and server.proven_at <= since
+                    and (server.state == c.ReplicaState.SERVING
+                         or (server.state == c.ReplicaState.DRAINING and server.outstanding))]
+
+    def proved(self, url: str) -> None:
+        """`url` generated (its liveness probe answered)."""
+        with self._lock:
+            server = self._find(url)
+            if server is not None:
+                server.proven_at = time.monotonic()
 
     def to_admit(self) -> list[str]:
         """Replicas in the set that are not in the pool: joining ones, and serving ones that failed."""
@@ -183,6 +196,7 @@ class ServerSet:
             if server is None or server.state == c.ReplicaState.DRAINING:
                 return False
             server.state, server.ready = c.ReplicaState.SERVING, True
+            server.proven_at = time.monotonic()  # its admission began with a generated token
             return True
 
     def acquire(self) -> RolloutServer | None:
@@ -208,6 +222,8 @@ class ServerSet:
             server.hold(-1)
             if ok:
                 server.samples += int(sample)
+                if sample:
+                    server.proven_at = server.changed_at
             else:
                 server.failures += 1
                 server.last_error = error
