@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sample every run with py-spy (the learner, its threads and its children) into "
                             "DIR/<row>-pair-<n>-<ours|trl>.txt, folded stacks, and its step records with each "
                             "thread's CPU seconds beside it (.steps.jsonl); the figures then carry their cost")
+    group.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                       help="copy every run's folder (its step records with TRL's per-step timings, its log, "
+                            "its run config and final report) into DIR/<row>/ when it ends")
 
 
 def options(args: argparse.Namespace) -> dict[str, object]:
@@ -78,7 +81,7 @@ def options(args: argparse.Namespace) -> dict[str, object]:
     if args.profile is not None and not py_spy():
         raise ValueError("--profile: py-spy is not installed (`.venv/bin/uv pip install --python .venv/bin/python "
                          "py-spy`)")
-    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile}
+    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile, "keep": args.keep}
 
 
 def py_spy() -> str | None:
@@ -262,9 +265,19 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
 
 
 # ------------------------------------------------------------------------------------------------------------ I/O
-def traced_run(directory: Path, kind: str, config, profile: Path | None = None) -> tuple[list, object | None]:
+def traced_run(directory: Path, kind: str, config, profile: Path | None = None,
+               keep: Path | None = None) -> tuple[list, object | None]:
     """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report.
-    `profile`: a file for py-spy's folded stacks of the run's CPU samples (every thread, children included)."""
+    `profile`: a file for py-spy's folded stacks of the run's CPU samples (every thread, children included);
+    `keep`: a folder to copy the run's own files into when it ends (not its weights or checkpoints)."""
+    try:
+        return _traced_run(directory, kind, config, profile)
+    finally:
+        if keep is not None and directory.exists():
+            shutil.copytree(directory, keep, ignore=shutil.ignore_patterns("weights", "output"), dirs_exist_ok=True)
+
+
+def _traced_run(directory: Path, kind: str, config, profile: Path | None) -> tuple[list, object | None]:
     from grpo_trainer.contract import parse_progress
 
     traced = lay_out_traced_run(directory, kind, config)
@@ -306,7 +319,7 @@ def traced_run(directory: Path, kind: str, config, profile: Path | None = None) 
 
 
 def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epochs: int,
-            profile: Path | None = None) -> tuple[RowResult, object, int | None]:
+            profile: Path | None = None, keep: Path | None = None) -> tuple[RowResult, object, int | None]:
     """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
     import pytest
 
@@ -338,7 +351,7 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
                 restore_model_weights(running.server, directory / f"model-weights-{index}-{kind}")
                 label = f"pair-{index + 1}-{kind}"
                 records, final = traced_run(directory / label, kind, config,
-                                            profile and profile / f"{name}-{label}.txt")
+                                            profile and profile / f"{name}-{label}.txt", keep and keep / name / label)
                 figures[kind] = run_figures(kind, records, final, generations)
                 if final is not None:
                     groups_total = final.groups_total
@@ -361,7 +374,7 @@ def run(context: Context) -> str:
     rows, config, groups_total = [], None, None
     for name in chosen.get("rows", tuple(ROWS)):
         row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs,
-                                            chosen.get("profile"))
+                                            chosen.get("profile"), chosen.get("keep"))
         rows.append(row)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return render(rows, epochs=epochs, groups_total=groups_total, generations=config.training.num_generations,

@@ -85,7 +85,8 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
                 return
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
-                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds()}
+                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(),
+                      "perf": {key: value for key, value in logs.items() if key.startswith("perf/")}}
             if thread_cpu:
                 record["threads"] = cpu_by_thread()
             with open(path, "a", encoding="utf-8") as f:
