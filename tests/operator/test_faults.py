@@ -37,15 +37,18 @@ def _uid(cluster, pod: str) -> str | None:
 
 @pytest.mark.parametrize("emulator_options", [{"graceful_pod_deletion": True}])
 def test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded(cluster, learner, progress_urls):
-    spec = minimal_spec(progress={"startupDeadlineSeconds": 4}, runPolicy={"backoffLimit": 2})
-    _running(cluster, learner, progress_urls, "term", spec)
+    # The default startup deadline (an hour) while the run comes up and while the test reads the wait: a short one
+    # from the start would also bound how soon the operator first reads the learner, and the test the status.
+    _running(cluster, learner, progress_urls, "term", minimal_spec(runPolicy={"backoffLimit": 2}))
     cluster.kubelet.exit("term-learner-0", 1, "RuntimeError: NCCL timeout")
     # The operator deletes the crashed pod; its node is gone, so it stays Terminating and keeps its name.
     cluster.wait_for(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
                      what="the learner pod marked for deletion")
     status = cluster.wait_for(lambda: (s := cluster.status("term")).get("message") and s, what="a waiting message")
     assert status["phase"] == "Pending" and "term-learner-0 is being deleted" in status["message"]
-    status = cluster.wait_phase("term", "Failed", timeout=20)
+    # A deadline edit applies on the next pass, counted from when the run left Running: the wait ends here.
+    cluster.patch_spec("term", {"progress": {"startupDeadlineSeconds": 1}})
+    status = cluster.wait_phase("term", "Failed")
     assert cluster.condition("term", "Failed")["reason"] == "StartupDeadlineExceeded"
     assert "waited" in status["message"] and "term-learner-0 is being deleted" in status["message"]
 
