@@ -105,6 +105,10 @@ class RunFigures:
     dropped_groups: int = 0  # ours: the whole run's, every reason; TRL drops none before its batch
     no_signal_groups: int = 0
     dropped_samples: int = 0
+    #: The steps' parts, summed over the same steps (None where a step did not log it).
+    fwd_bwd_s: float | None = None
+    optimizer_s: float | None = None
+    weight_sync_s: float | None = None
 
     @property
     def groups_per_s(self) -> float:
@@ -127,6 +131,20 @@ class RunFigures:
     def cpu_s_per_group(self) -> float:
         return self.cpu_s / self.groups if self.cpu_s is not None and self.groups > 0 else math.nan
 
+    @property
+    def cpu_ms_per_sample(self) -> float:
+        """Per sample trained: a run that trains the samples another leaves in its queue at the end pays for them."""
+        return 1000 * self.cpu_s / self.samples if self.cpu_s is not None and self.samples > 0 else math.nan
+
+    def ms_per_step(self, part: str) -> float:
+        """Milliseconds per step spent in `part`: one of STEP_PARTS' attributes."""
+        if part == "other_s":
+            known = (self.wait_s, self.fwd_bwd_s, self.optimizer_s, self.weight_sync_s)
+            seconds = None if None in known else self.wall_s - sum(known)
+        else:
+            seconds = getattr(self, part)
+        return 1000 * seconds / self.steps if seconds is not None and self.steps else math.nan
+
 
 def run_figures(kind: str, records: Sequence, final=None, num_generations: int = 0) -> RunFigures:
     """`records`: the run's StepRecords; `final`: ours' final ProgressReport (its groups consumed and dropped).
@@ -146,8 +164,20 @@ def run_figures(kind: str, records: Sequence, final=None, num_generations: int =
     else:
         groups = trained_groups
     cpu_s = last.cpu_s - first.cpu_s if first.cpu_s is not None and last.cpu_s is not None else None
+    parts = [[getattr(record, part) for record in after] for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")]
     return RunFigures(kind, last.t - first.t, len(after), groups, sum(record.samples for record in after),
-                      sum(record.wait_s for record in after), cpu_s, dropped, no_signal, dropped * num_generations)
+                      sum(record.wait_s for record in after), cpu_s, dropped, no_signal, dropped * num_generations,
+                      *(None if None in values else sum(values) for values in parts))
+
+
+#: (column, RunFigures.ms_per_step part) of the step-time table: where each step's wall time went.
+STEP_PARTS: tuple[tuple[str, str], ...] = (
+    ("forward and backward", "fwd_bwd_s"),
+    ("optimizer", "optimizer_s"),
+    ("weight sync", "weight_sync_s"),
+    ("rollout wait", "wait_s"),
+    ("the rest (batching, logging, callbacks)", "other_s"),
+)
 
 
 #: (column, RunFigures property) of the per-pair ratios ours / TRL.
@@ -156,6 +186,7 @@ RATIOS: tuple[tuple[str, str], ...] = (
     ("samples trained per s", "samples_per_s"),
     ("samples per s, ours' dropped counted as trained", "samples_with_dropped_per_s"),
     ("CPU s per group", "cpu_s_per_group"),
+    ("CPU per sample trained", "cpu_ms_per_sample"),
 )
 
 
@@ -205,20 +236,29 @@ def _share(runs: Sequence[RunFigures]) -> str:
     return spread(shares, "{:.0f}", " %") if shares else "n/a"
 
 
+def _ms(runs: Sequence[RunFigures], part: str) -> str:
+    values = [run.ms_per_step(part) for run in runs]
+    finite = [value for value in values if not math.isnan(value)]
+    return spread(finite, "{:.0f}") if finite else "n/a"
+
+
 def _server(row: RowResult) -> str:
     return "uncapped" if row.max_num_seqs is None else f"`--max-num-seqs {row.max_num_seqs}`"
 
 
 def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, generations: int,
            max_completion_length: int, cores: int) -> str:
-    side_rows, ratio_rows, pair_rows = [], [], []
+    side_rows, ratio_rows, pair_rows, step_rows = [], [], [], []
     for row in rows:
         for label, runs in (("ours", [pair.ours for pair in row.pairs]), ("TRL", [pair.trl for pair in row.pairs])):
             dropped = (f"{_figure(runs, 'dropped_groups', '{:.0f}')} ({_figure(runs, 'no_signal_groups', '{:.0f}')})"
                        if label == "ours" else "— (trains all)")
             side_rows.append([row.name, label, len(runs), _figure(runs, "wall_s", "{:.1f}"),
                               _figure(runs, "groups_per_s", "{:.2f}"), _figure(runs, "samples_per_s", "{:.1f}"),
-                              _share(runs), _figure(runs, "cpu_s_per_group", "{:.2f}"), dropped])
+                              _share(runs), _figure(runs, "cpu_s_per_group", "{:.2f}"),
+                              _figure(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
+            step_rows.append([row.name, label, _figure(runs, "steps", "{:.0f}"), _figure(runs, "samples", "{:.0f}"),
+                              *(_ms(runs, part) for _, part in STEP_PARTS)])
         ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
         ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
                            *(ratio_spread([r[name] for r in ratios]) for _, name in RATIOS)])
@@ -247,7 +287,13 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "",
         table(["row", "learner", "runs", "wall s, first to last step", "groups consumed per s",
                "samples trained per s", "learner wait share", "CPU s per group (learner and its children)",
-               "groups dropped (of which no signal)"], side_rows),
+               "CPU ms per sample trained", "groups dropped (of which no signal)"], side_rows),
+        "",
+        "Where each side's steps went, in ms per step from TRL's own timings (`perf/fwd_bwd_s`, `perf/optimizer_s`, "
+        "`perf/weight_sync_s`, `perf/rollout_wait_s`; the rest is the wall time none of them covers), median "
+        "(min–max) over its runs:",
+        "",
+        table(["row", "learner", "steps", "samples trained", *(column for column, _ in STEP_PARTS)], step_rows),
         "",
         "Per pair:",
         "",

@@ -63,13 +63,27 @@ class StepRecord:
     samples: float
     groups: float = 0.0
     cpu_s: float | None = None  # the learner process tree's CPU seconds so far
+    #: TRL's own timings of the step's parts (`perf/fwd_bwd_s`, `perf/optimizer_s`, `perf/weight_sync_s`), where
+    #: logged: what each part of the step's wall time went to.
+    fwd_bwd_s: float | None = None
+    optimizer_s: float | None = None
+    weight_sync_s: float | None = None
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
         data = json.loads(line)
         cpu_s = data.get("cpu_s")
+        perf = data.get("perf") if isinstance(data.get("perf"), dict) else {}
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
-                   float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s))
+                   float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s),
+                   *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")))
+
+
+def _seconds(value: Any) -> float | None:
+    """A logged duration, or None where it is missing or no finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,21 @@ def test_ours_consumes_the_groups_its_report_counts_dropped_ones_included():
     assert ours.cpu_s_per_group == pytest.approx(10 / 13)
 
 
+def test_a_runs_step_time_is_split_into_trls_own_parts_and_the_rest():
+    # Steps 2 and 3 (10 s): 6 s forward and backward, 1 s optimizer, 1 s weight sync, 0.5 s waiting: 1.5 s the rest.
+    records = [StepRecord(100.0, 1, 40.0, 24, 3, 50.0, 0.5, 0.1, 0.2),
+               StepRecord(104.0, 2, 0.5, 16, 2, 54.0, 2.5, 0.5, 0.5),
+               StepRecord(110.0, 3, 0.0, 24, 3, 60.0, 3.5, 0.5, 0.5)]
+    run = run_figures("trl", records)
+    assert (run.fwd_bwd_s, run.optimizer_s, run.weight_sync_s) == (6.0, 1.0, 1.0)
+    assert [run.ms_per_step(part) for _, part in e2e_vs_trl.STEP_PARTS] == [3000, 500, 500, 250, 750]
+    assert run.cpu_ms_per_sample == pytest.approx(1000 * 10 / 40)
+    # A step that did not log a part leaves that part, and the rest, without a figure.
+    unlogged = run_figures("trl", [*records[:2], StepRecord(110.0, 3, 0.0, 24, 3, 60.0, None, 0.5, 0.5)])
+    assert math.isnan(unlogged.ms_per_step("fwd_bwd_s")) and math.isnan(unlogged.ms_per_step("other_s"))
+    assert unlogged.ms_per_step("optimizer_s") == 500
+
+
 def test_a_run_without_cpu_records_has_no_cpu_figure_and_one_step_has_no_figures():
     records = [record(0.0, 1, 1.0, 8, 1, None), record(2.0, 2, 0.0, 8, 1, None)]
     assert math.isnan(run_figures("trl", records).cpu_s_per_group)
@@ -78,15 +93,20 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     text = render(rows, epochs=6, groups_total=96, generations=8, max_completion_length=16, cores=2)
     ratio_table = text.split("Ratios ours / TRL")[1].split("Each side's")[0]
     # groups per s 2, 1, 0.5; samples 1, 0.5, 0.25; with drops (150 + 32|48|64) / wall / 15: 1.21, 0.66, 0.36
+    # CPU per sample trained: ours 40 CPU s for 150 samples, TRL for 300: twice TRL's.
     assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.66 (0.36–1.21) "
-            "| 1.00 |") in ratio_table
-    assert "| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.21 | 1.00 |" in ratio_table
-    sides = text.split("Each side's")[1].split("Per pair")[0]
+            "| 1.00 | 2.00 |") in ratio_table
+    assert ("| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.21 | 1.00 | 2.00 |"
+            in ratio_table)
+    sides = text.split("Each side's")[1].split("Where each side's")[0]
     assert "| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) |" in sides
-    assert "6 (4–8) (5 (3–7))" in sides  # ours' drops, the no-signal ones among them
-    assert "| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 10 % | 2.00 | — (trains all) |" in sides
+    assert "| 2.00 | 266.67 | 6 (4–8) (5 (3–7)) |" in sides  # CPU per group and sample; drops, no-signal among them
+    assert "| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 10 % | 2.00 | 133.33 | — (trains all) |" in sides
     per_pair = text.split("Per pair")[1]
-    assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 6 (5) |" in per_pair
+    assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |" in per_pair
+    steps = text.split("Where each side's")[1].split("Per pair")[0]
+    # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
+    assert "| learner-bound | TRL | 10 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
     assert "6 epochs (96 groups)" in text and "on 2 cores" in text
     assert "learner-bound 300 s, generation-bound 250 s" in text
 
@@ -109,7 +129,7 @@ def test_the_options_default_to_every_row():
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
                                                                                     "generation-bound"),
-                                              "profile": None}
+                                              "profile": None, "keep": None}
 
 
 def test_profiling_without_py_spy_is_refused_with_how_to_install_it(monkeypatch, tmp_path):

@@ -55,6 +55,9 @@ def test_too_few_steps_give_no_rate_rather_than_a_division_error():
 def test_a_step_record_reads_back_what_the_traced_learner_writes():
     line = json.dumps({"t": 12.5, "step": 3, "wait_s": 0.25, "samples": 24.0, "groups": 3.0, "step_s": 1.0})
     assert StepRecord.from_json(line) == StepRecord(12.5, 3, 0.25, 24.0, 3.0)
+    perf = {"perf/fwd_bwd_s": 0.5, "perf/optimizer_s": float("nan"), "perf/weight_sync_s": "0.1", "perf/x": 1}
+    timed = StepRecord.from_json(json.dumps({"t": 1, "step": 2, "wait_s": 0, "samples": 8, "perf": perf}))
+    assert (timed.fwd_bwd_s, timed.optimizer_s, timed.weight_sync_s) == (0.5, None, None)  # no number: no figure
 
 
 def test_thread_cpu_names_each_python_thread_and_each_child_process():
