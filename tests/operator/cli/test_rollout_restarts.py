@@ -97,7 +97,7 @@ def _hang_run(tmp_path, server_args: list[str]) -> tuple[LocalRun, LocalProcess,
     learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner",
                                        [sys.executable, "-c", "import time; time.sleep(120)"], {}),
                            tmp_path / "learner.log")
-    liveness = Liveness("m", period_s=0.1, failure_threshold=2, timeout_s=0.5)
+    liveness = Liveness("m", period_s=0.1, failure_threshold=2, timeout_s=0.5, startup_poll_s=0.1)
     local = LocalRun("tiny", "default", spec, tmp_path, {p.plan.name: p for p in (server, learner)}, liveness=liveness)
     return local, server, learner, liveness
 
