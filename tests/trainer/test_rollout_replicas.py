@@ -159,8 +159,9 @@ def test_a_replica_that_hangs_then_dies_is_restarted_each_time_and_caught_up(tin
     # A hang. SIGSTOP: the server holds its port and the kernel accepts connections, but no token comes; /health
     # would not tell (a wedged engine still answers it). The balancer takes it out, grporun local's liveness restarts
     # it. A stop during a weight sync holds the sync's /pause on the stopped server until the restart ends it (seen:
-    # "pause took 162.7s"; the balancer's own liveness verdict waits out syncs). The hang comes first: liveness
-    # counts failures only once a server has answered a probe with a token, which a server this far into the run has.
+    # "pause took 162.7s"; the balancer's own liveness verdict waits out syncs). Liveness counts failures from the
+    # moment /health answered (the pod's startup probe): "weight sync v3" comes about one liveness period after the
+    # server is up, so no probe may have got a token from it yet.
     [hung] = _rollout_pids(run_dir)
     os.killpg(hung, signal.SIGSTOP)
     _wait_for_log(process, learner_log, "caught up to v")  # the restarted server loaded the current weights

@@ -974,7 +974,7 @@ _OWNERS = {
     "rewards": ("RewardError", "check_reward_name", "load_reward"),
     "rollout": ("EXIT_LINE_PREFIX", "ROLLOUT_PYTHON_ENV"),
     "rollout_health": ("HEALTH_REQUEST_TIMEOUT_S", "LIVENESS_FAILURE_THRESHOLD", "LIVENESS_PERIOD_S", "PROBE_TIMEOUT_S",
-                       "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
+                       "STARTUP_POLL_S", "STARTUP_WAIT_S", "probe_generation", "wait_healthy"),
     "tools": ("ToolError", "load_environment_factory", "load_tools"),
     "store_uri": ("ACCESS_KEY_ENV", "ENDPOINT_ENV", "REGION_ENV", "SECRET_KEY_ENV", "SESSION_TOKEN_ENV",
                   "InvalidObjectStoreURI", "is_object_store_uri", "parse_uri"),

@@ -86,37 +86,60 @@ def test_an_exited_server_is_replaced_until_its_limit_then_fails_the_run_with_th
     assert exit_line(server.log_path) == f"{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}"
 
 
-def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_state_machine(tmp_path):
-    # A SIGSTOPped server still holds its port and accepts connections: only a generated token tells it is hung.
+def _hang_run(tmp_path, server_args: list[str]) -> tuple[LocalRun, LocalProcess, LocalProcess, Liveness]:
+    """A run of the stand-in server (`server_args` after its name and port) and a learner that only waits, under
+    liveness probes fast enough for a test."""
     spec = parse_spec(minimal_spec(runPolicy={"rolloutRestartLimit": 2}))
     port = free_port()
-    server = LocalProcess(ProcessPlan("tiny-rollout-0", "rollout", [sys.executable, str(SERVER), "s", str(port)], {},
+    server = LocalProcess(ProcessPlan("tiny-rollout-0", "rollout",
+                                      [sys.executable, str(SERVER), "s", str(port), *server_args], {},
                                       url=f"http://127.0.0.1:{port}"), tmp_path / "rollout.log")
     learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner",
                                        [sys.executable, "-c", "import time; time.sleep(120)"], {}),
                            tmp_path / "learner.log")
-    liveness = Liveness("m", period_s=0.1, failure_threshold=2, timeout_s=0.5)
+    liveness = Liveness("m", period_s=0.1, failure_threshold=2, timeout_s=0.5, startup_poll_s=0.1)
     local = LocalRun("tiny", "default", spec, tmp_path, {p.plan.name: p for p in (server, learner)}, liveness=liveness)
+    return local, server, learner, liveness
+
+
+def _tick_until(local: LocalRun, console: Console, events: list, condition) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, console.file.getvalue()
+        events.extend(one_pass(local, console.log).events)  # its observe runs the liveness probes
+        time.sleep(0.05)
+
+
+def test_a_hung_server_is_stopped_by_its_liveness_probes_and_replaced_by_the_state_machine(tmp_path):
+    # A SIGSTOPped server still holds its port and accepts connections: only a generated token tells it is hung.
+    local, server, learner, liveness = _hang_run(tmp_path, [])
     console = Console(file=io.StringIO(), width=200)
     events = []
-
-    def tick_until(condition) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline, console.file.getvalue()
-            events.extend(one_pass(local, console.log).events)  # its observe runs the liveness probes
-            time.sleep(0.05)
-
     try:
-        tick_until(lambda: "tiny-rollout-0" in liveness._started)
+        _tick_until(local, console, events, lambda: "tiny-rollout-0" in liveness._started)
         stopped = server.popen.pid
         learner_pid = learner.popen.pid
         os.kill(stopped, signal.SIGSTOP)
-        tick_until(lambda: server.popen is not None and server.popen.pid != stopped)
-        tick_until(lambda: "tiny-rollout-0" in liveness._started)  # the new one generates
+        _tick_until(local, console, events, lambda: server.popen is not None and server.popen.pid != stopped)
+        _tick_until(local, console, events, lambda: "tiny-rollout-0" in liveness._started)  # the new one is up
         restarted = [e.message for e in events if e.reason == "RolloutRestarted"]
         assert len(restarted) == 1 and "hung: no token from 2 liveness probes in a row" in restarted[0]
         assert "RolloutUnresponsive: tiny-rollout-0" in console.file.getvalue()
         assert local.status["phase"] != "Failed" and learner.popen.pid == learner_pid  # the learner went on
+    finally:
+        local.stop_all()
+
+
+def test_a_server_that_hangs_before_any_liveness_probe_got_a_token_from_it_is_restarted(tmp_path):
+    # As the pod's liveness probe, counted from the moment /health answered (the startup probe passed): a server
+    # frozen before one of the probes, every period or so apart, caught a token from it is hung all the same. Here
+    # it answers /health and never a completion.
+    local, server, learner, liveness = _hang_run(tmp_path, ["--hang", "/v1/completions"])
+    console = Console(file=io.StringIO(), width=200)
+    events = []
+    try:
+        _tick_until(local, console, events, lambda: any(e.reason == "RolloutRestarted" for e in events))
+        [restarted] = [e.message for e in events if e.reason == "RolloutRestarted"]
+        assert "restart 1/2" in restarted and "hung: no token from 2 liveness probes in a row" in restarted
     finally:
         local.stop_all()
