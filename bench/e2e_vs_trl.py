@@ -225,18 +225,18 @@ def ratio_spread(values: Sequence[float]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------- report
-def _figure(runs: Sequence[RunFigures], name: str, fmt: str) -> str:
+def figure_spread(runs: Sequence[RunFigures], name: str, fmt: str) -> str:
     values = [getattr(run, name) for run in runs]
     finite = [value for value in values if not math.isnan(value)]
     return spread(finite, fmt) if finite else "n/a"
 
 
-def _share(runs: Sequence[RunFigures]) -> str:
+def wait_share_spread(runs: Sequence[RunFigures]) -> str:
     shares = [100 * run.wait_share for run in runs if not math.isnan(run.wait_share)]
     return spread(shares, "{:.0f}", " %") if shares else "n/a"
 
 
-def _ms(runs: Sequence[RunFigures], part: str) -> str:
+def ms_spread(runs: Sequence[RunFigures], part: str) -> str:
     values = [run.ms_per_step(part) for run in runs]
     finite = [value for value in values if not math.isnan(value)]
     return spread(finite, "{:.0f}") if finite else "n/a"
@@ -251,14 +251,17 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
     side_rows, ratio_rows, pair_rows, step_rows = [], [], [], []
     for row in rows:
         for label, runs in (("ours", [pair.ours for pair in row.pairs]), ("TRL", [pair.trl for pair in row.pairs])):
-            dropped = (f"{_figure(runs, 'dropped_groups', '{:.0f}')} ({_figure(runs, 'no_signal_groups', '{:.0f}')})"
+            dropped = (f"{figure_spread(runs, 'dropped_groups', '{:.0f}')} "
+                       f"({figure_spread(runs, 'no_signal_groups', '{:.0f}')})"
                        if label == "ours" else "— (trains all)")
-            side_rows.append([row.name, label, len(runs), _figure(runs, "wall_s", "{:.1f}"),
-                              _figure(runs, "groups_per_s", "{:.2f}"), _figure(runs, "samples_per_s", "{:.1f}"),
-                              _share(runs), _figure(runs, "cpu_s_per_group", "{:.2f}"),
-                              _figure(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
-            step_rows.append([row.name, label, _figure(runs, "steps", "{:.0f}"), _figure(runs, "samples", "{:.0f}"),
-                              *(_ms(runs, part) for _, part in STEP_PARTS)])
+            side_rows.append([row.name, label, len(runs), figure_spread(runs, "wall_s", "{:.1f}"),
+                              figure_spread(runs, "groups_per_s", "{:.2f}"),
+                              figure_spread(runs, "samples_per_s", "{:.1f}"),
+                              wait_share_spread(runs), figure_spread(runs, "cpu_s_per_group", "{:.2f}"),
+                              figure_spread(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
+            step_rows.append([row.name, label, figure_spread(runs, "steps", "{:.0f}"),
+                              figure_spread(runs, "samples", "{:.0f}"),
+                              *(ms_spread(runs, part) for _, part in STEP_PARTS)])
         ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
         ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
                            *(ratio_spread([r[name] for r in ratios]) for _, name in RATIOS)])
@@ -311,28 +314,43 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
 
 
 # ------------------------------------------------------------------------------------------------------------ I/O
+@dataclass(frozen=True)
+class Placement:
+    """Where a learner runs: `cores` it is bound to (None: wherever the scheduler puts it); `thread_cpu`: it records
+    each thread's CPU seconds per step (bench.traced_learner's `--thread-cpu`)."""
+
+    cores: frozenset[int] | None = None
+    thread_cpu: bool = False
+
+
 def traced_run(directory: Path, kind: str, config, profile: Path | None = None,
-               keep: Path | None = None) -> tuple[list, object | None]:
+               keep: Path | None = None, placement: Placement = Placement()) -> tuple[list, object | None]:
     """One learner to its epoch bound, not watched while it runs: its step records and (ours) its final report.
-    `profile`: a file for py-spy's folded stacks of the run's CPU samples (every thread, children included);
-    `keep`: a folder to copy the run's own files into when it ends (not its weights or checkpoints)."""
+    `kind`: bench.traced_learner's; `profile`: a file for py-spy's folded stacks of the run's CPU samples (every
+    thread, children included); `keep`: a folder to copy the run's own files into when it ends (not its weights or
+    checkpoints); `placement`: the learner's cores and whether it records each thread's CPU."""
     try:
-        return _traced_run(directory, kind, config, profile)
+        return _traced_run(directory, kind, config, profile, placement)
     finally:
         if keep is not None and directory.exists():
             shutil.copytree(directory, keep, ignore=shutil.ignore_patterns("weights", "output"), dirs_exist_ok=True)
 
 
-def _traced_run(directory: Path, kind: str, config, profile: Path | None) -> tuple[list, object | None]:
+def _traced_run(directory: Path, kind: str, config, profile: Path | None,
+                placement: Placement) -> tuple[list, object | None]:
     from grpo_trainer.contract import parse_progress
 
     traced = lay_out_traced_run(directory, kind, config)
     records_path = traced.records_path
     command = traced.command
+    if profile is not None or placement.thread_cpu:
+        command = [*command, "--thread-cpu"]
     if profile is not None:
         profile.parent.mkdir(parents=True, exist_ok=True)
         command = [py_spy(), "record", "--subprocesses", "--threads", "--nonblocking", "--format", "raw",
-                   "--output", str(profile), "--", *command, "--thread-cpu"]
+                   "--output", str(profile), "--", *command]
+    if placement.cores is not None:
+        command = ["taskset", "--cpu-list", ",".join(map(str, sorted(placement.cores))), *command]
     started = time.time()
     log_path = directory / "log.txt"
     with open(log_path, "w") as log:
@@ -347,17 +365,18 @@ def _traced_run(directory: Path, kind: str, config, profile: Path | None) -> tup
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, 9)
                 process.wait(30)
-    print(f"[bench] {NAME}: {directory.name} exited {process.returncode} after {time.time() - started:.0f} s",
-          file=sys.stderr, flush=True)
+    print(f"[bench] {directory.parent.name}/{directory.name} exited {process.returncode} after "
+          f"{time.time() - started:.0f} s", file=sys.stderr, flush=True)
     records = ([StepRecord.from_json(line) for line in records_path.read_text().splitlines() if line]
                if records_path.exists() else [])
     if profile is not None and records_path.exists():  # beside the profile: its per-thread CPU seconds per step
         shutil.copyfile(records_path, profile.with_suffix(".steps.jsonl"))
     termination = directory / "termination-log"
     final = None
-    if kind == "ours" and termination.exists() and termination.read_text().strip():
+    reports = kind != "trl"  # ours, with or without the balancer's hop, ends with its report
+    if reports and termination.exists() and termination.read_text().strip():
         final = parse_progress(termination.read_text())
-    if process.returncode != 0 or len(records) < 2 or (kind == "ours" and final is None):
+    if process.returncode != 0 or len(records) < 2 or (reports and final is None):
         tail = log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"{directory.name}: exit {process.returncode}, {len(records)} steps recorded, "
                            f"final report {'read' if final else 'missing'}:\n{tail}")

@@ -68,15 +68,21 @@ class StepRecord:
     fwd_bwd_s: float | None = None
     optimizer_s: float | None = None
     weight_sync_s: float | None = None
+    #: With `--thread-cpu`: CPU seconds so far of each thread by name (and each child process).
+    threads: dict[str, float] | None = None
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
         data = json.loads(line)
         cpu_s = data.get("cpu_s")
         perf = data.get("perf") if isinstance(data.get("perf"), dict) else {}
+        threads = data.get("threads") if isinstance(data.get("threads"), dict) else None
+        if threads is not None:
+            threads = {name: seconds for name, value in threads.items() if (seconds := _seconds(value)) is not None}
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
                    float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s),
-                   *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")))
+                   *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")),
+                   threads)
 
 
 def _seconds(value: Any) -> float | None:

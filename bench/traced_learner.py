@@ -1,9 +1,11 @@
-"""One learner process against real rollout servers, recording every optimizer step (bench sections 9, 10).
+"""One learner process against real rollout servers, recording every optimizer step (bench sections 9, 11, 13).
 
-`python -m bench.traced_learner --kind ours|trl --config run.json --records steps.jsonl [--wall-bound S]`
+`python -m bench.traced_learner --kind ours|ours-direct|trl --config run.json --records steps.jsonl [--wall-bound S]`
 
 - ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: balancer, weight
   sync, progress), with one callback added to the learner it builds;
+- ours-direct: the same learner with TRL's worker sent straight to the first server in `rollout.urls`, past the
+  balancer (which still runs and syncs the weights): what the balancer's hop costs (bench section 13);
 - trl: TRL 1.16's unmodified AsyncGRPOTrainer built from the same run config (the same TRL arguments, dataset,
   rewards and tokenizer), its own AsyncRolloutWorker talking straight to the first server in `rollout.urls`. TRL's
   weight transfer needs NCCL and a GPU; it gets the filesystem sync our learner uses, the only one a CPU server has.
@@ -99,11 +101,29 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
     return StepRecorder()
 
 
-def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False) -> int:
-    from grpo_trainer import learner_main
+class DirectRolloutPool:
+    """The learner's rollout pool with TRL's worker pointed at the first server instead of the balancer."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+
+    @property
+    def url(self) -> str:
+        return self._pool.servers.urls[0]
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+
+def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False,
+             direct: bool = False) -> int:
+    from grpo_trainer import learner_main, rollout_pool
     from grpo_trainer.__main__ import main
 
     build = learner_main.build_learner
+    if direct:
+        start_pool = rollout_pool.start_rollout_pool
+        rollout_pool.start_rollout_pool = lambda *args, **kwargs: DirectRolloutPool(start_pool(*args, **kwargs))
 
     def build_traced(*args, **kwargs):
         learner = build(*args, **kwargs)
@@ -144,15 +164,17 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.traced_learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("ours", "trl"), required=True)
+    parser.add_argument("--kind", choices=("ours", "ours-direct", "trl"), required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--records", required=True)
     parser.add_argument("--wall-bound", type=float, default=None, help="stop S seconds after the first step")
     parser.add_argument("--thread-cpu", action="store_true", help="record each thread's and child's CPU seconds")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    run = run_ours if args.kind == "ours" else run_trl
-    code = run(args.config, args.records, args.wall_bound, args.thread_cpu)
+    if args.kind == "trl":
+        code = run_trl(args.config, args.records, args.wall_bound, args.thread_cpu)
+    else:
+        code = run_ours(args.config, args.records, args.wall_bound, args.thread_cpu, direct=args.kind == "ours-direct")
     sys.stdout.flush()
     sys.stderr.flush()
     # TRL's rollout worker thread can outlive train(); the records are written, so do not wait on it.
