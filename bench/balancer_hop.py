@@ -39,12 +39,11 @@ from .e2e_vs_trl import (
     traced_run,
     wait_share_spread,
 )
-from .report import Context, SectionUnavailable, spread, table
-from .rollout_scaling import base_config
+from .report import Context, spread, table
+from .rollout_scaling import base_config, require_rollout_assets
 
 NAME = "balancer_hop"
 TITLE = "13. The balancer's hop, end to end: ours with it and without it, and TRL, on one server"
-ROOT = Path(__file__).resolve().parent.parent
 #: (traced_learner kind, label) in the order of the first repetition.
 VARIANTS: tuple[tuple[str, str], ...] = (
     ("ours", "ours"),
@@ -211,13 +210,7 @@ def run_layout(scratch: Path, layout: Layout, reps: int, epochs: int) -> tuple[L
 
 
 def run(context: Context) -> str:
-    if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
-        raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
-    model = ROOT / "examples" / "tiny-assets" / "model"
-    if not (model / "config.json").exists():
-        from grpo_trainer.testing.tiny_assets import build_tiny_model
-
-        build_tiny_model(model)
+    require_rollout_assets()
     reps = context.reps(REPS, QUICK_REPS)
     results, groups_total = [], None
     for layout in layouts(sorted(os.sched_getaffinity(0))):

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .report import Context, SectionUnavailable, spread, table
-from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run
+from .report import Context, spread, table
+from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run, require_rollout_assets
 
 NAME = "e2e_vs_trl"
 TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
@@ -426,13 +426,7 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
 
 
 def run(context: Context) -> str:
-    if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
-        raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
-    model = ROOT / "examples" / "tiny-assets" / "model"
-    if not (model / "config.json").exists():
-        from grpo_trainer.testing.tiny_assets import build_tiny_model
-
-        build_tiny_model(model)
+    require_rollout_assets()
     chosen = context.options.get(NAME, {})
     pairs = chosen.get("pairs") or context.reps(PAIRS, QUICK_PAIRS)
     epochs = chosen.get("epochs", EPOCHS)

@@ -367,7 +367,9 @@ def two_servers(config, workdir: Path):
         yield [future.result() for future in entered]
 
 
-def run(context: Context) -> str:
+def require_rollout_assets() -> None:
+    """What the sections that start vLLM CPU servers need: .venv-rollout (SectionUnavailable without it) and the
+    example's tiny model (built here once)."""
     if not (ROOT / ".venv-rollout" / "bin" / "python").exists():
         raise SectionUnavailable(".venv-rollout (vLLM CPU) is missing; `make setup-rollout` builds it")
     model = ROOT / "examples" / "tiny-assets" / "model"
@@ -375,6 +377,10 @@ def run(context: Context) -> str:
         from grpo_trainer.testing.tiny_assets import build_tiny_model
 
         build_tiny_model(model)
+
+
+def run(context: Context) -> str:
+    require_rollout_assets()
     scratch = context.scratch / "scaling"
     config = base_config(scratch)
     load_at_start = os.getloadavg()[0]

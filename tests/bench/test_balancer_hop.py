@@ -117,3 +117,26 @@ def test_the_section_is_one_of_the_benchs():
 
     assert "balancer_hop" in SECTIONS and MODULES["balancer_hop"] == "balancer_hop"
     assert balancer_hop.NAME == "balancer_hop"
+
+
+def test_a_section_that_starts_servers_needs_the_rollout_venv_and_builds_the_tiny_model_once(tmp_path, monkeypatch):
+    from bench import rollout_scaling
+    from bench.report import SectionUnavailable
+    from grpo_trainer.testing import tiny_assets
+
+    monkeypatch.setattr(rollout_scaling, "ROOT", tmp_path)
+    with pytest.raises(SectionUnavailable, match=r"\.venv-rollout .* `make setup-rollout` builds it"):
+        rollout_scaling.require_rollout_assets()
+    (tmp_path / ".venv-rollout" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-rollout" / "bin" / "python").touch()
+    built = []
+
+    def build(directory):
+        built.append(directory)
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+
+    monkeypatch.setattr(tiny_assets, "build_tiny_model", build)
+    rollout_scaling.require_rollout_assets()
+    rollout_scaling.require_rollout_assets()
+    assert built == [tmp_path / "examples" / "tiny-assets" / "model"]
