@@ -12,7 +12,7 @@ import pytest
 from bench import balancer_hop, e2e_vs_trl
 from bench.balancer_hop import HopRun, Layout, LayoutResult, balancer_cpu, layouts, render, rotation
 from bench.e2e_vs_trl import Placement, RunFigures, traced_run
-from bench.rollout_scaling import StepRecord, base_config
+from bench.rollout_scaling import StepRecord, TracedRun
 from bench.traced_learner import DirectRolloutPool
 from grpo_trainer.server_set import ServerSet
 
@@ -92,8 +92,14 @@ def test_a_learner_bound_to_cores_is_started_under_taskset_with_its_threads_cpu_
         def poll(self):
             return self.returncode
 
+    def lay_out(directory, kind, config):  # the run's folder and command, without a model or a run config
+        directory.mkdir(parents=True)
+        command = ["python", "-m", "bench.traced_learner", "--kind", kind, "--records", str(directory / "steps.jsonl")]
+        return TracedRun(config, directory / "run.json", directory / "steps.jsonl", command, {})
+
     monkeypatch.setattr(e2e_vs_trl.subprocess, "Popen", NoLearner)
-    config = base_config(tmp_path / "row", epochs=1, max_num_seqs=None)
+    monkeypatch.setattr(e2e_vs_trl, "lay_out_traced_run", lay_out)
+    config = None
     with pytest.raises(RuntimeError, match="exit 3, 0 steps recorded"):
         traced_run(tmp_path / "run", "ours-direct", config, placement=Placement(frozenset({2, 1}), thread_cpu=True))
     command = started[0]
