@@ -19,7 +19,6 @@ steps.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -28,14 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_trainer.balancer import THREAD_NAME
+
 from .e2e_vs_trl import (
     EPOCHS,
-    SERVER_START_TIMEOUT_S,
     Placement,
     RunFigures,
     figure_spread,
     ms_spread,
     run_figures,
+    start_row_server,
     traced_run,
     wait_share_spread,
 )
@@ -52,7 +53,6 @@ VARIANTS: tuple[tuple[str, str], ...] = (
 )
 #: A multiple of the variants' count: each goes first, second and third equally often.
 REPS, QUICK_REPS = 6, 1
-BALANCER_THREAD = "grpo-rollout-balancer"  # grpo_trainer.balancer names its event-loop thread so
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,9 @@ def balancer_cpu(records: Sequence) -> float | None:
     """The balancer thread's CPU seconds from the first step to the last."""
     ordered = sorted(records, key=lambda record: record.t)
     first, last = ordered[0].threads or {}, ordered[-1].threads or {}
-    if BALANCER_THREAD not in last:
+    if THREAD_NAME not in last:
         return None
-    return last[BALANCER_THREAD] - first.get(BALANCER_THREAD, 0.0)
+    return last[THREAD_NAME] - first.get(THREAD_NAME, 0.0)
 
 
 @dataclass(frozen=True)
@@ -172,27 +172,18 @@ def bound_to(cores: frozenset[int] | None):
 
 
 def run_layout(scratch: Path, layout: Layout, reps: int, epochs: int) -> tuple[LayoutResult, int | None]:
-    import pytest
-
-    from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
+    from tests.support.servers.vllm_server import restore_model_weights
 
     directory = scratch / layout.name.replace(" ", "-")
     config = base_config(directory, epochs=epochs, max_num_seqs=None)
-    (directory / "server").mkdir(parents=True)
-    wire = json.loads(config.model_dump_json(by_alias=True))
     load_start = os.getloadavg()[0]
     placement = Placement(layout.learner_cores, thread_cpu=True)
     runs: dict[str, list[HopRun]] = {kind: [] for kind, _ in VARIANTS}
     groups_total = None
     with contextlib.ExitStack() as stack:
         started = time.time()
-        try:
-            with bound_to(layout.server_cores):
-                running = stack.enter_context(running_vllm_server(
-                    config.model, directory / "server", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, config=wire,
-                    start_timeout_s=SERVER_START_TIMEOUT_S))
-        except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
-            raise RuntimeError(f"the vLLM server did not start: {failed}") from None
+        with bound_to(layout.server_cores):
+            running = start_row_server(stack, config, directory)
         print(f"[bench] {NAME}: {layout.name}: server ready in {time.time() - started:.0f} s", file=sys.stderr,
               flush=True)
         config.rollout.urls = [running.server.url]

@@ -383,27 +383,34 @@ def _traced_run(directory: Path, kind: str, config, profile: Path | None,
     return records, final
 
 
+def start_row_server(stack: contextlib.ExitStack, config, directory: Path):
+    """The row's vLLM CPU server from its run config, under `directory`/server, stopped with `stack`. vLLM's CPU
+    backend binds its worker to a core; core 0, as `grporun local` binds its first server."""
+    import pytest
+
+    from tests.support.servers.vllm_server import running_vllm_server
+
+    (directory / "server").mkdir(parents=True)
+    wire = json.loads(config.model_dump_json(by_alias=True))
+    try:
+        return stack.enter_context(running_vllm_server(
+            config.model, directory / "server", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, config=wire,
+            start_timeout_s=SERVER_START_TIMEOUT_S))
+    except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
+        raise RuntimeError(f"the vLLM server did not start: {failed}") from None
+
+
 def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epochs: int,
             profile: Path | None = None, keep: Path | None = None) -> tuple[RowResult, object, int | None]:
     """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
-    import pytest
-
-    from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
+    from tests.support.servers.vllm_server import restore_model_weights
 
     directory = scratch / name
     config = base_config(directory, epochs=epochs, max_num_seqs=max_num_seqs)
-    (directory / "server").mkdir(parents=True)
     load_start = os.getloadavg()[0]
     started = time.time()
-    wire = json.loads(config.model_dump_json(by_alias=True))
-    # vLLM's CPU backend binds its worker to a core; core 0, as `grporun local` binds its first server.
     with contextlib.ExitStack() as stack:
-        try:
-            running = stack.enter_context(running_vllm_server(
-                config.model, directory / "server", env={"VLLM_CPU_OMP_THREADS_BIND": "0"}, config=wire,
-                start_timeout_s=SERVER_START_TIMEOUT_S))
-        except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
-            raise RuntimeError(f"the vLLM server did not start: {failed}") from None
+        running = start_row_server(stack, config, directory)
         server_start_s = time.time() - started
         print(f"[bench] {NAME}: {name} server ready in {server_start_s:.0f} s", file=sys.stderr, flush=True)
         config.rollout.urls = [running.server.url]

@@ -55,6 +55,8 @@ LIVENESS_INTERVAL_S = 15.0
 #: Servers are looked at this many times per interval, so one that stops generating is probed within 1.25 intervals
 #: of its last proof, not two.
 LIVENESS_LOOKS_PER_INTERVAL = 4
+#: The event-loop thread's name: what per-thread CPU figures (the bench's) find it by.
+THREAD_NAME = "grpo-rollout-balancer"
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class RolloutBalancer:
         self._found_hung: set[asyncio.Task] = set()  # of those, the ones cancelled for that reason
         self.waiting = 0  # requests held because no server is ready (visible in logs and tests)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="grpo-rollout-balancer", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=THREAD_NAME, daemon=True)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._probe_task: asyncio.Task | None = None
