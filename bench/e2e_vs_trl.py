@@ -15,10 +15,17 @@ log, and the CPU seconds its process and children had used), and for ours its fi
 message: groups consumed and dropped by reason). TRL keeps no such report; it trains every group it consumes.
 
 Figures per run, over the steps after the first (the first step's wait holds the start-up and the first sync):
-wall time = last step's log time − first step's; groups consumed per s = (groups consumed in the run − the first
-step's groups) / wall time; samples trained per s = Σ `batch/samples_per_step` / wall time; learner wait share =
-Σ `perf/rollout_wait_s` / wall time; CPU s per group = the process tree's CPU seconds from the first step to the last
-/ those groups. Ratios are ours / TRL within a pair (above 1: ours faster; for CPU per group, below 1: ours cheaper).
+wall time = last step's log time − first step's; groups consumed = Σ `batch/groups_per_step` (the groups a step
+began to train, counted by TRL's collator on both sides) + ours' groups dropped before the batch; groups consumed per
+s = those groups / the time to the last step that began a group; samples trained per s = Σ `batch/samples_per_step` /
+wall time; learner wait share = Σ `perf/rollout_wait_s` / wall time; CPU s per group = the process tree's CPU seconds
+from the first step to the last / those groups. Ratios are ours / TRL within a pair (above 1: ours faster; for CPU
+per group, below 1: ours cheaper).
+
+Both sides stop once the epoch's last group has been begun, with samples of the last groups still in their queue.
+TRL stops there; ours trains those samples first (the epoch bound is every sample of the epoch trained), one step
+more that begins no group. That step is in ours' wall time, samples and CPU, not in the time its groups per s are
+taken over: both sides' groups per s cover the same work.
 """
 
 from __future__ import annotations
@@ -109,10 +116,15 @@ class RunFigures:
     fwd_bwd_s: float | None = None
     optimizer_s: float | None = None
     weight_sync_s: float | None = None
+    #: Seconds from the first step to the last that began a group (None: the wall time), and the steps after it,
+    #: which trained samples of groups already begun.
+    span_s: float | None = None
+    tail_steps: int = 0
 
     @property
     def groups_per_s(self) -> float:
-        return self.groups / self.wall_s if self.wall_s > 0 else math.nan
+        span = self.wall_s if self.span_s is None else self.span_s
+        return self.groups / span if span > 0 else math.nan
 
     @property
     def samples_per_s(self) -> float:
@@ -147,27 +159,27 @@ class RunFigures:
 
 
 def run_figures(kind: str, records: Sequence, final=None, num_generations: int = 0) -> RunFigures:
-    """`records`: the run's StepRecords; `final`: ours' final ProgressReport (its groups consumed and dropped).
+    """`records`: the run's StepRecords; `final`: ours' final ProgressReport (its groups dropped).
 
-    Ours consumes groups it never trains (drops before the batch), so its consumed count comes from its report; TRL
-    trains what it consumes, so its count is the groups its steps trained."""
+    Both sides' steps log the groups they began to train, counted by the same collator; ours also consumes groups it
+    never trains (dropped before the batch), which only its report counts."""
     if len(records) < 2:
         raise ValueError(f"{kind}: {len(records)} steps recorded; figures need at least two")
     ordered = sorted(records, key=lambda record: record.t)
     first, last, after = ordered[0], ordered[-1], ordered[1:]
-    trained_groups = sum(record.groups for record in after)
     dropped = no_signal = 0
     if final is not None:
-        groups = final.groups_consumed - first.groups
         dropped = final.dropped_total
         no_signal = final.dropped.get("no_signal", 0)
-    else:
-        groups = trained_groups
+    beginning = [index for index, record in enumerate(ordered) if record.groups > 0]
+    span_end = max(beginning[-1], 1) if beginning else len(ordered) - 1
     cpu_s = last.cpu_s - first.cpu_s if first.cpu_s is not None and last.cpu_s is not None else None
     parts = [[getattr(record, part) for record in after] for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")]
-    return RunFigures(kind, last.t - first.t, len(after), groups, sum(record.samples for record in after),
-                      sum(record.wait_s for record in after), cpu_s, dropped, no_signal, dropped * num_generations,
-                      *(None if None in values else sum(values) for values in parts))
+    return RunFigures(kind, last.t - first.t, len(after), sum(record.groups for record in after) + dropped,
+                      sum(record.samples for record in after), sum(record.wait_s for record in after), cpu_s,
+                      dropped, no_signal, dropped * num_generations,
+                      *(None if None in values else sum(values) for values in parts),
+                      span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end)
 
 
 #: (column, RunFigures.ms_per_step part) of the step-time table: where each step's wall time went.
@@ -260,7 +272,7 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
                               wait_share_spread(runs), figure_spread(runs, "cpu_s_per_group", "{:.2f}"),
                               figure_spread(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
             step_rows.append([row.name, label, figure_spread(runs, "steps", "{:.0f}"),
-                              figure_spread(runs, "samples", "{:.0f}"),
+                              figure_spread(runs, "tail_steps", "{:.0f}"), figure_spread(runs, "samples", "{:.0f}"),
                               *(ms_spread(runs, part) for _, part in STEP_PARTS)])
         ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
         ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
@@ -296,7 +308,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "`perf/weight_sync_s`, `perf/rollout_wait_s`; the rest is the wall time none of them covers), median "
         "(min–max) over its runs:",
         "",
-        table(["row", "learner", "steps", "samples trained", *(column for column, _ in STEP_PARTS)], step_rows),
+        table(["row", "learner", "steps", "of them after the last group begun", "samples trained",
+               *(column for column, _ in STEP_PARTS)], step_rows),
         "",
         "Per pair:",
         "",
@@ -306,7 +319,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "Ours drops groups without reward signal before the batch (`filter.dropNoSignal`); TRL trains them, so its "
         "samples trained per s counts samples ours would not train: the ratio with ours' dropped samples counted as "
         "trained is beside the one without. Groups consumed per s counts the groups both sides take from the "
-        "dataset, trained or not. Learner wait share: both trainers log TRL's `perf/rollout_wait_s`, the seconds "
+        "dataset, trained or not, up to the step that began the last of them. Learner wait share: both trainers "
+        "log TRL's `perf/rollout_wait_s`, the seconds "
         "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
         "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound]` (needs .venv-rollout).",
     ]

@@ -27,16 +27,32 @@ def test_a_runs_figures_count_the_steps_after_the_first():
     assert trl.dropped_groups == 0
 
 
-def test_ours_consumes_the_groups_its_report_counts_dropped_ones_included():
+def test_ours_consumes_the_groups_its_steps_began_and_those_its_report_dropped():
     records = [record(0.0, 1, 9.0, 24, 3, 1.0), record(5.0, 2, 0.0, 24, 3, 11.0)]
     final = ProgressReport(groups_total=16, groups_consumed=16, groups_trained=6,
                            dropped={"no_signal": 9, "stale": 1})
     ours = run_figures("ours", records, final, num_generations=8)
-    assert ours.groups == 13  # 16 consumed, less the first step's 3
+    assert ours.groups == 13  # the second step's 3, and 10 dropped
     assert (ours.dropped_groups, ours.no_signal_groups, ours.dropped_samples) == (10, 9, 80)
     assert ours.samples_per_s == pytest.approx(24 / 5)
     assert ours.samples_with_dropped_per_s == pytest.approx((24 + 80) / 5)
     assert ours.cpu_s_per_group == pytest.approx(10 / 13)
+
+
+def test_the_steps_after_the_last_group_begun_are_outside_the_time_groups_per_s_is_taken_over():
+    # Ours' epoch ends with a step that trains the last groups' remaining samples and begins none: TRL stops before
+    # it, with those samples in its queue. The same groups in the same time are the same groups per s.
+    trl_records = [record(0.0, 1, 1.0, 24, 3, 1.0), record(4.0, 2, 0.0, 24, 3, 5.0), record(8.0, 3, 0.0, 24, 3, 9.0)]
+    ours_records = [*trl_records, record(10.0, 4, 0.0, 20, 0, 11.0)]
+    trl, ours = run_figures("trl", trl_records), run_figures("ours", ours_records, ProgressReport())
+    assert (trl.span_s, trl.tail_steps) == (8.0, 0)
+    assert (ours.span_s, ours.tail_steps, ours.wall_s, ours.steps) == (8.0, 1, 10.0, 3)
+    assert ours.groups == trl.groups == 6
+    assert pair_ratios(ours, trl)["groups_per_s"] == pytest.approx(1.0)
+    # Samples and CPU cover the whole run: the tail's samples were trained, in its time, on its CPU.
+    assert ours.samples_per_s == pytest.approx(68 / 10) and ours.cpu_s_per_group == pytest.approx(10 / 6)
+    # A run whose only group-beginning step is the first keeps its second step in the span.
+    assert run_figures("trl", [record(0.0, 1, 1.0, 24, 3, 1.0), record(2.0, 2, 0.0, 8, 0, 2.0)]).span_s == 2.0
 
 
 def test_a_runs_step_time_is_split_into_trls_own_parts_and_the_rest():
@@ -106,7 +122,7 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |" in per_pair
     steps = text.split("Where each side's")[1].split("Per pair")[0]
     # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
-    assert "| learner-bound | TRL | 10 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
+    assert "| learner-bound | TRL | 10 | 0 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
     assert "6 epochs (96 groups)" in text and "on 2 cores" in text
     assert "learner-bound 300 s, generation-bound 250 s" in text
 
