@@ -22,8 +22,8 @@ wall time; learner wait share = Σ `perf/rollout_wait_s` / wall time; CPU s per 
 from the first step to the last / those groups. Ratios are ours / TRL within a pair (above 1: ours faster; for CPU
 per group, below 1: ours cheaper).
 
-Both sides stop once the epoch's last group has been begun, with samples of the last groups still in their queue.
-TRL stops there; ours trains those samples first (the epoch bound is every sample of the epoch trained), one step
+Both sides begin the epoch's last group with samples of the last groups still in their queue. TRL stops
+there; ours trains those samples first (the epoch bound is every sample of the epoch trained), one step
 more that begins no group. That step is in ours' wall time, samples and CPU, not in the time its groups per s are
 taken over: both sides' groups per s cover the same work.
 """
