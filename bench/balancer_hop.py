@@ -31,9 +31,12 @@ from grpo_trainer.balancer import THREAD_NAME
 
 from .e2e_vs_trl import (
     EPOCHS,
+    Layout,
     Placement,
     RunFigures,
+    bound_to,
     figure_spread,
+    layouts,
     ms_spread,
     run_figures,
     start_row_server,
@@ -53,22 +56,6 @@ VARIANTS: tuple[tuple[str, str], ...] = (
 )
 #: A multiple of the variants' count: each goes first, second and third equally often.
 REPS, QUICK_REPS = 6, 1
-
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    server_cores: frozenset[int] | None  # None: the server's OpenMP worker alone is bound (to core 0)
-    learner_cores: frozenset[int] | None
-
-
-def layouts(cores: Sequence[int]) -> list[Layout]:
-    """Shared cores always; own cores where there is a core beside the server's."""
-    shared = Layout("shared cores", None, None)
-    if len(cores) < 2:
-        return [shared]
-    first, *rest = sorted(cores)
-    return [shared, Layout("own cores", frozenset({first}), frozenset(rest))]
 
 
 def rotation(rep: int) -> list[str]:
@@ -155,20 +142,6 @@ def render(results: Sequence[LayoutResult], *, epochs: int, groups_total: int | 
         "`.venv/bin/python -m bench balancer_hop` (needs .venv-rollout).",
     ]
     return "\n".join(text)
-
-
-@contextlib.contextmanager
-def bound_to(cores: frozenset[int] | None):
-    """This process (and what it starts meanwhile) on `cores`; as before afterwards."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def run_layout(scratch: Path, layout: Layout, reps: int, epochs: int) -> tuple[LayoutResult, int | None]:

@@ -58,6 +58,31 @@ RUN_TIMEOUT_S = 1800.0
 SERVER_START_TIMEOUT_S = 1500.0
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a row's server and learners run: `server_cores` every process of the server is bound to (None: its
+    OpenMP worker alone, to core 0, by vLLM), `learner_cores` each learner's (None: wherever the scheduler puts it)."""
+
+    name: str
+    server_cores: frozenset[int] | None
+    learner_cores: frozenset[int] | None
+
+
+SHARED = Layout("shared cores", None, None)
+
+
+def layouts(cores: Sequence[int]) -> list[Layout]:
+    """Shared cores always; own cores where there is a core beside the server's."""
+    if len(cores) < 2:
+        return [SHARED]
+    first, *rest = sorted(cores)
+    return [SHARED, Layout("own cores", frozenset({first}), frozenset(rest))]
+
+
+#: `--layout`'s values -> the layout's name.
+LAYOUT_OPTIONS = {"shared": "shared cores", "own-cores": "own cores"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("e2e_vs_trl")
     group.add_argument("--pairs", type=int, default=None,
@@ -65,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epochs", type=int, default=EPOCHS, help=f"each run's epoch bound (default {EPOCHS})")
     group.add_argument("--rows", default=",".join(ROWS),
                        help=f"comma-separated rows to run, any of {', '.join(ROWS)} (default: all)")
+    group.add_argument("--layout", choices=tuple(LAYOUT_OPTIONS), default="shared",
+                       help="shared: the server's OpenMP worker on core 0, each learner wherever the scheduler puts "
+                            "it (default); own-cores: every process of the server on core 0, each learner on the "
+                            "other cores")
     group.add_argument("--profile", type=Path, default=None, metavar="DIR",
                        help="sample every run with py-spy (the learner, its threads and its children) into "
                             "DIR/<row>-pair-<n>-<ours|trl>.txt, folded stacks, and its step records with each "
@@ -85,10 +114,15 @@ def options(args: argparse.Namespace) -> dict[str, object]:
         raise ValueError("--pairs: must be at least 1")
     if args.epochs < 1:
         raise ValueError("--epochs: must be at least 1")
+    cores = sorted(os.sched_getaffinity(0))
+    [layout] = [layout for layout in layouts(cores) if layout.name == LAYOUT_OPTIONS[args.layout]] or [None]
+    if layout is None:
+        raise ValueError(f"--layout {args.layout}: needs a core beside the server's; this process has {len(cores)}")
     if args.profile is not None and not py_spy():
         raise ValueError("--profile: py-spy is not installed (`.venv/bin/uv pip install --python .venv/bin/python "
                          "py-spy`)")
-    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile, "keep": args.keep}
+    return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile, "keep": args.keep,
+            "layout": layout}
 
 
 def py_spy() -> str | None:
@@ -258,8 +292,19 @@ def _server(row: RowResult) -> str:
     return "uncapped" if row.max_num_seqs is None else f"`--max-num-seqs {row.max_num_seqs}`"
 
 
+def _placed(layout: Layout) -> str:
+    if layout.server_cores is None:
+        return "the server's OpenMP worker bound to core 0, the learner wherever the scheduler puts it"
+    return (f"every process of the server on core {_cores(layout.server_cores)}, the learner on core "
+            f"{_cores(layout.learner_cores)} ({layout.name})")
+
+
+def _cores(cores: frozenset[int] | None) -> str:
+    return ",".join(map(str, sorted(cores or ())))
+
+
 def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, generations: int,
-           max_completion_length: int, cores: int) -> str:
+           max_completion_length: int, cores: int, layout: Layout = SHARED) -> str:
     side_rows, ratio_rows, pair_rows, step_rows = [], [], [], []
     for row in rows:
         for label, runs in (("ours", [pair.ours for pair in row.pairs]), ("TRL", [pair.trl for pair in row.pairs])):
@@ -290,9 +335,9 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         __doc__.split("\n", 1)[1].strip(),
         "",
         f"Config: examples/tiny.yaml (groups of {generations}, completions ≤ {max_completion_length} tokens), "
-        f"{epochs} epoch{'' if epochs == 1 else 's'} ({total}), one OpenMP thread for each learner, the server bound "
-        f"to one core, on {cores} cores shared with other processes; the load average (1 min) at the start and end "
-        f"of each row is beside its ratios. Server start-up: {starts}.",
+        f"{epochs} epoch{'' if epochs == 1 else 's'} ({total}), one OpenMP thread for each learner, {_placed(layout)}, "
+        f"on {cores} cores shared with other processes; the load average (1 min) at the start and end of each row "
+        f"is beside its ratios. Server start-up: {starts}.",
         "",
         "Ratios ours / TRL per pair, median (min–max) over the pairs:",
         "",
@@ -335,6 +380,20 @@ class Placement:
 
     cores: frozenset[int] | None = None
     thread_cpu: bool = False
+
+
+@contextlib.contextmanager
+def bound_to(cores: frozenset[int] | None):
+    """This process (and what it starts meanwhile) on `cores`; as before afterwards."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def traced_run(directory: Path, kind: str, config, profile: Path | None = None,
@@ -414,30 +473,46 @@ def start_row_server(stack: contextlib.ExitStack, config, directory: Path):
         raise RuntimeError(f"the vLLM server did not start: {failed}") from None
 
 
-def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epochs: int,
-            profile: Path | None = None, keep: Path | None = None) -> tuple[RowResult, object, int | None]:
-    """One server started for the row, `pairs` interleaved pairs on it; also the row's run config and groups total."""
+@dataclass(frozen=True)
+class RowPlan:
+    """How each row runs: `pairs` of runs to `epochs`, in `layout`; `profile`/`keep`: folders for py-spy's samples
+    and for each run's own files (None: neither)."""
+
+    pairs: int
+    epochs: int
+    layout: Layout = SHARED
+    profile: Path | None = None
+    keep: Path | None = None
+
+
+def run_row(scratch: Path, name: str, max_num_seqs: int | None,
+            plan: RowPlan) -> tuple[RowResult, object, int | None]:
+    """One server started for the row, `plan.pairs` interleaved pairs on it; also the row's run config and groups
+    total."""
     from tests.support.servers.vllm_server import restore_model_weights
 
     directory = scratch / name
-    config = base_config(directory, epochs=epochs, max_num_seqs=max_num_seqs)
+    config = base_config(directory, epochs=plan.epochs, max_num_seqs=max_num_seqs)
+    placement = Placement(plan.layout.learner_cores)
     load_start = os.getloadavg()[0]
     started = time.time()
     with contextlib.ExitStack() as stack:
-        running = start_row_server(stack, config, directory)
+        with bound_to(plan.layout.server_cores):
+            running = start_row_server(stack, config, directory)
         server_start_s = time.time() - started
         print(f"[bench] {NAME}: {name} server ready in {server_start_s:.0f} s", file=sys.stderr, flush=True)
         config.rollout.urls = [running.server.url]
         generations = config.training.num_generations
         results, groups_total = [], None
-        for index in range(pairs):
+        for index in range(plan.pairs):
             ours_first = index % 2 == 0
             figures = {}
             for kind in ("ours", "trl") if ours_first else ("trl", "ours"):
                 restore_model_weights(running.server, directory / f"model-weights-{index}-{kind}")
                 label = f"pair-{index + 1}-{kind}"
                 records, final = traced_run(directory / label, kind, config,
-                                            profile and profile / f"{name}-{label}.txt", keep and keep / name / label)
+                                            plan.profile and plan.profile / f"{name}-{label}.txt",
+                                            plan.keep and plan.keep / name / label, placement)
                 figures[kind] = run_figures(kind, records, final, generations)
                 if final is not None:
                     groups_total = final.groups_total
@@ -449,13 +524,12 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None, pairs: int, epoc
 def run(context: Context) -> str:
     require_rollout_assets()
     chosen = context.options.get(NAME, {})
-    pairs = chosen.get("pairs") or context.reps(PAIRS, QUICK_PAIRS)
-    epochs = chosen.get("epochs", EPOCHS)
+    plan = RowPlan(chosen.get("pairs") or context.reps(PAIRS, QUICK_PAIRS), chosen.get("epochs", EPOCHS),
+                   chosen.get("layout", SHARED), chosen.get("profile"), chosen.get("keep"))
     rows, config, groups_total = [], None, None
     for name in chosen.get("rows", tuple(ROWS)):
-        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], pairs, epochs,
-                                            chosen.get("profile"), chosen.get("keep"))
+        row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], plan)
         rows.append(row)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return render(rows, epochs=epochs, groups_total=groups_total, generations=config.training.num_generations,
-                  max_completion_length=config.training.max_completion_length, cores=cores)
+    return render(rows, epochs=plan.epochs, groups_total=groups_total, generations=config.training.num_generations,
+                  max_completion_length=config.training.max_completion_length, cores=cores, layout=plan.layout)

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from bench import balancer_hop, e2e_vs_trl
-from bench.balancer_hop import HopRun, Layout, LayoutResult, balancer_cpu, layouts, render, rotation
-from bench.e2e_vs_trl import Placement, RunFigures, traced_run
+from bench.balancer_hop import HopRun, LayoutResult, balancer_cpu, render, rotation
+from bench.e2e_vs_trl import Layout, Placement, RunFigures, layouts, traced_run
 from bench.rollout_scaling import StepRecord, TracedRun
 from bench.traced_learner import DirectRolloutPool
 from grpo_trainer.server_set import ServerSet

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+from types import SimpleNamespace
 
 import pytest
 
 from bench import e2e_vs_trl
-from bench.e2e_vs_trl import Pair, RowResult, RunFigures, add_arguments, options, pair_ratios, render, run_figures
+from bench.e2e_vs_trl import (
+    SHARED,
+    Layout,
+    Pair,
+    RowPlan,
+    RowResult,
+    RunFigures,
+    add_arguments,
+    bound_to,
+    options,
+    pair_ratios,
+    render,
+    run_figures,
+    run_row,
+)
 from bench.rollout_scaling import StepRecord
 from grpo_trainer.contract import ProgressReport
 
@@ -145,7 +162,62 @@ def test_the_options_default_to_every_row():
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
                                                                                     "generation-bound"),
-                                              "profile": None, "keep": None}
+                                              "profile": None, "keep": None, "layout": SHARED}
+
+
+def test_own_cores_puts_the_server_on_the_first_core_and_the_learners_on_the_rest(monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.setattr(e2e_vs_trl.os, "sched_getaffinity", lambda _pid: {3, 1, 2})
+    layout = options(parser.parse_args(["--layout", "own-cores"]))["layout"]
+    assert (layout.name, layout.server_cores, layout.learner_cores) == ("own cores", {1}, {2, 3})
+    monkeypatch.setattr(e2e_vs_trl.os, "sched_getaffinity", lambda _pid: {0})
+    with pytest.raises(ValueError, match="--layout own-cores: needs a core beside the server's; this process has 1"):
+        options(parser.parse_args(["--layout", "own-cores"]))
+
+
+def test_bound_to_binds_this_process_meanwhile_and_restores_it():
+    before = os.sched_getaffinity(0)
+    first = frozenset({min(before)})
+    with bound_to(first):
+        assert os.sched_getaffinity(0) == first
+    assert os.sched_getaffinity(0) == before
+    with bound_to(None):
+        assert os.sched_getaffinity(0) == before
+
+
+def test_a_rows_server_starts_bound_to_its_layouts_cores_and_each_learner_runs_on_the_others(tmp_path, monkeypatch):
+    events = []
+
+    @contextlib.contextmanager
+    def recording_bound_to(cores):
+        events.append(("bound", cores))
+        yield
+        events.append(("unbound", cores))
+
+    def start_server(stack, config, directory):
+        events.append(("server",))
+        return SimpleNamespace(server=SimpleNamespace(url="http://127.0.0.1:1"))
+
+    def run(directory, kind, config, profile, keep, placement):
+        events.append(("run", kind, placement.cores))
+        return [record(100.0, 1, 1.0, 24, 3, 1.0), record(110.0, 2, 1.0, 24, 3, 2.0)], None
+
+    config = SimpleNamespace(rollout=SimpleNamespace(urls=[]), training=SimpleNamespace(num_generations=8))
+    monkeypatch.setattr(e2e_vs_trl, "base_config", lambda directory, epochs, max_num_seqs: config)
+    monkeypatch.setattr(e2e_vs_trl, "bound_to", recording_bound_to)
+    monkeypatch.setattr(e2e_vs_trl, "start_row_server", start_server)
+    monkeypatch.setattr(e2e_vs_trl, "traced_run", run)
+    monkeypatch.setattr("tests.support.servers.vllm_server.restore_model_weights", lambda server, directory: None)
+    own = Layout("own cores", frozenset({0}), frozenset({1}))
+    row, _, _ = run_row(tmp_path, "generation-bound", 2, RowPlan(pairs=2, epochs=1, layout=own))
+    assert events == [("bound", {0}), ("server",), ("unbound", {0}),
+                      ("run", "ours", {1}), ("run", "trl", {1}), ("run", "trl", {1}), ("run", "ours", {1})]
+    assert config.rollout.urls == ["http://127.0.0.1:1"] and len(row.pairs) == 2
+    text = render([row], epochs=1, groups_total=None, generations=8, max_completion_length=16, cores=2, layout=own)
+    assert "every process of the server on core 0, the learner on core 1 (own cores)" in text
+    shared = render([row], epochs=1, groups_total=None, generations=8, max_completion_length=16, cores=2)
+    assert "the server's OpenMP worker bound to core 0, the learner wherever the scheduler puts it" in shared
 
 
 def test_profiling_without_py_spy_is_refused_with_how_to_install_it(monkeypatch, tmp_path):
