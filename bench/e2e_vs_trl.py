@@ -367,7 +367,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "dataset, trained or not, up to the step that began the last of them. Learner wait share: both trainers "
         "log TRL's `perf/rollout_wait_s`, the seconds "
         "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
-        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound]` (needs .venv-rollout).",
+        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound] [--layout shared|own-cores]` (needs "
+        ".venv-rollout).",
     ]
     return "\n".join(text)
 
