@@ -8,6 +8,9 @@ TRL's unmodified AsyncGRPOTrainer built from the same config, both through bench
 pair alternates (ours first in the first pair, TRL first in the second, ...) so that a drift in the machine's load
 falls on both sides alike, and the server is given the model's own weights again before every run, so that each run
 starts from the same policy.
+Layouts: shared cores (the default: vLLM binds the server's OpenMP worker to core 0, the learner goes wherever the
+scheduler puts it) or own cores (`--layout own-cores`: every process of the server on the first core, the learner on
+the others, so neither waits for the other's core; there the uncapped server may no longer outpace the learner).
 
 Both sides are observed the same way: neither is polled while it runs. Every figure comes from what the learner
 process recorded itself: one line per optimizer step (its wall time, TRL's own per-step figures, which both trainers
