@@ -14,6 +14,9 @@ honest on shared cores and what it does not show). Runs, one after the other, on
 - TRL's unmodified AsyncGRPOTrainer on the first server with the same config, stopped after as long as our
   1-server run trained: the groups it trains before our run ends.
 
+Each row is run REPS times; a repetition runs ours' 1-server run and TRL's (which its time bounds) together, and
+the rows' order rotates from one repetition to the next, so that a drift in the machine's speed falls on every row.
+
 Figures per window of optimizer steps (all but the first step, whose wait includes start-up):
 wait share = Σ `perf/rollout_wait_s` / Σ step intervals; samples trained per s = Σ `batch/samples_per_step` / Σ
 step intervals. Both are TRL's own per-step figures, which both trainers log.
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .report import Context, SectionUnavailable, table
+from .report import Context, SectionUnavailable, spread, table
 
 NAME = "scaling"
 TITLE = "9. Rollout scaling: learner wait with 1, 2 and 1→2→1 servers, and TRL 1.16 on the same server"
@@ -50,6 +53,10 @@ RUN_TIMEOUT_S = 1200.0
 #: Two servers starting together on two loaded cores: one alone took 573 s at load average 20.
 SERVER_START_TIMEOUT_S = 1500.0
 POLL_S = 0.5
+#: Runs of each row: a median and a spread, not one run's luck on shared cores.
+REPS, QUICK_REPS = 3, 1
+#: The rows in a repetition's order before rotation; ours' 1-server run bounds TRL's time, so the two stay together.
+ROW_UNITS: tuple[tuple[str, ...], ...] = (("1", "trl"), ("2",), ("121",))
 
 
 # ------------------------------------------------------------------------------------------------ figures (pure)
@@ -379,12 +386,19 @@ def require_rollout_assets() -> None:
         build_tiny_model(model)
 
 
+def rotation(rep: int) -> list[str]:
+    """The rows in repetition `rep`: ROW_UNITS rotated by `rep`, each unit's rows in their order."""
+    shift = rep % len(ROW_UNITS)
+    return [key for unit in ROW_UNITS[shift:] + ROW_UNITS[:shift] for key in unit]
+
+
 def run(context: Context) -> str:
     require_rollout_assets()
     scratch = context.scratch / "scaling"
     config = base_config(scratch)
+    reps = context.reps(REPS, QUICK_REPS)
     load_at_start = os.getloadavg()[0]
-    results: dict[str, RunResult] = {}
+    results: dict[str, list[RunResult]] = {key: [] for unit in ROW_UNITS for key in unit}
     servers_started = time.time()
     with two_servers(config, scratch / "servers") as (first, second):
         start_s = time.time() - servers_started
@@ -395,11 +409,20 @@ def run(context: Context) -> str:
         one.rollout.urls = [a]
         both = config.model_copy(deep=True)
         both.rollout.urls = [a, b]
-        results["1"] = learner_run(scratch, "ours-1", "ours", one, groups)
-        results["2"] = learner_run(scratch, "ours-2", "ours", both, groups)
-        ours_s = results["1"].records[-1].t - results["1"].records[0].t
-        results["trl"] = learner_run(scratch, "trl-1", "trl", one, groups, wall_bound_s=ours_s)
-        results["121"] = learner_run(scratch, "ours-1-2-1", "ours", one, groups, scale=ScalePlan(b))
+        for rep in range(reps):
+            for key in rotation(rep):
+                label = f"rep-{rep + 1}-{key}"
+                if key == "1":
+                    result = learner_run(scratch, f"{label}-ours", "ours", one, groups)
+                elif key == "2":
+                    result = learner_run(scratch, f"{label}-ours", "ours", both, groups)
+                elif key == "trl":
+                    ours = results["1"][-1].records
+                    result = learner_run(scratch, f"{label}-trl", "trl", one, groups,
+                                         wall_bound_s=ours[-1].t - ours[0].t)
+                else:
+                    result = learner_run(scratch, f"{label}-ours", "ours", one, groups, scale=ScalePlan(b))
+                results[key].append(result)
     load_at_end = os.getloadavg()[0]
     return render(config, results, a, b, start_s, (load_at_start, load_at_end))
 
@@ -422,27 +445,30 @@ HONESTY = [
     "core, which the learner and other jobs on this machine also use (the load average is beside the figures); on "
     "GPUs the cap is the device's own batch limit and the gain is the second device's. It does not show start-up "
     "cost (both servers start before the runs; a server's start-up took minutes here, section 5), more than two "
-    "servers, or a model whose per-token cost dominates the engine step. Single runs on shared cores: compare rows of "
-    "this table with each other, not with other sections.",
+    "servers, or a model whose per-token cost dominates the engine step. Shared cores: compare rows of this table with "
+    "each other, not with other sections.",
     "",
     "TRL's row: TRL's own AsyncGRPOTrainer and rollout worker straight to server A, with the filesystem weight sync "
     "(TRL's own transfer needs NCCL), stopped at its own epoch end or after as long as our 1-server run trained, "
     "whichever came first. TRL trains groups without "
     "reward signal that ours drops (`filter.dropNoSignal`), so its samples trained per s counts samples ours would "
-    "not train. Reproduce: `.venv/bin/python -m bench scaling` (one run of each row; needs .venv-rollout).",
+    f"not train. Reproduce: `.venv/bin/python -m bench scaling` ({REPS} runs of each row, `--quick` one; needs "
+    ".venv-rollout).",
 ]
 
 
-def _share(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{100 * value:.0f} %"
+def _figure_cells(figures: Sequence[WindowFigures]) -> list[str]:
+    def finite(values):
+        return [value for value in values if not math.isnan(value)]
+
+    return [spread([f.steps for f in figures], "{:.0f}"), spread([f.seconds for f in figures], "{:.1f}"),
+            spread(finite([100 * f.wait_share for f in figures]), "{:.0f}", " %"),
+            spread(finite([f.samples_per_s for f in figures]), "{:.1f}")]
 
 
-def _rate(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.1f}"
-
-
-def _figure_cells(figures: WindowFigures) -> list[str]:
-    return [str(figures.steps), f"{figures.seconds:.1f}", _share(figures.wait_share), _rate(figures.samples_per_s)]
+def _distinct(values: Iterable[str], separator: str = ", ") -> str:
+    """The values in their order, each once."""
+    return separator.join(dict.fromkeys(values)) or "n/a"
 
 
 def _counts(final) -> str:
@@ -458,24 +484,28 @@ def _split(final, urls: Iterable[str]) -> str:
     return " / ".join(str(by_url.get(url, "left")) for url in urls)
 
 
-def _cpu(result: RunResult, urls: Sequence[str]) -> str:
-    if not result.server_cpu_s or result.training_wall_s <= 0:
+def _cpu(results: Sequence[RunResult], urls: Sequence[str]) -> str:
+    measured = [result for result in results if result.server_cpu_s and result.training_wall_s > 0]
+    if not measured:
         return "n/a"
-    return " / ".join(f"{result.server_cpu_s[url] / result.training_wall_s:.2f}" for url in urls)
+    return " / ".join(spread([r.server_cpu_s[url] / r.training_wall_s for r in measured], "{:.2f}") for url in urls)
 
 
-def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float, loads: tuple[float, float]) -> str:
+def render(config, results: dict[str, list[RunResult]], a: str, b: str, start_s: float,
+           loads: tuple[float, float]) -> str:
     generations = config.training.num_generations
     rows = []
     for key, label, urls in (("1", "ours, 1 server", [a]), ("2", "ours, 2 servers", [a, b]),
                              ("121", "ours, 1→2→1 (whole run)", [a, b])):
-        result = results[key]
-        rows.append([label, *_figure_cells(window_figures(result.records)), _counts(result.final),
-                     _split(result.final, urls), _cpu(result, [a, b])])
+        runs = results[key]
+        rows.append([label, len(runs), *_figure_cells([window_figures(r.records) for r in runs]),
+                     _distinct(_counts(r.final) for r in runs), _distinct((_split(r.final, urls) for r in runs), "; "),
+                     _cpu(runs, [a, b])])
     trl = results["trl"]
-    trained = sum(record.groups for record in trl.records)
-    rows.append(["TRL AsyncGRPOTrainer, 1 server", *_figure_cells(window_figures(trl.records)),
-                 f"— / {trained:.0f} / — (its own count)", "—", _cpu(trl, [a, b])])
+    trained = _distinct(f"{sum(record.groups for record in r.records):.0f}" for r in trl)
+    rows.append(["TRL AsyncGRPOTrainer, 1 server", len(trl), *_figure_cells([window_figures(r.records) for r in trl]),
+                 f"— / {trained} / — (its own count)", "—", _cpu(trl, [a, b])])
+    totals = _distinct(str(r.final.groups_total) for r in results["1"] if r.final) or "?"
     text = [
         f"## {TITLE}",
         "",
@@ -484,33 +514,50 @@ def render(config, results: dict[str, RunResult], a: str, b: str, start_s: float
         f"Config: examples/tiny.yaml (groups of {generations}, completions ≤ "
         f"{config.training.max_completion_length} tokens, token budget {config.training.token_budget}, "
         f"`max_inflight_tasks` {config.training.extra_args.get('max_inflight_tasks')}), {EPOCHS} epochs "
-        f"({results['1'].final.groups_total if results['1'].final else '?'} groups), vLLM "
+        f"({totals} groups), vLLM "
         f"`--max-num-seqs {MAX_NUM_SEQS}` per server, one core bound per server, one OpenMP thread for the learner. "
         f"Both servers started together in {start_s:.0f} s. Load average (1 min) {loads[0]:.1f} at the start of the "
         f"section, {loads[1]:.1f} at its end, on 2 cores.",
         "",
-        table(["run", "steps counted", "training s", "learner wait share", "samples trained per s",
+        "Each row's runs: median (min–max) over them; the counts and the completions per server, each run's (the same "
+        "value once).",
+        "",
+        table(["run", "runs", "steps counted", "training s", "learner wait share", "samples trained per s",
                "groups consumed / trained / dropped",
                "completions per server (A / B, the learner's final count; left: drained, gone from it)",
                "server CPU, cores (A / B, first step to exit)"], rows),
     ]
     text += ["", *HONESTY]
-    scaled = results["121"]
-    if scaled.added is not None and scaled.removed is not None:
-        phases = scale_phases(scaled.polls, b, scaled.added, scaled.removed)
-        windows = phase_windows(phases, scaled.records[0].t, scaled.records[-1].t)
-        phase_rows = [[label, *_figure_cells(window_figures(scaled.records, start, end))]
-                      for label, start, end in windows]
-        admit = f"{phases.serving - phases.added:.1f} s" if phases.serving else "never (within the run)"
-        drain = f"{phases.gone - phases.removed:.1f} s" if phases.gone else "not before the run ended"
-        text += [
-            "",
-            "1→2→1 by phase (steps wholly inside each phase; the admission and the drain are left out): second "
-            f"server added to `rollout.urls` → serving: {admit}; removed → gone from the learner's report: {drain}; "
-            f"completions it served while it was there: {phases.samples_while_there}.",
-            "",
-            table(["phase", "steps counted", "training s", "learner wait share", "samples trained per s"], phase_rows),
-        ]
-    else:
-        text += ["", "1→2→1: the run ended before the bench scaled it twice."]
+    text += ["", *_scaled_phases(results["121"], b)]
     return "\n".join(text)
+
+
+def _scaled_phases(runs: Sequence[RunResult], b: str) -> list[str]:
+    """The 1→2→1 runs by phase: each phase's figures over the runs that scaled twice."""
+    scaled = [run for run in runs if run.added is not None and run.removed is not None]
+    if not scaled:
+        return ["1→2→1: no run ended after the bench scaled it twice."]
+    by_phase: dict[str, list[WindowFigures]] = {}
+    admissions, drains, served = [], [], []
+    for run in scaled:
+        phases = scale_phases(run.polls, b, run.added, run.removed)
+        for label, start, end in phase_windows(phases, run.records[0].t, run.records[-1].t):
+            by_phase.setdefault(label, []).append(window_figures(run.records, start, end))
+        if phases.serving is not None:
+            admissions.append(phases.serving - phases.added)
+        if phases.gone is not None:
+            drains.append(phases.gone - phases.removed)
+        served.append(phases.samples_while_there)
+    admit = f"{spread(admissions, '{:.1f}')} s" if admissions else "never (within the runs)"
+    drain = f"{spread(drains, '{:.1f}')} s" if drains else "not before the runs ended"
+    unscaled = len(runs) - len(scaled)
+    return [
+        f"1→2→1 by phase, over the {len(scaled)} run{'' if len(scaled) == 1 else 's'} scaled twice"
+        f"{f' ({unscaled} ended before the second change)' if unscaled else ''} (steps wholly inside each phase; "
+        f"the admission and the drain are left out): second server added to `rollout.urls` → serving: {admit}; "
+        f"removed → gone from the learner's report: {drain}; completions it served while it was there: "
+        f"{spread(served, '{:.0f}')}.",
+        "",
+        table(["phase", "runs", "steps counted", "training s", "learner wait share", "samples trained per s"],
+              [[label, len(figures), *_figure_cells(figures)] for label, figures in by_phase.items()]),
+    ]

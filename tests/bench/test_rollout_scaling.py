@@ -7,14 +7,18 @@ import math
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 
 from bench.rollout_scaling import (
     Poll,
+    RunResult,
     ServerSeen,
     StepRecord,
     phase_windows,
+    render,
+    rotation,
     scale_phases,
     window_figures,
 )
@@ -109,3 +113,44 @@ def test_a_second_server_never_admitted_leaves_out_the_phases_it_would_start():
     assert phases.serving is None and phases.samples_while_there == 0
     assert [label for label, _, _ in phase_windows(phases, first=5, last=70)] == [
         "1 server, before", "1 server, after"]
+
+
+def test_each_repetition_rotates_the_rows_and_keeps_trls_run_after_ours_on_one_server():
+    orders = [rotation(rep) for rep in range(3)]
+    assert orders == [["1", "trl", "2", "121"], ["2", "121", "1", "trl"], ["121", "1", "trl", "2"]]
+
+
+def _report(consumed: int, samples: dict[str, int]):
+    rollout = [SimpleNamespace(url=url, samples=count) for url, count in samples.items()]
+    return SimpleNamespace(groups_consumed=consumed, groups_total=96, groups_trained=consumed, dropped_total=0,
+                           rollout=rollout)
+
+
+def test_the_section_shows_each_rows_median_and_spread_over_its_runs_and_each_phase_over_the_scaled_runs():
+    # Ours on one server: 10 steps of 2 s (then 4 s), waiting 1 s each, 20 samples a step; two runs.
+    def run(step_s: float, samples: dict[str, int], **fields) -> RunResult:
+        records = steps(*[(index * step_s, 1.0, 20) for index in range(11)])
+        return RunResult("r", records, final=_report(96, samples), server_cpu_s={A: step_s * 10, B: step_s},
+                         training_wall_s=step_s * 10 * 2, **fields)
+
+    polls = [poll(3, a=("serving", True, 10)), poll(6, a=("serving", True, 30), b=("serving", True, 2)),
+             poll(13, a=("serving", True, 80), b=("serving", True, 40)), poll(16, a=("serving", True, 90))]
+    scaled = [run(2.0, {A: 500}, polls=polls, added=5.0, removed=12.0),
+              run(2.0, {A: 480}, polls=polls[:1], added=None, removed=None)]  # ended before the bench scaled it
+    results = {"1": [run(2.0, {A: 834}), run(4.0, {A: 834})], "2": [run(2.0, {A: 502, B: 468})],
+               "121": scaled, "trl": [run(2.0, {}), run(2.0, {})]}
+    config = SimpleNamespace(training=SimpleNamespace(num_generations=8, max_completion_length=16, token_budget=512,
+                                                      extra_args={"max_inflight_tasks": 16}))
+    text = render(config, results, A, B, 60.0, (1.0, 2.0))
+    assert ("| ours, 1 server | 2 | 10 | 30.0 (20.0–40.0) | 38 % (25–50) | 7.5 (5.0–10.0) | 96/96 / 96 / 0 | 834 "
+            "|") in text
+    assert "| ours, 2 servers | 1 | 10 | 20.0 | 50 % | 10.0 | 96/96 / 96 / 0 | 502 / 468 |" in text
+    assert ("| ours, 1→2→1 (whole run) | 2 | 10 | 20.0 | 50 % | 10.0 | 96/96 / 96 / 0 | 500 / left; 480 / left "
+            "|") in text
+    assert "| TRL AsyncGRPOTrainer, 1 server | 2 | 10 | 20.0 | 50 % | 10.0 | — / 0 / — (its own count) | — |" in text
+    assert "| 0.50 / 0.05 |" in text  # the servers' CPU, cores: A half, B a twentieth of each run
+    assert "over the 1 run scaled twice (1 ended before the second change)" in text
+    assert "serving: 1.0 s; removed → gone from the learner's report: 4.0 s; completions it served while it was " \
+           "there: 40." in text
+    assert "| 2 servers | 1 | 3 | 6.0 | 50 % | 10.0 |" in text  # steps from 6 to 12 s
+    assert "(96 groups)" in text and "3 runs of each row" in text
