@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,33 +344,23 @@ def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str,
 @contextlib.contextmanager
 def two_servers(config, workdir: Path):
     """Both servers started at once (each costs minutes of start-up here), stopped whatever happens."""
-    from tests.support.servers.vllm_server import running_vllm_server
+    import pytest
+
+    from tests.support.servers.vllm_server import ServerStart, running_vllm_servers
 
     wire = json.loads(config.model_dump_json(by_alias=True))
     cores = os.cpu_count() or 1
-    managers = []
+    starts = []
     for index in range(2):
         (workdir / f"server-{index}").mkdir(parents=True)
         # vLLM's CPU backend pins every server's worker to core 0 by default; one core each, as `grporun local` does.
-        env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
-        managers.append(running_vllm_server(config.model, workdir / f"server-{index}", env=env, config=wire,
-                                            start_timeout_s=SERVER_START_TIMEOUT_S))
-    with contextlib.ExitStack() as stack:
-        pool = ThreadPoolExecutor(2)
-        entered = [pool.submit(manager.__enter__) for manager in managers]
-        try:
-            for future in entered:
-                future.exception()  # waits
-        finally:
-            # Interrupted too: a start-up still under way is waited for, so that its server is stopped below.
-            pool.shutdown(wait=True)
-            for manager, future in zip(managers, entered, strict=True):
-                if future.exception() is None:
-                    stack.push(manager.__exit__)
-        failed = [future.exception() for future in entered if future.exception() is not None]
-        if failed:  # pytest's failure (the helper is the tests' too) is no Exception: say it as one
-            raise RuntimeError(f"a vLLM server did not start: {failed[0]}")
-        yield [future.result() for future in entered]
+        starts.append(ServerStart(workdir / f"server-{index}", {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)},
+                                  wire))
+    try:
+        with running_vllm_servers(config.model, starts, SERVER_START_TIMEOUT_S) as servers:
+            yield servers
+    except pytest.fail.Exception as failed:  # the helper is the tests' too; its failure is no Exception
+        raise RuntimeError(f"a vLLM server did not start: {failed}") from None
 
 
 def require_rollout_assets() -> None:

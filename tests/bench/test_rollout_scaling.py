@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -154,3 +155,34 @@ def test_the_section_shows_each_rows_median_and_spread_over_its_runs_and_each_ph
            "there: 40." in text
     assert "| 2 servers | 1 | 3 | 6.0 | 50 % | 10.0 |" in text  # steps from 6 to 12 s
     assert "(96 groups)" in text and "3 runs of each row" in text
+
+
+def test_both_servers_are_spawned_on_the_calling_thread_and_stopped_with_the_section(tmp_path, monkeypatch):
+    # A server dies with the thread that spawned it (PR_SET_PDEATHSIG follows the thread): spawned from a pool
+    # thread, both servers were stopped as the pool shut down, before the first run.
+    from bench import rollout_scaling
+    from tests.support.servers import vllm_server
+
+    spawned, stopped = [], []
+
+    class Server:
+        def __init__(self, command, **kwargs):
+            spawned.append((threading.current_thread(), kwargs["env"]["VLLM_CPU_OMP_THREADS_BIND"]))
+            self.pid = 1000 + len(spawned)
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(vllm_server, "require_rollout_python", lambda: Path(sys.executable))
+    monkeypatch.setattr(vllm_server.subprocess, "Popen", Server)
+    monkeypatch.setattr(vllm_server.requests, "get", lambda url, timeout: SimpleNamespace(status_code=200))
+    monkeypatch.setattr(vllm_server.os, "killpg", lambda pid, sig: stopped.append((pid, sig)))
+    config = SimpleNamespace(model="m", model_dump_json=lambda by_alias: "{}")
+    with rollout_scaling.two_servers(config, tmp_path) as servers:
+        assert [thread for thread, _ in spawned] == [threading.main_thread()] * 2
+        assert [core for _, core in spawned][0] == "0" and len({s.server.url for s in servers}) == 2
+        assert not stopped
+    assert sorted({pid for pid, _ in stopped}) == [1001, 1002]

@@ -86,6 +86,16 @@ class ServerProcess:
         self.process.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class ServerStart:
+    """One server to start: its folder (run.json, server.log), extra environment and run config (wire form; by
+    default `server_config`'s)."""
+
+    workdir: Path
+    env: dict[str, str] | None = None
+    config: dict | None = None
+
+
 @contextlib.contextmanager
 def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = None,
                         config: dict | None = None,
@@ -94,43 +104,63 @@ def running_vllm_server(model: str, workdir: Path, env: dict[str, str] | None = 
 
     `config`: the run config (wire form) to serve, e.g. a run's own `run.json`; by default `server_config`'s. The
     entrypoint reads only its model, seed and rollout part, so its `rollout.urls` need not name this server."""
+    with running_vllm_servers(model, [ServerStart(workdir, env, config)], start_timeout_s) as (running,):
+        yield running
+
+
+@contextlib.contextmanager
+def running_vllm_servers(model: str, starts: list[ServerStart],
+                         start_timeout_s: float = START_TIMEOUT_S) -> Iterator[list[ServerProcess]]:
+    """Several servers starting at once (each start costs minutes on a busy machine), all stopped on exit. Each is
+    spawned on the calling thread: a server dies with the thread that spawned it (PR_SET_PDEATHSIG follows the
+    thread, not the process), so a pool thread that ends would take its server with it."""
     python = require_rollout_python()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config_path = workdir / "run.json"
-    config_path.write_text(json.dumps(config or server_config(model, url, str(workdir / "weights"))))
-    log_path = workdir / "server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
-            preexec_fn=_die_with_parent,
-            env={**os.environ, **(env or {})},
-        )
-    server = VllmServer(url, model, log_path)
+    spawned: list[ServerProcess] = []
     try:
+        for start in starts:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            config_path = start.workdir / "run.json"
+            served = start.config or server_config(model, url, str(start.workdir / "weights"))
+            config_path.write_text(json.dumps(served))
+            log_path = start.workdir / "server.log"
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    [str(python), "-m", "grpo_trainer", "rollout", "--config", str(config_path), "--port", str(port)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    cwd=REPO, preexec_fn=_die_with_parent, env={**os.environ, **(start.env or {})},
+                )
+            spawned.append(ServerProcess(VllmServer(url, model, log_path), process))
         deadline = time.monotonic() + start_timeout_s
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server was not healthy within {start_timeout_s:.0f}s:\n{server.log_tail()}")
-            time.sleep(1)
-        print(f"vLLM CPU server ready at {url} (log {log_path})", file=sys.stderr)
-        yield ServerProcess(server, process)
+        for running in spawned:
+            _wait_healthy(running, deadline, start_timeout_s)
+        yield spawned
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+        for running in spawned:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGTERM)
+        for running in spawned:
+            try:
+                running.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+            running.process.wait(timeout=10)
+
+
+def _wait_healthy(running: ServerProcess, deadline: float, start_timeout_s: float) -> None:
+    server, process = running.server, running.process
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
+                break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the vLLM server was not healthy within {start_timeout_s:.0f}s:\n{server.log_tail()}")
+        time.sleep(1)
+    print(f"vLLM CPU server ready at {server.url} (log {server.log_path})", file=sys.stderr)
 
 
 def sync_weights(server: VllmServer, named_parameters, weights_dir: Path):
