@@ -407,7 +407,7 @@ def run(context: Context) -> str:
                     result = learner_run(scratch, f"{label}-ours", "ours", both, groups)
                 elif key == "trl":
                     ours = results["1"][-1].records
-                    result = learner_run(scratch, f"{label}-trl", "trl", one, groups,
+                    result = learner_run(scratch, label, "trl", one, groups,
                                          wall_bound_s=ours[-1].t - ours[0].t)
                 else:
                     result = learner_run(scratch, f"{label}-ours", "ours", one, groups, scale=ScalePlan(b))
