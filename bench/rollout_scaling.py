@@ -14,8 +14,9 @@ honest on shared cores and what it does not show). Runs, one after the other, on
 - TRL's unmodified AsyncGRPOTrainer on the first server with the same config, stopped after as long as our
   1-server run trained: the groups it trains before our run ends.
 
-Each row is run REPS times; a repetition runs ours' 1-server run and TRL's (which its time bounds) together, and
-the rows' order rotates from one repetition to the next, so that a drift in the machine's speed falls on every row.
+Each row is run three times (`--quick`: once); a repetition runs ours' 1-server run and TRL's (which its time
+bounds) together, and the rows' order rotates from one repetition to the next, so that a drift in the machine's
+speed falls on every row.
 
 Figures per window of optimizer steps (all but the first step, whose wait includes start-up):
 wait share = Σ `perf/rollout_wait_s` / Σ step intervals; samples trained per s = Σ `batch/samples_per_step` / Σ
