@@ -267,28 +267,17 @@ class RowResult:
     server_start_s: float
 
 
-def ratio_spread(values: Sequence[float]) -> str:
-    """'median (min–max)' of the ratios, NaNs left out."""
-    finite = [value for value in values if not math.isnan(value)]
-    return spread(finite, "{:.2f}") if finite else "n/a"
-
-
 # --------------------------------------------------------------------------------------------------------- report
 def figure_spread(runs: Sequence[RunFigures], name: str, fmt: str) -> str:
-    values = [getattr(run, name) for run in runs]
-    finite = [value for value in values if not math.isnan(value)]
-    return spread(finite, fmt) if finite else "n/a"
+    return spread([getattr(run, name) for run in runs], fmt)
 
 
 def wait_share_spread(runs: Sequence[RunFigures]) -> str:
-    shares = [100 * run.wait_share for run in runs if not math.isnan(run.wait_share)]
-    return spread(shares, "{:.0f}", " %") if shares else "n/a"
+    return spread([100 * run.wait_share for run in runs], "{:.0f}", " %")
 
 
 def ms_spread(runs: Sequence[RunFigures], part: str) -> str:
-    values = [run.ms_per_step(part) for run in runs]
-    finite = [value for value in values if not math.isnan(value)]
-    return spread(finite, "{:.0f}") if finite else "n/a"
+    return spread([run.ms_per_step(part) for run in runs], "{:.0f}")
 
 
 def _server(row: RowResult) -> str:
@@ -324,7 +313,7 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
                               *(ms_spread(runs, part) for _, part in STEP_PARTS)])
         ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
         ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
-                           *(ratio_spread([r[name] for r in ratios]) for _, name in RATIOS)])
+                           *(spread([r[name] for r in ratios], "{:.2f}") for _, name in RATIOS)])
         for index, (pair, ratio) in enumerate(zip(row.pairs, ratios, strict=True), start=1):
             pair_rows.append([row.name, index, "ours, TRL" if pair.ours_first else "TRL, ours",
                               f"{pair.ours.wall_s:.1f} / {pair.trl.wall_s:.1f}",

@@ -40,10 +40,11 @@ class Context:
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3g}", unit: str = "") -> str:
-    """'median (min-max)' of the values, or the value alone when there is one."""
+    """'median (min-max)' of the values, or the value alone when there is one; NaNs (a figure a run could not give)
+    are left out, and none left is 'n/a'."""
+    values = sorted(value for value in values if not math.isnan(value))
     if not values:
         return "n/a"
-    values = sorted(values)
     median = fmt.format(statistics.median(values))
     if len(values) == 1 or values[0] == values[-1]:
         return f"{median}{unit}"

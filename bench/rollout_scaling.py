@@ -448,12 +448,9 @@ HONESTY = [
 
 
 def _figure_cells(figures: Sequence[WindowFigures]) -> list[str]:
-    def finite(values):
-        return [value for value in values if not math.isnan(value)]
-
     return [spread([f.steps for f in figures], "{:.0f}"), spread([f.seconds for f in figures], "{:.1f}"),
-            spread(finite([100 * f.wait_share for f in figures]), "{:.0f}", " %"),
-            spread(finite([f.samples_per_s for f in figures]), "{:.1f}")]
+            spread([100 * f.wait_share for f in figures], "{:.0f}", " %"),
+            spread([f.samples_per_s for f in figures], "{:.1f}")]
 
 
 def _distinct(values: Iterable[str], separator: str = ", ") -> str:

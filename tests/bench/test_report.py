@@ -61,3 +61,8 @@ def test_a_full_bench_run_keeps_the_sections_measured_elsewhere():
     assert section_body(document, "device") == "GPU figures"
     assert section_body(document, "builds") == "build figures"
     assert kept_sections("", HEADER) == HEADER
+
+
+def test_spread_leaves_out_nans_and_says_n_a_when_none_is_left():
+    assert spread([2.0, float("nan"), 4.0], "{:.1f}") == "3.0 (2.0–4.0)"
+    assert spread([float("nan")], "{:.1f}") == "n/a"
