@@ -60,7 +60,7 @@ def _samples_generated(metrics_text: str | None) -> float | None:
 
 def run_once(context: Context, label: str, env: dict[str, str], manifest: Path = MANIFEST) -> dict:
     from grpo_operator.local.processes import http_get, http_ok, read_progress_blocking
-    from grpo_trainer.contract import RunConfig
+    from grpo_trainer.contract.config import RunConfig
 
     runs_dir = context.scratch / f"e2e-{label}"
     grporun = ROOT / ".venv" / "bin" / "grporun"

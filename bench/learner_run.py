@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 
-    from grpo_trainer.contract import FilterConfig
+    from grpo_trainer.contract.config import FilterConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.progress import STOP_KEY
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer

@@ -55,7 +55,7 @@ def peft_model(model_dir: str):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_trainer.contract import LoraConfig
+    from grpo_trainer.contract.config import LoraConfig
     from grpo_trainer.learner_main import peft_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -120,7 +120,7 @@ torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 if lora:
     from peft import get_peft_model
-    from grpo_trainer.contract import LoraConfig
+    from grpo_trainer.contract.config import LoraConfig
     from grpo_trainer.learner_main import peft_config
     model = get_peft_model(model, peft_config(LoraConfig(r=rank)))
 def resident_mb():

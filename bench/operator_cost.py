@@ -128,7 +128,7 @@ class CountingLearner:
 
 
 def _serve_learner(trained, polls, ready) -> None:
-    from grpo_trainer.contract import ProgressReport
+    from grpo_trainer.contract.report import ProgressReport
     from grpo_trainer.exporter import ProgressServer
 
     def report() -> ProgressReport:

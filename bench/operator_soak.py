@@ -56,7 +56,7 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     """(elapsed seconds, operator RSS MiB, runs Running, status patches so far) samples."""
     import yaml
 
-    from grpo_trainer.contract import ProgressReport
+    from grpo_trainer.contract.report import ProgressReport
     from grpo_trainer.exporter import ProgressServer
     from tests.support.emulator.kube_emulator import (
         DEFAULT_RESOURCES,

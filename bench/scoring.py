@@ -34,7 +34,7 @@ def reward_model_dir(context: Context) -> str:
 def per_sample_seconds(model_dir: str, reps: int) -> list[float]:
     import torch
 
-    from grpo_trainer.contract import RewardConfig
+    from grpo_trainer.contract.config import RewardConfig
     from grpo_trainer.scoring import RewardModel
 
     torch.set_num_threads(1)  # as the step-time runs below: on a shared 2-core box more threads only add spin-waits

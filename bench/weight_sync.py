@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpo_trainer.contract import WEIGHT_SYNC_DEADLINE_SECONDS
+from grpo_trainer.contract.config import WEIGHT_SYNC_DEADLINE_SECONDS
 
 from .report import Context, SectionUnavailable, spread, table
 

@@ -26,30 +26,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_trainer.contract import (
-    ACCESS_KEY_ENV,
-    DEFAULT_TERMINATION_MESSAGE_PATH,
-    ENDPOINT_ENV,
+from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract.config import TrackingConfig, request_timeout_seconds
+from grpo_trainer.contract.launch import MAIN_PROCESS_PORT, GangLayout, learner_argv
+from grpo_trainer.contract.pod_env import (
     HUB_TOKEN_ENV,
     INPUT_CREDENTIALS_ENV_PREFIX,
-    LEARNER_HTTP_PORT,
+    MLFLOW_CREDENTIAL_ENV,
+    WANDB_API_KEY_ENV,
+    environment_url_variable,
+)
+from grpo_trainer.contract.rollout_pod import (
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
-    MAIN_PROCESS_PORT,
-    MLFLOW_CREDENTIAL_ENV,
     PROBE_TIMEOUT_S,
-    REGION_ENV,
-    ROLLOUT_HTTP_PORT,
-    SECRET_KEY_ENV,
-    SESSION_TOKEN_ENV,
     STARTUP_WAIT_S,
-    WANDB_API_KEY_ENV,
-    GangLayout,
-    TrackingConfig,
-    environment_url_variable,
-    learner_argv,
-    request_timeout_seconds,
 )
+from grpo_trainer.contract.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV
 
 from . import podgroup
 from .api import (

@@ -370,7 +370,7 @@ def read_model_config(model: str, base_dir: str | os.PathLike[str] | None = None
 
 def check_spec_fit(spec: GRPORunSpec, config: Mapping[str, Any]) -> FitReport:
     """The check for a run: its model's config.json and its spec (the learner's strategy, ranks and LoRA as
-    `grpo_trainer.launch` and the learner apply them)."""
+    `grpo_trainer.contract.launch` and the learner apply them)."""
     learner, rollout = spec.learner, spec.rollout
     lora = spec.training.lora
     return check_fit(

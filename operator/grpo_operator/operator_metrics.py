@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from grpo_trainer.contract import DROP_REASONS
+from grpo_trainer.contract.codes import DROP_REASONS
 
 from . import metric_names as m
 from .api import ConditionType, Phase, parse_status

@@ -1,4 +1,4 @@
-"""Read the learner's `GET /progress` (rank 0 serves it on contract.LEARNER_HTTP_PORT).
+"""Read the learner's `GET /progress` (rank 0 serves it on contract.codes.LEARNER_HTTP_PORT).
 
 Called once per reconcile pass of a running run; a short timeout because 50 runs share one event loop and a
 learner busy in an optimizer step must not hold the operator up. A failed read returns why it failed: the status
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from grpo_trainer.contract import LEARNER_HTTP_PORT, PROGRESS_PATH, InvalidReport, ProgressReport, parse_progress
+from grpo_trainer.contract.codes import LEARNER_HTTP_PORT, PROGRESS_PATH
+from grpo_trainer.contract.report import InvalidReport, ProgressReport, parse_progress
 
 #: (namespace, pod name, pod IP) -> the URL of that pod's /progress. Tests swap in 127.0.0.1 and a local port.
 ProgressUrlFn = Callable[[str, str, str], str]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from grpo_operator.api import GRPORunSpec
-from grpo_trainer.contract import (
+from grpo_trainer.contract.config import (
     CheckpointConfig,
     InputsConfig,
     LearnerConfig,

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from grpo_trainer import contract
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
 from tests.support.node import images
 from tests.support.paths import REPO
 
@@ -86,7 +86,7 @@ def test_trainer_roles_refuse_a_missing_config_with_their_exit_code(trainer_imag
     one line naming the file)."""
     for role in ("learner", "rollout"):
         done = images.run_container(trainer_image, role, "--config", "/nonexistent/run.json")
-        assert done.returncode == contract.EXIT_INVALID_CONFIG, output(done)
+        assert done.returncode == EXIT_INVALID_CONFIG, output(done)
         assert "cannot read config /nonexistent/run.json" in done.stderr
 
 

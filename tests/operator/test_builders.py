@@ -11,13 +11,9 @@ import pytest
 from grpo_operator import builders
 from grpo_operator.api import parse_spec
 from grpo_operator.run_ref import RunRef
-from grpo_trainer.contract import (
-    DEFAULT_TERMINATION_MESSAGE_PATH,
-    LEARNER_HTTP_PORT,
-    ROLLOUT_HTTP_PORT,
-    load_run_config,
-)
-from grpo_trainer.rollout_health import PROBE_TIMEOUT_S, STARTUP_WAIT_S
+from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract.config import load_run_config
+from grpo_trainer.contract.rollout_pod import PROBE_TIMEOUT_S, STARTUP_WAIT_S
 from tests.support.specs import minimal_spec
 
 KUBERNETES_VERSION = "1.33"

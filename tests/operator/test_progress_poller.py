@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from grpo_operator.progress_poller import MAX_REPORT_BYTES, pod_progress_url, poll_progress
-from grpo_trainer.contract import ProgressReport, RolloutReplicaReport
+from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.exporter import ProgressServer
 
 

@@ -25,17 +25,14 @@ from grpo_operator.status import (
     derive_status,
     invalid_spec_status,
 )
-from grpo_trainer.contract import (
+from grpo_trainer.contract.codes import (
     DROP_REASONS,
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
-    ExportReport,
-    ProgressReport,
-    TrackedRunReport,
-    parse_progress,
 )
+from grpo_trainer.contract.report import ExportReport, ProgressReport, TrackedRunReport, parse_progress
 from tests.support.specs import minimal_spec, status_errors
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from grpo_trainer.contract import DROP_REASONS, DropReason, LearnerPhase, ProgressReport
+from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.progress import (
     AccountingError,
     ConsumedIds,

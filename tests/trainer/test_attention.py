@@ -16,7 +16,7 @@ from grpo_trainer.attention import (
     sdpa_varlen_attention,
     torch_varlen_attention,
 )
-from grpo_trainer.contract import AttentionKernel
+from grpo_trainer.contract.codes import AttentionKernel
 
 H100 = (9, 0)
 A100 = (8, 0)

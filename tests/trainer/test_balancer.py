@@ -20,8 +20,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from grpo_trainer import contract as c
 from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
+from grpo_trainer.contract.metrics import (
+    METRIC_REPLICA_FAILURES,
+    METRIC_REPLICA_READY,
+    METRIC_REPLICA_SAMPLES,
+    METRIC_REPLICA_WEIGHT_VERSION,
+)
+from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.server_set import ServerSet
 from grpo_trainer.weight_sync import resume_version
@@ -168,16 +174,16 @@ def test_with_no_replica_within_the_bound_the_request_is_answered_503(servers):
 
 
 def test_replica_state_is_exported_with_a_replica_label():
-    report = c.ProgressReport(rollout=[
-        c.RolloutReplicaReport(replica=0, url="http://a", ready=True, weight_version="v7", samples=40),
-        c.RolloutReplicaReport(replica=1, url="http://b", ready=False, weight_version=None, samples=3, failures=2),
+    report = ProgressReport(rollout=[
+        RolloutReplicaReport(replica=0, url="http://a", ready=True, weight_version="v7", samples=40),
+        RolloutReplicaReport(replica=1, url="http://b", ready=False, weight_version=None, samples=3, failures=2),
     ])
     text = render_metrics(lambda: report).decode()
-    assert f'{c.METRIC_REPLICA_READY}{{replica="0"}} 1.0' in text
-    assert f'{c.METRIC_REPLICA_READY}{{replica="1"}} 0.0' in text
-    assert f'{c.METRIC_REPLICA_WEIGHT_VERSION}{{replica="0"}} 7.0' in text
-    assert f'{c.METRIC_REPLICA_SAMPLES}{{replica="0"}} 40.0' in text
-    assert f'{c.METRIC_REPLICA_FAILURES}{{replica="1"}} 2.0' in text
+    assert f'{METRIC_REPLICA_READY}{{replica="0"}} 1.0' in text
+    assert f'{METRIC_REPLICA_READY}{{replica="1"}} 0.0' in text
+    assert f'{METRIC_REPLICA_WEIGHT_VERSION}{{replica="0"}} 7.0' in text
+    assert f'{METRIC_REPLICA_SAMPLES}{{replica="0"}} 40.0' in text
+    assert f'{METRIC_REPLICA_FAILURES}{{replica="1"}} 2.0' in text
 
 
 def test_a_restarted_learner_keeps_counting_versions_and_cleans_old_and_partial_ones(tmp_path: Path):

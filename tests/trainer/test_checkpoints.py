@@ -208,19 +208,21 @@ def test_a_size_only_marker_of_an_earlier_learner_is_resumed_from(tmp_path, stat
 def test_a_learner_whose_checkpoints_cannot_be_trusted_fails_once_with_the_invalid_config_code(tmp_path):
     # The operator fails the run at once on this code (PERMANENT_EXIT_CODES) instead of retrying until the backoff
     # limit: a restart would find the same files. The check comes before the model loads (this model does not exist).
-    from grpo_trainer import contract as c
+    from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, PERMANENT_EXIT_CODES, LearnerPhase
+    from grpo_trainer.contract.config import RunConfig
+    from grpo_trainer.contract.report import parse_progress
     from grpo_trainer.learner_main import main
 
     empty(marker_of(complete_checkpoint(tmp_path / "checkpoints", 2)))
-    config = c.RunConfig.model_validate({
+    config = RunConfig.model_validate({
         "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
         "learner": {"device": "cpu"}, "checkpoint": {"directory": str(tmp_path / "checkpoints")},
         "output_dir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
     })
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    assert c.EXIT_INVALID_CONFIG in c.PERMANENT_EXIT_CODES
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED
+    assert main(config) == EXIT_INVALID_CONFIG
+    assert EXIT_INVALID_CONFIG in PERMANENT_EXIT_CODES
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED
     assert "checkpoint-2/grpo_progress.json is empty" in report.message
 
 

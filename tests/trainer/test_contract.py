@@ -8,21 +8,17 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from grpo_trainer.contract import (
-    TERMINATION_MESSAGE_MAX_BYTES,
+from grpo_trainer.contract.codes import TERMINATION_MESSAGE_MAX_BYTES, LearnerPhase, ReplicaState, StallCause
+from grpo_trainer.contract.config import RunConfig, load_run_config
+from grpo_trainer.contract.pod_env import environment_url_variable
+from grpo_trainer.contract.report import (
     ExportReport,
-    LearnerPhase,
     ProgressReport,
-    ReplicaState,
     RolloutReplicaReport,
-    RunConfig,
-    StallCause,
     TrackedRunReport,
-    environment_url_variable,
-    load_run_config,
     parse_progress,
 )
-from grpo_trainer.validation import config_error_line
+from grpo_trainer.contract.wire import config_error_line
 
 INT64_MAX = 2**63 - 1  # the API server stores integers as int64
 

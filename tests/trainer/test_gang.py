@@ -9,15 +9,15 @@ import textwrap
 
 import pytest
 
-from grpo_trainer.contract import (
+from grpo_trainer.contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
     EXIT_SUCCEEDED,
 )
+from grpo_trainer.contract.launch import GangLayout, learner_argv
 from grpo_trainer.gang import gang_exit_code
-from grpo_trainer.launch import GangLayout, learner_argv
 
 
 @pytest.mark.parametrize(("launcher", "outcomes", "expected"), [

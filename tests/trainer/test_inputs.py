@@ -9,16 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.config import (
+    DatasetConfig,
+    InputsConfig,
+    LearnerConfig,
+    RewardConfig,
+    RunConfig,
+    load_run_config,
+)
+from grpo_trainer.contract.report import parse_progress
+from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.inputs import InputError, local_path, resolve, store_environ
 from grpo_trainer.object_store import client_from_env, upload_folder
-from grpo_trainer.store_uri import parse_uri
 from tests.support.ports import free_port
 
 
-def _config(tmp_path: Path, model: str, dataset: str = "/dev/null", **inputs) -> c.RunConfig:
-    return c.RunConfig(model=model, dataset=c.DatasetConfig(path=dataset), rewards=[c.RewardConfig(name="length")],
-                       inputs=c.InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs))
+def _config(tmp_path: Path, model: str, dataset: str = "/dev/null", **inputs) -> RunConfig:
+    return RunConfig(model=model, dataset=DatasetConfig(path=dataset), rewards=[RewardConfig(name="length")],
+                     inputs=InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs))
 
 
 def _files(folder) -> dict[str, bytes]:
@@ -63,7 +72,7 @@ def test_the_inputs_credentials_come_before_the_machines_and_the_spec_names_the_
     environ = {"AWS_ACCESS_KEY_ID": "output-key", "AWS_SECRET_ACCESS_KEY": "output-secret",
                "GRPO_INPUTS_AWS_ACCESS_KEY_ID": "input-key", "GRPO_INPUTS_AWS_SECRET_ACCESS_KEY": "input-secret",
                "AWS_ENDPOINT_URL_S3": "http://output:9000", "PATH": "/bin"}
-    env = store_environ(c.InputsConfig(endpoint="http://inputs:8333", region="eu-west-1"), environ)
+    env = store_environ(InputsConfig(endpoint="http://inputs:8333", region="eu-west-1"), environ)
     assert env["AWS_ACCESS_KEY_ID"] == "input-key" and env["AWS_SECRET_ACCESS_KEY"] == "input-secret"
     assert env["AWS_ENDPOINT_URL_S3"] == "http://inputs:8333" and env["AWS_REGION"] == "eu-west-1"
     assert "PATH" not in env
@@ -93,7 +102,7 @@ def test_an_exported_model_is_downloaded_once_and_read_from_the_cache_after(s3_s
     loaded = resolve(config, dataset=False, environ=environ, client=first)
     assert first_requests.operations, "the first start downloads"
     folder = Path(loaded.model)
-    assert {**_files(tiny_model_dir), c.EXPORT_MANIFEST_FILE: (folder / c.EXPORT_MANIFEST_FILE).read_bytes()} \
+    assert {**_files(tiny_model_dir), EXPORT_MANIFEST_FILE: (folder / EXPORT_MANIFEST_FILE).read_bytes()} \
         == _files(folder)
     assert [path.name for path in folder.parent.iterdir()] == [folder.name], "no staging folder is left"
 
@@ -101,8 +110,8 @@ def test_an_exported_model_is_downloaded_once_and_read_from_the_cache_after(s3_s
     unreachable = {**environ, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}"}
     second = client_from_env(unreachable)
     second_requests = RequestCounter(second)
-    again = resolve(config.model_copy(update={"inputs": c.InputsConfig(cache_dir=config.inputs.cache_dir,
-                                                                       credentials_secret="store")}),
+    again = resolve(config.model_copy(update={"inputs": InputsConfig(cache_dir=config.inputs.cache_dir,
+                                                                     credentials_secret="store")}),
                     dataset=False, environ=unreachable, client=second)
     assert again.model == loaded.model and second_requests.operations == []
 
@@ -171,10 +180,10 @@ def test_an_input_the_store_cannot_give_is_named(s3_server, s3_bucket, tmp_path,
 
 def _write_config(tmp_path: Path, model: str, **inputs) -> Path:
     path = tmp_path / "run.json"
-    path.write_text(c.RunConfig(
-        model=model, dataset=c.DatasetConfig(path="/dev/null"), rewards=[c.RewardConfig(name="constant")],
-        learner=c.LearnerConfig(device="cpu"),
-        inputs=c.InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs),
+    path.write_text(RunConfig(
+        model=model, dataset=DatasetConfig(path="/dev/null"), rewards=[RewardConfig(name="constant")],
+        learner=LearnerConfig(device="cpu"),
+        inputs=InputsConfig(cache_dir=str(tmp_path / "cache"), **inputs),
         termination_message_path=str(tmp_path / "termination-log")).model_dump_json(by_alias=True))
     (tmp_path / "termination-log").write_text("")
     return path
@@ -201,7 +210,7 @@ def test_the_rollout_server_starts_on_the_downloaded_model_and_its_probe_names_i
     assert entry_main(["rollout", "--config", str(path)]) == 0
     (config,) = started
     assert (Path(config.model) / "config.json").is_file()
-    assert config.model == local_path(f"s3://{s3_bucket}/tiny", c.load_run_config(path.read_text()))
+    assert config.model == local_path(f"s3://{s3_bucket}/tiny", load_run_config(path.read_text()))
 
     # A new replica on the same model cache: where nothing listens, any request to the store would end it.
     _write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=f"http://127.0.0.1:{free_port()}",
@@ -218,7 +227,7 @@ def test_a_rollout_server_whose_model_the_store_lacks_exits_78_naming_it(s3_serv
     _input_credentials(s3_server, monkeypatch)
     path = _write_config(tmp_path, "s3://no-such-bucket/tiny", endpoint=s3_server.endpoint)
 
-    assert entry_main(["rollout", "--config", str(path)]) == c.EXIT_INVALID_CONFIG
+    assert entry_main(["rollout", "--config", str(path)]) == EXIT_INVALID_CONFIG
     error = capsys.readouterr().err.strip()
     expected = "model: s3://no-such-bucket/tiny: the bucket 'no-such-bucket' does not exist"
     assert error == f"grpo rollout: the model cannot be loaded: {expected}"
@@ -230,9 +239,9 @@ def test_a_learner_whose_model_the_store_refuses_exits_78_naming_it(s3_server, s
     from grpo_trainer.learner_main import main
 
     _input_credentials(s3_server, monkeypatch, secret_key="wrong-secret")
-    config = c.load_run_config(_write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint,
-                                             credentials_secret="store").read_text())
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    config = load_run_config(_write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint,
+                                           credentials_secret="store").read_text())
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.message == (f"model: s3://{s3_bucket}/tiny: the secret key (AWS_SECRET_ACCESS_KEY) does not match "
                               "the access key (SignatureDoesNotMatch)")

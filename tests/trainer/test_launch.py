@@ -1,4 +1,4 @@
-"""The learner's launch line (grpo_trainer.launch): ddp and fsdp2, read back by accelerate's own launcher."""
+"""The learner's launch line (grpo_trainer.contract.launch): ddp and fsdp2, read back by accelerate's own launcher."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.launch import prepare_multi_gpu_env
 
-from grpo_trainer.launch import GangLayout, learner_argv
+from grpo_trainer.contract.launch import GangLayout, learner_argv
 
 
 def accelerate_args(argv: list[str]):

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer import contract as c
 from grpo_trainer.attention import FA3_REPO
+from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.learner_main import ConfigError, http_only_rollout_worker
 from tests.chart.test_images import TRAINER_DOCKERFILE, _instructions
 from tests.support.paths import REPO, make_variable
@@ -82,8 +82,8 @@ def test_a_learner_without_vllm_refuses_nccl_sync_in_one_line(monkeypatch):
     from trl.experimental.async_grpo import async_rollout_worker
 
     monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda: False)
-    config = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "r"}],
-                                         "rollout": {"weightSync": {"mode": "nccl"}}})
+    config = RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "r"}],
+                                       "rollout": {"weightSync": {"mode": "nccl"}}})
     refused = pytest.raises(ConfigError, match=r"^rollout.weightSync.mode 'nccl' needs vLLM in the learner")
     with refused as raised, http_only_rollout_worker(config):
         pass
@@ -94,8 +94,8 @@ def test_filesystem_sync_lets_trl_build_its_worker_without_vllm_and_restores_the
     from trl.experimental.async_grpo import async_rollout_worker
 
     monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda: False)
-    config = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "r"}],
-                                         "rollout": {"weightSync": {"mode": "filesystem", "directory": "/w"}}})
+    config = RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "r"}],
+                                       "rollout": {"weightSync": {"mode": "filesystem", "directory": "/w"}}})
     with http_only_rollout_worker(config):
         assert async_rollout_worker.is_vllm_available()  # what TRL's worker constructor asks
     assert not async_rollout_worker.is_vllm_available()
@@ -167,13 +167,13 @@ def server_front() -> Iterator[tuple[str, list[str]]]:
 # call left.
 PROBE = """
 import json, sys, traceback
-from grpo_trainer import contract as c
+from grpo_trainer.contract.config import load_run_config
 from grpo_trainer.cpu import enable_cpu_support
 from grpo_trainer.learner_main import build_learner
 
 enable_cpu_support()
 
-learner = build_learner(c.load_run_config(open(sys.argv[1]).read()))
+learner = build_learner(load_run_config(open(sys.argv[1]).read()))
 transfer = learner.weight_transfer
 outcome = {"transfer": f"{type(transfer).__module__}.{type(transfer).__qualname__}"}
 try:
@@ -192,7 +192,7 @@ def test_the_cuda_learner_builds_trls_nccl_client_and_stops_only_at_the_gpu(
     url, seen = server_front
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"say {word}"}) + "\n" for word in ("a", "b")))
-    config = c.RunConfig.model_validate({
+    config = RunConfig.model_validate({
         "model": tiny_model_dir, "dataset": {"path": str(dataset)}, "rewards": [{"name": "letter_a_fraction"}],
         "rollout": {"urls": [url], "weightSync": {"mode": "nccl"}},
         "learner": {"httpPort": 0}, "outputDir": str(tmp_path / "out"),

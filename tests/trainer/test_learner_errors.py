@@ -11,12 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_trainer import contract as c
-from grpo_trainer.contract import (
+from grpo_trainer.contract.codes import (
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    PERMANENT_EXIT_CODES,
     TERMINATION_MESSAGE_MAX_BYTES,
     LearnerPhase,
-    ProgressReport,
 )
+from grpo_trainer.contract.config import RewardConfig
+from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.learner_main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
 from grpo_trainer.rollout_worker import STOP_JOIN_S
@@ -89,9 +92,9 @@ def completions_server(tiny_model_dir):
     server.wait()
 
 
-def _run_with_reward(tmp_path: Path, server, function: str) -> tuple[int, c.ProgressReport, str]:
+def _run_with_reward(tmp_path: Path, server, function: str) -> tuple[int, ProgressReport, str]:
     config_path, config = tiny_run_config(
-        tmp_path, server, rewards=[c.RewardConfig(function=f"tests.support.learner.bad_rewards:{function}")],
+        tmp_path, server, rewards=[RewardConfig(function=f"tests.support.learner.bad_rewards:{function}")],
         training__epochs=1.0,
     )
     code, _seconds = run_learner(config_path, tmp_path / "learner.log")
@@ -104,7 +107,7 @@ def test_a_reward_returning_strings_ends_the_learner_as_invalid_config_naming_th
     # TRL's worker child died on it ("could not convert string to float: 'bad'") and the learner hung in TRL's
     # stop, on the event the dead child had been waiting on.
     code, report, log = _run_with_reward(tmp_path, completions_server, "strings")
-    assert code == c.EXIT_INVALID_CONFIG, log[-4000:]
+    assert code == EXIT_INVALID_CONFIG, log[-4000:]
     assert report.phase == LearnerPhase.FAILED
     assert report.message.startswith("reward function 'tests.support.learner.bad_rewards:strings' returned 'bad' (str)")
 
@@ -113,7 +116,7 @@ def test_a_reward_returning_strings_ends_the_learner_as_invalid_config_naming_th
 def test_a_killed_rollout_worker_child_ends_the_learner_as_a_crash_naming_the_signal(tmp_path, completions_server):
     # What the OOM killer does: the child leaves no error behind, and TRL's parent would wait for its heartbeat.
     code, report, log = _run_with_reward(tmp_path, completions_server, "kills_its_process")
-    assert code == 1 and code not in c.PERMANENT_EXIT_CODES, log[-4000:]
+    assert code == 1 and code not in PERMANENT_EXIT_CODES, log[-4000:]
     assert report.phase == LearnerPhase.FAILED
     assert "rollout worker child (pid " in report.message
     assert ("killed by signal 9 (SIGKILL); it runs the reward functions "
@@ -130,7 +133,7 @@ def test_a_sigterm_while_the_worker_child_is_stuck_checkpoints_and_exits_preempt
     monkeypatch.setenv(PREEMPT_MARK_ENV, str(mark))
     code, report, log = _run_with_reward(tmp_path, completions_server, "preempts_its_learner_then_hangs")
     exited = time.time()
-    assert code == c.EXIT_PREEMPTED, log[-4000:]
+    assert code == EXIT_PREEMPTED, log[-4000:]
     assert report.phase == LearnerPhase.PREEMPTED and report.message.startswith("preempted"), report.message
     assert list((tmp_path / "checkpoints").glob("checkpoint-*")), log[-4000:]
     seconds = exited - float(mark.read_text())

@@ -15,11 +15,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_trainer import contract as c
 from grpo_trainer import learner_main
+from grpo_trainer.contract.codes import (
+    EXIT_EXPORT_FAILED,
+    EXIT_SUCCEEDED,
+    EXPORT_MANIFEST_FILE,
+    PERMANENT_EXIT_CODES,
+    LearnerPhase,
+)
+from grpo_trainer.contract.config import RunConfig
+from grpo_trainer.contract.report import ProgressReport, parse_progress
+from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.model_export import verify_export
 from grpo_trainer.object_store import download_folder
-from grpo_trainer.store_uri import parse_uri
 
 
 class FinishedLearner:
@@ -32,7 +40,7 @@ class FinishedLearner:
         self.model = torch.nn.Module()
         self.model.generation_config = None
         self.state = SimpleNamespace(log_history=[{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}])
-        self.phase, self.message = c.LearnerPhase.SUCCEEDED, ""
+        self.phase, self.message = LearnerPhase.SUCCEEDED, ""
         self.saved: list[str] = []
         self.weights_from = weights_from  # a saved model whose files the save writes; b"weights" without one
 
@@ -50,16 +58,16 @@ class FinishedLearner:
             Path(folder).mkdir(parents=True, exist_ok=True)
             (Path(folder) / "model.safetensors").write_bytes(b"weights")
 
-    def progress_report(self) -> c.ProgressReport:
-        return c.ProgressReport(phase=c.LearnerPhase.SUCCEEDED, groups_total=4, groups_consumed=4, groups_trained=3,
-                                dropped={"no_signal": 1}, global_step=2, epochs_done=1)
+    def progress_report(self) -> ProgressReport:
+        return ProgressReport(phase=LearnerPhase.SUCCEEDED, groups_total=4, groups_consumed=4, groups_trained=3,
+                              dropped={"no_signal": 1}, global_step=2, epochs_done=1)
 
     def close(self) -> None:
         pass
 
 
-def run_config(tmp_path: Path, model_dir: Path, uri: str | None = None) -> c.RunConfig:
-    return c.RunConfig.model_validate({
+def run_config(tmp_path: Path, model_dir: Path, uri: str | None = None) -> RunConfig:
+    return RunConfig.model_validate({
         "runName": "tiny", "model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
         "learner": {"device": "cpu"}, "output_dir": str(tmp_path / "out"),
         "terminationMessagePath": str(tmp_path / "termination-log"),
@@ -76,8 +84,8 @@ def learner(monkeypatch) -> FinishedLearner:
 
 def test_a_learner_that_exported_reports_the_model_in_its_final_report(tmp_path, learner):
     model_dir = tmp_path / "models" / "tiny"
-    assert learner_main.main(run_config(tmp_path, model_dir)) == c.EXIT_SUCCEEDED
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert learner_main.main(run_config(tmp_path, model_dir)) == EXIT_SUCCEEDED
+    report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.output is not None and report.output.path == str(model_dir) and report.output.step == 2
     assert report.message.endswith(f"; model exported to {model_dir.as_uri()}")
     manifest = verify_export(model_dir)
@@ -91,10 +99,10 @@ def test_a_learner_that_exported_reports_the_model_in_its_final_report(tmp_path,
 def test_a_failed_export_exits_with_its_own_code_naming_the_path(tmp_path, learner):
     (tmp_path / "models").write_text("a file where the volume's folder should be")
     model_dir = tmp_path / "models" / "tiny"
-    assert learner_main.main(run_config(tmp_path, model_dir)) == c.EXIT_EXPORT_FAILED
-    assert c.EXIT_EXPORT_FAILED in c.PERMANENT_EXIT_CODES
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED and report.output is None
+    assert learner_main.main(run_config(tmp_path, model_dir)) == EXIT_EXPORT_FAILED
+    assert EXIT_EXPORT_FAILED in PERMANENT_EXIT_CODES
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED and report.output is None
     assert report.message.startswith(f"could not export the model to {model_dir}: ")
 
 
@@ -117,13 +125,13 @@ def test_a_learner_uploads_its_export_to_the_object_store_and_reports_the_manife
         monkeypatch.setenv(name, value)
     uri = f"s3://{s3_bucket}/runs/tiny"
     staged = tmp_path / "out" / "tiny"
-    assert learner_main.main(run_config(tmp_path, staged, uri)) == c.EXIT_SUCCEEDED
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert learner_main.main(run_config(tmp_path, staged, uri)) == EXIT_SUCCEEDED
+    report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.output is not None and report.output.uri == uri
     assert report.message.endswith(f"; model exported to {uri}")
     downloaded = tmp_path / "downloaded"
     manifest = download_folder(parse_uri(uri, "output.uri"), downloaded, client=s3_server.client())
-    manifest_bytes = (downloaded / c.EXPORT_MANIFEST_FILE).read_bytes()
+    manifest_bytes = (downloaded / EXPORT_MANIFEST_FILE).read_bytes()
     assert hashlib.sha256(manifest_bytes).hexdigest() == report.output.sha256
     assert report.output.bytes == sum(entry["bytes"] for entry in manifest["files"]) + len(manifest_bytes)
     assert verify_export(downloaded)["run"] == {"name": "tiny", "namespace": "default"}
@@ -143,9 +151,9 @@ def test_an_upload_that_fails_ends_the_learner_as_export_failed_naming_the_cause
         monkeypatch.setenv(name, value)
     bucket = "no-such-bucket" if where == "bucket" else s3_bucket
     uri = f"s3://{bucket}/runs/tiny"
-    assert learner_main.main(run_config(tmp_path, tmp_path / "out" / "tiny", uri)) == c.EXIT_EXPORT_FAILED
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED and report.output is None
+    assert learner_main.main(run_config(tmp_path, tmp_path / "out" / "tiny", uri)) == EXIT_EXPORT_FAILED
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED and report.output is None
     assert report.message.startswith(f"could not upload the model: s3://{bucket}/runs/"), report.message
     assert cause in report.message and "\n" not in report.message, report.message
 
@@ -158,9 +166,9 @@ def test_an_unreachable_endpoint_ends_the_learner_as_export_failed_naming_it(tmp
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     uri = "s3://models/runs/tiny"
-    assert learner_main.main(run_config(tmp_path, tmp_path / "out" / "tiny", uri)) == c.EXIT_EXPORT_FAILED
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.message == f"could not upload the model: s3://models/runs/tiny/{c.EXPORT_MANIFEST_FILE}: " \
+    assert learner_main.main(run_config(tmp_path, tmp_path / "out" / "tiny", uri)) == EXIT_EXPORT_FAILED
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == f"could not upload the model: s3://models/runs/tiny/{EXPORT_MANIFEST_FILE}: " \
         f"cannot reach the object store at {endpoint}"
 
 

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
+from grpo_trainer.contract.config import DatasetConfig, LoraConfig, RunConfig
+from grpo_trainer.contract.report import parse_progress
 from grpo_trainer.learner_main import (
     ConfigError,
     adapter_sync,
@@ -22,9 +24,9 @@ from grpo_trainer.learner_main import (
 from tests.support.paths import REPO
 
 
-def config(**fields) -> c.RunConfig:
+def config(**fields) -> RunConfig:
     base = {"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]}
-    return c.RunConfig.model_validate({**base, **fields})
+    return RunConfig.model_validate({**base, **fields})
 
 
 def test_cpu_runs_train_in_float32_on_the_cpu_against_the_first_rollout_server():
@@ -73,24 +75,24 @@ def test_prompts_become_chat_messages():
 
 
 def test_the_tiny_dataset_loads_with_a_prompt_column():
-    dataset = load_prompts(c.DatasetConfig(path=str(REPO / "examples" / "tiny-prompts.jsonl"), limit=5))
+    dataset = load_prompts(DatasetConfig(path=str(REPO / "examples" / "tiny-prompts.jsonl"), limit=5))
     assert len(dataset) == 5
     assert dataset[0]["prompt"] == [{"role": "user", "content": "say apple"}]
 
 
 def test_dataset_mistakes_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="dataset.path"):
-        load_prompts(c.DatasetConfig(path=str(tmp_path / "missing.jsonl")))
+        load_prompts(DatasetConfig(path=str(tmp_path / "missing.jsonl")))
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "q"}\n')
     with pytest.raises(ConfigError, match="dataset.promptField 'prompt' is not a column"):
-        load_prompts(c.DatasetConfig(path=str(data)))
-    renamed = load_prompts(c.DatasetConfig(path=str(data), prompt_field="question"))
+        load_prompts(DatasetConfig(path=str(data)))
+    renamed = load_prompts(DatasetConfig(path=str(data), prompt_field="question"))
     assert renamed.column_names == ["prompt"]
     for name, content in [("blank.jsonl", "\n \n"), ("empty.csv", "")]:
         (tmp_path / name).write_text(content)
         with pytest.raises(ConfigError, match=r"^dataset.path '.*': the file has no rows$"):
-            load_prompts(c.DatasetConfig(path=str(tmp_path / name)))
+            load_prompts(DatasetConfig(path=str(tmp_path / name)))
 
 
 def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
@@ -112,9 +114,9 @@ def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
 def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_reward_model_dir):
     from grpo_trainer.learner_main import load_reward_models
 
-    def run_config(*rewards: dict) -> c.RunConfig:
-        return c.RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": list(rewards),
-                                           "learner": {"device": "cpu"}})
+    def run_config(*rewards: dict) -> RunConfig:
+        return RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": list(rewards),
+                                         "learner": {"device": "cpu"}})
 
     with pytest.raises(ConfigError, match=r"^rewards\[1\]\.model '/no/such/rm': "):
         load_reward_models(run_config({"name": "constant"}, {"model": "/no/such/rm"}))
@@ -129,13 +131,13 @@ def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_p
     # Before the model loads (this one does not exist): a retry would choose the same kernel on the same device.
     from grpo_trainer.learner_main import main
 
-    config = c.RunConfig.model_validate({
+    config = RunConfig.model_validate({
         "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
         "learner": {"device": "cpu", "attention": kernel}, "output_dir": str(tmp_path / "out"),
         "terminationMessagePath": str(tmp_path / "termination-log"),
     })
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.message == (f"learner.attention: {kernel} cannot run here: it needs a CUDA GPU and the learner "
                               "runs on cpu")
 
@@ -150,14 +152,14 @@ def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_inva
     monkeypatch.setattr(attention, "probe_device", lambda device_type: attention.DeviceFacts("cuda", (8, 0)))
     dataset = tmp_path / "p.jsonl"
     dataset.write_text('{"prompt": "hi"}\n')
-    config = c.RunConfig.model_validate({
+    config = RunConfig.model_validate({
         "model": str(tmp_path / "no-model"), "dataset": {"path": str(dataset)}, "rewards": [{"name": "constant"}],
         "rollout": {"weightSync": {"mode": "filesystem", "directory": str(tmp_path / "w")}},
         "training": {"extraArgs": {"bf16": False}}, "output_dir": str(tmp_path / "out"),
         "terminationMessagePath": str(tmp_path / "termination-log"),
     })
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.message.startswith("learner.attention: varlen computes in float16 or bfloat16, and "
                                      "training.extraArgs turn mixed precision off with float32 weights")
 
@@ -178,23 +180,24 @@ def test_an_empty_dataset_file_is_refused_as_invalid_config_naming_the_field(tmp
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     done = _run_learner_entrypoint(tmp_path, dataset={"path": str(empty)})
-    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert done.returncode == EXIT_INVALID_CONFIG, done.stderr[-3000:]
     assert f"dataset.path {str(empty)!r}: the file has no rows" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_no_rollout_url_is_refused_as_invalid_config_naming_the_field(tmp_path):
     done = _run_learner_entrypoint(tmp_path, rollout={"urls": []})
-    assert done.returncode == c.EXIT_INVALID_CONFIG, done.stderr[-3000:]
+    assert done.returncode == EXIT_INVALID_CONFIG, done.stderr[-3000:]
     assert "rollout.urls is empty: a run needs at least one rollout server" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_training_lora_becomes_peft_lora_config_for_a_causal_lm():
-    from peft import LoraConfig, TaskType
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import TaskType
 
-    lora = peft_config(c.LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "self_attn.v_proj"]))
-    assert isinstance(lora, LoraConfig) and lora.task_type == TaskType.CAUSAL_LM
+    lora = peft_config(LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "self_attn.v_proj"]))
+    assert isinstance(lora, PeftLoraConfig) and lora.task_type == TaskType.CAUSAL_LM
     assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (4, 8.0, 0.1)
     assert set(lora.target_modules) == {"q_proj", "self_attn.v_proj"}
     assert lora.bias == "none" and not lora.modules_to_save  # nothing outside the adapter trains
@@ -217,7 +220,7 @@ def test_unset_lora_targets_adapt_every_linear_layer_but_the_head(tiny_model_dir
     from peft.tuners.tuners_utils import BaseTunerLayer
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft_config(c.LoraConfig()))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft_config(LoraConfig()))
     adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert not isinstance(model.get_output_embeddings(), BaseTunerLayer)
@@ -234,9 +237,9 @@ def test_a_lora_target_naming_a_models_own_head_is_a_config_error_naming_the_fie
     wte) is refused by the learner before the model loads, as a config error rather than a crash."""
     assert head_module_names(_gpt2_config()) == ["transformer.wte", "lm_head"]
     with pytest.raises(ConfigError, match=r"^training\.lora\.targetModules: \['wte'\] select the model's output"):
-        check_lora_targets(c.LoraConfig(target_modules=["c_attn", "wte"]), _gpt2_config())
-    check_lora_targets(c.LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
-    check_lora_targets(c.LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
+        check_lora_targets(LoraConfig(target_modules=["c_attn", "wte"]), _gpt2_config())
+    check_lora_targets(LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
+    check_lora_targets(LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
     check_lora_targets(None, _gpt2_config())
 
 
@@ -254,9 +257,9 @@ def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_
         shutil.copy(f"{tiny_model_dir}/{name}", model_dir / name)
     config = _config_without_a_server(tmp_path, model_dir, "tiny-prompts.jsonl",
                                       {"lora": {"targetModules": ["c_attn", "wte"]}})
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED
     assert report.message.startswith("training.lora.targetModules: ['wte'] select the model's output embedding")
 
 
@@ -273,17 +276,17 @@ def test_the_learner_exits_78_naming_the_model_when_its_chat_template_cannot_run
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     config = _config_without_a_server(tmp_path, model_dir, "tiny-guess.jsonl",
                                       {"environmentFactory": "grpo_trainer.testing.guess_env:make_environment"})
-    assert main(config) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED
     assert report.message.startswith(f"model {str(model_dir)!r}: TRL cannot run tool calls with its chat template: "
                                       "Unrecognized chat template"), report.message
 
 
-def _config_without_a_server(tmp_path, model_dir, prompts: str, training: dict) -> c.RunConfig:
+def _config_without_a_server(tmp_path, model_dir, prompts: str, training: dict) -> RunConfig:
     """A CPU run whose rollout server never answers: a check that comes first ends it; without the check, the run
     fails otherwise, soon (TRL waits 5 s for the server)."""
-    return c.RunConfig.model_validate({
+    return RunConfig.model_validate({
         "model": str(model_dir), "dataset": {"path": str(REPO / "examples" / prompts)},
         "rewards": [{"name": "constant"}], "training": {**training, "extraArgs": {"vllm_server_timeout": 5}},
         "learner": {"device": "cpu"},

@@ -15,8 +15,9 @@ import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from grpo_trainer.checkpoints import read_marker
-from grpo_trainer.contract import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED, RunConfig
-from grpo_trainer.launch import GangLayout, learner_argv
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from grpo_trainer.contract.config import RunConfig
+from grpo_trainer.contract.launch import GangLayout, learner_argv
 from grpo_trainer.learner_main import trainer_arguments
 from tests.support.ports import free_port
 
@@ -32,7 +33,7 @@ def run(tiny_model_dir, out: Path, *args: str, ranks: int = 1, expect: int = EXI
     if ranks == 1:
         command = [sys.executable, *scenario]
     else:
-        # The learner pods' own launch line (grpo_trainer.launch), with the scenario script as the entry.
+        # The learner pods' own launch line (grpo_trainer.contract.launch), with the scenario script as the entry.
         command = learner_argv("unused", gang=GangLayout(processes_per_machine=ranks, main_process_port=free_port()),
                                python=sys.executable, entry=tuple(scenario))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -14,11 +14,8 @@ from pydantic import ValidationError
 
 from grpo_operator.cli.validate import check
 from grpo_operator.manifest import load_crd
-from grpo_trainer.contract import (
-    EXIT_INVALID_CONFIG,
-    MANAGED_TRAINER_ARGS,
-    TrainingConfig,
-)
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
+from grpo_trainer.contract.config import MANAGED_TRAINER_ARGS, TrainingConfig
 from grpo_trainer.learner_main import trainer_arguments
 from tests.support.paths import REPO
 
@@ -34,7 +31,7 @@ def test_the_crd_describes_exactly_the_contracts_managed_keys():
 
 def test_every_argument_the_learner_derives_from_the_spec_is_managed():
     # What trainer_arguments sets from the spec, minus the learner's own fixed choices a user may tune.
-    from grpo_trainer.contract import RunConfig
+    from grpo_trainer.contract.config import RunConfig
 
     config = RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "accuracy"}],
                                        "learner": {"device": "cpu"}})

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.report import ExportReport
 from grpo_trainer.model_export import (
     MODEL_CARD_FILE,
     ExportError,
@@ -38,14 +39,14 @@ def write_model(folder: Path, weights: bytes = b"weights" * 1000) -> None:
     (folder / "tokenizer" / "vocab.json").write_text("{}")
 
 
-def export(directory: Path, save=write_model) -> c.ExportReport:
+def export(directory: Path, save=write_model) -> ExportReport:
     return export_model(directory, save, PROVENANCE, uri="file:///models/tiny", step=4, clock=lambda: 1700000000.0)
 
 
 def test_an_export_lists_every_file_with_its_digest_and_reports_the_manifests(tmp_path):
     directory = tmp_path / "models" / "tiny"
     report = export(directory)
-    manifest_bytes = (directory / c.EXPORT_MANIFEST_FILE).read_bytes()
+    manifest_bytes = (directory / EXPORT_MANIFEST_FILE).read_bytes()
     manifest = json.loads(manifest_bytes)
     assert {entry["path"] for entry in manifest["files"]} == {
         "model.safetensors", "config.json", "tokenizer/vocab.json", MODEL_CARD_FILE}

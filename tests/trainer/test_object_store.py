@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.store_uri import InvalidObjectStoreURI, Location, parse_uri
 from grpo_trainer.object_store import (
     ObjectStoreError,
     check_manifest,
@@ -25,7 +26,6 @@ from grpo_trainer.object_store import (
     read_manifest,
     upload_folder,
 )
-from grpo_trainer.store_uri import InvalidObjectStoreURI, Location, parse_uri
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 
@@ -63,7 +63,7 @@ def test_parse_uri_refuses_naming_the_field(uri, why):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../b", "./a", "a//b", "", c.EXPORT_MANIFEST_FILE,
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../b", "./a", "a//b", "", EXPORT_MANIFEST_FILE,
                                   3])
 def test_a_manifest_naming_a_path_outside_the_folder_is_refused(path):
     with pytest.raises(ObjectStoreError, match="is not a file path under the folder"):
@@ -144,7 +144,7 @@ def test_a_folder_round_trips_with_its_big_files_in_parts(s3_server, s3_bucket, 
     # the weights (~0.5 MB) go in parts: a threshold below their size
     upload = upload_folder(model, location, client=client, transfer=TransferConfig(multipart_threshold=64 << 10))
 
-    manifest_bytes = client.get_object(Bucket=s3_bucket, Key=f"runs/tiny/{c.EXPORT_MANIFEST_FILE}")["Body"].read()
+    manifest_bytes = client.get_object(Bucket=s3_bucket, Key=f"runs/tiny/{EXPORT_MANIFEST_FILE}")["Body"].read()
     assert upload.sha256 == hashlib.sha256(manifest_bytes).hexdigest()
     listed = json.loads(manifest_bytes)["files"]
     assert [entry["path"] for entry in listed] == sorted(_files(model))
@@ -156,7 +156,7 @@ def test_a_folder_round_trips_with_its_big_files_in_parts(s3_server, s3_bucket, 
     downloaded = tmp_path / "downloaded"
     manifest = download_folder(location, downloaded, client=client)
     assert manifest["files"] == listed
-    assert _files(downloaded) == {**_files(model), c.EXPORT_MANIFEST_FILE: manifest_bytes}
+    assert _files(downloaded) == {**_files(model), EXPORT_MANIFEST_FILE: manifest_bytes}
 
 
 @pytest.mark.s3
@@ -165,7 +165,7 @@ def test_a_folder_carrying_its_own_manifest_is_uploaded_with_it_verbatim(s3_serv
     files = [{"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
              for path, data in _files(model).items()]
     own = json.dumps({"kind": "GRPOModelExport", "spec": {"model": "tiny"}, "files": files}).encode()
-    (model / c.EXPORT_MANIFEST_FILE).write_bytes(own)
+    (model / EXPORT_MANIFEST_FILE).write_bytes(own)
     location = Location(s3_bucket, "exported")
     upload = upload_folder(model, location, client=client)
     assert upload.sha256 == hashlib.sha256(own).hexdigest()
@@ -230,7 +230,7 @@ def test_nothing_at_a_prefix_reads_as_absent(s3_server, s3_bucket, tmp_path):
 KILLED_BEFORE_THE_MANIFEST = textwrap.dedent("""\
     import os, signal, sys
     from grpo_trainer import object_store
-    from grpo_trainer.store_uri import parse_uri
+    from grpo_trainer.contract.store_uri import parse_uri
     # the process dies the moment it would write the manifest: every file is uploaded, the manifest is not
     object_store._put_manifest = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
     object_store.upload_folder(sys.argv[1], parse_uri(sys.argv[2], "uri"))
@@ -301,4 +301,4 @@ def test_a_download_into_a_folder_holding_files_is_refused(s3_server, s3_bucket,
         download_folder(location, tmp_path / "busy", client=client)
     (tmp_path / "empty").mkdir()
     download_folder(location, tmp_path / "empty", client=client)
-    assert (tmp_path / "empty" / c.EXPORT_MANIFEST_FILE).exists()
+    assert (tmp_path / "empty" / EXPORT_MANIFEST_FILE).exists()

@@ -13,7 +13,8 @@ import torch
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
-from grpo_trainer.contract import DROP_REASONS, DropReason, FilterConfig, LearnerPhase
+from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.contract.config import FilterConfig
 from grpo_trainer.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.progress import (
     STOP_KEY,

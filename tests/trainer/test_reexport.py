@@ -12,13 +12,21 @@ from pathlib import Path
 import pytest
 
 from grpo_operator.cli import main as grporun
-from grpo_trainer import contract as c
 from grpo_trainer.checkpoints import write_marker
+from grpo_trainer.contract.codes import EXIT_EXPORT_FAILED, EXIT_SUCCEEDED, EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.config import (
+    CheckpointConfig,
+    DatasetConfig,
+    OutputConfig,
+    RewardConfig,
+    RunConfig,
+    load_run_config,
+)
+from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.model_export import ExportError, verify_export
 from grpo_trainer.object_store import download_folder
 from grpo_trainer.progress import RolloutProgress
 from grpo_trainer.reexport import export_from_checkpoint
-from grpo_trainer.store_uri import parse_uri
 
 TRAINING_STATE = {"optimizer.pt": b"o" * 100, "scheduler.pt": b"s", "rng_state.pth": b"r",
                   "training_args.bin": b"a"}
@@ -45,17 +53,17 @@ def run_dir(tmp_path: Path, tiny_model_dir, uri: str | None, output: dict | None
     checkpoint(checkpoints, Path(tiny_model_dir), 4)
     checkpoint(checkpoints, Path(tiny_model_dir), 8)
     (checkpoints / "checkpoint-12").mkdir()  # interrupted while saving: no marker
-    config = c.RunConfig(
-        run_name="tiny", model="m", dataset=c.DatasetConfig(path="p.jsonl"), rewards=[c.RewardConfig(name="constant")],
-        checkpoint=c.CheckpointConfig(directory=str(checkpoints)),
-        output=None if uri is None else c.OutputConfig(directory=str(folder / "model"), uri=uri,
+    config = RunConfig(
+        run_name="tiny", model="m", dataset=DatasetConfig(path="p.jsonl"), rewards=[RewardConfig(name="constant")],
+        checkpoint=CheckpointConfig(directory=str(checkpoints)),
+        output=None if uri is None else OutputConfig(directory=str(folder / "model"), uri=uri,
                                                         run_spec={"model": "m", "output": output or {}}))
     (folder / "run.json").write_text(config.model_dump_json(by_alias=True))
     return folder
 
 
-def _config(folder: Path) -> c.RunConfig:
-    return c.load_run_config((folder / "run.json").read_text())
+def _config(folder: Path) -> RunConfig:
+    return load_run_config((folder / "run.json").read_text())
 
 
 def test_the_newest_complete_checkpoints_model_is_exported_without_the_training_state(tmp_path, tiny_model_dir):
@@ -67,7 +75,7 @@ def test_the_newest_complete_checkpoints_model_is_exported_without_the_training_
     assert {path.name for path in Path(tiny_model_dir).iterdir()} | {"README.md"} == files
     assert not files & {*TRAINING_STATE, "trainer_state.json", "grpo_progress.json"}
     assert manifest["spec"] == {"model": "m", "output": {}} and manifest["run"]["name"] == "tiny"
-    assert hashlib.sha256((folder / "model" / c.EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == exported.sha256
+    assert hashlib.sha256((folder / "model" / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == exported.sha256
 
 
 def test_without_an_output_or_a_checkpoint_the_export_names_what_is_missing(tmp_path, tiny_model_dir):
@@ -97,7 +105,7 @@ def test_grporun_export_uploads_a_failed_runs_model_and_names_a_refusal(s3_serve
     assert grporun(["export", str(folder)]) == 0
     printed = capsys.readouterr().out
     manifest = download_folder(parse_uri(uri, "output.uri"), tmp_path / "downloaded", client=s3_server.client())
-    digest = hashlib.sha256((tmp_path / "downloaded" / c.EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()
+    digest = hashlib.sha256((tmp_path / "downloaded" / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()
     assert printed.startswith(f"model: {uri} (step 8, ") and f"manifest sha256 {digest}" in printed
     assert manifest["step"] == 8 and "optimizer.pt" not in {entry["path"] for entry in manifest["files"]}
 
@@ -106,9 +114,9 @@ def test_the_pods_export_entrypoint_exports_or_exits_74_naming_why(tmp_path, tin
     from grpo_trainer.__main__ import main as entry_main
 
     folder = run_dir(tmp_path, tiny_model_dir, uri="pvc://models/tiny")
-    assert entry_main(["export", "--config", str(folder / "run.json")]) == c.EXIT_SUCCEEDED
+    assert entry_main(["export", "--config", str(folder / "run.json")]) == EXIT_SUCCEEDED
     assert capsys.readouterr().out.startswith("grpo export: model exported to pvc://models/tiny (step 8, ")
     verify_export(folder / "model")
     assert entry_main(["export", "--config", str(folder / "run.json"), "--checkpoint",
-                       str(folder / "checkpoints" / "checkpoint-12")]) == c.EXIT_EXPORT_FAILED
+                       str(folder / "checkpoints" / "checkpoint-12")]) == EXIT_EXPORT_FAILED
     assert capsys.readouterr().err.startswith(f"grpo export: {folder / 'checkpoints' / 'checkpoint-12'}: ")

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from grpo_trainer.contract import EXIT_STALLED
+from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.trainer.test_learner_runs import run
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from grpo_trainer.contract import RewardConfig
+from grpo_trainer.contract.config import BUILTIN_REWARD_NAMES, RewardConfig
 from grpo_trainer.rewards import (
     BUILTIN_REWARDS,
     CheckedReward,
@@ -99,6 +99,11 @@ def test_bad_rewards_give_one_line_naming_them(config, expected):
         load_reward(config)
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_the_contract_names_exactly_the_builtin_rewards():
+    """The operator refuses a reward name by the contract's list; the learner runs the functions of this module."""
+    assert sorted(BUILTIN_REWARD_NAMES) == sorted(BUILTIN_REWARDS)
 
 
 def test_every_builtin_returns_one_score_per_completion():

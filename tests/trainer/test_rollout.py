@@ -10,13 +10,14 @@ import textwrap
 
 import pytest
 
-from grpo_trainer import contract as c
 from grpo_trainer.__main__ import main as entry_main
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract.config import RunConfig, TrainingConfig
 from grpo_trainer.rollout import SERVER_MODULE, build_server_command
 
 
-def run_config(training: dict | None = None, **rollout) -> c.RunConfig:
-    return c.RunConfig.model_validate({
+def run_config(training: dict | None = None, **rollout) -> RunConfig:
+    return RunConfig.model_validate({
         "model": "/models/tiny", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
         "rollout": rollout, "training": training or {},
     })
@@ -45,7 +46,7 @@ def test_cpu_server_with_filesystem_sync_serves_float32_and_a_small_kv_cache():
     argv, env = build_server_command(config)
     assert "--weight-transfer-config" not in argv  # no CPU transfer engine: reload_weights does the sync
     assert flag(argv, "--dtype") == "float32"
-    assert flag(argv, "--port") == str(c.ROLLOUT_HTTP_PORT)
+    assert flag(argv, "--port") == str(ROLLOUT_HTTP_PORT)
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert int(env["VLLM_CPU_KVCACHE_SPACE"]) >= 1
 
@@ -102,14 +103,14 @@ def test_invalid_config_exits_78_with_one_line_naming_the_field(tmp_path, capsys
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"model": "m", "dataset": {"path": "p"}, "rewards": [{"name": "constant"}],
                                 "training": {"epochs": 0}}))
-    assert entry_main(["rollout", "--config", str(path)]) == c.EXIT_INVALID_CONFIG
+    assert entry_main(["rollout", "--config", str(path)]) == EXIT_INVALID_CONFIG
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "training.epochs" in err
 
 
 def test_missing_config_exits_78(tmp_path, capsys):
-    assert entry_main(["learner", "--config", str(tmp_path / "nope.json")]) == c.EXIT_INVALID_CONFIG
+    assert entry_main(["learner", "--config", str(tmp_path / "nope.json")]) == EXIT_INVALID_CONFIG
     assert "cannot read config" in capsys.readouterr().err
 
 
@@ -178,4 +179,4 @@ def test_vllms_own_parser_accepts_both_command_lines():
     parsed = [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]
     assert parsed[0]["transfer"] == "WeightTransferConfig(backend='nccl')" and parsed[0]["max_model_len"] == 2048
     assert parsed[1]["dtype"] == "float32" and parsed[1]["port"] == 8123
-    assert parsed[1]["lora"] == [True, 8, c.TrainingConfig().max_staleness + 2]
+    assert parsed[1]["lora"] == [True, 8, TrainingConfig().max_staleness + 2]

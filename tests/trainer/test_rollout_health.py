@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.config import RunConfig
 from tests.support.paths import COMPLETIONS_SERVER
 from tests.support.ports import free_port
 
@@ -23,7 +23,7 @@ SERVER = str(COMPLETIONS_SERVER)
 def _run_config(tmp_path: Path) -> Path:
     """A run config the probes read (the model's name is all they use)."""
     config = tmp_path / "run.json"
-    run = c.RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]})
+    run = RunConfig.model_validate({"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}]})
     config.write_text(run.model_dump_json(by_alias=True))
     return config
 

@@ -20,8 +20,10 @@ import aiohttp
 import pytest
 import torch
 
-from grpo_trainer import contract as c
 from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
+from grpo_trainer.contract.codes import ReplicaState
+from grpo_trainer.contract.metrics import METRIC_REPLICA_READY, METRIC_REPLICA_SAMPLES
+from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.run_config_watch import RolloutUrlsWatch
 from grpo_trainer.server_set import EmptyRolloutSet, ServerSet
 from grpo_trainer.sync_watchdog import DaemonCall
@@ -57,7 +59,7 @@ def scripted() -> Iterator[Callable[..., str]]:
         process.wait()
 
 
-def states(replicas: ServerSet) -> dict[str, c.ReplicaState]:
+def states(replicas: ServerSet) -> dict[str, ReplicaState]:
     return {replica.url: replica.state for replica in replicas.report()}
 
 
@@ -110,7 +112,7 @@ def test_a_server_added_to_the_config_is_admitted_then_gets_traffic(scripted, tm
     assert admitted == [a, b]  # b was caught up (the weight sync's catch-up) before it was in the pool
     assert [status for status, _ in results] == [200] * 20 and {text for _, text in results} == {"a", "b"}
     report = {replica.url: replica for replica in replicas.report()}
-    assert report[b].state == c.ReplicaState.SERVING and report[b].replica == 1 and report[b].samples > 0
+    assert report[b].state == ReplicaState.SERVING and report[b].replica == 1 and report[b].samples > 0
 
 
 def test_a_joining_server_is_reported_joining_and_gets_nothing_until_it_generates(tmp_path):
@@ -118,7 +120,7 @@ def test_a_joining_server_is_reported_joining_and_gets_nothing_until_it_generate
     a_replicas = ServerSet(["http://127.0.0.1:9"])
     change = a_replicas.apply(["http://127.0.0.1:9", "http://127.0.0.1:10/"])
     assert change.joined == ("http://127.0.0.1:10",) and not change.draining
-    assert set(states(a_replicas).values()) == {c.ReplicaState.JOINING}
+    assert set(states(a_replicas).values()) == {ReplicaState.JOINING}
     assert a_replicas.acquire() is None and a_replicas.ready_urls() == []
 
 
@@ -131,7 +133,7 @@ def test_a_removed_server_finishes_its_requests_in_flight_gets_no_new_ones_then_
         wait_for(lambda: replicas.in_flight(b) == 2,
                  "two requests in flight on b")
         write_config(tmp_path / "run.json", [a])
-        wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+        wait_for(lambda: states(replicas).get(b) == ReplicaState.DRAINING, "b to drain")
         during = asyncio.run(generate(balancer.url, 10))  # while b drains
         assert b in replicas.urls  # still reported: its two requests are in flight
         first_results = first.result(timeout=30)
@@ -152,7 +154,7 @@ def _b_draining_with_two_in_flight(replicas, balancer, run_json, a: str, b: str)
     loop, first = in_background(generate(balancer.url, 4))
     wait_for(lambda: replicas.in_flight(b) == 2, "two requests in flight on b")
     write_config(run_json, [a])
-    wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+    wait_for(lambda: states(replicas).get(b) == ReplicaState.DRAINING, "b to drain")
     return loop, first
 
 
@@ -192,7 +194,7 @@ def test_a_server_removed_during_a_weight_sync_is_in_none_of_its_steps_and_its_f
         wait_for(lambda: replicas.in_flight(b) == 2, "two requests in flight on b")
         sync.pause()  # b's two requests are frozen now
         write_config(tmp_path / "run.json", [a])
-        wait_for(lambda: states(replicas).get(b) == c.ReplicaState.DRAINING, "b to drain")
+        wait_for(lambda: states(replicas).get(b) == ReplicaState.DRAINING, "b to drain")
         sync.send_weights(iter([("w", torch.ones(2))]))
         sync.resume()
         results = first.result(timeout=30)  # b was resumed after the sync, outside it
@@ -224,7 +226,7 @@ def test_a_replica_that_leaves_during_a_weight_sync_step_on_it_stays_reported_un
     with replicas.sync_step("http://b") as held:
         assert held
         replicas.apply(["http://a"])
-        assert states(replicas)["http://b"] == c.ReplicaState.DRAINING
+        assert states(replicas)["http://b"] == ReplicaState.DRAINING
         with replicas.sync_step("http://b") as again:
             assert not again  # draining: the next step of the sync leaves it out
     assert replicas.urls == ["http://a"]
@@ -254,7 +256,7 @@ def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_s
             resume = DaemonCall(sync.resume, "test-resume")
             wait_for(lambda: b_lines.count("began /resume") > admission_resumes, "the sync's /resume on b")
             write_config(tmp_path / "run.json", [a])
-            wait_for(lambda: states(replicas).get(b) != c.ReplicaState.SERVING, "the balancer to apply the new set")
+            wait_for(lambda: states(replicas).get(b) != ReplicaState.SERVING, "the balancer to apply the new set")
             wait_for(lambda: b not in replicas.urls, "the report to drop b", timeout_s=20)
             stopped_while_resuming = not resume.join(0)
             b_process.kill()  # as the supervisor does the moment the report drops it
@@ -276,7 +278,7 @@ def test_a_server_that_comes_back_while_draining_is_admitted_again_before_traffi
     try:
         loop, first = _b_draining_with_two_in_flight(replicas, balancer, tmp_path / "run.json", a, b)
         write_config(tmp_path / "run.json", [a, b])
-        wait_for(lambda: states(replicas).get(b) == c.ReplicaState.SERVING, "b to serve again")
+        wait_for(lambda: states(replicas).get(b) == ReplicaState.SERVING, "b to serve again")
         first.result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
     finally:
@@ -321,13 +323,13 @@ def test_a_torn_or_invalid_or_empty_config_keeps_the_last_good_set_with_one_warn
 def test_a_draining_server_exports_not_ready_and_never_a_second_series_for_its_ordinal():
     from grpo_trainer.exporter import render_metrics
 
-    report = c.ProgressReport(rollout=[
-        c.RolloutReplicaReport(replica=0, url="http://a", ready=True, state=c.ReplicaState.SERVING),
-        c.RolloutReplicaReport(replica=1, url="http://old", ready=True, state=c.ReplicaState.DRAINING, samples=9),
-        c.RolloutReplicaReport(replica=1, url="http://new", ready=True, state=c.ReplicaState.SERVING, samples=2),
-        c.RolloutReplicaReport(replica=2, url="http://c", ready=True, state=c.ReplicaState.DRAINING),
+    report = ProgressReport(rollout=[
+        RolloutReplicaReport(replica=0, url="http://a", ready=True, state=ReplicaState.SERVING),
+        RolloutReplicaReport(replica=1, url="http://old", ready=True, state=ReplicaState.DRAINING, samples=9),
+        RolloutReplicaReport(replica=1, url="http://new", ready=True, state=ReplicaState.SERVING, samples=2),
+        RolloutReplicaReport(replica=2, url="http://c", ready=True, state=ReplicaState.DRAINING),
     ])
     text = render_metrics(lambda: report).decode()
-    assert f'{c.METRIC_REPLICA_READY}{{replica="2"}} 0.0' in text  # takes no new request
-    assert text.count(f'{c.METRIC_REPLICA_SAMPLES}{{replica="1"}}') == 1
-    assert f'{c.METRIC_REPLICA_SAMPLES}{{replica="1"}} 2.0' in text
+    assert f'{METRIC_REPLICA_READY}{{replica="2"}} 0.0' in text  # takes no new request
+    assert text.count(f'{METRIC_REPLICA_SAMPLES}{{replica="1"}}') == 1
+    assert f'{METRIC_REPLICA_SAMPLES}{{replica="1"}} 2.0' in text

@@ -18,7 +18,8 @@ import requests
 import torch
 import yaml
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.codes import weight_version_number
+from grpo_trainer.contract.report import ProgressReport, parse_progress
 from grpo_trainer.weight_sync import adapter_name
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
@@ -58,8 +59,8 @@ def _run(tmp_path: Path, model: str, urls: list[str], epochs: int,
     return process, tmp_path / "runs" / "tiny"
 
 
-def _final_report(run_dir: Path) -> c.ProgressReport:
-    return c.parse_progress((run_dir / "termination-log").read_text())
+def _final_report(run_dir: Path) -> ProgressReport:
+    return parse_progress((run_dir / "termination-log").read_text())
 
 
 def _assert_serves_final_weights(run_dir: Path, url: str, model: str) -> None:
@@ -92,7 +93,7 @@ def test_two_replicas_share_generation_and_both_serve_each_adapter_version(vllm_
     busy = [replica.request_seconds for replica in report.rollout]
     assert all(seconds >= 0.35 * sum(busy) for seconds in busy), busy
     versions = {replica.weight_version for replica in report.rollout}
-    assert len(versions) == 1 and c.weight_version_number(versions.pop()) == report.weight_syncs
+    assert len(versions) == 1 and weight_version_number(versions.pop()) == report.weight_syncs
     learner_log = (run_dir / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     syncs = [line for line in learner_log.splitlines() if "weight sync v" in line]
     assert len(syncs) == report.weight_syncs and all("adapter of" in line for line in syncs), syncs
@@ -120,7 +121,7 @@ def test_a_replica_killed_mid_run_leaves_the_run_finishing_on_the_other(vllm_ser
     assert report.groups_consumed == report.groups_total  # the exact epoch bound
     survivor, killed = report.rollout
     assert survivor.ready and not killed.ready and killed.failures >= 1
-    assert c.weight_version_number(survivor.weight_version) == report.weight_syncs
+    assert weight_version_number(survivor.weight_version) == report.weight_syncs
     _assert_serves_final_weights(run_dir, vllm_server.url, vllm_server.model)
 
 
@@ -178,5 +179,5 @@ def test_a_replica_that_hangs_then_dies_is_restarted_each_time_and_caught_up(tin
     report = _final_report(run_dir)
     assert report.groups_consumed == report.groups_total  # the exact epoch bound
     [replica] = report.rollout
-    assert replica.ready and c.weight_version_number(replica.weight_version) == report.weight_syncs
+    assert replica.ready and weight_version_number(replica.weight_version) == report.weight_syncs
     assert replica.failures >= 1

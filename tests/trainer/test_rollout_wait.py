@@ -10,7 +10,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.metrics import (
+    LEARNER_METRIC_NAMES,
+    METRIC_ROLLOUT_QUEUE_SAMPLES,
+    METRIC_ROLLOUT_WAIT_SECONDS,
+)
+from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.exporter import render_metrics
 from grpo_trainer.rollout_wait import RolloutWaitMeter
 
@@ -96,28 +101,28 @@ class _Sink(dict):
         return self[key]
 
 
-def families(report: c.ProgressReport) -> dict[str, tuple[str, float]]:
+def families(report: ProgressReport) -> dict[str, tuple[str, float]]:
     text = render_metrics(lambda: report).decode()
     return {s.name: (family.type, s.value) for family in text_string_to_metric_families(text) for s in family.samples
             if not s.name.endswith("_created")}
 
 
 def test_wait_is_a_counter_and_queue_depth_a_gauge_on_metrics():
-    found = families(c.ProgressReport(rollout_wait_seconds=12.5, rollout_queue_samples=3))
-    assert found[c.METRIC_ROLLOUT_WAIT_SECONDS] == ("counter", 12.5)
-    assert found[c.METRIC_ROLLOUT_QUEUE_SAMPLES] == ("gauge", 3)
-    for name in (c.METRIC_ROLLOUT_WAIT_SECONDS, c.METRIC_ROLLOUT_QUEUE_SAMPLES):
-        assert name in c.LEARNER_METRIC_NAMES
+    found = families(ProgressReport(rollout_wait_seconds=12.5, rollout_queue_samples=3))
+    assert found[METRIC_ROLLOUT_WAIT_SECONDS] == ("counter", 12.5)
+    assert found[METRIC_ROLLOUT_QUEUE_SAMPLES] == ("gauge", 3)
+    for name in (METRIC_ROLLOUT_WAIT_SECONDS, METRIC_ROLLOUT_QUEUE_SAMPLES):
+        assert name in LEARNER_METRIC_NAMES
         assert (found[name][0] == "counter") == name.endswith("_total")
 
 
 def test_no_queue_yet_means_no_depth_series():
-    found = families(c.ProgressReport())
-    assert c.METRIC_ROLLOUT_QUEUE_SAMPLES not in found and found[c.METRIC_ROLLOUT_WAIT_SECONDS] == ("counter", 0)
+    found = families(ProgressReport())
+    assert METRIC_ROLLOUT_QUEUE_SAMPLES not in found and found[METRIC_ROLLOUT_WAIT_SECONDS] == ("counter", 0)
 
 
 def test_a_negative_or_non_integer_report_is_refused():
     with pytest.raises(ValidationError, match="rollout_wait_seconds|rolloutWaitSeconds"):
-        c.ProgressReport(rollout_wait_seconds=-1)
+        ProgressReport(rollout_wait_seconds=-1)
     with pytest.raises(ValidationError):
-        c.ProgressReport(rollout_queue_samples=-2)
+        ProgressReport(rollout_queue_samples=-2)

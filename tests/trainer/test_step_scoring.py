@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from grpo_trainer.contract import EXIT_STALLED, DropReason, LearnerPhase
+from grpo_trainer.contract.codes import EXIT_STALLED, DropReason, LearnerPhase
 from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop, StallError, StopCode
 from grpo_trainer.step_scoring import (
     Decisions,

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from transformers.utils import get_json_schema
 from trl.experimental.async_grpo.async_rollout_worker import TrainingSequence
 
-from grpo_trainer.contract import TrainingConfig
+from grpo_trainer.contract.config import TrainingConfig
 from grpo_trainer.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.rollout_worker import EpisodeRolloutLoop
 from grpo_trainer.testing.guess_env import WRONG_GUESS_REWARD, GuessEnvironment, make_server
@@ -87,7 +87,7 @@ def test_a_guarded_environment_plays_as_the_users_and_keeps_its_tool_schema(game
 
 def test_the_guess_factory_plays_against_the_server_the_operator_named_for_an_environment_called_guess(
         game_url, monkeypatch):
-    from grpo_trainer.contract import environment_url_variable
+    from grpo_trainer.contract.pod_env import environment_url_variable
     from grpo_trainer.testing import guess_env
 
     assert environment_url_variable("guess") == guess_env.SERVICE_URL_ENV

@@ -7,18 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer import contract as c
 from grpo_trainer import tracking
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
+from grpo_trainer.contract.config import RunConfig
+from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
 from grpo_trainer.learner_main import trainer_arguments
 
 
-def config(tmp_path=None, **fields) -> c.RunConfig:
+def config(tmp_path=None, **fields) -> RunConfig:
     base = {"model": "m", "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}], "runName": "tiny",
             "namespace": "ml"}
     if tmp_path is not None:
         base.update(checkpoint={"directory": str(tmp_path / "ckpt")}, outputDir=str(tmp_path / "out"),
                     terminationMessagePath=str(tmp_path / "termination-log"))
-    return c.RunConfig.model_validate({**base, **fields})
+    return RunConfig.model_validate({**base, **fields})
 
 
 MLFLOW = {"mlflow": {"trackingUri": "http://127.0.0.1:5000", "experiment": "grpo", "runName": "tiny-1"}}
@@ -66,16 +68,16 @@ def test_a_learner_asked_for_a_tracker_it_lacks_exits_78_naming_the_field(tmp_pa
 
     monkeypatch.setitem(tracking.TRACKER_MODULES, "tensorboard", "grpo_no_such_tracker_package")
     run = config(tmp_path, tracking={"tensorboard": {}}, learner={"device": "cpu"})
-    assert main(run) == c.EXIT_INVALID_CONFIG
-    report = c.parse_progress((tmp_path / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.FAILED
+    assert main(run) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.FAILED
     assert report.message == ("spec.tracking.tensorboard: this learner image has no grpo_no_such_tracker_package "
                               "package (install grpo-operator's `tracking` extra in the image)")
 
 
 def test_progress_numbers_for_the_trackers():
-    report = c.ProgressReport(groups_total=9, groups_consumed=5, groups_trained=3, stall_streak=2,
-                              dropped={"no_signal": 2}, rollout_wait_seconds=1.5, weight_version=4)
+    report = ProgressReport(groups_total=9, groups_consumed=5, groups_trained=3, stall_streak=2,
+                            dropped={"no_signal": 2}, rollout_wait_seconds=1.5, weight_version=4)
     logs = tracking.progress_logs(report)
     assert logs["progress/groups_trained"] == 3 and logs["progress/groups_consumed"] == 5
     assert logs["progress/groups_dropped/no_signal"] == 2 and logs["progress/stall_streak"] == 2
@@ -95,7 +97,7 @@ WANDB_OFFLINE = {"wandb": {"project": "grpo", "mode": "offline"}}
 
 def test_a_learner_starting_again_continues_the_recorded_wandb_run(tmp_path):
     run = config(tmp_path, tracking=WANDB_OFFLINE)
-    tracking.record_runs(run, [c.TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run")])
+    tracking.record_runs(run, [TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run")])
     assert tracking.continued_runs_env(run) == {"WANDB_RUN_ID": "a1b2c3d4", "WANDB_RESUME": "allow"}
     # Another project (the spec changed between starts) is another run.
     moved = config(tmp_path, tracking={"wandb": {"project": "other", "mode": "offline"}})
@@ -106,8 +108,8 @@ def test_only_the_main_process_asks_to_continue_the_recorded_runs(tmp_path, monk
     """Every rank configures its trackers, but only rank 0 logs to them: the other ranks neither ask the tracking
     server about the recorded run nor carry its id."""
     run = config(tmp_path, tracking={**MLFLOW, **WANDB_OFFLINE})
-    tracking.record_runs(run, [c.TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run"),
-                               c.TrackedRunReport(tracker="mlflow", run_id="0f1e2d3c", uri="http://mlflow/run")])
+    tracking.record_runs(run, [TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run"),
+                               TrackedRunReport(tracker="mlflow", run_id="0f1e2d3c", uri="http://mlflow/run")])
     asked = []
     monkeypatch.setattr(tracking, "continued_mlflow_run", lambda config, recorded: asked.append(recorded.run_id)
                         or recorded.run_id)
@@ -183,8 +185,8 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
         callback.on_train_begin(args, state, control, model=None)
     for step in (1, 2, 3):
         state.global_step = step
-        report = c.ProgressReport(groups_total=9, groups_consumed=2 * step, groups_trained=step, stall_streak=0,
-                                  dropped={"no_signal": step}, rollout_wait_seconds=0.5 * step)
+        report = ProgressReport(groups_total=9, groups_consumed=2 * step, groups_trained=step, stall_streak=0,
+                                dropped={"no_signal": step}, rollout_wait_seconds=0.5 * step)
         logs = {"loss": 0.25 * step, "entropy": 2.0, "kl": 0.01, "clip_ratio/region_mean": 0.0,
                 "learning_rate": 3e-6, **tracking.progress_logs(report)}
         integration.on_log(args, state, control, logs=logs)
@@ -206,7 +208,7 @@ def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_s
     dropped = client.get_metric_history(tracked.info.run_id, "progress/groups_dropped/no_signal")
     assert [m.value for m in sorted(dropped, key=lambda m: m.step)] == [1.0, 2.0, 3.0]
     # What the learner's progress report carries to status.tracking: the run, and its page on the server.
-    assert callbacks[1].tracked_runs() == [c.TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=(
+    assert callbacks[1].tracked_runs() == [TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=(
         f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}"))]
 
 
@@ -215,7 +217,7 @@ class TrackedLearner:
     `configure` sets, our parameters callback after them), fed TRL-shaped logs: what a learner start does to its
     trackers, without the model."""
 
-    def __init__(self, run: c.RunConfig, setenv):
+    def __init__(self, run: RunConfig, setenv):
         from transformers import TrainerControl, TrainerState
         from transformers.integrations import INTEGRATION_TO_CALLBACK
         from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -247,9 +249,9 @@ class TrackedLearner:
 KILLED_LEARNER = """
 import os, signal, sys
 import mlflow
-from grpo_trainer import contract as c
+from grpo_trainer.contract.config import RunConfig
 from tests.trainer.test_tracking import TrackedLearner
-learner = TrackedLearner(c.RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
+learner = TrackedLearner(RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
 learner.log_steps((1, 2, 3))
 mlflow.flush_async_logging()
 os.kill(os.getpid(), signal.SIGKILL)
@@ -298,7 +300,7 @@ def test_a_restarted_learner_continues_its_mlflow_run_killed_or_finished(mlflow_
     assert sorted((m.step, m.value) for m in loss) == [(step, 0.25 * step) for step in range(1, 7)]
     assert tracked.data.params["grporun.rollout.urls"] == first.data.params["grporun.rollout.urls"]
     page = f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{tracked.info.run_id}"
-    expected = [c.TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=page)]
+    expected = [TrackedRunReport(tracker="mlflow", run_id=tracked.info.run_id, uri=page)]
     assert restarted.parameters.tracked_runs() == resumed.parameters.tracked_runs() == expected
 
 
@@ -376,7 +378,7 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
     # The run on the status: its id, and the offline run's directory (what `wandb sync` uploads).
     (first,) = callbacks[1].tracked_runs()
     assert offline_run.name.endswith(f"-{first.run_id}")
-    assert first == c.TrackedRunReport(tracker="wandb", run_id=first.run_id, uri=str(offline_run))
+    assert first == TrackedRunReport(tracker="wandb", run_id=first.run_id, uri=str(offline_run))
 
     # A learner that starts again continues the same run, by its id. (A new process reads W&B's env afresh; here
     # the teardown above makes this one do so.)

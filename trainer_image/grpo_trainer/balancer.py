@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from .rollout_health import PROBE_TIMEOUT_S, generation_probe
+from .contract.rollout_pod import PROBE_TIMEOUT_S
+from .rollout_health import generation_probe
 from .run_config_watch import WATCH_INTERVAL_S, RolloutUrlsWatch
 from .server_set import EmptyRolloutSet, ServerSet
 

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .contract import DropReason
+from .contract.codes import DropReason
 from .model_export import sha256_of
 from .progress.state import ProgressStateError, check_version
 

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .contract import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from .contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
 
 GANG_DIR_ENV = "GRPO_GANG_DIR"
 #: Outcomes all ranks decide at the same micro-batch: a rank records it and exits 0 (see the module docstring).

@@ -19,8 +19,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from . import contract as c
-from .store_uri import (
+from .contract.config import InputsConfig, RunConfig
+from .contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX
+from .contract.store_uri import (
     ACCESS_KEY_ENV,
     ENDPOINT_ENV,
     REGION_ENV,
@@ -48,11 +49,11 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(base) / "grpo" / "inputs"
 
 
-def cache_dir(config: c.RunConfig, environ: Mapping[str, str] = os.environ) -> Path:
+def cache_dir(config: RunConfig, environ: Mapping[str, str] = os.environ) -> Path:
     return Path(config.inputs.cache_dir) if config.inputs.cache_dir else default_cache_dir(environ)
 
 
-def local_path(value: str, config: c.RunConfig, environ: Mapping[str, str] = os.environ) -> str:
+def local_path(value: str, config: RunConfig, environ: Mapping[str, str] = os.environ) -> str:
     """Where `value` (a model or dataset.path) is loaded from: an s3:// URI's place in the inputs cache (downloaded
     there or not), anything else as it is. The folder keeps the URI's last segment, so a file keeps its suffix."""
     if not is_object_store_uri(value):
@@ -62,14 +63,14 @@ def local_path(value: str, config: c.RunConfig, environ: Mapping[str, str] = os.
     return str(cache_dir(config, environ) / OBJECT_STORE_FOLDER / digest / name)
 
 
-def store_environ(inputs: c.InputsConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def store_environ(inputs: InputsConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables boto3 reads for the inputs' store: the inputs' own credentials (GRPO_INPUTS_AWS_*, from
     spec.inputs.credentialsSecret) over the plain ones (this machine's, under grporun local), the spec's endpoint and
     region over the environment's."""
     env = {name: value for name, value in environ.items() if name.startswith("AWS_")}
     for name in _CREDENTIAL_ENV:
-        if environ.get(c.INPUT_CREDENTIALS_ENV_PREFIX + name):
-            env[name] = environ[c.INPUT_CREDENTIALS_ENV_PREFIX + name]
+        if environ.get(INPUT_CREDENTIALS_ENV_PREFIX + name):
+            env[name] = environ[INPUT_CREDENTIALS_ENV_PREFIX + name]
     if inputs.endpoint:
         env.update({name: inputs.endpoint for name in ENDPOINT_ENV})
     if inputs.region:
@@ -77,12 +78,12 @@ def store_environ(inputs: c.InputsConfig, environ: Mapping[str, str] = os.enviro
     return env
 
 
-def check_credentials(inputs: c.InputsConfig, *, object_store: bool,
+def check_credentials(inputs: InputsConfig, *, object_store: bool,
                       environ: Mapping[str, str] = os.environ) -> None:
     """The Secrets the spec names have arrived (their references are optional, so a missing Secret or key is this
     one line instead of a pod that never starts); `object_store`: an s3:// input is to be read."""
-    if inputs.hub_token_secret and not environ.get(c.HUB_TOKEN_ENV):
-        raise InputError(f"inputs.hubTokenSecret: Secret {inputs.hub_token_secret!r} gave no {c.HUB_TOKEN_ENV} "
+    if inputs.hub_token_secret and not environ.get(HUB_TOKEN_ENV):
+        raise InputError(f"inputs.hubTokenSecret: Secret {inputs.hub_token_secret!r} gave no {HUB_TOKEN_ENV} "
                          "(no such Secret, or no such key in it)")
     if object_store and inputs.credentials_secret:
         store = store_environ(inputs, environ)
@@ -92,7 +93,7 @@ def check_credentials(inputs: c.InputsConfig, *, object_store: bool,
                              f"{' or '.join(missing)} (no such Secret, or no such key in it)")
 
 
-def fetch(value: str, field: str, config: c.RunConfig, *, environ: Mapping[str, str] = os.environ,
+def fetch(value: str, field: str, config: RunConfig, *, environ: Mapping[str, str] = os.environ,
           client=None) -> str:
     """`value`'s local path, downloaded first when it is an s3:// URI not in the cache yet; InputError naming
     `field`."""
@@ -116,8 +117,8 @@ def fetch(value: str, field: str, config: c.RunConfig, *, environ: Mapping[str, 
     return str(target)
 
 
-def resolve(config: c.RunConfig, *, dataset: bool, environ: Mapping[str, str] = os.environ,
-            client=None) -> c.RunConfig:
+def resolve(config: RunConfig, *, dataset: bool, environ: Mapping[str, str] = os.environ,
+            client=None) -> RunConfig:
     """`config` with its model (and, with `dataset`, its dataset.path) where this process loads them, downloaded
     where they are s3:// URIs; InputError naming the field."""
     values = [config.model, *([config.dataset.path] if dataset and config.dataset.path is not None else [])]

@@ -17,12 +17,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import contract as c
+from .contract.codes import (
+    EXIT_EXPORT_FAILED,
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    EXIT_SUCCEEDED,
+    LearnerPhase,
+)
+from .contract.config import DatasetConfig, LoraConfig, RunConfig
+from .contract.report import ExportReport, ProgressReport
+from .contract.store_uri import is_object_store_uri
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .progress import queue_bound
 from .rewards import RewardResultError, UserCodeError, load_rewards
-from .store_uri import is_object_store_uri
 from .tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
@@ -50,7 +59,7 @@ def as_messages(prompt: Any) -> list[dict[str, Any]]:
     raise ConfigError(f"dataset prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
 
 
-def trainer_arguments(config: c.RunConfig) -> dict[str, Any]:
+def trainer_arguments(config: RunConfig) -> dict[str, Any]:
     """Keyword arguments for TRL's AsyncGRPOConfig. `training.extraArgs` win: the user's escape hatch."""
     training = config.training
     on_cpu = config.learner.device == "cpu"
@@ -97,20 +106,20 @@ ALL_LINEAR = "all-linear"
 FINAL_ADAPTER_FOLDER = "adapter"
 
 
-def peft_config(lora: c.LoraConfig | None):
+def peft_config(lora: LoraConfig | None):
     """peft's LoraConfig for `training.lora` (None: full fine-tuning). TRL wraps the policy with it."""
     if lora is None:
         return None
-    from peft import LoraConfig, TaskType
+    import peft
 
-    return LoraConfig(
+    return peft.LoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules) if lora.target_modules else ALL_LINEAR,
-        task_type=TaskType.CAUSAL_LM,
+        task_type=peft.TaskType.CAUSAL_LM,
     )
 
 
-def adapter_sync(config: c.RunConfig) -> bool:
+def adapter_sync(config: RunConfig) -> bool:
     """Whether the learner syncs the adapter alone to each rollout server through its filesystem transfer. Over
     NCCL TRL decides itself, from the server's `--enable-lora`, which the rollout pods get only for `sync: adapter`."""
     lora = config.training.lora
@@ -139,7 +148,7 @@ def head_module_names(model_config) -> list[str]:
     return [name for name, module in model.named_modules() if any(module is head for head in heads if head is not None)]
 
 
-def check_lora_targets(lora: c.LoraConfig | None, model_config) -> None:
+def check_lora_targets(lora: LoraConfig | None, model_config) -> None:
     """Refuse a LoRA target that selects the head, under whatever name this model gives it (the spec refuses the
     usual names before the run starts). TRL refuses an adapted head as well, but as a crash the run would retry."""
     if lora is None or not lora.target_modules:
@@ -154,7 +163,7 @@ def check_lora_targets(lora: c.LoraConfig | None, model_config) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 # I/O
 # ----------------------------------------------------------------------------------------------------------------------
-def load_prompts(dataset_config: c.DatasetConfig):
+def load_prompts(dataset_config: DatasetConfig):
     """The prompt dataset with a `prompt` column of chat messages; other columns reach the rewards as kwargs."""
     import datasets
 
@@ -199,7 +208,7 @@ def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
 
 
 @contextlib.contextmanager
-def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
+def http_only_rollout_worker(config: RunConfig) -> Iterator[None]:
     """Let TRL build its own AsyncRolloutWorker and weight sync in this learner, or say why it cannot.
 
     The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
@@ -230,7 +239,7 @@ def http_only_rollout_worker(config: c.RunConfig) -> Iterator[None]:
         async_rollout_worker.is_vllm_available = check
 
 
-def load_reward_models(config: c.RunConfig) -> list:
+def load_reward_models(config: RunConfig) -> list:
     """Rank 0's reward models (grpo_trainer.scoring), on the device rank 0 trains on; other ranks load none."""
     from .scoring import RewardModel
 
@@ -246,7 +255,7 @@ def load_reward_models(config: c.RunConfig) -> list:
     return models
 
 
-def build_learner(config: c.RunConfig, config_path: str | None = None):
+def build_learner(config: RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
     model and TRL load, so a mistake in it ends the learner at once."""
@@ -387,7 +396,7 @@ def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> No
         tokenizer.save_pretrained(directory)
 
 
-def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
+def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
     """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export), then upload it when
     its URI is an object store's (grpo_trainer.object_store, the manifest last); rank 0's report, None on the other
     ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and uploads."""
@@ -427,12 +436,12 @@ def export_trained_model(config: c.RunConfig, learner) -> c.ExportReport | None:
     return exported
 
 
-def upload_export(exported: c.ExportReport) -> c.ExportReport:
+def upload_export(exported: ExportReport) -> ExportReport:
     """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
     naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
+    from .contract.store_uri import parse_uri
     from .model_export import ExportError
     from .object_store import ObjectStoreError, upload_folder
-    from .store_uri import parse_uri
 
     try:
         uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
@@ -442,8 +451,8 @@ def upload_export(exported: c.ExportReport) -> c.ExportReport:
     return exported.model_copy(update={"sha256": uploaded.sha256, "bytes": uploaded.bytes})
 
 
-def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, message: str,
-            output: c.ExportReport | None = None) -> int:
+def _finish(config: RunConfig, learner, code: int, phase: LearnerPhase, message: str,
+            output: ExportReport | None = None) -> int:
     report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message, "output": output})
     if int(os.environ.get("RANK", "0")) == 0:
         write_termination_message(report, config.termination_message_path)
@@ -451,7 +460,7 @@ def _finish(config: c.RunConfig, learner, code: int, phase: c.LearnerPhase, mess
     return code
 
 
-def _final_report(config: c.RunConfig, learner) -> c.ProgressReport:
+def _final_report(config: RunConfig, learner) -> ProgressReport:
     """The learner's last report; without figures when it has none, or when they break the accounting identity
     (the exit then says why)."""
     from .progress import AccountingError
@@ -461,7 +470,7 @@ def _final_report(config: c.RunConfig, learner) -> c.ProgressReport:
             return learner.progress_report()
         except AccountingError:
             pass
-    return c.ProgressReport(epochs=config.training.epochs)
+    return ProgressReport(epochs=config.training.epochs)
 
 
 def describe_error(error: BaseException) -> str:
@@ -496,7 +505,7 @@ def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def main(config: c.RunConfig, config_path: str | None = None) -> int:
+def main(config: RunConfig, config_path: str | None = None) -> int:
     """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
     entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
     `rollout.urls`)."""
@@ -519,27 +528,27 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
         if resume:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
-        if learner.phase == c.LearnerPhase.PREEMPTED:
-            return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, learner.message)
+        if learner.phase == LearnerPhase.PREEMPTED:
+            return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, learner.message)
         if config.output is not None:
             exported = export_trained_model(config, learner)
         else:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
     except Preempted as preempted:
-        return _finish(config, learner, c.EXIT_PREEMPTED, c.LearnerPhase.PREEMPTED, str(preempted))
+        return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, str(preempted))
     # a retry would find the same config, the same files, the same store
     except (ConfigError, UnusableCheckpoints, InputError) as error:
-        return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(error))
+        return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(error))
     except StallError as error:
-        return _finish(config, learner, c.EXIT_STALLED, c.LearnerPhase.STALLED, str(error))
+        return _finish(config, learner, EXIT_STALLED, LearnerPhase.STALLED, str(error))
     except ExportError as error:  # trained, but the model is not where the run said: no success; checkpoints stay
-        return _finish(config, learner, c.EXIT_EXPORT_FAILED, c.LearnerPhase.FAILED, str(error))
+        return _finish(config, learner, EXIT_EXPORT_FAILED, LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
         broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
         if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
-            return _finish(config, learner, c.EXIT_INVALID_CONFIG, c.LearnerPhase.FAILED, str(broken_reward))
-        return _finish(config, learner, 1, c.LearnerPhase.FAILED, describe_error(error))
+            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(broken_reward))
+        return _finish(config, learner, 1, LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()
         if learner is not None:
@@ -547,11 +556,11 @@ def main(config: c.RunConfig, config_path: str | None = None) -> int:
     try:
         report = learner.progress_report()
     except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success
-        return _finish(config, learner, 1, c.LearnerPhase.FAILED, str(error))
+        return _finish(config, learner, 1, LearnerPhase.FAILED, str(error))
     counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
               f"{report.dropped_total} dropped, {report.global_step} steps")
     # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.
     summary = f"{learner.message}: {counts}" if report.ended_short else f"epoch bound reached: {counts}"
     if exported is not None:
         summary += f"; model exported to {exported.uri}"
-    return _finish(config, learner, c.EXIT_SUCCEEDED, c.LearnerPhase.SUCCEEDED, summary, exported)
+    return _finish(config, learner, EXIT_SUCCEEDED, LearnerPhase.SUCCEEDED, summary, exported)

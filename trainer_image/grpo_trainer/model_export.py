@@ -2,7 +2,7 @@
 
 At the end of a run the learner writes the model (safetensors, config, tokenizer, generation config) into a staging
 folder beside its destination, on the same volume, adds a short model card (README.md) and, last, the manifest
-(`contract.EXPORT_MANIFEST_FILE`): the GRPORun spec, the final progress, the package versions and every file's
+(`contract.codes.EXPORT_MANIFEST_FILE`): the GRPORun spec, the final progress, the package versions and every file's
 size and sha256. Everything is fsynced, then the staging folder is renamed into place in one step. A reader thus
 sees no folder, the previous complete one, or the new complete one; an export killed halfway leaves only a hidden
 `.NAME.partial` folder without a manifest, which the next export removes.
@@ -24,7 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .contract import EXPORT_MANIFEST_FILE, ExportReport
+from .contract.codes import EXPORT_MANIFEST_FILE
+from .contract.report import ExportReport
 
 MODEL_CARD_FILE = "README.md"
 MANIFEST_KIND = "GRPOModelExport"

@@ -1,8 +1,8 @@
 """A folder in an S3-compatible object store (`s3://bucket/prefix`), written whole or not at all, and read back
 verified.
 
-An object store has no rename, so a folder cannot be staged and moved into place as on a volume. Instead the
-manifest (`contract.EXPORT_MANIFEST_FILE`: every file's path, size and sha256) is the commit: an upload removes the
+An object store has no rename, so a folder cannot be staged and moved into place as on a volume. Instead the manifest
+(`contract.codes.EXPORT_MANIFEST_FILE`: every file's path, size and sha256) is the commit: an upload removes the
 prefix's old manifest, writes every file, and puts the manifest last; a reader treats a prefix without a manifest as
 absent, and checks each file it downloads against the manifest. An upload killed halfway leaves files without a
 manifest: no model, never half of one.
@@ -32,9 +32,9 @@ import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-from .contract import EXPORT_MANIFEST_FILE
+from .contract.codes import EXPORT_MANIFEST_FILE
+from .contract.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, Location
 from .model_export import file_digests, sha256_of
-from .store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, Location
 
 #: A manifest bigger than this is not one of ours (a model's manifest is a few KB per thousand files).
 MANIFEST_MAX_BYTES = 16 << 20

@@ -1,4 +1,4 @@
-"""SIGTERM in a learner process: checkpoint, then exit as preempted (contract.EXIT_PREEMPTED).
+"""SIGTERM in a learner process: checkpoint, then exit as preempted (contract.codes.EXIT_PREEMPTED).
 
 Kubernetes sends SIGTERM on pod deletion, node drain and spot reclaim, then SIGKILL after the pod's grace period.
 Python's default ended the process without a checkpoint (up to `saveSteps` of work lost) and exit 143 counted

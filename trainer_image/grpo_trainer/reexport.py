@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import contract as c
+from .contract.config import RunConfig
+from .contract.report import ExportReport
 from .model_export import ExportError, export_model, package_versions, reward_trend
 
 #: What a checkpoint holds besides the model: the trainer's and the run's state, which an export leaves out.
@@ -33,7 +34,7 @@ def model_files(checkpoint: Path) -> list[Path]:
                   if path.is_file() and not any(fnmatch.fnmatch(path.name, pattern) for pattern in TRAINING_STATE))
 
 
-def _provenance(config: c.RunConfig, checkpoint: Path, marker: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+def _provenance(config: RunConfig, checkpoint: Path, marker: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     try:
         state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -50,12 +51,12 @@ def _provenance(config: c.RunConfig, checkpoint: Path, marker: Mapping[str, Any]
     }, step
 
 
-def export_from_checkpoint(config: c.RunConfig, checkpoint: str | None = None) -> c.ExportReport:
+def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> ExportReport:
     """Export the model of `checkpoint` (default: the newest complete one of config.checkpoint.directory, its
     marker verified) to config.output; ExportError naming the field or the path and the cause."""
     from .checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
+    from .contract.store_uri import is_object_store_uri
     from .learner_main import upload_export
-    from .store_uri import is_object_store_uri
 
     if config.output is None:
         raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")
@@ -83,10 +84,10 @@ def export_from_checkpoint(config: c.RunConfig, checkpoint: str | None = None) -
     return exported
 
 
-def store_environ(config: c.RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def store_environ(config: RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """`environ` with the endpoint and region the run's spec.output names (a pod has them as env already; a local
     run's config keeps them in the spec alone)."""
-    from .store_uri import ENDPOINT_ENV, REGION_ENV
+    from .contract.store_uri import ENDPOINT_ENV, REGION_ENV
 
     output = (config.output.run_spec.get("output") or {}) if config.output is not None else {}
     env = dict(environ)

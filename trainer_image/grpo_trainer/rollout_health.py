@@ -10,21 +10,10 @@ import asyncio
 
 import aiohttp
 
-PROBE_TIMEOUT_S = 30.0
+from .contract.rollout_pod import HEALTH_REQUEST_TIMEOUT_S, PROBE_TIMEOUT_S, STARTUP_POLL_S, STARTUP_WAIT_S
+
+#: What the probe asks to complete: any three token ids the model has.
 PROBE_PROMPT = [1, 2, 3]
-#: The rollout server's liveness (the pod's probe, and `grporun local`'s): one generation probe every
-#: LIVENESS_PERIOD_S; LIVENESS_FAILURE_THRESHOLD failures in a row (a minute and more without a token) mean hung,
-#: and the server is restarted. A weight sync holds a server paused for seconds, far below that.
-LIVENESS_PERIOD_S = 20
-LIVENESS_FAILURE_THRESHOLD = 3
-#: The pod's startup probe waits this long for `/health` inside one run, so a model load costs one failure (one
-#: Warning event) per 5 min. The kubelet lets 25 Warnings per pod through, then one per 5 min: a plain 10 s probe
-#: spent them all in a 5 min load, and the liveness failures of a server that hung later were never shown.
-STARTUP_WAIT_S = 290
-#: How often the startup probe asks `/health` while it waits, and how long one ask may take: a loading server
-#: answers at once or refuses the connection, so a slow answer is a busy machine, not a verdict.
-STARTUP_POLL_S = 1.0
-HEALTH_REQUEST_TIMEOUT_S = 5.0
 
 
 async def generation_probe(

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import contract as c
 from .balancer import BalancerTimings, RolloutBalancer
+from .contract.config import RunConfig
+from .contract.report import RolloutReplicaReport
 from .run_config_watch import RolloutUrlsWatch
 from .server_set import ServerSet
 from .weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
@@ -29,7 +30,7 @@ class RolloutPool:
     def url(self) -> str:
         return self.balancer.url
 
-    def report(self) -> list[c.RolloutReplicaReport]:
+    def report(self) -> list[RolloutReplicaReport]:
         return self.servers.report()
 
     def stop(self) -> None:
@@ -37,7 +38,7 @@ class RolloutPool:
 
 
 def start_rollout_pool(
-    config: c.RunConfig, *, ready_timeout_s: float, tied_embeddings: bool, request_timeout_s: float = 600.0,
+    config: RunConfig, *, ready_timeout_s: float, tied_embeddings: bool, request_timeout_s: float = 600.0,
     config_path: str | None = None,
 ) -> RolloutPool:
     """`request_timeout_s` is TRL's own (`request_timeout`): a server that has not answered by then is hung. With

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .contract import load_run_config
+from .contract.config import load_run_config
+from .contract.wire import config_error_line
 from .server_set import normalized
-from .validation import config_error_line
 
 logger = logging.getLogger(__name__)
 

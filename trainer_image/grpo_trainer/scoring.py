@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .contract import REWARD_MODEL_BATCH_SIZE, DropReason, RewardConfig
+from .contract.codes import DropReason
+from .contract.config import REWARD_MODEL_BATCH_SIZE, RewardConfig
 from .episodes import GROUP_ROWS_KEY, group_rows
 from .rewards import completion_text
 

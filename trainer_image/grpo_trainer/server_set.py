@@ -20,14 +20,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import contract as c
+from .contract.codes import ReplicaState
+from .contract.report import RolloutReplicaReport
 
 
 @dataclass
 class RolloutServer:
     index: int
     url: str
-    state: c.ReplicaState = c.ReplicaState.JOINING
+    state: ReplicaState = ReplicaState.JOINING
     ready: bool = False
     weight_version: str | None = None
     outstanding: int = 0
@@ -107,7 +108,7 @@ class ServerSet:
         """The pool: admitted servers that are up. Routing, every weight sync step and the liveness probe use it."""
         with self._lock:
             return [server.url for server in self._servers
-                    if server.ready and server.state == c.ReplicaState.SERVING]
+                    if server.ready and server.state == ReplicaState.SERVING]
 
     @contextlib.contextmanager
     def sync_step(self, url: str, *, admitting: bool = False) -> Iterator[bool]:
@@ -117,9 +118,9 @@ class ServerSet:
         with self._lock:
             server = self._find(url)
             if admitting:
-                held = server is not None and server.state != c.ReplicaState.DRAINING
+                held = server is not None and server.state != ReplicaState.DRAINING
             else:
-                held = server is not None and server.ready and server.state == c.ReplicaState.SERVING
+                held = server is not None and server.ready and server.state == ReplicaState.SERVING
             if held:
                 server.sync_steps += 1
         try:
@@ -138,8 +139,8 @@ class ServerSet:
         with self._lock:
             return [server.url for server in self._servers
                     if server.ready and server.proven_at <= since
-                    and (server.state == c.ReplicaState.SERVING
-                         or (server.state == c.ReplicaState.DRAINING and server.outstanding))]
+                    and (server.state == ReplicaState.SERVING
+                         or (server.state == ReplicaState.DRAINING and server.outstanding))]
 
     def proved(self, url: str) -> None:
         """`url` generated (its liveness probe answered)."""
@@ -152,7 +153,7 @@ class ServerSet:
         """Replicas in the set that are not in the pool: joining ones, and serving ones that failed."""
         with self._lock:
             return [server.url for server in self._servers
-                    if server.state != c.ReplicaState.DRAINING and not server.ready]
+                    if server.state != ReplicaState.DRAINING and not server.ready]
 
     def apply(self, urls: list[str]) -> MembershipChange:
         """Make `urls` the set, in their order (a server's index is its place in it; a draining one keeps its last).
@@ -172,14 +173,14 @@ class ServerSet:
                 if server is None:
                     server = RolloutServer(index, url)
                     joined.append(url)
-                elif server.state == c.ReplicaState.DRAINING:
-                    server.state, server.ready = c.ReplicaState.JOINING, False
+                elif server.state == ReplicaState.DRAINING:
+                    server.state, server.ready = ReplicaState.JOINING, False
                     joined.append(url)
                 server.index = index
                 members.append(server)
             for server in known.values():
-                if server.state != c.ReplicaState.DRAINING:
-                    server.state = c.ReplicaState.DRAINING
+                if server.state != ReplicaState.DRAINING:
+                    server.state = ReplicaState.DRAINING
                     draining.append(server.url)
                 if server.busy:
                     members.append(server)
@@ -193,9 +194,9 @@ class ServerSet:
         meanwhile: it stays out of the pool."""
         with self._lock:
             server = self._find(url)
-            if server is None or server.state == c.ReplicaState.DRAINING:
+            if server is None or server.state == ReplicaState.DRAINING:
                 return False
-            server.state, server.ready = c.ReplicaState.SERVING, True
+            server.state, server.ready = ReplicaState.SERVING, True
             server.proven_at = time.monotonic()  # its admission began with a generated token
             return True
 
@@ -207,7 +208,7 @@ class ServerSet:
         """
         with self._lock:
             ready = [server for server in self._servers
-                     if server.ready and server.state == c.ReplicaState.SERVING]
+                     if server.ready and server.state == ReplicaState.SERVING]
             if not ready:
                 return None
             chosen = min(ready, key=lambda server: (server.outstanding, server.requests, server.index))
@@ -270,10 +271,10 @@ class ServerSet:
             server = self._find(url)
             return server is not None and server.ready
 
-    def report(self) -> list[c.RolloutReplicaReport]:
+    def report(self) -> list[RolloutReplicaReport]:
         with self._lock:
             return [
-                c.RolloutReplicaReport(
+                RolloutReplicaReport(
                     replica=server.index, url=server.url, ready=server.ready, state=server.state,
                     weight_version=server.weight_version,
                     samples=server.samples, failures=server.failures, retried=server.retried,
@@ -284,7 +285,7 @@ class ServerSet:
 
     def _forget_if_drained(self, server: RolloutServer) -> None:
         """A draining server with nothing left in flight leaves the set (called under the lock)."""
-        if server.state == c.ReplicaState.DRAINING and not server.busy:
+        if server.state == ReplicaState.DRAINING and not server.busy:
             self._servers = [other for other in self._servers if other is not server]
 
     def _find(self, url: str) -> RolloutServer | None:

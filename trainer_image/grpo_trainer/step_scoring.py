@@ -22,7 +22,7 @@ from enum import IntEnum
 
 import torch
 
-from .contract import MaskReason
+from .contract.codes import MaskReason
 
 
 class Verdict(IntEnum):

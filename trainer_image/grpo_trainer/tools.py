@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .contract import TrainingConfig
+from .contract.config import TrainingConfig
 from .rewards import UserCodeError, import_function
 
 

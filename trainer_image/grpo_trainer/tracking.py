@@ -23,7 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import contract as c
+from .contract.config import RunConfig
+from .contract.pod_env import MLFLOW_CREDENTIAL_ENV, WANDB_API_KEY_ENV
+from .contract.report import ProgressReport, TrackedRunReport
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +48,18 @@ class TrackingConfigError(ValueError):
     """A tracker the run asks for that cannot work here; one line naming `spec.tracking.<name>`."""
 
 
-def tracking_root(config: c.RunConfig) -> str:
+def tracking_root(config: RunConfig) -> str:
     """Where the trackers' files go: the checkpoint directory (a volume that outlives the pod) when the run has one,
     else the output directory."""
     return config.checkpoint.directory or config.output_dir
 
 
-def tracking_directory(config: c.RunConfig, tracker: str) -> str:
+def tracking_directory(config: RunConfig, tracker: str) -> str:
     """Where a file-writing tracker writes."""
     return os.path.join(tracking_root(config), tracker)
 
 
-def runs_file(config: c.RunConfig) -> str:
+def runs_file(config: RunConfig) -> str:
     return os.path.join(tracking_root(config), RUNS_FILE)
 
 
@@ -88,11 +90,11 @@ class RecordedRuns(BaseModel):
     wandb: RecordedWandbRun | None = None
 
 
-def _run_key(config: c.RunConfig) -> str:
+def _run_key(config: RunConfig) -> str:
     return f"{config.namespace}/{config.run_name}"
 
 
-def read_recorded_runs(config: c.RunConfig) -> RecordedRuns | None:
+def read_recorded_runs(config: RunConfig) -> RecordedRuns | None:
     """The runs the last start of this learner recorded; None, with a warning, for a file that cannot be trusted
     (torn, tampered with, another run's): the trackers then start new runs."""
     path = runs_file(config)
@@ -121,7 +123,7 @@ def read_recorded_runs(config: c.RunConfig) -> RecordedRuns | None:
     return recorded
 
 
-def record_runs(config: c.RunConfig, runs: list[c.TrackedRunReport]) -> None:
+def record_runs(config: RunConfig, runs: list[TrackedRunReport]) -> None:
     """Save the runs the trackers started, for the next start of this learner to continue (rank 0 only)."""
     ids = {run.tracker: run.run_id for run in runs}
     tracking = config.tracking
@@ -144,7 +146,7 @@ def record_runs(config: c.RunConfig, runs: list[c.TrackedRunReport]) -> None:
         logger.warning(f"tracking: cannot write {path} ({error}): a restarted learner will start new runs")
 
 
-def continued_mlflow_run(config: c.RunConfig, recorded: RecordedMlflowRun) -> str | None:
+def continued_mlflow_run(config: RunConfig, recorded: RecordedMlflowRun) -> str | None:
     """The recorded MLflow run's id when the tracking server still has it, active, in the run's experiment; else
     None with a warning (MLflow refuses to continue such a run, and the learner would fail each start)."""
     mlflow = config.tracking.mlflow
@@ -177,7 +179,7 @@ def continued_mlflow_run(config: c.RunConfig, recorded: RecordedMlflowRun) -> st
     return recorded.run_id
 
 
-def continued_runs_env(config: c.RunConfig) -> dict[str, str]:
+def continued_runs_env(config: RunConfig) -> dict[str, str]:
     """The env that makes the trackers' integrations continue the runs this learner's last start recorded."""
     recorded = read_recorded_runs(config)
     if recorded is None:
@@ -204,12 +206,12 @@ def continued_runs_env(config: c.RunConfig) -> dict[str, str]:
     return env
 
 
-def mlflow_experiment(config: c.RunConfig) -> str:
+def mlflow_experiment(config: RunConfig) -> str:
     """The MLflow experiment the run's runs go to: the spec's, else the run's namespace."""
     return config.tracking.mlflow.experiment or config.namespace
 
 
-def tracker_env(config: c.RunConfig) -> dict[str, str]:
+def tracker_env(config: RunConfig) -> dict[str, str]:
     """The env transformers' integrations read for the trackers the run asks for (credentials excepted: the pod's
     env carries those, from Secrets)."""
     tracking = config.tracking
@@ -229,18 +231,18 @@ def tracker_env(config: c.RunConfig) -> dict[str, str]:
     return env
 
 
-def check_trackers(config: c.RunConfig, environ: MutableMapping[str, str] | None = None) -> None:
+def check_trackers(config: RunConfig, environ: MutableMapping[str, str] | None = None) -> None:
     """Raise TrackingConfigError when a tracker's package is not installed or its Secret gave no credential."""
     environ = os.environ if environ is None else environ
     tracking = config.tracking
     mlflow = tracking.mlflow
-    credentials_given = any(environ.get(variable) for variable in c.MLFLOW_CREDENTIAL_ENV.values())
+    credentials_given = any(environ.get(variable) for variable in MLFLOW_CREDENTIAL_ENV.values())
     if mlflow is not None and mlflow.credentials_secret and not credentials_given:
         raise TrackingConfigError(
             f"spec.tracking.mlflow.credentialsSecret: Secret {mlflow.credentials_secret!r} is missing or has "
-            f"none of the keys {', '.join(c.MLFLOW_CREDENTIAL_ENV)}")
+            f"none of the keys {', '.join(MLFLOW_CREDENTIAL_ENV)}")
     wandb = tracking.wandb
-    if wandb is not None and wandb.mode == "online" and not environ.get(c.WANDB_API_KEY_ENV):
+    if wandb is not None and wandb.mode == "online" and not environ.get(WANDB_API_KEY_ENV):
         ref = wandb.api_key_secret
         where = f"Secret {ref.name!r} key {ref.key!r}" if ref else "no Secret"
         raise TrackingConfigError(f"spec.tracking.wandb.apiKeySecret: {where} gave no API key "
@@ -252,7 +254,7 @@ def check_trackers(config: c.RunConfig, environ: MutableMapping[str, str] | None
                 "(install grpo-operator's `tracking` extra in the image)")
 
 
-def configure(config: c.RunConfig, environ: MutableMapping[str, str] | None = None, *,
+def configure(config: RunConfig, environ: MutableMapping[str, str] | None = None, *,
               main_process: bool = True) -> list[str]:
     """Check the trackers, set the env their integrations read (continuing the runs this learner's last start
     recorded), make their directories; the `report_to` list. Only the main process (rank 0) logs to the trackers,
@@ -270,7 +272,7 @@ def configure(config: c.RunConfig, environ: MutableMapping[str, str] | None = No
     return config.tracking.trackers
 
 
-def progress_logs(report: c.ProgressReport) -> dict[str, float]:
+def progress_logs(report: ProgressReport) -> dict[str, float]:
     """The progress numbers a tracker plots per logged step: groups, drops by reason, stall streak, rollout wait."""
     logs = {
         f"{PROGRESS_PREFIX}groups_consumed": float(report.groups_consumed),
@@ -297,7 +299,7 @@ def progress_logs(report: c.ProgressReport) -> dict[str, float]:
     return logs
 
 
-def run_parameters(config: c.RunConfig) -> dict[str, str]:
+def run_parameters(config: RunConfig) -> dict[str, str]:
     """The run's resolved config, flat (`grporun.training.learningRate`), as the trackers' parameters. It holds no
     credential: Secrets are named, never read, in the config."""
 
@@ -311,7 +313,7 @@ def run_parameters(config: c.RunConfig) -> dict[str, str]:
     return dict(flatten(config.model_dump(mode="json", by_alias=True), PARAMETER_PREFIX.rstrip(".")))
 
 
-def log_run_parameters(config: c.RunConfig, trackers: list[str], tensorboard_writer: Any = None) -> None:
+def log_run_parameters(config: RunConfig, trackers: list[str], tensorboard_writer: Any = None) -> None:
     """Log the run's spec to each tracker's run, which its integration has started (`on_train_begin`)."""
     parameters = run_parameters(config)
     if "mlflow" in trackers:
@@ -349,16 +351,16 @@ def mlflow_run_uri(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     return f"{tracking_uri}#{run_id}"
 
 
-def _tracked_run(tracker: str, run_id: str, uri: str) -> c.TrackedRunReport | None:
+def _tracked_run(tracker: str, run_id: str, uri: str) -> TrackedRunReport | None:
     try:
-        return c.TrackedRunReport(tracker=tracker, run_id=run_id, uri=uri)
+        return TrackedRunReport(tracker=tracker, run_id=run_id, uri=uri)
     except ValidationError as error:
         logger.warning(f"tracking: {tracker} run {run_id[:128]!r} at {uri[:256]!r} is not reported "
                        f"({error.errors()[0]['msg']})")
         return None
 
 
-def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: Any = None) -> list[c.TrackedRunReport]:
+def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: Any = None) -> list[TrackedRunReport]:
     """The runs the trackers' integrations started: MLflow's (its page on the tracking server), TensorBoard's (the
     run name, and the event files' directory to point `tensorboard --logdir` at), W&B's (its page; offline, the
     run's directory that `wandb sync` uploads)."""
@@ -380,7 +382,7 @@ def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: An
     return [run for run in runs if run is not None]
 
 
-def parameters_callback(config: c.RunConfig, trackers: list[str], callbacks: list):
+def parameters_callback(config: RunConfig, trackers: list[str], callbacks: list):
     """A TrainerCallback that logs the run's spec once the trackers' runs have started, keeps their identity (its
     `tracked_runs()`, for the progress report) and records it for the next start to continue (`RUNS_FILE`). Added
     after transformers' integrations (`callbacks` is the trainer's list), so their `on_train_begin` has run when
@@ -389,9 +391,9 @@ def parameters_callback(config: c.RunConfig, trackers: list[str], callbacks: lis
 
     class RunParameters(TrainerCallback):
         def __init__(self):
-            self.runs: list[c.TrackedRunReport] = []
+            self.runs: list[TrackedRunReport] = []
 
-        def tracked_runs(self) -> list[c.TrackedRunReport]:
+        def tracked_runs(self) -> list[TrackedRunReport]:
             return list(self.runs)
 
         def on_train_begin(self, args, state, control, **kwargs):

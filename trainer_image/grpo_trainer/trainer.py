@@ -43,16 +43,9 @@ from .checkpoints import (
     write_json_atomically,
     write_marker,
 )
-from .contract import (
-    WEIGHT_SYNC_DEADLINE_SECONDS,
-    AttentionKernel,
-    DropReason,
-    FilterConfig,
-    LearnerPhase,
-    ProgressReport,
-    StallCause,
-    TrackedRunReport,
-)
+from .contract.codes import AttentionKernel, DropReason, LearnerPhase, StallCause
+from .contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
+from .contract.report import ProgressReport, TrackedRunReport
 from .episodes import EpisodeCounts, EpisodeQueue
 from .exporter import StepMetrics
 from .progress import (
@@ -134,7 +127,7 @@ class GRPOLearner(AsyncGRPOTrainer):
     """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing.
 
     TRL's arguments, with `args` (its AsyncGRPOConfig) by keyword; extra keyword-only arguments:
-        filter_config: which rollouts to drop before training (contract.FilterConfig).
+        filter_config: which rollouts to drop before training (contract.config.FilterConfig).
         stall_groups: groups consumed in a row without one training before the run stalls; 0 = one pass.
         reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
         importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.step_scoring); samples

@@ -29,8 +29,9 @@ import requests
 import torch
 from safetensors.torch import save_file
 
-from . import contract as c
-from .rollout_health import PROBE_TIMEOUT_S
+from .contract.codes import WEIGHT_VERSION_PREFIX
+from .contract.config import RunConfig
+from .contract.rollout_pod import PROBE_TIMEOUT_S
 from .server_set import ServerSet
 from .sync_watchdog import DaemonCall
 
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 #: Tensors per safetensors shard are cut at this size, so a sync never holds more than one shard in extra memory.
 SHARD_BYTES = 512 * 1024 * 1024
-VERSION_PREFIX = c.WEIGHT_VERSION_PREFIX
+VERSION_PREFIX = WEIGHT_VERSION_PREFIX
 
 
 class WeightSyncError(RuntimeError):
@@ -497,7 +498,7 @@ def remove_other_versions(directory: Path, keep: list[str]) -> None:
 
 
 def make_weight_transfer(
-    config: c.RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False,
+    config: RunConfig, *, ready_timeout_s: float = 240.0, tied_embeddings: bool = False,
     servers: ServerSet | None = None,
 ) -> FilesystemWeightTransfer | None:
     """The backend for the run: None lets TRL build its NCCL WeightTransferClient (GPU); filesystem on CPU."""

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import aiohttp
 import kopf
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders, fit
 from ..api import (

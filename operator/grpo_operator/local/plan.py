@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_trainer.contract import environment_url_variable, is_object_store_uri
+from grpo_trainer.contract.pod_env import environment_url_variable
+from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
 from ..api import EnvironmentSpec, GRPORunSpec
@@ -99,7 +100,8 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards, tools and environment factories must import here, before minutes of server
     start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.contract import RewardError, ToolError, load_environment_factory, load_reward, load_tools
+    from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.tools import ToolError, load_environment_factory, load_tools
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:

@@ -20,8 +20,8 @@ from typing import Any
 
 from rich.console import Console
 
-from grpo_trainer import contract as c
-from grpo_trainer.contract import EXIT_LINE_PREFIX
+from grpo_trainer.contract.report import ProgressReport
+from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX
 
 from .. import builders
 from .. import status as st
@@ -317,7 +317,7 @@ class LocalPort:
     actions carried out on the processes and the run folder's run.json."""
 
     def __init__(self, local: LocalRun, log: Callable[[str], None], waiting: Periodic | None = None,
-                 read_progress: Callable[[str], c.ProgressReport | None] = read_progress_blocking,
+                 read_progress: Callable[[str], ProgressReport | None] = read_progress_blocking,
                  now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)):
         self.local, self.log, self.waiting = local, log, waiting or Periodic()
         self.read_progress = read_progress  # the learner's /progress, by its URL

@@ -6,7 +6,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract.report import ProgressReport
 
 Role = Literal["rollout", "learner", "environment"]
 

@@ -11,7 +11,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo_trainer.contract import DROP_REASONS, ExportReport, ProgressReport, TrackedRunReport
+from grpo_trainer.contract.codes import DROP_REASONS
+from grpo_trainer.contract.report import ExportReport, ProgressReport, TrackedRunReport
 
 from ..api import (
     FINISHED_PHASES,

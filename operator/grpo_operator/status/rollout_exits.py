@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grpo_trainer.contract import EXIT_LINE_PREFIX, engine_error_line
+from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX, engine_error_line
 
 from ..api import FailureStatus, PodFailureRule, Reason
 from .decision import PodObservation, rank

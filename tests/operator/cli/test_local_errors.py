@@ -28,7 +28,7 @@ from grpo_operator.local.plan import (
 from grpo_operator.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
-from grpo_trainer.contract import load_run_config
+from grpo_trainer.contract.config import load_run_config
 from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"

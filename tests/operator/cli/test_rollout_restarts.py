@@ -24,7 +24,7 @@ from grpo_operator.local.processes import LocalProcess
 from grpo_operator.local.rollout_restarts import Liveness, exit_line
 from grpo_operator.local.supervise import LocalPort, LocalRun
 from grpo_operator.status import Decision
-from grpo_trainer.rollout import EXIT_LINE_PREFIX
+from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX
 from tests.support.paths import COMPLETIONS_SERVER
 from tests.support.ports import free_port
 from tests.support.specs import minimal_spec

@@ -92,7 +92,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from grpo_trainer import preemption
-    from grpo_trainer.contract import FilterConfig, RewardConfig
+    from grpo_trainer.contract.config import FilterConfig, RewardConfig
     from grpo_trainer.cpu import enable_cpu_support
     from grpo_trainer.scoring import RewardModel
     from grpo_trainer.step_scoring import ImportanceBounds
@@ -145,7 +145,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
                   weight_transfer=transfer)
     if args.lora_rank:
-        from grpo_trainer.contract import LoraConfig
+        from grpo_trainer.contract.config import LoraConfig
         from grpo_trainer.learner_main import peft_config
 
         common["peft_config"] = peft_config(LoraConfig(r=args.lora_rank))

@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Iterable, MutableSet
 from enum import IntEnum
 
-from ..contract import DropReason, LearnerPhase, ProgressReport
+from ..contract.codes import DropReason, LearnerPhase
+from ..contract.report import ProgressReport
 from .ids import ConsumedIds, DropRuns
 from .state import ProgressState
 

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import DropReason, FilterConfig
+from ..contract.codes import DropReason
+from ..contract.config import FilterConfig
 from ..episodes import group_rows, strip_stamps
 from .accounting import RolloutProgress
 

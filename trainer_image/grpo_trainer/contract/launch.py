@@ -7,7 +7,7 @@ Torch-free (the operator imports it). Two traps it exists to avoid, both silent:
   accelerate 1.15: 2 requested, 1 ran). `--multi_gpu` is accelerate's name for its torchrun launcher; on CPU the
   ranks then join with gloo because the learner's config sets `use_cpu`.
 - `accelerate launch --use_fsdp` on a CPU run: accelerate (1.15) applies its FSDP plugin to GPU-type runs only, so
-  a `use_cpu` learner stays DDP; the config refuses fsdp2 on CPU (contract.LearnerConfig).
+  a `use_cpu` learner stays DDP; the config refuses fsdp2 on CPU (contract.config.LearnerConfig).
 And one that is loud: torchrun reports any failed worker as exit 1, so with several processes the launcher runs under
 `grpo_trainer.gang`, which gives the pod the exit code its ranks decided (and passes SIGTERM to the ranks).
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .contract import EXPORT_MANIFEST_FILE
+from .codes import EXPORT_MANIFEST_FILE
 
 SCHEME = "s3://"
 # The variables boto3 reads (the operator sets them on the pod that uploads, from spec.output; grporun local passes
