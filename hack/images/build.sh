@@ -47,9 +47,9 @@ if [[ ${1:-} == --clean ]]; then
   exit 0
 fi
 
-usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu)" >&2; exit 2; }
+usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu | trainer-cuda)" >&2; exit 2; }
 [[ $# -gt 0 ]] || usage
-for image in "$@"; do [[ $image == operator || $image == trainer-cpu ]] || usage; done
+for image in "$@"; do [[ $image == operator || $image == trainer-cpu || $image == trainer-cuda ]] || usage; done
 
 for tool in mmdebstrap buildah podman runc; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
@@ -198,6 +198,12 @@ for image in "$@"; do
       # TRACKING=true: the learner has the experiment trackers, so spec.tracking runs from this image (the node
       # tier's tracked run reports to a real MLflow server).
       build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" TRACKING=true \
+        -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
+    trainer-cuda)
+      # PyPI's torch and vllm (CUDA 13.0: NVIDIA driver >= 580) unless TORCH_INDEX_URL and VLLM_WHEEL name the
+      # builds for another CUDA (trainer_image/Dockerfile). TRACKING=true as for the CPU variant.
+      build_image trainer-cuda trainer-cuda-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cuda \
+        "TORCH_INDEX_URL=${TORCH_INDEX_URL:-}" "VLLM_WHEEL=${VLLM_WHEEL:-}" TRACKING=true \
         -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
   esac
 done
