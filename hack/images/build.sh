@@ -2,19 +2,29 @@
 # Builds the project's images from its own Dockerfiles with buildah, without Docker or a registry, into a cache
 # folder, and prints "<reference> <archive>" per image (a docker-archive that `podman load` and
 # `ctr -n k8s.io images import` read). A second call with the same inputs finds the archive and only prints it.
-#   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu
+#   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu | trainer-cuda
+#          hack/images/build.sh --push DESTINATION VERSION [--dry-run] IMAGE...
+#                                               builds each IMAGE, then pushes it to DESTINATION/NAME:TAG, the name
+#                                               a release of VERSION gives it (hack/lib/release.sh), and prints
+#                                               "<reference> <pushed>" per image. DESTINATION is a containers
+#                                               transport and a prefix: docker://ghcr.io/OWNER (a registry, logged in
+#                                               with `buildah login`), oci:DIR (an OCI layout per image in the folder DIR).
+#                                               --dry-run prints the push commands, building and pushing nothing.
 #          hack/images/build.sh --podman-flags  the podman flags that run them from the build's store
 #          hack/images/build.sh --clean         removes the store, archives and logs
 #   GRPO_IMAGES_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator/images)
+#   TORCH_CPU_INDEX (trainer-cpu), TORCH_INDEX_URL and VLLM_WHEEL (trainer-cuda): trainer_image/Dockerfile's build args
 # Each image's key is a hash of its base, its Dockerfile, everything that Dockerfile copies and its build args.
 # The base is a Debian 12 rootfs made by mmdebstrap and a python:3.11-slim-bookworm stand-in on top of it
 # (python-standin.Containerfile). The layer store stays in the cache folder, so a changed source rebuilds only the
 # layers after the COPY that changed (torch is a layer of its own). Progress and timings go to stderr.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd -P)"
 repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=../lib/progress.sh
 source "$here/../lib/progress.sh"
+# shellcheck source=../lib/release.sh
+source "$here/../lib/release.sh"
 root="${GRPO_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator/images}"
 store="$root/store"
 runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
@@ -47,14 +57,28 @@ if [[ ${1:-} == --clean ]]; then
   exit 0
 fi
 
-usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu | trainer-cuda)" >&2; exit 2; }
+usage() {
+  echo "usage: $0 [--push DESTINATION VERSION [--dry-run]] IMAGE...   (IMAGE: operator | trainer-cpu | trainer-cuda)" >&2
+  exit 2
+}
+push_to='' version='' dry_run=false
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --push) [[ $# -ge 3 && -n $2 ]] || usage; push_to=$2 version=$3; shift 3; release_version "$version" || exit 2 ;;
+    --dry-run) dry_run=true; shift ;;
+    *) usage ;;
+  esac
+done
+if $dry_run && [[ -z $push_to ]]; then echo "--dry-run goes with --push (it prints the push commands)" >&2; exit 2; fi
 [[ $# -gt 0 ]] || usage
 for image in "$@"; do [[ $image == operator || $image == trainer-cpu || $image == trainer-cuda ]] || usage; done
 
-for tool in mmdebstrap buildah podman runc; do
-  command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
-done
-[[ $(id -u) == 0 ]] || { echo "building images needs root (mmdebstrap, buildah's overlay store)" >&2; exit 3; }
+if ! $dry_run; then
+  for tool in mmdebstrap buildah podman runc; do
+    command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
+  done
+  [[ $(id -u) == 0 ]] || { echo "building images needs root (mmdebstrap, buildah's overlay store)" >&2; exit 3; }
+fi
 have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
 # A hash of files (names and contents; caches and build outputs excluded, as .dockerignore does) and strings.
@@ -131,7 +155,8 @@ build_base() {
 }
 
 # build_image NAME PROGRESS REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the
-# repository; PROGRESS names the build in its progress lines and in hack/lib/build-times.
+# repository; PROGRESS names the build in its progress lines and in hack/lib/build-times. With --push, then pushed
+# (with --dry-run, only the push command printed).
 build_image() {
   local name=$1 progress=$2 repository=$3 dockerfile=$4; shift 4
   local build_args=() inputs=()
@@ -145,6 +170,13 @@ build_image() {
   key=$(hash_inputs "$python_key" "$dockerfile" "${uncached[@]}" "${build_args[@]}" "${inputs[@]}")
   ref="$repository:$key"
   archive="$root/$name-$key.docker.tar"
+  local push=()
+  [[ -z $push_to ]] || push=(buildah "${storage[@]}" push "$ref" "$push_to/$(release_image "$name" "$version")")
+  if $dry_run; then
+    printf '%q ' "${push[@]}" | sed 's/ $//'
+    echo
+    return 0
+  fi
   if [[ ! -s $archive ]]; then
     exec 7>"$root/.build-$name.lock"
     flock 7   # one build of an image at a time: a second caller waits, then finds the archive
@@ -166,7 +198,15 @@ build_image() {
   fi
   exec 7>&-
   touch "$archive"   # in use: prune keeps the newest
-  echo "$ref $archive"
+  if [[ -n $push_to ]]; then
+    # The store holds the image the archive was written from (prune removes both together).
+    have_image "$ref" || bah pull --quiet "docker-archive:$archive" >&2
+    "${push[@]}" >&2
+    echo "build: $progress: pushed $ref to ${push[-1]}" >&2
+    echo "$ref ${push[-1]}"
+  else
+    echo "$ref $archive"
+  fi
 }
 
 # Keeps the newest archives of an image (and their images in the store) and removes older ones. Their cached
@@ -182,10 +222,12 @@ prune() {
   done
 }
 
-mkdir -p "$root/logs" "$tmp_root"
-TMPDIR="$(mktemp -d "$tmp_root/XXXXXX")"
-export TMPDIR
-trap 'rm -rf "${TMPDIR:?}"' EXIT
+if ! $dry_run; then
+  mkdir -p "$root/logs" "$tmp_root"
+  TMPDIR="$(mktemp -d "$tmp_root/XXXXXX")"
+  export TMPDIR
+  trap 'rm -rf "${TMPDIR:?}"' EXIT
+fi
 
 sources=(pyproject.toml operator/grpo_operator trainer_image/grpo_trainer)
 for image in "$@"; do
