@@ -29,10 +29,10 @@ echo "check-cuda: ok: python -m grpo_trainer --help"
 
 versions='import importlib.metadata as m, sys; print(sys.argv[1], *(f"{n} {m.version(n)}" for n in sys.argv[2:]), sep=", ")'
 run --entrypoint /opt/learner/bin/python "$reference" -c "import vllm, kernels, trl; $versions" \
-  "ok: learner venv: import vllm, kernels" vllm kernels trl torch \
+  "check-cuda: ok: learner venv: import vllm, kernels" vllm kernels trl torch \
   || { echo "check-cuda: FAILED: the learner venv cannot import vllm or kernels" >&2; exit 1; }
 run --entrypoint /opt/rollout/bin/python "$reference" -c "import vllm, grpo_trainer.rollout; $versions" \
-  "ok: rollout venv: import vllm" vllm transformers \
+  "check-cuda: ok: rollout venv: import vllm" vllm transformers \
   || { echo "check-cuda: FAILED: the rollout venv cannot import vllm" >&2; exit 1; }
 
 nccl_probe='
@@ -61,15 +61,18 @@ class Front(BaseHTTPRequestHandler):
 server = ThreadingHTTPServer(("127.0.0.1", 0), Front)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 
+from accelerate import PartialState
 from trl.experimental.async_grpo.vllm_client import VLLMClient
 from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
+
+PartialState()  # what the learner has made before it builds the client (TRL logs through accelerate)
 
 client = WeightTransferClient(VLLMClient(f"http://127.0.0.1:{server.server_address[1]}", server_timeout=60),
                               {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[1]]})
 try:
     client.init_weight_transfer()
 except RuntimeError as error:
-    cause = error.__cause__
+    cause = error.__cause__ or error
     frames = [f"{frame.filename}:{frame.name}" for frame in traceback.extract_tb(cause.__traceback__)]
     at_cuda = any(frame.endswith("vllm/distributed/weight_transfer/nccl_common.py:trainer_init") for frame in frames)
     message = f"{type(cause).__name__}: {cause}"

@@ -36,13 +36,13 @@ CUDA_IMAGE_ENV = "GRPO_TEST_CUDA_IMAGE"
 @dataclass(frozen=True)
 class BuiltImage:
     reference: str  # localhost/<name>:<content key>, the name a pod's `image:` uses (imagePullPolicy: Never)
-    archive: Path  # a docker-archive holding that reference
+    archive: Path | None  # a docker-archive holding that reference; None for an image kept in the store only
 
     @classmethod
     def parse(cls, line: str) -> BuiltImage:
-        """From build.sh's "<reference> <archive>" line."""
-        reference, archive = line.split(" ", 1)
-        return cls(reference, Path(archive))
+        """From build.sh's "<reference> <archive>" line ("<reference>" alone: in the build's store only)."""
+        reference, _, archive = line.partition(" ")
+        return cls(reference, Path(archive) if archive else None)
 
 
 def missing_prerequisite() -> str | None:
