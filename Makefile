@@ -17,7 +17,7 @@ MLFLOW_VERSION := 3.17.2
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-fast lint bench images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
@@ -139,6 +139,13 @@ images:
 	  echo "images: no Docker daemon, building with buildah (hack/images/build.sh)"; \
 	  $(MAKE) --no-print-directory setup-apt-images && hack/images/build.sh operator trainer-cpu; \
 	fi
+
+# The trainer image's CUDA variant, built with buildah (or found in the cache) and checked where there is no GPU
+# (hack/images/check-cuda.sh). Not part of `make images` or `make test`: a first build takes tens of minutes and ~25 GB
+# of disk; GRPO_TEST_CUDA_IMAGE=1 puts its test (tests/images) in a pytest run.
+image-cuda:
+	@$(MAKE) --no-print-directory setup-apt-images
+	hack/images/check-cuda.sh
 
 clean:
 	rm -rf $(VENV) $(ROLLOUT_VENV) $(LEARNER_CUDA_VENV)

@@ -193,9 +193,14 @@ def test_custom_values_reach_the_objects():
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert not objects_of_kind(objects, "ServiceAccount")
     assert not objects_of_kind(objects, "ConfigMap")
-    # The default image tag is the chart's appVersion.
-    chart_yaml = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    assert _operator_container(render_objects())["image"] == f"grpo-operator:{chart_yaml['appVersion']}"
+    # The default image tags follow the chart's appVersion: the operator's is it, the trainer's its CUDA variant (the
+    # tags a release pushes: hack/lib/release.sh).
+    app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    defaults = _operator_container(render_objects())
+    assert defaults["image"] == f"grpo-operator:{app_version}"
+    assert f"--trainer-image=grpo-trainer:{app_version}-cuda" in defaults["args"]
+    chosen = _operator_container(render_objects({"trainerImage": {"repository": "r/grpo-trainer", "tag": "cpu"}}))
+    assert "--trainer-image=r/grpo-trainer:cpu" in chosen["args"]
 
 
 def test_monitoring_objects_are_opt_in():

@@ -134,3 +134,23 @@ def test_trainer_image_compiles_with_inductor_against_its_interpreter_headers(tr
               "print(torch.compile(lambda x: x.sin() + 1)(torch.ones(4)).sum().item())")
     done = images.run_container(trainer_image, "-c", script, entrypoint="/opt/rollout/bin/python")
     assert done.returncode == 0, output(done)
+
+
+# --- the trainer image (CUDA variant; built only when asked: images.CUDA_IMAGE_ENV) ---
+
+CHECK_CUDA = REPO / "hack" / "images" / "check-cuda.sh"
+
+
+def test_the_cuda_image_passes_its_check(trainer_cuda_image):
+    """hack/images/check-cuda.sh, as `make image-cuda` runs it, on the image built for this run: the entrypoint, vLLM
+    and kernels in the learner, TRL's NCCL client up to its first CUDA call, the attention rule's GPU branches."""
+    import subprocess
+
+    done = subprocess.run([str(CHECK_CUDA)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, output(done)
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"check-cuda: {trainer_cuda_image.reference}"
+    assert lines[-1] == "check-cuda: all checks passed"
+    assert [line.split(":")[1].strip() for line in lines[1:-1]] == ["ok"] * 5, lines
+    nccl = next(line for line in lines if "NCCL" in line)
+    assert "ImportError" not in nccl and "ModuleNotFoundError" not in nccl

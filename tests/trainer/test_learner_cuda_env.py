@@ -60,7 +60,7 @@ def test_the_cuda_image_and_make_install_the_same_learner_list():
     learner = next(args for args in runs if "python -m venv --system-site-packages /opt/learner" in args)
     cuda_branch = learner.split('if [ "${VARIANT}" = cuda ]; then', 1)[1].split("else", 1)[0]
     assert f"/opt/learner/bin/pip install -r learner-requirements.txt -r {LEARNER_CUDA_REQUIREMENTS}" in cuda_branch
-    assert '/opt/learner/bin/pip install --no-deps "vllm==${VLLM_VERSION}"' in cuda_branch
+    assert '/opt/learner/bin/pip install --no-deps "${VLLM_WHEEL:-vllm==${VLLM_VERSION}}"' in cuda_branch
     assert re.search(r"^ARG VLLM_VERSION=(\S+)$", TRAINER_DOCKERFILE.read_text(), re.M)[1] == VLLM_VERSION
 
     plan = subprocess.run(["make", "-n", "-B", "setup-learner-cuda"], cwd=REPO, capture_output=True, text=True,

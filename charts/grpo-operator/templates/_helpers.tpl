@@ -49,6 +49,11 @@ app.kubernetes.io/part-of: grpo-operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The release's CUDA variant of the trainer image unless trainerImage.tag names another. */}}
+{{- define "grpo-operator.trainerImage" -}}
+{{- printf "%s:%s" .Values.trainerImage.repository (default (printf "%s-cuda" .Chart.AppVersion) .Values.trainerImage.tag) }}
+{{- end }}
+
 {{/* The namespaces watched when not cluster-wide: the listed ones, or the release namespace. */}}
 {{- define "grpo-operator.watchedNamespaces" -}}
 {{- if .Values.watch.namespaces }}
