@@ -432,8 +432,8 @@ def _host_breakdown(host: HostEstimate, strategy: Strategy) -> str:
         loads = (f"{_gib(host.weight_bytes)} fp32 weights on rank 0, as it loads them, consolidates the final model "
                  "and gathers it for a weight sync")
     offloaded = f" + {_gib(host.offloaded_bytes)} offloaded shards" if host.offloaded_bytes else ""
-    return (f"{loads}{offloaded} + {_gib(host.process_bytes)} for "
-            f"{_plural(host.processes, 'process', 'processes')}' own memory")
+    whose = "its process's" if host.processes == 1 else f"its {host.processes} processes'"
+    return f"{loads}{offloaded} + {_gib(host.process_bytes)} for {whose} own memory"
 
 
 def _learner_misfits(shape: ModelShape, learner: LearnerFit, gpus: list[Gpu]) -> tuple[list[Misfit], list[str]]:

@@ -104,7 +104,9 @@ def read_hub_config(repo_id: str, hub: HubAccess) -> ConfigRead:
         return None, f"{where}: the hub answered HTTP {error.response.status_code} for its {CONFIG_FILE}"
     except OfflineModeIsEnabled:
         return None, f"{where}: HF_HUB_OFFLINE is set, so the hub is not asked for its {CONFIG_FILE}"
-    except (httpx.HTTPError, OSError) as error:
+    except httpx.HTTPError as error:
         return None, f"{where}: the hub cannot be reached ({type(error).__name__}: {error or 'no answer'})"
+    except OSError as error:  # the temporary folder, or the file in it
+        return None, f"{where}: its {CONFIG_FILE} could not be kept to read ({error})"
     except ValueError as error:
         return None, f"{where}: its {CONFIG_FILE} is not JSON ({error})"

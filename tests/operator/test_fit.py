@@ -256,7 +256,7 @@ def test_rank_0s_pod_past_its_memory_limit_is_refused_naming_the_limit():
     (line,) = report.errors
     assert line.startswith("spec.learner.resources.limits.memory: the learner pod of rank 0 needs ~146 GiB of CPU "
                            "memory (122 GiB fp32 weights on rank 0, as it loads them, consolidates the final model "
-                           "and gathers it for a weight sync + 24 GiB for 8 processes' own memory), more than its "
+                           "and gathers it for a weight sync + 24 GiB for its 8 processes' own memory), more than its "
                            "memory limit of 128 GiB")
     assert line.endswith(": a higher memory limit")
     assert report.notes[0].startswith("spec.learner: the learner needs ~53 GiB per GPU under fsdp2")
@@ -287,6 +287,16 @@ def test_a_rollout_server_without_room_for_one_sequence_is_refused():
                            "1) and 12 GiB of KV cache per 32768-token sequence")
     assert line.endswith("leaves no room for one sequence: raise gpuMemoryUtilization or tensorParallelSize, or "
                          "lower maxModelLen")
+
+
+def test_a_rollout_server_that_may_land_on_a_gpu_without_room_is_warned_not_refused():
+    big_context = {**QWEN25_7B, "num_key_value_heads": 28}
+    nodes = [gfd_node("l4", "NVIDIA-L4", 23034), *H100_NODES]
+    report = verdict(big_context, learner(device="cpu"), rollout=RolloutFit("cuda", 32768), nodes=nodes)
+    assert report.errors == []
+    (line,) = report.warnings
+    assert ("and 0.9 of a GPU it may land on (22 GiB, nvidia.com/gpu.memory=23034 on the 1 node it can land on) leaves "
+            "no room for one sequence: narrow spec.rollout.nodeSelector") in line
 
 
 def test_a_rollout_server_that_fits_says_how_many_sequences_its_kv_cache_holds():

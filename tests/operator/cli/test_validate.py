@@ -186,7 +186,7 @@ def test_grporun_validate_examples_gpu_yaml_fetches_the_hub_models_config_and_pr
         f"{GPU_EXAMPLE}: fit: spec.learner: the learner needs ~13 GiB per GPU under ddp (596M parameters: 8.9 GiB "
         "fp32 weights, gradients and Adam states + 3.2 GiB activations of a 2048-token row + 1.0 GiB CUDA context)",
         f"{GPU_EXAMPLE}: fit: spec.learner.resources: the learner pod of rank 0 needs ~5.2 GiB of CPU memory (2.2 GiB "
-        "fp32 weights as its process loads them + 3.0 GiB for 1 process' own memory)",
+        "fp32 weights as its process loads them + 3.0 GiB for its process's own memory)",
         f"{GPU_EXAMPLE}: fit: spec.rollout.vllm: a rollout server needs 1.1 GiB of weights per GPU "
         "(tensorParallelSize 1) and 0.2 GiB of KV cache per 2048-token sequence",
     ]
