@@ -83,6 +83,8 @@ MAX_ENVIRONMENT_NAME = 15
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+#: `spec.fitCheck`: what the fit check (grpo_operator.fit) does with a run past its GPU's or its pod's memory.
+FitPolicy = Literal["refuse", "warn"]
 
 
 class SpecError(ValueError):
@@ -337,6 +339,7 @@ class GRPORunSpec(WireModel):
     scheduling: SchedulingSpec | None = None
     environments: list[EnvironmentSpec] | None = Field(None, max_length=MAX_ENVIRONMENTS)
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)
+    fit_check: FitPolicy = "refuse"
 
     @field_validator("model")
     @classmethod

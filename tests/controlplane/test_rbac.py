@@ -17,6 +17,7 @@ from tests.chart.test_rbac import (
     NAMESPACE_DISCOVERY,
     NAMESPACED,
     NEVER,
+    NODE_READS,
     OPERATOR_REQUESTS,
     WATCHED,
 )
@@ -36,7 +37,7 @@ def test_the_operator_account_is_allowed_its_requests_everywhere_and_nothing_els
             assert admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
         for verb, group, resource, subresource in NEVER:
             assert not admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
-    for verb, group, resource in CRD_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NODE_READS:
         assert admin.can(user, verb, group, resource)
     for verb, group, resource in NAMESPACE_DISCOVERY:
         assert not admin.can(user, verb, group, resource)
@@ -77,7 +78,7 @@ def test_namespaced_mode_is_allowed_only_in_its_namespaces(admin):
             assert admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
         assert not admin.can(user, verb, group, resource, subresource, "team-c"), (verb, resource)
         assert not admin.can(user, verb, group, resource, subresource, None), (verb, resource)
-    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY + NODE_READS:
         assert admin.can(user, verb, group, resource)
     for verb, group, resource, subresource in NEVER:
         assert not admin.can(user, verb, group, resource, subresource, "team-a"), (verb, resource)

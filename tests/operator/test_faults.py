@@ -364,5 +364,6 @@ def test_a_model_past_its_named_gpus_memory_fails_the_run_before_any_pod_starts(
     failed = cluster.condition("big", "Failed")
     assert failed["reason"] == "InvalidSpec", failed
     assert failed["message"].startswith("spec.learner: the learner needs ~"), failed
-    assert "GiB per GPU under ddp" in failed["message"] and "ways out: FSDP2 over 2 GPUs" in failed["message"]
+    assert "GiB per GPU under ddp" in failed["message"]
+    assert "ways out, each estimated the same way: learner.strategy fsdp2 over 2 GPUs" in failed["message"]
     assert cluster.pods_ever_created("big") == []

@@ -119,6 +119,17 @@ back to a one-time scan at start.
 {{- end }}
 {{- end }}
 
+{{/*
+fitCheck.readNodes: the fit check lists the nodes NVIDIA's GPU feature discovery labels (label selector
+nvidia.com/gpu.product) to know the GPU a run's pods can get (grpo_operator.cluster.fit_check). Nodes are
+cluster-scoped: a ClusterRole in either mode.
+*/}}
+{{- define "grpo-operator.nodeRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
+{{- end }}
+
 {{- define "grpo-operator.subjects" -}}
 - kind: ServiceAccount
   name: {{ include "grpo-operator.serviceAccountName" . }}

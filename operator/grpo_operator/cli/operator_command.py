@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between passes over each run (progress polls, deadlines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--read-gpu-nodes", action="store_true",
+                        help="let the fit check list the nodes labelled by NVIDIA's GPU feature discovery, to know "
+                             "the GPU of a run whose nodeSelector does not name it (needs list on nodes)")
     election = parser.add_argument_group("leader election (run several replicas, one active)")
     election.add_argument("--leader-elect", action="store_true",
                           help="reconcile only while holding a coordination.k8s.io Lease; wait for it otherwise")
@@ -70,11 +73,13 @@ def main(args: argparse.Namespace) -> int:
     import kopf
 
     from .. import handlers  # noqa: F401  (registers the handlers with kopf)
+    from ..cluster.fit_check import GpuNodes
     from ..cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = args.liveness or (f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None)
-    context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval)
+    context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval,
+                              gpu_nodes=GpuNodes() if args.read_gpu_nodes else None)
     if args.metrics_port:
         context.metrics.serve(args.metrics_port)
     # standalone: no kopf peering objects; with --leader-elect, the Lease decides which replica runs kopf at all.

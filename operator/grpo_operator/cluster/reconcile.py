@@ -19,7 +19,7 @@ import kopf
 
 from grpo_trainer.contract.report import ProgressReport
 
-from .. import builders, fit
+from .. import builders
 from ..api import (
     API_VERSION,
     FINISHED_PHASES,
@@ -51,6 +51,7 @@ from ..status import (
 )
 from ..status.children import child_patch
 from . import kueue
+from .fit_check import GpuNodes, ModelConfigs, check_run
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -99,6 +100,8 @@ class OperatorContext:
     events: EventRecorder = dataclasses.field(default_factory=EventRecorder)
     loops: RunLoops = dataclasses.field(default_factory=RunLoops)  # one task per run (handlers.py)
     managed_elsewhere: set[str] = dataclasses.field(default_factory=set)  # uids whose spec.managedBy is not ours
+    gpu_nodes: GpuNodes | None = None  # the fit check reads the GPU nodes' labels (grporun operator --read-gpu-nodes)
+    model_configs: ModelConfigs = dataclasses.field(default_factory=ModelConfigs)  # the fit check's config.json reads
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())
@@ -274,12 +277,14 @@ class ClusterRun:
 
 async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
                      spec: GRPORunSpec, live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
-    """Before a run's pods start: a model that cannot fit the GPU its nodeSelector names fails the run as
-    InvalidSpec with the numbers (grpo_operator.fit); a likely misfit is a Warning event; a skipped check is logged."""
+    """Before a run's pods start: a run the fit check finds past its GPU's or its learner pod's memory fails as
+    InvalidSpec with the numbers (grpo_operator.fit, `spec.fitCheck: refuse`); a likely misfit (or any, with
+    `warn`) is a Warning event; a skipped check, or part of one, is logged with why."""
     context.memory(body["metadata"]["uid"]).fit_checked = True
-    report, skipped = fit.operator_check(spec)
-    if skipped:
-        logger.info(f"fit check skipped: {skipped}")
+    checked = await check_run(spec, kube, context.model_configs, context.gpu_nodes)
+    for why in checked.skipped:
+        logger.info(f"fit check skipped: {why}")
+    report = checked.report
     if report.errors:
         field, message = report.errors[0].split(": ", 1)
         await _fail_permanently(context, kube, body, status, SpecError(field, message), live, logger)
