@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.contract import is_object_store_uri
+from grpo_trainer.contract.store_uri import is_object_store_uri
 
 CONFIG_FILE = "config.json"
 #: Seconds the hub has to answer the first request before the check is skipped.
