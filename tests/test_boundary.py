@@ -26,7 +26,7 @@ TRAINER_CODE_IN_THE_OPERATOR = {
     # `grporun local`: user rewards, tools and environment factories imported before minutes of server start-up.
     "grpo_operator.local.plan": {"grpo_trainer.rewards", "grpo_trainer.tools"},
     # `grporun local`: a local rollout server's liveness, by the pod's own generation probe.
-    "grpo_operator.local.rollout_restarts": {"grpo_trainer.rollout_health"},
+    "grpo_operator.local.rollout_restarts": {"grpo_trainer.server.health"},
     # `grporun export`: the learner's export, again, from a local run's checkpoint.
     "grpo_operator.cli.export_command": {"grpo_trainer.reexport", "grpo_trainer.model_export"},
 }
@@ -72,7 +72,7 @@ def test_the_operator_imports_the_trainer_package_through_its_contract_only():
 
 @pytest.mark.parametrize(("source", "module"), [
     ("from grpo_trainer.launch import learner_argv", "grpo_trainer.launch"),
-    ("import grpo_trainer.rollout", "grpo_trainer.rollout"),
+    ("import grpo_trainer.server.main", "grpo_trainer.server.main"),
     ("from grpo_trainer import rewards", "grpo_trainer.rewards"),
     ("def f():\n    from grpo_trainer.store_uri import parse_uri\n", "grpo_trainer.store_uri"),
 ])

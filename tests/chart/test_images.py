@@ -137,9 +137,9 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
     there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same
     variable `grporun local` reads)."""
-    from grpo_trainer import rollout
     from grpo_trainer.contract.codes import ROLLOUT_HTTP_PORT
     from grpo_trainer.contract.config import RunConfig
+    from grpo_trainer.server import main as rollout
 
     rollout_python = _env_default(_instructions(TRAINER_DOCKERFILE), "GRPO_ROLLOUT_PYTHON")
     monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", rollout_python)

@@ -94,7 +94,7 @@ def test_trainer_rollout_and_learner_entrypoints_import(trainer_image):
     """What each role imports past its config: vLLM and the rollout server in /opt/rollout, TRL and the learner in
     /opt/learner (the image's PATH python)."""
     rollout = images.run_container(
-        trainer_image, "-c", "import vllm, grpo_trainer.rollout; print(vllm.__version__)",
+        trainer_image, "-c", "import vllm, grpo_trainer.server.main; print(vllm.__version__)",
         entrypoint="/opt/rollout/bin/python")
     assert rollout.returncode == 0, output(rollout)
     learner = images.run_container(

