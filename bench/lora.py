@@ -71,7 +71,7 @@ def peft_model(model_dir: str):
 def sync_figures(context: Context, model_dir: str, url: str, reps: int) -> dict[str, list[float]]:
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
-    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
+    from grpo_trainer.rollout.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
 
     model = peft_model(model_dir)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))

@@ -92,8 +92,8 @@ def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from grpo_trainer.weight_sync import adapter_name
-    from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
+    from grpo_trainer.rollout.weight_sync import adapter_name
+    from tests.trainer.rollout.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
     restore_model_weights(vllm_server, tmp_path / "model-weights")  # the base the adapter is trained on
     config_path, config = tiny_run_config(

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_trainer.checkpoints import MarkerError, read_marker
+from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from grpo_trainer.trainer import GRPOLearner
-from grpo_trainer.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 

@@ -256,7 +256,7 @@ def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_c
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from grpo_trainer.rollout_pool import start_rollout_pool
+    from grpo_trainer.rollout.pool import start_rollout_pool
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, SampleShape, ScriptedRolloutWorker
     from grpo_trainer.trainer import GRPOLearner, LearnerReporting
     from tests.support.ports import free_port

@@ -62,7 +62,7 @@ def test_the_weight_sync_streams_what_the_learner_gathers():
 
 
 def test_the_rollout_loop_hooks_the_episode_loop_overrides():
-    # EpisodeRolloutLoop (grpo_trainer.rollout_worker) subclasses the child's loop and is the worker's `_loop_cls`.
+    # EpisodeRolloutLoop (grpo_trainer.rollout.worker) subclasses the child's loop and is the worker's `_loop_cls`.
     assert W.AsyncRolloutWorker._loop_cls is W._AsyncRolloutLoop
     assert list(inspect.signature(W._AsyncRolloutLoop._generate_one).parameters) == [
         "self", "prompt", "tool_dict", "tools", "group_id"]

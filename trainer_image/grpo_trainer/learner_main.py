@@ -1,8 +1,8 @@
 """The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
 
 Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
-`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.balancer`), trains, and leaves the
-contract's exit code and the final progress report (the container's termination message) behind.
+`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.rollout.balancer`), trains, and leaves
+the contract's exit code and the final progress report (the container's termination message) behind.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
         trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
     except TrackingConfigError as error:
         raise ConfigError(str(error)) from None
-    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.run_config_watch
+    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.rollout.run_config_watch
         raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
 
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -297,10 +297,10 @@ def build_learner(config: RunConfig, config_path: str | None = None):
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from .rollout_pool import start_rollout_pool
+    from .rollout.pool import start_rollout_pool
+    from .rollout.weight_sync import make_weight_transfer
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
-    from .weight_sync import make_weight_transfer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)

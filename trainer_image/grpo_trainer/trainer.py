@@ -64,18 +64,18 @@ from .progress import (
     StopCode,
     stop_from_batch,
 )
-from .rollout_wait import RolloutWaitMeter
-from .rollout_worker import SupervisedRolloutWorker
+from .rollout.sync_watchdog import SyncTimer, WeightSyncStuck
+from .rollout.wait import RolloutWaitMeter
+from .rollout.weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
+from .rollout.worker import SupervisedRolloutWorker
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
-from .sync_watchdog import SyncTimer, WeightSyncStuck
 from .tracking import progress_logs
-from .weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from .rollout_pool import RolloutPool
+    from .rollout.pool import RolloutPool
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ LOST_AFTER_REQUEST_TIMEOUTS = 3
 class WeightSyncOptions:
     """How the learner's weights reach the rollout servers.
 
-    deadline_s: a weight sync still running after this long ends the run as stalled (grpo_trainer.sync_watchdog;
+    deadline_s: a weight sync still running after this long ends the run as stalled (grpo_trainer.rollout.sync_watchdog;
         default: the spec's); None: no deadline.
     adapter: a LoRA run whose filesystem weight transfer syncs the adapter alone to every server (started with the
         flags it needs); merged weights where vLLM cannot serve the adapter. The same on every rank.

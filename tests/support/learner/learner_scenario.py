@@ -139,7 +139,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     )
     transfer = NoWeightTransfer()
     if args.weights_dir:
-        from grpo_trainer.weight_sync import FilesystemWeightTransfer
+        from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
 
         transfer = FilesystemWeightTransfer([args.weights_server], args.weights_dir)
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,

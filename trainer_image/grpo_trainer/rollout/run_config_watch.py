@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .contract.config import load_run_config
-from .contract.wire import config_error_line
+from ..contract.config import load_run_config
+from ..contract.wire import config_error_line
 from .server_set import normalized
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import requests
 import torch
 from safetensors.torch import load_file
 
-from grpo_trainer.server_set import ServerSet
-from grpo_trainer.weight_sync import (
+from grpo_trainer.rollout.server_set import ServerSet
+from grpo_trainer.rollout.weight_sync import (
     TIED_EMBEDDING_ALIASES,
     FilesystemWeightTransfer,
     WeightSyncError,

@@ -20,10 +20,10 @@ import yaml
 
 from grpo_trainer.contract.codes import weight_version_number
 from grpo_trainer.contract.report import ProgressReport, parse_progress
-from grpo_trainer.weight_sync import adapter_name
+from grpo_trainer.rollout.weight_sync import adapter_name
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.servers.vllm_server import restore_model_weights, running_vllm_server
-from tests.trainer.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
+from tests.trainer.rollout.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -29,9 +29,9 @@ import requests
 import torch
 from safetensors.torch import save_file
 
-from .contract.codes import WEIGHT_VERSION_PREFIX
-from .contract.config import RunConfig
-from .contract.rollout_pod import PROBE_TIMEOUT_S
+from ..contract.codes import WEIGHT_VERSION_PREFIX
+from ..contract.config import RunConfig
+from ..contract.rollout_pod import PROBE_TIMEOUT_S
 from .server_set import ServerSet
 from .sync_watchdog import DaemonCall
 

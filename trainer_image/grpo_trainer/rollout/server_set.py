@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .contract.codes import ReplicaState
-from .contract.report import RolloutReplicaReport
+from ..contract.codes import ReplicaState
+from ..contract.report import RolloutReplicaReport
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..contract.config import RunConfig
+from ..contract.report import RolloutReplicaReport
 from .balancer import BalancerTimings, RolloutBalancer
-from .contract.config import RunConfig
-from .contract.report import RolloutReplicaReport
 from .run_config_watch import RolloutUrlsWatch
 from .server_set import ServerSet
 from .weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from .contract.rollout_pod import PROBE_TIMEOUT_S
+from ..contract.rollout_pod import PROBE_TIMEOUT_S
+from ..server.health import generation_probe
 from .run_config_watch import WATCH_INTERVAL_S, RolloutUrlsWatch
-from .server.health import generation_probe
 from .server_set import EmptyRolloutSet, ServerSet
 
 logger = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-from .episodes import completion_turns, stamp_group
-from .rewards import RewardFunctionError, RewardResultError
+from ..episodes import completion_turns, stamp_group
+from ..rewards import RewardFunctionError, RewardResultError
+from ..tools import EpisodeRecord, episode_of
 from .sync_watchdog import DaemonCall
-from .tools import EpisodeRecord, episode_of
 
 logger = logging.getLogger(__name__)
 

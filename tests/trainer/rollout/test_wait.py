@@ -17,7 +17,7 @@ from grpo_trainer.contract.metrics import (
 )
 from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.exporter import render_metrics
-from grpo_trainer.rollout_wait import RolloutWaitMeter
+from grpo_trainer.rollout.wait import RolloutWaitMeter
 
 
 class ManualClock:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .progress import StallError
+from ..progress import StallError
 
 
 class DaemonCall:

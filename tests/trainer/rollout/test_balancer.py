@@ -1,6 +1,6 @@
 """The rollout balancer against small HTTP servers that answer like vLLM's `/v1/completions` (or fail like a dead one).
 
-Real vLLM servers behind the balancer are covered by tests/trainer/test_rollout_replicas.py; these cases need servers
+Real vLLM servers behind the balancer are covered by tests/trainer/rollout/test_replicas.py; these cases need servers
 that die, hang or refuse on cue.
 """
 
@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.contract.metrics import (
     METRIC_REPLICA_FAILURES,
     METRIC_REPLICA_READY,
@@ -29,8 +28,9 @@ from grpo_trainer.contract.metrics import (
 )
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.exporter import render_metrics
-from grpo_trainer.server_set import ServerSet
-from grpo_trainer.weight_sync import resume_version
+from grpo_trainer.rollout.balancer import BalancerTimings, RolloutBalancer
+from grpo_trainer.rollout.server_set import ServerSet
+from grpo_trainer.rollout.weight_sync import resume_version
 from tests.support.paths import COMPLETIONS_SERVER
 
 #: Unready replicas probed often, so a test sees admissions within a fraction of a second.

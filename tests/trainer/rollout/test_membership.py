@@ -20,14 +20,14 @@ import aiohttp
 import pytest
 import torch
 
-from grpo_trainer.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.contract.codes import ReplicaState
 from grpo_trainer.contract.metrics import METRIC_REPLICA_READY, METRIC_REPLICA_SAMPLES
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
-from grpo_trainer.run_config_watch import RolloutUrlsWatch
-from grpo_trainer.server_set import EmptyRolloutSet, ServerSet
-from grpo_trainer.sync_watchdog import DaemonCall
-from grpo_trainer.weight_sync import FilesystemWeightTransfer
+from grpo_trainer.rollout.balancer import BalancerTimings, RolloutBalancer
+from grpo_trainer.rollout.run_config_watch import RolloutUrlsWatch
+from grpo_trainer.rollout.server_set import EmptyRolloutSet, ServerSet
+from grpo_trainer.rollout.sync_watchdog import DaemonCall
+from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
 from tests.support.paths import COMPLETIONS_SERVER
 
 SERVER = str(COMPLETIONS_SERVER)
@@ -239,7 +239,7 @@ def test_a_server_removed_while_a_sync_step_is_on_it_is_stopped_only_after_the_s
     a = scripted("a")
     b_process = subprocess.Popen([sys.executable, SERVER, "b", "--slow", "/resume"], stdout=subprocess.PIPE,
                                  text=True)
-    caplog.set_level(logging.WARNING, logger="grpo_trainer.weight_sync")
+    caplog.set_level(logging.WARNING, logger="grpo_trainer.rollout.weight_sync")
     try:
         b = b_process.stdout.readline().strip()
         # b's admission posts /resume too: the sync's is the one after those, so its lines are counted.
@@ -298,7 +298,7 @@ def test_a_torn_or_invalid_or_empty_config_keeps_the_last_good_set_with_one_warn
     write_config(path, ["http://a"])
     watch = RolloutUrlsWatch(path, ["http://a"])
     assert watch.poll() is None  # the set it started with
-    caplog.set_level(logging.WARNING, logger="grpo_trainer.run_config_watch")
+    caplog.set_level(logging.WARNING, logger="grpo_trainer.rollout.run_config_watch")
     good = path.read_text()
     path.write_text(good[: len(good) // 2])  # caught mid-write
     assert watch.poll() is None and watch.poll() is None

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grpo_trainer.contract.codes import EXIT_STALLED
-from grpo_trainer.sync_watchdog import SyncTimer, WeightSyncStuck
+from grpo_trainer.rollout.sync_watchdog import SyncTimer, WeightSyncStuck
 from tests.support.paths import COMPLETIONS_SERVER
 from tests.trainer.test_learner_runs import run
 
