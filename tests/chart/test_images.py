@@ -161,7 +161,7 @@ def test_make_images_builds_the_trainer_from_the_repository_root():
 def test_the_fa3_build_arg_bakes_the_kernel_where_the_learner_reads_it():
     """FA3_KERNEL=true locks and downloads the kernel the attention rule loads, at the lock file path it reads, into
     the cache the image's environment names; off by default (a CPU build, or a GPU without Hopper, has no use)."""
-    from grpo_trainer import attention
+    from grpo_trainer.learner import attention
 
     instructions = _instructions(TRAINER_DOCKERFILE)
     assert _arg_default(instructions, "FA3_KERNEL") == "false"

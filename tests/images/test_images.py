@@ -98,7 +98,7 @@ def test_trainer_rollout_and_learner_entrypoints_import(trainer_image):
         entrypoint="/opt/rollout/bin/python")
     assert rollout.returncode == 0, output(rollout)
     learner = images.run_container(
-        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner_main; print(trl.__version__)",
+        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner.main; print(trl.__version__)",
         entrypoint="python")
     assert learner.returncode == 0, output(learner)
 

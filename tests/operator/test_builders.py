@@ -285,8 +285,8 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
     objects = by_name(children(learner={"nodes": 3, "processesPerNode": 8}))
     for rank in range(3):
         supervised = container(objects[f"run-learner-{rank}"])["command"]
-        # grpo_trainer.gang gives the pod the exit code its 8 ranks decided (torchrun alone would say 1)
-        assert supervised[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "8", "--"]
+        # grpo_trainer.learner.gang gives the pod the exit code its 8 ranks decided (torchrun alone would say 1)
+        assert supervised[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "8", "--"]
         command = supervised[6:]
         assert command[:4] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
         flags = dict(zip(command[4:14:2], command[5:14:2], strict=True))
@@ -301,7 +301,7 @@ def test_fsdp2_learners_launch_under_accelerates_fsdp2_plugin_with_the_specs_off
                                         "fsdp": {"cpuOffload": True}}))
     for rank in range(2):
         command = container(objects[f"run-learner-{rank}"])["command"]
-        assert command[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+        assert command[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "4", "--"]
         assert "--multi_gpu" not in command and command[command.index("--fsdp_version") + 1] == "2"
         assert command[command.index("--fsdp_offload_params") + 1] == "true"
         assert command[command.index("--machine_rank") + 1] == str(rank)

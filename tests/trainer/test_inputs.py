@@ -236,7 +236,7 @@ def test_a_rollout_server_whose_model_the_store_lacks_exits_78_naming_it(s3_serv
 
 @pytest.mark.s3
 def test_a_learner_whose_model_the_store_refuses_exits_78_naming_it(s3_server, s3_bucket, tmp_path, monkeypatch):
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     _input_credentials(s3_server, monkeypatch, secret_key="wrong-secret")
     config = load_run_config(_write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint,

@@ -14,10 +14,10 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from . import gang, preemption
 from .contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, ROLLOUT_HTTP_PORT
 from .contract.config import RunConfig, load_run_config
 from .contract.wire import config_error_line
+from .learner import gang, preemption
 
 #: A role's outcome is decided (and the learner's recorded) when `main` returns; what follows is the interpreter's
 #: teardown, which joins non-daemon threads, multiprocessing's children and its queues' feeder threads. One blocked
@@ -149,13 +149,13 @@ def describe_config_error(path: str, error: OSError | ValidationError) -> str:
 
 
 def learner(config_path: str) -> int:
-    """The learner role's exit code (each rank's; grpo_trainer.gang combines them for a multi-process pod)."""
+    """The learner role's exit code (each rank's; grpo_trainer.learner.gang combines them for a multi-process pod)."""
     try:
         config = read_config(config_path)
     except (OSError, ValidationError) as error:
         print(f"grpo learner: {describe_config_error(config_path, error)}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
-    from .learner_main import main as learner_main
+    from .learner.main import main as learner_main
 
     return learner_main(config, config_path)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .contract.config import TrainingConfig
-from .rewards import UserCodeError, import_function
+from .learner.rewards import UserCodeError, import_function
 
 
 class ToolError(UserCodeError):

@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
-    from grpo_trainer.checkpoints import write_marker
-    from grpo_trainer.learner_main import save_sharded_model
+    from grpo_trainer.learner.checkpoints import write_marker
+    from grpo_trainer.learner.main import save_sharded_model
     from grpo_trainer.progress import RolloutProgress
     from grpo_trainer.rollout.weight_sync import (
         TIED_EMBEDDING_ALIASES,

@@ -27,7 +27,7 @@ from grpo_trainer.contract.metrics import (
     METRIC_REPLICA_WEIGHT_VERSION,
 )
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
-from grpo_trainer.exporter import render_metrics
+from grpo_trainer.learner.exporter import render_metrics
 from grpo_trainer.rollout.balancer import BalancerTimings, RolloutBalancer
 from grpo_trainer.rollout.server_set import ServerSet
 from grpo_trainer.rollout.weight_sync import resume_version

@@ -321,7 +321,7 @@ def test_a_torn_or_invalid_or_empty_config_keeps_the_last_good_set_with_one_warn
 
 
 def test_a_draining_server_exports_not_ready_and_never_a_second_series_for_its_ordinal():
-    from grpo_trainer.exporter import render_metrics
+    from grpo_trainer.learner.exporter import render_metrics
 
     report = ProgressReport(rollout=[
         RolloutReplicaReport(replica=0, url="http://a", ready=True, state=ReplicaState.SERVING),

@@ -10,7 +10,7 @@ import pytest
 from grpo_trainer.contract.codes import EXIT_STALLED
 from grpo_trainer.rollout.sync_watchdog import SyncTimer, WeightSyncStuck
 from tests.support.paths import COMPLETIONS_SERVER
-from tests.trainer.test_learner_runs import run
+from tests.trainer.learner.test_learner_runs import run
 
 SERVER = str(COMPLETIONS_SERVER)
 

@@ -16,7 +16,7 @@ from grpo_trainer.contract.metrics import (
     METRIC_ROLLOUT_WAIT_SECONDS,
 )
 from grpo_trainer.contract.report import ProgressReport
-from grpo_trainer.exporter import render_metrics
+from grpo_trainer.learner.exporter import render_metrics
 from grpo_trainer.rollout.wait import RolloutWaitMeter
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
 from ..episodes import completion_turns, stamp_group
-from ..rewards import RewardFunctionError, RewardResultError
+from ..learner.rewards import RewardFunctionError, RewardResultError
 from ..tools import EpisodeRecord, episode_of
 from .sync_watchdog import DaemonCall
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from grpo_trainer.contract.config import BUILTIN_REWARD_NAMES, RewardConfig
-from grpo_trainer.rewards import (
+from grpo_trainer.learner.rewards import (
     BUILTIN_REWARDS,
     CheckedReward,
     RewardError,
@@ -66,7 +66,7 @@ def test_accuracy_without_an_answer_column_says_so():
 
 def test_load_builtin_and_user_rewards():
     assert load_reward(RewardConfig(name="constant")).func is constant
-    user = load_reward(RewardConfig(function="grpo_trainer.rewards:letter_a_fraction"))
+    user = load_reward(RewardConfig(function="grpo_trainer.learner.rewards:letter_a_fraction"))
     assert user.func is letter_a_fraction and user(completions=[assistant("ab")]) == [0.5]
 
 
@@ -90,8 +90,9 @@ def test_rewards_survive_pickling_for_trl_spawned_worker():
         (RewardConfig(name="letters"),
          "unknown reward 'letters'; built-in rewards: accuracy, constant, letter_a_fraction"),
         (RewardConfig(function="no_such_module_xyz:f"), "cannot import module 'no_such_module_xyz'"),
-        (RewardConfig(function="grpo_trainer.rewards:nope"), "module 'grpo_trainer.rewards' has no attribute 'nope'"),
-        (RewardConfig(function="grpo_trainer.rewards:TARGET_LETTER"), "'TARGET_LETTER' is not callable"),
+        (RewardConfig(function="grpo_trainer.learner.rewards:nope"),
+         "module 'grpo_trainer.learner.rewards' has no attribute 'nope'"),
+        (RewardConfig(function="grpo_trainer.learner.rewards:TARGET_LETTER"), "'TARGET_LETTER' is not callable"),
     ],
 )
 def test_bad_rewards_give_one_line_naming_them(config, expected):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .contract.config import RewardConfig, UnknownRewardName, check_reward_name
+from ..contract.config import RewardConfig, UnknownRewardName, check_reward_name
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -100,7 +100,7 @@ def unscored(completions: Sequence[Any], **_: Any) -> list[None]:
     """None for every completion: the worker's only reward when every configured reward is a reward model.
 
     TRL's worker needs at least one reward function; None leaves the worker's reward NaN, and the learner's
-    reward models (grpo_trainer.scoring) give the score.
+    reward models (grpo_trainer.learner.scoring) give the score.
     """
     return [None] * len(completions)
 

@@ -1,7 +1,7 @@
 """The real GRPOLearner with a real reward model on rank 0 (the tiny one, CPU) and the scripted rollout worker.
 
 The scripted worker's prompts put the tiny reward model's NaN marker in every Nth prompt, so those groups cannot be
-scored; the nan-everywhere model scores nothing at all. Runs as tests/trainer/test_learner_runs.py runs them.
+scored; the nan-everywhere model scores nothing at all. Runs as tests/trainer/learner/test_learner_runs.py runs them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from grpo_trainer.contract.codes import EXIT_STALLED
-from tests.trainer.test_learner_runs import run
+from tests.trainer.learner.test_learner_runs import run
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer import tracking
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
-from grpo_trainer.learner_main import trainer_arguments
+from grpo_trainer.learner import tracking
+from grpo_trainer.learner.main import trainer_arguments
 
 
 def config(tmp_path=None, **fields) -> RunConfig:
@@ -64,7 +64,7 @@ def test_missing_credentials_are_one_line_naming_the_field():
 
 
 def test_a_learner_asked_for_a_tracker_it_lacks_exits_78_naming_the_field(tmp_path, monkeypatch):
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     monkeypatch.setitem(tracking.TRACKER_MODULES, "tensorboard", "grpo_no_such_tracker_package")
     run = config(tmp_path, tracking={"tensorboard": {}}, learner={"device": "cpu"})
@@ -250,7 +250,7 @@ KILLED_LEARNER = """
 import os, signal, sys
 import mlflow
 from grpo_trainer.contract.config import RunConfig
-from tests.trainer.test_tracking import TrackedLearner
+from tests.trainer.learner.test_tracking import TrackedLearner
 learner = TrackedLearner(RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
 learner.log_steps((1, 2, 3))
 mlflow.flush_async_logging()

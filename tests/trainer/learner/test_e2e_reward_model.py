@@ -11,7 +11,7 @@ from grpo_trainer.contract.codes import EXIT_SUCCEEDED, LearnerPhase
 from grpo_trainer.contract.config import RewardConfig
 from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
 from tests.support.paths import REPO
-from tests.trainer.test_e2e_cpu import PROMPTS, run_learner, termination_report, tiny_run_config
+from tests.trainer.learner.test_e2e_cpu import PROMPTS, run_learner, termination_report, tiny_run_config
 
 TINY_RM = REPO / "examples" / "tiny-rm.yaml"
 

@@ -16,9 +16,9 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample, Trai
 from grpo_trainer.contract.codes import DropReason
 from grpo_trainer.contract.config import RewardConfig
 from grpo_trainer.episodes import GROUP_ROWS_KEY
+from grpo_trainer.learner.rewards import load_rewards, unscored
+from grpo_trainer.learner.scoring import RewardModel, ScoringQueue, score_step
 from grpo_trainer.progress import RolloutProgress, RolloutStop, StopCode
-from grpo_trainer.rewards import load_rewards, unscored
-from grpo_trainer.scoring import RewardModel, ScoringQueue, score_step
 from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
 
 

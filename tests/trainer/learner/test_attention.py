@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from grpo_trainer import attention
-from grpo_trainer.attention import (
+from grpo_trainer.contract.codes import AttentionKernel
+from grpo_trainer.learner import attention
+from grpo_trainer.learner.attention import (
     AUTO,
     AttentionUnavailable,
     DeviceFacts,
@@ -16,7 +17,6 @@ from grpo_trainer.attention import (
     sdpa_varlen_attention,
     torch_varlen_attention,
 )
-from grpo_trainer.contract.codes import AttentionKernel
 
 H100 = (9, 0)
 A100 = (8, 0)

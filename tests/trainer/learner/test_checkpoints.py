@@ -1,4 +1,5 @@
-"""Which checkpoint a restarted learner resumes from, and the marker that vouches for it (grpo_trainer.checkpoints)."""
+"""Which checkpoint a restarted learner resumes from, and the marker that vouches for it
+(grpo_trainer.learner.checkpoints)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.checkpoints import (
+from grpo_trainer.learner.checkpoints import (
     PROGRESS_STATE_FILE,
     MarkerError,
     UnusableCheckpoints,
@@ -127,7 +128,7 @@ def test_a_torn_checkpoint_is_skipped_for_the_newest_valid_one_with_a_warning_na
     why = tear(marker_of(newest))
     with pytest.raises(MarkerError, match=why):
         read_marker(str(newest))
-    with caplog.at_level(logging.WARNING, logger="grpo_trainer.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="grpo_trainer.learner.checkpoints"):
         assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert str(marker_of(newest)) in warning and why in warning
@@ -211,7 +212,7 @@ def test_a_learner_whose_checkpoints_cannot_be_trusted_fails_once_with_the_inval
     from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, PERMANENT_EXIT_CODES, LearnerPhase
     from grpo_trainer.contract.config import RunConfig
     from grpo_trainer.contract.report import parse_progress
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     empty(marker_of(complete_checkpoint(tmp_path / "checkpoints", 2)))
     config = RunConfig.model_validate({
@@ -233,7 +234,7 @@ def test_a_checkpoint_rewritten_in_place_is_not_resumed_from_while_torn(tmp_path
 
     from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
-    from grpo_trainer.trainer import GRPOLearner
+    from grpo_trainer.learner.trainer import GRPOLearner
 
     for step in (2, 4):
         complete_checkpoint(tmp_path, step)
@@ -256,7 +257,7 @@ def test_a_checkpoint_rewritten_in_place_is_not_resumed_from_while_torn(tmp_path
 
 @pytest.mark.slow
 def test_a_real_learner_vouches_for_its_checkpoints_and_a_restart_skips_a_torn_one(tiny_model_dir, tmp_path):
-    from tests.trainer.test_learner_runs import run
+    from tests.trainer.learner.test_learner_runs import run
 
     common = ["--scenario", "third_no_signal", "--prompts", "9", "--epochs", "2", "--save-steps", "1"]
     (first,) = run(tiny_model_dir, tmp_path / "first", *common, "--max-steps", "3")

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .contract.codes import (
+from ..contract.codes import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     LEARNER_HTTP_PORT,
     METRICS_PATH,
@@ -30,7 +30,7 @@ from .contract.codes import (
     ReplicaState,
     weight_version_number,
 )
-from .contract.metrics import (
+from ..contract.metrics import (
     METRIC_ATTENTION_KERNEL,
     METRIC_ENVIRONMENT_FAILURES,
     METRIC_EPISODE_TURNS,
@@ -80,7 +80,7 @@ from .contract.metrics import (
     METRIC_WEIGHT_VERSION,
     TRL_LOG_METRICS,
 )
-from .contract.report import EpisodeReport, ProgressReport, RolloutReplicaReport
+from ..contract.report import EpisodeReport, ProgressReport, RolloutReplicaReport
 
 logger = logging.getLogger(__name__)
 

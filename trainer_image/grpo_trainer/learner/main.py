@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .contract.codes import (
+from ..contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
@@ -25,14 +25,14 @@ from .contract.codes import (
     EXIT_SUCCEEDED,
     LearnerPhase,
 )
-from .contract.config import DatasetConfig, LoraConfig, RunConfig
-from .contract.report import ExportReport, ProgressReport
-from .contract.store_uri import is_object_store_uri
+from ..contract.config import DatasetConfig, LoraConfig, RunConfig
+from ..contract.report import ExportReport, ProgressReport
+from ..contract.store_uri import is_object_store_uri
+from ..progress import queue_bound
+from ..tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
-from .progress import queue_bound
 from .rewards import RewardResultError, UserCodeError, load_rewards
-from .tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
 
@@ -84,7 +84,7 @@ def trainer_arguments(config: RunConfig) -> dict[str, Any]:
         "save_strategy": "steps",
         "save_steps": config.checkpoint.save_steps,
         "logging_steps": 1,
-        # Exactly the trackers spec.tracking asks for (grpo_trainer.tracking sets the env they read).
+        # Exactly the trackers spec.tracking asks for (grpo_trainer.learner.tracking sets the env they read).
         "report_to": config.tracking.trackers,
         "max_tool_calling_iterations": training.max_tool_calling_iterations,
     }
@@ -240,7 +240,7 @@ def http_only_rollout_worker(config: RunConfig) -> Iterator[None]:
 
 
 def load_reward_models(config: RunConfig) -> list:
-    """Rank 0's reward models (grpo_trainer.scoring), on the device rank 0 trains on; other ranks load none."""
+    """Rank 0's reward models (grpo_trainer.learner.scoring), on the device rank 0 trains on; other ranks load none."""
     from .scoring import RewardModel
 
     device = "cpu" if config.learner.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -259,8 +259,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
     model and TRL load, so a mistake in it ends the learner at once."""
+    from ..inputs import resolve
     from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
-    from .inputs import resolve
 
     try:
         attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
@@ -297,8 +297,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from .rollout.pool import start_rollout_pool
-    from .rollout.weight_sync import make_weight_transfer
+    from ..rollout.pool import start_rollout_pool
+    from ..rollout.weight_sync import make_weight_transfer
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
 
@@ -400,7 +400,7 @@ def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
     """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export), then upload it when
     its URI is an object store's (grpo_trainer.object_store, the manifest last); rank 0's report, None on the other
     ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and uploads."""
-    from .model_export import export_model, package_versions, reward_trend, staging_path
+    from ..model_export import export_model, package_versions, reward_trend, staging_path
 
     assert config.output is not None
     directory = Path(config.output.directory)
@@ -439,9 +439,9 @@ def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
 def upload_export(exported: ExportReport) -> ExportReport:
     """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
     naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
-    from .contract.store_uri import parse_uri
-    from .model_export import ExportError
-    from .object_store import ObjectStoreError, upload_folder
+    from ..contract.store_uri import parse_uri
+    from ..model_export import ExportError
+    from ..object_store import ObjectStoreError, upload_folder
 
     try:
         uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
@@ -463,7 +463,7 @@ def _finish(config: RunConfig, learner, code: int, phase: LearnerPhase, message:
 def _final_report(config: RunConfig, learner) -> ProgressReport:
     """The learner's last report; without figures when it has none, or when they break the accounting identity
     (the exit then says why)."""
-    from .progress import AccountingError
+    from ..progress import AccountingError
 
     if learner is not None:
         try:
@@ -506,14 +506,14 @@ def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
 
 
 def main(config: RunConfig, config_path: str | None = None) -> int:
-    """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.preemption) is installed by the
+    """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.learner.preemption) is installed by the
     entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..inputs import InputError
+    from ..model_export import ExportError
+    from ..progress import AccountingError, StallError
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
-    from .inputs import InputError
-    from .model_export import ExportError
-    from .progress import AccountingError, StallError
 
     learner = None
     exported = None

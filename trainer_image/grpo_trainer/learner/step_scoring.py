@@ -1,8 +1,8 @@
 """Trainer-side scoring: each rank takes samples out of the loss that must not train, on its own micro-batch.
 
-Reward-model scoring (grpo_trainer.scoring) needs whole groups and runs on rank 0 before batching. What is decided
-here needs the learner's own forward, so it runs in the training step, on every rank, on the rows that rank trains:
-`score_step` gives each sample a verdict, and a sample that is not kept leaves the loss:
+Reward-model scoring (grpo_trainer.learner.scoring) needs whole groups and runs on rank 0 before batching. What is
+decided here needs the learner's own forward, so it runs in the training step, on every rank, on the rows that rank
+trains: `score_step` gives each sample a verdict, and a sample that is not kept leaves the loss:
 - `non_finite`: a NaN or infinite logprob (learner's or rollout's) or per-sample loss;
 - `importance_ratio`: masked importance sampling at the sequence level, TRL GRPO's `sequence_mask` mode: the ratio
   exp(sum over the sample's trained tokens of learner - rollout logprob) outside
@@ -22,7 +22,7 @@ from enum import IntEnum
 
 import torch
 
-from .contract.codes import MaskReason
+from ..contract.codes import MaskReason
 
 
 class Verdict(IntEnum):

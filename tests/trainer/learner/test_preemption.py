@@ -1,4 +1,5 @@
-"""SIGTERM in a learner process (grpo_trainer.preemption), in a child process so the test runner keeps its own."""
+"""SIGTERM in a learner process (grpo_trainer.learner.preemption), in a child process so the test runner keeps its
+own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import textwrap
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from grpo_trainer import preemption
+    from grpo_trainer.learner import preemption
     preemption.install()
     if sys.argv[1] == "settled":
         preemption.settle()

@@ -1,4 +1,4 @@
-"""One exit code for a learner pod that runs several processes: `python -m grpo_trainer.gang --ranks N -- ARGV`.
+"""One exit code for a learner pod that runs several processes: `python -m grpo_trainer.learner.gang --ranks N -- ARGV`.
 
 torchrun (accelerate's `--multi_gpu` launcher) turns any failed worker into its own exit 1: two ranks that both
 exited 42 (stalled) left a pod that exited 1, and the operator retried a deterministic stall up to backoffLimit.
@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
+from ..contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
 
 GANG_DIR_ENV = "GRPO_GANG_DIR"
 #: Outcomes all ranks decide at the same micro-batch: a rank records it and exits 0 (see the module docstring).
@@ -155,7 +155,7 @@ def supervise(argv: list[str], ranks: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.gang", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.learner.gang", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, required=True, help="processes this pod runs")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launcher's argv")
     args = parser.parse_args(argv)

@@ -11,7 +11,7 @@ import pytest
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
 from grpo_trainer.contract.config import DatasetConfig, LoraConfig, RunConfig
 from grpo_trainer.contract.report import parse_progress
-from grpo_trainer.learner_main import (
+from grpo_trainer.learner.main import (
     ConfigError,
     adapter_sync,
     as_messages,
@@ -112,7 +112,7 @@ def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
 
 
 def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_reward_model_dir):
-    from grpo_trainer.learner_main import load_reward_models
+    from grpo_trainer.learner.main import load_reward_models
 
     def run_config(*rewards: dict) -> RunConfig:
         return RunConfig.model_validate({"model": "m", "dataset": {"name": "d"}, "rewards": list(rewards),
@@ -129,7 +129,7 @@ def test_reward_model_mistakes_name_the_field(tmp_path, tiny_model_dir, tiny_rew
 @pytest.mark.parametrize("kernel", ["varlen", "fa3"])
 def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_path, kernel):
     # Before the model loads (this one does not exist): a retry would choose the same kernel on the same device.
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     config = RunConfig.model_validate({
         "model": str(tmp_path / "no-model"), "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
@@ -145,9 +145,9 @@ def test_a_gpu_attention_kernel_on_a_cpu_learner_ends_it_as_invalid_config(tmp_p
 def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_invalid_config(tmp_path, monkeypatch):
     # On an A100 (the rule picks varlen), `extraArgs: {bf16: false}` leaves float32 attention, which flash kernels
     # cannot compute: said before the model loads (this one does not exist), not at the first forward.
-    import grpo_trainer.trainer  # noqa: F401  (imported unpatched: it binds probe_device by name, for the process)
-    from grpo_trainer import attention
-    from grpo_trainer.learner_main import main
+    import grpo_trainer.learner.trainer  # noqa: F401  (imported unpatched: it binds probe_device by name, for the process)
+    from grpo_trainer.learner import attention
+    from grpo_trainer.learner.main import main
 
     monkeypatch.setattr(attention, "probe_device", lambda device_type: attention.DeviceFacts("cuda", (8, 0)))
     dataset = tmp_path / "p.jsonl"
@@ -249,7 +249,7 @@ def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_
 
     from transformers import GPT2LMHeadModel
 
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     model_dir = tmp_path / "gpt2"
     GPT2LMHeadModel(_gpt2_config()).save_pretrained(model_dir)
@@ -267,7 +267,7 @@ def test_the_learner_exits_78_naming_the_model_when_its_chat_template_cannot_run
     """TRL's worker would die at start in its child (and the learner be restarted for a spec that stays wrong)."""
     import shutil
 
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)

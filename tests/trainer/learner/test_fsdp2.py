@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_trainer.checkpoints import MarkerError, read_marker
+from grpo_trainer.learner.checkpoints import MarkerError, read_marker
+from grpo_trainer.learner.trainer import GRPOLearner
 from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
-from grpo_trainer.trainer import GRPOLearner
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 
@@ -75,7 +75,7 @@ def learner_stand_in(*, main: bool, ranks: int, transfer) -> SimpleNamespace:
 ])
 def test_the_learner_gathers_everything_first_only_for_a_threaded_sender_among_ranks(main, ranks, transfer, eager,
                                                                                     monkeypatch):
-    from grpo_trainer import trainer
+    from grpo_trainer.learner import trainer
 
     chosen = []
     monkeypatch.setattr(trainer, "gathered_before_sending",

@@ -69,7 +69,7 @@ from grpo_trainer.contract.metrics import (
     STEP_METRIC_NAMES,
 )
 from grpo_trainer.contract.report import EpisodeReport, ProgressReport, TrackedRunReport, parse_progress
-from grpo_trainer.exporter import ProgressServer, StepMetrics, render_metrics, write_termination_message
+from grpo_trainer.learner.exporter import ProgressServer, StepMetrics, render_metrics, write_termination_message
 
 
 def fetch(url: str) -> str:
@@ -95,14 +95,14 @@ def finished_run(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from grpo_trainer.learner.tracking import configure, parameters_callback
+    from grpo_trainer.learner.trainer import GRPOLearner, LearnerReporting
     from grpo_trainer.testing.scripted_worker import (
         GroupScript,
         NoWeightTransfer,
         SampleShape,
         ScriptedRolloutWorker,
     )
-    from grpo_trainer.tracking import configure, parameters_callback
-    from grpo_trainer.trainer import GRPOLearner, LearnerReporting
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = 9
@@ -225,7 +225,7 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
     step, the run's spec as text."""
     from tensorboard.backend.event_processing import event_accumulator
 
-    from grpo_trainer.tracking import tracking_directory
+    from grpo_trainer.learner.tracking import tracking_directory
 
     trainer, _, run_config = finished_run
     directory = tracking_directory(run_config, "tensorboard")
@@ -256,9 +256,9 @@ def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_c
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
+    from grpo_trainer.learner.trainer import GRPOLearner, LearnerReporting
     from grpo_trainer.rollout.pool import start_rollout_pool
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer, SampleShape, ScriptedRolloutWorker
-    from grpo_trainer.trainer import GRPOLearner, LearnerReporting
     from tests.support.ports import free_port
 
     server = f"http://127.0.0.1:{free_port()}"  # nothing answers there: the server is in the pool, not ready

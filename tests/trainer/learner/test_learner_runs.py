@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from grpo_trainer.checkpoints import read_marker
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXIT_PREEMPTED, EXIT_STALLED, EXIT_SUCCEEDED
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.launch import GangLayout, learner_argv
-from grpo_trainer.learner_main import trainer_arguments
+from grpo_trainer.learner.checkpoints import read_marker
+from grpo_trainer.learner.main import trainer_arguments
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow

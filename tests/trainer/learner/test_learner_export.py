@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_trainer import learner_main
 from grpo_trainer.contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_SUCCEEDED,
@@ -26,6 +25,7 @@ from grpo_trainer.contract.codes import (
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, parse_progress
 from grpo_trainer.contract.store_uri import parse_uri
+from grpo_trainer.learner import main as learner_main
 from grpo_trainer.model_export import verify_export
 from grpo_trainer.object_store import download_folder
 

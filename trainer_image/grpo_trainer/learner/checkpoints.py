@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .contract.codes import DropReason
-from .model_export import sha256_of
-from .progress.state import ProgressStateError, check_version
+from ..contract.codes import DropReason
+from ..model_export import sha256_of
+from ..progress.state import ProgressStateError, check_version
 
 logger = logging.getLogger(__name__)
 

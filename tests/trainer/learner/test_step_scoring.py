@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from grpo_trainer.contract.codes import EXIT_STALLED, DropReason, LearnerPhase
-from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop, StallError, StopCode
-from grpo_trainer.step_scoring import (
+from grpo_trainer.learner.step_scoring import (
     Decisions,
     ExclusionTracker,
     ImportanceBounds,
@@ -18,6 +17,7 @@ from grpo_trainer.step_scoring import (
     masked_terms,
     score_step,
 )
+from grpo_trainer.progress import ProgressState, RolloutProgress, RolloutStop, StallError, StopCode
 
 
 def make_progress(n=6, epochs=1, stall_groups=0) -> RolloutProgress:
@@ -155,8 +155,8 @@ def learner_at_the_end(progress: RolloutProgress):
 
     from transformers import TrainerControl
 
+    from grpo_trainer.learner.trainer import GRPOLearner
     from grpo_trainer.progress import StopAwareDataset
-    from grpo_trainer.trainer import GRPOLearner
 
     learner = object.__new__(GRPOLearner)
     learner.accelerator = SimpleNamespace(is_main_process=True, device=torch.device("cpu"))
@@ -203,7 +203,7 @@ def test_an_excluded_group_survives_a_checkpoint_as_excluded():
 # --- real runs, 2 gloo ranks ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_ranks_exclude_the_groups_the_importance_bound_takes_out_and_end_at_the_bound(tiny_model_dir, tmp_path):
-    from tests.trainer.test_learner_runs import run
+    from tests.trainer.learner.test_learner_runs import run
 
     results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--off-policy-every", "3",
                   "--is-clip-max", "10", ranks=2)
@@ -226,7 +226,7 @@ def test_two_ranks_whose_step_scoring_takes_out_everything_stall_within_one_pass
     # With 3 epochs the stream raises the stall itself; with 1 it ends the run at the bound once the last groups
     # are collated, before their scoring excluded them (that run ended Succeeded, 0 trained, 9 excluded), and the
     # learner turns the end into the stall once they trained, at the same micro-batch on both ranks.
-    from tests.trainer.test_learner_runs import run
+    from tests.trainer.learner.test_learner_runs import run
 
     results = run(tiny_model_dir, tmp_path, "--scenario", "varied", "--prompts", "9", "--epochs", str(epochs),
                   "--nan-logprobs-every", "1", ranks=2, expect=EXIT_STALLED)

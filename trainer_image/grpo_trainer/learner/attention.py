@@ -29,7 +29,7 @@ from typing import Any, TypedDict, Unpack
 import torch
 import torch.nn.functional as F
 
-from .contract.codes import AttentionKernel
+from ..contract.codes import AttentionKernel
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The exit code of a multi-process learner pod (grpo_trainer.gang), without torch: fake ranks in subprocesses."""
+"""The exit code of a multi-process learner pod (grpo_trainer.learner.gang), without torch: fake ranks in
+subprocesses."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from grpo_trainer.contract.codes import (
     EXIT_SUCCEEDED,
 )
 from grpo_trainer.contract.launch import GangLayout, learner_argv
-from grpo_trainer.gang import gang_exit_code
+from grpo_trainer.learner.gang import gang_exit_code
 
 
 @pytest.mark.parametrize(("launcher", "outcomes", "expected"), [
@@ -45,15 +46,15 @@ def test_gang_exit_code(launcher, outcomes, expected):
 
 def test_multi_process_launch_line_runs_under_the_gang_supervisor():
     argv = learner_argv("/c/run.json", gang=GangLayout(processes_per_machine=4, num_machines=2))
-    assert argv[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+    assert argv[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "4", "--"]
     assert argv[6:10] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
     one_process = learner_argv("/c/run.json")
-    assert one_process[:2] == ["python", "-m"] and "grpo_trainer.gang" not in one_process
+    assert one_process[:2] == ["python", "-m"] and "grpo_trainer.learner.gang" not in one_process
 
 
 FAKE_RANK = textwrap.dedent("""
     import os, signal, sys, time
-    from grpo_trainer import gang
+    from grpo_trainer.learner import gang
     mode = sys.argv[1]
     rank = os.environ["RANK"]
     if mode == "late" and rank == "1":
@@ -97,7 +98,7 @@ FAKE_LAUNCHER = textwrap.dedent("""
 
 
 def supervised(mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "grpo_trainer.gang", "--ranks", "2", "--",
+    return subprocess.Popen([sys.executable, "-m", "grpo_trainer.learner.gang", "--ranks", "2", "--",
                              sys.executable, "-c", FAKE_LAUNCHER, FAKE_RANK, mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

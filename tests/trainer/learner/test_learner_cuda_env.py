@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.attention import FA3_REPO
 from grpo_trainer.contract.config import RunConfig
-from grpo_trainer.learner_main import ConfigError, http_only_rollout_worker
+from grpo_trainer.learner.attention import FA3_REPO
+from grpo_trainer.learner.main import ConfigError, http_only_rollout_worker
 from tests.chart.test_images import TRAINER_DOCKERFILE, _instructions
 from tests.support.paths import REPO, make_variable
 
@@ -160,16 +160,16 @@ def server_front() -> Iterator[tuple[str, list[str]]]:
         server.server_close()
 
 
-# Runs in the CUDA learner environment: our learner's construction path (build_learner: make_weight_transfer leaves
-# NCCL to TRL, http_only_rollout_worker, GRPOLearner), then TRL's client's set-up, which ends at the first CUDA call.
-# TRL's trainer asks CUDA for the device's name (its MFU figures) before it builds the sync; on this GPU-less machine
-# the CPU learner's answer for a CPU device (no peak FLOPs; grpo_trainer.cpu) stands in, so the sync's is the CUDA
-# call left.
+# Runs in the CUDA learner environment: our learner's construction path (build_learner: make_weight_transfer leaves NCCL
+# to TRL, http_only_rollout_worker, GRPOLearner), then TRL's client's set-up, which ends at the first CUDA call. TRL's
+# trainer asks CUDA for the device's name (its MFU figures) before it builds the sync; on this GPU-less machine the CPU
+# learner's answer for a CPU device (no peak FLOPs; grpo_trainer.learner.cpu) stands in, so the sync's is the CUDA call
+# left.
 PROBE = """
 import json, sys, traceback
 from grpo_trainer.contract.config import load_run_config
-from grpo_trainer.cpu import enable_cpu_support
-from grpo_trainer.learner_main import build_learner
+from grpo_trainer.learner.cpu import enable_cpu_support
+from grpo_trainer.learner.main import build_learner
 
 enable_cpu_support()
 
@@ -272,8 +272,8 @@ KERNEL_PROBE = """
 import json, os, sys
 import torch
 from kernels._rust import KernelDependency, KernelLock, KernelLocks, KernelVersion
-from grpo_trainer import attention
-from grpo_trainer.attention import DeviceFacts, choose_kernel, torch_varlen_attention
+from grpo_trainer.learner import attention
+from grpo_trainer.learner.attention import DeviceFacts, choose_kernel, torch_varlen_attention
 
 lock = sys.argv[1]
 dependency = KernelDependency(attention.FA3_REPO, KernelVersion.Version(1))

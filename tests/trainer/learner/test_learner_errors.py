@@ -20,12 +20,12 @@ from grpo_trainer.contract.codes import (
 )
 from grpo_trainer.contract.config import RewardConfig
 from grpo_trainer.contract.report import ProgressReport
-from grpo_trainer.learner_main import describe_error
+from grpo_trainer.learner.main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
 from grpo_trainer.rollout.worker import STOP_JOIN_S
 from tests.support.learner.bad_rewards import PREEMPT_MARK_ENV
 from tests.support.paths import COMPLETIONS_SERVER
-from tests.trainer.test_e2e_cpu import run_learner, termination_report, tiny_run_config
+from tests.trainer.learner.test_e2e_cpu import run_learner, termination_report, tiny_run_config
 
 
 def _health_check():

@@ -34,21 +34,11 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
 
-from .attention import AUTO, choose_kernel, install, probe_device
-from .checkpoints import (
-    PROGRESS_STATE_FILE,
-    MarkerError,
-    UnusableCheckpoints,
-    read_marker,
-    write_json_atomically,
-    write_marker,
-)
-from .contract.codes import AttentionKernel, DropReason, LearnerPhase, StallCause
-from .contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
-from .contract.report import ProgressReport, TrackedRunReport
-from .episodes import EpisodeCounts, EpisodeQueue
-from .exporter import StepMetrics
-from .progress import (
+from ..contract.codes import AttentionKernel, DropReason, LearnerPhase, StallCause
+from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
+from ..contract.report import ProgressReport, TrackedRunReport
+from ..episodes import EpisodeCounts, EpisodeQueue
+from ..progress import (
     SAMPLE_GROUP_KEY,
     STOP_KEY,
     AccountingError,
@@ -64,10 +54,20 @@ from .progress import (
     StopCode,
     stop_from_batch,
 )
-from .rollout.sync_watchdog import SyncTimer, WeightSyncStuck
-from .rollout.wait import RolloutWaitMeter
-from .rollout.weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
-from .rollout.worker import SupervisedRolloutWorker
+from ..rollout.sync_watchdog import SyncTimer, WeightSyncStuck
+from ..rollout.wait import RolloutWaitMeter
+from ..rollout.weight_sync import ADAPTER_NAME, FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
+from ..rollout.worker import SupervisedRolloutWorker
+from .attention import AUTO, choose_kernel, install, probe_device
+from .checkpoints import (
+    PROGRESS_STATE_FILE,
+    MarkerError,
+    UnusableCheckpoints,
+    read_marker,
+    write_json_atomically,
+    write_marker,
+)
+from .exporter import StepMetrics
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
 from .tracking import progress_logs
@@ -75,7 +75,7 @@ from .tracking import progress_logs
 if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from .rollout.pool import RolloutPool
+    from ..rollout.pool import RolloutPool
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class WeightSyncOptions:
 
 
 class TrackedRuns(Protocol):
-    """A TrainerCallback that knows the trackers' runs once they have started (grpo_trainer.tracking)."""
+    """A TrainerCallback that knows the trackers' runs once they have started (grpo_trainer.learner.tracking)."""
 
     def tracked_runs(self) -> list[TrackedRunReport]: ...
 
@@ -112,8 +112,8 @@ class LearnerReporting:
 
     server_port: serve /progress and /metrics on this port from rank 0 (None: no server; 0: any port).
     tracking: given the trainer's callbacks, the callback that names the trackers' runs on /progress
-        (grpo_trainer.tracking.parameters_callback). The learner adds it after transformers' tracker integrations,
-        which it reads, so their runs have started when it looks. None: no trackers.
+        (grpo_trainer.learner.tracking.parameters_callback). The learner adds it after transformers' tracker
+        integrations, which it reads, so their runs have started when it looks. None: no trackers.
     rollout_pool: rank 0's rollout servers behind its balancer (filesystem sync): their state goes on /progress;
         the learner owns the pool from then on and `close()` stops it.
     """
@@ -129,11 +129,11 @@ class GRPOLearner(AsyncGRPOTrainer):
     TRL's arguments, with `args` (its AsyncGRPOConfig) by keyword; extra keyword-only arguments:
         filter_config: which rollouts to drop before training (contract.config.FilterConfig).
         stall_groups: groups consumed in a row without one training before the run stalls; 0 = one pass.
-        reward_models: rank 0's reward models (grpo_trainer.scoring), scoring each group before batching.
-        importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.step_scoring); samples
-            with a non-finite loss or logprob leave the loss whatever they are.
+        reward_models: rank 0's reward models (grpo_trainer.learner.scoring), scoring each group before batching.
+        importance_bounds: masked importance sampling's sequence-ratio bounds (grpo_trainer.learner.step_scoring);
+            samples with a non-finite loss or logprob leave the loss whatever they are.
         weight_sync: how the weights reach the servers (`WeightSyncOptions`: the sync's deadline, adapter or merged).
-        attention_kernel: the tree-attention kernel (grpo_trainer.attention); None: the rule's auto choice for
+        attention_kernel: the tree-attention kernel (grpo_trainer.learner.attention); None: the rule's auto choice for
             this process's device.
         reporting: where /progress is served and what joins the report (`LearnerReporting`).
 
@@ -589,8 +589,8 @@ class GRPOLearner(AsyncGRPOTrainer):
         return loss
 
     def _score_step(self, inputs, log_probs, old_log_probs, advantages, segment_id):
-        """This rank's verdicts (grpo_trainer.step_scoring), gathered to rank 0, which excludes the groups left with
-        no sample. One gather per micro-batch, on every rank alike (it is a collective)."""
+        """This rank's verdicts (grpo_trainer.learner.step_scoring), gathered to rank 0, which excludes the groups left
+        with no sample. One gather per micro-batch, on every rank alike (it is a collective)."""
         groups = inputs[SAMPLE_GROUP_KEY].reshape(-1)
         num_samples = int((groups >= 0).sum())
         with torch.no_grad():

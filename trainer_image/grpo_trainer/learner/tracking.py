@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contract.config import RunConfig
-from .contract.pod_env import MLFLOW_CREDENTIAL_ENV, WANDB_API_KEY_ENV
-from .contract.report import ProgressReport, TrackedRunReport
+from ..contract.config import RunConfig
+from ..contract.pod_env import MLFLOW_CREDENTIAL_ENV, WANDB_API_KEY_ENV
+from ..contract.report import ProgressReport, TrackedRunReport
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ def test_the_set_up_heap_is_frozen_while_training_and_released_after(tiny_model_
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
+    from grpo_trainer.learner.trainer import GRPOLearner
     from grpo_trainer.testing.scripted_worker import GroupScript, NoWeightTransfer, SampleShape, ScriptedRolloutWorker
-    from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "p0"}]]})
