@@ -55,7 +55,7 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQ
 # pinned requirements, then vllm itself without its dependencies (its transformers<5.20 pin; the learner keeps 5.24):
 # the Dockerfile's cuda branch installs the same list the same way. Hardlinked from uv's cache like the other venvs;
 # the first build downloads vllm's wheel (~330 MB; 15 s measured here with torch already in the cache), later ones
-# take a second, so `make setup` builds it; tests/trainer/test_learner_cuda_env.py also builds it on first use.
+# take a second, so `make setup` builds it; tests/trainer/learner/test_learner_cuda_env.py also builds it on first use.
 setup-learner-cuda: $(LEARNER_CUDA_VENV)/.installed
 $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $(UV)
 	@echo "setup: $(LEARNER_CUDA_VENV) (the CUDA learner: vllm $(VLLM_VERSION) for NCCL weight sync)"

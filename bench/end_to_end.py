@@ -205,7 +205,7 @@ def run(context: Context) -> str:
         "so a second replica adds no compute: it can only show the split, not a speed-up. The split follows how fast "
         "each server answers (least outstanding requests sends more to the one that frees its slots sooner), and on "
         "cores shared with other jobs that varies from run to run (58 % / 42 % in one run of "
-        "tests/trainer/test_rollout_replicas.py).",
+        "tests/trainer/rollout/test_replicas.py).",
         "",
         table(["replicas", "server start s", "training s", "request split (completions per replica)",
                "samples generated per s", "samples trained per s"], replica_rows),

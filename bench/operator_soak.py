@@ -57,7 +57,7 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     import yaml
 
     from grpo_trainer.contract.report import ProgressReport
-    from grpo_trainer.exporter import ProgressServer
+    from grpo_trainer.learner.exporter import ProgressServer
     from tests.support.emulator.kube_emulator import (
         DEFAULT_RESOURCES,
         GRPORUNS,

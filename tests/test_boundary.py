@@ -24,9 +24,9 @@ CONTRACT = "grpo_trainer.contract"
 #: Operator module -> the trainer modules outside the contract it imports, because it runs trainer code on purpose.
 TRAINER_CODE_IN_THE_OPERATOR = {
     # `grporun local`: user rewards, tools and environment factories imported before minutes of server start-up.
-    "grpo_operator.local.plan": {"grpo_trainer.rewards", "grpo_trainer.tools"},
+    "grpo_operator.local.plan": {"grpo_trainer.learner.rewards", "grpo_trainer.tools"},
     # `grporun local`: a local rollout server's liveness, by the pod's own generation probe.
-    "grpo_operator.local.rollout_restarts": {"grpo_trainer.rollout_health"},
+    "grpo_operator.local.rollout_restarts": {"grpo_trainer.server.health"},
     # `grporun export`: the learner's export, again, from a local run's checkpoint.
     "grpo_operator.cli.export_command": {"grpo_trainer.reexport", "grpo_trainer.model_export"},
 }
@@ -34,17 +34,24 @@ TRAINER_CODE_IN_THE_OPERATOR = {
 CONTRACT_DEPENDENCIES = {"pydantic"}
 
 
+def _is_trainer_module(name: str) -> bool:
+    path = TRAINER.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def trainer_imports(source: str) -> list[str]:
-    """The grpo_trainer modules a source file imports, function-level imports included."""
+    """The grpo_trainer modules a source file imports, function-level imports included; `from package import name`
+    counts as importing the module `package.name` where there is one."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names if alias.name.split(".")[0] == "grpo_trainer"]
         elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("grpo_trainer"):
+            modules = [f"{node.module}.{alias.name}" for alias in node.names]
             if node.module == "grpo_trainer":  # `from grpo_trainer import contract`
-                found += [f"grpo_trainer.{alias.name}" for alias in node.names]
+                found += modules
             else:
-                found.append(node.module)
+                found += [module for module in modules if _is_trainer_module(module)] or [node.module]
     return found
 
 
@@ -72,8 +79,8 @@ def test_the_operator_imports_the_trainer_package_through_its_contract_only():
 
 @pytest.mark.parametrize(("source", "module"), [
     ("from grpo_trainer.launch import learner_argv", "grpo_trainer.launch"),
-    ("import grpo_trainer.rollout", "grpo_trainer.rollout"),
-    ("from grpo_trainer import rewards", "grpo_trainer.rewards"),
+    ("import grpo_trainer.server.main", "grpo_trainer.server.main"),
+    ("from grpo_trainer.learner import rewards", "grpo_trainer.learner.rewards"),
     ("def f():\n    from grpo_trainer.store_uri import parse_uri\n", "grpo_trainer.store_uri"),
 ])
 def test_an_import_around_the_contract_is_found(source, module):

@@ -405,7 +405,7 @@ def tracking_secret_env(tracking: TrackingConfig) -> list[dict[str, Any]]:
     """The trackers' credentials, from the Secrets `spec.tracking` names, as the env vars their clients read.
 
     Optional references: a missing Secret or key leaves the variable unset and the learner ends with a one-line
-    config error naming the field (grpo_trainer.tracking), instead of a pod that never starts.
+    config error naming the field (grpo_trainer.learner.tracking), instead of a pod that never starts.
     """
     env: list[dict[str, Any]] = []
     if tracking.mlflow is not None and tracking.mlflow.credentials_secret:

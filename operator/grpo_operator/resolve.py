@@ -1,7 +1,7 @@
 """Spec -> the learner's resolved run config: what the operator renders into the ConfigMap and `grporun local`
 writes to disk. Pure; the caller supplies what only it knows (server addresses, paths inside the pods).
 
-Built-in reward names are not checked here: the registry lives with the learner (grpo_trainer.rewards), which
+Built-in reward names are not checked here: the registry lives with the learner (grpo_trainer.learner.rewards), which
 imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
 """
 

@@ -142,9 +142,9 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
     there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same
     variable `grporun local` reads)."""
-    from grpo_trainer import rollout
     from grpo_trainer.contract.codes import ROLLOUT_HTTP_PORT
     from grpo_trainer.contract.config import RunConfig
+    from grpo_trainer.server import main as rollout
 
     rollout_python = _env_default(_instructions(TRAINER_DOCKERFILE), "GRPO_ROLLOUT_PYTHON")
     monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", rollout_python)
@@ -166,7 +166,7 @@ def test_make_images_builds_the_trainer_from_the_repository_root():
 def test_the_fa3_build_arg_bakes_the_kernel_where_the_learner_reads_it():
     """FA3_KERNEL=true locks and downloads the kernel the attention rule loads, at the lock file path it reads, into
     the cache the image's environment names; off by default (a CPU build, or a GPU without Hopper, has no use)."""
-    from grpo_trainer import attention
+    from grpo_trainer.learner import attention
 
     instructions = _instructions(TRAINER_DOCKERFILE)
     assert _arg_default(instructions, "FA3_KERNEL") == "false"

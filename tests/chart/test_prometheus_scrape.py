@@ -2,7 +2,7 @@
 operator metrics endpoint, evaluates the chart's alert rules on what it scraped, and answers queries for the stalled
 series through its HTTP API.
 
-- Learner: grpo_trainer.exporter.ProgressServer serving a real ProgressReport set to a stalled state.
+- Learner: grpo_trainer.learner.exporter.ProgressServer serving a real ProgressReport set to a stalled state.
 - Operator: the real grpo_operator.operator_metrics.OperatorMetrics fed a stalled run's status (the shape the
   operator writes), served by prometheus_client's HTTP server as OperatorMetrics.serve does (started here directly
   so the test can stop it). The scrape job name mirrors the ServiceMonitor's, which GRPOOperatorDown matches.
@@ -28,7 +28,7 @@ from grpo_trainer.contract.metrics import (
     METRIC_STALLED,
 )
 from grpo_trainer.contract.report import ProgressReport
-from grpo_trainer.exporter import ProgressServer, StepMetrics
+from grpo_trainer.learner.exporter import ProgressServer, StepMetrics
 from tests.support.chart_render import CHART_DIR
 from tests.support.servers.prometheus_harness import Prometheus
 

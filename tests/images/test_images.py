@@ -94,11 +94,11 @@ def test_trainer_rollout_and_learner_entrypoints_import(trainer_image):
     """What each role imports past its config: vLLM and the rollout server in /opt/rollout, TRL and the learner in
     /opt/learner (the image's PATH python)."""
     rollout = images.run_container(
-        trainer_image, "-c", "import vllm, grpo_trainer.rollout; print(vllm.__version__)",
+        trainer_image, "-c", "import vllm, grpo_trainer.server.main; print(vllm.__version__)",
         entrypoint="/opt/rollout/bin/python")
     assert rollout.returncode == 0, output(rollout)
     learner = images.run_container(
-        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner_main; print(trl.__version__)",
+        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner.main; print(trl.__version__)",
         entrypoint="python")
     assert learner.returncode == 0, output(learner)
 

@@ -11,7 +11,7 @@ import pytest
 
 from grpo_operator.progress_poller import MAX_REPORT_BYTES, pod_progress_url, poll_progress
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
-from grpo_trainer.exporter import ProgressServer
+from grpo_trainer.learner.exporter import ProgressServer
 
 
 def test_progress_urls():

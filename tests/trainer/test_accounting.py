@@ -16,6 +16,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
 from grpo_trainer.contract.report import ProgressReport
+from grpo_trainer.learner.scoring import ScoringQueue
 from grpo_trainer.progress import (
     AccountingError,
     ConsumedIds,
@@ -25,8 +26,7 @@ from grpo_trainer.progress import (
     SampleFilterQueue,
     SampleLimits,
 )
-from grpo_trainer.scoring import ScoringQueue
-from tests.trainer.test_learner_runs import run as run_scenario
+from tests.trainer.learner.test_learner_runs import run as run_scenario
 
 
 def rollout(group_id: int, k: int, *, text: str, version: int = 0) -> RolloutSample:
@@ -232,7 +232,7 @@ def test_the_progress_server_answers_500_with_the_reason_when_the_accounting_bre
     import urllib.error
     import urllib.request
 
-    from grpo_trainer.exporter import ProgressServer
+    from grpo_trainer.learner.exporter import ProgressServer
 
     progress = RolloutProgress(set(), epochs_done=0, stall_groups=10, groups_per_epoch=4, epochs=1)
     progress.consumed.add(1)

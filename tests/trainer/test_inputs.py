@@ -198,14 +198,14 @@ def _input_credentials(s3_server, monkeypatch, **keys) -> None:
 @pytest.mark.s3
 def test_the_rollout_server_starts_on_the_downloaded_model_and_its_probe_names_it(
         s3_server, s3_bucket, tiny_model_dir, tmp_path, monkeypatch):
-    import grpo_trainer.rollout
+    import grpo_trainer.server.main
     from grpo_trainer.__main__ import main as entry_main
 
     upload_folder(tiny_model_dir, parse_uri(f"s3://{s3_bucket}/tiny", "output.uri"), client=s3_server.client())
     _input_credentials(s3_server, monkeypatch)
     path = _write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint, credentials_secret="s")
     started = []
-    monkeypatch.setattr(grpo_trainer.rollout, "main", lambda config, port: started.append(config) or 0)
+    monkeypatch.setattr(grpo_trainer.server.main, "main", lambda config, port: started.append(config) or 0)
 
     assert entry_main(["rollout", "--config", str(path)]) == 0
     (config,) = started
@@ -236,7 +236,7 @@ def test_a_rollout_server_whose_model_the_store_lacks_exits_78_naming_it(s3_serv
 
 @pytest.mark.s3
 def test_a_learner_whose_model_the_store_refuses_exits_78_naming_it(s3_server, s3_bucket, tmp_path, monkeypatch):
-    from grpo_trainer.learner_main import main
+    from grpo_trainer.learner.main import main
 
     _input_credentials(s3_server, monkeypatch, secret_key="wrong-secret")
     config = load_run_config(_write_config(tmp_path, f"s3://{s3_bucket}/tiny", endpoint=s3_server.endpoint,

@@ -39,7 +39,7 @@ def test_a_ddp_learner_is_accelerates_multi_gpu_launch_and_a_single_process_runs
 def test_an_fsdp2_learner_launches_under_accelerates_fsdp2_plugin(cpu_offload):
     gang = GangLayout(num_machines=2, processes_per_machine=4, machine_rank=1, main_process_ip="leader")
     argv = learner_argv("/c/run.json", gang=gang, strategy="fsdp2", cpu_offload=cpu_offload)
-    assert argv[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+    assert argv[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "4", "--"]
     args = accelerate_args(argv)
     assert args.use_fsdp and not args.multi_gpu
     assert (args.num_machines, args.machine_rank, args.num_processes) == (2, 1, 8)

@@ -16,7 +16,7 @@ from grpo_operator.cli.validate import check
 from grpo_operator.manifest import load_crd
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
 from grpo_trainer.contract.config import MANAGED_TRAINER_ARGS, TrainingConfig
-from grpo_trainer.learner_main import trainer_arguments
+from grpo_trainer.learner.main import trainer_arguments
 from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"

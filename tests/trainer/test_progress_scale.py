@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from grpo_trainer.contract.codes import LearnerPhase
-from grpo_trainer.exporter import ProgressServer
+from grpo_trainer.learner.exporter import ProgressServer
 from grpo_trainer.progress import ConsumedIds, ProgressState, RolloutProgress, RolloutStop, StopCode
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from grpo_trainer.checkpoints import MarkerError, read_marker, write_marker
 from grpo_trainer.contract.codes import LearnerPhase
+from grpo_trainer.learner.checkpoints import MarkerError, read_marker, write_marker
 from grpo_trainer.progress import PROGRESS_STATE_VERSION, ProgressState, ProgressStateError, RolloutProgress
 
 

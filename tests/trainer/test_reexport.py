@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from grpo_operator.cli import main as grporun
-from grpo_trainer.checkpoints import write_marker
 from grpo_trainer.contract.codes import EXIT_EXPORT_FAILED, EXIT_SUCCEEDED, EXPORT_MANIFEST_FILE
 from grpo_trainer.contract.config import (
     CheckpointConfig,
@@ -23,6 +22,7 @@ from grpo_trainer.contract.config import (
     load_run_config,
 )
 from grpo_trainer.contract.store_uri import parse_uri
+from grpo_trainer.learner.checkpoints import write_marker
 from grpo_trainer.model_export import ExportError, verify_export
 from grpo_trainer.object_store import download_folder
 from grpo_trainer.progress import RolloutProgress

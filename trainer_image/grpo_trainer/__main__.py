@@ -14,10 +14,10 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from . import gang, preemption
 from .contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, ROLLOUT_HTTP_PORT
 from .contract.config import RunConfig, load_run_config
 from .contract.wire import config_error_line
+from .learner import gang, preemption
 
 #: A role's outcome is decided (and the learner's recorded) when `main` returns; what follows is the interpreter's
 #: teardown, which joins non-daemon threads, multiprocessing's children and its queues' feeder threads. One blocked
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
     from .inputs import InputError, resolve
-    from .rollout import main as rollout_main
-    from .rollout import refuse
+    from .server.main import main as rollout_main
+    from .server.main import refuse
 
     try:
         config = resolve(config, dataset=False)
@@ -119,7 +119,7 @@ def probe(config: RunConfig, port: int, timeout_s: float | None = None) -> int:
     """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
     from .contract.rollout_pod import PROBE_TIMEOUT_S
     from .inputs import local_path
-    from .rollout_health import probe_generation
+    from .server.health import probe_generation
 
     # The server serves the model under the name it loaded it from (an s3:// model: its place in the inputs cache).
     model = local_path(config.model, config)
@@ -133,7 +133,7 @@ def probe(config: RunConfig, port: int, timeout_s: float | None = None) -> int:
 def startup_probe(port: int, timeout_s: float | None = None) -> int:
     """Waits for the server on `port` to answer /health: one probe run covers minutes of model load."""
     from .contract.rollout_pod import STARTUP_WAIT_S
-    from .rollout_health import wait_healthy
+    from .server.health import wait_healthy
 
     error = wait_healthy(f"http://127.0.0.1:{port}", timeout_s or STARTUP_WAIT_S)
     if error is not None:
@@ -149,13 +149,13 @@ def describe_config_error(path: str, error: OSError | ValidationError) -> str:
 
 
 def learner(config_path: str) -> int:
-    """The learner role's exit code (each rank's; grpo_trainer.gang combines them for a multi-process pod)."""
+    """The learner role's exit code (each rank's; grpo_trainer.learner.gang combines them for a multi-process pod)."""
     try:
         config = read_config(config_path)
     except (OSError, ValidationError) as error:
         print(f"grpo learner: {describe_config_error(config_path, error)}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
-    from .learner_main import main as learner_main
+    from .learner.main import main as learner_main
 
     return learner_main(config, config_path)
 

@@ -3,7 +3,7 @@
 With tools, TRL's worker renders a conversation again before every turn and reconciles the re-rendered tokens
 with the ones it held; a rewrite it cannot reconcile (the template dropped an earlier turn's reasoning) starts a new
 training row ("fork"), and a conversation with no trained token becomes none. A group is therefore not
-`num_generations` rows. The rollout loop (grpo_trainer.rollout_worker.EpisodeRolloutLoop) stamps each row it puts on
+`num_generations` rows. The rollout loop (grpo_trainer.rollout.worker.EpisodeRolloutLoop) stamps each row it puts on
 the queue with its group's exact row count, and the group's first row with what its conversations did; the learner
 reads both here, before anything else sees the samples:
 - `group_rows(sample)`: how many rows make the sample's group whole (ScoringQueue scores a group when they all came;

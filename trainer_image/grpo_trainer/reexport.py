@@ -54,9 +54,9 @@ def _provenance(config: RunConfig, checkpoint: Path, marker: Mapping[str, Any]) 
 def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> ExportReport:
     """Export the model of `checkpoint` (default: the newest complete one of config.checkpoint.directory, its
     marker verified) to config.output; ExportError naming the field or the path and the cause."""
-    from .checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
     from .contract.store_uri import is_object_store_uri
-    from .learner_main import upload_export
+    from .learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
+    from .learner.main import upload_export
 
     if config.output is None:
         raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")

@@ -10,7 +10,7 @@ instances and resets one per episode.
 Environments are often servers of their own, and a server that is down must not end the run nor vanish from the
 count. Every environment this module makes is guarded: an exception from `reset` or `get_reward`, or an `OSError`
 (connection refused, a timeout) from a tool method, marks the episode failed. The episode still runs (its rows keep
-the group's accounting whole), and the rollout loop (grpo_trainer.rollout_worker) makes it unscorable and counts it
+the group's accounting whole), and the rollout loop (grpo_trainer.rollout.worker) makes it unscorable and counts it
 by environment. A tool method's other errors are the policy's (bad arguments): TRL returns them to the policy as
 the tool's result and counts a tool failure.
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .contract.config import TrainingConfig
-from .rewards import UserCodeError, import_function
+from .learner.rewards import UserCodeError, import_function
 
 
 class ToolError(UserCodeError):

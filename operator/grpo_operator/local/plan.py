@@ -100,12 +100,12 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards, tools and environment factories must import here, before minutes of server
     start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.rewards import RewardError, load_reward
+    from grpo_trainer.learner.rewards import RewardError, load_reward
     from grpo_trainer.tools import ToolError, load_environment_factory, load_tools
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:
-            continue  # loaded by the learner (grpo_trainer.scoring); localize_spec checked a local path
+            continue  # loaded by the learner (grpo_trainer.learner.scoring); localize_spec checked a local path
         try:
             load_reward(reward)
         except RewardError as error:

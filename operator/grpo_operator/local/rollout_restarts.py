@@ -29,7 +29,7 @@ from grpo_trainer.contract.rollout_pod import (
     PROBE_TIMEOUT_S,
     STARTUP_POLL_S,
 )
-from grpo_trainer.rollout_health import probe_generation
+from grpo_trainer.server.health import probe_generation
 
 from .processes import LocalProcess, http_get, tail
 

@@ -35,7 +35,7 @@ class ServerRestart:
 def rollout_error_line(message: str | None) -> str | None:
     """The engine's error line out of a rollout pod's termination message.
 
-    The rollout entrypoint writes `grpo rollout: vLLM exited with code N: <error line>` (grpo_trainer.rollout); when
+    The rollout entrypoint writes `grpo rollout: vLLM exited with code N: <error line>` (grpo_trainer.server.main); when
     the entrypoint itself was killed the kubelet falls back to the log's tail, where the root error is looked for
     past vLLM's wrappers and the nanobind leak dump.
     """

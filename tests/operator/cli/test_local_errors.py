@@ -138,7 +138,7 @@ def test_several_learner_processes_run_under_accelerate_on_localhost():
     learner = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
                              ports=LocalPorts([1], 2, 29533))[-1]
     argv = learner.argv
-    assert argv[:3] == ["/lv", "-m", "grpo_trainer.gang"]
+    assert argv[:3] == ["/lv", "-m", "grpo_trainer.learner.gang"]
     assert argv[6:9] == ["/lv", "-m", "accelerate.commands.launch"]
     assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
     assert argv[argv.index("--main_process_port") + 1] == "29533"
@@ -169,7 +169,7 @@ def test_final_summary_shows_phase_reason_and_progress():
 
 @pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml", "tiny-rm.yaml"])
 def test_shipped_examples_validate_and_use_builtin_rewards(example):
-    from grpo_trainer.rewards import BUILTIN_REWARDS
+    from grpo_trainer.learner.rewards import BUILTIN_REWARDS
 
     spec = read_grporun(REPO / "examples" / example).spec
     assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards if not reward.is_model)

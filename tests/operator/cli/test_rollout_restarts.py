@@ -3,7 +3,7 @@ own state machine: its own counter and `runPolicy.rolloutRestartLimit`, the lear
 error line (or why the probes stopped it) in the restart event and the final failure.
 
 Real child processes stand in for vLLM here (they exit on cue, as a server whose engine died does); the restart of a
-real vLLM server under a running learner is in tests/trainer/test_rollout_replicas.py.
+real vLLM server under a running learner is in tests/trainer/rollout/test_replicas.py.
 """
 
 from __future__ import annotations

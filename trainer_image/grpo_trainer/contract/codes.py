@@ -52,7 +52,7 @@ DROP_REASONS: tuple[str, ...] = tuple(reason.value for reason in DropReason)
 
 
 class MaskReason(str, Enum):
-    """Why the training step's scoring took a sample out of the loss (grpo_trainer.step_scoring)."""
+    """Why the training step's scoring took a sample out of the loss (grpo_trainer.learner.step_scoring)."""
 
     NON_FINITE = "non_finite"  # its loss or one of its logprobs is NaN or infinite
     IMPORTANCE_RATIO = "importance_ratio"  # learner/rollout sequence ratio outside the spec's bounds
@@ -88,7 +88,7 @@ class LearnerPhase(str, Enum):
 
 
 class AttentionKernel(str, Enum):
-    """The kernel that answers TRL's tree attention (grpo_trainer.attention has the rule that picks one)."""
+    """The kernel that answers TRL's tree attention (grpo_trainer.learner.attention has the rule that picks one)."""
 
     FA3 = "fa3"  # the FlashAttention-3 hub kernel, baked into the image; Hopper (compute capability 9.0) only
     VARLEN = "varlen"  # torch's own varlen flash attention; CUDA compute capability 8.0 and up

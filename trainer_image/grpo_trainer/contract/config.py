@@ -45,8 +45,8 @@ def check_import_path(value: str, what: str) -> None:
         raise ValueError(f"{what} {value!r} must look like 'module:function'")
 
 
-#: The built-in rewards' names, which `RewardConfig.name` may take (grpo_trainer.rewards has the functions; a test
-#: holds the two equal): the operator refuses any other before the run starts.
+#: The built-in rewards' names, which `RewardConfig.name` may take (grpo_trainer.learner.rewards has the functions; a
+#: test holds the two equal): the operator refuses any other before the run starts.
 BUILTIN_REWARD_NAMES = ("letter_a_fraction", "constant", "accuracy")
 
 
@@ -61,7 +61,7 @@ def check_reward_name(name: str) -> None:
 
 
 class RewardConfig(WireModel):
-    name: str | None = Field(None, description="A built-in reward (grpo_trainer.rewards).")
+    name: str | None = Field(None, description="A built-in reward (grpo_trainer.learner.rewards).")
     function: str | None = Field(None, description="A user reward as 'module:function'.")
     model: str | None = Field(
         None, description="A sequence-classification reward model (hub id or path), scored on the learner."
@@ -360,7 +360,7 @@ class InputsConfig(WireModel):
 
 # --------------------------------------------------------------------------------------------------------------------
 # Experiment tracking (spec.tracking). Credentials are named here, as Secrets; their variables are
-# grpo_trainer.contract.pod_env's; everything else the learner sets itself (grpo_trainer.tracking).
+# grpo_trainer.contract.pod_env's; everything else the learner sets itself (grpo_trainer.learner.tracking).
 # --------------------------------------------------------------------------------------------------------------------
 class SecretKeyRef(WireModel):
     name: str = Field(min_length=1, description="A Secret in the run's namespace.")

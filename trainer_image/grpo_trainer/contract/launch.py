@@ -9,7 +9,7 @@ Torch-free (the operator imports it). Two traps it exists to avoid, both silent:
 - `accelerate launch --use_fsdp` on a CPU run: accelerate (1.15) applies its FSDP plugin to GPU-type runs only, so
   a `use_cpu` learner stays DDP; the config refuses fsdp2 on CPU (contract.config.LearnerConfig).
 And one that is loud: torchrun reports any failed worker as exit 1, so with several processes the launcher runs under
-`grpo_trainer.gang`, which gives the pod the exit code its ranks decided (and passes SIGTERM to the ranks).
+`grpo_trainer.learner.gang`, which gives the pod the exit code its ranks decided (and passes SIGTERM to the ranks).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def learner_argv(
         return [python, *arguments]
     mode = ["--multi_gpu"] if strategy == "ddp" else fsdp_flags(cpu_offload=cpu_offload)
     return [
-        python, "-m", "grpo_trainer.gang", "--ranks", str(gang.processes_per_machine), "--",
+        python, "-m", "grpo_trainer.learner.gang", "--ranks", str(gang.processes_per_machine), "--",
         python, "-m", "accelerate.commands.launch", *mode,
         "--num_machines", str(gang.num_machines), "--machine_rank", str(gang.machine_rank),
         "--main_process_ip", gang.main_process_ip, "--main_process_port", str(gang.main_process_port),
@@ -70,7 +70,7 @@ def fsdp_flags(*, cpu_offload: bool) -> list[str]:
       `_no_split_modules` (its decoder layer class), so any transformers causal LM wraps without naming it here;
     - reshard after forward: a layer's full weights live only while it computes (the memory FSDP2 is chosen for);
     - SHARDED_STATE_DICT: each rank writes its own shard of a checkpoint (torch.distributed.checkpoint), no rank
-      gathers the whole model to save; the final model is gathered once, by grpo_trainer.learner_main;
+      gathers the whole model to save; the final model is gathered once, by grpo_trainer.learner.main;
     - cpu_ram_efficient_loading: rank 0 alone reads the checkpoint and the other ranks get their shards from it, so
       a node holds the model in CPU memory once, not once per rank (the launcher refuses it without
       sync_module_states, which FSDP2 itself no longer reads);

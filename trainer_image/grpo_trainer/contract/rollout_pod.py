@@ -19,7 +19,7 @@ EXIT_LINE_PREFIX = "grpo rollout: "
 #: in its own venv (vLLM 0.32 pins transformers<5.20, the learner needs 5.24); `grporun local` reads it too.
 ROLLOUT_PYTHON_ENV = "GRPO_ROLLOUT_PYTHON"
 
-#: The generation probe's wait for its one token (grpo_trainer.rollout_health).
+#: The generation probe's wait for its one token (grpo_trainer.server.health).
 PROBE_TIMEOUT_S = 30.0
 #: The rollout server's liveness (the pod's probe, and `grporun local`'s): one generation probe every
 #: LIVENESS_PERIOD_S; LIVENESS_FAILURE_THRESHOLD failures in a row (a minute and more without a token) mean hung,
