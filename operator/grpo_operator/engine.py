@@ -35,9 +35,10 @@ from .status import (
 @dataclass(frozen=True)
 class Observed:
     """What a port saw of a run this pass: the spec to run it by (as admitted: a refused scale keeps the count in
-    effect), the status the derivation starts from, and the world."""
+    effect; None when it cannot be parsed, `seen.spec_error` saying why), the status the derivation starts from, and
+    the world."""
 
-    spec: GRPORunSpec
+    spec: GRPORunSpec | None
     status: dict[str, Any] | None
     seen: Observation
 

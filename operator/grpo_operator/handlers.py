@@ -75,9 +75,6 @@ async def _one_pass(context: OperatorContext, run_pods: kopf.Index, body: kopf.B
     started = time.monotonic()
     try:
         return await reconcile_run(context, body, list(run_pods.get((meta["namespace"], meta["name"]), [])), logger)
-    except kopf.PermanentError:
-        context.metrics.reconcile_errors.labels("lifecycle").inc()
-        raise
     except Exception:  # never in a tight loop: the next pass comes after the reconcile interval
         logger.exception("reconcile pass failed; retrying in %.1f s", context.reconcile_interval)
         context.metrics.reconcile_errors.labels("lifecycle").inc()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import kopf
@@ -26,7 +26,6 @@ from ..api import (
     KIND,
     ROLE_LABEL,
     GRPORunSpec,
-    Reason,
     SpecError,
     parse_status,
     parse_stored_spec,
@@ -40,12 +39,11 @@ from ..progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progre
 from ..run_loops import RunLoops
 from ..run_ref import RunRef
 from ..status import (
+    CreateRejection,
     Decision,
-    Event,
     Observation,
     PodObservation,
     admission,
-    invalid_spec_status,
     scaling,
     urgency,
 )
@@ -80,6 +78,8 @@ class RunMemory:
     create_retry_at: datetime.datetime | None = None
     warned_unknown_fields: bool = False
     fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
+    fit_error: str | None = None  # what the fit check found past the GPU's memory (the run fails as InvalidSpec)
+    rejection: CreateRejection | None = None  # an object of the run the API server refused as invalid
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
 
 
@@ -133,20 +133,17 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     """One pass (engine.run_pass through a ClusterRun). Returns False when the run needs no more passes until its
     spec changes (finished, cleaned up, no TTL pending)."""
     port = ClusterRun(context, body, indexed_pods, logger)
-    try:
-        decision = await run_pass(port.run, port)
-    except ChildRejected as error:
-        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger,
-                                created_pods=error.created_pods)
-    except kueue.WorkloadRejected as error:
-        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger)
+    decision = await run_pass(port.run, port)
     if decision is None:
         return False  # the run is gone
     spec = port.spec
-    context.metrics.observe_run(port.run.namespace, port.run.name, spec.model, spec.progress.progress_deadline_seconds,
-                                decision.status, rollout_wanted=spec.rollout.replicas)
+    if spec is not None:
+        context.metrics.observe_run(port.run.namespace, port.run.name, spec.model,
+                                    spec.progress.progress_deadline_seconds, decision.status,
+                                    rollout_wanted=spec.rollout.replicas)
     finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
-    return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+    ttl = spec.run_policy.ttl_seconds_after_finished if spec is not None else None
+    return not (finished and not decision.actions and ttl is None)
 
 
 class ClusterRun:
@@ -164,12 +161,12 @@ class ClusterRun:
         self.base_status: dict[str, Any] = {}
         self.live: list[tuple[PodObservation, PodFacts]] = []
         self.present: set[str] = set()
-        self.spec: GRPORunSpec  # as run: within what Kueue admitted, a refused scale at the count in effect
-        self.asked: GRPORunSpec  # as written: what the run's Workload is created and resized to
+        self.spec: GRPORunSpec | None = None  # as run: within what Kueue admitted, a refused scale at the count in
+        # effect; None when the stored spec cannot be parsed
+        self.asked: GRPORunSpec | None = None  # as written: what the run's Workload is created and resized to
         self.queue: str | None = None
         self.gate: kueue.Gate | None = None
         self.workload: dict[str, Any] | None = None  # the Workload as read this pass
-        self.written: Decision
 
     async def observe(self) -> Observed:
         context, memory, kube, body, logger, run = (self.context, self.memory, self.kube, self.body, self.logger,
@@ -187,23 +184,29 @@ class ClusterRun:
         live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
         self.live, self.present = live, {obs.name for obs in observed}
 
+        was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+        self.queue = queue = kueue.queue_name(metadata)
         try:
             spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
-        except SpecError as error:
-            await _fail_permanently(context, kube, body, base_status, error, live, logger)
+        except SpecError as error:  # the state machine fails the run as InvalidSpec
+            workload = None
+            if queue and not memory.kueue_finished:
+                gate, workload = await kueue.observe(kube, run, queue, None)
+                self.workload = gate.workload
+            seen = Observation(observed, None, now, spec_error=str(error), workload=workload)
+            return Observed(None, base_status, seen)
         if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
             memory.warned_unknown_fields = True
             logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
 
         progress = None
-        was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
+        fit_warnings: tuple[str, ...] = ()
         if not was_finished and not live and not memory.children_created and not memory.fit_checked:
-            await _check_fit(context, kube, body, base_status, spec, live, logger)
+            fit_warnings = _check_fit(memory, spec, logger)
         if not was_finished:
             progress = await _poll(context, memory, run.namespace, builders.learner_pod_name(run.name, 0), live,
                                    logger)
         self.asked = spec
-        self.queue = queue = kueue.queue_name(metadata)
         gate, workload = None, None
         if queue and not (was_finished and memory.kueue_finished):
             gate, workload = await kueue.observe(kube, run, queue, spec, create_error=memory.workload_error)
@@ -224,20 +227,24 @@ class ClusterRun:
                            progress_error=memory.progress_error,
                            progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
                            create_error=memory.create_error, hold=gate.hold if gate else None,
-                           scale_refused=refused, configured_servers=configured, workload=workload)
+                           scale_refused=refused, configured_servers=configured, workload=workload,
+                           spec_error=memory.fit_error, create_rejected=memory.rejection, fit_warnings=fit_warnings)
         return Observed(spec, base_status, seen)
 
     async def write(self, decision: Decision) -> bool:
-        self.written = decision
+        interval = self.spec.progress.status_interval_seconds if self.spec is not None else 0
         return await _write(self.context, self.kube, self.body, self.base_status, decision, self.logger,
-                            interval=self.spec.progress.status_interval_seconds)
+                            interval=interval)
 
     async def configure_rollout(self, replicas: int) -> None:
         await _configure_rollout(self.kube, self.run, self.memory, replicas, self.logger)
 
     async def create_children(self, status: dict[str, Any]) -> None:
-        await _create_children(self.context, self.kube, self.run, self.spec, status, self.present, self.logger,
-                               self.gate)
+        try:
+            await _create_children(self.context, self.kube, self.run, self.spec, status, self.present, self.logger,
+                                   self.gate)
+        except ChildRejected as error:  # the next pass fails the run as InvalidSpec
+            self.memory.rejection = CreateRejection(str(error), tuple(error.created_pods))
 
     async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
         uids = {obs.name: facts.uid for obs, facts in self.live}
@@ -254,16 +261,19 @@ class ClusterRun:
         await self.kube.delete(API_VERSION, KIND, self.run.namespace, self.run.name)
 
     async def create_workload(self) -> None:
-        if self.queue is not None:  # status.admission asks only for a run that names a queue
-            self.memory.workload_error = await kueue.create(self.kube, self.run, self.queue, self.asked,
-                                                            trainer_image=self.context.trainer_image)
+        if self.queue is not None and self.asked is not None:  # status.admission asks only for a queued run
+            try:
+                self.memory.workload_error = await kueue.create(self.kube, self.run, self.queue, self.asked,
+                                                                trainer_image=self.context.trainer_image)
+            except kueue.WorkloadRejected as error:  # the next pass fails the run as InvalidSpec
+                self.memory.rejection = CreateRejection(str(error))
 
     async def release_quota(self) -> None:
         if self.workload is not None:
             await kueue.release(self.kube, self.run, self.workload, self.context.clock())
 
     async def resize_workload(self) -> None:
-        if self.queue is not None and self.workload is not None:
+        if self.queue is not None and self.asked is not None and self.workload is not None:
             await kueue.resize(self.kube, self.run, self.queue, self.asked, self.workload,
                                trainer_image=self.context.trainer_image)
 
@@ -272,23 +282,19 @@ class ClusterRun:
         self.memory.kueue_finished = True
 
 
-async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
-                     spec: GRPORunSpec, live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
-    """Before a run's pods start: a model that cannot fit the GPU its nodeSelector names fails the run as
-    InvalidSpec with the numbers (grpo_operator.fit); a likely misfit is a Warning event; a skipped check is logged."""
-    context.memory(body["metadata"]["uid"]).fit_checked = True
+def _check_fit(memory: RunMemory, spec: GRPORunSpec, logger: Logger) -> tuple[str, ...]:
+    """Before a run's pods start: a model that cannot fit the GPU its nodeSelector names is kept as the run's spec
+    error, with the numbers (grpo_operator.fit: the state machine fails the run as InvalidSpec); a likely misfit's
+    warnings are returned, for the pass's events; a skipped check is logged."""
+    memory.fit_checked = True
     report, skipped = fit.operator_check(spec)
     if skipped:
         logger.info(f"fit check skipped: {skipped}")
     if report.errors:
-        field, message = report.errors[0].split(": ", 1)
-        await _fail_permanently(context, kube, body, status, SpecError(field, message), live, logger)
-    for warning in report.warnings:
-        logger.warning(warning)
-        await context.events.record(kube, body, Event("Warning", Reason.FIT_WARNING, warning), context.clock(),
-                                    logger)
+        memory.fit_error = report.errors[0]
     for note in report.notes:
         logger.info(f"fit: {note}")
+    return tuple(report.warnings)
 
 
 async def _configured_urls(kube: Kube, run: RunRef, memory: RunMemory) -> list[str] | None:
@@ -319,38 +325,6 @@ async def _configure_rollout(kube: Kube, run: RunRef, memory: RunMemory, replica
             return
         logger.info(f"run config: rollout.urls now lists {len(urls)} server(s)")
     memory.rollout_urls = urls
-
-
-async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
-                            error: Exception, live: list[tuple[PodObservation, PodFacts]], logger: Logger, *,
-                            created_pods: Sequence[str] = ()) -> NoReturn:
-    """End the run as `InvalidSpec` (a retry cannot help): written with the field named, the pods of a run that ends
-    now deleted (a permanent failure leaves no GPU pod behind), its Kueue quota released. No pass follows until
-    the spec changes (run_loops.py)."""
-    metadata = body["metadata"]
-    memory = context.memory(metadata["uid"])
-    ends_now = status.get("phase") not in {p.value for p in FINISHED_PHASES}
-    failed = invalid_spec_status(status, error, context.clock(), generation=int(metadata.get("generation") or 1))
-    if await _write(context, kube, body, status, failed, logger):
-        for obs, facts in live if ends_now else []:
-            await kube.delete("v1", "Pod", metadata["namespace"], obs.name)
-            memory.deleted_uids.add(facts.uid)
-        for pod in created_pods:  # created by this pass: not in the index yet
-            await kube.delete("v1", "Pod", metadata["namespace"], pod)
-        await _release_quota(context, kube, metadata, failed.status)
-    raise kopf.PermanentError(str(error)) from None
-
-
-async def _release_quota(context: OperatorContext, kube: Kube, metadata: dict[str, Any],
-                         status: dict[str, Any]) -> None:
-    """Mark the Kueue Workload of a run that failed as InvalidSpec Finished, so Kueue frees the quota it holds (a
-    spec that cannot be run never reaches the state machine, whose FinishWorkload does this for every other end)."""
-    memory = context.memory(metadata["uid"])
-    if memory.kueue_finished or not kueue.queue_name(metadata):
-        return
-    if status.get("phase") in {p.value for p in FINISHED_PHASES}:
-        await kueue.finish(kube, metadata["name"], metadata["namespace"], status, context.clock())
-        memory.kueue_finished = True
 
 
 async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, leader_name: str,
