@@ -18,7 +18,7 @@ import pytest
 from grpo_operator import engine
 from grpo_operator import status as st
 from grpo_operator.api import parse_spec
-from grpo_operator.engine import ACTIONS, Observed, run_pass
+from grpo_operator.engine import ACTIONS, QUEUE_ACTIONS, NoQueue, Observed, QueuedRunPort, run_pass
 from grpo_operator.run_ref import RunRef
 from tests.support.paths import REPO
 from tests.support.specs import minimal_spec
@@ -86,10 +86,43 @@ def test_a_scale_down_configures_the_rollout_before_it_deletes_a_drained_server(
     assert port.calls[2:] == [("configure_rollout", 1), ("delete_pods", ("tiny-rollout-1",), "drained")]
 
 
+class QueuedRecordingPort(RecordingPort):
+    """A port with Kueue admission (engine.QueuedRunPort)."""
+
+    async def create_workload(self) -> None:
+        self.calls.append(("create_workload",))
+
+    async def release_quota(self) -> None:
+        self.calls.append(("release_quota",))
+
+    async def resize_workload(self) -> None:
+        self.calls.append(("resize_workload",))
+
+    async def finish_workload(self, status: dict[str, Any]) -> None:
+        self.calls.append(("finish_workload", status["phase"]))
+
+
+def test_a_queued_runs_workload_actions_go_to_a_port_with_kueue_admission():
+    waiting = ("WaitingForAdmission", "waiting for Kueue to admit the run (LocalQueue q)")
+    seen = st.Observation([], None, NOW, hold=waiting, workload=st.WorkloadObservation(exists=False))
+    port = QueuedRecordingPort(seen)
+    assert isinstance(port, QueuedRunPort) and not isinstance(RecordingPort(seen), QueuedRunPort)
+    asyncio.run(run_pass(RUN, port))
+    assert port.calls == [("observe",), ("write", "Suspended"), ("create_workload",)]
+
+
+def test_a_workload_action_decided_for_a_port_without_kueue_is_an_error_before_anything_is_written():
+    seen = st.Observation([], None, NOW, spec_error="spec.x: bad", workload=st.WorkloadObservation(exists=True))
+    port = RecordingPort(seen)
+    with pytest.raises(NoQueue, match="RecordingPort has no Kueue admission, but the pass decided FinishWorkload"):
+        asyncio.run(run_pass(RUN, port))
+    assert port.calls == [("observe",)]
+
+
 @pytest.mark.parametrize("action", [cls for cls in vars(st).values()
                                     if isinstance(cls, type) and issubclass(cls, st.Action) and cls is not st.Action])
-def test_every_action_the_derivation_can_return_has_a_port_method(action):
-    assert action in ACTIONS
+def test_every_action_the_derivation_can_return_has_one_port_method(action):
+    assert (action in ACTIONS) != (action in QUEUE_ACTIONS)
 
 
 def _calls(path: Path, name: str) -> int:

@@ -314,7 +314,8 @@ def environment_notes(spec: GRPORunSpec) -> list[str]:
 
 class LocalPort:
     """The engine's port for a local run: processes observed as pods, the status kept in memory (and drawn), the
-    actions carried out on the processes and the run folder's run.json."""
+    actions carried out on the processes and the run folder's run.json. A local run names no Kueue queue: this is
+    no QueuedRunPort (its observation names no Workload, so the state machine decides no Workload action)."""
 
     def __init__(self, local: LocalRun, log: Callable[[str], None], waiting: Periodic | None = None,
                  read_progress: Callable[[str], c.ProgressReport | None] = read_progress_blocking,
@@ -361,19 +362,6 @@ class LocalPort:
 
     async def delete_run(self) -> None:
         """ttlSecondsAfterFinished: a local run has no object to delete; its folder is the user's to keep."""
-
-    # A local run names no Kueue queue: its observation has no Workload, so the state machine asks for none of these.
-    async def create_workload(self) -> None:
-        pass
-
-    async def release_quota(self) -> None:
-        pass
-
-    async def resize_workload(self) -> None:
-        pass
-
-    async def finish_workload(self, status: dict[str, Any]) -> None:
-        pass
 
 
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
