@@ -324,7 +324,7 @@ class LocalPort:
         self.read_progress = read_progress  # the learner's /progress, by its URL
         self.now = now
 
-    async def observe(self) -> Observed:
+    async def observe(self) -> Observed[None]:
         local, log = self.local, self.log
         local.stop_hung(log)
         local.restart_environments(log)
@@ -340,27 +340,27 @@ class LocalPort:
         report = self.read_progress(learner.plan.url) if alive else None
         configured = None if local.scaling is None else local.scaling.configured
         seen = st.Observation(pods, report, self.now(), configured_servers=configured, work_kept_locally=True)
-        return Observed(local.spec, local.status, seen)
+        return Observed(local.spec, local.status, seen, None)
 
-    async def write(self, decision: st.Decision) -> bool:
+    async def write(self, observed: Observed[None], decision: st.Decision) -> bool:
         self.local.status = decision.status
         for event in decision.events:
             self.log(f"{event.type} {event.reason}: {one_line(event.message)}")
         return True
 
-    async def configure_rollout(self, replicas: int) -> None:
+    async def configure_rollout(self, observed: Observed[None], replicas: int) -> None:
         self.local.configure_rollout(replicas, self.log)
 
-    async def create_children(self, status: dict[str, Any]) -> None:
+    async def create_children(self, observed: Observed[None], status: dict[str, Any]) -> None:
         self.local.start_missing(self.log)
 
-    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
+    async def delete_pods(self, observed: Observed[None], pods: tuple[str, ...], reason: str) -> None:
         self.local.stop(pods, recreate=False)
 
-    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
+    async def recreate_pods(self, observed: Observed[None], pods: tuple[str, ...]) -> None:
         self.local.stop(pods, recreate=True)
 
-    async def delete_run(self) -> None:
+    async def delete_run(self, observed: Observed[None]) -> None:
         """ttlSecondsAfterFinished: a local run has no object to delete; its folder is the user's to keep."""
 
 

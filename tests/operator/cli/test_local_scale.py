@@ -128,9 +128,9 @@ class Ticks:
         self.port = LocalPort(local, self.log.append, read_progress=lambda url: self.report, now=lambda: self.now)
 
     def __call__(self) -> st.Decision:
-        decision = asyncio.run(run_pass(self.local.ref, self.port))
-        assert decision is not None
-        return decision
+        outcome = asyncio.run(run_pass(self.local.ref, self.port))
+        assert outcome is not None
+        return outcome.decision
 
     def events(self, reason: str) -> list[str]:
         return [line for line in self.log if f" {reason}: " in line]

@@ -41,9 +41,9 @@ print("{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}", file=sys.stde
 
 def one_pass(local: LocalRun, log) -> Decision:
     """One tick of `grporun local`'s loop (the engine's pass through the local port), the learner's report unread."""
-    decision = asyncio.run(run_pass(local.ref, LocalPort(local, log, read_progress=lambda url: None)))
-    assert decision is not None
-    return decision
+    outcome = asyncio.run(run_pass(local.ref, LocalPort(local, log, read_progress=lambda url: None)))
+    assert outcome is not None
+    return outcome.decision
 
 
 def _wait_exit(process: LocalProcess) -> None:
