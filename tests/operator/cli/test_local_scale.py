@@ -26,11 +26,10 @@ from grpo_operator import builders
 from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
 from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.engine import run_pass
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get, http_ok
 from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
-from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare, tick
 from grpo_trainer import contract as c
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.paths import COMPLETIONS_SERVER, REPO
@@ -118,8 +117,9 @@ def run_config_urls(local: LocalRun) -> list[str]:
 
 
 class Ticks:
-    """The supervisor's passes (the engine's, through the local port) with the learner's report and the clock
-    scripted: `report` is what the learner's /progress answers next, `now` the time the pass sees."""
+    """The supervisor's ticks (the scale request read, the engine's pass through the local port) with the learner's
+    report and the clock scripted: `report` is what the learner's /progress answers next, `now` the time the pass
+    sees."""
 
     def __init__(self, local: LocalRun):
         self.local, self.log = local, []
@@ -128,7 +128,7 @@ class Ticks:
         self.port = LocalPort(local, self.log.append, read_progress=lambda url: self.report, now=lambda: self.now)
 
     def __call__(self) -> st.Decision:
-        outcome = asyncio.run(run_pass(self.local.ref, self.port))
+        outcome = asyncio.run(tick(self.local, self.port))
         assert outcome is not None
         return outcome.decision
 
