@@ -117,6 +117,24 @@ def test_the_operator_package_has_no_import_cycle():
     assert cycles(import_graph({name: path.read_text() for name, path in paths.items()}, packages)) == []
 
 
+def _package_graph() -> dict[str, set[str]]:
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    packages = {name for name, path in paths.items() if path.name == "__init__.py"}
+    return import_graph({name: path.read_text() for name, path in paths.items()}, packages)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_command_line_is_imported_by_itself_alone():
+    """cli/ is the outermost layer: the core and the adapters (local/, cluster/) do not import it (what they share
+    with it, the exit codes, is at the package root)."""
+    inward = sorted(f"{name} -> {dep}" for name, deps in _package_graph().items()
+                    if not _within(name, "grpo_operator.cli") for dep in deps if _within(dep, "grpo_operator.cli"))
+    assert inward == []
+
+
 def test_a_cycle_through_a_type_checking_import_is_found():
     sources = {"p": "", "p.a": "from .b import B\n",
                "p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",

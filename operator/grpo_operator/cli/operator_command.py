@@ -11,8 +11,8 @@ from typing import Any
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
+from ..exit_codes import ExitCode
 from ..leader import DEFAULT_LEASE_NAME, LeaseTimings
-from .exit_codes import ExitCode
 from .output import problem
 
 EXAMPLES = """examples:

@@ -14,9 +14,9 @@ import os
 import sys
 from typing import NamedTuple
 
+from ..exit_codes import ExitCode
 from ..fit import FitReport, ModelConfigError, check_spec_fit, read_model_config
 from ..manifest import GRPORun, ManifestError, cluster_warnings, read_grporun
-from .exit_codes import ExitCode
 from .output import manifest_lines, warning_line
 
 EXAMPLES = """examples:

@@ -12,7 +12,7 @@ from grpo_trainer.contract import environment_url_variable, is_object_store_uri
 
 from .. import builders
 from ..api import EnvironmentSpec, GRPORunSpec
-from ..cli.exit_codes import ExitCode
+from ..exit_codes import ExitCode
 from ..manifest import ManifestInvalid
 from ..run_ref import RunRef
 from ..status import PodObservation, Role

@@ -27,8 +27,8 @@ from grpo_trainer import contract as c
 from .. import builders
 from .. import status as st
 from ..api import FINISHED_PHASES, GRPORunSpec, Phase
-from ..cli.exit_codes import ExitCode
 from ..engine import Observed, Outcome, run_pass
+from ..exit_codes import ExitCode
 from ..manifest import read_grporun
 from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef

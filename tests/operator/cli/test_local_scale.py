@@ -25,7 +25,7 @@ import yaml
 from grpo_operator import builders
 from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
-from grpo_operator.cli.exit_codes import ExitCode
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get, http_ok
 from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
