@@ -135,6 +135,16 @@ def test_the_command_line_is_imported_by_itself_alone():
     assert inward == []
 
 
+@pytest.mark.parametrize("adapter", ["grpo_operator.cluster", "grpo_operator.local"])
+def test_an_adapter_is_imported_by_the_command_line_alone(adapter):
+    """The core (status/, the builders, the engine) imports neither adapter, and the adapters not each other: only
+    the command line, which wires them, does."""
+    outside = sorted(f"{name} -> {dep}" for name, deps in _package_graph().items()
+                     if not _within(name, adapter) and not _within(name, "grpo_operator.cli")
+                     for dep in deps if _within(dep, adapter))
+    assert outside == []
+
+
 def test_a_cycle_through_a_type_checking_import_is_found():
     sources = {"p": "", "p.a": "from .b import B\n",
                "p.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",

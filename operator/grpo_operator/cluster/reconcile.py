@@ -24,16 +24,16 @@ from grpo_trainer.contract import ProgressReport
 from .. import builders, fit
 from ..api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_stored_spec
 from ..engine import Observed, run_pass
-from ..events import EventRecorder
-from ..operator_metrics import OperatorMetrics
-from ..pods import PodFacts
-from ..progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
-from ..run_loops import RunLoops
 from ..run_ref import RunRef
 from ..status import CreateRejection, Decision, Observation, PodObservation, admission, scaling, urgency
 from . import kueue
 from .children import ChildRejected, Children, ChildrenMemory
+from .events import EventRecorder
 from .kube import Kube, merge_patch_between
+from .operator_metrics import OperatorMetrics
+from .pods import PodFacts
+from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from .run_loops import RunLoops
 
 Logger = logging.Logger | logging.LoggerAdapter
 
