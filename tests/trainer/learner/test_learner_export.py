@@ -26,8 +26,8 @@ from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, parse_progress
 from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.learner import main as learner_main
-from grpo_trainer.model_export import verify_export
-from grpo_trainer.object_store import download_folder
+from grpo_trainer.storage.model_export import verify_export
+from grpo_trainer.storage.object_store import download_folder
 
 
 class FinishedLearner:

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..agentic.tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from ..contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
@@ -29,7 +30,6 @@ from ..contract.config import DatasetConfig, LoraConfig, RunConfig
 from ..contract.report import ExportReport, ProgressReport
 from ..contract.store_uri import is_object_store_uri
 from ..progress import queue_bound
-from ..tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from .exporter import write_termination_message
 from .preemption import Preempted, route_to, settle
 from .rewards import RewardResultError, UserCodeError, load_rewards
@@ -259,7 +259,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
     model and TRL load, so a mistake in it ends the learner at once."""
-    from ..inputs import resolve
+    from ..storage.inputs import resolve
     from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
 
     try:
@@ -397,10 +397,11 @@ def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> No
 
 
 def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
-    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export), then upload it when
-    its URI is an object store's (grpo_trainer.object_store, the manifest last); rank 0's report, None on the other
-    ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and uploads."""
-    from ..model_export import export_model, package_versions, reward_trend, staging_path
+    """Write the trained model to `config.output` with its manifest (grpo_trainer.storage.model_export), then upload it
+    when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
+    the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and
+    uploads."""
+    from ..storage.model_export import export_model, package_versions, reward_trend, staging_path
 
     assert config.output is not None
     directory = Path(config.output.directory)
@@ -440,8 +441,8 @@ def upload_export(exported: ExportReport) -> ExportReport:
     """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
     naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
     from ..contract.store_uri import parse_uri
-    from ..model_export import ExportError
-    from ..object_store import ObjectStoreError, upload_folder
+    from ..storage.model_export import ExportError
+    from ..storage.object_store import ObjectStoreError, upload_folder
 
     try:
         uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
@@ -510,9 +511,9 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
     entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ..inputs import InputError
-    from ..model_export import ExportError
     from ..progress import AccountingError, StallError
+    from ..storage.inputs import InputError
+    from ..storage.model_export import ExportError
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
 
     learner = None

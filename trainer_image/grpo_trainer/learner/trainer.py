@@ -34,10 +34,10 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import nanmax, nanmin
 
+from ..agentic.episodes import EpisodeCounts, EpisodeQueue
 from ..contract.codes import AttentionKernel, DropReason, LearnerPhase, StallCause
 from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
 from ..contract.report import ProgressReport, TrackedRunReport
-from ..episodes import EpisodeCounts, EpisodeQueue
 from ..progress import (
     SAMPLE_GROUP_KEY,
     STOP_KEY,
@@ -165,7 +165,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             attention_kernel = choice.kernel
         install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
         self.attention_kernel = attention_kernel
-        # Tool calls and environments: /progress reports their episodes (grpo_trainer.episodes).
+        # Tool calls and environments: /progress reports their episodes (grpo_trainer.agentic.episodes).
         self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
         self.episodes = EpisodeCounts()
         super().__init__(*positional, args=args, **kwargs)
