@@ -56,7 +56,7 @@ def peft_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
     from grpo_trainer.contract.config import LoraConfig
-    from grpo_trainer.learner.main import peft_config
+    from grpo_trainer.learner.lora import peft_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     wrapped = get_peft_model(model, peft_config(LoraConfig(r=RANK)))

@@ -56,7 +56,7 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
     marker verified) to config.output; ExportError naming the field or the path and the cause."""
     from ..contract.store_uri import is_object_store_uri
     from ..learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
-    from ..learner.main import upload_export
+    from .final_model import upload_export
 
     if config.output is None:
         raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")
