@@ -35,8 +35,9 @@ from .exporter import write_termination_message
 from .lora import adapter_sync, check_lora_targets, peft_config
 from .preemption import Preempted, route_to, settle
 from .rewards import RewardResultError, UserCodeError, load_rewards
-from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
+from .tracking import parameters_callback
+from .tracking.base import TrackingConfigError
 
 logger = logging.getLogger("grpo_trainer.learner")
 
