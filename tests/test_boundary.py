@@ -78,10 +78,11 @@ def test_the_operator_imports_the_trainer_package_through_its_contract_only():
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from grpo_trainer.launch import learner_argv", "grpo_trainer.launch"),
+    ("from grpo_trainer.learner.gang import gang_exit_code", "grpo_trainer.learner.gang"),
     ("import grpo_trainer.server.main", "grpo_trainer.server.main"),
     ("from grpo_trainer.learner import rewards", "grpo_trainer.learner.rewards"),
-    ("def f():\n    from grpo_trainer.store_uri import parse_uri\n", "grpo_trainer.store_uri"),
+    ("def f():\n    from grpo_trainer.storage.object_store import upload_folder\n",
+     "grpo_trainer.storage.object_store"),
 ])
 def test_an_import_around_the_contract_is_found(source, module):
     assert trainer_imports(source) == [module]
