@@ -48,7 +48,7 @@ def test_the_device_size_has_qwen3_0_6b_shape():
 def test_every_layout_writes_a_run_config_the_contract_accepts(tmp_path, gpus):
     for layout in dc.plan_layouts(gpus):
         wire = dc.run_config("/models/qwen3", tmp_path, layout, server_url="http://127.0.0.1:8000", http_port=8081,
-                             epochs=2, completion_tokens=256, gpu_memory_utilization=0.3)
+                             shape=dc.RunShape(epochs=2, completion_tokens=256))
         config = load_run_config(json.dumps(wire))
         assert config.rollout.weight_sync.mode == layout.sync
         assert config.learner.processes_per_node == layout.ranks
