@@ -1,7 +1,7 @@
 """GPU check, not run by the tests or `python -m bench`: the learner and the vLLM GPU server on a Qwen3 model.
 
     python -m bench.device_check [--size 0.6b] [--epochs 2] [--budget 480] [--sync auto|nccl|filesystem] [--write]
-    python -m bench.device_check --bare [--dry-run] [--budget 480] [--report FILE] [--write]
+    python -m bench.device_check --bare [--dry-run] [--budget 480] [--report FILE] [--write] | --bare --splice FILE
 
 `--bare` is the check for a GPU machine that has torch but neither vLLM nor TRL (bench.device_bare); what follows is
 the full check.
@@ -687,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(bench.device_bare)")
     parser.add_argument("--dry-run", action="store_true", help="with --bare: print the plan and the carried set")
     parser.add_argument("--report", type=Path, default=None, help="with --bare: also write the section to this file")
+    parser.add_argument("--splice", type=Path, default=None,
+                        help=f"with --bare: put a --report file (from the GPU machine) in {RESULTS.name}, and exit")
     parser.add_argument("--size", choices=sorted(SHAPES), default="0.6b")
     parser.add_argument("--epochs", type=float, default=None, help="default: 2, or 1 with --bare")
     parser.add_argument("--completion-tokens", type=int, default=256)
@@ -700,8 +702,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true",
                         help=f"put the table in {RESULTS.name}'s {SECTION} section (device_bare with --bare)")
     args = parser.parse_args(argv)
-    if (args.dry_run or args.report) and not args.bare:
-        parser.error("--dry-run and --report go with --bare")
+    if (args.dry_run or args.report or args.splice) and not args.bare:
+        parser.error("--dry-run, --report and --splice go with --bare")
+    if args.splice:
+        from .device_bare import SECTION as BARE_SECTION
+        from .report import splice
+
+        RESULTS.write_text(splice(RESULTS.read_text(), BARE_SECTION, args.splice.read_text().strip()).rstrip() + "\n")
+        return 0
     if args.bare:
         from .device_bare import Options
         from .device_bare import main as bare_main

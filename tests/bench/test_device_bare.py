@@ -113,6 +113,22 @@ def test_the_report_names_the_machine_each_verdict_and_what_was_left_out():
     assert "- fa3: not here" in text and "- a note" in text
 
 
+def test_a_report_from_the_gpu_machine_is_spliced_into_its_section(tmp_path, monkeypatch):
+    from bench import device_check
+    from bench.report import section_body
+
+    results = tmp_path / "BENCHMARKS.md"
+    results.write_text((REPO / "BENCHMARKS.md").read_text())
+    report = tmp_path / "device-bare.md"
+    report.write_text("## Device check, bare\n\nH100 figures\n")
+    monkeypatch.setattr(device_check, "RESULTS", results)
+    assert device_check.main(["--bare", "--splice", str(report)]) == 0
+    written = results.read_text()
+    assert section_body(written, db.SECTION) == "## Device check, bare\n\nH100 figures"
+    assert section_body(written, device_check.SECTION) == section_body((REPO / "BENCHMARKS.md").read_text(),
+                                                                       device_check.SECTION)
+
+
 @pytest.mark.slow
 def test_a_learner_run_reaches_its_epoch_bound_syncing_every_checkpoint_to_the_stand_in(tmp_path):
     """What each run of the check does, at tiny size on CPU: the real learner (`bench.peak_memory` around its
