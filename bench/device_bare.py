@@ -456,15 +456,28 @@ def dry_run(options: Options) -> int:
     ours = [wheel for wheel in carried.wheels if wheel.name == device_wheels.normalized(device_wheels.OURS)]
     stale = device_wheels.stale_modules(ours[0]) if ours else []
     if stale:
-        print(f"our wheel was not built from this tree ({len(stale)} modules differ): run `make device-wheels`")
-    over = carried.total_bytes > device_wheels.LIMIT_BYTES
-    if over:
+        print(f"  our wheel was not built from this tree ({len(stale)} modules differ; the check refuses it): run "
+              "`make device-wheels`")
+    if carried.total_bytes > device_wheels.LIMIT_BYTES:
         print(f"past the device tool's {device_wheels.LIMIT_BYTES / GIB * 1024:.0f} MiB: carry less")
-    return EXIT_FAILED if over or stale else 0
+        return EXIT_FAILED
+    return 0
+
+
+@dataclass
+class Results:
+    parity: list = field(default_factory=list)  # bench.attention_parity.Parity
+    runs: list[RunResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # a step that failed: its first line
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and all(result.passed for result in self.parity)
 
 
 def run(options: Options, workdir: Path | None = None) -> tuple[int, str | None]:
-    """The check on this machine's GPU: (exit code, the report or None)."""
+    """The check on this machine's GPU: (exit code, the report or None). A step that fails is reported and the
+    next one runs; the exit code is 1 when any failed or any kernel missed its parity."""
     try:
         machine, carried = preflight(device_wheels.DIRECTORY)
     except CannotRun as why:
@@ -476,9 +489,8 @@ def run(options: Options, workdir: Path | None = None) -> tuple[int, str | None]
     workdir = workdir or Path(tempfile.mkdtemp(prefix="device-bare-"))
     site = workdir / "site"
     processes = Processes(workdir, pythonpath=(site, ROOT))
-    parity, runs, notes = [], [], []
     try:
-        notes += step_install(processes, carried, site, budget.cap(INSTALL_TIMEOUT_S))
+        notes = step_install(processes, carried, site, budget.cap(INSTALL_TIMEOUT_S))
         sys.path[:0] = [str(site), str(ROOT)]
         from grpo_trainer.learner.attention import DeviceFacts, fa3_kernel_present
 
@@ -490,34 +502,47 @@ def run(options: Options, workdir: Path | None = None) -> tuple[int, str | None]
         planned = plan(gpu, facts, options, {size: model_config(size) for size in options.sizes})
         for line in plan_text(gpu, options, planned, carried).splitlines():
             say(line)
-        parity, runs = run_steps(processes, workdir, planned, options, budget)
+        results = run_steps(processes, workdir, planned, options, budget)
     except PhaseFailed as failed:
         say(f"FAILED in {failed}")
         say(f"logs: {workdir}")
         return EXIT_FAILED, None
     finally:
         processes.stop_all()
-    return 0, report(machine, options, planned, parity, runs, notes)
+    if results.failures:
+        say(f"logs: {workdir}")
+    text = report(machine, options, planned, results.parity, results.runs, [*notes, *results.failures])
+    return (0 if results.passed else EXIT_FAILED), text
 
 
-def run_steps(processes: Processes, workdir: Path, planned: Plan, options: Options,
-              budget: Budget) -> tuple[list, list[RunResult]]:
-    parity, runs = [], []
+def run_steps(processes: Processes, workdir: Path, planned: Plan, options: Options, budget: Budget) -> Results:
+    """Each planned step in turn, within `budget`; a step that fails is recorded (and said with its log's tail)."""
+    results = Results()
     models: dict[str, Path] = {}
     for step in planned.steps:
-        if step.kind == "parity":
-            parity = step_parity(processes, workdir, step, options, budget.cap(PARITY_TIMEOUT_S))
-        elif step.kind == "model":
-            if budget.cap(float("inf")) < MIN_RUN_S:
-                continue
-            models[step.size] = workdir / f"model-{step.size}"
-            phase_build_model(processes, models[step.size], step.size, budget.cap(MODEL_TIMEOUT_S))
-        elif step.size not in models or budget.cap(float("inf")) < MIN_RUN_S:
-            runs.append(RunResult(step, note=f"less than {MIN_RUN_S} s of the --budget left"))
-        else:
-            runs.append(step_run(processes, workdir, models[step.size], step, options,
-                                 budget.cap(LEARNER_TIMEOUT_S)))
-    return parity, runs
+        try:
+            if step.kind == "parity":
+                results.parity = step_parity(processes, workdir, step, options, budget.cap(PARITY_TIMEOUT_S))
+            elif step.kind == "model":
+                if budget.cap(float("inf")) >= MIN_RUN_S:
+                    phase_build_model(processes, workdir / f"model-{step.size}", step.size,
+                                      budget.cap(MODEL_TIMEOUT_S))
+                    models[step.size] = workdir / f"model-{step.size}"
+            elif step.size not in models:
+                why = "its model was not built" if budget.cap(float("inf")) >= MIN_RUN_S else ""
+                results.runs.append(RunResult(step, note=why or f"less than {MIN_RUN_S} s of the --budget left"))
+            elif budget.cap(float("inf")) < MIN_RUN_S:
+                results.runs.append(RunResult(step, note=f"less than {MIN_RUN_S} s of the --budget left"))
+            else:
+                results.runs.append(step_run(processes, workdir, models[step.size], step, options,
+                                             budget.cap(LEARNER_TIMEOUT_S)))
+        except PhaseFailed as failed:
+            say(f"FAILED in {failed}")
+            first = str(failed).splitlines()[0]
+            results.failures.append(f"failed: {first}")
+            if step.kind == "run":
+                results.runs.append(RunResult(step, note=f"failed ({first.split(': ', 1)[-1]})"))
+    return results
 
 
 def main(options: Options, *, dry: bool, report_path: Path | None, write: bool) -> int:

@@ -102,17 +102,21 @@ def wheels_in(directory: Path) -> list[Wheel]:
     return sorted((wheel_of(path) for path in directory.glob("*.whl")), key=lambda wheel: wheel.name)
 
 
-def travelling_bytes(root: Path = ROOT) -> int:
-    """Bytes of the working tree the device tool sends: tracked files and untracked ones git does not ignore."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+def travelling_bytes(root: Path = ROOT) -> int | None:
+    """Bytes of the working tree the device tool sends: tracked files and untracked ones git does not ignore; None
+    where git cannot tell (a copy of the tree without its repository, as on the GPU machine)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        return None
     return sum(path.stat().st_size for name in listed if name and (path := root / name).is_file())
 
 
 @dataclass(frozen=True)
 class CarriedSet:
     wheels: tuple[Wheel, ...]
-    tree_bytes: int
+    tree_bytes: int | None  # None: not known (no git repository)
 
     @property
     def wheel_bytes(self) -> int:
@@ -120,7 +124,7 @@ class CarriedSet:
 
     @property
     def total_bytes(self) -> int:
-        return self.wheel_bytes + self.tree_bytes
+        return self.wheel_bytes + (self.tree_bytes or 0)
 
     @property
     def missing(self) -> list[str]:
@@ -130,6 +134,9 @@ class CarriedSet:
 
     def lines(self) -> list[str]:
         rows = [f"  {wheel.path.name}: {wheel.bytes / MIB:.2f} MiB" for wheel in self.wheels]
+        if self.tree_bytes is None:
+            return [*rows, f"  wheels {self.wheel_bytes / MIB:.2f} MiB (the working tree's size not known: no git "
+                           "repository here)"]
         return [*rows,
                 f"  wheels {self.wheel_bytes / MIB:.2f} MiB + working tree {self.tree_bytes / MIB:.2f} MiB = "
                 f"{self.total_bytes / MIB:.2f} MiB of the device tool's {LIMIT_BYTES / MIB:.0f} MiB"]

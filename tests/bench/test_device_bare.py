@@ -13,7 +13,7 @@ import pytest
 from bench import device_bare as db
 from bench import device_wheels
 from bench.attention_parity import Parity
-from bench.device_check import EXIT_CANNOT_RUN, TREE_PATH, Figures, Processes, build_model
+from bench.device_check import EXIT_CANNOT_RUN, TREE_PATH, Budget, Figures, Processes, build_model
 from bench.peak_memory import PeakMemory
 from grpo_trainer.learner.attention import DeviceFacts
 from tests.support.paths import REPO
@@ -88,6 +88,24 @@ def test_the_parity_step_runs_the_kernels_in_a_process_of_their_own(tmp_path):
         processes.stop_all()
     assert [(r.kernel, r.head_dim, r.dtype, r.passed) for r in results] == [("sdpa", 32, "float32", True),
                                                                             ("sdpa", 64, "float32", True)]
+
+
+def test_a_step_that_fails_is_reported_and_the_next_one_runs(tmp_path):
+    """On CPU the model's build (on CUDA) fails, and so does a parity case of a kernel that does not exist: both
+    are recorded, the model's runs are reported as not run, and the check does not pass."""
+    processes = Processes(tmp_path, TREE_PATH)
+    planned = db.Plan([db.Step("parity", "", cases=(("nope", 32),)), db.Step("model", "", size="tiny"),
+                       db.Step("run", "", size="tiny", kernel="sdpa")])
+    try:
+        results = db.run_steps(processes, tmp_path, planned, db.Options(device="cpu"), Budget(600))
+    finally:
+        processes.stop_all()
+    assert [line.split(":")[:2] for line in results.failures] == [["failed", " parity"], ["failed", " model"]]
+    assert results.parity == [] and not results.passed
+    (run,) = results.runs
+    assert run.figures is None and run.note == "its model was not built"
+    skipped = db.run_steps(processes, tmp_path, db.Plan(planned.steps[1:]), db.Options(device="cpu"), Budget(0))
+    assert skipped.failures == [] and skipped.runs[0].note == f"less than {db.MIN_RUN_S} s of the --budget left"
 
 
 def test_the_report_names_the_machine_each_verdict_and_what_was_left_out():

@@ -71,6 +71,15 @@ def test_what_travels_is_the_tracked_and_the_untracked_files_git_does_not_ignore
     assert dw.travelling_bytes(tmp_path) == 1000 + 100 + len("ignored/\n")
 
 
+def test_a_tree_without_its_repository_is_not_measured(tmp_path):
+    """The GPU machine gets a copy of the tree without .git: the set is still read there."""
+    assert dw.travelling_bytes(tmp_path) is None
+    _wheel(tmp_path, "trl", "1.16.0", size=MIB)
+    carried = dw.carried_set(tmp_path, root=tmp_path)
+    assert carried.tree_bytes is None and carried.total_bytes == carried.wheel_bytes
+    assert carried.lines()[-1].endswith("(the working tree's size not known: no git repository here)")
+
+
 def test_requirements_are_read_against_the_set_then_the_machine(tmp_path):
     _wheel(tmp_path, "trl", "1.16.0", requires=("datasets>=4.7.0", "pandas>=2.1.1", "psutil",
                                                  'deepspeed>=0.18; extra == "deepspeed"'))
@@ -102,13 +111,11 @@ def test_the_install_asks_for_nothing_but_the_carried_wheels(tmp_path):
     assert argv[-1] == str(wheels[0].path)
 
 
-def test_the_built_set_fits_the_device_tool_and_is_this_trees():
+def test_the_built_set_fits_the_device_tool():
     carried = dw.carried_set()
     if not carried.wheels:
         pytest.skip(f"the carried set is not built in {dw.DIRECTORY}: `make device-wheels` downloads it (tests reach "
                     "no package index); its size computation is tested above")
     assert carried.missing == []
     assert carried.total_bytes < dw.LIMIT_BYTES, carried.lines()
-    (ours,) = [wheel for wheel in carried.wheels if wheel.name == dw.OURS]
-    assert dw.stale_modules(ours) == [], "the carried wheel of ours is older than the tree: make device-wheels"
     print("\n".join(carried.lines()))
