@@ -59,6 +59,7 @@ from .device_check import (
     learner_launch,
     phase_build_model,
     phase_learner,
+    probe_json,
     row_figures,
     run_config,
     say,
@@ -140,6 +141,7 @@ def fit_estimate(config: dict, strategy: str, tokens: int):
 
 def plan(gpu: Gpu, facts, options: Options, configs: dict[str, dict]) -> Plan:
     """The steps for `gpu` (`facts`: grpo_trainer.learner.attention.DeviceFacts), given each size's config."""
+    from grpo_operator.fit import model_shape
     from grpo_trainer.contract.codes import AttentionKernel
     from grpo_trainer.learner.attention import AUTO, AttentionUnavailable, choose_kernel
 
@@ -172,7 +174,7 @@ def plan(gpu: Gpu, facts, options: Options, configs: dict[str, dict]) -> Plan:
             left_out.append(f"{size}: the fit check estimates {ddp.total_bytes / GIB:.1f} GiB per GPU under ddp, "
                             f"more than the {gpu.memory_bytes / GIB:.0f} GiB of {gpu.name}")
             continue
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        head_dim = model_shape(config).head_dim
         auto = choose_kernel(AUTO, facts, head_dim=head_dim).kernel.value
         steps.append(Step("model", f"model {size}: random Qwen3 weights ({ddp.parameters / 1e9:.2f}B parameters, "
                                    f"head dim {head_dim}), bf16, built on the GPU", size=size))
@@ -225,14 +227,7 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "hip":
 
 def probe_gpu() -> dict:
     """The machine's torch and its first GPU, from a process of the machine's own Python (nothing carried)."""
-    try:
-        done = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise CannotRun(f"{sys.executable} could not be run to look at its GPU: {error}") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CannotRun(f"{sys.executable} cannot look at its GPU: {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return probe_json([sys.executable, "-c", GPU_PROBE], "its GPU")
 
 
 def preflight(directory: Path) -> tuple[dict, device_wheels.CarriedSet]:
@@ -389,7 +384,7 @@ def run_rows(results: Sequence[RunResult]) -> list[list[str]]:
         step = result.step
         label = [step.size, step.strategy, step.kernel]
         if result.figures is None:
-            rows.append([*label, f"not run: {result.note}", "", "", "", "", "", ""])
+            rows.append([*label, f"not run: {result.note}", *[""] * (len(RUN_HEADER) - 4)])
             continue
         figures = result.figures
         allocated = max((p.cuda_allocated for p in result.peaks if p.cuda_allocated is not None), default=None)
@@ -397,7 +392,8 @@ def run_rows(results: Sequence[RunResult]) -> list[list[str]]:
         estimate = result.estimate.total_bytes - CUDA_CONTEXT_BYTES if result.estimate is not None else None
         ratio = f"{estimate / allocated:.2f}" if estimate and allocated else "n/a"
         rows.append([*label, str(figures.steps),
-                     "n/a" if figures.step_seconds is None else f"{figures.step_seconds:.3f} s",
+                     "n/a" if figures.step_seconds is None else
+                     f"{figures.step_seconds:.3f} s ({figures.train_step_seconds:.3f} s training)",
                      f"{figures.syncs} ({result.reloads} read by the server)",
                      "n/a" if figures.sync_seconds_mean is None else
                      f"{figures.sync_seconds_mean:.2f} / {figures.sync_seconds_last or 0:.2f} s",
@@ -407,7 +403,8 @@ def run_rows(results: Sequence[RunResult]) -> list[list[str]]:
 
 PARITY_HEADER = ["kernel", "head dim", "dtype", "largest error: out / dq / dk / dv",
                  "dense attention in the same dtype", "verdict"]
-RUN_HEADER = ["model", "strategy", "kernel", "steps", "step time", "weight syncs", "sync time (mean / last)",
+RUN_HEADER = ["model", "strategy", "kernel", "steps", "step time (less syncs and waits for samples)", "weight syncs",
+              "sync time (mean / last)",
               "peak allocated / reserved", "fit check's estimate (less its 1 GiB CUDA context)",
               "estimate / peak allocated"]
 

@@ -228,6 +228,7 @@ class Poll:
 class Figures:
     steps: int = 0
     step_seconds: float | None = None
+    train_step_seconds: float | None = None  # a step less the weight syncs and the waits for samples within it
     tokens_per_second: float | None = None
     syncs: int = 0
     sync_seconds_mean: float | None = None
@@ -260,7 +261,8 @@ def row_figures(polls: Sequence[Poll], final=None) -> Figures:
     """The row's figures from its polls (each /progress parsed by the contract) and the learner's final report.
 
     Step time: the time between the first and the last change of globalStep, over the steps between them (the first
-    step, which holds the model's load and the cold sync, is left out). Generation: tokens the server generated
+    step, which holds the model's load and the cold sync, is left out); the training step alone: that time less the
+    weight syncs and the waits for samples that ended within it. Generation: tokens the server generated
     from the first trained step to the last poll, over that time. Sync: the learner's summed sync time over its syncs
     (the cold sync included) and its last sync. Memory: the most any one process used in any poll."""
     figures = Figures()
@@ -275,10 +277,15 @@ def row_figures(polls: Sequence[Poll], final=None) -> Figures:
         figures.sync_seconds_last = last.weight_sync_last_seconds
         kernel = next((r.attention_kernel for r in reversed(reports) if r.attention_kernel is not None), None)
         figures.attention_kernel = getattr(kernel, "value", kernel)
-    changes = [(poll.time, poll.progress.global_step) for before, poll in zip(seen, seen[1:], strict=False)
+    changes = [poll for before, poll in zip(seen, seen[1:], strict=False)
                if poll.progress.global_step > before.progress.global_step]
-    if len(changes) >= 2 and changes[-1][1] > changes[0][1]:
-        figures.step_seconds = (changes[-1][0] - changes[0][0]) / (changes[-1][1] - changes[0][1])
+    if len(changes) >= 2 and changes[-1].progress.global_step > changes[0].progress.global_step:
+        first, last = changes[0].progress, changes[-1].progress
+        steps, wall = last.global_step - first.global_step, changes[-1].time - changes[0].time
+        figures.step_seconds = wall / steps
+        elsewhere = (last.weight_sync_seconds - first.weight_sync_seconds
+                     + last.rollout_wait_seconds - first.rollout_wait_seconds)
+        figures.train_step_seconds = max(0.0, wall - elsewhere) / steps
     training = [poll for poll in polls if poll.generated_tokens is not None
                 and poll.progress is not None and poll.progress.global_step >= 1]
     if len(training) >= 2 and training[-1].time > training[0].time:
@@ -347,16 +354,22 @@ def child_env(pythonpath: Sequence[Path] = TREE_PATH, **extra: str) -> dict[str,
             "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
-def probe(python: str, modules: Sequence[str]) -> dict:
+def probe_json(argv: list[str], what: str, env: dict[str, str] | None = None) -> dict:
+    """The JSON a probe process (`argv`: a Python and its code) prints last, or CannotRun saying it could not look
+    at `what`."""
+    python = argv[0]
     try:
-        done = subprocess.run([python, "-c", PROBE, ",".join(modules), ",".join(VERSIONS_OF)], capture_output=True,
-                              text=True, timeout=120, env=child_env())
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise CannotRun(f"{python} could not be run to look at its packages: {error}") from None
+        raise CannotRun(f"{python} could not be run to look at {what}: {error}") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CannotRun(f"{python} failed while looking at its packages: {last}")
+        raise CannotRun(f"{python} failed while looking at {what}: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def probe(python: str, modules: Sequence[str]) -> dict:
+    return probe_json([python, "-c", PROBE, ",".join(modules), ",".join(VERSIONS_OF)], "its packages", child_env())
 
 
 def preflight(rollout_python: str, sync: str) -> dict:

@@ -116,7 +116,8 @@ def test_the_report_names_the_machine_each_verdict_and_what_was_left_out():
               Parity("varlen", 256, "bfloat16", {}, fields, error="RuntimeError: no kernel")]
     options = db.Options()
     estimate = db.fit_estimate(db.model_config("0.6b"), "ddp", options.token_budget)
-    figures = Figures(steps=16, step_seconds=0.25, syncs=5, sync_seconds_mean=1.5, sync_seconds_last=1.2)
+    figures = Figures(steps=16, step_seconds=0.25, train_step_seconds=0.2, syncs=5, sync_seconds_mean=1.5,
+                      sync_seconds_last=1.2)
     ran = db.RunResult(db.Step("run", "", size="0.6b", kernel="varlen"), figures,
                        [PeakMemory(0, 8 * GIB, 9 * GIB, 20 * GIB)], 5, estimate)
     skipped = db.RunResult(db.Step("run", "", size="1.7b", strategy="fsdp2", kernel="varlen"), note="budget")
@@ -124,8 +125,8 @@ def test_the_report_names_the_machine_each_verdict_and_what_was_left_out():
     assert "NVIDIA H100 80GB HBM3 (compute capability 9.0)" in text and "torch 2.11.0+cu130" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert rows[1].endswith("| pass |") and "RuntimeError: no kernel" in rows[2] and rows[2].endswith("| FAIL |")
-    assert rows[4].startswith("| 0.6b | ddp | varlen | 16 | 0.250 s | 5 (5 read by the server) | 1.50 / 1.20 s | "
-                              "8.00 GiB / 9.00 GiB |")
+    assert rows[4].startswith("| 0.6b | ddp | varlen | 16 | 0.250 s (0.200 s training) | 5 (5 read by the server) | "
+                              "1.50 / 1.20 s | 8.00 GiB / 9.00 GiB |")
     assert f"| {(estimate.total_bytes - GIB) / (8 * GIB):.2f} |" in rows[4]
     assert "| 1.7b | fsdp2 | varlen | not run: budget |" in rows[5]
     assert "- fa3: not here" in text and "- a note" in text
