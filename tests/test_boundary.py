@@ -178,6 +178,33 @@ def test_the_operator_package_has_no_import_cycle():
     assert package_cycles(OPERATOR) == []
 
 
+def _operator_graph() -> dict[str, set[str]]:
+    paths, packages = _modules(OPERATOR)
+    return import_graph({name: path.read_text() for name, path in paths.items()}, packages)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_command_line_is_imported_by_itself_alone():
+    """cli/ is the outermost layer: the core and the adapters (local/, cluster/) do not import it (what they share
+    with it, the exit codes, is at the package root)."""
+    inward = sorted(f"{name} -> {dep}" for name, deps in _operator_graph().items()
+                    if not _within(name, "grpo_operator.cli") for dep in deps if _within(dep, "grpo_operator.cli"))
+    assert inward == []
+
+
+@pytest.mark.parametrize("adapter", ["grpo_operator.cluster", "grpo_operator.local"])
+def test_an_adapter_is_imported_by_the_command_line_alone(adapter):
+    """The core (status/, the builders, the engine) imports neither adapter, and the adapters not each other: only
+    the command line, which wires them, does."""
+    outside = sorted(f"{name} -> {dep}" for name, deps in _operator_graph().items()
+                     if not _within(name, adapter) and not _within(name, "grpo_operator.cli")
+                     for dep in deps if _within(dep, adapter))
+    assert outside == []
+
+
 def test_the_trainer_package_has_no_import_cycle():
     """Function-level imports count as much as module-level ones: a lazy import only hides a cycle from Python."""
     assert package_cycles(TRAINER) == []

@@ -167,7 +167,7 @@ def test_a_fact_lives_in_its_own_page_only(fact):
 
 
 def test_the_cli_page_shows_the_exit_codes_the_code_uses():
-    from grpo_operator.cli.exit_codes import MEANINGS, ExitCode
+    from grpo_operator.exit_codes import MEANINGS, ExitCode
 
     rows = re.findall(r"^\| `(\d+)` \| (.+) \|$", (REPO / "docs" / "cli.md").read_text(), re.M)
     assert rows == [(str(int(code)), MEANINGS[code]) for code in ExitCode]

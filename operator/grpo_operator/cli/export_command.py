@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .exit_codes import ExitCode
+from ..exit_codes import ExitCode
 
 EXAMPLES = """examples:
   grporun export runs/tiny                          # the newest complete checkpoint

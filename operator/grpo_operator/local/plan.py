@@ -13,7 +13,7 @@ from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
 from ..api import EnvironmentSpec, GRPORunSpec
-from ..cli.exit_codes import ExitCode
+from ..exit_codes import ExitCode
 from ..manifest import ManifestInvalid
 from ..run_ref import RunRef
 from ..status import PodObservation, Role

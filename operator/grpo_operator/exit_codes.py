@@ -1,6 +1,8 @@
 """The exit codes of every `grporun` command: one meaning each, whichever command exits with it.
 
-docs/cli.md shows this table (tests/docs/test_docs.py holds the two together); `grporun --help` lists it too.
+docs/cli.md shows this table (tests/docs/test_docs.py holds the two together); `grporun --help` lists it too. It
+sits at the package root, not in cli/, because the local adapter's errors carry these codes too (local.plan's
+LocalError) and an adapter does not import the command line.
 """
 
 from __future__ import annotations

@@ -56,11 +56,7 @@ class RunLoops:
         try:
             while not self._stopping.is_set():
                 body = self._bodies[uid]
-                try:
-                    keep_going = await run_pass(body, logger)
-                except kopf.PermanentError as error:
-                    logger.error("reconcile stopped until the spec changes: %s", error)
-                    keep_going = False
+                keep_going = await run_pass(body, logger)
                 # An edit that arrived during the pass gets a pass of its own.
                 if not keep_going and _generation(self._bodies[uid]) == _generation(body):
                     self._finished[uid] = _generation(body)

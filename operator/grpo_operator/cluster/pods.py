@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .api import ATTEMPT_ANNOTATION, ROLE_LABEL, ROLLOUT_RESTARTS_ANNOTATION
-from .status import PodObservation
+from ..api import ATTEMPT_ANNOTATION, ROLE_LABEL, ROLLOUT_RESTARTS_ANNOTATION
+from ..status import PodObservation
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 
 import kopf
 
+from ..api import CONTROLLER_NAME, FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION, managed_by
 from . import events
-from .api import CONTROLLER_NAME, FINALIZER, GROUP, KOPF_ANNOTATION_PREFIX, PLURAL, RUN_LABEL, VERSION, managed_by
-from .cluster.reconcile import OperatorContext, reconcile_run
 from .pods import observe_pod, pod_facts
+from .reconcile import OperatorContext, reconcile_run
 from .run_loops import RunLoops
 
 
@@ -30,7 +30,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration")
-    # The run's events are posted by grpo_operator.events; these name whatever kopf itself may post.
+    # The run's events are posted by grpo_operator.cluster.events; these name whatever kopf itself may post.
     settings.posting.reporting_component = events.COMPONENT
     settings.posting.event_name_prefix = f"{events.COMPONENT}-"
     settings.posting.loggers = False  # events are the transitions the status package emits, not log lines
@@ -75,9 +75,6 @@ async def _one_pass(context: OperatorContext, run_pods: kopf.Index, body: kopf.B
     started = time.monotonic()
     try:
         return await reconcile_run(context, body, list(run_pods.get((meta["namespace"], meta["name"]), [])), logger)
-    except kopf.PermanentError:
-        context.metrics.reconcile_errors.labels("lifecycle").inc()
-        raise
     except Exception:  # never in a tight loop: the next pass comes after the reconcile interval
         logger.exception("reconcile pass failed; retrying in %.1f s", context.reconcile_interval)
         context.metrics.reconcile_errors.labels("lifecycle").inc()

@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 from kopf._cogs.clients import errors
 
-from .apitime import format_time
-from .cluster.kube import Kube
-from .status import Event
+from ..apitime import format_time
+from ..status import Event
+from .kube import Kube
 
 #: Posted Events remembered for aggregation (client-go's maxLruCacheEntries).
 CACHE_SIZE = 4096

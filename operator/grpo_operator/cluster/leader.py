@@ -28,7 +28,7 @@ from typing import Any
 import kopf
 from kopf._cogs.clients import api, auth, errors
 
-from .cluster.kube import object_url
+from .kube import object_url
 
 LEASE_API = "coordination.k8s.io/v1"
 DEFAULT_LEASE_NAME = "grpo-operator"
