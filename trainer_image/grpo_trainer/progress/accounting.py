@@ -416,9 +416,19 @@ class RolloutProgress:
 
     @property
     def epochs_done(self) -> int:
+        return self._epochs_done_before(self._first_unconsumed)
+
+    def _epochs_done_before(self, group_id: int) -> int:
+        """Whole passes over the prompts settled below worker id `group_id`, within the run's bound: the worker
+        goes on generating past the last epoch, and the overflow it consumed is no epoch of this run. Derived from
+        the positions alone (a checkpoint's own figure may predate the bound), `epochs_done` as given without
+        `groups_per_epoch`."""
         if not self.groups_per_epoch:
             return self._epochs_done
-        return max(self._epochs_done, self._settled_before(self._first_unconsumed) // self.groups_per_epoch)
+        settled = self._settled_before(group_id)
+        if self.groups_total is not None:
+            settled = min(settled, self.groups_total)
+        return settled // self.groups_per_epoch
 
     def _settled_before(self, group_id: int) -> int:
         """Absolute groups settled (trained or dropped) below worker id `group_id`, all of which are consumed."""
@@ -504,7 +514,10 @@ class RolloutProgress:
         with self._lock:
             excluded = {g for g in exclude
                         if g >= self._folded and g in self.consumed and g not in self._stepped}
-            start = min([self._first_unconsumed, *excluded])
+            # Resume at the first group not consumed, or at the bound: the overflow consumed past it (the worker
+            # generates on after the last epoch) is no group of this run, and a run resumed there is at its end.
+            bound = [] if self.needed_end is None else [self.needed_end]
+            start = min([self._first_unconsumed, *excluded, *bound])
             beyond = [*range(start + 1, self._first_unconsumed), *self._consumed_beyond(self._first_unconsumed)]
             beyond = sorted(g for g in beyond if g not in excluded)
             dropped_after: dict[str, list[int]] = {}
@@ -513,9 +526,6 @@ class RolloutProgress:
                 if reason is not None:
                     dropped_after.setdefault(reason, []).append(self.start_group + group_id)
             excluded_trained = sum(1 for g in excluded if g in self._trained_ids)
-            epochs_done = self._epochs_done
-            if self.groups_per_epoch:
-                epochs_done = max(epochs_done, self._settled_before(start) // self.groups_per_epoch)
             prefix = self._runs.length_ending_at(start - 1)
             if prefix:
                 prefix -= self._transparent_in(start - prefix, start - 1)
@@ -533,7 +543,7 @@ class RolloutProgress:
                                        if g >= start and (g not in self.consumed or g in excluded)},
                 groups_trained=self.groups_trained - excluded_trained,
                 dropped=dict(self.dropped),
-                epochs_done=epochs_done,
+                epochs_done=self._epochs_done_before(start),
             )
 
     def _consumed_beyond(self, group_id: int) -> list[int]:
