@@ -15,8 +15,9 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
 from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
-from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase, StallCause
 from grpo_trainer.contract.config import FilterConfig
+from grpo_trainer.contract.report import parse_progress
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
@@ -133,6 +134,30 @@ class TestRolloutProgress:
         with pytest.raises(RolloutStop) as stop:
             progress.drop(2, "no_signal")
         assert stop.value.code == StopCode.STALLED and "none trained" in stop.value.error
+
+    def test_every_report_carries_the_stall_verdict_and_its_cause(self):
+        # The operator reads the verdict as it is: it has no stall rule of its own.
+        progress = make_progress(n=4, epochs=3, stall_groups=3)
+        progress.train([0])
+        progress.drop(1, "no_signal")
+        progress.drop(2, "no_signal")
+        running = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+        assert (running.stalled, running.stall_cause, running.stall_streak) == (False, None, 2)
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(3, "no_signal")
+        assert stop.value.cause is StallCause.STREAK
+        stalled = progress.report(phase=LearnerPhase.RUNNING, global_step=1)  # before the learner stops
+        assert (stalled.stalled, stalled.stall_cause) == (True, StallCause.STREAK)
+        assert parse_progress(stalled.termination_message()).stall_verdict
+
+    def test_all_consumed_and_none_trained_is_its_own_cause(self):
+        progress = make_progress(n=2, stall_groups=50)
+        progress.drop(0, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(1, "no_signal")
+        assert stop.value.cause is StallCause.NOTHING_TRAINED
+        report = progress.report(phase=LearnerPhase.RUNNING, global_step=0)
+        assert (report.stalled, report.stall_cause) == (True, StallCause.NOTHING_TRAINED)
 
     def test_streak_counts_consecutive_ids_not_arrival_order(self):
         # Group 1 is accepted and waits in the batcher while later groups are dropped: no stall, the pass trained.

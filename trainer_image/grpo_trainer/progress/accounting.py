@@ -7,9 +7,10 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, MutableSet
+from dataclasses import dataclass
 from enum import IntEnum
 
-from ..contract.codes import DropReason, LearnerPhase
+from ..contract.codes import DropReason, LearnerPhase, StallCause
 from ..contract.report import ProgressReport
 from .ids import ConsumedIds, DropRuns
 from .state import ProgressState
@@ -25,12 +26,22 @@ class StopCode(IntEnum):
 
 
 class RolloutStop(Exception):
-    """Ends the rollout stream; error is set when the run made no progress."""
+    """Ends the rollout stream; error is set when the run made no progress, `cause` when it stalled."""
 
-    def __init__(self, error: str | None = None, *, code: StopCode | None = None):
+    def __init__(self, error: str | None = None, *, code: StopCode | None = None, cause: StallCause | None = None):
         super().__init__(error or "rollout stream complete")
         self.error = error
         self.code = code if code is not None else (StopCode.DONE if error is None else StopCode.STALLED)
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class StallVerdict:
+    """A stall by the learner's rules: what stalled (which /progress carries to the operator) and the message the
+    run ends with."""
+
+    cause: StallCause
+    message: str
 
 
 #: A group's slot is regenerated at most this many times; the next stale generation is dropped as `stale`.
@@ -377,18 +388,24 @@ class RolloutProgress:
             return self._stall() or RolloutStop()
 
     def _stall(self) -> RolloutStop | None:
-        streak = self.stall_streak
-        if streak >= self.stall_limit:
-            return RolloutStop(
-                f"stalled: {streak} prompt groups in a row were consumed without one training "
-                f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()}){self._cause(streak)}"
-            )
-        if self.all_consumed and self.groups_trained == 0:
-            return RolloutStop(
-                f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
-                f"(dropped: {self._dropped_summary()}){self._cause(streak)}"
-            )
-        return None
+        verdict = self.stall_verdict()
+        return None if verdict is None else RolloutStop(verdict.message, code=StopCode.STALLED, cause=verdict.cause)
+
+    def stall_verdict(self) -> StallVerdict | None:
+        """The stall rules, written here only: the stream stops on them, and every report carries their verdict,
+        which the operator shows as it is. A full pass (the stall limit) of groups in a row consumed without one
+        training, or the whole run consumed and none trained (a run shorter than its stall limit)."""
+        with self._lock:
+            streak = self.stall_streak
+            if streak >= self.stall_limit:
+                return StallVerdict(StallCause.STREAK, (
+                    f"stalled: {streak} prompt groups in a row were consumed without one training "
+                    f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()}){self._cause(streak)}"))
+            if self.all_consumed and self.groups_trained == 0:
+                return StallVerdict(StallCause.NOTHING_TRAINED, (
+                    f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
+                    f"(dropped: {self._dropped_summary()}){self._cause(streak)}"))
+            return None
 
     def _cause(self, streak: int) -> str:
         cause = self.stall_cause(streak) if self.stall_cause is not None else None
@@ -476,6 +493,7 @@ class RolloutProgress:
         """The figures `/progress`, the metrics and the termination message carry. Raises AccountingError when a
         consumed group inside the bound is neither trained nor dropped (regenerated ones are not consumed)."""
         with self._lock:
+            stall = self.stall_verdict()
             report = ProgressReport(
                 phase=phase,
                 groups_total=self.groups_total or 0,
@@ -488,6 +506,8 @@ class RolloutProgress:
                 epochs=self.epochs or 1,
                 stall_streak=self.stall_streak,
                 stall_limit=self.stall_limit,
+                stalled=stall is not None,
+                stall_cause=None if stall is None else stall.cause,
                 global_step=global_step,
                 last_trained_time=self.last_trained_time,
                 reward_mean=self.reward_mean,
