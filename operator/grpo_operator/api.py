@@ -557,6 +557,10 @@ class ProgressStatus(_StatusModel):
     dropped: dict[str, int] = Field(default_factory=dict)
     stall_streak: int = 0
     stall_limit: int = 0
+    # The learner's stall verdict and its cause (ProgressReport.stall_verdict): the operator has no stall rule of its
+    # own, only its clock (progressDeadlineSeconds).
+    stalled: bool = False
+    stall_cause: str | None = None
     global_step: int = 0
     percent: float = 0.0
     reward_mean: float | None = None

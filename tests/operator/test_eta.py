@@ -106,7 +106,8 @@ def test_the_stalled_condition_clears_the_estimate_at_once():
     run.observe(0, consumed=100)
     progress = run.observe(60, consumed=200)
     assert progress["estimatedRemainingSeconds"] == 800 * 60 // 100
-    stalled = report(groupsTotal=TOTAL, groupsConsumed=205, groupsTrained=200, stallStreak=5, stallLimit=5)
+    stalled = report(groupsTotal=TOTAL, groupsConsumed=205, groupsTrained=200, stallStreak=5, stallLimit=5,
+                     stalled=True, stallCause="streak")
     status = step(run.spec, run.status, running_pods(), stalled, now=at(70)).status
     assert "estimatedRemainingSeconds" not in status["progress"]
 

@@ -161,8 +161,8 @@ def test_progress_fields_land_in_status():
     assert progress == {"epoch": 0, "epochs": 1.0, "groupsConsumed": 10, "groupsTotal": 40, "groupsTrained": 8,
                         "groupsDropped": 2, "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
                                                         "unscorable": 0, "lost": 0, "excluded": 0},
-                        "stallStreak": 0, "stallLimit": 0, "globalStep": 4, "percent": 25.0, "rewardMean": 0.5,
-                        "maskedFraction": 0.125,
+                        "stallStreak": 0, "stallLimit": 0, "stalled": False, "globalStep": 4, "percent": 25.0,
+                        "rewardMean": 0.5, "maskedFraction": 0.125,
                         # 7 groups in the 7 s since the first sample: 30 to go, 30 s.
                         "progressPercentage": 25, "estimatedRemainingSeconds": 30,
                         "lastUpdatedTime": "2026-01-01T12:00:07Z"}
@@ -468,9 +468,10 @@ def test_a_finished_run_that_keeps_its_servers_shows_them():
     assert condition(later, "RolloutReady")["status"] == "True"
 
 # --- stall detection --------------------------------------------------------------------------------------------
-def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_the_run():
+def test_the_learners_stall_verdict_marks_stalled_and_its_exit_fails_the_run():
     spec = spec_of()
-    stalled = report(groupsConsumed=44, groupsTrained=3, stallStreak=40, stallLimit=40)
+    stalled = report(groupsConsumed=44, groupsTrained=3, stallStreak=40, stallLimit=40, stalled=True,
+                     stallCause="streak")
     decision = step(spec, running_status(spec), running_pods(), stalled, now=at(5))
     # The learner ends itself (exit 42 with its final report); the operator does not race that exit.
     assert decision.status["phase"] == "Running" and not decision.actions
@@ -485,6 +486,61 @@ def test_the_learner_stall_streak_at_its_limit_marks_stalled_and_its_exit_fails_
     assert failed.status["failure"]["exitCode"] == EXIT_STALLED and failed.status["failure"]["reason"] == "Stalled"
 
 
+@pytest.mark.parametrize(("verdict", "streak", "stalled"), [
+    ({"stalled": True, "stallCause": "streak"}, 2, "True"),  # a learner whose rule stalls below its limit
+    ({"stalled": False}, 40, "False"),  # or not at its limit
+    ({}, 40, "False"),  # an older learner, which says it only by stopping as stalled (its exit decides)
+])
+def test_the_operator_shows_the_learners_verdict_not_a_rule_of_its_own(verdict, streak, stalled):
+    spec = spec_of()
+    running = report(groupsConsumed=44, groupsTrained=3, stallStreak=streak, stallLimit=40, **verdict)
+    decision = step(spec, running_status(spec), running_pods(), running, now=at(5))
+    assert decision.status["phase"] == "Running" and not decision.actions
+    assert condition(decision.status, "Stalled")["status"] == stalled
+    assert decision.status["progress"]["stalled"] is (stalled == "True")
+
+
+def test_a_stall_rule_changed_in_the_learner_reaches_the_status_with_no_operator_change(monkeypatch):
+    from grpo_trainer.contract.codes import LearnerPhase, StallCause
+    from grpo_trainer.progress import RolloutProgress, RolloutStop, StallVerdict
+
+    def two_in_a_row(progress):  # a stricter rule than the limit of 40 the report still carries
+        return StallVerdict(StallCause.STREAK, "stalled: 2 in a row") if progress.stall_streak >= 2 else None
+
+    monkeypatch.setattr(RolloutProgress, "stall_verdict", two_in_a_row)
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=40, groups_per_epoch=40, epochs=1)
+    progress.train([0])
+    progress.drop(1, "no_signal")
+    spec = spec_of()
+    status = running_status(spec, trained=1)
+    quiet = step(spec, status, running_pods(), progress.report(phase=LearnerPhase.RUNNING, global_step=1), now=at(5))
+    assert condition(quiet.status, "Stalled")["status"] == "False"
+    with pytest.raises(RolloutStop):  # the learner's stream stops on its rule
+        progress.drop(2, "no_signal")
+    learner = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+    assert (learner.stall_streak, learner.stall_limit) == (2, 40)
+    decision = step(spec, quiet.status, running_pods(), parse_progress(learner.model_dump_json(by_alias=True)),
+                    now=at(6))
+    assert condition(decision.status, "Stalled")["reason"] == "StallLimitReached"
+    assert "2 groups consumed in a row" in condition(decision.status, "Stalled")["message"]
+    assert decision.status["progress"]["stallCause"] == "streak"
+
+
+@pytest.mark.parametrize(("cause", "reason", "named"), [
+    ("nothing_trained", "Stalled", "all 40 groups of the run were consumed and none trained"),
+    ("weight_sync", "WeightSyncStuck", "weight sync"),
+    ("reward_timeout", "Stalled", "(reward_timeout)"),  # a newer learner's cause, by its name
+])
+def test_the_stalled_condition_names_the_learners_cause(cause, reason, named):
+    spec = spec_of()
+    verdict = report(groupsConsumed=40, groupsTrained=0, stalled=True, stallCause=cause)
+    decision = step(spec, running_status(spec), running_pods(), verdict, now=at(5))
+    assert decision.status["phase"] == "Running"  # the learner's exit decides, with its own message
+    assert condition(decision.status, "Stalled")["reason"] == reason
+    assert named in condition(decision.status, "Stalled")["message"]
+    assert decision.status["progress"]["stallCause"] == cause
+
+
 def test_the_progress_deadline_fails_the_run_under_policy_fail():
     spec = spec_of(progress={"progressDeadlineSeconds": 100})
     decision = step(spec, running_status(spec, trained=3), running_pods(), report(groupsTrained=3), now=at(100))
@@ -497,7 +553,8 @@ def test_the_progress_deadline_fails_the_run_under_policy_fail():
 def test_policy_report_only_reports_a_stall():
     spec = spec_of(progress={"stallPolicy": "Report"})
     decision = step(spec, running_status(spec), running_pods(), report(groupsTrained=3, stallStreak=40,
-                                                                         stallLimit=40), now=at(5))
+                                                                         stallLimit=40, stalled=True,
+                                                                         stallCause="streak"), now=at(5))
     assert decision.status["phase"] == "Running"
     assert condition(decision.status, "Stalled")["status"] == "True"
     assert condition(decision.status, "Progressing")["status"] == "False"

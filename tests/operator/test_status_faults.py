@@ -277,8 +277,14 @@ def test_a_stuck_weight_sync_restarts_under_policy_report_and_stays_stalled_unti
     assert decision.status["restarts"] == 1 and decision.status["phase"] == "Pending"
     assert condition(decision.status, "Stalled")["reason"] == "WeightSyncStuck"
     assert "WeightSyncStuck" in reasons(decision)
+    # The verdict was the ended learner's: while the new one starts, the run waits for its pods, still Stalled.
+    assert decision.status["progress"]["stalled"] is False
+    pending = [pod("r-rollout-0"), pod("r-learner-0", "Pending", False)]
+    waiting = step(spec, decision.status, pending, now=at(65))
+    assert condition(waiting.status, "Progressing")["reason"] == "PodsPending"
+    assert condition(waiting.status, "Stalled")["reason"] == "WeightSyncStuck"
     # Back up, at its checkpoint: still stalled until a group trains again.
-    back = step(spec, decision.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(70))
+    back = step(spec, waiting.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(70))
     assert condition(back.status, "Stalled")["status"] == "True"
     trained = step(spec, back.status, running_pods(), report(groupsConsumed=5, groupsTrained=5), now=at(80))
     assert condition(trained.status, "Stalled")["reason"] == "ProgressResumed"

@@ -1,11 +1,15 @@
-"""The run's time limits, as pure checks: activeDeadlineSeconds, startupDeadlineSeconds and the stall rules."""
+"""The run's time limits, as pure checks: activeDeadlineSeconds, startupDeadlineSeconds, progressDeadlineSeconds;
+and the learner's stall verdict, which the operator shows as the learner reports it (the stall rules are the
+learner's: grpo_trainer.progress.accounting)."""
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
 
-from ..api import GRPORunSpec, GRPORunStatus, Reason
+from grpo_trainer.contract.codes import StallCause
+
+from ..api import GRPORunSpec, GRPORunStatus, ProgressStatus, Reason
 from .conditions import seconds_since
 
 
@@ -41,12 +45,26 @@ def deadline_exceeded(spec: GRPORunSpec, status: GRPORunStatus, now: datetime.da
 
 
 def stall_cause(spec: GRPORunSpec, status: GRPORunStatus, idle: float, *, running: bool) -> Exceeded | None:
-    """Why the run counts as stalled: the learner's own stall streak, or no group trained for the deadline."""
+    """Why the run counts as stalled: the learner says so, or no group trained for the deadline."""
     progress, deadline = status.progress, spec.progress.progress_deadline_seconds
-    if progress is not None and progress.stall_limit > 0 and progress.stall_streak >= progress.stall_limit:
-        return Exceeded(Reason.STALL_LIMIT_REACHED, f"{progress.stall_streak} groups consumed in a row without one "
-                        f"training (limit {progress.stall_limit})")
+    if progress is not None and progress.stalled:
+        return learner_stall(progress)
     if running and idle >= deadline:
         return Exceeded(Reason.PROGRESS_DEADLINE_EXCEEDED,
                         f"no group trained for {int(idle)} s (progressDeadlineSeconds {deadline})")
     return None
+
+
+def learner_stall(progress: ProgressStatus) -> Exceeded:
+    """The Stalled condition for the learner's verdict, named by the cause it reports (a cause only a newer learner
+    knows, by its name)."""
+    cause = progress.stall_cause
+    if cause == StallCause.STREAK:
+        return Exceeded(Reason.STALL_LIMIT_REACHED, f"{progress.stall_streak} groups consumed in a row without one "
+                        f"training (limit {progress.stall_limit})")
+    if cause == StallCause.NOTHING_TRAINED:
+        return Exceeded(Reason.STALLED, f"all {progress.groups_total} groups of the run were consumed and none "
+                        "trained")
+    if cause == StallCause.WEIGHT_SYNC:
+        return Exceeded(Reason.WEIGHT_SYNC_STUCK, "a weight sync outlived rollout.weightSync.deadlineSeconds")
+    return Exceeded(Reason.STALLED, "the learner reports that it stalled" + (f" ({cause})" if cause else ""))

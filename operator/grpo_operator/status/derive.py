@@ -71,7 +71,9 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
         dropped={reason: report.dropped[reason] for reason in DROP_REASONS}, stall_streak=report.stall_streak,
-        stall_limit=report.stall_limit, global_step=report.global_step, percent=round(report.percent, 1),
+        stall_limit=report.stall_limit, stalled=report.stall_verdict,
+        stall_cause=getattr(report.stall_cause, "value", report.stall_cause) if report.stall_verdict else None,
+        global_step=report.global_step, percent=round(report.percent, 1),
         reward_mean=report.reward_mean,
         masked_fraction=None if report.masked_fraction is None else round(report.masked_fraction, 4),
         episodes=None if report.episodes is None else EpisodeStatus.model_validate(report.episodes.model_dump()))
@@ -304,7 +306,7 @@ def _check_stall(record: PassRecord, *, running: bool) -> bool:
         return False
     if record.conditions.set(ConditionType.STALLED, "True", cause.reason, cause.message):
         _event(record, "Warning", Reason.STALLED, cause.message)
-    # The learner's own stall streak ends the learner: it exits EXIT_STALLED with its final report in the
+    # The learner's stall verdict ends the learner: it exits EXIT_STALLED with its final report in the
     # termination message, which is what status.failure should carry. Failing the run here as well raced that
     # exit and left the failure without exit code or message. The operator acts itself only on its own clock.
     if record.spec.progress.stall_policy == "Fail" and cause.reason == Reason.PROGRESS_DEADLINE_EXCEEDED:
@@ -546,6 +548,8 @@ def _restart(record: PassRecord, verdict: Restart) -> bool:
     record.new.learner.restarts = record.new.restarts
     if servers_only:
         return False
+    if record.new.progress is not None:  # the ended learner's verdict: the one that starts reports its own
+        record.new.progress.stalled, record.new.progress.stall_cause = False, None
     _tick_clock(record, running=False)
     reason = Reason.DISRUPTED if verdict.disruption is not None else Reason.RESTARTING
     record.conditions.set(ConditionType.PROGRESSING, "False", reason, verdict.what)

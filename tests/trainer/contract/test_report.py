@@ -138,7 +138,23 @@ def test_known_names_still_read_as_this_versions_enums():
     assert report.rollout[0].state is ReplicaState.DRAINING
 
 
+def test_the_stall_verdict_is_the_learners_and_an_older_learners_is_its_phase():
+    running = parse_progress('{"phase": "Running", "stalled": true, "stallCause": "streak", "stallStreak": 2, '
+                             '"stallLimit": 9}')
+    assert running.stall_verdict and running.stall_cause is StallCause.STREAK  # its rule, not streak >= limit
+    assert not parse_progress('{"phase": "Running", "stalled": false, "stallStreak": 9, "stallLimit": 9}').stall_verdict
+    newer = parse_progress('{"phase": "Running", "stalled": true, "stallCause": "reward_timeout"}')
+    assert newer.stall_verdict and newer.stall_cause == "reward_timeout"
+    # A learner older than `stalled` says it only by stopping as stalled.
+    assert not parse_progress('{"phase": "Running", "stallStreak": 9, "stallLimit": 9}').stall_verdict
+    older = parse_progress('{"phase": "Stalled", "stallCause": "weight_sync"}')
+    assert older.stalled is None and older.stall_verdict
+    assert parse_progress(running.termination_message()) == running
+
+
 @pytest.mark.parametrize(("body", "field"), [
+    ('{"stalled": "true"}', "stalled"),
+    ('{"stalled": 1}', "stalled"),
     ('{"dropped": {"reward_timeout": "2"}}', "dropped.reward_timeout"),
     ('{"dropped": {"reward_timeout": -1}}', "dropped.reward_timeout"),
     ('{"dropped": {"reward_timeout": 1.5}}', "dropped.reward_timeout"),

@@ -17,7 +17,7 @@ import pytest
 from grpo_operator.local.plan import localize_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
-from grpo_trainer.contract.codes import EXIT_STALLED, EXIT_SUCCEEDED, LearnerPhase
+from grpo_trainer.contract.codes import EXIT_STALLED, EXIT_SUCCEEDED, LearnerPhase, StallCause
 from grpo_trainer.contract.config import LoraConfig, RewardConfig, RunConfig
 from grpo_trainer.contract.report import ProgressReport, parse_progress
 from tests.support.paths import REPO
@@ -75,6 +75,7 @@ def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_pa
     report = termination_report(config)
     prompts = len(PROMPTS.read_text().splitlines())
     assert report.phase == LearnerPhase.STALLED
+    assert report.stalled is True and report.stall_cause == StallCause.STREAK  # the verdict the operator shows
     assert report.groups_trained == 0 and report.global_step == 0
     assert report.dropped["no_signal"] >= prompts  # a full pass, every group without signal
     assert report.groups_consumed < report.groups_total  # stopped in the first pass, not at the epoch bound

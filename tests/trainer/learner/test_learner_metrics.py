@@ -310,6 +310,14 @@ def test_stalled_report_renders_as_stalled_gauge():
     assert METRIC_LAST_TRAINED not in found  # never trained: absent, not a misleading 0
 
 
+@pytest.mark.parametrize(("stalled", "streak", "gauge"), [(True, 2, 1), (False, 6, 0)])
+def test_the_stalled_gauge_is_the_learners_verdict_while_it_runs(stalled, streak, gauge):
+    # The verdict of the learner's stall rules, as /progress says it: not the streak against its limit.
+    report = ProgressReport(phase=LearnerPhase.RUNNING, stalled=stalled, stall_cause="streak" if stalled else None,
+                            stall_streak=streak, stall_limit=6)
+    assert samples_by_name(render_metrics(lambda: report).decode())[METRIC_STALLED][0].value == gauge
+
+
 def test_server_answers_404_elsewhere():
     server = ProgressServer(lambda: ProgressReport(), port=0, host="127.0.0.1").start()
     try:

@@ -62,6 +62,7 @@ def test_every_group_without_signal_raises_the_stall_error_within_one_pass(tiny_
     assert "9 prompt groups in a row were consumed without one training" in result["message"]
     progress = result["progress"]
     assert progress["phase"] == "Stalled" and progress["groupsConsumed"] == 9 and progress["globalStep"] == 0
+    assert progress["stalled"] is True and progress["stallCause"] == "streak"  # the verdict the operator shows
     # TRL's own loop would generate forever; this one stops after the pass plus what was already queued.
     assert result["groups_generated"] < 9 + 64
 
@@ -258,6 +259,7 @@ def test_a_reward_that_scores_nothing_stalls_as_unscorable_even_with_drop_no_sig
     assert result["outcome"] == "StallError" and "6 prompt groups in a row" in result["message"]
     progress = result["progress"]
     assert progress["phase"] == "Stalled" and progress["globalStep"] == 0 and progress["groupsTrained"] == 0
+    assert progress["stalled"] is True and progress["stallCause"] == "streak"
     assert progress["dropped"]["unscorable"] == 6 == progress["groupsConsumed"]
     assert progress["dropped"]["no_signal"] == 0
 

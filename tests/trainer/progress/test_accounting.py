@@ -141,6 +141,7 @@ class Stream:
         consumed, accounted = identity(report)
         assert consumed == accounted, report
         assert report.groups_consumed <= report.groups_total
+        assert report.epochs_done * self.prompts <= report.groups_consumed and report.epochs_done <= self.epochs
         self.reports += 1
         return report
 
@@ -218,6 +219,15 @@ class Stream:
                 raise
         raise AssertionError("the randomised stream never reached its bound")
 
+    def generate_past_the_end(self, passes: int) -> ProgressReport:
+        """What TRL's worker does after the last epoch: it goes on generating, and what reaches the stream past
+        the bound is dropped or trained as the last window's overflow."""
+        for group_id in range(self.next_id, self.next_id + passes * self.prompts):
+            if group_id not in self.progress.consumed:
+                self.arrive(group_id)
+        self.progress.train(self.batcher)
+        return self.report()
+
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_identity_holds_at_every_report_of_a_randomised_stream(seed):
@@ -226,6 +236,7 @@ def test_the_identity_holds_at_every_report_of_a_randomised_stream(seed):
     assert final.groups_consumed == final.groups_total == 21
     assert final.groups_trained + final.dropped_total == 21
     assert stream.reports > 21
+    assert stream.generate_past_the_end(passes=5) == final  # epochsDone 3 of 3, not 8
 
 
 def test_the_progress_server_answers_500_with_the_reason_when_the_accounting_breaks():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -14,8 +15,9 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
 from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
-from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
+from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase, StallCause
 from grpo_trainer.contract.config import FilterConfig
+from grpo_trainer.contract.report import parse_progress
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
@@ -133,6 +135,30 @@ class TestRolloutProgress:
             progress.drop(2, "no_signal")
         assert stop.value.code == StopCode.STALLED and "none trained" in stop.value.error
 
+    def test_every_report_carries_the_stall_verdict_and_its_cause(self):
+        # The operator reads the verdict as it is: it has no stall rule of its own.
+        progress = make_progress(n=4, epochs=3, stall_groups=3)
+        progress.train([0])
+        progress.drop(1, "no_signal")
+        progress.drop(2, "no_signal")
+        running = progress.report(phase=LearnerPhase.RUNNING, global_step=1)
+        assert (running.stalled, running.stall_cause, running.stall_streak) == (False, None, 2)
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(3, "no_signal")
+        assert stop.value.cause is StallCause.STREAK
+        stalled = progress.report(phase=LearnerPhase.RUNNING, global_step=1)  # before the learner stops
+        assert (stalled.stalled, stalled.stall_cause) == (True, StallCause.STREAK)
+        assert parse_progress(stalled.termination_message()).stall_verdict
+
+    def test_all_consumed_and_none_trained_is_its_own_cause(self):
+        progress = make_progress(n=2, stall_groups=50)
+        progress.drop(0, "no_signal")
+        with pytest.raises(RolloutStop) as stop:
+            progress.drop(1, "no_signal")
+        assert stop.value.cause is StallCause.NOTHING_TRAINED
+        report = progress.report(phase=LearnerPhase.RUNNING, global_step=0)
+        assert (report.stalled, report.stall_cause) == (True, StallCause.NOTHING_TRAINED)
+
     def test_streak_counts_consecutive_ids_not_arrival_order(self):
         # Group 1 is accepted and waits in the batcher while later groups are dropped: no stall, the pass trained.
         progress = make_progress(n=3, epochs=5)
@@ -183,6 +209,43 @@ class TestRolloutProgress:
         with pytest.raises(RolloutStop) as stop:
             progress.train([5]) or progress.check()
         assert stop.value.code == StopCode.DONE
+
+    @pytest.mark.parametrize(("epochs", "bound_epochs"), [(1, 1), (2, 2), (1.5, 1)])
+    def test_epochs_done_stops_at_the_bound_while_the_worker_generates_past_it(self, epochs, bound_epochs):
+        # TRL's worker keeps generating after the last epoch, and the groups consumed past the bound (the last
+        # window's overflow; TRL's collator adds whatever it collates to the consumed set) moved the first
+        # unconsumed id on: a 1-epoch agentic run reported epochsDone 57.
+        progress = make_progress(n=4, epochs=epochs)
+        bound = progress.groups_total
+        progress.train(range(bound - 1))
+        with pytest.raises(RolloutStop) as stop:
+            progress.train([bound - 1]) or progress.check()
+        assert stop.value.code == StopCode.DONE
+        for next_pass in range(50):  # 50 more passes of overflow, trained in the last window or dropped
+            first = bound + 4 * next_pass
+            progress.train(range(first, first + 3))
+            progress.drop(first + 3, "no_signal")
+        report = progress.report(phase=LearnerPhase.SUCCEEDED, global_step=3)
+        assert report.groups_consumed == report.groups_total == bound
+        assert report.epochs_done == bound_epochs == report.groups_consumed // 4 <= math.ceil(epochs)
+        # The final checkpoint, taken with the overflow consumed: a run resumed from it (a crash in the export)
+        # is at its bound, with the same figures.
+        state = progress.checkpoint_state()
+        assert state.epochs_done == bound_epochs and state.first_unconsumed == bound
+        resumed = RolloutProgress.restore(state, set(), stall_groups=0, groups_per_epoch=4, epochs=epochs)
+        again = resumed.report(phase=LearnerPhase.SUCCEEDED, global_step=3)  # raises on a broken identity
+        assert (again.groups_consumed, again.groups_trained, again.epochs_done) == (bound, report.groups_trained,
+                                                                                   bound_epochs)
+        with pytest.raises(RolloutStop) as stop:
+            resumed.check()
+        assert stop.value.code == StopCode.DONE
+
+    def test_a_checkpoints_epochs_done_beyond_the_bound_is_not_carried_on(self):
+        # Written before epochs were counted within the bound: the figure is derived again from the positions.
+        state = ProgressState(first_unconsumed=4, consumed_after=[5, 6], dropped_after={}, prefix_streak=0,
+                              groups_trained=4, dropped={}, epochs_done=57, bound=4)
+        resumed = RolloutProgress.restore(state, set(), stall_groups=0, groups_per_epoch=4, epochs=1)
+        assert resumed.epochs_done == 1 == resumed.groups_consumed // 4
 
     def test_state_round_trip_resumes_after_the_first_gap(self):
         progress = make_progress(n=5, epochs=2)

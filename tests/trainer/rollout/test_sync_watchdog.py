@@ -62,7 +62,7 @@ def test_a_sync_the_server_never_answers_ends_the_run_as_stalled_within_the_dead
     assert [r["outcome"] for r in results] == ["WeightSyncStuck"] * ranks
     assert all(r["seconds"] < deadline + 60 for r in results)  # ended by the deadline, not a server timeout
     progress = results[0]["progress"]
-    assert progress["phase"] == "Stalled" and progress["stallCause"] == "weight_sync"
+    assert progress["phase"] == "Stalled" and progress["stalled"] is True and progress["stallCause"] == "weight_sync"
     assert "weight sync stuck" in progress["message"] and progress["globalStep"] == 0  # the cold sync hung
     # Rank 0's report names the server and the step; rank 1 waited in the barrier behind it.
     assert f"{update_never_answered} did not answer /collective_rpc (reload_weights)" in progress["message"]

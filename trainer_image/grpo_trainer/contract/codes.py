@@ -62,9 +62,12 @@ MASK_REASONS: tuple[str, ...] = tuple(reason.value for reason in MaskReason)
 
 
 class StallCause(str, Enum):
-    """What stalled a learner that ended as stalled (EXIT_STALLED); the operator names the stall by it."""
+    """What stalled a learner, by the learner's stall rules (grpo_trainer.progress.accounting) or its weight-sync
+    deadline: its /progress verdict and, once it ends (EXIT_STALLED), its termination message's. The operator names
+    the stall by it."""
 
     STREAK = "streak"  # progress.stallGroups groups in a row were consumed without one training
+    NOTHING_TRAINED = "nothing_trained"  # every group of the run was consumed and none trained
     WEIGHT_SYNC = "weight_sync"  # a weight sync outlived rollout.weightSync.deadlineSeconds (it hung)
 
 

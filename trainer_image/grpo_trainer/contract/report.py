@@ -113,8 +113,9 @@ class ProgressReport(ReportModel):
     weight_sync_running_seconds: float = Field(0.0, ge=0, description="How long the sync now running has run.")
     weight_sync_deadline_seconds: float | None = Field(None, gt=0)
     weight_version: Count = Field(0, description="N of the vN the learner last pushed (0: the initial weights).")
-    stall_cause: known_or_text(StallCause) | None = Field(None, description="Set when phase is Stalled: what "
-                                                           "stalled.")
+    stalled: bool | None = Field(None, description="The learner's stall verdict (its rules, which the operator "
+                                 "shows as they are); None from a learner older than the field.")
+    stall_cause: known_or_text(StallCause) | None = Field(None, description="Set when stalled: what stalled.")
     regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
                                "group took each one's place.")
     rollout_wait_seconds: float = Field(0.0, ge=0, description="Seconds this learner process waited for a sample "
@@ -144,6 +145,11 @@ class ProgressReport(ReportModel):
     def masked_fraction(self) -> float | None:
         """Of the samples the training step scored, the fraction it took out of the loss."""
         return sum(self.samples_masked.values()) / self.samples_scored if self.samples_scored else None
+
+    @property
+    def stall_verdict(self) -> bool:
+        """Whether the learner says it stalled: `stalled`, or from a learner older than it, its phase."""
+        return self.stalled if self.stalled is not None else self.phase == LearnerPhase.STALLED
 
     @property
     def dropped_total(self) -> int:

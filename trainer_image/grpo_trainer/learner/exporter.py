@@ -26,7 +26,6 @@ from ..contract.codes import (
     LEARNER_HTTP_PORT,
     METRICS_PATH,
     PROGRESS_PATH,
-    LearnerPhase,
     ReplicaState,
     weight_version_number,
 )
@@ -185,8 +184,7 @@ class ProgressCollector:
             gauge(METRIC_STALL_LIMIT, "Stall streak at which the run fails as stalled.", report.stall_limit),
             gauge(METRIC_GLOBAL_STEP, "Optimizer steps taken.", report.global_step),
             gauge(METRIC_LAST_TRAINED, "Unix time the last group trained.", report.last_trained_time),
-            gauge(METRIC_STALLED, "1 when the learner stopped as stalled.",
-                  float(report.phase == LearnerPhase.STALLED)),
+            gauge(METRIC_STALLED, "1 when the learner's stall rules say it stalled.", float(report.stall_verdict)),
             gauge(METRIC_REWARD_MEAN, "Mean reward of the last trained micro-batch.", report.reward_mean),
             counter(METRIC_WEIGHT_SYNCS, "Weight syncs pushed to the rollout servers.", report.weight_syncs),
             counter(METRIC_SAMPLES_SCORED, "Samples the training step's scoring saw, every rank's.",

@@ -16,7 +16,7 @@ import torch
 from accelerate.utils import broadcast
 from transformers.trainer_utils import SaveStrategy
 
-from ..contract.codes import LearnerPhase, StallCause
+from ..contract.codes import LearnerPhase
 from ..progress import STOP_KEY, RolloutPipelineError, StallError, StopCode, stop_from_batch
 from ..rollout.weight_sync import FilesystemWeightTransfer
 from ..rollout.worker import SupervisedRolloutWorker
@@ -24,7 +24,7 @@ from ..rollout.worker import SupervisedRolloutWorker
 
 class RunStopping:
     """The stop micro-batch, the end at the bound, preemption and the run's final phase. Reads what `GRPOLearner`
-    sets up: `progress`, `exclusions`, `_collator`, `_train_stream`, `_training`, `phase`, `message`, `stall_cause`,
+    sets up: `progress`, `exclusions`, `_collator`, `_train_stream`, `_training`, `phase`, `message`,
     and TRL's trainer state (`accelerator`, `control`, `args`, `weight_transfer`, `rollout_worker`)."""
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -79,7 +79,7 @@ class RunStopping:
         stream_stop = self._stream_stop()
         if code == StopCode.STALLED:
             message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
-            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, message, StallCause.STREAK
+            self.phase, self.message = LearnerPhase.STALLED, message  # its cause: progress's verdict, on the report
             raise StallError(message)
         message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
         self.phase, self.message = LearnerPhase.FAILED, message

@@ -202,6 +202,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         self.scoring: ScoringQueue | None = None
         self.phase = LearnerPhase.STARTING
         self.message = ""
+        # A stall outside the progress rules (a weight sync past its deadline); theirs is on progress's report.
         self.stall_cause: StallCause | None = None
         self.importance_bounds = importance_bounds or ImportanceBounds()
         self.exclusions = ExclusionTracker({})  # rank 0: fed by the collator and every rank's verdicts
@@ -283,11 +284,13 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         ).model_copy(update={
             "weight_sync_seconds": timer.total_s, "weight_sync_last_seconds": timer.last_s,
             "weight_sync_running_seconds": timer.running_s, "weight_sync_deadline_seconds": timer.deadline_s,
-            "weight_version": self.model_version, "stall_cause": self.stall_cause,
+            "weight_version": self.model_version,
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
             "attention_kernel": self.attention_kernel,
             "episodes": self.episodes.report() if self.uses_tools else None,
         })
+        if self.stall_cause is not None:
+            report = report.model_copy(update={"stalled": True, "stall_cause": self.stall_cause})
         if self.rollout_wait is not None:
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
                                                "rollout_queue_samples": self.rollout_wait.qsize()})

@@ -30,6 +30,7 @@ from .accounting import (
     RolloutProgress,
     RolloutStop,
     StallError,
+    StallVerdict,
     StopCode,
 )
 from .filtering import PRUNE_EVERY_GROUPS, SampleFilterQueue, SampleLimits, queue_bound
@@ -41,5 +42,5 @@ __all__ = [
     "PROGRESS_STATE_VERSION", "PRUNE_EVERY_GROUPS", "REGENERATE_LIMIT", "SAMPLE_GROUP_KEY", "STOP_KEY",
     "AccountingError", "ConsumedIds", "DropRuns", "ProgressCollator", "ProgressState", "ProgressStateError",
     "RolloutPipelineError", "RolloutProgress", "RolloutStop", "SampleFilterQueue", "SampleLimits", "StallError",
-    "StopAwareDataset", "StopCode", "queue_bound", "stop_from_batch",
+    "StallVerdict", "StopAwareDataset", "StopCode", "queue_bound", "stop_from_batch",
 ]

@@ -7,9 +7,10 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, MutableSet
+from dataclasses import dataclass
 from enum import IntEnum
 
-from ..contract.codes import DropReason, LearnerPhase
+from ..contract.codes import DropReason, LearnerPhase, StallCause
 from ..contract.report import ProgressReport
 from .ids import ConsumedIds, DropRuns
 from .state import ProgressState
@@ -25,12 +26,22 @@ class StopCode(IntEnum):
 
 
 class RolloutStop(Exception):
-    """Ends the rollout stream; error is set when the run made no progress."""
+    """Ends the rollout stream; error is set when the run made no progress, `cause` when it stalled."""
 
-    def __init__(self, error: str | None = None, *, code: StopCode | None = None):
+    def __init__(self, error: str | None = None, *, code: StopCode | None = None, cause: StallCause | None = None):
         super().__init__(error or "rollout stream complete")
         self.error = error
         self.code = code if code is not None else (StopCode.DONE if error is None else StopCode.STALLED)
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class StallVerdict:
+    """A stall by the learner's rules: what stalled (which /progress carries to the operator) and the message the
+    run ends with."""
+
+    cause: StallCause
+    message: str
 
 
 #: A group's slot is regenerated at most this many times; the next stale generation is dropped as `stale`.
@@ -377,18 +388,24 @@ class RolloutProgress:
             return self._stall() or RolloutStop()
 
     def _stall(self) -> RolloutStop | None:
-        streak = self.stall_streak
-        if streak >= self.stall_limit:
-            return RolloutStop(
-                f"stalled: {streak} prompt groups in a row were consumed without one training "
-                f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()}){self._cause(streak)}"
-            )
-        if self.all_consumed and self.groups_trained == 0:
-            return RolloutStop(
-                f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
-                f"(dropped: {self._dropped_summary()}){self._cause(streak)}"
-            )
-        return None
+        verdict = self.stall_verdict()
+        return None if verdict is None else RolloutStop(verdict.message, code=StopCode.STALLED, cause=verdict.cause)
+
+    def stall_verdict(self) -> StallVerdict | None:
+        """The stall rules, written here only: the stream stops on them, and every report carries their verdict,
+        which the operator shows as it is. A full pass (the stall limit) of groups in a row consumed without one
+        training, or the whole run consumed and none trained (a run shorter than its stall limit)."""
+        with self._lock:
+            streak = self.stall_streak
+            if streak >= self.stall_limit:
+                return StallVerdict(StallCause.STREAK, (
+                    f"stalled: {streak} prompt groups in a row were consumed without one training "
+                    f"(limit {self.stall_limit}; dropped so far: {self._dropped_summary()}){self._cause(streak)}"))
+            if self.all_consumed and self.groups_trained == 0:
+                return StallVerdict(StallCause.NOTHING_TRAINED, (
+                    f"stalled: all {self.groups_total} prompt groups were consumed and none trained "
+                    f"(dropped: {self._dropped_summary()}){self._cause(streak)}"))
+            return None
 
     def _cause(self, streak: int) -> str:
         cause = self.stall_cause(streak) if self.stall_cause is not None else None
@@ -416,9 +433,19 @@ class RolloutProgress:
 
     @property
     def epochs_done(self) -> int:
+        return self._epochs_done_before(self._first_unconsumed)
+
+    def _epochs_done_before(self, group_id: int) -> int:
+        """Whole passes over the prompts settled below worker id `group_id`, within the run's bound: the worker
+        goes on generating past the last epoch, and the overflow it consumed is no epoch of this run. Derived from
+        the positions alone (a checkpoint's own figure may predate the bound), `epochs_done` as given without
+        `groups_per_epoch`."""
         if not self.groups_per_epoch:
             return self._epochs_done
-        return max(self._epochs_done, self._settled_before(self._first_unconsumed) // self.groups_per_epoch)
+        settled = self._settled_before(group_id)
+        if self.groups_total is not None:
+            settled = min(settled, self.groups_total)
+        return settled // self.groups_per_epoch
 
     def _settled_before(self, group_id: int) -> int:
         """Absolute groups settled (trained or dropped) below worker id `group_id`, all of which are consumed."""
@@ -466,6 +493,7 @@ class RolloutProgress:
         """The figures `/progress`, the metrics and the termination message carry. Raises AccountingError when a
         consumed group inside the bound is neither trained nor dropped (regenerated ones are not consumed)."""
         with self._lock:
+            stall = self.stall_verdict()
             report = ProgressReport(
                 phase=phase,
                 groups_total=self.groups_total or 0,
@@ -478,6 +506,8 @@ class RolloutProgress:
                 epochs=self.epochs or 1,
                 stall_streak=self.stall_streak,
                 stall_limit=self.stall_limit,
+                stalled=stall is not None,
+                stall_cause=None if stall is None else stall.cause,
                 global_step=global_step,
                 last_trained_time=self.last_trained_time,
                 reward_mean=self.reward_mean,
@@ -504,7 +534,10 @@ class RolloutProgress:
         with self._lock:
             excluded = {g for g in exclude
                         if g >= self._folded and g in self.consumed and g not in self._stepped}
-            start = min([self._first_unconsumed, *excluded])
+            # Resume at the first group not consumed, or at the bound: the overflow consumed past it (the worker
+            # generates on after the last epoch) is no group of this run, and a run resumed there is at its end.
+            bound = [] if self.needed_end is None else [self.needed_end]
+            start = min([self._first_unconsumed, *excluded, *bound])
             beyond = [*range(start + 1, self._first_unconsumed), *self._consumed_beyond(self._first_unconsumed)]
             beyond = sorted(g for g in beyond if g not in excluded)
             dropped_after: dict[str, list[int]] = {}
@@ -513,9 +546,6 @@ class RolloutProgress:
                 if reason is not None:
                     dropped_after.setdefault(reason, []).append(self.start_group + group_id)
             excluded_trained = sum(1 for g in excluded if g in self._trained_ids)
-            epochs_done = self._epochs_done
-            if self.groups_per_epoch:
-                epochs_done = max(epochs_done, self._settled_before(start) // self.groups_per_epoch)
             prefix = self._runs.length_ending_at(start - 1)
             if prefix:
                 prefix -= self._transparent_in(start - prefix, start - 1)
@@ -533,7 +563,7 @@ class RolloutProgress:
                                        if g >= start and (g not in self.consumed or g in excluded)},
                 groups_trained=self.groups_trained - excluded_trained,
                 dropped=dict(self.dropped),
-                epochs_done=epochs_done,
+                epochs_done=self._epochs_done_before(start),
             )
 
     def _consumed_beyond(self, group_id: int) -> list[int]:
