@@ -247,6 +247,8 @@ def _take_progress(record: PassRecord) -> None:
     if report is None:
         return
     take_learner_view(record.new.rollout, report)
+    if report.output is not None:  # from /progress or a termination message: an export that happened stays
+        _take_output(record, report.output)
     previous_trained = record.old.progress.groups_trained if record.old.progress else 0
     record.new.progress = progress_status(report)
     if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
@@ -257,6 +259,15 @@ def _take_progress(record: PassRecord) -> None:
         record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
     elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
         record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
+
+
+def _take_output(record: PassRecord, report: ExportReport) -> None:
+    """status.output from the learner's report of its export, with an Exported event when it is new. Whatever
+    comes after (a kill, a crash past the backoff limit), the model was written: the status keeps saying where."""
+    output = output_status(report)
+    if output != record.new.output:
+        record.new.output = output
+        _event(record, "Normal", Reason.EXPORTED, _exported_message(report))
 
 
 def _progress_unknown(record: PassRecord) -> bool:
@@ -486,8 +497,7 @@ def _decide_on_exits(record: PassRecord) -> bool:
         return _replace_servers(record)
     if isinstance(verdict, Succeed):
         if verdict.output is not None:
-            record.new.output = output_status(verdict.output)
-            _event(record, "Normal", Reason.EXPORTED, _exported_message(verdict.output))
+            _take_output(record, verdict.output)
         _finish(record, Phase.SUCCEEDED, verdict.reason, verdict.message)
     elif isinstance(verdict, Fail):
         if verdict.stall is not None:
