@@ -611,10 +611,11 @@ class EnvironmentStatus(_StatusModel):
     """One environment of spec.environments: its server pods as the operator sees them."""
 
     name: str
-    wanted: int = 0  # spec.environments[].replicas
+    wanted: int = 0  # spec.environments[].replicas in effect (within what Kueue admitted)
     replicas: int = 0  # server pods that exist
     ready: int = 0  # of those, the Ready ones
     restarts: int = 0  # the kubelet's in-place restarts of the servers that exist
+    scale_refused: str | None = None  # why a larger spec.environments[].replicas is not applied
 
 
 class FailureStatus(_StatusModel):

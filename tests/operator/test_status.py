@@ -200,7 +200,8 @@ def test_a_run_without_tools_has_no_episodes_in_status_progress():
 def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
     """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
     (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a
-    replica state it does not know leaves the server's state unset, and Progressing stays True."""
+    replica state it does not know leaves the server's state and whether it serves unset (unknown: the learner may
+    be holding it back), and Progressing stays True."""
     spec = spec_of()
     status = running_status(spec)
     newer = parse_progress(json.dumps({
@@ -212,7 +213,7 @@ def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_
     assert progress["groupsDropped"] == 3 and progress["dropped"]["no_signal"] == 1
     assert set(progress["dropped"]) == set(DROP_REASONS)
     server = decision.status["rollout"]["servers"][0]
-    assert server["samples"] == 4 and "state" not in server
+    assert server["samples"] == 4 and "state" not in server and "serving" not in server
     assert condition(decision.status, "Progressing")["status"] == "True"
     assert condition(decision.status, "Stalled")["status"] == "False"
 

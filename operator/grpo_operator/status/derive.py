@@ -339,7 +339,8 @@ def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
     learner_ready = sum(1 for p in record.learner_pods if p.phase == "Running")
     record.new.learner = LearnerStatus(nodes=record.spec.learner.nodes, ready=learner_ready,
                                        restarts=record.new.restarts)
-    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods)
+    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods,
+                                                  {} if finished else record.seen.environment_scale_refused)
     if finished:
         _finished_rollout_ready(record)
     else:
@@ -479,7 +480,11 @@ def _scale_environments(record: PassRecord) -> list[str]:
     if surplus:
         record.actions.append(DeletePods(tuple(surplus), reason="environment scaled down"))
     before = {entry.name: entry.wanted for entry in record.old.environments or []}
+    refused_before = {entry.name: entry.scale_refused for entry in record.old.environments or []}
     for environment in record.spec.environments or []:
+        refused = record.seen.environment_scale_refused.get(environment.name)
+        if refused is not None and refused != refused_before.get(environment.name):
+            _event(record, "Warning", Reason.SCALE_REFUSED, refused)
         wanted = before.get(environment.name)
         if record.old.phase is not None and wanted is not None and wanted != environment.replicas:
             deleted = [name for name in surplus if server_index(record.run.name, environment.name, name) is not None]

@@ -3,7 +3,7 @@ change of a pool's size (spec.environments[].replicas, which a running run takes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..api import EnvironmentSpec, EnvironmentStatus
 from ..builders import environment_pod_prefix
@@ -21,11 +21,12 @@ def server_index(run: str, environment: str, pod: str) -> int | None:
     return int(index)
 
 
-def environments_status(run: str, environments: Sequence[EnvironmentSpec] | None,
-                        pods: Sequence[PodObservation]) -> list[EnvironmentStatus] | None:
+def environments_status(run: str, environments: Sequence[EnvironmentSpec] | None, pods: Sequence[PodObservation],
+                        refused: Mapping[str, str]) -> list[EnvironmentStatus] | None:
     """One entry per environment, in spec order; None for a run without environments. `replicas` counts every
     server pod that exists, those past `wanted` too (left by a scale-down until they are deleted): the two meet
-    once a change of spec.environments[].replicas is carried out."""
+    once a change of spec.environments[].replicas is carried out. `refused`: by name, why a larger count than
+    `wanted` (the count in effect) is not applied."""
     if not environments:
         return None
     servers = [pod for pod in pods if pod.role == "environment"]
@@ -35,7 +36,7 @@ def environments_status(run: str, environments: Sequence[EnvironmentSpec] | None
         entries.append(EnvironmentStatus(
             name=environment.name, wanted=environment.replicas, replicas=len(mine),
             ready=sum(1 for pod in mine if pod.ready),
-            restarts=sum(pod.container_restarts for pod in mine)))
+            restarts=sum(pod.container_restarts for pod in mine), scale_refused=refused.get(environment.name)))
     return entries
 
 
