@@ -32,6 +32,7 @@ class PodObservation:
     container: str | None = None  # the main container's name (the role's)
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
     container_restarts: int = 0  # the kubelet's in-place restarts of the main container (restartPolicy Always)
+    not_ready: str | None = None  # why its Ready condition is False, as the condition says (`reason: message`)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ clock.py, condition bookkeeping in conditions.py.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_trainer.contract.codes import DROP_REASONS
@@ -50,7 +50,14 @@ from .decision import (
     rank,
 )
 from .durability import unkept_work
-from .environments import environments_status, scale_message, server_index, surplus_servers
+from .environments import (
+    environments_ready,
+    environments_status,
+    scale_message,
+    server_index,
+    surplus_servers,
+    unready_environments,
+)
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .invalid import fail_invalid_spec, invalid_spec
 from .rollout_exits import classify_rollout_exits
@@ -282,6 +289,9 @@ def _progress_unknown(record: PassRecord) -> bool:
 
 def _check_deadlines(record: PassRecord, *, waiting: bool) -> bool:
     exceeded = deadline_exceeded(record.spec, record.new, record.seen.now, pending=waiting)
+    unready = unready_environments(record.conditions)
+    if exceeded is not None and exceeded.reason == Reason.STARTUP_DEADLINE_EXCEEDED and unready:
+        exceeded = replace(exceeded, message=f"{exceeded.message}; {unready}", waiting=exceeded.waiting or unready)
     if exceeded is not None:
         _finish(record, Phase.FAILED, exceeded.reason, exceeded.message,
                 FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
@@ -345,6 +355,8 @@ def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
         _finished_rollout_ready(record)
     else:
         _rollout_ready(record)
+    record.events += environments_ready(record.conditions, record.run.name, record.spec.environments, record.pods,
+                                        finished=finished, running=record.old.phase == Phase.RUNNING)
 
 
 def _finished_rollout_ready(record: PassRecord) -> None:
@@ -404,12 +416,17 @@ def _running_phase(record: PassRecord, missing: list[tuple[str, int | str]]) -> 
     if missing or record.terminating or any(p.phase in ("Pending", "Unknown") for p in record.pods):
         _surface_waiting(record, default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
         return Phase.PENDING
-    all_ready = record.conditions.is_true(ConditionType.ROLLOUT_READY)
+    unready = unready_environments(record.conditions)
+    rollout_ready = record.conditions.is_true(ConditionType.ROLLOUT_READY)
+    all_ready = rollout_ready and unready is None
     learners_running = all(p.phase == "Running" for p in record.learner_pods)
     # Once running, an unready rollout server does not stop the run (or its clock): RolloutReady says it.
     if learners_running and (all_ready or record.old.phase == Phase.RUNNING):
         return Phase.RUNNING
-    _surface_waiting(record, default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
+    servers = "the environment servers" if rollout_ready else "the rollout and environment servers"
+    waiting = (f"pods running; waiting for {servers} to be ready: {unready}" if unready
+               else "pods running; waiting for the rollout servers to be ready")
+    _surface_waiting(record, default=(Reason.STARTING, waiting))
     return Phase.STARTING
 
 
