@@ -17,7 +17,7 @@ MLFLOW_VERSION := 3.17.2
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-fast lint bench device-wheels images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
@@ -65,7 +65,7 @@ $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
 	touch $@
 
-# The MLflow tracking server the tracking tests report to (tests/trainer/test_tracking_servers.py). Its own venv: the
+# The MLflow tracking server the tracking tests report to (tests/trainer/learner/test_tracking.py). Its own venv: the
 # full mlflow pins pyarrow<26, which the learner's datasets does not need downgraded.
 setup-mlflow: $(MLFLOW_VENV)/.installed
 $(MLFLOW_VENV)/.installed: Makefile | $(UV)
@@ -127,6 +127,12 @@ lint: $(VENV)/.installed
 
 bench: setup
 	$(VENV)/bin/python -m bench
+
+# The wheels a lent GPU machine needs for `python -m bench.device_check --bare` (TRL, the learner's transformers, ours
+# and a few small packages its image lacks), downloaded for its Python 3.12 into .device/wheels (docs/development.md,
+# "The device check on a lent GPU machine").
+device-wheels: $(VENV)/.installed
+	$(VENV)/bin/python -m bench.device_wheels
 
 # With a Docker daemon: the three images into Docker. Without one: the operator image and the trainer's CPU variant
 # with buildah into the cache folder (hack/images/build.sh prints their references and archives).

@@ -24,11 +24,11 @@ CONTRACT = "grpo_trainer.contract"
 #: Operator module -> the trainer modules outside the contract it imports, because it runs trainer code on purpose.
 TRAINER_CODE_IN_THE_OPERATOR = {
     # `grporun local`: user rewards, tools and environment factories imported before minutes of server start-up.
-    "grpo_operator.local.plan": {"grpo_trainer.learner.rewards", "grpo_trainer.tools"},
+    "grpo_operator.local.plan": {"grpo_trainer.learner.rewards", "grpo_trainer.agentic.tools"},
     # `grporun local`: a local rollout server's liveness, by the pod's own generation probe.
     "grpo_operator.local.rollout_restarts": {"grpo_trainer.server.health"},
     # `grporun export`: the learner's export, again, from a local run's checkpoint.
-    "grpo_operator.cli.export_command": {"grpo_trainer.reexport", "grpo_trainer.model_export"},
+    "grpo_operator.cli.export_command": {"grpo_trainer.storage.reexport", "grpo_trainer.storage.model_export"},
 }
 #: What the contract may import besides the standard library and itself.
 CONTRACT_DEPENDENCIES = {"pydantic"}
@@ -78,10 +78,11 @@ def test_the_operator_imports_the_trainer_package_through_its_contract_only():
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from grpo_trainer.launch import learner_argv", "grpo_trainer.launch"),
+    ("from grpo_trainer.learner.gang import gang_exit_code", "grpo_trainer.learner.gang"),
     ("import grpo_trainer.server.main", "grpo_trainer.server.main"),
     ("from grpo_trainer.learner import rewards", "grpo_trainer.learner.rewards"),
-    ("def f():\n    from grpo_trainer.store_uri import parse_uri\n", "grpo_trainer.store_uri"),
+    ("def f():\n    from grpo_trainer.storage.object_store import upload_folder\n",
+     "grpo_trainer.storage.object_store"),
 ])
 def test_an_import_around_the_contract_is_found(source, module):
     assert trainer_imports(source) == [module]

@@ -10,7 +10,7 @@ learner can exit as invalid config), and stops the child without waiting on it f
 
 TRL builds the worker itself (`async_grpo_trainer.py:1367 (trl 1.16.0)`); GRPOLearner makes it this class, whose
 child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for the learner's accounting
-(grpo_trainer.episodes) and an episode whose environment failed made unscorable (grpo_trainer.tools).
+(grpo_trainer.agentic.episodes) and an episode whose environment failed made unscorable (grpo_trainer.agentic.tools).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-from ..episodes import completion_turns, stamp_group
+from ..agentic.episodes import completion_turns, stamp_group
+from ..agentic.tools import EpisodeRecord, episode_of
 from ..learner.rewards import RewardFunctionError, RewardResultError
-from ..tools import EpisodeRecord, episode_of
 from .sync_watchdog import DaemonCall
 
 logger = logging.getLogger(__name__)
@@ -69,10 +69,10 @@ _ADVANTAGE_EPS = 1e-8
 
 
 class EpisodeRolloutLoop(_AsyncRolloutLoop):
-    """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.episodes).
+    """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.agentic.episodes).
 
-    An episode whose guarded environment failed (grpo_trainer.tools) is unscorable: its reward is NaN whatever the
-    other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
+    An episode whose guarded environment failed (grpo_trainer.agentic.tools) is unscorable: its reward is NaN whatever
+    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
     """
 
     def __init__(self, **kwargs: Any):

@@ -23,8 +23,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .contract.config import TrainingConfig
-from .learner.rewards import UserCodeError, import_function
+from ..contract.config import TrainingConfig
+from ..learner.rewards import UserCodeError, import_function
 
 
 class ToolError(UserCodeError):

@@ -1,5 +1,5 @@
-"""grpo_trainer.inputs: where the learner and the rollout server load the model and the dataset from, s3:// inputs
-downloaded once into the inputs cache, against the real S3-compatible server (SeaweedFS,
+"""grpo_trainer.storage.inputs: where the learner and the rollout server load the model and the dataset from, s3://
+inputs downloaded once into the inputs cache, against the real S3-compatible server (SeaweedFS,
 tests/support/servers/s3_server.py)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from grpo_trainer.contract.config import (
 )
 from grpo_trainer.contract.report import parse_progress
 from grpo_trainer.contract.store_uri import parse_uri
-from grpo_trainer.inputs import InputError, local_path, resolve, store_environ
-from grpo_trainer.object_store import client_from_env, upload_folder
+from grpo_trainer.storage.inputs import InputError, local_path, resolve, store_environ
+from grpo_trainer.storage.object_store import client_from_env, upload_folder
 from tests.support.ports import free_port
 
 

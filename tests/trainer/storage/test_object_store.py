@@ -1,4 +1,4 @@
-"""grpo_trainer.object_store: URIs and manifests on their own, then uploads and downloads against a real
+"""grpo_trainer.storage.object_store: URIs and manifests on their own, then uploads and downloads against a real
 S3-compatible server (SeaweedFS, tests/support/servers/s3_server.py: one per run)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.contract.store_uri import InvalidObjectStoreURI, Location, parse_uri
-from grpo_trainer.object_store import (
+from grpo_trainer.storage.object_store import (
     ObjectStoreError,
     check_manifest,
     client_from_env,
@@ -229,7 +229,7 @@ def test_nothing_at_a_prefix_reads_as_absent(s3_server, s3_bucket, tmp_path):
 
 KILLED_BEFORE_THE_MANIFEST = textwrap.dedent("""\
     import os, signal, sys
-    from grpo_trainer import object_store
+    from grpo_trainer.storage import object_store
     from grpo_trainer.contract.store_uri import parse_uri
     # the process dies the moment it would write the manifest: every file is uploaded, the manifest is not
     object_store._put_manifest = lambda *args: os.kill(os.getpid(), signal.SIGKILL)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract.config import RunConfig
-from .contract.report import ExportReport
+from ..contract.config import RunConfig
+from ..contract.report import ExportReport
 from .model_export import ExportError, export_model, package_versions, reward_trend
 
 #: What a checkpoint holds besides the model: the trainer's and the run's state, which an export leaves out.
@@ -54,9 +54,9 @@ def _provenance(config: RunConfig, checkpoint: Path, marker: Mapping[str, Any]) 
 def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> ExportReport:
     """Export the model of `checkpoint` (default: the newest complete one of config.checkpoint.directory, its
     marker verified) to config.output; ExportError naming the field or the path and the cause."""
-    from .contract.store_uri import is_object_store_uri
-    from .learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
-    from .learner.main import upload_export
+    from ..contract.store_uri import is_object_store_uri
+    from ..learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
+    from .final_model import upload_export
 
     if config.output is None:
         raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")
@@ -87,7 +87,7 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
 def store_environ(config: RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """`environ` with the endpoint and region the run's spec.output names (a pod has them as env already; a local
     run's config keeps them in the spec alone)."""
-    from .contract.store_uri import ENDPOINT_ENV, REGION_ENV
+    from ..contract.store_uri import ENDPOINT_ENV, REGION_ENV
 
     output = (config.output.run_spec.get("output") or {}) if config.output is not None else {}
     env = dict(environ)

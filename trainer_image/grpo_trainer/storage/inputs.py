@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from .contract.config import InputsConfig, RunConfig
-from .contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX
-from .contract.store_uri import (
+from ..contract.config import InputsConfig, RunConfig
+from ..contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX
+from ..contract.store_uri import (
     ACCESS_KEY_ENV,
     ENDPOINT_ENV,
     REGION_ENV,

@@ -32,8 +32,8 @@ import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-from .contract.codes import EXPORT_MANIFEST_FILE
-from .contract.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, Location
+from ..contract.codes import EXPORT_MANIFEST_FILE
+from ..contract.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV, Location
 from .model_export import file_digests, sha256_of
 
 #: A manifest bigger than this is not one of ours (a model's manifest is a few KB per thousand files).

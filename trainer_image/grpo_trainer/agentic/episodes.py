@@ -20,7 +20,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from .contract.report import EpisodeReport
+from ..contract.report import EpisodeReport
 
 #: Every row: the number of rows its group became (a float, as TRL's metrics are).
 GROUP_ROWS_KEY = "grpo/group_rows"

@@ -1,6 +1,6 @@
-"""The learner's end of a run with `output`: every rank saves, rank 0 exports with the run's provenance (and uploads
-it to an object store, against the real S3 test server), and an export that fails ends the learner with the
-export-failed code and a message naming the path or the cause (the operator fails the run on it:
+"""The learner's end of a run with `output` (grpo_trainer.storage.final_model): every rank saves, rank 0 exports with
+the run's provenance (and uploads it to an object store, against the real S3 test server), and an export that fails ends
+the learner with the export-failed code and a message naming the path or the cause (the operator fails the run on it:
 tests/operator/test_status.py). The learner here is a stand-in for what `main` calls on it; the real learner's export
 runs in tests/operator/cli/test_local_run.py."""
 
@@ -26,8 +26,9 @@ from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, parse_progress
 from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.learner import main as learner_main
-from grpo_trainer.model_export import verify_export
-from grpo_trainer.object_store import download_folder
+from grpo_trainer.storage import final_model
+from grpo_trainer.storage.model_export import verify_export
+from grpo_trainer.storage.object_store import download_folder
 
 
 class FinishedLearner:
@@ -109,7 +110,7 @@ def test_a_failed_export_exits_with_its_own_code_naming_the_path(tmp_path, learn
 def test_other_ranks_save_with_rank_0_but_leave_the_writing_to_it(tmp_path):
     rank1 = FinishedLearner(is_main=False)
     model_dir = tmp_path / "models" / "tiny"
-    assert learner_main.export_trained_model(run_config(tmp_path, model_dir), rank1) is None
+    assert final_model.export_trained_model(run_config(tmp_path, model_dir), rank1) is None
     assert rank1.saved == [str(tmp_path / "models" / ".tiny.partial")]  # the same folder as rank 0's save
     assert not (tmp_path / "models").exists()
 

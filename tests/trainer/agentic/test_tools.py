@@ -15,11 +15,11 @@ from pydantic import ValidationError
 from transformers.utils import get_json_schema
 from trl.experimental.async_grpo.async_rollout_worker import TrainingSequence
 
+from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
+from grpo_trainer.agentic.tools import ToolError, episode_of, load_environment_factory, load_tools
 from grpo_trainer.contract.config import TrainingConfig
-from grpo_trainer.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.rollout.worker import EpisodeRolloutLoop
 from grpo_trainer.testing.guess_env import WRONG_GUESS_REWARD, GuessEnvironment, make_server
-from grpo_trainer.tools import ToolError, episode_of, load_environment_factory, load_tools
 
 
 # ---------------------------------------------------------------------------------------------------- loading

@@ -13,9 +13,9 @@ import torch
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
+from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase
 from grpo_trainer.contract.config import FilterConfig
-from grpo_trainer.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
 from grpo_trainer.progress import (
     STOP_KEY,
     ProgressCollator,
@@ -326,8 +326,8 @@ class TestSampleFilterQueue:
         assert stop.value.code == StopCode.STALLED and "unscorable 3" in stop.value.error
 
     def episodes_failed(self, group_id, failed: dict[str, int]):
-        """A group of two episodes as the episode rollout loop stamps it (grpo_trainer.episodes.stamp_group), with
-        `failed` of them failed in each environment; a group whose both failed is unscorable."""
+        """A group of two episodes as the episode rollout loop stamps it (grpo_trainer.agentic.episodes.stamp_group),
+        with `failed` of them failed in each environment; a group whose both failed is unscorable."""
         rows = ([self.unscored(group_id, k) for k in range(2)] if sum(failed.values()) == 2
                 else [sample(group_id, rewards=(0.0, 1.0), k=k) for k in range(2)])
         rows[0].metrics[EPISODES_KEY] = {"episodes": 2, "rows": 2, "environment_failures": failed}
@@ -598,7 +598,8 @@ class TestProgressCollator:
 
 # ------------------------------------------------------------------------------------------------- forked groups
 def forked(group_id, rows, k=0, **kwargs) -> RolloutSample:
-    """One row of a group the rollout loop stamped as `rows` rows (a conversation forked: grpo_trainer.episodes)."""
+    """One row of a group the rollout loop stamped as `rows` rows (a conversation forked:
+    grpo_trainer.agentic.episodes)."""
     row = sample(group_id, k=k, **kwargs)
     row.metrics[GROUP_ROWS_KEY] = float(rows)
     return row

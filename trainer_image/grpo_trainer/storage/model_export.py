@@ -24,8 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .contract.codes import EXPORT_MANIFEST_FILE
-from .contract.report import ExportReport
+from ..contract.codes import EXPORT_MANIFEST_FILE
+from ..contract.report import ExportReport
 
 MODEL_CARD_FILE = "README.md"
 MANIFEST_KIND = "GRPOModelExport"

@@ -14,7 +14,7 @@ import pytest
 
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.contract.report import ExportReport
-from grpo_trainer.model_export import (
+from grpo_trainer.storage.model_export import (
     MODEL_CARD_FILE,
     ExportError,
     export_model,
@@ -87,7 +87,7 @@ def test_a_second_export_replaces_the_first_whole(tmp_path):
 KILLED_EXPORT = """
 import os, signal, sys
 from pathlib import Path
-from grpo_trainer.model_export import export_model
+from grpo_trainer.storage.model_export import export_model
 
 def save(folder):
     (folder / "model.safetensors").write_bytes(b"half a model")
@@ -145,7 +145,7 @@ def test_a_writer_error_of_its_own_type_is_an_export_failure_and_leaves_nothing(
 ON_A_SMALL_VOLUME = """
 import sys
 from pathlib import Path
-from grpo_trainer.model_export import ExportError, export_model
+from grpo_trainer.storage.model_export import ExportError, export_model
 
 def save(folder):
     (folder / "model.safetensors").write_bytes(b"w" * 1_000_000)

@@ -1,5 +1,5 @@
-"""The export alone, again (grpo_trainer.reexport, `python -m grpo_trainer export`, `grporun export`): a run whose
-export failed keeps its checkpoints, and its model is exported from the newest complete one, to a folder or to the
+"""The export alone, again (grpo_trainer.storage.reexport, `python -m grpo_trainer export`, `grporun export`): a run
+whose export failed keeps its checkpoints, and its model is exported from the newest complete one, to a folder or to the
 real S3-compatible server (tests/support/servers/s3_server.py)."""
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from grpo_trainer.contract.config import (
 )
 from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.learner.checkpoints import write_marker
-from grpo_trainer.model_export import ExportError, verify_export
-from grpo_trainer.object_store import download_folder
 from grpo_trainer.progress import RolloutProgress
-from grpo_trainer.reexport import export_from_checkpoint
+from grpo_trainer.storage.model_export import ExportError, verify_export
+from grpo_trainer.storage.object_store import download_folder
+from grpo_trainer.storage.reexport import export_from_checkpoint
 
 TRAINING_STATE = {"optimizer.pt": b"o" * 100, "scheduler.pt": b"s", "rng_state.pth": b"r",
                   "training_args.bin": b"a"}
