@@ -36,9 +36,9 @@ STRICT = {"fieldValidation": "Strict"}
 
 
 def as_kubectl_sends(value: Any) -> Any:
-    """Whole floats as integers, as kubectl's YAML-to-JSON writes them (`beta: 0.0` goes out as 0). Python's json
-    writes 0.0; the server stores it as 0 and reads it back as an integer, so `self == oldSelf` on a
-    preserve-unknown-fields map (training.extraArgs) compares 0 with 0.0, which CEL calls unequal, and an
+    """Whole floats as integers, as kubectl's YAML-to-JSON writes them (`top_p: 1.0` goes out as 1). Python's json
+    writes 1.0; the server stores it as 1 and reads it back as an integer, so `self == oldSelf` on a
+    preserve-unknown-fields map (training.extraArgs) compares 1 with 1.0, which CEL calls unequal, and an
     unchanged re-send is refused as a change to an immutable field."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
