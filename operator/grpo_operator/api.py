@@ -451,6 +451,7 @@ FINISHED_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 class ConditionType(str, Enum):
     ROLLOUT_READY = "RolloutReady"
+    ENVIRONMENTS_READY = "EnvironmentsReady"  # a run with spec.environments only
     PROGRESSING = "Progressing"
     STALLED = "Stalled"
     SUSPENDED = "Suspended"
@@ -468,6 +469,9 @@ class Reason:
     ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
     ALL_REPLICAS_READY = "AllReplicasReady"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    ENVIRONMENTS_READY = ConditionType.ENVIRONMENTS_READY.value  # the event when every environment server turns ready
+    ALL_ENVIRONMENTS_READY = "AllEnvironmentsReady"
+    ENVIRONMENTS_NOT_READY = "EnvironmentsNotReady"
     SCALED = "Scaled"  # the event when spec.rollout.replicas or an environment's replicas changes on a live run
     DRAINED = "Drained"  # the event when a removed rollout server's pod is deleted after the learner let it go
     DRAIN_DEADLINE_EXCEEDED = "DrainDeadlineExceeded"  # ... deleted while the learner still reported it
@@ -615,10 +619,11 @@ class EnvironmentStatus(_StatusModel):
     """One environment of spec.environments: its server pods as the operator sees them."""
 
     name: str
-    wanted: int = 0  # spec.environments[].replicas
+    wanted: int = 0  # spec.environments[].replicas in effect (within what Kueue admitted)
     replicas: int = 0  # server pods that exist
     ready: int = 0  # of those, the Ready ones
     restarts: int = 0  # the kubelet's in-place restarts of the servers that exist
+    scale_refused: str | None = None  # why a larger spec.environments[].replicas is not applied
 
 
 class FailureStatus(_StatusModel):

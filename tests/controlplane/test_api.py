@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from grpo_operator.manifest import load_crd, load_manifest, validate_manifest, with_defaults
+from tests.crds.test_store_uri_rule import STORE_URIS, URI_FIELDS, with_uri
 from tests.operator.test_manifest import (
     CEL_CASES,
     ENVIRONMENT_UPDATE_CASES,
@@ -35,9 +36,9 @@ STRICT = {"fieldValidation": "Strict"}
 
 
 def as_kubectl_sends(value: Any) -> Any:
-    """Whole floats as integers, as kubectl's YAML-to-JSON writes them (`beta: 0.0` goes out as 0). Python's json
-    writes 0.0; the server stores it as 0 and reads it back as an integer, so `self == oldSelf` on a
-    preserve-unknown-fields map (training.extraArgs) compares 0 with 0.0, which CEL calls unequal, and an
+    """Whole floats as integers, as kubectl's YAML-to-JSON writes them (`top_p: 1.0` goes out as 1). Python's json
+    writes 1.0; the server stores it as 1 and reads it back as an integer, so `self == oldSelf` on a
+    preserve-unknown-fields map (training.extraArgs) compares 1 with 1.0, which CEL calls unequal, and an
     unchanged re-send is refused as a change to an immutable field."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -130,6 +131,22 @@ def _judge_update(admin, namespace: str, stored: dict, updated: dict, expected: 
     assert refused.value.code == 422, refused.value.message
     assert [_field(line) for line in expected] == server_fields(refused.value)
     assert expected[0].split(": ", 1)[1] in refused.value.message
+
+
+@pytest.mark.parametrize("field", URI_FIELDS)
+def test_object_store_uris_are_judged_by_the_server_as_parse_uri_judges_them(admin, namespace, field):
+    """Each bad URI of the table is refused naming the field `grporun validate` names; each good one is admitted."""
+    for number, (uri, good_uri) in enumerate(STORE_URIS.items()):
+        manifest = with_uri(field, uri)
+        manifest["metadata"]["name"] = f"uri-{number}"
+        if good_uri:
+            _create(admin, namespace, manifest)
+            continue
+        ours = validate_manifest(manifest)
+        with pytest.raises(ApiError) as refused:
+            _create(admin, namespace, manifest)
+        assert refused.value.code == 422, (uri, refused.value.message)
+        assert server_fields(refused.value) == [_field(ours[0])], (uri, refused.value.message)
 
 
 def test_server_side_apply_of_a_minimal_manifest_stores_the_operators_defaults(admin, namespace):

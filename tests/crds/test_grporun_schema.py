@@ -4,6 +4,7 @@ printer columns that point at real fields and a status schema that keeps everyth
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -199,7 +200,8 @@ def _full_status() -> GRPORunStatus:
                                                            drain_start_time="2026-01-01T00:40:00Z")],
                               removed_servers=[RemovedServerStatus(replica=2, restarts=1, last_error="e")]),
         learner=LearnerStatus(nodes=1, ready=1, restarts=0),
-        environments=[EnvironmentStatus(name="guess", wanted=2, replicas=2, ready=1, restarts=3)],
+        environments=[EnvironmentStatus(name="guess", wanted=2, replicas=2, ready=1, restarts=3,
+                                        scale_refused="spec.environments[0].replicas: 3 is not applied")],
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),
         tracking=[TrackedRunStatus(tracker="mlflow", run_id="0f1e", uri="http://mlflow:5000/#/experiments/1/runs/0f1e")],
@@ -249,3 +251,15 @@ def test_crd_episode_counts_are_the_learners():
     episodes = CRD.schema["properties"]["status"]["properties"]["progress"]["properties"]["episodes"]
     assert list(episodes["properties"]) == [field.alias for field in EpisodeReport.model_fields.values()]
     assert episodes["properties"]["environmentFailures"]["maxProperties"] == MAX_REPORTED_REASONS
+
+
+def test_the_async_grpo_config_arguments_extra_args_names_are_ones_trl_takes():
+    """training.extraArgs' description names arguments as examples and as the ones the spec sets: each is a field of
+    TRL's AsyncGRPOConfig (the learner exits 78 on any other, so a user copying one would fail the run)."""
+    async_grpo = pytest.importorskip("trl.experimental.async_grpo", reason="TRL is installed with the learner")
+    description = CRD.schema["properties"]["spec"]["properties"]["training"]["properties"]["extraArgs"]["description"]
+    named = {name for group in re.findall(r"\(([^)]*)\)", description) for name in re.split(r",\s*", group)
+             if re.fullmatch(r"[a-z]+(_[a-z]+)*", name)}
+    assert len(named) > 10, description
+    fields = {field.name for field in dataclasses.fields(async_grpo.AsyncGRPOConfig)}
+    assert sorted(named - fields) == []

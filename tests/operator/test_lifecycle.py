@@ -433,3 +433,25 @@ def test_a_running_runs_environment_servers_scale_live_up_and_down(cluster, lear
         "they hold fail and count as environment failures"]
     assert cluster.status("envs")["phase"] == "Running"
     assert cluster.pod_names("envs", "rollout") + cluster.pod_names("envs", "learner") == others
+
+
+def test_environment_services_follow_a_spec_edited_while_suspended(cluster, learner, progress_urls):
+    """An environment's port edited while suspended is what its Service forwards on resume; the Service of an
+    environment removed or renamed meanwhile is deleted, and the new name gets its own."""
+    environments = [{"name": "guess", "image": "game:1", "port": 8765}, {"name": "code", "image": "code:1"}]
+    cluster.apply(grporun("svc", minimal_spec(environments=environments)))
+    cluster.wait_for(lambda: len(cluster.services("svc")) == 4, what="the rollout, learner and 2 environment Services")
+    cluster.patch_spec("svc", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase("svc", "Suspended")
+    cluster.patch_spec("svc", {"environments": [{"name": "guess", "image": "game:1", "port": 9000},
+                                                {"name": "maze", "image": "code:1"}]})
+    cluster.patch_spec("svc", {"runPolicy": {"suspend": False}})
+
+    def services() -> dict[str, Any]:
+        return {s["metadata"]["name"]: s["spec"]["ports"] for s in cluster.services("svc")}
+
+    cluster.wait_for(lambda: "svc-env-code" not in services() and "svc-env-maze" in services(),
+                     what="the removed environment's Service deleted and the new one's created")
+    (port,) = services()["svc-env-guess"]
+    assert (port["port"], port["targetPort"]) == (9000, 9000)
+    assert sorted(services()) == ["svc-env-guess", "svc-env-maze", "svc-learner", "svc-rollout"]

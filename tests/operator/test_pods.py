@@ -78,3 +78,14 @@ def test_a_container_restarted_in_place_reads_with_its_restart_count():
     observed = observe_pod(pod({"phase": "Running", "containerStatuses": [
         {"name": "environment", "restartCount": 4, "state": {"running": {}}}]}, role="environment"))
     assert observed.container_restarts == 4
+
+
+def test_an_unready_pod_reads_with_its_ready_conditions_reason_and_message():
+    observed = observe_pod(pod({"phase": "Running", "containerStatuses": [
+        {"name": "environment", "ready": False, "started": True, "state": {"running": {}}}],
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                        "message": "containers with unready status: [environment]"}]}, role="environment"))
+    assert not observed.ready
+    assert observed.not_ready == "ContainersNotReady: containers with unready status: [environment]"
+    ready = observe_pod(pod({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}))
+    assert ready.not_ready is None

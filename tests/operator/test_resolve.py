@@ -66,7 +66,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
         {"function": "mypkg.rewards:format_reward", "weight": 0.2},
     ]
     assert config.training.model_dump() == spec.training.model_dump()
-    assert config.training.extra_args == {"beta": 0.0, "loss_type": "dapo"}
+    assert config.training.extra_args == {"epsilon_high": 0.28, "top_p": 1.0}
     assert config.filter.drop_truncated and config.filter.no_signal_epsilon == 0.0001
     assert config.progress.model_dump() == {"stall_groups": 500, "progress_deadline_seconds": 1800,
                                             "stall_policy": "Fail"}

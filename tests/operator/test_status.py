@@ -200,7 +200,8 @@ def test_a_run_without_tools_has_no_episodes_in_status_progress():
 def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():
     """A learner image newer than the operator: a drop reason the CRD does not list counts in groupsDropped
     (status.progress.dropped lists the reasons the CRD declares, which the API server would otherwise prune), a
-    replica state it does not know leaves the server's state unset, and Progressing stays True."""
+    replica state it does not know leaves the server's state and whether it serves unset (unknown: the learner may
+    be holding it back), and Progressing stays True."""
     spec = spec_of()
     status = running_status(spec)
     newer = parse_progress(json.dumps({
@@ -212,7 +213,7 @@ def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_
     assert progress["groupsDropped"] == 3 and progress["dropped"]["no_signal"] == 1
     assert set(progress["dropped"]) == set(DROP_REASONS)
     server = decision.status["rollout"]["servers"][0]
-    assert server["samples"] == 4 and "state" not in server
+    assert server["samples"] == 4 and "state" not in server and "serving" not in server
     assert condition(decision.status, "Progressing")["status"] == "True"
     assert condition(decision.status, "Stalled")["status"] == "False"
 
@@ -281,6 +282,32 @@ def test_the_exported_model_goes_on_the_status_with_an_event():
     # A later pass (the run finished) keeps it and says it once.
     again = step(spec, decision.status, pods, None, now=at(65))
     assert again.status["output"] == decision.status["output"] and "Exported" not in reasons(again)
+
+
+def test_a_learner_killed_after_its_export_fails_the_run_with_the_model_on_the_status():
+    """The learner's final report names the exported model, then the pod is killed (137) with no retry left: the
+    run fails BackoffLimitExceeded, and status.output still says where the model is."""
+    spec = spec_of(output=OUTPUT, runPolicy={"backoffLimit": 0})
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38, output=EXPORTED.to_wire())
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137, reason="Error",
+                                    message=final.termination_message())]
+    decision = step(spec, running_status(spec), pods, None, now=at(60))
+    assert condition(decision.status, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert decision.status["output"]["uri"] == "pvc://models/r" and decision.status["output"]["step"] == 12
+    assert reasons(decision).count("Exported") == 1
+
+
+def test_an_export_reported_while_running_stays_on_the_status_whatever_comes_after():
+    spec = spec_of(output=OUTPUT, runPolicy={"backoffLimit": 0})
+    exported = report(groupsConsumed=40, groupsTrained=38, output=EXPORTED.to_wire())
+    decision = step(spec, running_status(spec), running_pods(), exported, now=at(30))
+    assert decision.status["phase"] == "Running" and decision.status["output"]["uri"] == "pvc://models/r"
+    assert reasons(decision) == ["Exported"]
+    # Killed with no termination message of its own: the run fails, the model it exported stays on the status.
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Failed", False, exit_code=137, reason="Error", message="")]
+    failed = step(spec, decision.status, pods, None, now=at(40))
+    assert failed.status["phase"] == "Failed" and failed.status["output"] == decision.status["output"]
+    assert "Exported" not in reasons(failed)
 
 
 TRACKED = TrackedRunReport(tracker="mlflow", run_id="0f1e2d", uri="http://mlflow:5000/#/experiments/3/runs/0f1e2d")

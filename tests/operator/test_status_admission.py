@@ -19,8 +19,9 @@ from grpo_operator.status import (
     ResizeWorkload,
     WorkloadObservation,
 )
-from grpo_operator.status.admission import spec_counts, within_admission, workload_actions
+from grpo_operator.status.admission import InEffect, spec_counts, within_admission, workload_actions
 from tests.operator.test_status import at, pod, report, running_pods, spec_of, step
+from tests.operator.test_status_environments import environment_pod
 from tests.support.specs import minimal_spec
 
 WAITING = ("WaitingForAdmission", "waiting for Kueue to admit the run (LocalQueue team-q)")
@@ -98,37 +99,64 @@ def test_the_workload_rule(workload, finished, pods_exist, actions):
 def test_a_run_within_its_admission_runs_as_its_spec_says(rollout, learner):
     """Fewer pods than admitted (a scale-down) need no new admission: the quota stays reserved."""
     spec = parse_spec(minimal_spec(rollout={"replicas": rollout}, learner={"nodes": learner}))
-    assert within_admission(spec, {"rollout": 3, "learner": 2}, "grporun-r") == (spec, None)
+    assert within_admission(spec, {"rollout": 3, "learner": 2}, "grporun-r") == InEffect(spec)
 
 
 def test_no_role_runs_more_pods_than_kueue_admitted_for_its_pod_set():
     spec = parse_spec(minimal_spec(rollout={"replicas": 3}, learner={"nodes": 2}))
-    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 2}, "grporun-r")
-    assert (in_effect.rollout.replicas, in_effect.learner.nodes) == (1, 2)
-    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted (Workload "
-                              "grporun-r); the run keeps the admitted count")
+    in_effect = within_admission(spec, {"rollout": 1, "learner": 2}, "grporun-r")
+    assert (in_effect.spec.rollout.replicas, in_effect.spec.learner.nodes) == (1, 2)
+    assert in_effect.refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted "
+                                        "(Workload grporun-r); the run keeps the admitted count")
     assert spec.rollout.replicas == 3, "the spec itself is not changed"
 
-    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
-    assert (in_effect.rollout.replicas, in_effect.learner.nodes, in_effect.learner_world_size) == (1, 1, 1)
-    assert refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
-                              "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")
+    in_effect = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
+    assert (in_effect.spec.rollout.replicas, in_effect.spec.learner.nodes, in_effect.spec.learner_world_size) == (
+        1, 1, 1)
+    assert in_effect.refused.startswith("spec.rollout.replicas: 3 is more than the 1 rollout pod(s) Kueue admitted; "
+                                        "spec.learner.nodes: 2 is more than the 1 learner pod(s) Kueue admitted")
+    assert in_effect.environments_refused == {}
 
 
 def test_an_environment_runs_no_more_servers_than_kueue_admitted_for_its_pod_set():
     spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 3},
                                                  {"name": "other", "image": "game:1", "replicas": 1}]))
     assert spec_counts(spec) == {"rollout": 1, "learner": 1, "env-guess": 3, "env-other": 1}
-    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1, "env-guess": 2, "env-other": 1},
-                                          "grporun-r")
-    assert [e.replicas for e in in_effect.environments] == [2, 1]
-    assert refused.startswith("spec.environments[0].replicas: 3 is more than the 2 env-guess pod(s) Kueue admitted")
+    in_effect = within_admission(spec, {"rollout": 1, "learner": 1, "env-guess": 2, "env-other": 1}, "grporun-r")
+    assert [e.replicas for e in in_effect.spec.environments] == [2, 1]
+    assert in_effect.refused is None, "the rollout servers and the learner run as asked"
+    assert list(in_effect.environments_refused) == ["guess"]
+    assert in_effect.environments_refused["guess"].startswith(
+        "spec.environments[0].replicas: 3 is more than the 2 env-guess pod(s) Kueue admitted (Workload grporun-r); "
+        "the environment keeps the admitted count")
 
 
 def test_an_environment_kueue_admitted_without_servers_gets_none_when_scaled_up_live():
     """An environment of 0 servers has no pod set in the Workload: Kueue admitted none of its pods, so a live scale
     from 0 is refused like any count above the admission, not run outside the quota."""
     spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 2}]))
-    in_effect, refused = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
-    assert [e.replicas for e in in_effect.environments] == [0]
-    assert refused.startswith("spec.environments[0].replicas: 2 is more than the 0 env-guess pod(s) Kueue admitted")
+    in_effect = within_admission(spec, {"rollout": 1, "learner": 1}, "grporun-r")
+    assert [e.replicas for e in in_effect.spec.environments] == [0]
+    assert in_effect.environments_refused["guess"].startswith(
+        "spec.environments[0].replicas: 2 is more than the 0 env-guess pod(s) Kueue admitted")
+
+
+def test_a_refused_environment_scale_shows_on_its_status_entry_once_with_an_event():
+    """status.environments[].wanted is the count in effect (what Kueue admitted); scaleRefused says why the count
+    asked for is not, as status.rollout.scaleRefused does for the rollout servers."""
+    asked = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "game:1", "replicas": 3}]))
+    in_effect = within_admission(asked, {"rollout": 1, "learner": 1, "env-guess": 1}, "grporun-r")
+    spec, why = in_effect.spec, in_effect.environments_refused
+    pods = [*running_pods(), environment_pod("r-env-guess-0")]
+    first = step(spec, step(spec, {}, [], workload=ADMITTED).status, pods, report(groupsTrained=1),
+                 workload=ADMITTED, environment_scale_refused=why)
+    assert first.status["environments"] == [{"name": "guess", "wanted": 1, "replicas": 1, "ready": 1,
+                                              "restarts": 0, "scaleRefused": why["guess"]}]
+    assert "scaleRefused" not in first.status["rollout"]
+    assert [(e.type, e.reason, e.message) for e in first.events if e.reason == "ScaleRefused"] == [
+        ("Warning", "ScaleRefused", why["guess"])]
+    again = step(spec, first.status, pods, report(groupsTrained=2), now=at(5), workload=ADMITTED,
+                 environment_scale_refused=why)
+    assert "ScaleRefused" not in [e.reason for e in again.events]
+    cleared = step(spec, again.status, pods, report(groupsTrained=3), now=at(10), workload=ADMITTED)
+    assert "scaleRefused" not in cleared.status["environments"][0]

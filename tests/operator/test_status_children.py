@@ -8,7 +8,7 @@ from typing import Any
 from grpo_operator import builders
 from grpo_operator.api import GENERATION_ANNOTATION, parse_spec
 from grpo_operator.run_ref import RunRef
-from grpo_operator.status.children import child_patch, rendered_generation
+from grpo_operator.status.children import child_patch, rendered_generation, stale_services
 from tests.support.specs import minimal_spec
 
 GANG = {"gang": {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 600}}
@@ -56,3 +56,27 @@ def test_a_live_runs_children_are_never_patched():
 def test_a_missing_or_torn_generation_annotation_counts_as_the_first():
     assert rendered_generation({"metadata": {}}) == 1
     assert rendered_generation({"metadata": {"annotations": {GENERATION_ANNOTATION: "x"}}}) == 1
+
+
+def environment_service(port: int) -> dict[str, Any]:
+    spec = minimal_spec(environments=[{"name": "guess", "image": "game:1", "port": port}])
+    run = RunRef("run", "ml", "uid-1")
+    (service,) = [c for c in builders.build_children(run, parse_spec(spec), trainer_image="img")
+                  if c["kind"] == "Service" and c["metadata"]["name"] == "run-env-guess"]
+    return service
+
+
+def test_a_service_forwarding_another_port_is_patched_and_the_api_servers_defaults_are_left_alone():
+    existing = environment_service(8765)
+    existing["spec"] |= {"clusterIP": "10.0.0.7", "type": "ClusterIP", "sessionAffinity": "None"}
+    assert child_patch(environment_service(8765), existing, generation=1, live=False) is None
+    child = environment_service(9000)
+    assert child_patch(child, existing, generation=1, live=False) == {
+        "spec": {"ports": child["spec"]["ports"], "selector": child["spec"]["selector"]}}
+    assert child_patch(child, existing, generation=1, live=True) is None
+
+
+def test_the_services_the_spec_no_longer_names_are_stale():
+    children = [environment_service(8765), built("ConfigMap")]
+    owned = [{"metadata": {"name": "run-env-guess"}}, {"metadata": {"name": "run-env-code"}}, {"metadata": {}}]
+    assert stale_services(children, owned) == ["run-env-code"]

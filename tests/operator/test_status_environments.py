@@ -176,3 +176,69 @@ def test_the_created_event_counts_the_environment_servers():
     assert created.message == "creating 1 rollout, 1 learner and 3 environment pods"
     (plain,) = [event for event in step(spec_of(), {}, [], now=T0).events if event.reason == "Created"]
     assert plain.message == "creating 1 rollout and 1 learner pods"
+
+
+# --- EnvironmentsReady ------------------------------------------------------------------------------------------------
+
+GAME = [{"name": "guess", "image": "guess:1", "port": 8765}]
+NOT_READY = "ContainersNotReady: containers with unready status: [environment]"
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status["conditions"] if c["type"] == kind), None)
+
+
+def test_a_server_that_runs_but_is_never_ready_holds_the_run_in_starting_and_fails_it_at_the_startup_deadline():
+    """A server whose port never answers: the run does not claim to be Running, EnvironmentsReady names the server,
+    its probe and its pod's Ready condition, and the startup deadline's failure names it too."""
+    spec = spec_of(environments=GAME, progress={"startupDeadlineSeconds": 60})
+    first = step(spec, {}, [], now=T0)
+    pods = [*running_pods(), environment_pod("r-env-guess-0", ready=False, not_ready=NOT_READY)]
+    waiting = step(spec, first.status, pods, now=at(5))
+    assert waiting.status["phase"] == "Starting"
+    ready = condition(waiting.status, "EnvironmentsReady")
+    assert (ready["status"], ready["reason"]) == ("False", "EnvironmentsNotReady")
+    assert ready["message"] == ("0/1 environment servers ready; r-env-guess-0 is not ready: its readiness probe (TCP "
+                                f"connect to port 8765) does not pass ({NOT_READY})")
+    assert condition(waiting.status, "Progressing")["status"] == "False"
+    assert "r-env-guess-0" in condition(waiting.status, "Progressing")["message"]
+    failed = step(spec, waiting.status, pods, now=at(61))
+    assert failed.status["phase"] == "Failed"
+    assert condition(failed.status, "Failed")["reason"] == "StartupDeadlineExceeded"
+    assert "r-env-guess-0 is not ready: its readiness probe (TCP connect to port 8765) does not pass" in (
+        failed.status["message"])
+
+
+def test_a_running_runs_server_that_turns_unready_is_named_with_an_event_and_the_run_goes_on():
+    spec = spec_of(environments=ENVIRONMENTS)
+    status = running_status(spec)
+    ready = condition(status, "EnvironmentsReady")
+    assert (ready["status"], ready["reason"], ready["message"]) == ("True", "AllEnvironmentsReady",
+                                                                    "3/3 environment servers ready")
+    crashing = [*running_pods(), environment_pod("r-env-guess-0"), environment_pod("r-env-code-0"),
+                environment_pod("r-env-guess-1", ready=False, waiting_reason="CrashLoopBackOff",
+                                message="back-off 40s restarting failed container", container_restarts=4)]
+    decision = step(spec, status, crashing, TRAINED, now=at(5))
+    assert decision.status["phase"] == "Running"
+    message = ("2/3 environment servers ready; r-env-guess-1 is not ready: CrashLoopBackOff: back-off 40s restarting "
+               "failed container, restarted 4 times")
+    assert condition(decision.status, "EnvironmentsReady")["message"] == message
+    assert [(e.type, e.reason, e.message) for e in decision.events] == [("Warning", "EnvironmentsNotReady", message)]
+    back = step(spec, decision.status, all_pods(), TRAINED, now=at(10))
+    assert condition(back.status, "EnvironmentsReady")["status"] == "True"
+    assert [(e.type, e.reason) for e in back.events] == [("Normal", "EnvironmentsReady")]
+
+
+def test_an_http_probe_or_a_missing_server_is_named_as_it_is():
+    spec = spec_of(environments=[{**GAME[0], "replicas": 2, "readinessProbe": {"httpGet": {"path": "/health",
+                                                                                           "port": "http"}}}])
+    first = step(spec, {}, [], now=T0)
+    pods = [*running_pods(), environment_pod("r-env-guess-0", ready=False)]
+    decision = step(spec, first.status, pods, now=at(5))
+    assert condition(decision.status, "EnvironmentsReady")["message"] == (
+        "0/2 environment servers ready; r-env-guess-0 is not ready: its readiness probe (HTTP GET /health on port "
+        "http) does not pass; r-env-guess-1 is not ready: it has no pod yet")
+
+
+def test_a_run_without_environments_has_no_environments_ready_condition():
+    assert condition(step(spec_of(), {}, running_pods()).status, "EnvironmentsReady") is None

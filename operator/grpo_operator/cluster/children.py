@@ -1,6 +1,6 @@
 """The cluster port's CreateChildren and ConfigureRollout: the run's ConfigMap, Services, PodGroup and pods created
-(idempotent: a child that exists already is patched to what it must be before the pods start), and the run config's
-`rollout.urls` kept at the servers the state machine asks for.
+(idempotent: a child that exists already is patched to what it must be before the pods start; a Service the spec no
+longer names is deleted), and the run config's `rollout.urls` kept at the servers the state machine asks for.
 
 A child the API server refuses as invalid raises ChildRejected (the port records it; the next pass fails the run as
 InvalidSpec); anything else it answers (quota, throttling, a name still held by an earlier run's object) is shown on
@@ -14,16 +14,20 @@ import datetime
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+
 from .. import builders
-from ..api import ROLE_LABEL, GRPORunSpec, parse_status
+from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec, parse_status
 from ..pod_overrides import OverrideError
 from ..run_ref import RunRef
-from ..status.children import child_patch
+from ..status.children import child_patch, stale_services
 from . import kueue
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
 #: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
 CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: The bound on listing the run's Services (one request; a failure is retried with the create backoff).
+LIST_TIMEOUT_SECONDS = 10.0
 #: PodSecurity admission answers 403 Forbidden, as quota does, but only a different pod (or namespace label) passes
 #: it; its message is the one sign that tells the two apart (`pods "x" is forbidden: violates PodSecurity ...`).
 POD_SECURITY_REFUSAL = "violates PodSecurity"
@@ -108,7 +112,7 @@ class Children:
             await self.configure_rollout(spec.rollout.replicas)
         if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
             children = await self._placed(children, spec, gate)
-        problem = await self._create_each(children, present)
+        problem = await self._create_each(children, present) or await self._delete_stale_services(children)
         if problem is None:
             memory.created, memory.error, memory.failures, memory.retry_at = True, None, 0, None
             return
@@ -166,8 +170,27 @@ class Children:
                     self.memory.rollout_urls = builders.rollout_urls_of(child)
         return problem
 
+    async def _delete_stale_services(self, children: list[dict[str, Any]]) -> str | None:
+        """Delete the run's Services that `children` no longer names; why it must be tried again, or None."""
+        run, kube = self.run, self.kube
+        try:
+            services = await kube.list("v1", "Service", run.namespace, label_selector=f"{RUN_LABEL}={run.name}",
+                                       timeout=LIST_TIMEOUT_SECONDS)
+            for name in stale_services(children, [service for service in services if self._controls(service)]):
+                await kube.delete("v1", "Service", run.namespace, name)
+                kube.logger.info(f"Service {name} deleted: the spec no longer names it")
+        except APIClientError as error:
+            return (f"deleting the Services the spec no longer names failed (HTTP {error.status}): "
+                    f"{error.message or error}; retrying")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return f"listing the run's Services failed: {type(error).__name__} {error}; retrying"
+        return None
+
+    def _controls(self, existing: dict[str, Any] | None) -> bool:
+        owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+        return any(ref.get("uid") == self.run.uid and ref.get("controller") for ref in owners)
+
     async def _owned(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
         """The object under `name` in the run's namespace, when the run controls it; None otherwise."""
         existing = await self.kube.read(api_version, kind, self.run.namespace, name)
-        owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-        return existing if any(ref.get("uid") == self.run.uid and ref.get("controller") for ref in owners) else None
+        return existing if self._controls(existing) else None

@@ -61,7 +61,16 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         container=container.get("name"),
         memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
         container_restarts=_count(container.get("restartCount")),
+        not_ready=_not_ready(conditions.get("Ready")),
     )
+
+
+def _not_ready(condition: dict[str, Any] | None) -> str | None:
+    """The Ready condition's reason and message while it is False (the kubelet's: `ContainersNotReady: containers
+    with unready status: [environment]`); None while Ready, or when the pod has no such condition yet."""
+    if not condition or condition.get("status") != "False":
+        return None
+    return ": ".join(part for part in (condition.get("reason"), condition.get("message")) if part) or None
 
 
 def _count(value: Any) -> int:

@@ -200,9 +200,10 @@ class ClusterRun:
                                                  create_error=memory.workload.create_error)
         read = dataclasses.replace(read, asked=asked, workload=gate.workload if gate else None,
                                    gate=None if was_finished else gate)  # a finished run's Workload: only its finish
-        spec, refused, configured = asked, None, None
+        in_effect, configured = admission.InEffect(asked), None
         if read.gate is not None and read.gate.admitted:  # with pods or without: no more than Kueue admitted
-            spec, refused = admission.within_admission(spec, read.gate.admitted, kueue.workload_name(run.name))
+            in_effect = admission.within_admission(asked, read.gate.admitted, kueue.workload_name(run.name))
+        spec, refused = in_effect.spec, in_effect.refused
         if live and not was_finished:
             urls = await self.children.configured_urls()
             configured = None if urls is None else len(urls)
@@ -212,7 +213,8 @@ class ClusterRun:
                            progress_error=memory.progress.error,
                            progress_lost=memory.progress.invalid or memory.progress.failures >= PROGRESS_UNKNOWN_AFTER,
                            create_error=memory.children.error, hold=read.gate.hold if read.gate else None,
-                           scale_refused=refused, configured_servers=configured, workload=workload,
+                           scale_refused=refused, environment_scale_refused=in_effect.environments_refused,
+                           configured_servers=configured, workload=workload,
                            spec_error=memory.spec.fit_error, create_rejected=memory.spec.rejection,
                            fit_warnings=fit_warnings)
         return Observed(spec, base_status, seen, read)

@@ -12,6 +12,10 @@ within the admission and says why the rest is refused.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 from ..api import GRPORunSpec
 from .decision import Action, CreateWorkload, FinishWorkload, ReleaseQuota, ResizeWorkload, WorkloadObservation
 
@@ -53,12 +57,30 @@ def count_fields(spec: GRPORunSpec) -> dict[str, str]:
     return fields
 
 
-def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str) -> tuple[GRPORunSpec, str | None]:
+@dataclass(frozen=True)
+class InEffect:
+    """The spec an admitted run runs by, and why what it asks beyond its admission is not applied."""
+
+    spec: GRPORunSpec
+    #: spec.rollout.replicas and spec.learner.nodes past their pod sets' admission (status.rollout.scaleRefused).
+    refused: str | None = None
+    #: By environment name: its replicas past its pod set's admission (status.environments[].scaleRefused).
+    environments_refused: Mapping[str, str] = field(default_factory=dict)
+
+
+def _refusal(lines: list[str], workload: str, who: str) -> str:
+    return (f"{'; '.join(lines)} (Workload {workload}); {who} keeps the admitted count: Kueue does not resize a "
+            "Workload that holds quota (docs/kueue.md, \"Scaling\"). Set it back, or have Kueue admit the run again "
+            "(an eviction, or `kueuectl stop workload` then `resume`): the Workload is resized once its quota is "
+            "given back")
+
+
+def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str) -> InEffect:
     """The spec to run an admitted run by, and why part of it is not applied: no role runs more pods than Kueue
     admitted for its pod set (fewer is fine: the quota stays reserved). Kueue resizes no pod set of a Workload that
     holds quota; a larger count takes effect when Kueue admits the run again, the Workload resized meanwhile."""
     in_effect: dict[str, int] = {}
-    refusals = []
+    refusals: dict[str, str] = {}
     fields = count_fields(spec)
     environments = {environment_pod_set(environment.name) for environment in spec.environments or []}
     for pod_set, wanted in spec_counts(spec).items():
@@ -66,20 +88,22 @@ def within_admission(spec: GRPORunSpec, admitted: dict[str, int], workload: str)
         allowed = admitted.get(pod_set, 0 if pod_set in environments else None)
         if allowed is not None and wanted > allowed:
             in_effect[pod_set] = allowed
-            refusals.append(f"{fields[pod_set]}: {wanted} is more than the {allowed} {pod_set} pod(s) Kueue admitted")
+            refusals[pod_set] = (f"{fields[pod_set]}: {wanted} is more than the {allowed} {pod_set} pod(s) Kueue "
+                                 "admitted")
     if not refusals:
-        return spec, None
-    message = (f"{'; '.join(refusals)} (Workload {workload}); the run keeps the admitted count: Kueue does not resize "
-               "a Workload that holds quota (docs/kueue.md, \"Scaling\"). Set it back, or have Kueue admit the run "
-               "again (an eviction, or `kueuectl stop workload` then `resume`): the Workload is resized once its "
-               "quota is given back")
-    update = {}
+        return InEffect(spec)
+    roles = [refusals[pod_set] for pod_set in ("rollout", "learner") if pod_set in refusals]
+    update: dict[str, Any] = {}
     if "rollout" in in_effect:
         update["rollout"] = spec.rollout.model_copy(update={"replicas": in_effect["rollout"]})
     if "learner" in in_effect:
         update["learner"] = spec.learner.model_copy(update={"nodes": in_effect["learner"]})
+    environments_refused = {}
     if spec.environments and any(environment_pod_set(e.name) in in_effect for e in spec.environments):
         update["environments"] = [e.model_copy(update={"replicas": in_effect.get(environment_pod_set(e.name),
                                                                                   e.replicas)})
                                   for e in spec.environments]
-    return spec.model_copy(update=update), message
+        environments_refused = {e.name: _refusal([refusals[environment_pod_set(e.name)]], workload, "the environment")
+                                for e in spec.environments if environment_pod_set(e.name) in refusals}
+    return InEffect(spec.model_copy(update=update), _refusal(roles, workload, "the run") if roles else None,
+                    environments_refused)

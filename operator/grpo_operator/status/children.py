@@ -1,13 +1,15 @@
 """What an existing child object of a run gets when CreateChildren finds it already there (created by an earlier
-pass of the same run): nothing, or the patch that brings it to what the pods about to be created need.
+pass of the same run): nothing, or the patch that brings it to what the pods about to be created need; and the
+children the spec no longer names (a removed or renamed environment's Service), which are deleted.
 
-Only a run with no pods is touched: a live run's run config is never rendered again (only its `rollout.urls` follow
-`rollout.replicas`, through ConfigureRollout), and its gang keeps the size it started with.
+Only a run with no pods is patched: a live run's run config is never rendered again (only its `rollout.urls` follow
+`rollout.replicas`, through ConfigureRollout), its gang keeps the size it started with, and its Services keep the
+ports its pods listen on (the CRD lets an environment's port or name change only while the run is suspended).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..api import GENERATION_ANNOTATION
@@ -32,7 +34,35 @@ def child_patch(child: Mapping[str, Any], existing: Mapping[str, Any], *, genera
         # The same edit (more servers or learner nodes) changes the gang's size: a group still counting the old pods
         # would have its scheduler place part of the gang, or hold the rest forever.
         return {"spec": child["spec"]}
+    if child["kind"] == "Service":
+        # An environment's port edited while the run was suspended: its URL and its server say the new port, so
+        # the Service must forward it.
+        return service_patch(child, existing)
     return None
+
+
+def service_patch(child: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that gives an existing Service the child's ports and selector (the fields the operator sets;
+    the API server's defaults, such as the cluster IP, are left as they are); None when they match already."""
+    wanted, current = child["spec"], existing.get("spec") or {}
+    if _ports(current.get("ports")) == _ports(wanted["ports"]) and current.get("selector") == wanted["selector"]:
+        return None
+    old_selector = current.get("selector") or {}
+    selector = {**{key: None for key in old_selector if key not in wanted["selector"]}, **wanted["selector"]}
+    return {"spec": {"ports": wanted["ports"], "selector": selector}}  # a merge patch replaces the ports whole
+
+
+def _ports(ports: Any) -> list[tuple[Any, ...]]:
+    return sorted((port.get("name"), port.get("port"), port.get("targetPort"), port.get("protocol", "TCP"))
+                  for port in ports or [] if isinstance(port, Mapping))
+
+
+def stale_services(children: Sequence[Mapping[str, Any]], owned: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of the run's Services (`owned`, the run's by its label and ownerReference) that none of the
+    `children` built from the spec names: an environment removed or renamed while the run was suspended."""
+    named = {child["metadata"]["name"] for child in children if child["kind"] == "Service"}
+    names = ((service.get("metadata") or {}).get("name") for service in owned)
+    return sorted(name for name in names if name and name not in named)
 
 
 def rendered_sizes(config_map: Mapping[str, Any]) -> tuple[list[str] | None, Any]:

@@ -31,6 +31,10 @@ class Conditions:
         condition = self.get(kind)
         return condition is not None and condition.status == "True"
 
+    def remove(self, kind: ConditionType) -> None:
+        """Drop a condition that no longer applies (EnvironmentsReady of a run whose environments were removed)."""
+        self.status.conditions = [c for c in self.status.conditions if c.type != kind.value]
+
     def set(self, kind: ConditionType, value: str, reason: str, message: str) -> bool:
         """Set a condition; True when its status value changed (a transition)."""
         current = self.get(kind)

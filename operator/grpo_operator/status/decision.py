@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ class PodObservation:
     container: str | None = None  # the main container's name (the role's)
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
     container_restarts: int = 0  # the kubelet's in-place restarts of the main container (restartPolicy Always)
+    not_ready: str | None = None  # why its Ready condition is False, as the condition says (`reason: message`)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class Observation:
     #: Why a live change of spec.rollout.replicas is not applied (the run's admission counts its pods); the spec
     #: handed to the derivation then has the replica count in effect.
     scale_refused: str | None = None
+    #: By environment name: why a live change of its replicas is not applied (Kueue admitted fewer of its servers);
+    #: the spec handed to the derivation then has the count in effect.
+    environment_scale_refused: Mapping[str, str] = field(default_factory=dict)
     #: How many servers the run config's `rollout.urls` lists (as last read or written); None when not known (no
     #: live pods, or no ConfigMap yet). A live run's config is rewritten while it differs from the spec's count.
     configured_servers: int | None = None

@@ -8,7 +8,7 @@ clock.py, condition bookkeeping in conditions.py.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_trainer.contract.codes import DROP_REASONS
@@ -50,7 +50,14 @@ from .decision import (
     rank,
 )
 from .durability import unkept_work
-from .environments import environments_status, scale_message, server_index, surplus_servers
+from .environments import (
+    environments_ready,
+    environments_status,
+    scale_message,
+    server_index,
+    surplus_servers,
+    unready_environments,
+)
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .invalid import fail_invalid_spec, invalid_spec
 from .rollout_exits import classify_rollout_exits
@@ -249,6 +256,8 @@ def _take_progress(record: PassRecord) -> None:
     if report is None:
         return
     take_learner_view(record.new.rollout, report)
+    if report.output is not None:  # from /progress or a termination message: an export that happened stays
+        _take_output(record, report.output)
     previous_trained = record.old.progress.groups_trained if record.old.progress else 0
     record.new.progress = progress_status(report)
     if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
@@ -259,6 +268,15 @@ def _take_progress(record: PassRecord) -> None:
         record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
     elif report.groups_trained < previous_trained:  # a restarted learner, back at its checkpoint: not idleness
         record.new.progress_clock = clock.restart(record.new.progress_clock, record.seen.now)
+
+
+def _take_output(record: PassRecord, report: ExportReport) -> None:
+    """status.output from the learner's report of its export, with an Exported event when it is new. Whatever
+    comes after (a kill, a crash past the backoff limit), the model was written: the status keeps saying where."""
+    output = output_status(report)
+    if output != record.new.output:
+        record.new.output = output
+        _event(record, "Normal", Reason.EXPORTED, _exported_message(report))
 
 
 def _progress_unknown(record: PassRecord) -> bool:
@@ -273,6 +291,9 @@ def _progress_unknown(record: PassRecord) -> bool:
 
 def _check_deadlines(record: PassRecord, *, waiting: bool) -> bool:
     exceeded = deadline_exceeded(record.spec, record.new, record.seen.now, pending=waiting)
+    unready = unready_environments(record.conditions)
+    if exceeded is not None and exceeded.reason == Reason.STARTUP_DEADLINE_EXCEEDED and unready:
+        exceeded = replace(exceeded, message=f"{exceeded.message}; {unready}", waiting=exceeded.waiting or unready)
     if exceeded is not None:
         _finish(record, Phase.FAILED, exceeded.reason, exceeded.message,
                 FailureStatus(role="operator", reason=exceeded.reason, message=exceeded.waiting))
@@ -330,11 +351,14 @@ def _count_pods(record: PassRecord, *, finished: bool = False) -> None:
     learner_ready = sum(1 for p in record.learner_pods if p.phase == "Running")
     record.new.learner = LearnerStatus(nodes=record.spec.learner.nodes, ready=learner_ready,
                                        restarts=record.new.restarts)
-    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods)
+    record.new.environments = environments_status(record.run.name, record.spec.environments, record.pods,
+                                                  {} if finished else record.seen.environment_scale_refused)
     if finished:
         _finished_rollout_ready(record)
     else:
         _rollout_ready(record)
+    record.events += environments_ready(record.conditions, record.run.name, record.spec.environments, record.pods,
+                                        finished=finished, running=record.old.phase == Phase.RUNNING)
 
 
 def _finished_rollout_ready(record: PassRecord) -> None:
@@ -394,12 +418,17 @@ def _running_phase(record: PassRecord, missing: list[tuple[str, int | str]]) -> 
     if missing or record.terminating or any(p.phase in ("Pending", "Unknown") for p in record.pods):
         _surface_waiting(record, default=(Reason.PODS_PENDING, "waiting for pods to be created and scheduled"))
         return Phase.PENDING
-    all_ready = record.conditions.is_true(ConditionType.ROLLOUT_READY)
+    unready = unready_environments(record.conditions)
+    rollout_ready = record.conditions.is_true(ConditionType.ROLLOUT_READY)
+    all_ready = rollout_ready and unready is None
     learners_running = all(p.phase == "Running" for p in record.learner_pods)
     # Once running, an unready rollout server does not stop the run (or its clock): RolloutReady says it.
     if learners_running and (all_ready or record.old.phase == Phase.RUNNING):
         return Phase.RUNNING
-    _surface_waiting(record, default=(Reason.STARTING, "pods running; waiting for the rollout servers to be ready"))
+    servers = "the environment servers" if rollout_ready else "the rollout and environment servers"
+    waiting = (f"pods running; waiting for {servers} to be ready: {unready}" if unready
+               else "pods running; waiting for the rollout servers to be ready")
+    _surface_waiting(record, default=(Reason.STARTING, waiting))
     return Phase.STARTING
 
 
@@ -470,7 +499,11 @@ def _scale_environments(record: PassRecord) -> list[str]:
     if surplus:
         record.actions.append(DeletePods(tuple(surplus), reason="environment scaled down"))
     before = {entry.name: entry.wanted for entry in record.old.environments or []}
+    refused_before = {entry.name: entry.scale_refused for entry in record.old.environments or []}
     for environment in record.spec.environments or []:
+        refused = record.seen.environment_scale_refused.get(environment.name)
+        if refused is not None and refused != refused_before.get(environment.name):
+            _event(record, "Warning", Reason.SCALE_REFUSED, refused)
         wanted = before.get(environment.name)
         if record.old.phase is not None and wanted is not None and wanted != environment.replicas:
             deleted = [name for name in surplus if server_index(record.run.name, environment.name, name) is not None]
@@ -488,8 +521,7 @@ def _decide_on_exits(record: PassRecord) -> bool:
         return _replace_servers(record)
     if isinstance(verdict, Succeed):
         if verdict.output is not None:
-            record.new.output = output_status(verdict.output)
-            _event(record, "Normal", Reason.EXPORTED, _exported_message(verdict.output))
+            _take_output(record, verdict.output)
         _finish(record, Phase.SUCCEEDED, verdict.reason, verdict.message)
     elif isinstance(verdict, Fail):
         if verdict.stall is not None:

@@ -52,9 +52,11 @@ def take_learner_view(status: RolloutStatus, report: ProgressReport) -> None:
     by_replica = {server.replica: server for server in status.servers}
     for seen in report.rollout:
         if (server := by_replica.get(seen.replica)) is not None:
-            server.serving, server.weight_version, server.samples = seen.ready, seen.weight_version, seen.samples
-            # A state only a newer learner knows is left out: status declares the states this version knows.
-            server.state = seen.state if isinstance(seen.state, ReplicaState) else None
+            server.weight_version, server.samples = seen.weight_version, seen.samples
+            # A state only a newer learner knows is left out: status declares the states this version knows. Whether
+            # the learner sends such a server requests is unknown too (it may be holding it back), not its `ready`.
+            known = isinstance(seen.state, ReplicaState)
+            server.state, server.serving = (seen.state, seen.ready) if known else (None, None)
     reported = {seen.replica for seen in report.rollout}
     for server in status.servers:
         if server.replica not in reported:

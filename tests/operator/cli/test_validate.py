@@ -144,13 +144,15 @@ def test_validate_as_a_subprocess(bad_manifest):
 
 
 def test_validate_refuses_an_object_store_uri_naming_the_field(capsys, tmp_path):
+    """The CRD's rule refuses it, in the words the API server uses for `kubectl apply`."""
     manifest = good()
     manifest["spec"]["output"] = {"uri": "s3://models/runs/../other"}
     path = write(tmp_path, manifest)
     assert cli.main(["validate", str(path)]) == ExitCode.INVALID
     assert capsys.readouterr().err.splitlines() == [
-        f"{path}: spec.output.uri: 's3://models/runs/../other' is not an object store URI: the prefix has an empty, "
-        "'.' or '..' segment"]
+        f"{path}: spec.output.uri: must be s3://BUCKET[/PREFIX], the bucket 3-63 lowercase letters, digits, dots and "
+        "hyphens, the prefix with no empty, '.' or '..' segment, and no query, fragment, backslash or control "
+        "character"]
 
 
 def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tmp_path):

@@ -1,6 +1,7 @@
 """Object store locations (`s3://bucket/prefix`) and the variables that say where and as whom, without the client
-library: the operator checks spec.output.uri and sets the variables with it; grpo_trainer.storage.object_store reads and
-writes the locations."""
+library: the operator checks spec.output.uri and sets the variables with it; grpo_trainer.storage.object_store reads
+and writes the locations. The CRD holds `parse_uri`'s rule again in CEL, on every field that takes an s3:// URI, so
+the API server refuses what this module would (tests/crds/test_store_uri_rule.py keeps the two the same)."""
 
 from __future__ import annotations
 
