@@ -49,17 +49,18 @@ class ShardingCheck(TrainerCallback):
     """An fsdp2 learner refuses to train unless every parameter of the prepared model is a DTensor (FSDP2's shard)."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from accelerate.state import AcceleratorState
+        # PartialState: the distributed type AcceleratorState settled on (it writes it there), or a plain one's.
+        from accelerate.state import PartialState
         from torch.distributed.tensor import DTensor
 
         parameters = list(model.parameters())
         plain = sum(1 for parameter in parameters if not isinstance(parameter, DTensor))
         if not plain:
             logger.info("fsdp2: all %d parameters sharded (DTensors over %d ranks)", len(parameters),
-                        AcceleratorState().num_processes)
+                        PartialState().num_processes)
             return
         raise ConfigError(
             f"learner.strategy fsdp2: {plain} of the model's {len(parameters)} parameters are not sharded after "
-            f"accelerate prepared it (it runs the ranks as {AcceleratorState().distributed_type.value}): the "
+            f"accelerate prepared it (it runs the ranks as {PartialState().distributed_type.value}): the "
             "learner will not train as another strategy; launch it with accelerate's FSDP2 flags "
             "(grpo_trainer.contract.launch)")
