@@ -1,8 +1,8 @@
 """One scripted run of the real GRPOLearner (tiny local model, ScriptedRolloutWorker, no vLLM).
 
-Run as a script, alone or under `accelerate launch` with several CPU processes; every rank writes
-`OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, outcome).
-Used by tests/trainer/learner/test_learner_runs.py and bench/.
+Run as a script, alone or under `accelerate launch` with several CPU processes (ddp or fsdp2); every rank writes
+`OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, how many
+parameters are FSDP2 shards, outcome). Used by tests/trainer/learner/test_learner_runs.py, test_fsdp2.py and bench/.
 """
 
 from __future__ import annotations
