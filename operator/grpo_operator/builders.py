@@ -487,7 +487,8 @@ def learner_command(run: RunRef, spec: GRPORunSpec, rank: int) -> list[str]:
     gang = GangLayout(num_machines=spec.learner.nodes, processes_per_machine=spec.learner.processes_per_node,
                       machine_rank=rank, main_process_ip=leader, main_process_port=MAIN_PROCESS_PORT)
     return learner_argv(f"{CONFIG_DIR}/{CONFIG_FILE}", gang=gang,
-                        strategy=spec.learner.strategy, cpu_offload=spec.learner.fsdp.cpu_offload)
+                        strategy=spec.learner.strategy, cpu_offload=spec.learner.fsdp.cpu_offload,
+                        device=spec.learner.device)
 
 
 #: Model download and load before the first /health: up to an hour (12 runs of the startup probe's wait) before the

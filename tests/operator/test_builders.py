@@ -309,6 +309,11 @@ def test_fsdp2_learners_launch_under_accelerates_fsdp2_plugin_with_the_specs_off
     # One GPU under fsdp2 (the CPU offload's case) is launched by accelerate as well.
     single = container(by_name(children(learner={"strategy": "fsdp2"}))["run-learner-0"])["command"]
     assert "--use_fsdp" in single and single[single.index("--fsdp_offload_params") + 1] == "false"
+    # GPU ranks compute in bf16; CPU ranks in float32, as every CPU learner.
+    assert single[single.index("--mixed_precision") + 1] == "bf16"
+    cpu = container(by_name(children(learner={"strategy": "fsdp2", "device": "cpu", "processesPerNode": 2}))[
+        "run-learner-0"])["command"]
+    assert cpu[cpu.index("--mixed_precision") + 1] == "no"
 
 
 def test_cpu_learners_launch_with_torchrun_not_accelerates_cpu_flag():

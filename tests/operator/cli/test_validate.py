@@ -166,6 +166,16 @@ def test_validate_refuses_nccl_weight_sync_from_several_learner_ranks(capsys, tm
                            "than one process (learner.nodes x learner.processesPerNode)")
 
 
+def test_validate_passes_fsdp2_on_cpu_ranks_with_lora(capsys, tmp_path):
+    # CPU ranks shard (grpo_trainer.learner.sharding) and a sharded LoRA run merges at export: nothing to refuse.
+    manifest = load_manifest(REPO / "examples" / "tiny.yaml")
+    manifest["spec"]["learner"].update(strategy="fsdp2", processesPerNode=2)
+    manifest["spec"]["training"]["lora"] = {"r": 4}
+    path = write(tmp_path, manifest)
+    assert cli.main(["validate", str(path)]) == ExitCode.OK, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"OK {path}")
+
+
 def one_gpu_run(model: str, product: str | None = "NVIDIA-H100-80GB-HBM3") -> dict:
     manifest = load_manifest(GPU_EXAMPLE)
     manifest["spec"]["model"] = model

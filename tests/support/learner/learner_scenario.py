@@ -1,8 +1,8 @@
 """One scripted run of the real GRPOLearner (tiny local model, ScriptedRolloutWorker, no vLLM).
 
-Run as a script, alone or under `accelerate launch` with several CPU processes; every rank writes
-`OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, outcome).
-Used by tests/trainer/learner/test_learner_runs.py and bench/.
+Run as a script, alone or under `accelerate launch` with several CPU processes (ddp or fsdp2); every rank writes
+`OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, how many
+parameters are FSDP2 shards, outcome). Used by tests/trainer/learner/test_learner_runs.py, test_fsdp2.py and bench/.
 """
 
 from __future__ import annotations
@@ -186,8 +186,14 @@ def run_scenario(args: argparse.Namespace) -> int:
         trainer.get_batch_samples = recording_fetch
         preemption.route_to(trainer.request_preemption)
 
+    from torch.distributed.tensor import DTensor
+
+    def whole(parameter) -> torch.Tensor:
+        """A parameter whole on every rank: an FSDP2 shard is gathered (a collective every rank enters)."""
+        return (parameter.full_tensor() if isinstance(parameter, DTensor) else parameter).detach().double()
+
     def adapter_checksum() -> float:
-        return sum(float(p.detach().double().sum()) for name, p in trainer.model.named_parameters() if "lora_" in name)
+        return sum(float(whole(p).sum()) for name, p in trainer.model.named_parameters() if "lora_" in name)
 
     class Timeline(TrainerCallback):
         def on_train_begin(self, _args, _state, _control, **_kwargs):
@@ -229,7 +235,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code
         outcome, message = type(error).__name__, str(error)
     ended = time.time()
-    checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
+    checksum = sum(float(whole(p).sum()) for p in trainer.model.parameters())
     result = {
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
@@ -238,6 +244,8 @@ def run_scenario(args: argparse.Namespace) -> int:
         "global_step": trainer.state.global_step,
         "micro_batches": micro_batches,
         "checksum": checksum,
+        "sharded_parameters": sum(isinstance(p, DTensor) for p in trainer.model.parameters()),
+        "parameters": len(list(trainer.model.parameters())),
         "adapter_checksum": adapter_checksum(),
         "adapter_checksum_at_start": adapter_at_start[0] if adapter_at_start else None,
         "seconds": ended - started,

@@ -1,29 +1,39 @@
-"""The FSDP2 learner's own pieces: the weight sync's gather order and the final model's consolidation.
+"""FSDP2 learners (`learner.strategy: fsdp2`) on two gloo ranks under the pod's own launch line, and the weight
+sync's gather order.
 
-accelerate (1.15) applies its FSDP2 plugin to GPU runs only (a `use_cpu` learner stays MULTI_CPU, plain DDP), so a
-whole FSDP2 learner cannot train on this CPU machine and the config refuses fsdp2 on CPU. What FSDP2 itself does runs
-here on gloo: tests/support/learner/fsdp2_scenario.py shards the tiny model with torch's `fully_shard` over two ranks.
+The real GRPOLearner trains sharded (grpo_trainer.learner.sharding makes accelerate's CPU ranks FSDP2): with the
+scripted rollout worker (tests/support/learner/learner_scenario.py) for an exact resume through the trainer's own
+sharded checkpoint, and as the pod runs it (`python -m grpo_trainer learner`) against the session's vLLM server for the
+consolidated export, with and without LoRA, and for the refusal of a run accelerate does not shard.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, LearnerPhase
+from grpo_trainer.contract.config import LoraConfig
+from grpo_trainer.contract.launch import GangLayout, learner_argv
 from grpo_trainer.learner.checkpoints import MarkerError, read_marker
 from grpo_trainer.learner.trainer import GRPOLearner
 from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from tests.support.paths import REPO
 from tests.support.ports import free_port
+from tests.trainer.learner.test_e2e_cpu import PROMPTS, termination_report, tiny_run_config
 
-SCENARIO = str(REPO / "tests" / "support" / "learner" / "fsdp2_scenario.py")
+SCENARIO = str(REPO / "tests" / "support" / "learner" / "learner_scenario.py")
+RANKS = 2
+LEARNER_TIMEOUT_S = 900
 
 
 class Recorded:
@@ -89,42 +99,135 @@ def test_the_learner_gathers_everything_first_only_for_a_threaded_sender_among_r
     assert [name for name, _ in stream] == ["weight", "bias"]
 
 
+def two_ranks(entry: tuple[str, ...], *, config: str = "unused", strategy: str = "fsdp2") -> list[str]:
+    """The learner pod's launch line (grpo_trainer.contract.launch) for two CPU ranks on this machine."""
+    return learner_argv(config, gang=GangLayout(processes_per_machine=RANKS, main_process_port=free_port()),
+                        python=sys.executable, entry=entry, strategy=strategy, device="cpu")
+
+
+def scenario_run(tiny_model_dir: str, out: Path, *args: str) -> list[dict]:
+    """The scripted scenario under fsdp2 on two ranks; each rank's result."""
+    done = subprocess.run(two_ranks((SCENARIO, "--model", tiny_model_dir, "--out", str(out), *args)),
+                          capture_output=True, text=True, timeout=LEARNER_TIMEOUT_S)
+    assert done.returncode == EXIT_SUCCEEDED, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+
+
 @pytest.mark.slow
-def test_fsdp2_shards_sync_whole_consolidate_and_resume_from_their_checkpoint(tiny_model_dir, tmp_path):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), SCENARIO, "--model", tiny_model_dir, "--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert rank0["sharded_parameters"] == rank1["sharded_parameters"] > 0  # real DTensor shards on both ranks
-    assert rank0["sums"] == rank1["sums"]  # both ranks gathered the same whole parameters
+def test_fsdp2_ranks_train_sharded_to_the_bound_and_resume_exactly_from_their_sharded_checkpoint(tiny_model_dir,
+                                                                                                 tmp_path):
+    started = time.monotonic()
+    whole = scenario_run(tiny_model_dir, tmp_path / "whole", "--scenario", "varied", "--prompts", "8",
+                         "--save-steps", "2")
+    for rank in whole:
+        assert rank["outcome"] == "succeeded" and rank["world_size"] == RANKS
+        assert rank["sharded_parameters"] == rank["parameters"] > 0  # every parameter an FSDP2 shard (DTensor)
+    assert whole[0]["checksum"] == whole[1]["checksum"]  # both ranks gathered the same whole model
+    progress = whole[0]["progress"]
+    assert progress["groupsConsumed"] == progress["groupsTotal"] == progress["groupsTrained"] == 8
+    assert progress["epochsDone"] == 1 and whole[0]["consumed_absolute"] == list(range(8))
+    print(f"fsdp2 run to the bound: {time.monotonic() - started:.0f}s")
 
-    from transformers import AutoModelForCausalLM
+    # The trainer's own sharded save: each rank's shard of model and optimizer, all vouched for by the marker.
+    checkpoint = tmp_path / "whole" / "checkpoints" / "checkpoint-2"
+    shards = {f"{folder}/__{r}_0.distcp" for folder in ("pytorch_model_fsdp_0", "optimizer_0") for r in range(RANKS)}
+    metadata = {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"}
+    assert shards | metadata <= set(read_marker(str(checkpoint))["files"])
 
-    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
-    synced = load_file(str(tmp_path / "synced" / "model-00000.safetensors"))
-    # Whole tensors under the checkpoint's names (the tied output embedding written under its own name too).
-    assert {name: list(t.shape) for name, t in synced.items()} == {
-        name: list(original[name].shape) for name in synced} == rank0["shapes"]
-    assert "lm_head.weight" in synced
-    assert {name: pytest.approx(float(t.double().sum()), rel=1e-9) for name, t in synced.items()
-            if name in rank0["sums"]} == rank0["sums"]
+    # A restarted learner finds checkpoint-2 alone, loads it through transformers' sharded load, and ends where the
+    # uninterrupted run ended: every group trained once, the same weights to the bit.
+    restarted = tmp_path / "restarted" / "checkpoints"
+    shutil.copytree(checkpoint, restarted / "checkpoint-2")
+    started = time.monotonic()
+    resumed = scenario_run(tiny_model_dir, tmp_path / "restarted", "--scenario", "varied", "--prompts", "8",
+                           "--save-steps", "2", "--resume-newest", str(restarted))
+    assert resumed[0]["resumed_from"] == str(restarted / "checkpoint-2")
+    assert [rank["global_step"] for rank in resumed] == [rank["global_step"] for rank in whole]
+    before = set(next(entry for entry in whole[0]["timeline"] if entry["step"] == 2)["stepped"])
+    after = set(resumed[0]["stepped_groups"])
+    assert not before & after and before | after == set(range(8))
+    assert [rank["checksum"] for rank in resumed] == [rank["checksum"] for rank in whole]
+    print(f"fsdp2 resume from checkpoint-2: {time.monotonic() - started:.0f}s")
 
-    final = AutoModelForCausalLM.from_pretrained(str(tmp_path / "final"), dtype=torch.float32)
-    loaded = final.state_dict()
-    for name, tensor in synced.items():
-        assert torch.equal(loaded[name], tensor), name  # the consolidated model is what the ranks trained
-    assert not torch.equal(loaded["model.layers.0.mlp.up_proj.weight"], original["model.layers.0.mlp.up_proj.weight"])
-
-    # The sharded checkpoint: the marker vouches for every rank's files, resume is exact, damage is caught.
-    marker = read_marker(str(tmp_path / "checkpoint-1"))
-    shards = {f"{folder}/__{r}_0.distcp" for folder in ("pytorch_model_fsdp_0", "optimizer_0") for r in (0, 1)}
-    assert shards | {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"} <= set(marker["files"])
-    assert rank0["resumed"] == rank0["continued"] != rank0["sums"]  # one step on from the checkpoint, both alike
-    assert rank1["resumed"] == rank1["continued"] == rank0["continued"]
-    shard = tmp_path / "checkpoint-1" / "optimizer_0" / "__1_0.distcp"
+    shard = checkpoint / "optimizer_0" / "__1_0.distcp"
     damaged = bytearray(shard.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     shard.write_bytes(bytes(damaged))
     with pytest.raises(MarkerError, match="vouches for optimizer_0/__1_0.distcp, whose content changed"):
-        read_marker(str(tmp_path / "checkpoint-1"))
+        read_marker(str(checkpoint))
+
+
+def entrypoint_run(config_path: Path, log_path: Path, *, strategy: str = "fsdp2") -> tuple[int, float]:
+    """`python -m grpo_trainer learner` on two ranks, launched for `strategy` as the learner pod launches it."""
+    command = two_ranks(("-m", "grpo_trainer", "learner"), config=str(config_path), strategy=strategy)
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=LEARNER_TIMEOUT_S,
+                              cwd=REPO).returncode
+    return code, time.monotonic() - started
+
+
+LORA = LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_an_fsdp2_learner_pod_trains_to_the_bound_and_vllm_serves_its_consolidated_export(vllm_server, tmp_path,
+                                                                                          lora):
+    """The tiny example under fsdp2 on two ranks: sharded from the first step, synced whole (gathered from the
+    shards) to the server after each step, and exported as one transformers model that from_pretrained loads and
+    that is what the server serves. With training.lora the adapter trains sharded, each sync loads it alone, and
+    the export merges it into the base weights (the adapter beside them)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_trainer.rollout.weight_sync import adapter_name
+    from tests.support.servers.vllm_server import restore_model_weights
+    from tests.trainer.rollout.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
+
+    restore_model_weights(vllm_server, tmp_path / "model-weights")  # a fresh server's weights, the adapter's base
+    config_path, config = tiny_run_config(tmp_path, vllm_server, training__epochs=1.0, training__lora=lora,
+                                          learner__strategy="fsdp2", learner__processes_per_node=RANKS)
+    code, seconds = entrypoint_run(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_SUCCEEDED, log[-4000:]
+    assert log.count("fsdp2: all") == RANKS and f"DTensors over {RANKS} ranks" in log  # every rank sharded
+    report = termination_report(config)
+    prompts = len(PROMPTS.read_text().splitlines())
+    assert report.phase == LearnerPhase.SUCCEEDED and report.epochs_done == 1
+    assert report.groups_consumed == report.groups_total == prompts
+    assert report.groups_trained + report.dropped_total == prompts and report.groups_trained > 0
+
+    final = Path(config.output_dir) / "final"
+    exported = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    assert not [name for name in exported.state_dict() if "lora" in name]  # a plain model either way
+    untrained = AutoModelForCausalLM.from_pretrained(vllm_server.model, dtype=torch.float32)
+    assert greedy_logprob_hf(exported) != pytest.approx(greedy_logprob_hf(untrained), abs=1e-4)  # it trained
+    served = vllm_server.model
+    if lora is not None:
+        assert "weight sync: the adapter alone" in log
+        from_adapter = PeftModel.from_pretrained(untrained, final / "adapter").merge_and_unload()
+        assert greedy_logprob_hf(from_adapter) == pytest.approx(greedy_logprob_hf(exported), abs=1e-5)
+        served = adapter_name(report.weight_syncs)
+    # The last sync followed the last step: the server serves the trained policy, which is the export.
+    assert greedy_logprob_vllm(vllm_server.url, served) == pytest.approx(greedy_logprob_hf(exported), abs=1e-4)
+    print(f"fsdp2 {'LoRA ' if lora else ''}run on {RANKS} ranks reached the bound in {seconds:.0f}s: "
+          f"{report.message}")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_an_fsdp2_learner_that_accelerate_runs_as_ddp_refuses_to_train_with_exit_78(vllm_server, tmp_path):
+    # The ddp launch line for an fsdp2 spec: accelerate builds a MULTI_CPU state without a plugin, the fallback a
+    # launcher or accelerate itself could make silently.
+    config_path, config = tiny_run_config(tmp_path, vllm_server, learner__strategy="fsdp2",
+                                          learner__processes_per_node=RANKS)
+    code, seconds = entrypoint_run(config_path, tmp_path / "learner.log", strategy="ddp")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_INVALID_CONFIG, log[-4000:]
+    report = termination_report(config)
+    assert report.phase == LearnerPhase.FAILED and report.global_step == 0
+    assert report.message.startswith("learner.strategy fsdp2: ") and "\n" not in report.message
+    assert "runs the ranks as MULTI_CPU" in report.message
+    print(f"refused in {seconds:.0f}s: {report.message}")

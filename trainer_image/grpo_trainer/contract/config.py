@@ -286,7 +286,7 @@ AttentionSetting = Literal["auto", "fa3", "varlen", "sdpa"]
 
 
 #: `learner.strategy`: how the ranks hold the model. ddp: each rank the whole training state; fsdp2: PyTorch's FSDP2
-#: shards parameters, gradients and optimizer state over the ranks (accelerate's FSDP2 plugin, bf16 compute).
+#: shards parameters, gradients and optimizer state over the ranks (accelerate's FSDP2 plugin; bf16 compute on GPUs).
 LearnerStrategy = Literal["ddp", "fsdp2"]
 
 
@@ -302,21 +302,12 @@ class LearnerConfig(WireModel):
     device: Literal["cuda", "cpu"] = "cuda"
     strategy: LearnerStrategy = Field(
         "ddp", description="ddp: every rank holds the whole model and its optimizer state; fsdp2: both are sharded "
-        "over the ranks (GPU learners only).")
+        "over the ranks.")
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
     attention: AttentionSetting = Field(
         "auto", description="The tree-attention kernel; auto: fa3 where baked in and on Hopper, else varlen on a "
         "CUDA GPU (compute capability 8.0+), else sdpa.")
     http_port: int = LEARNER_HTTP_PORT
-
-    @model_validator(mode="after")
-    def _fsdp2_on_gpu(self) -> LearnerConfig:
-        # accelerate (1.15) applies its FSDP plugin only to GPU-type runs: a `use_cpu` run stays MULTI_CPU and would
-        # train as DDP while the spec said fsdp2.
-        if self.strategy == "fsdp2" and self.device == "cpu":
-            raise ValueError("strategy fsdp2 needs device cuda: on CPU accelerate runs the ranks as "
-                             "DDP whatever its FSDP flags say")
-        return self
 
 
 class CheckpointConfig(WireModel):
@@ -435,15 +426,6 @@ class RunConfig(WireModel):
         if not value.strip():
             raise ValueError("model must name a hub id or a local path")
         return value
-
-    @model_validator(mode="after")
-    def _fsdp2_without_lora(self) -> RunConfig:
-        # The final export merges a LoRA adapter into the base weights, which under FSDP2 are sharded; that merge
-        # is not built.
-        if self.learner.strategy == "fsdp2" and self.training.lora is not None:
-            raise ValueError("learner.strategy fsdp2 with training.lora is not supported: use learner.strategy ddp "
-                             "(the frozen base and a small adapter fit where full training does not)")
-        return self
 
 
 #: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and

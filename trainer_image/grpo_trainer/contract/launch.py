@@ -7,7 +7,8 @@ Torch-free (the operator imports it). Two traps it exists to avoid, both silent:
   accelerate 1.15: 2 requested, 1 ran). `--multi_gpu` is accelerate's name for its torchrun launcher; on CPU the
   ranks then join with gloo because the learner's config sets `use_cpu`.
 - `accelerate launch --use_fsdp` on a CPU run: accelerate (1.15) applies its FSDP plugin to GPU-type runs only, so
-  a `use_cpu` learner stays DDP; the config refuses fsdp2 on CPU (contract.config.LearnerConfig).
+  a `use_cpu` learner would stay DDP; the learner completes accelerate's state for CPU ranks and refuses to train an
+  fsdp2 run whose parameters are not sharded (grpo_trainer.learner.sharding).
 And one that is loud: torchrun reports any failed worker as exit 1, so with several processes the launcher runs under
 `grpo_trainer.learner.gang`, which gives the pod the exit code its ranks decided (and passes SIGTERM to the ranks).
 """
@@ -43,16 +44,18 @@ def learner_argv(
     entry: tuple[str, ...] = LEARNER_ENTRY,
     strategy: str = "ddp",
     cpu_offload: bool = False,
+    device: str = "cuda",
 ) -> list[str]:
     """argv of one learner machine (pod). `entry` is what the launched Python runs (a module or a script).
 
     `strategy` is `learner.strategy`: ddp launches plain data-parallel ranks; fsdp2 launches them under accelerate's
-    FSDP2 plugin (`fsdp_flags`), also for a single process, where sharding over one rank leaves the CPU offload."""
+    FSDP2 plugin (`fsdp_flags`), also for a single process, where sharding over one rank leaves the CPU offload.
+    `device` is `learner.device`: GPU ranks compute in bf16 under fsdp2, CPU ranks in float32 as every CPU learner."""
     arguments = [*entry, "--config", config_path] if entry == LEARNER_ENTRY else list(entry)
     world_size = gang.num_machines * gang.processes_per_machine
     if world_size == 1 and strategy == "ddp":
         return [python, *arguments]
-    mode = ["--multi_gpu"] if strategy == "ddp" else fsdp_flags(cpu_offload=cpu_offload)
+    mode = ["--multi_gpu"] if strategy == "ddp" else fsdp_flags(cpu_offload=cpu_offload, bf16=device == "cuda")
     return [
         python, "-m", "grpo_trainer.learner.gang", "--ranks", str(gang.processes_per_machine), "--",
         python, "-m", "accelerate.commands.launch", *mode,
@@ -63,7 +66,7 @@ def learner_argv(
     ]
 
 
-def fsdp_flags(*, cpu_offload: bool) -> list[str]:
+def fsdp_flags(*, cpu_offload: bool, bf16: bool) -> list[str]:
     """accelerate's FSDP2 plugin (each flag as `accelerate launch --help` of 1.15 spells it).
 
     - one FSDP unit per decoder layer: TRANSFORMER_BASED_WRAP without a class list takes the model's own
@@ -74,8 +77,9 @@ def fsdp_flags(*, cpu_offload: bool) -> list[str]:
     - cpu_ram_efficient_loading: rank 0 alone reads the checkpoint and the other ranks get their shards from it, so
       a node holds the model in CPU memory once, not once per rank (the launcher refuses it without
       sync_module_states, which FSDP2 itself no longer reads);
-    - bf16 mixed precision: the layers compute, and the gradients are reduced, in bf16 (accelerate's FSDP2 policy
-      for bf16), while the sharded master weights and the optimizer stay fp32.
+    - bf16 mixed precision (GPUs): the layers compute, and the gradients are reduced, in bf16 (accelerate's FSDP2
+      policy for bf16), while the sharded master weights and the optimizer stay fp32. Without it (CPU ranks) all is
+      fp32: the launcher's mixed precision reaches the trainer through the environment, whatever its own bf16 says.
     """
     return [
         "--use_fsdp", "--fsdp_version", "2",
@@ -85,5 +89,5 @@ def fsdp_flags(*, cpu_offload: bool) -> list[str]:
         "--fsdp_cpu_ram_efficient_loading", "true",
         "--fsdp_sync_module_states", "true",
         "--fsdp_offload_params", "true" if cpu_offload else "false",
-        "--mixed_precision", "bf16",
+        "--mixed_precision", "bf16" if bf16 else "no",
     ]

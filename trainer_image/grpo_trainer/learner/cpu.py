@@ -1,6 +1,6 @@
 """Run TRL 1.16's async GRPO learner on CPU.
 
-Two things in TRL assume CUDA, both swapped here:
+Two things in TRL and one in accelerate assume CUDA, all swapped here:
 - tree attention loads a FlashAttention-3 kernel from the hub (`packing._flash_attn`,
   `trl/experimental/async_grpo/packing.py:159-165 (trl 1.16.0)`): on CPU the per-segment SDPA kernel of
   `grpo_trainer.learner.attention` answers the same varlen call. Measured: steps of a 0.3M-parameter model take
@@ -8,11 +8,14 @@ Two things in TRL assume CUDA, both swapped here:
 - `get_peak_flops_per_device` calls `torch.cuda.get_device_name`
   (`trl/experimental/async_grpo/async_grpo_trainer.py:1240 (trl 1.16.0)`), which raises on CPU torch: on CPU there
   is no peak to report, so MFU metrics are off (TRL's own behaviour for unknown devices). A GPU keeps TRL's code.
+- accelerate keeps CPU ranks DDP whatever its FSDP flags say: `grpo_trainer.learner.sharding.shard_cpu_ranks` makes
+  them FSDP2 when the launcher asked for it (`learner.strategy: fsdp2`).
 """
 
 from __future__ import annotations
 
 from . import attention
+from .sharding import shard_cpu_ranks
 
 _PEAK_FLOPS_PATCHED = False
 
@@ -21,6 +24,7 @@ def enable_cpu_support() -> None:
     """Call before building the trainer when the learner runs on CPU; idempotent."""
     global _PEAK_FLOPS_PATCHED
     attention.install(attention.AttentionKernel.SDPA)
+    shard_cpu_ranks()
     if _PEAK_FLOPS_PATCHED:
         return
     from trl.experimental.async_grpo import async_grpo_trainer

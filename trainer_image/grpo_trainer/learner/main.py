@@ -180,6 +180,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
 
     from ..rollout.pool import start_rollout_pool
     from ..rollout.weight_sync import make_weight_transfer
+    from .sharding import ShardingCheck
     from .step_scoring import ImportanceBounds
     from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
 
@@ -227,6 +228,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
                 args=args,
                 train_dataset=dataset,
                 processing_class=tokenizer,
+                # What the launcher and accelerate made of learner.strategy is checked once the model is prepared.
+                callbacks=[ShardingCheck()] if config.learner.strategy == "fsdp2" else None,
                 peft_config=peft_config(config.training.lora),
                 weight_transfer=weight_transfer,
                 filter_config=config.filter,

@@ -6,12 +6,13 @@ into its base), written to `spec.output` whole or not at all with its provenance
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from ..contract.config import RunConfig
 from ..contract.report import ExportReport
 from ..contract.store_uri import is_object_store_uri
-from ..learner.lora import save_adapter_and_merged
+from ..learner.lora import FINAL_ADAPTER_FOLDER, save_adapter_and_merged
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +37,40 @@ def save_final_model(learner, directory: str) -> None:
 
 def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> None:
     """An FSDP2 model consolidated into `directory` as a transformers model (safetensors): every rank takes part in
-    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it."""
+    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it. A LoRA model's
+    adapter goes to `directory/adapter` and its merge into the base weights to `directory`, as without FSDP2."""
+    from accelerate.utils import is_peft_model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not is_main:
         return
-    model.save_pretrained(directory, state_dict=state)
+    if is_peft_model(model):
+        save_merged_adapter_state(model, state, directory)
+    else:
+        model.save_pretrained(directory, state_dict=state)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+
+
+def save_merged_adapter_state(model, state: dict, directory: str) -> None:
+    """A LoRA model's whole state (`state`, gathered from its FSDP2 shards) saved as its adapter and merged model.
+
+    The sharded model itself cannot merge (its base weights are shards); an unsharded copy of its structure is built
+    on the meta device and takes `state`'s tensors as its own (no second copy of the weights), then peft saves the
+    adapter and merges it in place, as for an unsharded run."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter_name = model.active_adapter
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(model.get_base_model().config)
+        whole = get_peft_model(base, model.peft_config[adapter_name], adapter_name=adapter_name)
+    whole.load_state_dict(state, strict=True, assign=True)
+    whole.get_base_model().tie_weights()
+    whole.save_pretrained(os.path.join(directory, FINAL_ADAPTER_FOLDER))
+    whole.merge_and_unload().save_pretrained(directory)
 
 
 def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
