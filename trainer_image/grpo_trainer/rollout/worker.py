@@ -15,10 +15,14 @@ child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import multiprocessing
+import os
 import queue
 import signal
+import sys
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,9 @@ TERMINATE_JOIN_S = 5.0
 PREEMPTED_STOP_JOIN_S = 1.0
 #: The child puts its error on a queue just before it sets its failed event; the queue's feeder thread may lag.
 ERROR_INFO_WAIT_S = 2.0
+
+#: linux/prctl.h: the signal a process gets when the thread that spawned it ends.
+PR_SET_PDEATHSIG = 1
 
 #: The child's errors that keep their class in the learner (what the learner's exit code depends on).
 _KNOWN_ERRORS: dict[str, type[Exception]] = {
@@ -68,14 +75,34 @@ def describe_exit(exitcode: int | None) -> str:
 _ADVANTAGE_EPS = 1e-8
 
 
+def die_with_parent() -> None:
+    """In the worker's child: SIGKILL it when the learner thread that spawned it ends, however that ends.
+
+    TRL's child outlived a SIGKILLed learner (the kubelet's after the grace period, the OOM killer's, a killed
+    `grporun local`), busy in a reward or an environment and holding their memory. The signal follows the spawning
+    thread: TRL starts the child from the trainer's `on_train_begin`, on the learner's main thread. A learner that
+    died before the signal was set (the child's imports take seconds) has left the child to another parent already.
+    """
+    if sys.platform != "linux":
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class EpisodeRolloutLoop(_AsyncRolloutLoop):
     """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.agentic.episodes).
 
     An episode whose guarded environment failed (grpo_trainer.agentic.tools) is unscorable: its reward is NaN whatever
-    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
+    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain. The
+    child dies with the learner (`die_with_parent`).
     """
 
     def __init__(self, **kwargs: Any):
+        die_with_parent()  # first: TRL's set-up builds the environments, which may start processes of their own
         super().__init__(**kwargs)
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
