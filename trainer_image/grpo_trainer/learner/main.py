@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from functools import partial
@@ -28,12 +29,12 @@ from ..contract.codes import (
 from ..contract.config import RunConfig
 from ..contract.report import ExportReport, ProgressReport
 from ..progress import queue_bound
-from ..storage.final_model import export_trained_model, save_final_model
+from ..storage.final_model import UploadInterrupted, export_trained_model, save_final_model
 from .datasets import load_prompts
 from .errors import ConfigError
 from .exporter import write_termination_message
 from .lora import adapter_sync, check_lora_targets, peft_config
-from .preemption import Preempted, route_to, settle
+from .preemption import Preempted, route_to, settle, stop_on_sigterm
 from .rewards import RewardResultError, UserCodeError, load_rewards
 from .tracking import configure as configure_tracking
 from .tracking import parameters_callback
@@ -320,10 +321,13 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
         if learner.phase == LearnerPhase.PREEMPTED:
             return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, learner.message)
         if config.output is not None:
-            exported = export_trained_model(config, learner)
+            # Trained, but the grace period (120 s) holds no slow upload: a SIGTERM ends it, the export stays local.
+            upload_stop = threading.Event()
+            stop_on_sigterm(upload_stop, "leaving the model's upload unfinished")
+            exported = export_trained_model(config, learner, upload_stop)
         else:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
-    except Preempted as preempted:
+    except (Preempted, UploadInterrupted) as preempted:
         return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, str(preempted))
     # a retry would find the same config, the same files, the same store
     except (ConfigError, UnusableCheckpoints, InputError) as error:
