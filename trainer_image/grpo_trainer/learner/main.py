@@ -149,7 +149,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
         raise ConfigError(str(error)) from None
     logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     try:
-        trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
+        tracking = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
     except TrackingConfigError as error:
         raise ConfigError(str(error)) from None
     if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.rollout.run_config_watch
@@ -158,7 +158,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     try:
-        args = AsyncGRPOConfig(**trainer_arguments(config))
+        # Only the trackers that answered (spec.tracking.onUnavailable: continue leaves the others out).
+        args = AsyncGRPOConfig(**{**trainer_arguments(config), "report_to": tracking.trackers})
     except (TypeError, ValueError) as error:
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
     problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
@@ -211,7 +212,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
         weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
     # The trackers' runs are named on /progress by a callback that reads the trainer's own tracker integrations: the
     # learner builds it from its callbacks.
-    tracking = partial(parameters_callback, spec_config, trackers) if trackers else None
+    tracking_callback = partial(parameters_callback, spec_config, tracking) if config.tracking.trackers else None
     try:
         with http_only_rollout_worker(config):
             learner = GRPOLearner(
@@ -232,7 +233,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
-                                           tracking=tracking, rollout_pool=pool),
+                                           tracking=tracking_callback, rollout_pool=pool),
             )
     except BaseException:
         if pool is not None:
