@@ -188,3 +188,20 @@ def test_a_sigkilled_learner_takes_its_rollout_worker_child_with_it(tmp_path, co
         if child is not None and not _gone(child):
             os.kill(child, signal.SIGKILL)
 
+
+@pytest.mark.slow
+def test_an_environment_factory_raising_in_the_worker_childs_start_ends_the_learner_as_invalid_config(
+        tmp_path, completions_server):
+    # TRL constructs one environment of each factory in its child before the child is ready; the child died with
+    # exit 1, the learner exited 1, and the operator retried the same code up to backoffLimit.
+    factory = "tests.support.learner.bad_environments:raises_at_construction"
+    config_path, config = tiny_run_config(tmp_path, completions_server, training__environment_factory=factory,
+                                          dataset__path=str(REPO / "examples" / "tiny-guess.jsonl"))
+    code, _seconds = run_learner(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_INVALID_CONFIG, log[-4000:]
+    report = termination_report(config)
+    assert report.phase == LearnerPhase.FAILED
+    assert report.message == (f"environment factory {factory!r} raised while the rollout worker started (module "
+                              "'tests.support.learner.bad_environments'): RuntimeError: no sandbox image "
+                              "'guess-game:missing' on this node"), report.message

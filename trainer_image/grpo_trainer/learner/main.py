@@ -339,9 +339,11 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
         return _finish(config, learner, EXIT_EXPORT_FAILED, LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
-        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
-        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
-            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(broken_reward))
+        # A reward's code returns the same shape again, and user code that broke the worker's start breaks it again:
+        # a retry cannot help.
+        user_mistake = next((e for e in _chain(error) if isinstance(e, (RewardResultError, UserCodeError))), None)
+        if user_mistake is not None:
+            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(user_mistake))
         return _finish(config, learner, 1, LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()
