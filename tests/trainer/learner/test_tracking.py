@@ -152,6 +152,10 @@ def test_with_on_unavailable_continue_a_tracker_that_does_not_answer_is_left_out
     # What the learner's progress report carries to the operator (status condition TrackingDegraded).
     assert tracking.parameters_callback(run, configured, []).degraded() == [line]
     assert config(tracking={"tensorboard": {}}).tracking.on_unavailable == "fail"  # the default
+    far = f"http://{'m' * 600}.example:5000"  # a tracking URI has no bound; a report line has
+    lines = tracking.parameters_callback(run, tracking.Tracking(["tensorboard"], [f"mlflow: nothing answers at {far}"]),
+                                         []).degraded()
+    ProgressReport(tracking_degraded=lines)  # the report takes it
 
 
 def test_progress_numbers_for_the_trackers():
@@ -356,6 +360,7 @@ def test_a_tracking_server_lost_during_the_run_holds_its_end_no_longer_than_the_
 
     if not MLFLOW.exists():
         pytest.skip(MISSING)
+    (tmp_path / "mlflow").mkdir()
     with running_mlflow_server(tmp_path / "mlflow") as server:
         server.wait_ready()
         run = config(tmp_path, learner={"device": "cpu"},

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...contract.config import RunConfig
-from ...contract.report import ProgressReport, TrackedRunReport
+from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, ProgressReport, TrackedRunReport
 from .base import Integrations, RecordedRuns, TrackerUnavailable, TrackingConfigError
 from .registry import TRACKERS
 from .runs_file import read_recorded_runs, run_key, write_recorded_runs
@@ -213,7 +213,8 @@ def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
             return list(self.runs)
 
         def degraded(self) -> list[str]:
-            return [*tracking.unavailable, *self.lost]
+            # One line at most per tracker: one left out at start is never ended.
+            return [line[:TRACKING_DEGRADED_LINE_MAX_CHARS] for line in (*tracking.unavailable, *self.lost)]
 
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
