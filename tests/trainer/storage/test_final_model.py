@@ -202,6 +202,7 @@ exit_with(learner_main.main(RunConfig.model_validate_json(open(sys.argv[1]).read
 REACH_UPLOAD_TIMEOUT_S = 300
 
 
+@pytest.mark.slow  # a learner process: torch, transformers and TRL imported
 def test_a_sigterm_during_a_stuck_upload_ends_the_learner_preempted_within_the_grace_period_keeping_the_export(
         tmp_path):
     # An object store that takes the connection and never answers: boto3 waits 60 s per request, 3 attempts, and the
