@@ -3,13 +3,10 @@ cannot work, our progress numbers and the run's spec as parameters."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from grpo_trainer.__main__ import TEARDOWN_LIMIT_S
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
@@ -325,62 +322,8 @@ class TrackedLearner:
                 integration.on_log(self.args, self.state, self.control, logs={"loss": 0.25 * step})
 
     def end(self) -> None:
-        for callback in (*self.integrations, self.parameters):
-            callback.on_train_end(self.args, self.state, self.control)
-
-
-#: A learner whose tracking server stops answering during the run: steps 1-3 logged, then (once the test stopped it)
-#: steps 4-5, and the end of training; it prints what its progress report would say of its trackers.
-LOST_SERVER_LEARNER = """
-import json, os, sys
-from grpo_trainer.__main__ import exit_with
-from grpo_trainer.contract.config import RunConfig
-from tests.trainer.learner.test_tracking import TrackedLearner
-learner = TrackedLearner(RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
-learner.log_steps((1, 2, 3))
-print("logged", flush=True)
-sys.stdin.readline()
-learner.log_steps((4, 5))
-learner.end()
-print(json.dumps(learner.parameters.degraded()), flush=True)
-exit_with(0)  # as the learner's entrypoint ends: its teardown bounded
-"""
-
-
-@pytest.mark.slow
-def test_a_tracking_server_lost_during_the_run_holds_its_end_no_longer_than_the_bound_and_is_reported(tmp_path):
-    # MLflow's end_run waited on the queued asynchronous logs with no bound: the run trained to its bound and stayed
-    # Running. Its own server, which the test stops (SIGSTOP: the requests wait, as on a host that went away).
-    import json
-    import subprocess
-    import sys
-
-    from tests.support.paths import REPO
-    from tests.support.servers.mlflow_server import MISSING, MLFLOW, running_mlflow_server
-
-    if not MLFLOW.exists():
-        pytest.skip(MISSING)
-    (tmp_path / "mlflow").mkdir()
-    with running_mlflow_server(tmp_path / "mlflow") as server:
-        server.wait_ready()
-        run = config(tmp_path, learner={"device": "cpu"},
-                     tracking={"mlflow": {"trackingUri": server.uri, "experiment": "lost"}})
-        learner = subprocess.Popen([sys.executable, "-c", LOST_SERVER_LEARNER, run.model_dump_json(by_alias=True)],
-                                   cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert learner.stdout.readline().strip() == "logged"
-            os.killpg(server.process.pid, signal.SIGSTOP)
-            learner.stdin.write("\n")
-            learner.stdin.flush()
-            # The bound, and the teardown's own bound after it (grpo_trainer.__main__.TEARDOWN_LIMIT_S), with room.
-            learner.wait(timeout=tracking.TRACKER_END_TIMEOUT_S + TEARDOWN_LIMIT_S + 60)
-            degraded = json.loads(learner.stdout.readline())
-        finally:
-            learner.kill()
-            learner.wait()
-            os.killpg(server.process.pid, signal.SIGCONT)  # for its stop
-    assert len(degraded) == 1 and degraded[0].startswith("mlflow: "), degraded
-    assert "metrics were lost" in degraded[0] or "metrics may be lost" in degraded[0], degraded
+        for integration in self.integrations:
+            integration.on_train_end(self.args, self.state, self.control)
 
 
 #: A learner process killed after logging steps 1-3: its MLflow run stays RUNNING, as a kill leaves it.

@@ -133,7 +133,7 @@ class ProgressReport(ReportModel):
                                              "once they started (spec.tracking).")
     tracking_degraded: list[Annotated[str, Field(max_length=TRACKING_DEGRADED_LINE_MAX_CHARS)]] = Field(
         default_factory=list, max_length=3, description="A line for each tracker that does not get the run's "
-        "metrics: left out at start, not answering (spec.tracking.onUnavailable: continue), or lost during the run.")
+        "metrics: left out at start, not answering (spec.tracking.onUnavailable: continue).")
     attention_kernel: known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")

@@ -36,9 +36,6 @@ logger = logging.getLogger(__name__)
 
 #: Prefix of the progress numbers in a tracker (TRL's own keys are `loss`, `entropy`, `completions/...`).
 PROGRESS_PREFIX = "progress/"
-#: How long the end of training waits for a tracker to take the run's last metrics and close its run: a tracker lost
-#: during the run holds the learner no longer (the pod's grace period, 120 s, must still hold the final save).
-TRACKER_END_TIMEOUT_S = 30.0
 #: Prefix of the run's spec among a tracker's parameters (transformers logs TrainingArguments unprefixed).
 PARAMETER_PREFIX = "grporun."
 
@@ -207,14 +204,12 @@ def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
     class RunParameters(TrainerCallback):
         def __init__(self):
             self.runs: list[TrackedRunReport] = []
-            self.lost: list[str] = []
 
         def tracked_runs(self) -> list[TrackedRunReport]:
             return list(self.runs)
 
         def degraded(self) -> list[str]:
-            # One line at most per tracker: one left out at start is never ended.
-            return [line[:TRACKING_DEGRADED_LINE_MAX_CHARS] for line in (*tracking.unavailable, *self.lost)]
+            return [line[:TRACKING_DEGRADED_LINE_MAX_CHARS] for line in tracking.unavailable]
 
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
@@ -224,14 +219,5 @@ def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
             log_run_parameters(config, trackers, writer)
             self.runs = tracked_runs(trackers, args.run_name or config.run_name, writer)
             record_runs(config, self.runs)
-            for name in trackers:
-                TRACKERS[name].take_over_end(callbacks)
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if not state.is_world_process_zero:
-                return
-            for name in trackers:
-                if (lost := TRACKERS[name].end(config, TRACKER_END_TIMEOUT_S)) is not None:
-                    self.lost.append(f"{name}: {lost}")
 
     return RunParameters()

@@ -10,10 +10,9 @@ started. The learner calls the run's trackers at fixed points, each in the regis
   reads, and where it writes);
 - at start, rank 0 only: `continued_env` (continue the run this learner's last start recorded);
 - once the integrations started their runs (rank 0, `on_train_begin`): `log_parameters`, `started_run`, `recorded`
-  (what the runs file keeps for the next start), `take_over_end` (an integration whose own end of its run is not
-  bounded in time leaves it to `end`);
-- at the end of training (rank 0, `on_train_end`): `end`, bounded in time: a tracker lost during the run never holds
-  the end of the run, and what it did not take is reported (the progress report's `trackingDegraded`).
+  (what the runs file keeps for the next start).
+A call at the run's end (a flush bounded in time) would be one more method, called from the learner's end like
+these.
 """
 
 from __future__ import annotations
@@ -110,12 +109,6 @@ class Tracker(Protocol):
 
     def recorded(self, config: RunConfig, run_id: str) -> BaseModel | None:
         """What the runs file keeps of its run `run_id` for the next start to continue; None: nothing to continue."""
-
-    def take_over_end(self, callbacks: list) -> None:
-        """Keep the trainer's `callbacks` (its integration among them) from ending its run without a time bound."""
-
-    def end(self, config: RunConfig, within_s: float) -> str | None:
-        """End the run its integration started, within `within_s`; a line saying what was lost when it could not."""
 
 
 def tracking_root(config: RunConfig) -> str:

@@ -144,32 +144,3 @@ class MlflowTracker:
     def recorded(self, config: RunConfig, run_id: str) -> RecordedMlflowRun:
         return RecordedMlflowRun(runId=run_id, trackingUri=config.tracking.mlflow.tracking_uri,
                                  experiment=mlflow_experiment(config))
-
-    def take_over_end(self, callbacks: list) -> None:
-        """transformers' MLflowCallback ends the run it started at the end of training with `mlflow.end_run()`, which
-        waits for every queued asynchronous log: with no bound when the tracking server went away during the run (the
-        run trained to its bound and stayed Running). The learner ends it itself (`end`)."""
-        for callback in callbacks:
-            if type(callback).__name__ == "MLflowCallback":
-                callback._auto_end_run = False
-
-    def end(self, config: RunConfig, within_s: float) -> str | None:
-        import mlflow
-
-        from ...rollout.sync_watchdog import DaemonCall
-
-        if mlflow.active_run() is None:
-            return None
-        uri = config.tracking.mlflow.tracking_uri
-        ending = DaemonCall(mlflow.end_run, "grpo-mlflow-end-run")  # left to end with the process past the bound
-        if not ending.join(within_s):
-            lost = (f"the tracking server at {uri} did not take the run's last metrics within {within_s:.0f}s: "
-                    "metrics were lost")
-        else:
-            try:
-                ending.result()
-                return None
-            except Exception as error:  # noqa: BLE001 - any failure of MLflow's client: reported, not a crash
-                lost = f"ending the run on {uri} failed ({type(error).__name__}): metrics may be lost"
-        logger.warning("mlflow: %s", lost)
-        return lost

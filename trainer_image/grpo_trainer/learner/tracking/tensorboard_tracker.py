@@ -47,9 +47,3 @@ class TensorBoardTracker:
 
     def recorded(self, config: RunConfig, run_id: str) -> None:
         return None
-
-    def take_over_end(self, callbacks: list) -> None:
-        pass  # its integration's own end is local: it closes its files
-
-    def end(self, config: RunConfig, within_s: float) -> str | None:
-        return None

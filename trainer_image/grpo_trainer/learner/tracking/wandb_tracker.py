@@ -69,9 +69,3 @@ class WandbTracker:
     def recorded(self, config: RunConfig, run_id: str) -> RecordedWandbRun:
         wandb = config.tracking.wandb
         return RecordedWandbRun(runId=run_id, project=wandb.project, entity=wandb.entity)
-
-    def take_over_end(self, callbacks: list) -> None:
-        pass  # its integration's own end is local: it closes its files
-
-    def end(self, config: RunConfig, within_s: float) -> str | None:
-        return None
