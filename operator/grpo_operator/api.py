@@ -457,6 +457,7 @@ class ConditionType(str, Enum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    TRACKING_DEGRADED = "TrackingDegraded"
 
 
 class Reason:
@@ -479,6 +480,8 @@ class Reason:
     ROLLOUT_RESTARTED = "RolloutRestarted"  # the event when a rollout server that exited is replaced
     ROLLOUT_RESTARTING = "RolloutRestarting"  # RolloutReady=False while a replaced server is not ready yet
     ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
+    TRACKERS_UNAVAILABLE = "TrackersUnavailable"  # TrackingDegraded: a tracker does not get the run's metrics
+    TRACKERS_REPORTING = "TrackersReporting"  # TrackingDegraded=False: a later learner start reached every tracker
     STALL_LIMIT_REACHED = "StallLimitReached"
     WEIGHT_SYNC_STUCK = "WeightSyncStuck"  # a weight sync outlived rollout.weightSync.deadlineSeconds
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"

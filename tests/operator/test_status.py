@@ -337,6 +337,22 @@ def test_the_trackers_run_goes_on_the_status_and_stays_while_a_restarted_learner
     assert starting.status["tracking"] == tracked.status["tracking"]
 
 
+def test_a_tracker_left_out_at_start_shows_as_tracking_degraded_until_a_start_reaches_every_tracker():
+    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}, "tensorboard": {},
+                             "onUnavailable": "continue"})
+    status = running_status(spec)
+    assert not any(c["type"] == "TrackingDegraded" for c in status["conditions"])  # only once a learner says so
+    line = "mlflow: spec.tracking.mlflow.trackingUri: nothing answers at http://mlflow:5000 within 5s (ConnectionError)"
+    degraded = step(spec, status, running_pods(), report(groupsTrained=4, tracking=[TRACKED_FILES[0].to_wire()],
+                                                         trackingDegraded=[line]), now=at(5))
+    condition = next(c for c in degraded.status["conditions"] if c["type"] == "TrackingDegraded")
+    assert (condition["status"], condition["reason"], condition["message"]) == ("True", "TrackersUnavailable", line)
+    reached = step(spec, degraded.status, running_pods(),
+                   report(groupsTrained=5, tracking=[TRACKED.to_wire(), TRACKED_FILES[0].to_wire()]), now=at(10))
+    condition = next(c for c in reached.status["conditions"] if c["type"] == "TrackingDegraded")
+    assert (condition["status"], condition["reason"]) == ("False", "TrackersReporting")
+
+
 @pytest.mark.parametrize("termination_message", [
     # a learner image that does not export
     report(phase="Succeeded", groupsConsumed=40, groupsTrained=38).termination_message(),

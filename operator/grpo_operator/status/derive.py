@@ -262,6 +262,7 @@ def _take_progress(record: PassRecord) -> None:
     record.new.progress = progress_status(report)
     if report.tracking:  # a learner starting (again) reports none until its trackers' runs began
         record.new.tracking = [tracking_status(run) for run in report.tracking]
+    _take_tracking_degraded(record, report)
     if report.groups_trained > previous_trained:
         record.trained_now = True
         record.new.last_progress_time = format_time(record.seen.now)
@@ -277,6 +278,17 @@ def _take_output(record: PassRecord, report: ExportReport) -> None:
     if output != record.new.output:
         record.new.output = output
         _event(record, "Normal", Reason.EXPORTED, _exported_message(report))
+
+
+def _take_tracking_degraded(record: PassRecord, report: ProgressReport) -> None:
+    """TrackingDegraded, only once a learner reported a tracker that does not get the run's metrics
+    (spec.tracking.onUnavailable: continue); False again when a later start's trackers all began their runs."""
+    if report.tracking_degraded:
+        record.conditions.set(ConditionType.TRACKING_DEGRADED, "True", Reason.TRACKERS_UNAVAILABLE,
+                              "; ".join(report.tracking_degraded))
+    elif report.tracking and record.conditions.get(ConditionType.TRACKING_DEGRADED) is not None:
+        record.conditions.set(ConditionType.TRACKING_DEGRADED, "False", Reason.TRACKERS_REPORTING,
+                              "every tracker of spec.tracking began its run")
 
 
 def _progress_unknown(record: PassRecord) -> bool:

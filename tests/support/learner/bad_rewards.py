@@ -48,3 +48,16 @@ def preempts_its_learner_then_hangs(completions: Sequence[Any], **_: Any) -> lis
         os.kill(os.getppid(), signal.SIGTERM)
         time.sleep(3600)
     return [float(i % 2) for i in range(len(completions))]
+
+
+#: Where `marks_its_process_then_hangs` writes the pid of the process it runs in (the worker child); set by the test.
+CHILD_PID_MARK_ENV = "GRPO_TEST_CHILD_PID_MARK"
+
+
+def marks_its_process_then_hangs(completions: Sequence[Any], **_: Any) -> list[float]:
+    """Writes the worker child's pid where CHILD_PID_MARK_ENV says, then never returns: the child is alive and busy
+    when its learner is killed."""
+    with open(os.environ[CHILD_PID_MARK_ENV], "w") as mark:
+        mark.write(str(os.getpid()))
+    time.sleep(3600)
+    return [0.0] * len(completions)

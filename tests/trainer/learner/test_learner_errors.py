@@ -3,6 +3,8 @@ learner whose rollout worker child dies (a broken reward, a kill) ends, naming w
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,9 +25,9 @@ from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.learner.main import describe_error
 from grpo_trainer.progress import RolloutPipelineError
 from grpo_trainer.rollout.worker import STOP_JOIN_S
-from tests.support.learner.bad_rewards import PREEMPT_MARK_ENV
-from tests.support.paths import COMPLETIONS_SERVER
-from tests.trainer.learner.test_e2e_cpu import run_learner, termination_report, tiny_run_config
+from tests.support.learner.bad_rewards import CHILD_PID_MARK_ENV, PREEMPT_MARK_ENV
+from tests.support.paths import COMPLETIONS_SERVER, REPO
+from tests.trainer.learner.test_e2e_cpu import LEARNER_TIMEOUT_S, run_learner, termination_report, tiny_run_config
 
 
 def _health_check():
@@ -139,3 +141,67 @@ def test_a_sigterm_while_the_worker_child_is_stuck_checkpoints_and_exits_preempt
     seconds = exited - float(mark.read_text())
     assert seconds < STOP_JOIN_S, log[-4000:]  # the stuck child is not waited out
     print(f"SIGTERM to exit with the worker child stuck: {seconds:.1f}s")
+
+
+#: A child whose parent-death signal fires is gone at once; without one it sleeps in its reward for an hour.
+CHILD_GONE_WITHIN_S = 30
+
+
+def _gone(pid: int) -> bool:
+    """No process `pid`, or only its zombie (dead, not yet reaped by whoever adopted it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_a_sigkilled_learner_takes_its_rollout_worker_child_with_it(tmp_path, completions_server, monkeypatch):
+    # The kubelet's SIGKILL after the grace period, the OOM killer, a killed `grporun local`: nothing in the learner
+    # runs, and TRL's child (a separate process, busy in a reward) was left behind, holding its memory.
+    mark = tmp_path / "child-pid"
+    monkeypatch.setenv(CHILD_PID_MARK_ENV, str(mark))
+    config_path, _config = tiny_run_config(
+        tmp_path, completions_server,
+        rewards=[RewardConfig(function="tests.support.learner.bad_rewards:marks_its_process_then_hangs")],
+    )
+    with open(tmp_path / "learner.log", "wb") as log:
+        learner = subprocess.Popen([sys.executable, "-m", "grpo_trainer", "learner", "--config", str(config_path)],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    child = None
+    try:
+        deadline = time.monotonic() + LEARNER_TIMEOUT_S
+        while not (mark.exists() and mark.read_text()) and learner.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mark.exists(), (tmp_path / "learner.log").read_text(errors="replace")[-4000:]
+        child = int(mark.read_text())
+        learner.send_signal(signal.SIGKILL)
+        learner.wait()
+        gone_by = time.monotonic() + CHILD_GONE_WITHIN_S
+        while not _gone(child) and time.monotonic() < gone_by:
+            time.sleep(0.2)
+        assert _gone(child), f"the worker child {child} outlived its SIGKILLed learner"
+    finally:
+        learner.kill()
+        learner.wait()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_an_environment_factory_raising_in_the_worker_childs_start_ends_the_learner_as_invalid_config(
+        tmp_path, completions_server):
+    # TRL constructs one environment of each factory in its child before the child is ready; the child died with
+    # exit 1, the learner exited 1, and the operator retried the same code up to backoffLimit.
+    factory = "tests.support.learner.bad_environments:raises_at_construction"
+    config_path, config = tiny_run_config(tmp_path, completions_server, training__environment_factory=factory,
+                                          dataset__path=str(REPO / "examples" / "tiny-guess.jsonl"))
+    code, _seconds = run_learner(config_path, tmp_path / "learner.log")
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_INVALID_CONFIG, log[-4000:]
+    report = termination_report(config)
+    assert report.phase == LearnerPhase.FAILED
+    assert report.message == (f"environment factory {factory!r} raised while the rollout worker started (module "
+                              "'tests.support.learner.bad_environments'): RuntimeError: no sandbox image "
+                              "'guess-game:missing' on this node"), report.message

@@ -116,7 +116,7 @@ def finished_run(tiny_model_dir, tmp_path_factory):
         "runName": "metrics", "outputDir": str(out), "tracking": {"tensorboard": {}}})
     saved_env = dict(os.environ)
     trackers = configure(run_config)  # sets TENSORBOARD_LOGGING_DIR, as the learner does
-    args = AsyncGRPOConfig(output_dir=str(out), use_cpu=True, dtype="float32", report_to=trackers,
+    args = AsyncGRPOConfig(output_dir=str(out), use_cpu=True, dtype="float32", report_to=trackers.trackers,
                            num_generations=4, per_device_train_batch_size=4, token_budget=0, save_strategy="no",
                            num_train_epochs=1,
                            disable_tqdm=True, max_staleness=1000)

@@ -28,12 +28,35 @@ def config(tmp_path=None, **fields) -> RunConfig:
 MLFLOW = {"mlflow": {"trackingUri": "http://127.0.0.1:5000", "experiment": "grpo", "runName": "tiny-1"}}
 
 
+@pytest.fixture(scope="module")
+def answering_server():
+    """A URI where an HTTP server answers every GET (what the trackers' start-up probe asks of a tracking server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 def test_a_run_without_tracking_reports_to_nothing():
     assert trainer_arguments(config())["report_to"] == []
-    assert tracking.configure(config(), environ={}) == []
+    assert tracking.configure(config(), environ={}) == tracking.Tracking([], [])
 
 
-def test_each_tracker_maps_to_report_to_and_the_env_its_integration_reads(tmp_path):
+def test_each_tracker_maps_to_report_to_and_the_env_its_integration_reads(tmp_path, answering_server):
     wandb = {"wandb": {"project": "p", "mode": "offline", "entity": "team"}}
     run = config(tmp_path, tracking={**MLFLOW, "tensorboard": {}, **wandb})
     arguments = trainer_arguments(run)
@@ -46,7 +69,8 @@ def test_each_tracker_maps_to_report_to_and_the_env_its_integration_reads(tmp_pa
     assert env["WANDB_PROJECT"] == "p" and env["WANDB_ENTITY"] == "team"
     # The test tools hold MLflow's client and TensorBoard (W&B is the image's `tracking` extra alone).
     environ: dict[str, str] = {}
-    assert tracking.configure(config(tmp_path, tracking={**MLFLOW, "tensorboard": {}}), environ) == [
+    answering = {"mlflow": {**MLFLOW["mlflow"], "trackingUri": answering_server}}
+    assert tracking.configure(config(tmp_path, tracking={**answering, "tensorboard": {}}), environ).trackers == [
         "mlflow", "tensorboard"]
     assert environ["TENSORBOARD_LOGGING_DIR"] == env["TENSORBOARD_LOGGING_DIR"]
     assert (tmp_path / "ckpt" / "tensorboard").is_dir()
@@ -58,7 +82,7 @@ def test_every_tracker_the_spec_names_has_its_tracker_registered():
     """spec.tracking's fields, transformers' report_to names and the registry's keys are one list, in one order."""
     from grpo_trainer.contract.config import TrackingConfig
 
-    assert list(TRACKERS) == list(TrackingConfig.model_fields)
+    assert list(TRACKERS) == [name for name in TrackingConfig.model_fields if name != "on_unavailable"]
     for name, tracker in TRACKERS.items():
         assert tracker.name == name and isinstance(tracker.package, str)
 
@@ -84,6 +108,51 @@ def test_a_learner_asked_for_a_tracker_it_lacks_exits_78_naming_the_field(tmp_pa
     assert report.phase == LearnerPhase.FAILED
     assert report.message == ("spec.tracking.tensorboard: this learner image has no grpo_no_such_tracker_package "
                               "package (install grpo-operator's `tracking` extra in the image)")
+
+
+def test_a_tensorboard_directory_that_cannot_be_made_ends_the_learner_as_invalid_config_naming_it(tmp_path):
+    from grpo_trainer.learner.main import main
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "tensorboard").write_text("a file where the event files' folder goes")
+    run = config(tmp_path, tracking={"tensorboard": {}}, learner={"device": "cpu"})
+    assert main(run) == EXIT_INVALID_CONFIG  # was exit 1, FileExistsError
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    directory = tmp_path / "ckpt" / "tensorboard"
+    assert report.message == f"spec.tracking.tensorboard: cannot make its directory {directory}: File exists"
+
+
+def test_an_mlflow_server_nothing_answers_at_start_ends_the_learner_within_seconds_naming_the_uri(tmp_path):
+    # MLflow's client retried for about 5 minutes inside TRL's loop, then the learner exited 1: a crash, retried.
+    from grpo_trainer.learner.main import main
+    from tests.support.ports import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    run = config(tmp_path, tracking={"mlflow": {"trackingUri": uri}}, learner={"device": "cpu"})
+    assert main(run) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == (f"spec.tracking.mlflow.trackingUri: nothing answers at {uri} within 5s "
+                              "(ConnectionError) (spec.tracking.onUnavailable: continue trains without it)")
+
+
+def test_with_on_unavailable_continue_a_tracker_that_does_not_answer_is_left_out_and_reported(tmp_path, caplog):
+    from tests.support.ports import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    run = config(tmp_path, tracking={"mlflow": {"trackingUri": uri}, "tensorboard": {}, "onUnavailable": "continue"})
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        configured = tracking.configure(run, environ={})
+    assert configured.trackers == ["tensorboard"]  # report_to: MLflow's integration would retry for minutes
+    line = f"mlflow: spec.tracking.mlflow.trackingUri: nothing answers at {uri} within 5s (ConnectionError)"
+    assert configured.unavailable == [line]
+    assert "training without mlflow (spec.tracking.onUnavailable: continue)" in caplog.text
+    # What the learner's progress report carries to the operator (status condition TrackingDegraded).
+    assert tracking.parameters_callback(run, configured, []).degraded() == [line]
+    assert config(tracking={"tensorboard": {}}).tracking.on_unavailable == "fail"  # the default
+    far = f"http://{'m' * 600}.example:5000"  # a tracking URI has no bound; a report line has
+    lines = tracking.parameters_callback(run, tracking.Tracking(["tensorboard"], [f"mlflow: nothing answers at {far}"]),
+                                         []).degraded()
+    ProgressReport(tracking_degraded=lines)  # the report takes it
 
 
 def test_progress_numbers_for_the_trackers():
@@ -125,10 +194,11 @@ def test_only_the_main_process_asks_to_continue_the_recorded_runs(tmp_path, monk
     monkeypatch.setattr(mlflow_tracker, "continued_mlflow_run", lambda config, recorded: asked.append(recorded.run_id)
                         or recorded.run_id)
     other_rank: dict[str, str] = {}
-    assert tracking.configure(run, other_rank, main_process=False) == ["mlflow", "wandb"]
+    assert tracking.configure(run, other_rank, main_process=False).trackers == ["mlflow", "wandb"]
     assert asked == [] and "MLFLOW_RUN_ID" not in other_rank and "WANDB_RUN_ID" not in other_rank
     assert other_rank["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"  # the integration's own env all the same
     rank_0: dict[str, str] = {}
+    monkeypatch.setattr(mlflow_tracker.MlflowTracker, "probe", lambda self, config: None)  # it answers
     tracking.configure(run, rank_0)
     assert asked == ["0f1e2d3c"]
     assert (rank_0["MLFLOW_RUN_ID"], rank_0["WANDB_RUN_ID"]) == ("0f1e2d3c", "a1b2c3d4")
@@ -148,7 +218,7 @@ def test_a_runs_file_that_cannot_be_trusted_starts_new_runs_with_a_warning(tmp_p
     (tmp_path / "ckpt" / runs_file.RUNS_FILE).write_bytes(content)
     environ: dict[str, str] = {}
     with caplog.at_level("WARNING", logger=tracking.__name__):
-        assert tracking.configure(run, environ) == ["wandb"]
+        assert tracking.configure(run, environ).trackers == ["wandb"]
     assert "WANDB_RUN_ID" not in environ and "WANDB_RESUME" not in environ
     assert why in caplog.text and "the trackers start new runs" in caplog.text
 
@@ -239,7 +309,7 @@ class TrackedLearner:
             setenv(name, value)
         self.environ = environ
         self.args = AsyncGRPOConfig(**trainer_arguments(run))
-        self.integrations = [INTEGRATION_TO_CALLBACK[tracker]() for tracker in trackers]
+        self.integrations = [INTEGRATION_TO_CALLBACK[tracker]() for tracker in trackers.trackers]
         self.parameters = tracking.parameters_callback(run, trackers, self.integrations)
         self.state, self.control = TrainerState(), TrainerControl()
         for callback in (*self.integrations, self.parameters):

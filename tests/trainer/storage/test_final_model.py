@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from grpo_operator.builders import LEARNER_TERMINATION_GRACE_S
 from grpo_trainer.contract.codes import (
     EXIT_EXPORT_FAILED,
+    EXIT_PREEMPTED,
     EXIT_SUCCEEDED,
     EXPORT_MANIFEST_FILE,
     PERMANENT_EXIT_CODES,
@@ -29,6 +37,7 @@ from grpo_trainer.learner import main as learner_main
 from grpo_trainer.storage import final_model
 from grpo_trainer.storage.model_export import verify_export
 from grpo_trainer.storage.object_store import download_folder
+from tests.support.paths import REPO
 
 
 class FinishedLearner:
@@ -110,7 +119,7 @@ def test_a_failed_export_exits_with_its_own_code_naming_the_path(tmp_path, learn
 def test_other_ranks_save_with_rank_0_but_leave_the_writing_to_it(tmp_path):
     rank1 = FinishedLearner(is_main=False)
     model_dir = tmp_path / "models" / "tiny"
-    assert final_model.export_trained_model(run_config(tmp_path, model_dir), rank1) is None
+    assert final_model.export_trained_model(run_config(tmp_path, model_dir), rank1, threading.Event()) is None
     assert rank1.saved == [str(tmp_path / "models" / ".tiny.partial")]  # the same folder as rank 0's save
     assert not (tmp_path / "models").exists()
 
@@ -176,3 +185,67 @@ def test_an_unreachable_endpoint_ends_the_learner_as_export_failed_naming_it(tmp
 def test_a_run_config_with_a_bad_object_store_uri_is_refused_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"output\.uri\n.*'s3://models/a/\.\./b' is not an object store URI"):
         run_config(tmp_path, tmp_path / "out" / "tiny", "s3://models/a/../b")
+
+
+#: A learner process at its end (FinishedLearner), as the pod runs one: the entrypoint's SIGTERM handling and exit.
+FINISHED_LEARNER_PROCESS = """
+import sys
+from grpo_trainer.__main__ import exit_with
+from grpo_trainer.contract.config import RunConfig
+from grpo_trainer.learner import main as learner_main, preemption
+from tests.trainer.storage.test_final_model import FinishedLearner
+preemption.install()
+learner_main.build_learner = lambda config, config_path=None: FinishedLearner()
+exit_with(learner_main.main(RunConfig.model_validate_json(open(sys.argv[1]).read())))
+"""
+#: How long the stand-in learner may take to import what a learner imports and reach its upload.
+REACH_UPLOAD_TIMEOUT_S = 300
+
+
+@pytest.mark.slow  # a learner process: torch, transformers and TRL imported
+def test_a_sigterm_during_a_stuck_upload_ends_the_learner_preempted_within_the_grace_period_keeping_the_export(
+        tmp_path):
+    # An object store that takes the connection and never answers: boto3 waits 60 s per request, 3 attempts, and the
+    # learner outlived the pod's grace period (the kubelet's SIGKILL: 137, no termination message, read as a crash).
+    store = socket.create_server(("127.0.0.1", 0))
+    reached = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(store.accept()[0])
+            except OSError:  # closed at the end of the test
+                return
+            reached.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    model_dir = tmp_path / "models" / "tiny"
+    uri = "s3://models/runs/tiny"
+    config_path = tmp_path / "run.json"
+    config_path.write_text(run_config(tmp_path, model_dir, uri).model_dump_json(by_alias=True))
+    env = {**os.environ, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{store.getsockname()[1]}",
+           "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}
+    with open(tmp_path / "learner.log", "wb") as log:
+        learner = subprocess.Popen([sys.executable, "-c", FINISHED_LEARNER_PROCESS, str(config_path)], cwd=REPO,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        waited = 0.0
+        while not reached.wait(0.5) and learner.poll() is None and waited < REACH_UPLOAD_TIMEOUT_S:
+            waited += 0.5
+        assert reached.is_set(), (tmp_path / "learner.log").read_text(errors="replace")[-4000:]
+        learner.send_signal(signal.SIGTERM)
+        code = learner.wait(timeout=LEARNER_TERMINATION_GRACE_S)
+    finally:
+        learner.kill()
+        learner.wait()
+        store.close()
+        for connection in held:
+            connection.close()
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_PREEMPTED, log[-4000:]
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.phase == LearnerPhase.PREEMPTED and report.output is None
+    assert report.message == (f"the upload of the model to {uri} did not finish: SIGTERM arrived during it; the "
+                              f"exported model is kept at {model_dir}"), report.message
+    verify_export(model_dir)  # the local export is whole

@@ -389,6 +389,13 @@ class TrackingConfig(WireModel):
     mlflow: MlflowTracking | None = None
     tensorboard: TensorBoardTracking | None = None
     wandb: WandbTracking | None = None
+    # `fail` by default: a run that asked for its metrics to be tracked and trained without them loses what it was
+    # run for, and a tracker unreachable at start is most often a mistake in the spec (a wrong URI, a Service in
+    # another namespace) found in seconds, before any accelerator time is spent. `continue` is for runs whose
+    # training matters more than their curves.
+    on_unavailable: Literal["fail", "continue"] = Field(
+        "fail", description="A tracker that does not answer at the learner's start: fail ends the run as invalid "
+        "config naming it; continue trains without it, with a warning and the TrackingDegraded condition.")
 
     @property
     def trackers(self) -> list[str]:

@@ -3,6 +3,8 @@ when it ends. The operator reads it from a tenant's pod and copies it into the r
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, ValidationError, field_validator
 
 from .codes import (
@@ -74,6 +76,10 @@ class EpisodeReport(ReportModel):
         return self.forked / self.episodes if self.episodes else None
 
 
+#: A line of `ProgressReport.tracking_degraded` (the learner clips longer ones: a tracking URI has no bound).
+TRACKING_DEGRADED_LINE_MAX_CHARS = 512
+
+
 class TrackedRunReport(ReportModel):
     """The experiment tracker's run the learner reports to (spec.tracking); the operator copies it into
     `status.tracking`, so users find the run's curves from the GRPORun."""
@@ -126,6 +132,9 @@ class ProgressReport(ReportModel):
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
     tracking: list[TrackedRunReport] = Field(default_factory=list, max_length=3, description="The trackers' runs, "
                                              "once they started (spec.tracking).")
+    tracking_degraded: list[Annotated[str, Field(max_length=TRACKING_DEGRADED_LINE_MAX_CHARS)]] = Field(
+        default_factory=list, max_length=3, description="A line for each tracker that does not get the run's "
+        "metrics: left out at start, not answering (spec.tracking.onUnavailable: continue).")
     attention_kernel: known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from functools import partial
@@ -28,12 +29,12 @@ from ..contract.codes import (
 from ..contract.config import RunConfig
 from ..contract.report import ExportReport, ProgressReport
 from ..progress import queue_bound
-from ..storage.final_model import export_trained_model, save_final_model
+from ..storage.final_model import UploadInterrupted, export_trained_model, save_final_model
 from .datasets import load_prompts
 from .errors import ConfigError
 from .exporter import write_termination_message
 from .lora import adapter_sync, check_lora_targets, peft_config
-from .preemption import Preempted, route_to, settle
+from .preemption import Preempted, route_to, settle, stop_on_sigterm
 from .rewards import RewardResultError, UserCodeError, load_rewards
 from .tracking import configure as configure_tracking
 from .tracking import parameters_callback
@@ -149,7 +150,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     except AttentionUnavailable as error:
         raise ConfigError(str(error)) from None
     try:
-        trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
+        tracking = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
     except TrackingConfigError as error:
         raise ConfigError(str(error)) from None
     if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.rollout.run_config_watch
@@ -158,7 +159,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     try:
-        args = AsyncGRPOConfig(**trainer_arguments(config))
+        # Only the trackers that answered (spec.tracking.onUnavailable: continue leaves the others out).
+        args = AsyncGRPOConfig(**{**trainer_arguments(config), "report_to": tracking.trackers})
     except (TypeError, ValueError) as error:
         raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
     problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
@@ -217,7 +219,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
         weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
     # The trackers' runs are named on /progress by a callback that reads the trainer's own tracker integrations: the
     # learner builds it from its callbacks.
-    tracking = partial(parameters_callback, spec_config, trackers) if trackers else None
+    tracking_callback = partial(parameters_callback, spec_config, tracking) if config.tracking.trackers else None
     try:
         with http_only_rollout_worker(config):
             learner = GRPOLearner(
@@ -240,7 +242,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
-                                           tracking=tracking, rollout_pool=pool),
+                                           tracking=tracking_callback, rollout_pool=pool),
             )
     except BaseException:
         if pool is not None:
@@ -329,10 +331,13 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
         if learner.phase == LearnerPhase.PREEMPTED:
             return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, learner.message)
         if config.output is not None:
-            exported = export_trained_model(config, learner)
+            # Trained, but the grace period (120 s) holds no slow upload: a SIGTERM ends it, the export stays local.
+            upload_stop = threading.Event()
+            stop_on_sigterm(upload_stop, "leaving the model's upload unfinished")
+            exported = export_trained_model(config, learner, upload_stop)
         else:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
-    except Preempted as preempted:
+    except (Preempted, UploadInterrupted) as preempted:
         return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, str(preempted))
     # a retry would find the same config, the same files, the same store
     except (ConfigError, UnusableCheckpoints, InputError) as error:
@@ -343,9 +348,11 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
         return _finish(config, learner, EXIT_EXPORT_FAILED, LearnerPhase.FAILED, str(error))
     except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
         traceback.print_exc()
-        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
-        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
-            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(broken_reward))
+        # A reward's code returns the same shape again, and user code that broke the worker's start breaks it again:
+        # a retry cannot help.
+        user_mistake = next((e for e in _chain(error) if isinstance(e, (RewardResultError, UserCodeError))), None)
+        if user_mistake is not None:
+            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(user_mistake))
         return _finish(config, learner, 1, LearnerPhase.FAILED, describe_error(error))
     finally:
         settle()

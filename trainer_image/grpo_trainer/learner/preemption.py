@@ -4,7 +4,9 @@ Kubernetes sends SIGTERM on pod deletion, node drain and spot reclaim, then SIGK
 Python's default ended the process without a checkpoint (up to `saveSteps` of work lost) and exit 143 counted
 against the run's backoff. While training, the signal only asks the trainer to stop (GRPOLearner.request_preemption):
 every rank stops at the same micro-batch, the checkpoint is saved, and the process exits preempted. Before training
-there is nothing to save, so the handler raises Preempted at once.
+there is nothing to save, so the handler raises Preempted at once. After training, SIGTERM leaves the model's upload
+to an object store unfinished (grpo_trainer.storage.final_model: boto3's waits outlast the grace period): the process
+exits preempted, its export kept on the output volume.
 
 Torch-free, and installed before anything slow is imported: a signal that arrived while torch loaded would otherwise
 kill the process the default way.
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Callable
+from functools import partial
 
 logger = logging.getLogger(__name__)
 
@@ -24,16 +28,32 @@ class Preempted(BaseException):
 
 
 _stop_training: Callable[[], bool] | None = None
+#: What the log says a SIGTERM does while training.
+STOPPING_TRAINING = "stopping at the next micro-batch to save a checkpoint"
+#: What the log says a SIGTERM does when `_stop_training` took it.
+_stopping = STOPPING_TRAINING
 
 
 def install() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def route_to(stop_training: Callable[[], bool] | None) -> None:
-    """From now on SIGTERM calls `stop_training`; it returns False when there is no training to stop."""
-    global _stop_training
-    _stop_training = stop_training
+def route_to(stop_training: Callable[[], bool] | None,
+             stopping: str = STOPPING_TRAINING) -> None:
+    """From now on SIGTERM calls `stop_training`; it returns False when there is no training to stop. `stopping` is
+    what the log says it does."""
+    global _stop_training, _stopping
+    _stop_training, _stopping = stop_training, stopping
+
+
+def stop_on_sigterm(event: threading.Event, stopping: str) -> None:
+    """From now on SIGTERM sets `event`: the work that watches it (the final model's upload) gives up."""
+    route_to(partial(_set, event), stopping)
+
+
+def _set(event: threading.Event) -> bool:
+    event.set()
+    return True
 
 
 def settle() -> None:
@@ -52,6 +72,6 @@ def _on_sigterm(signum: int, _frame) -> None:
         logger.warning("SIGTERM after the outcome was decided: finishing its report")
         return
     if _stop_training is not None and _stop_training():
-        logger.warning("SIGTERM: stopping at the next micro-batch to save a checkpoint")
+        logger.warning("SIGTERM: %s", _stopping)
         return
     raise Preempted(f"preempted: signal {signum} before training started; nothing to save")

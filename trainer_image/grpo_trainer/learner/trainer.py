@@ -102,6 +102,8 @@ class TrackedRuns(Protocol):
 
     def tracked_runs(self) -> list[TrackedRunReport]: ...
 
+    def degraded(self) -> list[str]: ...
+
 
 @dataclass(frozen=True)
 class LearnerReporting:
@@ -295,7 +297,8 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
             report = report.model_copy(update={"rollout_wait_seconds": self.rollout_wait.seconds,
                                                "rollout_queue_samples": self.rollout_wait.qsize()})
         if self._tracking is not None:
-            report = report.model_copy(update={"tracking": self._tracking.tracked_runs()})
+            report = report.model_copy(update={"tracking": self._tracking.tracked_runs(),
+                                               "tracking_degraded": self._tracking.degraded()})
         if self._rollout_pool is not None:
             report = report.model_copy(update={"rollout": self._rollout_pool.report()})
         return report

@@ -15,18 +15,23 @@ child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import multiprocessing
+import os
 import queue
 import signal
+import sys
+import traceback
 from typing import Any
 
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
 from ..agentic.episodes import completion_turns, stamp_group
-from ..agentic.tools import EpisodeRecord, episode_of
-from ..learner.rewards import RewardFunctionError, RewardResultError
+from ..agentic.tools import EpisodeRecord, GuardedEnvironmentFactory, episode_of
+from ..learner.rewards import CheckedReward, RewardFunctionError, RewardResultError, UserCodeError
 from .sync_watchdog import DaemonCall
 
 logger = logging.getLogger(__name__)
@@ -43,14 +48,56 @@ PREEMPTED_STOP_JOIN_S = 1.0
 #: The child puts its error on a queue just before it sets its failed event; the queue's feeder thread may lag.
 ERROR_INFO_WAIT_S = 2.0
 
-#: The child's errors that keep their class in the learner (what the learner's exit code depends on).
-_KNOWN_ERRORS: dict[str, type[Exception]] = {
-    cls.__name__: cls for cls in (RewardResultError, RewardFunctionError)
-}
+#: linux/prctl.h: the signal a process gets when the thread that spawned it ends.
+PR_SET_PDEATHSIG = 1
+
 
 
 class RolloutWorkerDied(RuntimeError):
     """TRL's rollout worker child ended while the learner still needed it."""
+
+
+class UserCodeStartError(UserCodeError):
+    """The user's code (an environment factory, a reward, a tool) raised while TRL's child set up its rollout loop:
+    the same code raises the same way on every retry."""
+
+
+#: The child's errors that keep their class in the learner (what the learner's exit code depends on).
+_KNOWN_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (RewardResultError, RewardFunctionError, UserCodeStartError)
+}
+
+
+def user_code(loop_kwargs: dict[str, Any]) -> dict[str, str]:
+    """The user's code the rollout loop runs, `{module: what it is}` ("environment factory 'mod:make'")."""
+    named: dict[str, str] = {}
+    for reward in loop_kwargs.get("reward_funcs") or ():
+        if isinstance(reward, CheckedReward):
+            named.setdefault(reward.func.__module__, f"reward function {reward.label!r}")
+    for tool in loop_kwargs.get("tools") or ():
+        named.setdefault(tool.__module__, f"tool '{tool.__module__}:{tool.__qualname__}'")
+    factories = loop_kwargs.get("environment_factory")
+    for factory in factories.values() if isinstance(factories, dict) else (factories,):
+        if isinstance(factory, GuardedEnvironmentFactory):
+            named.setdefault(factory.factory.__module__, f"environment factory {factory.spec!r}")
+    return named
+
+
+def start_error(error: BaseException, loop_kwargs: dict[str, Any]) -> UserCodeStartError | None:
+    """`error`, raised while the rollout loop was set up, as the user's code's error when it was raised in it (the
+    innermost frame in one of the user's modules names it), else None: TRL's own set-up failed."""
+    named = user_code(loop_kwargs)
+    module = None
+    frame = error.__traceback__
+    while frame is not None:
+        name = frame.tb_frame.f_globals.get("__name__")
+        if name in named:
+            module = name
+        frame = frame.tb_next
+    if module is None:
+        return None
+    return UserCodeStartError(f"{named[module]} raised while the rollout worker started (module {module!r}): "
+                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -68,15 +115,45 @@ def describe_exit(exitcode: int | None) -> str:
 _ADVANTAGE_EPS = 1e-8
 
 
+def die_with_parent() -> None:
+    """In the worker's child: SIGKILL it when the learner thread that spawned it ends, however that ends.
+
+    TRL's child outlived a SIGKILLed learner (the kubelet's after the grace period, the OOM killer's, a killed
+    `grporun local`), busy in a reward or an environment and holding their memory. The signal follows the spawning
+    thread: TRL starts the child from the trainer's `on_train_begin`, on the learner's main thread. A learner that
+    died before the signal was set (the child's imports take seconds) has left the child to another parent already.
+    """
+    if sys.platform != "linux":
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class EpisodeRolloutLoop(_AsyncRolloutLoop):
     """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.agentic.episodes).
 
     An episode whose guarded environment failed (grpo_trainer.agentic.tools) is unscorable: its reward is NaN whatever
-    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
+    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain. The
+    child dies with the learner (`die_with_parent`).
     """
 
     def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
+        die_with_parent()  # first: TRL's set-up builds the environments, which may start processes of their own
+        try:
+            super().__init__(**kwargs)
+        except Exception as error:
+            # TRL reports only the loop's run to the learner: a set-up error was the child's exit 1 alone, a crash
+            # the operator retried. The user's code's error goes back as TRL's run reports one; the child still dies.
+            user_error = start_error(error, kwargs)
+            if user_error is not None:
+                kwargs["exception_info_queue"].put_nowait((type(user_error).__name__, str(user_error),
+                                                           traceback.format_exc()))
+                kwargs["failed_event"].set()
+            raise
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
@@ -156,6 +233,15 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
                                      f"{describe_exit(process.exitcode)}; it runs the reward functions "
                                      f"{', '.join(self.reward_labels())}")
         return None
+
+    def start(self) -> None:
+        try:
+            super().start()
+        except RuntimeError:  # TRL's "child exited during init": the child's own error says more when it left one
+            failure = self.child_failure() if self._failed_event.is_set() else None
+            if failure is None:
+                raise
+            raise failure from None
 
     def reward_labels(self) -> list[str]:
         """The configured names of the reward functions the child runs (user code: the first suspect)."""

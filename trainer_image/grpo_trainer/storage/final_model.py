@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from functools import partial
 from pathlib import Path
 
 from ..contract.config import RunConfig
@@ -15,6 +17,13 @@ from ..contract.store_uri import is_object_store_uri
 from ..learner.lora import FINAL_ADAPTER_FOLDER, save_adapter_and_merged
 
 logger = logging.getLogger(__name__)
+
+#: How often the learner's main thread, waiting for the upload, looks at whether a SIGTERM asked it to stop.
+UPLOAD_STOP_POLL_S = 0.2
+
+
+class UploadInterrupted(Exception):
+    """A SIGTERM arrived while the model was uploading: the upload did not finish, the local export is kept."""
 
 
 def save_final_model(learner, directory: str) -> None:
@@ -73,11 +82,11 @@ def save_merged_adapter_state(model, state: dict, directory: str) -> None:
     whole.merge_and_unload().save_pretrained(directory)
 
 
-def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
+def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> ExportReport | None:
     """Write the trained model to `config.output` with its manifest (grpo_trainer.storage.model_export), then upload it
     when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
     the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and
-    uploads."""
+    uploads, until `stop` is set (`upload_export`)."""
     from .model_export import export_model, package_versions, reward_trend, staging_path
 
     assert config.output is not None
@@ -108,21 +117,32 @@ def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
     }
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
     if is_object_store_uri(config.output.uri):
-        exported = upload_export(exported)
+        exported = upload_export(exported, stop)
     logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
                 exported.step, exported.bytes, exported.sha256)
     return exported
 
 
-def upload_export(exported: ExportReport) -> ExportReport:
+def upload_export(exported: ExportReport, stop: threading.Event | None = None) -> ExportReport:
     """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
-    naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
+    naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer).
+
+    Once `stop` is set (the pod's SIGTERM), UploadInterrupted at once. boto3 cannot be cancelled (its requests wait up
+    to 60 s, 3 times, on a store that does not answer), so the upload runs on a daemon thread that is left to end with
+    the process; the store's old manifest is gone by then, so its prefix reads as absent, never as a half model."""
     from ..contract.store_uri import parse_uri
+    from ..rollout.sync_watchdog import DaemonCall
     from .model_export import ExportError
     from .object_store import ObjectStoreError, upload_folder
 
+    upload = DaemonCall(partial(upload_folder, exported.path, parse_uri(exported.uri, "output.uri")),
+                        "grpo-model-upload")
+    while not upload.join(UPLOAD_STOP_POLL_S):
+        if stop is not None and stop.is_set():
+            raise UploadInterrupted(f"the upload of the model to {exported.uri} did not finish: SIGTERM arrived "
+                                    f"during it; the exported model is kept at {exported.path}")
     try:
-        uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
+        uploaded = upload.result()
     except ObjectStoreError as error:  # its message names the location
         raise ExportError(f"could not upload the model: {error}") from None
     # The folder's own manifest goes up verbatim: the digest and size are those of the objects in the store.

@@ -20,20 +20,33 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...contract.config import RunConfig
-from ...contract.report import ProgressReport, TrackedRunReport
-from .base import Integrations, RecordedRuns, TrackingConfigError
+from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, ProgressReport, TrackedRunReport
+from .base import Integrations, RecordedRuns, TrackerUnavailable, TrackingConfigError
 from .registry import TRACKERS
 from .runs_file import read_recorded_runs, run_key, write_recorded_runs
+
+logger = logging.getLogger(__name__)
 
 #: Prefix of the progress numbers in a tracker (TRL's own keys are `loss`, `entropy`, `completions/...`).
 PROGRESS_PREFIX = "progress/"
 #: Prefix of the run's spec among a tracker's parameters (transformers logs TrainingArguments unprefixed).
 PARAMETER_PREFIX = "grporun."
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """The learner's trackers once configured: those it reports to, and a line for each left out because it did not
+    answer at start (`spec.tracking.onUnavailable: continue`; the operator's TrackingDegraded condition)."""
+
+    trackers: list[str]
+    unavailable: list[str]
 
 
 def check_trackers(config: RunConfig, environ: MutableMapping[str, str] | None = None) -> None:
@@ -69,22 +82,45 @@ def continued_runs_env(config: RunConfig) -> dict[str, str]:
     return env
 
 
+def available_trackers(config: RunConfig) -> tuple[list[str], list[str]]:
+    """The trackers that answer now, and a line for each that does not (`Tracker.probe`). With
+    `spec.tracking.onUnavailable: fail` (the default), TrackingConfigError for the first that does not."""
+    available, unavailable = [], []
+    for name in config.tracking.trackers:
+        try:
+            TRACKERS[name].probe(config)
+        except TrackerUnavailable as error:
+            if config.tracking.on_unavailable == "fail":
+                raise TrackingConfigError(f"{error} (spec.tracking.onUnavailable: continue trains without it)") \
+                    from None
+            logger.warning("tracking: %s: training without %s (spec.tracking.onUnavailable: continue)", error, name)
+            unavailable.append(f"{name}: {error}")
+        else:
+            available.append(name)
+    return available, unavailable
+
+
 def configure(config: RunConfig, environ: MutableMapping[str, str] | None = None, *,
-              main_process: bool = True) -> list[str]:
-    """Check the trackers, set the env their integrations read (continuing the runs this learner's last start
-    recorded), make their directories; the `report_to` list. Only the main process (rank 0) logs to the trackers,
-    so only it asks the tracking server whether the recorded run can be continued: one request per start, not one per
-    rank."""
+              main_process: bool = True) -> Tracking:
+    """Check the trackers, probe them, set the env their integrations read (continuing the runs this learner's last
+    start recorded), make their directories; the trackers to report to (`report_to`) and the lines of those left
+    out. Only the main process (rank 0) logs to the trackers, so only it probes them and asks the tracking server
+    whether the recorded run can be continued: one request per start, not one per rank."""
     environ = os.environ if environ is None else environ
     check_trackers(config, environ)
+    trackers, unavailable = available_trackers(config) if main_process else (config.tracking.trackers, [])
     env = tracker_env(config)
-    if config.tracking.trackers and main_process:
+    if trackers and main_process:
         env.update(continued_runs_env(config))
     environ.update(env)
-    for name in config.tracking.trackers:
+    for name in trackers:
         if (directory := TRACKERS[name].directory(config)) is not None:
-            os.makedirs(directory, exist_ok=True)
-    return config.tracking.trackers
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as error:
+                raise TrackingConfigError(f"spec.tracking.{name}: cannot make its directory {directory}: "
+                                          f"{error.strerror or error}") from None
+    return Tracking(trackers, unavailable)
 
 
 def record_runs(config: RunConfig, runs: list[TrackedRunReport]) -> None:
@@ -156,12 +192,14 @@ def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: An
     return [run for run in runs if run is not None]
 
 
-def parameters_callback(config: RunConfig, trackers: list[str], callbacks: list):
+def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
     """A TrainerCallback that logs the run's spec once the trackers' runs have started, keeps their identity (its
-    `tracked_runs()`, for the progress report) and records it for the next start to continue (`RUNS_FILE`). Added
-    after transformers' integrations (`callbacks` is the trainer's list), so their `on_train_begin` has run when
-    this one does."""
+    `tracked_runs()`, for the progress report) and records it for the next start to continue (`RUNS_FILE`), and
+    says which trackers do not get the run's metrics (its `degraded()`). Added after transformers' integrations
+    (`callbacks` is the trainer's list), so their `on_train_begin` has run when this one does."""
     from transformers import TrainerCallback
+
+    trackers = tracking.trackers
 
     class RunParameters(TrainerCallback):
         def __init__(self):
@@ -169,6 +207,9 @@ def parameters_callback(config: RunConfig, trackers: list[str], callbacks: list)
 
         def tracked_runs(self) -> list[TrackedRunReport]:
             return list(self.runs)
+
+        def degraded(self) -> list[str]:
+            return [line[:TRACKING_DEGRADED_LINE_MAX_CHARS] for line in tracking.unavailable]
 
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:

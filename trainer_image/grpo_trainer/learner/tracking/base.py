@@ -5,7 +5,8 @@ transformers' integrations do the logging (`report_to`); a Tracker sets its inte
 started. The learner calls the run's trackers at fixed points, each in the registry's order
 (grpo_trainer.learner.tracking.registry):
 - at start, before the model loads, on every rank: `check` (what cannot work here ends the learner as a config
-  error: a missing credential; the place for a reachability probe too), `env` and `directory` (what its integration
+  error: a missing credential), `probe` (whether the place it reports to answers now: a tracker that does not fails
+  the run or is left out, as `spec.tracking.onUnavailable` says), `env` and `directory` (what its integration
   reads, and where it writes);
 - at start, rank 0 only: `continued_env` (continue the run this learner's last start recorded);
 - once the integrations started their runs (rank 0, `on_train_begin`): `log_parameters`, `started_run`, `recorded`
@@ -32,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 class TrackingConfigError(ValueError):
     """A tracker the run asks for that cannot work here; one line naming `spec.tracking.<name>`."""
+
+
+class TrackerUnavailable(Exception):
+    """The place a tracker reports to does not answer now; one line naming the field and the URI."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,10 @@ class Tracker(Protocol):
 
     def check(self, config: RunConfig, environ: Mapping[str, str]) -> None:
         """Raise TrackingConfigError, naming the field, for what cannot work here (a Secret that gave nothing)."""
+
+    def probe(self, config: RunConfig) -> None:
+        """Raise TrackerUnavailable, naming the field and the URI, when the place it reports to does not answer now
+        (within seconds: its integration would retry for minutes inside the training loop)."""
 
     def env(self, config: RunConfig) -> dict[str, str]:
         """The env its integration reads (credentials excepted: the pod's env carries those, from Secrets)."""

@@ -11,13 +11,16 @@ from collections.abc import Mapping
 from ...contract.config import RunConfig
 from ...contract.pod_env import MLFLOW_CREDENTIAL_ENV
 from ...contract.report import TrackedRunReport
-from .base import Integrations, RecordedMlflowRun, RecordedRuns, TrackingConfigError, tracked_run
+from .base import Integrations, RecordedMlflowRun, RecordedRuns, TrackerUnavailable, TrackingConfigError, tracked_run
 
 logger = logging.getLogger(__name__)
 
 #: MLflow refuses a parameter value longer than this.
 MLFLOW_PARAM_MAX_CHARS = 6000
 MLFLOW_PARAMS_PER_BATCH = 100
+#: How long the start-up probe waits for the tracking server's answer. MLflow's own client retries a server that does
+#: not answer for about 5 minutes, inside the training loop, and then the learner crashed.
+PROBE_TIMEOUT_S = 5.0
 
 
 def mlflow_experiment(config: RunConfig) -> str:
@@ -77,6 +80,20 @@ class MlflowTracker:
             raise TrackingConfigError(
                 f"spec.tracking.mlflow.credentialsSecret: Secret {mlflow.credentials_secret!r} is missing or has "
                 f"none of the keys {', '.join(MLFLOW_CREDENTIAL_ENV)}")
+
+    def probe(self, config: RunConfig) -> None:
+        """A tracking server (http, https) answers its `/health`; any answer will do (one behind a login answers
+        401). A file store or a database is the integration's to open."""
+        import requests
+
+        uri = config.tracking.mlflow.tracking_uri
+        if not uri.startswith(("http://", "https://")):
+            return
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S)
+        except requests.RequestException as error:
+            raise TrackerUnavailable(f"spec.tracking.mlflow.trackingUri: nothing answers at {uri} within "
+                                     f"{PROBE_TIMEOUT_S:.0f}s ({type(error).__name__})") from None
 
     def env(self, config: RunConfig) -> dict[str, str]:
         return {

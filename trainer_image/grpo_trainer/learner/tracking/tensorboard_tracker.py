@@ -19,6 +19,9 @@ class TensorBoardTracker:
     def check(self, config: RunConfig, environ: Mapping[str, str]) -> None:
         pass  # nothing to authenticate: it writes files
 
+    def probe(self, config: RunConfig) -> None:
+        pass  # it writes files: where they go is made at start (tracking.configure)
+
     def env(self, config: RunConfig) -> dict[str, str]:
         return {"TENSORBOARD_LOGGING_DIR": tracking_directory(config, self.name)}
 

@@ -27,6 +27,9 @@ class WandbTracker:
             raise TrackingConfigError(f"spec.tracking.wandb.apiKeySecret: {where} gave no API key "
                                       "(the Secret or its key is missing)")
 
+    def probe(self, config: RunConfig) -> None:
+        pass  # not probed at start: reaching W&B's server is left to its own client
+
     def env(self, config: RunConfig) -> dict[str, str]:
         wandb = config.tracking.wandb
         env = {"WANDB_PROJECT": wandb.project, "WANDB_MODE": wandb.mode, "WANDB_DIR": self.directory(config)}
