@@ -225,7 +225,7 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
     step, the run's spec as text."""
     from tensorboard.backend.event_processing import event_accumulator
 
-    from grpo_trainer.learner.tracking import tracking_directory
+    from grpo_trainer.learner.tracking.base import tracking_directory
 
     trainer, _, run_config = finished_run
     directory = tracking_directory(run_config, "tensorboard")
