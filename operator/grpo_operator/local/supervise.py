@@ -289,7 +289,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     local.scaling = RolloutScaling(run_dir, config_path, config, bounds)
     local.plan_server = plan_server
     local.scaling.begin()
-    local.status = dump_status(pins)  # the commits, before the first pass (which would wait for them)
+    if pins.model is not None or pins.dataset is not None:  # before the first pass, which would wait for them
+        local.status = dump_status(pins)
     return local
 
 
