@@ -321,8 +321,15 @@ class RunPolicySpec(WireModel):
     clean_pod_policy: Literal["Running", "All", "None"] = "Running"
 
 
+#: spec.modelRevision or spec.dataset.revision that opts out of pinning: each pod loads the hub's main when it starts.
+UNPINNED_REVISION = "unpinned"
+
+
 class GRPORunSpec(WireModel):
     model: str = Field(min_length=1)
+    # A branch, tag or commit of a hub model (default main), resolved to a commit once, before the first pod
+    # (status.model.revision): every pod of the run loads that commit. `unpinned` opts out.
+    model_revision: str | None = Field(None, min_length=1, max_length=256)
     dataset: DatasetConfig
     rewards: list[RewardConfig] = Field(min_length=1)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -506,6 +513,7 @@ class Reason:
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     STARTUP_DEADLINE_EXCEEDED = "StartupDeadlineExceeded"
     UNSCHEDULABLE = "Unschedulable"
+    RESOLVING_REVISION = "ResolvingRevision"  # the run waits for the hub to name the commit of its model or dataset
     FIT_WARNING = "LikelyOutOfMemory"  # the event when the fit check estimates the learner past its GPU's memory
     OOM_KILLED = "OOMKilled"  # the kubelet's reason for a container the kernel killed for its memory
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the run's Workload (yet, or again)
@@ -647,6 +655,14 @@ class OutputStatus(_StatusModel):
     time: str
 
 
+class PinnedRevision(_StatusModel):
+    """A hub model's or dataset's commit, resolved once from the revision the spec asked for: what every pod loads."""
+
+    name: str  # the hub id (spec.model, spec.dataset.name)
+    requested: str  # the branch, tag or commit the spec asked for (main when it named none)
+    revision: str  # the commit
+
+
 class TrackedRunStatus(_StatusModel):
     """An experiment tracker's run the learner reports to (its report,
     grpo_trainer.contract.report.TrackedRunReport)."""
@@ -675,6 +691,8 @@ class GRPORunStatus(_StatusModel):
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
     tracking: list[TrackedRunStatus] | None = None
+    model: PinnedRevision | None = None  # None: not a hub model, or spec.modelRevision unpinned, or not resolved yet
+    dataset: PinnedRevision | None = None  # likewise for spec.dataset.name
     message: str | None = None
 
 

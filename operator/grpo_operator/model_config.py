@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from grpo_trainer.contract.store_uri import is_object_store_uri
 
@@ -60,20 +61,56 @@ def read_model_config(model: str, hub: HubAccess, base_dir: str | os.PathLike[st
     return read_hub_config(model, hub)
 
 
-def read_hub_config(repo_id: str, hub: HubAccess) -> ConfigRead:
-    """config.json of the hub model `repo_id`, fetched alone; (None, why) naming what the hub answered."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+@dataclass(frozen=True)
+class HubFailure:
+    """What the hub answered instead (`why`, one line); `transient`: it could not be reached, asking later may do."""
+
+    why: str
+    transient: bool
+
+
+def hub_failure(error: Exception, where: str, what: str, kind: str = "model") -> HubFailure | None:
+    """What huggingface_hub's `error`, raised asking for `what` of `where` (a hub `kind`), means; None when it is
+    none of the hub's."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
-        HFValidationError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-    from huggingface_hub.utils import httpx, validate_repo_id
+    from huggingface_hub.utils import httpx
+
+    if isinstance(error, GatedRepoError):
+        return HubFailure(f"{where} is gated, and the hub refused {what} without a token that may read it "
+                          "(HF_TOKEN)", transient=False)
+    if isinstance(error, RepositoryNotFoundError):
+        return HubFailure(f"{where}: the hub has no such {kind} (or it is private, and no token that may read "
+                          "it was given)", transient=False)
+    if isinstance(error, RevisionNotFoundError):
+        return HubFailure(f"{where}: the hub has no such revision", transient=False)
+    if isinstance(error, LocalEntryNotFoundError):  # a download's own request failed after the first one passed
+        return HubFailure(f"{where}: the hub cannot be reached ({error})", transient=True)
+    if isinstance(error, EntryNotFoundError):
+        return HubFailure(f"{where}: the hub has no {what} for it", transient=False)
+    if isinstance(error, HfHubHTTPError):
+        status = error.response.status_code
+        return HubFailure(f"{where}: the hub answered HTTP {status} for {what}", transient=status >= 500)
+    if isinstance(error, OfflineModeIsEnabled):
+        return HubFailure(f"{where}: HF_HUB_OFFLINE is set, so the hub is not asked for {what}", transient=False)
+    if isinstance(error, httpx.HTTPError):
+        return HubFailure(f"{where}: the hub cannot be reached ({type(error).__name__}: {error or 'no answer'})",
+                          transient=True)
+    return None
+
+
+def read_hub_config(repo_id: str, hub: HubAccess) -> ConfigRead:
+    """config.json of the hub model `repo_id`, fetched alone; (None, why) naming what the hub answered."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
 
     where = f"spec.model {repo_id}" + (f" (revision {hub.revision})" if hub.revision else "")
     try:
@@ -89,24 +126,42 @@ def read_hub_config(repo_id: str, hub: HubAccess) -> ConfigRead:
             path = hf_hub_download(repo_id, CONFIG_FILE, revision=hub.revision, endpoint=hub.endpoint,
                                    token=hub.token, cache_dir=cache, etag_timeout=hub.timeout)
             return json.loads(Path(path).read_text()), ""
-    except GatedRepoError:
-        return None, (f"{where} is gated, and the hub refused its {CONFIG_FILE} without a token that may read it "
-                      "(HF_TOKEN)")
-    except RepositoryNotFoundError:
-        return None, f"{where}: the hub has no such model (or it is private, and no token that may read it was given)"
-    except RevisionNotFoundError:
-        return None, f"{where}: the hub has no such revision"
-    except LocalEntryNotFoundError as error:  # the download's own request failed after the first one passed
-        return None, f"{where}: the hub cannot be reached ({error})"
-    except EntryNotFoundError:
-        return None, f"{where}: the hub has no {CONFIG_FILE} for it"
-    except HfHubHTTPError as error:
-        return None, f"{where}: the hub answered HTTP {error.response.status_code} for its {CONFIG_FILE}"
-    except OfflineModeIsEnabled:
-        return None, f"{where}: HF_HUB_OFFLINE is set, so the hub is not asked for its {CONFIG_FILE}"
-    except httpx.HTTPError as error:
-        return None, f"{where}: the hub cannot be reached ({type(error).__name__}: {error or 'no answer'})"
-    except OSError as error:  # the temporary folder, or the file in it
-        return None, f"{where}: its {CONFIG_FILE} could not be kept to read ({error})"
-    except ValueError as error:
-        return None, f"{where}: its {CONFIG_FILE} is not JSON ({error})"
+    except Exception as error:
+        failure = hub_failure(error, where, f"its {CONFIG_FILE}")
+        if failure is not None:
+            return None, failure.why
+        if isinstance(error, OSError):  # the temporary folder, or the file in it
+            return None, f"{where}: its {CONFIG_FILE} could not be kept to read ({error})"
+        if isinstance(error, ValueError):
+            return None, f"{where}: its {CONFIG_FILE} is not JSON ({error})"
+        raise
+
+
+#: A commit as the hub names it: 40 lowercase hex digits. A revision spelled so is pinned already.
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+RevisionRead = tuple[str | None, HubFailure | None]  # (the commit, None) or (None, what the hub answered instead)
+
+
+def resolve_commit(repo_id: str, kind: Literal["model", "dataset"], field: str, hub: HubAccess) -> RevisionRead:
+    """The commit `hub.revision` (a branch, tag or commit; None: main) of the hub model or dataset `repo_id` is at
+    now: one bounded request, no retries (`hub.timeout`). A revision spelled as a commit is that commit, unasked.
+    `field` names the spec field in what the failure says."""
+    from huggingface_hub import HfApi
+
+    revision = hub.revision or "main"
+    if COMMIT.fullmatch(revision):
+        return revision, None
+    api = HfApi(endpoint=hub.endpoint, token=hub.token)
+    info = api.model_info if kind == "model" else api.dataset_info
+    try:
+        sha = info(repo_id, revision=revision, timeout=hub.timeout).sha
+    except Exception as error:
+        failure = hub_failure(error, f"{field} {revision} of {kind} {repo_id}", "its commit", kind)
+        if failure is None:
+            raise
+        return None, failure
+    if not sha:
+        return None, HubFailure(f"{field} {revision} of {kind} {repo_id}: the hub named no commit for it",
+                                transient=True)
+    return sha, None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from grpo_operator.api import GRPORunSpec
+from grpo_operator.api import UNPINNED_REVISION, GRPORunSpec
 from grpo_trainer.contract.config import (
     CheckpointConfig,
     InputsConfig,
@@ -59,7 +59,8 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
         run_name=name,
         namespace=namespace,
         model=spec.model,
-        dataset=spec.dataset.model_copy(deep=True),
+        model_revision=_loaded(spec.model_revision),
+        dataset=spec.dataset.model_copy(update={"revision": _loaded(spec.dataset.revision)}, deep=True),
         rewards=[reward.model_copy(deep=True) for reward in spec.rewards],
         training=training,
         filter=spec.filter.model_copy(deep=True),
@@ -92,6 +93,12 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
         termination_message_path=placement.termination_message_path,
         environments=dict(placement.environment_urls),
     )
+
+
+def _loaded(revision: str | None) -> str | None:
+    """The revision the pods load: the spec's (the commit, once the run is pinned: status.revision.pinned_spec);
+    none for `unpinned`."""
+    return None if revision == UNPINNED_REVISION else revision
 
 
 def _inputs(spec: GRPORunSpec, cache_dir: str | None) -> InputsConfig:

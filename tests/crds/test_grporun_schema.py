@@ -26,6 +26,7 @@ from grpo_operator.api import (
     LearnerStatus,
     OutputStatus,
     Phase,
+    PinnedRevision,
     ProgressClock,
     ProgressStatus,
     RemovedServerStatus,
@@ -205,6 +206,8 @@ def _full_status() -> GRPORunStatus:
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),
         tracking=[TrackedRunStatus(tracker="mlflow", run_id="0f1e", uri="http://mlflow:5000/#/experiments/1/runs/0f1e")],
+        model=PinnedRevision(name="Qwen/Qwen3-0.6B", requested="main", revision="c0" * 20),
+        dataset=PinnedRevision(name="openai/gsm8k", requested="v1", revision="d1" * 20),
         message="running",
     )
 

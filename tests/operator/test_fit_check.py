@@ -109,3 +109,12 @@ def test_a_models_config_is_read_once_a_minute_for_the_runs_created_together(hub
     now[0] = CONFIG_TTL_SECONDS
     asyncio.run(together(1))
     assert len([method for method, _, _ in hub.requests if method == "GET"]) == 2
+
+
+def test_the_fit_check_reads_the_config_at_the_revision_the_run_asks_for(hub):
+    configs = ModelConfigs(hub=HubAccess(endpoint=hub.url))
+    tagged = parse_spec(minimal_spec(model="Qwen/Qwen2.5-7B", modelRevision="v1.0",
+                                     learner={"resources": {"limits": {"nvidia.com/gpu": 1}}}))
+    asyncio.run(check_run(tagged, NodeLists([]), configs, None))
+    assert [path for method, path, _ in hub.requests if method == "GET"] == [
+        "/Qwen/Qwen2.5-7B/resolve/v1.0/config.json"]

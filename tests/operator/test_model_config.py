@@ -5,12 +5,13 @@ refused or silent, skips the check with the reason within the timeout."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from grpo_operator.model_config import HubAccess, read_model_config
+from grpo_operator.model_config import HubAccess, HubFailure, read_model_config, resolve_commit
 from tests.support.ports import LOOPBACK, free_port
-from tests.support.servers.hub_server import GATED_TOKEN, QWEN25_7B, silent_endpoint
+from tests.support.servers.hub_server import GATED_TOKEN, QWEN25_7B, commit_of, silent_endpoint
 
 CONFIG_PATH = "/Qwen/Qwen2.5-7B/resolve/{}/config.json"
 
@@ -73,3 +74,39 @@ def test_a_hub_that_cannot_be_reached_is_a_reason_not_a_hang():
     with silent_endpoint() as silent:  # accepts, never answers: the timeout ends the wait
         config, why = read_model_config("Qwen/Qwen2.5-7B", HubAccess(endpoint=silent, timeout=1.0))
     assert (config, why) == (None, "spec.model Qwen/Qwen2.5-7B: the hub cannot be reached (ReadTimeout: timed out)")
+
+
+def test_a_branch_or_tag_resolves_to_the_commit_it_names_now_and_a_commit_to_itself_unasked(hub):
+    hub.add("pin/branch-moves", QWEN25_7B, revisions=("main", "v1.0"))
+    access = HubAccess(endpoint=hub.url)
+    first, failure = resolve_commit("pin/branch-moves", "model", "spec.modelRevision", access)
+    assert failure is None and first == commit_of("pin/branch-moves", "main")
+    moved = hub.move("pin/branch-moves")
+    assert resolve_commit("pin/branch-moves", "model", "spec.modelRevision", access) == (moved, None)
+    tagged = replace(access, revision="v1.0")
+    assert resolve_commit("pin/branch-moves", "model", "spec.modelRevision", tagged) == (
+        commit_of("pin/branch-moves", "v1.0"), None)
+    hub.requests.clear()
+    assert resolve_commit("pin/branch-moves", "model", "spec.modelRevision", replace(access, revision=first)) == (
+        first, None)
+    assert hub.requests == []  # a commit is pinned as it is
+    assert resolve_commit("openai/gsm8k", "dataset", "spec.dataset.revision", replace(access, revision="v1")) == (
+        commit_of("datasets/openai/gsm8k", "v1"), None)
+
+
+def test_what_the_hub_answers_instead_of_a_commit_says_whether_asking_again_may_help(hub):
+    access = HubAccess(endpoint=hub.url)
+    _, failure = resolve_commit("Qwen/Qwen2.5-7B", "model", "spec.modelRevision", replace(access, revision="v9"))
+    assert failure == HubFailure("spec.modelRevision v9 of model Qwen/Qwen2.5-7B: the hub has no such revision",
+                                 transient=False)
+    _, failure = resolve_commit("meta-llama/Gated-7B", "model", "spec.modelRevision", access)
+    assert failure is not None and not failure.transient and "is gated" in failure.why
+    assert resolve_commit("meta-llama/Gated-7B", "model", "spec.modelRevision", replace(access, token=GATED_TOKEN)) == (
+        commit_of("meta-llama/Gated-7B", "main"), None)
+    _, failure = resolve_commit("nobody/none", "dataset", "spec.dataset.revision", access)
+    assert failure is not None and "the hub has no such dataset" in failure.why and not failure.transient
+    with silent_endpoint() as silent:
+        _, failure = resolve_commit("Qwen/Qwen2.5-7B", "model", "spec.modelRevision",
+                                    HubAccess(endpoint=silent, timeout=1.0))
+    assert failure == HubFailure("spec.modelRevision main of model Qwen/Qwen2.5-7B: the hub cannot be reached "
+                                 "(ReadTimeout: timed out)", transient=True)

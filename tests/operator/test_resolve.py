@@ -115,3 +115,18 @@ def test_resolve_carries_the_learners_strategy():
         rollout_urls=["http://r:8000"], output_dir="/out", checkpoint_dir=None, weight_sync_dir=None,
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH))
     assert config.learner.strategy == "fsdp2" and not config.learner.fsdp.cpu_offload
+
+
+def test_resolve_loads_the_specs_revisions_and_none_for_unpinned():
+    run = read_grporun(FIXTURES / "minimal.yaml")
+    placement = RunPlacement(rollout_urls=["http://r:8000"], output_dir="/out", checkpoint_dir=None,
+                             weight_sync_dir=None, termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH)
+    commit = "ab" * 20
+    pinned = run.spec.model_copy(update={"model_revision": commit, "dataset": run.spec.dataset.model_copy(
+        update={"revision": "v2"})})
+    config = resolve_run_config(run.name, run.namespace, pinned, placement)
+    assert (config.model_revision, config.dataset.revision) == (commit, "v2")
+    unpinned = run.spec.model_copy(update={"model_revision": "unpinned", "dataset": run.spec.dataset.model_copy(
+        update={"revision": "unpinned"})})
+    config = resolve_run_config(run.name, run.namespace, unpinned, placement)
+    assert (config.model_revision, config.dataset.revision) == (None, None)

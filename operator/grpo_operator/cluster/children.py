@@ -20,6 +20,7 @@ from .. import builders
 from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec, parse_status
 from ..pod_overrides import OverrideError
 from ..run_ref import RunRef
+from ..status import revision
 from ..status.children import child_patch, stale_services
 from . import kueue
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
@@ -124,7 +125,9 @@ class Children:
 
     def _build(self, spec: GRPORunSpec, status: dict[str, Any]) -> list[dict[str, Any]]:
         attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
-        rollout = parse_status(status).rollout
+        parsed = parse_status(status)
+        rollout = parsed.rollout
+        spec = revision.pinned_spec(spec, parsed)  # every pod, a later one too, at the commits pinned before the first
         rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
         return builders.build_children(self.run, spec, trainer_image=self.trainer_image, attempt=attempt,
                                        rollout_restarts=rollout_restarts)

@@ -12,6 +12,7 @@ minute too: runs of one model created together ask once, and a hub that does not
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from .. import fit
-from ..api import GRPORunSpec
+from ..api import UNPINNED_REVISION, GRPORunSpec
 from ..model_config import ConfigRead, HubAccess, read_model_config
 from ..placement import Node
 from .kube import APIClientError, Kube
@@ -67,16 +68,19 @@ class ModelConfigs:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, hub: HubAccess | None = None):
         self.clock, self.hub = clock, hub or HubAccess()
-        self._reads: dict[str, tuple[float, ConfigRead]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._reads: dict[tuple[str, str | None], tuple[float, ConfigRead]] = {}
+        self._locks: dict[tuple[str, str | None], asyncio.Lock] = {}
 
-    async def read(self, model: str) -> ConfigRead:
-        async with self._locks.setdefault(model, asyncio.Lock()):  # runs of one model wait for the first read
-            kept = self._reads.get(model)
+    async def read(self, model: str, revision: str | None = None) -> ConfigRead:
+        """config.json of `model` at `revision` (None: the hub's main)."""
+        key = model, revision
+        async with self._locks.setdefault(key, asyncio.Lock()):  # runs of one model wait for the first read
+            kept = self._reads.get(key)
             if kept is None or self.clock() - kept[0] >= CONFIG_TTL_SECONDS:
                 # huggingface_hub blocks: off the event loop, which the other runs' passes share.
-                kept = self.clock(), await asyncio.to_thread(read_model_config, model, self.hub)
-                self._reads[model] = kept
+                hub = dataclasses.replace(self.hub, revision=revision)
+                kept = self.clock(), await asyncio.to_thread(read_model_config, model, hub)
+                self._reads[key] = kept
             return kept[1]
 
 
@@ -91,7 +95,8 @@ async def check_run(spec: GRPORunSpec, kube: Kube, configs: ModelConfigs, gpu_no
     and only a GPU the nodeSelector names is known."""
     if spec.learner.device != "cuda" and spec.rollout.device != "cuda":
         return ClusterFit(fit.FitReport([], [], []), [])
-    config, why = await configs.read(spec.model)
+    wanted = spec.model_revision if spec.model_revision != UNPINNED_REVISION else None
+    config, why = await configs.read(spec.model, wanted)
     if config is None:
         return ClusterFit(fit.FitReport([], [], []), [why])
     try:

@@ -22,10 +22,10 @@ import kopf
 from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
-from ..api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_stored_spec
+from ..api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_status, parse_stored_spec
 from ..engine import Observed, run_pass
 from ..run_ref import RunRef
-from ..status import CreateRejection, Decision, Observation, PodObservation, admission, scaling, urgency
+from ..status import CreateRejection, Decision, Observation, PodObservation, admission, revision, scaling, urgency
 from . import kueue
 from .children import ChildRejected, Children, ChildrenMemory
 from .events import EventRecorder
@@ -34,6 +34,7 @@ from .kube import Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pods import PodFacts
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from .revisions import HubAnswer, PinMemory, RevisionPinner
 from .run_loops import RunLoops
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -68,6 +69,7 @@ class SpecMemory:
     warned_unknown_fields: bool = False
     fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
     fit_error: str | None = None  # what the fit check found past the GPU's memory
+    pins: PinMemory = dataclasses.field(default_factory=PinMemory)  # the hub's last answer for the run's commits
     rejection: CreateRejection | None = None  # an object of the run the API server refused as invalid
 
 
@@ -109,6 +111,7 @@ class OperatorContext:
     managed_elsewhere: set[str] = dataclasses.field(default_factory=set)  # uids whose spec.managedBy is not ours
     gpu_nodes: GpuNodes | None = None  # the fit check reads the GPU nodes' labels (grporun operator --read-gpu-nodes)
     model_configs: ModelConfigs = dataclasses.field(default_factory=ModelConfigs)  # the fit check's config.json reads
+    revisions: RevisionPinner = dataclasses.field(default_factory=RevisionPinner)  # the hub's commits for new runs
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())
@@ -200,6 +203,9 @@ class ClusterRun:
                                                  create_error=memory.workload.create_error)
         read = dataclasses.replace(read, asked=asked, workload=gate.workload if gate else None,
                                    gate=None if was_finished else gate)  # a finished run's Workload: only its finish
+        hub = None
+        if not was_finished and not live and not asked.run_policy.suspend and not (read.gate and read.gate.hold):
+            hub = await self._ask_hub(asked, base_status)
         in_effect, configured = admission.InEffect(asked), None
         if read.gate is not None and read.gate.admitted:  # with pods or without: no more than Kueue admitted
             in_effect = admission.within_admission(asked, read.gate.admitted, kueue.workload_name(run.name))
@@ -215,8 +221,9 @@ class ClusterRun:
                            create_error=memory.children.error, hold=read.gate.hold if read.gate else None,
                            scale_refused=refused, environment_scale_refused=in_effect.environments_refused,
                            configured_servers=configured, workload=workload,
-                           spec_error=memory.spec.fit_error, create_rejected=memory.spec.rejection,
-                           fit_warnings=fit_warnings)
+                           spec_error=memory.spec.fit_error or (hub.refused if hub else None),
+                           create_rejected=memory.spec.rejection, fit_warnings=fit_warnings,
+                           pins=hub.pins if hub else None)
         return Observed(spec, base_status, seen, read)
 
     def _owned_pods(self) -> list[tuple[PodObservation, PodFacts]]:
@@ -244,6 +251,14 @@ class ClusterRun:
         for note in report.notes:
             self.logger.info(f"fit: {note}")
         return tuple(report.warnings)
+
+    async def _ask_hub(self, spec: GRPORunSpec, status: dict[str, Any]) -> HubAnswer | None:
+        """The hub's commits for the run's revisions not pinned yet (status/revision.py); None when all are."""
+        requests = revision.unresolved(spec, parse_status(status))
+        if not requests:
+            return None
+        return await self.context.revisions.answer(self.kube, self.run.namespace, spec, requests,
+                                                   self.memory.spec.pins)
 
     async def _progress(self, live: list[tuple[PodObservation, PodFacts]]) -> ProgressReport | None:
         """The running leader learner's /progress, its failures to answer counted in the run's memory."""

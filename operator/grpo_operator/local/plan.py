@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.pod_env import environment_url_variable
 from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
-from ..api import EnvironmentSpec, GRPORunSpec
+from ..api import EnvironmentSpec, GRPORunSpec, GRPORunStatus, PinnedRevision
 from ..exit_codes import ExitCode
 from ..manifest import ManifestInvalid
+from ..model_config import HubAccess, resolve_commit
 from ..run_ref import RunRef
-from ..status import PodObservation, Role
+from ..status import PodObservation, Role, revision
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -317,3 +320,30 @@ def observe(plan: ProcessPlan, exit_code: int | None, *, ready: bool, message: s
     phase = "Succeeded" if exit_code == 0 else "Failed"
     reason = "Completed" if exit_code == 0 else ("Killed" if exit_code < 0 else "Error")
     return PodObservation(plan.name, plan.role, phase, False, exit_code=exit_code, reason=reason, message=message)
+
+
+def pin_revisions(spec: GRPORunSpec, hub: HubAccess, earlier: RunConfig | None = None) -> GRPORunStatus:
+    """The commits a local run loads its hub model and dataset at (status.model, status.dataset; status/revision.py):
+    those of the `earlier` run config of a resumed run, so it goes on at the commits it started with, else resolved
+    from the hub now, once. Raises ManifestInvalid for a revision the hub refuses, LocalError when it cannot be
+    reached (no process starts unpinned)."""
+    pinned = GRPORunStatus()
+    earlier_commits: dict[str, str | None] = {
+        "model": earlier.model_revision if earlier is not None else None,
+        "dataset": earlier.dataset.revision if earlier is not None else None}
+    for request in revision.pin_requests(spec):
+        commit = earlier_commits[request.kind]
+        if commit is None:
+            access = dataclasses.replace(hub, revision=request.requested)
+            commit, failure = resolve_commit(request.name, request.kind, request.field, access)
+            if failure is not None and failure.transient:
+                raise LocalError(f"{failure.why}: the run does not start unpinned (set {request.field} to a commit, "
+                                 "or to `unpinned`, to start without the hub)")
+            if failure is not None:
+                raise ManifestInvalid([failure.why])
+        held = PinnedRevision(name=request.name, requested=request.requested, revision=commit)
+        if request.kind == "model":
+            pinned.model = held
+        else:
+            pinned.dataset = held
+    return pinned

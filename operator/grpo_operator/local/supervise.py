@@ -22,16 +22,19 @@ from typing import Any
 
 from rich.console import Console
 
+from grpo_trainer.contract.config import RunConfig, load_run_config
 from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
 from .. import status as st
-from ..api import FINISHED_PHASES, GRPORunSpec, Phase
+from ..api import FINISHED_PHASES, GRPORunSpec, Phase, dump_status
 from ..engine import Observed, Outcome, run_pass
 from ..exit_codes import ExitCode
 from ..manifest import read_grporun
+from ..model_config import HUB_ENDPOINT_ENV, HubAccess
 from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
+from ..status import revision
 from ..status.decision import rank
 from . import kubelet
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
@@ -47,6 +50,7 @@ from .plan import (
     local_output,
     localize_spec,
     observe,
+    pin_revisions,
     plan_processes,
     plan_rollout,
 )
@@ -230,6 +234,8 @@ def prepare(args: argparse.Namespace) -> LocalRun:
                          "from its newest checkpoint or --fresh to delete it and start over", ExitCode.USAGE)
     if run_dir.exists() and args.fresh:
         shutil.rmtree(run_dir)
+    earlier = _earlier_config(run_dir / "run.json") if args.resume else None
+    pins = pin_revisions(spec, HubAccess(endpoint=os.environ.get(HUB_ENDPOINT_ENV)), earlier)
     run_dir.mkdir(parents=True, exist_ok=True)
     external = list(args.rollout_url or [])
     if external:
@@ -251,7 +257,7 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     output = local_output(run.name, spec, run_dir)
     environment_ports = {environment.name: [free_port() for _ in range(environment.replicas)]
                          for environment in spec.environments or []}
-    config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
+    config = resolve_run_config(run.name, run.namespace, revision.pinned_spec(spec, pins), RunPlacement(
         rollout_urls=urls, output_dir=str(run_dir / "output"),
         checkpoint_dir=str(run_dir / "checkpoints"),
         weight_sync_dir=str(run_dir / "weights") if spec.rollout.weight_sync.mode == "filesystem" else None,
@@ -283,7 +289,17 @@ def prepare(args: argparse.Namespace) -> LocalRun:
     local.scaling = RolloutScaling(run_dir, config_path, config, bounds)
     local.plan_server = plan_server
     local.scaling.begin()
+    if pins.model is not None or pins.dataset is not None:  # before the first pass, which would wait for them
+        local.status = dump_status(pins)
     return local
+
+
+def _earlier_config(path: Path) -> RunConfig | None:
+    """The run config a resumed run was started with; None when there is none to read."""
+    try:
+        return load_run_config(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def environment_notes(spec: GRPORunSpec) -> list[str]:

@@ -14,6 +14,8 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - invalid.py: a run that cannot be run as specified (InvalidSpec): failed, its pods deleted, its Workload finished;
 - admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished; a size
   beyond what Kueue admitted refused;
+- revision.py: one revision for the whole run: the hub model's and dataset's commits pinned before the first pod,
+  and the spec every pod is built from;
 - children.py: what an existing child object (the run config, the PodGroup) is patched to before pods start;
 - urgency.py: which status changes are written at once and which wait for the status interval;
 - clock.py: the progress clock (inactivity while Running, paused otherwise, kept in status);

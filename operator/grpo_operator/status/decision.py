@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from grpo_trainer.contract.report import ProgressReport
 
+from .revision import HubPins
+
 Role = Literal["rollout", "learner", "environment"]
 
 
@@ -97,6 +99,9 @@ class Observation:
     create_rejected: CreateRejection | None = None
     #: The fit check's warnings (a likely misfit), on the pass that ran it: posted as events.
     fit_warnings: tuple[str, ...] = ()
+    #: The commits the hub named for the spec's unpinned revisions, or why it named none (status/revision.py); None
+    #: when it was not asked this pass.
+    pins: HubPins | None = None
 
 
 @dataclass(frozen=True)

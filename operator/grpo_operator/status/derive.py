@@ -33,7 +33,7 @@ from ..api import (
 from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
 from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
-from . import admission, clock, scaling
+from . import admission, clock, revision, scaling
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
 from .decision import (
@@ -172,6 +172,8 @@ def _decide(record: PassRecord) -> None:
         _resume(record)
     if record.new.start_time is None:
         record.new.start_time = format_time(record.seen.now)
+    if _wait_for_revisions(record):
+        return
     _take_progress(record)
     if _decide_on_exits(record):
         return
@@ -461,6 +463,23 @@ def _surface_waiting(record: PassRecord, default: tuple[str, str]) -> None:
     if not quiet and record.seen.create_error is None and not _reported(record.old, reason):
         _event(record, "Warning", reason, message)
     record.new.message = None if reason in (Reason.PODS_PENDING, Reason.STARTING) else message
+
+
+def _wait_for_revisions(record: PassRecord) -> bool:
+    """Pin the hub model's and dataset's commits the pass learned (status/revision.py); True when the run waits for
+    one before its first pod: Pending, with why, within the startup deadline."""
+    waiting = revision.take_pins(record.spec, record.new, record.seen.pins,
+                                 pods_exist=bool(record.pods or record.terminating))
+    if waiting is None:
+        return False
+    record.conditions.set(ConditionType.PROGRESSING, "False", Reason.RESOLVING_REVISION, waiting)
+    if not _reported(record.old, Reason.RESOLVING_REVISION):
+        _event(record, "Warning", Reason.RESOLVING_REVISION, waiting)
+    record.new.message = waiting
+    _tick_clock(record, running=False)
+    if not _check_deadlines(record, waiting=True):
+        _set_phase(record, Phase.PENDING)
+    return True
 
 
 def _surface_create_error(record: PassRecord) -> None:

@@ -16,6 +16,7 @@ from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
 from grpo_operator.local.plan import (
     VLLM_CPU_BIND_ENV,
+    LocalError,
     LocalPorts,
     LocalProbe,
     ProcessPlan,
@@ -30,6 +31,8 @@ from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
 from grpo_trainer.contract.config import load_run_config
 from tests.support.paths import REPO
+from tests.support.ports import LOOPBACK, free_port
+from tests.support.servers.hub_server import commit_of
 
 TINY = REPO / "examples" / "tiny.yaml"
 
@@ -350,3 +353,30 @@ def test_command_references_expand_as_the_kubelet_expands_them():
     assert expand_references("--port=$(PORT)", env) == "--port=41"
     assert expand_references("$(A)$(A)-$(MISSING)-$$(A)-$$", env) == "aa-$(MISSING)-$(A)-$"
     assert expand_references("$(HOME)", env) == "$(HOME)"  # the container's variables only, not this machine's
+
+
+def test_a_local_run_pins_its_hub_model_once_and_a_resumed_one_keeps_its_commit(tmp_path, tiny_manifest, hub,
+                                                                                  monkeypatch):
+    hub.add("pin/local", {"model_type": "qwen2"})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(model="pin/local"))))
+
+    def started(*, resume: bool, fresh: bool):
+        local = prepare(argparse.Namespace(manifest=str(path), runs_dir=str(tmp_path / "runs"), resume=resume,
+                                           fresh=fresh, rollout_url=["http://127.0.0.1:9"], rollout_python=None,
+                                           rollout_restart_limit=None))
+        return local, load_run_config((local.run_dir / "run.json").read_text())
+
+    first = commit_of("pin/local", "main")
+    local, config = started(resume=False, fresh=False)
+    assert config.model_revision == first and local.status["model"]["revision"] == first
+    assert local.spec.model_revision is None  # the spec as asked; the run config and status hold the commit
+    moved = hub.move("pin/local")
+    assert started(resume=True, fresh=False)[1].model_revision == first  # goes on at the commit it started with
+    assert started(resume=False, fresh=True)[1].model_revision == moved  # a new run: pinned anew
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{LOOPBACK}:{free_port()}")  # nothing listens there
+    with pytest.raises(LocalError, match="pin/local: the hub cannot be reached .*the run does not start unpinned"):
+        started(resume=False, fresh=True)
+    path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(model="pin/local",
+                                                                             modelRevision="unpinned"))))
+    assert started(resume=False, fresh=True)[1].model_revision is None  # the opt-out asks no hub

@@ -1,7 +1,10 @@
-"""A stand-in for the Hugging Face hub on loopback, for the fit check's fetch of a model's config.json: it answers
-`HEAD` and `GET /{repo}/resolve/{revision}/{file}` the way huggingface_hub asks for a file (the commit and ETag
-headers it reads), and the hub's errors by their `X-Error-Code` (RepoNotFound, RevisionNotFound, EntryNotFound,
-GatedRepo). Point HF_ENDPOINT at its `url`.
+"""A stand-in for the Hugging Face hub on loopback, for the fit check's fetch of a model's config.json and the
+operator's pinning of a revision to a commit: it answers `HEAD` and `GET /{repo}/resolve/{revision}/{file}` the way
+huggingface_hub asks for a file (the commit and ETag headers it reads), `GET /api/models/{repo}/revision/{revision}`
+(and `/api/datasets/...`) with the commit a branch or tag is at, and the hub's errors by their `X-Error-Code`
+(RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo). Point HF_ENDPOINT at its `url`.
+
+A branch moves (`move`): from then on it names a new commit; the old commit still answers, as on the hub.
 
 Its repositories hold only config.json files: published configs of the models the tests name. A gated repository
 answers only a request with its token. Every request is recorded (`requests`): what was asked for, and with which
@@ -19,6 +22,7 @@ import json
 import re
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,14 +43,30 @@ QWEN25_32B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hid
               "num_hidden_layers": 64, "vocab_size": 152064, "intermediate_size": 27648, "num_attention_heads": 40,
               "num_key_value_heads": 8, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 GATED_TOKEN = "hf_stand_in_token"
-_RESOLVE = re.compile(r"^/(?P<repo>[^/]+(?:/[^/]+)?)/resolve/(?P<revision>[^/]+)/(?P<file>.+)$")
+_RESOLVE = re.compile(r"^/(?P<repo>(?:datasets/)?[^/]+(?:/[^/]+)?)/resolve/(?P<revision>[^/]+)/(?P<file>.+)$")
+_REVISION = re.compile(r"^/api/(?P<kind>models|datasets)/(?P<repo>[^/]+(?:/[^/]+)?)/revision/(?P<revision>[^/]+)$")
+
+
+def commit_of(repo: str, revision: str, moves: int = 0) -> str:
+    """The commit a revision of the stand-in's repository names after `moves` moves."""
+    return hashlib.sha1(f"{repo}@{revision}".encode() + (f"#{moves}".encode() if moves else b"")).hexdigest()
 
 
 @dataclass
 class Repo:
+    name: str
     files: dict[str, bytes]
     revisions: tuple[str, ...] = ("main",)
     token: str | None = None  # gated: only a request with this token is answered
+    moves: dict[str, int] = field(default_factory=dict)  # by revision: how often it has moved
+
+    def commit(self, revision: str) -> str | None:
+        """The commit `revision` (a branch, a tag, or a commit this repository ever had) names now."""
+        if revision in self.revisions:
+            return commit_of(self.name, revision, self.moves.get(revision, 0))
+        known = {commit_of(self.name, name, moves) for name in self.revisions
+                 for moves in range(self.moves.get(name, 0) + 1)}
+        return revision if revision in known else None
 
 
 @dataclass
@@ -85,23 +105,53 @@ class HubServer:
 
     def add(self, repo: str, config: dict[str, Any], *, revisions: tuple[str, ...] = ("main",),
             token: str | None = None) -> None:
-        self.repos[repo] = Repo({"config.json": json.dumps(config).encode()}, revisions, token)
+        self.repos[repo] = Repo(repo, {"config.json": json.dumps(config).encode()}, revisions, token)
+
+    def add_dataset(self, repo: str, *, revisions: tuple[str, ...] = ("main",)) -> None:
+        key = f"datasets/{repo}"
+        self.repos[key] = Repo(key, {}, revisions)
+
+    def move(self, repo: str, revision: str = "main") -> str:
+        """Push to `revision` of `repo` (a model, or `datasets/ID`): it names a new commit, returned."""
+        moved = self.repos[repo]
+        moved.moves[revision] = moved.moves.get(revision, 0) + 1
+        return moved.commit(revision)
 
     def answer(self, path: str, token: str | None) -> tuple[int, dict[str, str], bytes]:
-        match = _RESOLVE.match(path.split("?")[0])
+        path = urllib.parse.unquote(path.split("?")[0])
+        if revision_match := _REVISION.match(path):
+            prefix = "datasets/" if revision_match["kind"] == "datasets" else ""
+            return self._revision(self.repos.get(prefix + revision_match["repo"]), revision_match["revision"], token)
+        match = _RESOLVE.match(path)
         repo = self.repos.get(match["repo"]) if match else None
-        if repo is None:
-            return self._error(404, "RepoNotFound", "Repository not found")
-        if repo.token is not None and token != repo.token:
-            return self._error(401, "GatedRepo", "Access to this model is restricted")
-        if match["revision"] not in repo.revisions:
+        refused = self._refused(repo, token)
+        if refused is not None:
+            return refused
+        commit = repo.commit(match["revision"])
+        if commit is None:
             return self._error(404, "RevisionNotFound", "Invalid rev id")
         content = repo.files.get(match["file"])
         if content is None:
             return self._error(404, "EntryNotFound", "Entry not found")
-        commit = hashlib.sha1(f"{match['repo']}@{match['revision']}".encode()).hexdigest()
         etag = hashlib.sha256(content).hexdigest()
         return 200, {"Content-Type": "application/json", "ETag": f'"{etag}"', "X-Repo-Commit": commit}, content
+
+    def _refused(self, repo: Repo | None, token: str | None) -> tuple[int, dict[str, str], bytes] | None:
+        if repo is None:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        if repo.token is not None and token != repo.token:
+            return self._error(401, "GatedRepo", "Access to this model is restricted")
+        return None
+
+    def _revision(self, repo: Repo | None, revision: str, token: str | None) -> tuple[int, dict[str, str], bytes]:
+        refused = self._refused(repo, token)
+        if refused is not None:
+            return refused
+        commit = repo.commit(revision)
+        if commit is None:
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        name = repo.name.removeprefix("datasets/")
+        return 200, {"Content-Type": "application/json"}, json.dumps({"id": name, "sha": commit}).encode()
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
@@ -129,6 +179,7 @@ def hub_server() -> Iterator[HubServer]:
     server.add("Qwen/Qwen2.5-7B", QWEN25_7B, revisions=("main", "v1.0"))
     server.add("Qwen/Qwen2.5-32B", QWEN25_32B)
     server.add("meta-llama/Gated-7B", QWEN25_7B, token=GATED_TOKEN)
+    server.add_dataset("openai/gsm8k", revisions=("main", "v1"))
     yield server
     server.stop()
 

@@ -51,6 +51,14 @@ def test_the_rollout_queue_holds_max_staleness_steps_unless_the_user_sets_it():
     assert trainer_arguments(config(training={"maxStaleness": 0}))["queue_maxsize"] > 0  # 0 would be unbounded
 
 
+def test_trl_loads_the_policy_at_the_runs_pinned_commit_beside_the_users_own_load_arguments():
+    commit = "c0ffee" * 6 + "0123"
+    arguments = trainer_arguments(config(modelRevision=commit, training={"extraArgs": {
+        "model_init_kwargs": {"low_cpu_mem_usage": True}}}))
+    assert arguments["model_init_kwargs"] == {"revision": commit, "low_cpu_mem_usage": True}
+    assert "model_init_kwargs" not in trainer_arguments(config())  # a path, or unpinned: TRL's own defaults
+
+
 def test_the_trainer_accepts_every_argument_we_build(tmp_path):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 

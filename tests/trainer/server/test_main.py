@@ -81,6 +81,14 @@ def test_a_run_that_syncs_whole_weights_serves_without_lora(training):
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
 
 
+def test_a_pinned_run_serves_the_hub_model_at_its_commit_and_an_unpinned_one_names_none():
+    commit = "c0ffee" * 6 + "0123"
+    pinned = run_config().model_copy(update={"model": "Qwen/Qwen3-0.6B", "model_revision": commit})
+    argv, _ = build_server_command(pinned)
+    assert flag(argv, "--model") == "Qwen/Qwen3-0.6B" and flag(argv, "--revision") == commit
+    assert "--revision" not in build_server_command(run_config())[0]
+
+
 def test_extra_args_come_last_so_they_override():
     config = run_config(extraArgs=["--max-num-seqs", "4", "--enforce-eager"])
     argv, _ = build_server_command(config)

@@ -23,6 +23,8 @@ class DatasetConfig(WireModel):
     split: str = "train"
     prompt_field: str = "prompt"
     limit: int | None = Field(None, ge=1, description="Use only the first N prompts.")
+    revision: str | None = Field(
+        None, description="The hub dataset's commit (or branch or tag) to load; None: the hub's main when loaded.")
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
@@ -409,6 +411,9 @@ class RunConfig(WireModel):
     run_name: str = "grporun"
     namespace: str = "default"
     model: str
+    model_revision: str | None = Field(
+        None, description="The hub commit every process loads `model` at (the operator or grporun local resolved "
+                          "spec.modelRevision to it once); None: a path, or the hub's main when each process loads.")
     dataset: DatasetConfig
     rewards: list[RewardConfig] = Field(min_length=1)
     training: TrainingConfig = Field(default_factory=TrainingConfig)

@@ -44,7 +44,8 @@ def load_prompts(dataset_config: DatasetConfig):
             else:
                 raise ConfigError(f"dataset.path {path!r}: no such file or directory")
         else:
-            dataset = datasets.load_dataset(dataset_config.name, dataset_config.config, split=dataset_config.split)
+            dataset = datasets.load_dataset(dataset_config.name, dataset_config.config, split=dataset_config.split,
+                                             revision=dataset_config.revision)
     except ConfigError:
         raise
     except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:

@@ -85,6 +85,10 @@ def trainer_arguments(config: RunConfig) -> dict[str, Any]:
         # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.server.main).
         arguments.update(use_cpu=True, dtype="float32", bf16=False)
     arguments.update(training.extra_args)
+    if config.model_revision is not None:
+        # TRL loads the policy (and its processing class) with these: the run's pinned commit, as every pod loads it.
+        arguments["model_init_kwargs"] = {"revision": config.model_revision,
+                                          **(arguments.get("model_init_kwargs") or {})}
     return arguments
 
 
@@ -187,8 +191,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
-        model_config = AutoConfig.from_pretrained(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.model_revision)
+        model_config = AutoConfig.from_pretrained(config.model, revision=config.model_revision)
     except (OSError, ValueError) as error:
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
     try:

@@ -90,6 +90,8 @@ def build_server_command(
     # The pause/resume, weight-transfer, /collective_rpc and /server_info endpoints TRL and the CPU sync use exist
     # only in vLLM's dev mode.
     env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if config.model_revision is not None:  # the run's pinned commit (vLLM loads the tokenizer at it too)
+        argv += ["--revision", config.model_revision]
     if rollout.weight_sync.mode == "nccl":
         # TRL's WeightTransferClient opens an NCCL group with the server: the server must build its side.
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
