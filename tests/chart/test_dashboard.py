@@ -117,7 +117,7 @@ def test_every_query_is_valid_promql(tmp_path):
 
 
 def test_phase_timeline_colours_every_phase_the_operator_exports():
-    from grpo_operator.api import Phase
+    from grpo_operator.run_status import Phase
 
     timeline = next(p for p in DASHBOARD["panels"] if p["type"] == "state-timeline")
     coloured = {override["matcher"]["options"].removeprefix(".*: ").removesuffix("$")

@@ -15,8 +15,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from grpo_operator.api import (
-    MAX_ROLLOUT_REPLICAS,
+from grpo_operator.api import MAX_ROLLOUT_REPLICAS
+from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
+from grpo_operator.manifest import CRD_PATH, load_crd
+from grpo_operator.run_status import (
     Condition,
     ConditionType,
     EnvironmentStatus,
@@ -34,8 +36,6 @@ from grpo_operator.api import (
     RolloutStatus,
     TrackedRunStatus,
 )
-from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
-from grpo_operator.manifest import CRD_PATH, load_crd
 from grpo_trainer.contract.codes import DROP_REASONS, ReplicaState
 from grpo_trainer.contract.report import EpisodeReport
 from grpo_trainer.contract.wire import MAX_REPORTED_REASONS

@@ -120,8 +120,8 @@ def test_the_readme_fits_on_two_screens_and_opens_with_the_two_commands():
 
 
 def test_the_readme_shows_the_ending_the_code_prints():
-    from grpo_operator.api import Reason
     from grpo_operator.local.console import final_summary
+    from grpo_operator.run_status import Reason
 
     ending = final_summary({
         "phase": "Succeeded", "message": "the learner reached the epoch bound and exited 0",
@@ -153,7 +153,7 @@ def _learner_exit_codes() -> list[int]:
 
 
 def _reasons() -> set[str]:
-    from grpo_operator.api import Reason
+    from grpo_operator.run_status import Reason
 
     return {value for name, value in vars(Reason).items() if name.isupper()}
 

@@ -15,8 +15,9 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from grpo_operator.api import GRPORunSpec, GRPORunStatus, SpecError, parse_spec, parse_status
+from grpo_operator.api import GRPORunSpec, SpecError, parse_spec
 from grpo_operator.manifest import load_crd, load_manifest, with_defaults
+from grpo_operator.run_status import GRPORunStatus, parse_status
 from tests.support.paths import MANIFEST_FIXTURES as FIXTURES
 
 SPEC_SCHEMA = load_crd().schema["properties"]["spec"]

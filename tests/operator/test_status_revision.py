@@ -8,7 +8,7 @@ stand-in hub and the API emulator).
 
 from __future__ import annotations
 
-from grpo_operator.api import parse_status
+from grpo_operator.run_status import parse_status
 from grpo_operator.status import CreateChildren
 from grpo_operator.status.revision import HubPins, pin_requests, pinned_spec
 from tests.operator.test_status import at, condition, reasons, running_pods, spec_of, step

@@ -17,9 +17,10 @@ from typing import Any
 import aiohttp
 
 from .. import builders
-from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec, parse_status
+from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec
 from ..pod_overrides import OverrideError
 from ..run_ref import RunRef
+from ..run_status import parse_status
 from ..status import revision
 from ..status.children import child_patch, stale_services
 from . import kueue

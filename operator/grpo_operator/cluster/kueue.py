@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import builders
-from ..api import ENVIRONMENT_LABEL, ROLE_LABEL, GRPORunSpec, Reason, TopologySpec
+from ..api import ENVIRONMENT_LABEL, ROLE_LABEL, GRPORunSpec, TopologySpec
 from ..apitime import format_time
 from ..run_ref import RunRef
+from ..run_status import Reason
 from ..status import WorkloadObservation
 from ..status.admission import environment_pod_set, spec_counts
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from grpo_trainer.contract.codes import DROP_REASONS
 
 from .. import metric_names as m
-from ..api import ConditionType, Phase, parse_status
+from ..run_status import ConditionType, Phase, parse_status
 from ..status import parse_time
 
 

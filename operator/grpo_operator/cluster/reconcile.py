@@ -22,9 +22,10 @@ import kopf
 from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
-from ..api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_status, parse_stored_spec
+from ..api import API_VERSION, KIND, GRPORunSpec, SpecError, parse_stored_spec
 from ..engine import Observed, run_pass
 from ..run_ref import RunRef
+from ..run_status import FINISHED_PHASES, parse_status
 from ..status import CreateRejection, Decision, Observation, PodObservation, admission, revision, scaling, urgency
 from . import kueue
 from .children import ChildRejected, Children, ChildrenMemory

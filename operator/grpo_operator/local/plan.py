@@ -14,11 +14,12 @@ from grpo_trainer.contract.pod_env import environment_url_variable
 from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
-from ..api import EnvironmentSpec, GRPORunSpec, GRPORunStatus, PinnedRevision
+from ..api import EnvironmentSpec, GRPORunSpec
 from ..exit_codes import ExitCode
 from ..manifest import ManifestInvalid
 from ..model_config import HubAccess, resolve_commit
 from ..run_ref import RunRef
+from ..run_status import GRPORunStatus, PinnedRevision
 from ..status import PodObservation, Role, revision
 
 LOCAL_HOST = "127.0.0.1"

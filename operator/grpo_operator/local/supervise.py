@@ -27,13 +27,14 @@ from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
 from .. import status as st
-from ..api import FINISHED_PHASES, GRPORunSpec, Phase, dump_status
+from ..api import GRPORunSpec
 from ..engine import Observed, Outcome, run_pass
 from ..exit_codes import ExitCode
 from ..manifest import read_grporun
 from ..model_config import HUB_ENDPOINT_ENV, HubAccess
 from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
+from ..run_status import FINISHED_PHASES, Phase, dump_status
 from ..status import revision
 from ..status.decision import rank
 from . import kubelet

@@ -50,8 +50,9 @@ from .decision import (
     Role,
     WorkloadObservation,
 )
-from .derive import STUCK_WAITING_REASONS, derive_status, progress_status
+from .derive import derive_status, progress_status
 from .exits import classify_failure, failure_text, report_from_termination_message
+from .messages import STUCK_WAITING_REASONS
 
 __all__ = [
     "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "CreateRejection", "CreateWorkload",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 
-from ..api import ProgressClock
+from ..run_status import ProgressClock
 from .conditions import format_time, seconds_since
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 
-from ..api import Condition, ConditionType, GRPORunStatus
 from ..apitime import format_time, parse_time
+from ..run_status import Condition, ConditionType, GRPORunStatus
 
 __all__ = ["Conditions", "format_time", "parse_time", "seconds_since"]
 

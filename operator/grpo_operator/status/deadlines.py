@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from grpo_trainer.contract.codes import StallCause
 
-from ..api import GRPORunSpec, GRPORunStatus, ProgressStatus, Reason
+from ..api import GRPORunSpec
+from ..run_status import GRPORunStatus, ProgressStatus, Reason
 from .conditions import seconds_since
 
 

@@ -14,12 +14,15 @@ from typing import Any, Literal
 from grpo_trainer.contract.codes import DROP_REASONS
 from grpo_trainer.contract.report import ExportReport, ProgressReport, TrackedRunReport
 
-from ..api import (
+from ..api import GRPORunSpec
+from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
+from ..eta import trainer_status, update_estimate
+from ..run_ref import RunRef
+from ..run_status import (
     FINISHED_PHASES,
     ConditionType,
     EpisodeStatus,
     FailureStatus,
-    GRPORunSpec,
     GRPORunStatus,
     LearnerStatus,
     OutputStatus,
@@ -30,9 +33,6 @@ from ..api import (
     dump_status,
     parse_status,
 )
-from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
-from ..eta import trainer_status, update_estimate
-from ..run_ref import RunRef
 from . import admission, clock, revision, scaling
 from .conditions import Conditions, format_time, seconds_since
 from .deadlines import deadline_exceeded, stall_cause
@@ -60,15 +60,9 @@ from .environments import (
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .invalid import fail_invalid_spec, invalid_spec
+from .messages import exported_message, initial_conditions, phase_message, waiting_reason
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
-
-#: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
-#: Initializing forever on an image-pull error).
-STUCK_WAITING_REASONS = frozenset({
-    "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff", "CreateContainerConfigError",
-    "CreateContainerError", "RunContainerError",
-})
 
 
 def progress_status(report: ProgressReport) -> ProgressStatus:
@@ -158,7 +152,7 @@ def _decide(record: PassRecord) -> None:
         _after_finish(record)
         return
     if not record.new.conditions:
-        _initial_conditions(record.conditions)
+        initial_conditions(record.conditions)
         if not record.seen.work_kept_locally:
             for warning in unkept_work(record.spec):
                 _event(record, "Warning", Reason.WORK_NOT_KEPT, warning)
@@ -216,7 +210,7 @@ def _set_phase(record: PassRecord, phase: Phase) -> None:
     record.new.phase = phase
     if previous != phase:
         reason = Reason.CREATED if previous is None else phase.value
-        _event(record, "Normal", reason, _phase_message(record.spec, phase))
+        _event(record, "Normal", reason, phase_message(record.spec, phase))
 
 
 def _finish(record: PassRecord, phase: Phase, reason: str, message: str, failure: FailureStatus | None = None) -> None:
@@ -279,7 +273,7 @@ def _take_output(record: PassRecord, report: ExportReport) -> None:
     output = output_status(report)
     if output != record.new.output:
         record.new.output = output
-        _event(record, "Normal", Reason.EXPORTED, _exported_message(report))
+        _event(record, "Normal", Reason.EXPORTED, exported_message(report))
 
 
 def _take_tracking_degraded(record: PassRecord, report: ProgressReport) -> None:
@@ -389,7 +383,7 @@ def _finished_rollout_ready(record: PassRecord) -> None:
 def _rollout_ready(record: PassRecord) -> None:
     stuck = {}  # by replica: `ImagePullBackOff: ...`, `Unschedulable: 0/4 nodes are available: ...`
     for pod in record.rollout_pods:
-        if (waiting := _waiting_reason([pod], [])) is not None:
+        if (waiting := waiting_reason([pod], [])) is not None:
             reason, text = waiting[0], waiting[1].removeprefix(f"pod {pod.name}: ")
             stuck[rank(pod.name)] = f"{reason}: {text.removeprefix(f'{reason}: ')}"
     ready, reason, message = readiness(record.new.rollout, record.spec.run_policy.rollout_restart_limit, stuck)
@@ -454,7 +448,7 @@ def _reported(old: GRPORunStatus, reason: str) -> bool:
 
 
 def _surface_waiting(record: PassRecord, default: tuple[str, str]) -> None:
-    reason, message = _waiting_reason(record.pods, record.terminating) or default
+    reason, message = waiting_reason(record.pods, record.terminating) or default
     record.conditions.set(ConditionType.PROGRESSING, "False", reason, message)
     # Pods being deleted are routine on every restart: no event, but the message says who is waited for. While a
     # create fails, CreateFailed takes the condition (below), so a stuck pod is reported once that clears (else
@@ -646,7 +640,7 @@ def _suspend(record: PassRecord) -> None:
     if record.pods:
         record.actions.append(DeletePods(tuple(sorted(p.name for p in record.pods)), reason="suspended"))
     _tick_clock(record, running=False)
-    reason, message = Reason.SUSPENDED, _phase_message(record.spec, Phase.SUSPENDED)
+    reason, message = Reason.SUSPENDED, phase_message(record.spec, Phase.SUSPENDED)
     if not record.spec.run_policy.suspend and record.seen.hold is not None:
         reason, message = record.seen.hold
     previous = record.conditions.get(ConditionType.SUSPENDED)
@@ -665,53 +659,3 @@ def _resume(record: PassRecord) -> None:
     record.new.start_time = None  # Job semantics: the active deadline counts again from the resume
     # Waiting to run again is timed from the resume, not from the suspension.
     record.new.progress_clock = clock.restart_pause(record.new.progress_clock, record.seen.now)
-
-
-# --- messages and the wire format -------------------------------------------------------------------------------------
-
-def _exported_message(report: ExportReport) -> str:
-    return (f"model exported to {report.uri}: step {report.step}, {report.bytes} bytes, manifest sha256 "
-            f"{report.sha256}")
-
-
-def _initial_conditions(conditions: Conditions) -> None:
-    set_ = conditions.set
-    set_(ConditionType.ROLLOUT_READY, "False", Reason.REPLICAS_NOT_READY, "no rollout server is ready yet")
-    set_(ConditionType.PROGRESSING, "False", Reason.PODS_PENDING, "creating pods")
-    set_(ConditionType.STALLED, "False", Reason.NOT_STALLED, "")
-    set_(ConditionType.SUSPENDED, "False", Reason.NOT_SUSPENDED, "")
-    set_(ConditionType.SUCCEEDED, "False", Reason.NOT_FINISHED, "")
-    set_(ConditionType.FAILED, "False", Reason.NOT_FINISHED, "")
-
-
-def _phase_message(spec: GRPORunSpec, phase: Phase) -> str:
-    messages = {
-        Phase.PENDING: _creating_message(spec),
-        Phase.STARTING: "pods are running; waiting for the rollout servers and the learner",
-        Phase.RUNNING: "rollout servers ready, learner training",
-        Phase.SUSPENDED: "spec.runPolicy.suspend is true: pods deleted, the run is kept",
-    }
-    return messages.get(phase, phase.value)
-
-
-def _creating_message(spec: GRPORunSpec) -> str:
-    environment_pods = sum(environment.replicas for environment in spec.environments or [])
-    if not environment_pods:
-        return f"creating {spec.rollout.replicas} rollout and {spec.learner.nodes} learner pods"
-    return (f"creating {spec.rollout.replicas} rollout, {spec.learner.nodes} learner and {environment_pods} "
-            "environment pods")
-
-
-def _waiting_reason(pods: list[PodObservation], terminating: list[PodObservation]) -> tuple[str, str] | None:
-    """A pod that will not start by itself (image pull, crash loop, unschedulable), or one being deleted that must
-    be gone before it can be created again, as (reason, message)."""
-    for pod in terminating:
-        return Reason.POD_TERMINATING, (f"pod {pod.name} is being deleted; it is created again once it is gone "
-                                        "(a pod on an unreachable node stays Terminating until the node is removed)")
-    for pod in pods:
-        if pod.waiting_reason in STUCK_WAITING_REASONS:
-            return pod.waiting_reason, f"pod {pod.name}: {pod.waiting_reason}: {pod.message or ''}".strip()
-        if pod.phase == "Pending" and pod.reason == Reason.UNSCHEDULABLE:
-            return Reason.UNSCHEDULABLE, f"pod {pod.name}: {pod.message or 'unschedulable'}"
-    return None
-

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..api import ConditionType, EnvironmentSpec, EnvironmentStatus, Reason
+from ..api import EnvironmentSpec
 from ..builders import environment_pod_name, environment_pod_prefix, environment_readiness_probe
+from ..run_status import ConditionType, EnvironmentStatus, Reason
 from .conditions import Conditions
 from .decision import Event, PodObservation
 

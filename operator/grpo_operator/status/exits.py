@@ -42,7 +42,8 @@ from grpo_trainer.contract.codes import (
 )
 from grpo_trainer.contract.report import ExportReport, ProgressReport, parse_progress
 
-from ..api import FailureStatus, GRPORunSpec, PodFailureRule, Reason
+from ..api import GRPORunSpec, PodFailureRule
+from ..run_status import FailureStatus, Reason
 from .decision import PodObservation, rank
 
 FAILURE_MESSAGE_MAX_CHARS = 1024

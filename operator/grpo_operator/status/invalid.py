@@ -9,8 +9,8 @@ Workload, so Kueue frees the quota: one status write, then the actions, as in ev
 
 from __future__ import annotations
 
-from ..api import FINISHED_PHASES, ConditionType, FailureStatus, GRPORunStatus, Phase, Reason, dump_status
 from ..run_ref import RunRef
+from ..run_status import FINISHED_PHASES, ConditionType, FailureStatus, GRPORunStatus, Phase, Reason, dump_status
 from .admission import workload_actions
 from .conditions import Conditions, format_time
 from .decision import Action, Decision, DeletePods, Event, Observation

@@ -20,7 +20,8 @@ from typing import Literal
 
 from grpo_trainer.contract.store_uri import is_object_store_uri
 
-from ..api import UNPINNED_REVISION, GRPORunSpec, GRPORunStatus, PinnedRevision
+from ..api import UNPINNED_REVISION, GRPORunSpec
+from ..run_status import GRPORunStatus, PinnedRevision
 
 #: The revision the hub loads when none is named.
 DEFAULT_REVISION = "main"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX, engine_error_line
 
-from ..api import FailureStatus, PodFailureRule, Reason
+from ..api import PodFailureRule
+from ..run_status import FailureStatus, Reason
 from .decision import PodObservation, rank
 from .exits import Fail, exit_summary, replaced_alone
 

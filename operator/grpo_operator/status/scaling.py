@@ -18,7 +18,8 @@ from typing import Literal
 
 from grpo_trainer.contract.report import ProgressReport
 
-from ..api import GRPORunSpec, Reason, RolloutServerStatus
+from ..api import GRPORunSpec
+from ..run_status import Reason, RolloutServerStatus
 from .conditions import seconds_since
 from .decision import PodObservation, rank
 

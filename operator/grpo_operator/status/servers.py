@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from grpo_trainer.contract.codes import ReplicaState
 from grpo_trainer.contract.report import ProgressReport
 
-from ..api import Reason, RemovedServerStatus, RolloutServerStatus, RolloutStatus
+from ..run_status import Reason, RemovedServerStatus, RolloutServerStatus, RolloutStatus
 from .decision import PodObservation, rank
 from .rollout_exits import ServerRestart
 
