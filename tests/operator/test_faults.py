@@ -25,8 +25,7 @@ def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any]) -
     progress_urls[f"{name}-learner-0"] = learner.url()
     cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
     learner.update(groups_consumed=4, groups_trained=3, global_step=2)
-    cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
-                     what=f"{name} to report 3 trained groups")
+    cluster.wait_trained(name, learner, 3)
     cluster.wait_phase(name, "Running")
 
 
@@ -231,8 +230,7 @@ def test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_i
         assert cluster.status("odd")["phase"] == "Running"
         good += 1
         learner.update(groups_consumed=good + 1, groups_trained=good, global_step=good, reward_mean=0.5)
-        cluster.wait_for(lambda good=good: (cluster.status("odd").get("progress") or {}).get("groupsTrained") == good,
-                         what="the next good report written")
+        cluster.wait_trained("odd", learner, good)  # the next good report written
         assert cluster.condition("odd", "Progressing")["status"] == "True"
         assert cluster.condition("odd", "Stalled")["status"] == "False"
 
@@ -334,8 +332,7 @@ def test_progress_alone_is_written_at_most_every_status_interval(cluster, learne
     progress_urls["calm-learner-0"] = learner.url()
     learner.update(groups_consumed=3, groups_trained=3)
     cluster.bring_up("calm")
-    cluster.wait_for(lambda: (cluster.status("calm").get("progress") or {}).get("groupsTrained") == 3,
-                     what="the first progress, written with the move to Running")
+    cluster.wait_trained("calm", learner, 3)  # the first progress, written with the move to Running
     writes = _status_writes(cluster, "calm")
     learner.update(groups_consumed=5, groups_trained=5)
     cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 5,

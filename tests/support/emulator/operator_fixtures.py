@@ -43,6 +43,8 @@ from tests.support.specs import NAMESPACE, status_errors
 CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                    namespaced=False, subresources=("status",))
 TEST_IMAGE = "grpo-trainer:test"
+#: The learner's answers by which what it reported is in the run's status (Cluster.wait_trained).
+READS_TO_LAND = 10
 KUBERNETES_VERSION = "1.33"
 
 
@@ -168,13 +170,20 @@ class _RawReport:
 
 
 class FakeLearner:
-    """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
+    """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes; `reads` counts the reports it
+    answered (the operator's polls)."""
 
     def __init__(self) -> None:
         self.report = ProgressReport(phase="Running", groups_total=40, epochs=1)
         self.raw: str | None = None
-        self.server = ProgressServer(lambda: _RawReport(self.raw) if self.raw is not None else self.report,
-                                     port=0, host="127.0.0.1").start()
+        self.reads = 0
+        self._lock = threading.Lock()
+        self.server = ProgressServer(self._answer, port=0, host="127.0.0.1").start()
+
+    def _answer(self) -> ProgressReport | _RawReport:
+        with self._lock:
+            self.reads += 1
+        return _RawReport(self.raw) if self.raw is not None else self.report
 
     def update(self, **changes: Any) -> None:
         self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
@@ -273,6 +282,21 @@ class Cluster:
                 raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
             time.sleep(0.05)
 
+    def wait_trained(self, name: str, learner: FakeLearner, groups: int) -> dict[str, Any]:
+        """The run's status once it shows `groups` trained groups, as `learner` reports. A pass that reads the learner
+        writes what it read (the tests' specs write progress on every pass), so the learner's answers are the wait's
+        clock, not the machine's speed: READS_TO_LAND answers after the wait began without it is a failure (a read
+        can be lost to the poll's own timeout on a loaded machine, not that many in a row)."""
+        first = learner.reads
+        while True:
+            status = self.status(name)
+            if (status.get("progress") or {}).get("groupsTrained") == groups:
+                return status
+            answered = learner.reads - first
+            assert answered < READS_TO_LAND, (f"{name}: {groups} trained groups not in the status after the learner "
+                                              f"answered {answered} reads; the status: {status}")
+            time.sleep(0.05)
+
     def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
         return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
                              timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
@@ -354,7 +378,7 @@ def cluster(progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> 
 
     def context_factory() -> OperatorContext:
         return OperatorContext(
-            trainer_image=TEST_IMAGE, reconcile_interval=0.2, progress_timeout=1.0,
+            trainer_image=TEST_IMAGE, reconcile_interval=0.2,
             progress_url=lambda namespace, pod, ip: progress_urls.get(pod, f"http://{ip}:9/progress"))
 
     cluster = Cluster(emulator_thread, context_factory)
