@@ -21,6 +21,9 @@ pytestmark = [pytest.mark.node, pytest.mark.slow]
 
 LEARNER, ROLLOUT = f"{RUN}-learner-0", f"{RUN}-rollout-0"
 RESUMED = "resumed: restarting at group"
+#: The liveness-and-drain run's hang guard: three server starts in pods (minutes each on a loaded machine), the
+#: kubelet's liveness verdict and grace (about 3 min) and the training; each of its waits ends when the run fails.
+LONG_HANG_GUARD_S = 3600
 
 
 def _run(release: OperatorRelease, name: str, tmp_path: Path) -> NodeRun:
@@ -48,6 +51,8 @@ def _exit_codes(run: NodeRun, pod: str) -> list[int]:
     return [state["exitCode"] for state in run.history.exits_of(pod)]
 
 
+@pytest.mark.long
+@pytest.mark.timeout(LONG_HANG_GUARD_S)
 def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_resumes_at_the_bound(
         operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
     node = operator_release.node
