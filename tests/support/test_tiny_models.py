@@ -5,7 +5,6 @@ time across threads and processes."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -56,12 +55,11 @@ def test_a_changed_recipe_is_built_again_in_a_folder_of_its_own(cache, builds, t
     original = tiny_models.cached(tiny_models.TOOL)
     prompts = tmp_path / "guess.jsonl"
     prompts.write_text(tiny_models.GUESS_PROMPTS.read_text() + '{"prompt": "one more", "target": 1}\n')
-    changed = [replace(tiny_models.TOOL, seed=1), replace(tiny_models.TOOL, prompts=prompts)]
-    source = shutil.copy(tiny_models.BUILDER_SOURCE, tmp_path / "tiny_assets.py")
-    monkeypatch.setattr(tiny_models, "BUILDER_SOURCE", source)
-    assert tiny_models.TOOL.folder() == original  # the same source, copied: the same recipe
-    source.write_text(source.read_text() + "\nTOOL_SFT_STEPS = 151\n")
-    folders = [tiny_models.cached(recipe) for recipe in [*changed, tiny_models.TOOL]]
+    folders = [tiny_models.cached(replace(tiny_models.TOOL, seed=1)),
+               tiny_models.cached(replace(tiny_models.TOOL, prompts=prompts))]
+    source = tiny_models.builder_source()
+    monkeypatch.setattr(tiny_models, "builder_source", lambda: source + b"\nTOOL_SFT_STEPS = 151\n")
+    folders.append(tiny_models.cached(tiny_models.TOOL))
     assert len({original, *folders}) == 4 and len(builds) == 4
     policy = tiny_models.POLICY.folder()
     monkeypatch.setattr(tiny_models, "tool_source", lambda: "def guess(self, number: str): ...")

@@ -32,8 +32,6 @@ from pathlib import Path
 from tests.support.builds import PROGRESS_PREFIX, Build
 from tests.support.paths import REPO
 
-#: The builder's source: what the models are made of and how the tool model is taught.
-BUILDER_SOURCE = REPO / "trainer_image" / "grpo_trainer" / "testing" / "tiny_assets.py"
 #: The libraries whose versions decide a model's bytes.
 LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "safetensors")
 GUESS_PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
@@ -61,7 +59,7 @@ class Recipe:
         digest = hashlib.sha256()
         for part in (self.kind, str(self.seed), str(self.nan_everywhere)):
             digest.update(part.encode() + b"\0")
-        digest.update(BUILDER_SOURCE.read_bytes() + b"\0")
+        digest.update(builder_source() + b"\0")
         if self.kind == "tool":
             digest.update(tool_source().encode() + b"\0")
         if self.prompts is not None:
@@ -83,6 +81,13 @@ class Recipe:
             return tiny_assets.build_tiny_reward_model(out, seed=self.seed, nan_everywhere=self.nan_everywhere)
         assert self.kind == "tool" and self.prompts is not None
         return tiny_assets.build_tiny_tool_model(out, self.prompts, seed=self.seed)
+
+
+def builder_source() -> bytes:
+    """The builder's source: what the models are made of and how the tool model is taught."""
+    from grpo_trainer.testing import tiny_assets
+
+    return Path(tiny_assets.__file__).read_bytes()
 
 
 def tool_source() -> str:
