@@ -14,8 +14,10 @@ COPY trainer_image/grpo_trainer/ trainer_image/grpo_trainer/
 RUN pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
+# HF_HUB_DISABLE_TELEMETRY: the fit check fetches a hub model's config.json, and nothing else goes to the hub.
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
     GRPO_CRD_PATH=/opt/grpo/crds/grporun.yaml
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --disable-pip-version-check /wheels/*.whl \

@@ -17,7 +17,7 @@ MLFLOW_VERSION := 3.17.2
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-long test-fast lint bench images setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-long test-fast lint bench images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
@@ -55,7 +55,7 @@ $(ROLLOUT_VENV)/.installed: pyproject.toml scripts/torch-source.sh $(ROLLOUT_REQ
 # pinned requirements, then vllm itself without its dependencies (its transformers<5.20 pin; the learner keeps 5.24):
 # the Dockerfile's cuda branch installs the same list the same way. Hardlinked from uv's cache like the other venvs;
 # the first build downloads vllm's wheel (~330 MB; 15 s measured here with torch already in the cache), later ones
-# take a second, so `make setup` builds it; tests/trainer/test_learner_cuda_env.py also builds it on first use.
+# take a second, so `make setup` builds it; tests/trainer/learner/test_learner_cuda_env.py also builds it on first use.
 setup-learner-cuda: $(LEARNER_CUDA_VENV)/.installed
 $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $(UV)
 	@echo "setup: $(LEARNER_CUDA_VENV) (the CUDA learner: vllm $(VLLM_VERSION) for NCCL weight sync)"
@@ -65,7 +65,7 @@ $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
 	touch $@
 
-# The MLflow tracking server the tracking tests report to (tests/trainer/test_tracking_servers.py). Its own venv: the
+# The MLflow tracking server the tracking tests report to (tests/trainer/learner/test_tracking.py). Its own venv: the
 # full mlflow pins pyarrow<26, which the learner's datasets does not need downgraded.
 setup-mlflow: $(MLFLOW_VENV)/.installed
 $(MLFLOW_VENV)/.installed: Makefile | $(UV)
@@ -144,6 +144,13 @@ images:
 	  echo "images: no Docker daemon, building with buildah (hack/images/build.sh)"; \
 	  $(MAKE) --no-print-directory setup-apt-images && hack/images/build.sh operator trainer-cpu; \
 	fi
+
+# The trainer image's CUDA variant, built with buildah (or found in the cache) and checked where there is no GPU
+# (hack/images/check-cuda.sh). Not part of `make images` or `make test`: a first build takes tens of minutes and ~25 GB
+# of disk; GRPO_TEST_CUDA_IMAGE=1 puts its test (tests/images) in a pytest run.
+image-cuda:
+	@$(MAKE) --no-print-directory setup-apt-images
+	hack/images/check-cuda.sh
 
 clean:
 	rm -rf $(VENV) $(ROLLOUT_VENV) $(LEARNER_CUDA_VENV)

@@ -1,6 +1,6 @@
 """Section 12: the rollout balancer beside the training thread, in the learner's process or in a process of its own.
 
-The balancer (grpo_trainer.balancer) proxies every generation request on an event-loop thread of the learner
+The balancer (grpo_trainer.rollout.balancer) proxies every generation request on an event-loop thread of the learner
 process. Its Python work holds the interpreter lock that the training thread needs between its torch calls, so the
 two take turns even where a core is free. Measured here: a training loop (the tiny model's forward, backward and
 optimizer step on 500 tokens, one thread, gradient checkpointing as the learner trains) on the main thread, while a
@@ -85,8 +85,8 @@ def measure(layout: str, delay_s: float, seconds: float, model_dir: str) -> Meas
         stack.callback(server.kill)
         url = server.stdout.readline().strip()
         if layout == "in-process":
-            from grpo_trainer.balancer import RolloutBalancer
-            from grpo_trainer.server_set import ServerSet
+            from grpo_trainer.rollout.balancer import RolloutBalancer
+            from grpo_trainer.rollout.server_set import ServerSet
 
             balancer = RolloutBalancer(ServerSet([url]), "m").start()
             stack.callback(balancer.stop)
@@ -111,8 +111,8 @@ def measure(layout: str, delay_s: float, seconds: float, model_dir: str) -> Meas
 
 def serve_balancer(server_url: str) -> None:
     """A balancer over `server_url` in this process; prints its URL, then serves until killed."""
-    from grpo_trainer.balancer import RolloutBalancer
-    from grpo_trainer.server_set import ServerSet
+    from grpo_trainer.rollout.balancer import RolloutBalancer
+    from grpo_trainer.rollout.server_set import ServerSet
 
     balancer = RolloutBalancer(ServerSet([server_url]), "m").start()
     while not balancer.servers.ready_urls():

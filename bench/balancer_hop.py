@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_trainer.balancer import THREAD_NAME
+from grpo_trainer.rollout.balancer import THREAD_NAME
 
 from .e2e_vs_trl import (
     EPOCHS,

@@ -154,23 +154,33 @@ def plan_layouts(gpus: int, sync: str = "auto") -> list[Layout]:
 def run_config(model: str, workdir: Path, layout: Layout, *, server_url: str, http_port: int, epochs: float,
                completion_tokens: int, gpu_memory_utilization: float) -> dict:
     """The run config (the ConfigMap's run.json) of one row, validated by the contract's RunConfig."""
-    from grpo_trainer import contract as c
+    from grpo_trainer.contract.config import (
+        CheckpointConfig,
+        DatasetConfig,
+        LearnerConfig,
+        ProgressConfig,
+        RewardConfig,
+        RolloutConfig,
+        RunConfig,
+        TrainingConfig,
+        WeightSyncConfig,
+    )
 
-    sync = c.WeightSyncConfig(mode=layout.sync, deadline_seconds=120,
-                              directory=str(workdir / "weights") if layout.sync == "filesystem" else None)
-    config = c.RunConfig(
+    sync = WeightSyncConfig(mode=layout.sync, deadline_seconds=120,
+                            directory=str(workdir / "weights") if layout.sync == "filesystem" else None)
+    config = RunConfig(
         run_name="device-check", model=model,
-        dataset=c.DatasetConfig(path=str(PROMPTS)), rewards=[c.RewardConfig(name="letter_a_fraction")],
-        training=c.TrainingConfig(epochs=epochs, num_generations=8, per_device_train_batch_size=8,
-                                  max_completion_length=completion_tokens, learning_rate=1e-6),
+        dataset=DatasetConfig(path=str(PROMPTS)), rewards=[RewardConfig(name="letter_a_fraction")],
+        training=TrainingConfig(epochs=epochs, num_generations=8, per_device_train_batch_size=8,
+                                max_completion_length=completion_tokens, learning_rate=1e-6),
         # One pass with stalls reported, not failed: random weights give little reward signal, and a dropped group
         # still measures generation and sync.
-        progress=c.ProgressConfig(stall_policy="Report"),
-        rollout=c.RolloutConfig(urls=[server_url], max_model_len=completion_tokens + 128,
-                                gpu_memory_utilization=gpu_memory_utilization, device="cuda", weight_sync=sync),
-        learner=c.LearnerConfig(nodes=1, processes_per_node=layout.ranks, device="cuda", http_port=http_port,
-                                strategy=layout.strategy),
-        checkpoint=c.CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=100_000),
+        progress=ProgressConfig(stall_policy="Report"),
+        rollout=RolloutConfig(urls=[server_url], max_model_len=completion_tokens + 128,
+                              gpu_memory_utilization=gpu_memory_utilization, device="cuda", weight_sync=sync),
+        learner=LearnerConfig(nodes=1, processes_per_node=layout.ranks, device="cuda", http_port=http_port,
+                              strategy=layout.strategy),
+        checkpoint=CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=100_000),
         output_dir=str(workdir / "out"), termination_message_path=str(workdir / "termination.json"),
     )
     return config.to_wire()
@@ -529,8 +539,9 @@ def phase_server(processes: Processes, name: str, rollout_python: str, config_pa
 
 def phase_learner(processes: Processes, name: str, config_path: Path, layout: Layout, http_port: int,
                   server: subprocess.Popen, server_url: str, timeout_s: float) -> tuple[list[Poll], object | None]:
-    from grpo_trainer import contract as c
-    from grpo_trainer.launch import GangLayout, learner_argv
+    from grpo_trainer.contract.config import load_run_config
+    from grpo_trainer.contract.launch import GangLayout, learner_argv
+    from grpo_trainer.contract.report import InvalidReport, parse_progress
 
     say(f"{name}: learner, {layout.ranks} rank(s) on GPU {layout.learner_gpus}, {layout.sync} sync, until its "
         f"epoch bound (at most {timeout_s:.0f} s)")
@@ -554,8 +565,8 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
         text = http_get(f"http://127.0.0.1:{http_port}/progress")
         if text is not None:
             try:
-                poll.progress = c.parse_progress(text)
-            except c.InvalidReport:
+                poll.progress = parse_progress(text)
+            except InvalidReport:
                 pass
         metrics = http_get(f"{server_url}/metrics")
         poll.generated_tokens = generated_tokens(metrics) if metrics else None
@@ -563,10 +574,10 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
         poll.learner_mib, poll.server_mib = memory.get("learner", []), memory.get("server", [])
         polls.append(poll)
         time.sleep(POLL_S)
-    termination = Path(c.load_run_config(config_path.read_text()).termination_message_path)
+    termination = Path(load_run_config(config_path.read_text()).termination_message_path)
     try:
-        final = c.parse_progress(termination.read_text()) if termination.is_file() else None
-    except c.InvalidReport as why:
+        final = parse_progress(termination.read_text()) if termination.is_file() else None
+    except InvalidReport as why:
         say(f"{name}: the learner's termination message is not a report ({why}); figures from its /progress alone")
         final = None
     if learner.returncode != 0:

@@ -404,7 +404,7 @@ def traced_run(directory: Path, kind: str, config, profile: Path | None = None,
 
 def _traced_run(directory: Path, kind: str, config, profile: Path | None,
                 placement: Placement) -> tuple[list, object | None]:
-    from grpo_trainer.contract import parse_progress
+    from grpo_trainer.contract.report import parse_progress
 
     traced = lay_out_traced_run(directory, kind, config)
     records_path = traced.records_path

@@ -60,7 +60,7 @@ def _samples_generated(metrics_text: str | None) -> float | None:
 
 def run_once(context: Context, label: str, env: dict[str, str], manifest: Path = MANIFEST) -> dict:
     from grpo_operator.local.processes import http_get, http_ok, read_progress_blocking
-    from grpo_trainer.contract import RunConfig
+    from grpo_trainer.contract.config import RunConfig
 
     runs_dir = context.scratch / f"e2e-{label}"
     grporun = ROOT / ".venv" / "bin" / "grporun"
@@ -205,7 +205,7 @@ def run(context: Context) -> str:
         "so a second replica adds no compute: it can only show the split, not a speed-up. The split follows how fast "
         "each server answers (least outstanding requests sends more to the one that frees its slots sooner), and on "
         "cores shared with other jobs that varies from run to run (58 % / 42 % in one run of "
-        "tests/trainer/test_rollout_replicas.py).",
+        "tests/trainer/rollout/test_replicas.py).",
         "",
         table(["replicas", "server start s", "training s", "request split (completions per replica)",
                "samples generated per s", "samples trained per s"], replica_rows),

@@ -30,17 +30,26 @@ LEARNER_GPUS, SERVER_GPU = "0,1", "2"
 
 
 def run_config(model: str, prompts: Path, url: str, workdir: Path, deadline: int, epochs: float) -> dict:
-    from grpo_trainer import contract as c
+    from grpo_trainer.contract.config import (
+        CheckpointConfig,
+        DatasetConfig,
+        LearnerConfig,
+        RewardConfig,
+        RolloutConfig,
+        RunConfig,
+        TrainingConfig,
+        WeightSyncConfig,
+    )
 
-    config = c.RunConfig(
+    config = RunConfig(
         run_name="nccl-ranks", model=model,
-        dataset=c.DatasetConfig(path=str(prompts)), rewards=[c.RewardConfig(name="letter_a_fraction")],
-        training=c.TrainingConfig(epochs=epochs, num_generations=8, per_device_train_batch_size=8,
-                                  max_completion_length=16, token_budget=512, learning_rate=1e-2),
-        rollout=c.RolloutConfig(urls=[url], max_model_len=128, gpu_memory_utilization=0.2, device="cuda",
-                                weight_sync=c.WeightSyncConfig(mode="nccl", deadline_seconds=deadline)),
-        learner=c.LearnerConfig(nodes=1, processes_per_node=2, device="cuda", http_port=0),
-        checkpoint=c.CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=1000),
+        dataset=DatasetConfig(path=str(prompts)), rewards=[RewardConfig(name="letter_a_fraction")],
+        training=TrainingConfig(epochs=epochs, num_generations=8, per_device_train_batch_size=8,
+                                max_completion_length=16, token_budget=512, learning_rate=1e-2),
+        rollout=RolloutConfig(urls=[url], max_model_len=128, gpu_memory_utilization=0.2, device="cuda",
+                              weight_sync=WeightSyncConfig(mode="nccl", deadline_seconds=deadline)),
+        learner=LearnerConfig(nodes=1, processes_per_node=2, device="cuda", http_port=0),
+        checkpoint=CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=1000),
         output_dir=str(workdir / "out"), termination_message_path=str(workdir / "termination.json"),
     )
     return config.to_wire()
@@ -55,7 +64,7 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nccl-ranks-"))
     workdir.mkdir(parents=True, exist_ok=True)
     from grpo_operator.local.processes import free_port
-    from grpo_trainer.launch import GangLayout, learner_argv
+    from grpo_trainer.contract.launch import GangLayout, learner_argv
     from grpo_trainer.testing.tiny_assets import build_tiny_model
 
     model = str(build_tiny_model(workdir / "model"))

@@ -115,11 +115,11 @@ def main(argv=None) -> int:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 
-    from grpo_trainer.contract import FilterConfig
-    from grpo_trainer.cpu import enable_cpu_support
+    from grpo_trainer.contract.config import FilterConfig
+    from grpo_trainer.learner.cpu import enable_cpu_support
+    from grpo_trainer.learner.trainer import GRPOLearner
     from grpo_trainer.progress import STOP_KEY
     from grpo_trainer.testing.scripted_worker import NoWeightTransfer
-    from grpo_trainer.trainer import GRPOLearner
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"p{i}"}] for i in range(args.prompts)]})

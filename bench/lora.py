@@ -55,8 +55,8 @@ def peft_model(model_dir: str):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_trainer.contract import LoraConfig
-    from grpo_trainer.learner_main import peft_config
+    from grpo_trainer.contract.config import LoraConfig
+    from grpo_trainer.learner.lora import peft_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     wrapped = get_peft_model(model, peft_config(LoraConfig(r=RANK)))
@@ -71,7 +71,7 @@ def peft_model(model_dir: str):
 def sync_figures(context: Context, model_dir: str, url: str, reps: int) -> dict[str, list[float]]:
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
-    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
+    from grpo_trainer.rollout.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
 
     model = peft_model(model_dir)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -120,8 +120,8 @@ torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 if lora:
     from peft import get_peft_model
-    from grpo_trainer.contract import LoraConfig
-    from grpo_trainer.learner_main import peft_config
+    from grpo_trainer.contract.config import LoraConfig
+    from grpo_trainer.learner.lora import peft_config
     model = get_peft_model(model, peft_config(LoraConfig(r=rank)))
 def resident_mb():
     with open("/proc/self/statm") as f:

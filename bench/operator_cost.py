@@ -128,8 +128,8 @@ class CountingLearner:
 
 
 def _serve_learner(trained, polls, ready) -> None:
-    from grpo_trainer.contract import ProgressReport
-    from grpo_trainer.exporter import ProgressServer
+    from grpo_trainer.contract.report import ProgressReport
+    from grpo_trainer.learner.exporter import ProgressServer
 
     def report() -> ProgressReport:
         with polls.get_lock():

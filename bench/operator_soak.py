@@ -39,7 +39,7 @@ def serve_operator(api_url: str, progress_url: str, interval: float, metrics_por
     import kopf
     from kopf._cogs.structs.credentials import Vault
 
-    import grpo_operator.handlers  # noqa: F401
+    import grpo_operator.cluster.handlers  # noqa: F401
     from grpo_operator.cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=logging.WARNING)
@@ -56,8 +56,8 @@ def soak(runs: int, seconds: float, interval: float, sample_every: float = 10.0)
     """(elapsed seconds, operator RSS MiB, runs Running, status patches so far) samples."""
     import yaml
 
-    from grpo_trainer.contract import ProgressReport
-    from grpo_trainer.exporter import ProgressServer
+    from grpo_trainer.contract.report import ProgressReport
+    from grpo_trainer.learner.exporter import ProgressServer
     from tests.support.emulator.kube_emulator import (
         DEFAULT_RESOURCES,
         GRPORUNS,

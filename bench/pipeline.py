@@ -92,9 +92,9 @@ class Bench:
     def trainer(self, kind: str, shape: Shape):
         from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-        from grpo_trainer.cpu import enable_cpu_support
+        from grpo_trainer.learner.cpu import enable_cpu_support
+        from grpo_trainer.learner.trainer import GRPOLearner
         from grpo_trainer.testing.scripted_worker import NoWeightTransfer
-        from grpo_trainer.trainer import GRPOLearner
 
         config = AsyncGRPOConfig(
             output_dir=os.path.join(self.scratch, kind), use_cpu=True, dtype="float32", report_to=[],

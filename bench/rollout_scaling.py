@@ -224,7 +224,7 @@ class RunResult:
     label: str
     records: list[StepRecord]
     polls: list[Poll] = field(default_factory=list)
-    final: object | None = None  # contract.ProgressReport (ours)
+    final: object | None = None  # contract.report.ProgressReport (ours)
     server_cpu_s: dict[str, float] = field(default_factory=dict)  # from the first step to the learner's exit
     wall_s: float = 0.0
     training_started: float = 0.0
@@ -282,7 +282,7 @@ def lay_out_traced_run(directory: Path, kind: str, config) -> TracedRun:
 def learner_run(scratch: Path, label: str, kind: str, config, servers: dict[str, int], *,
                 scale: ScalePlan | None = None, wall_bound_s: float | None = None) -> RunResult:
     from grpo_operator.local.processes import read_progress_blocking
-    from grpo_trainer.contract import parse_progress
+    from grpo_trainer.contract.report import parse_progress
 
     directory = scratch / label
     urls = list(config.rollout.urls)

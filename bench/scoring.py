@@ -35,8 +35,8 @@ def reward_model_dir() -> str:
 def per_sample_seconds(model_dir: str, reps: int) -> list[float]:
     import torch
 
-    from grpo_trainer.contract import RewardConfig
-    from grpo_trainer.scoring import RewardModel
+    from grpo_trainer.contract.config import RewardConfig
+    from grpo_trainer.learner.scoring import RewardModel
 
     torch.set_num_threads(1)  # as the step-time runs below: on a shared 2-core box more threads only add spin-waits
     model = RewardModel.load(RewardConfig(model=model_dir), "cpu")

@@ -26,7 +26,7 @@ VARIANTS = {"TRL's AsyncGRPOTrainer (no step scoring)": ["--baseline"],
 def per_sample_seconds(reps: int) -> list[float]:
     import torch
 
-    from grpo_trainer.step_scoring import ImportanceBounds, score_step
+    from grpo_trainer.learner.step_scoring import ImportanceBounds, score_step
 
     torch.set_num_threads(1)
     segment_id = torch.arange(SAMPLES).repeat_interleave(TOKENS)

@@ -117,8 +117,9 @@ class DirectRolloutPool:
 
 def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False,
              direct: bool = False) -> int:
-    from grpo_trainer import learner_main, rollout_pool
     from grpo_trainer.__main__ import main
+    from grpo_trainer.learner import main as learner_main
+    from grpo_trainer.rollout import pool as rollout_pool
 
     build = learner_main.build_learner
     if direct:
@@ -139,10 +140,11 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from grpo_trainer.__main__ import read_config
-    from grpo_trainer.cpu import enable_cpu_support
-    from grpo_trainer.learner_main import http_only_rollout_worker, load_prompts, trainer_arguments
-    from grpo_trainer.rewards import load_rewards
-    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
+    from grpo_trainer.learner.cpu import enable_cpu_support
+    from grpo_trainer.learner.datasets import load_prompts
+    from grpo_trainer.learner.main import http_only_rollout_worker, trainer_arguments
+    from grpo_trainer.learner.rewards import load_rewards
+    from grpo_trainer.rollout.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
 
     config = read_config(config_path)
     args = AsyncGRPOConfig(**trainer_arguments(config))

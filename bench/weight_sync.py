@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from grpo_trainer.contract import WEIGHT_SYNC_DEADLINE_SECONDS
+from grpo_trainer.contract.config import WEIGHT_SYNC_DEADLINE_SECONDS
 
 from .report import Context, SectionUnavailable, spread, table
 
@@ -28,8 +28,8 @@ def tiny_syncs(context: Context, model_dir: str, url: str, reps: int) -> dict[st
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_trainer import weight_sync
-    from grpo_trainer.sync_watchdog import SyncTimer
+    from grpo_trainer.rollout import weight_sync
+    from grpo_trainer.rollout.sync_watchdog import SyncTimer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -72,7 +72,7 @@ def write_throughput(context: Context, reps: int) -> list[float]:
 
     import torch
 
-    from grpo_trainer.weight_sync import write_checkpoint
+    from grpo_trainer.rollout.weight_sync import write_checkpoint
 
     tensors = [(f"layer.{i}.weight", torch.randn(2048, 2048)) for i in range(SYNTHETIC_MB // 16)]
     rates = []

@@ -20,11 +20,15 @@ pytest_plugins = [
     "tests.support.node.node_fixtures",
     "tests.support.node.operator_release",
     "tests.support.servers.s3_server",
+    "tests.support.servers.hub_server",
     "tests.support.build_fixtures",  # last: it imports the modules above, which pytest registers (and rewrites) first
 ]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# huggingface_hub fetches its agent-harness registry from the hub it was imported with, for its user agent, unless
+# telemetry is off: tests reach only the stand-in hub (tests/support/servers/hub_server.py) they point HF_ENDPOINT at.
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
 @pytest.fixture(scope="session")

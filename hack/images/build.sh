@@ -2,19 +2,31 @@
 # Builds the project's images from its own Dockerfiles with buildah, without Docker or a registry, into a cache
 # folder, and prints "<reference> <archive>" per image (a docker-archive that `podman load` and
 # `ctr -n k8s.io images import` read). A second call with the same inputs finds the archive and only prints it.
-#   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu
+# trainer-cuda (12 GB, which no test node imports) stays in the build's store without an archive: its line is
+# "<reference>" alone, and a record file in the cache folder stands for it.
+#   Usage: hack/images/build.sh IMAGE...        IMAGE: operator | trainer-cpu | trainer-cuda
+#          hack/images/build.sh --push DESTINATION VERSION [--dry-run] IMAGE...
+#                                               builds each IMAGE, then pushes it to DESTINATION/NAME:TAG, the name
+#                                               a release of VERSION gives it (hack/lib/release.sh), and prints
+#                                               "<reference> <pushed>" per image. DESTINATION is a containers
+#                                               transport and a prefix: docker://ghcr.io/OWNER (a registry, logged in
+#                                               with `buildah login`), oci:DIR (an OCI layout per image in the folder DIR).
+#                                               --dry-run prints the push commands, building and pushing nothing.
 #          hack/images/build.sh --podman-flags  the podman flags that run them from the build's store
 #          hack/images/build.sh --clean         removes the store, archives and logs
 #   GRPO_IMAGES_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator/images)
+#   TORCH_CPU_INDEX (trainer-cpu), TORCH_INDEX_URL and VLLM_WHEEL (trainer-cuda): trainer_image/Dockerfile's build args
 # Each image's key is a hash of its base, its Dockerfile, everything that Dockerfile copies and its build args.
 # The base is a Debian 12 rootfs made by mmdebstrap and a python:3.11-slim-bookworm stand-in on top of it
 # (python-standin.Containerfile). The layer store stays in the cache folder, so a changed source rebuilds only the
 # layers after the COPY that changed (torch is a layer of its own). Progress and timings go to stderr.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd -P)"
 repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=../lib/progress.sh
 source "$here/../lib/progress.sh"
+# shellcheck source=../lib/release.sh
+source "$here/../lib/release.sh"
 root="${GRPO_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-operator/images}"
 store="$root/store"
 runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
@@ -42,19 +54,33 @@ if [[ ${1:-} == --clean ]]; then
   [[ -d $root ]] || exit 0
   bah rm --all >/dev/null 2>&1 || true
   bah rmi --all --force >/dev/null 2>&1 || true
-  rm -rf "${store:?}" "${runroot:?}" "$root"/*.docker.tar "$root/logs" "$tmp_root"
+  rm -rf "${store:?}" "${runroot:?}" "$root"/*.docker.tar "$root"/*.store "$root/logs" "$tmp_root"
   echo "images: removed $root's store, archives and logs" >&2
   exit 0
 fi
 
-usage() { echo "usage: $0 IMAGE...   (IMAGE: operator | trainer-cpu)" >&2; exit 2; }
-[[ $# -gt 0 ]] || usage
-for image in "$@"; do [[ $image == operator || $image == trainer-cpu ]] || usage; done
-
-for tool in mmdebstrap buildah podman runc; do
-  command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
+usage() {
+  echo "usage: $0 [--push DESTINATION VERSION [--dry-run]] IMAGE...   (IMAGE: operator | trainer-cpu | trainer-cuda)" >&2
+  exit 2
+}
+push_to='' version='' dry_run=false
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --push) [[ $# -ge 3 && -n $2 ]] || usage; push_to=$2 version=$3; shift 3; release_version "$version" || exit 2 ;;
+    --dry-run) dry_run=true; shift ;;
+    *) usage ;;
+  esac
 done
-[[ $(id -u) == 0 ]] || { echo "building images needs root (mmdebstrap, buildah's overlay store)" >&2; exit 3; }
+if $dry_run && [[ -z $push_to ]]; then echo "--dry-run goes with --push (it prints the push commands)" >&2; exit 2; fi
+[[ $# -gt 0 ]] || usage
+for image in "$@"; do [[ $image == operator || $image == trainer-cpu || $image == trainer-cuda ]] || usage; done
+
+if ! $dry_run; then
+  for tool in mmdebstrap buildah podman runc; do
+    command -v "$tool" >/dev/null || { echo "$tool is not installed (make setup-apt installs it): cannot build images" >&2; exit 3; }
+  done
+  [[ $(id -u) == 0 ]] || { echo "building images needs root (mmdebstrap, buildah's overlay store)" >&2; exit 3; }
+fi
 have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
 # A hash of files (names and contents; caches and build outputs excluded, as .dockerignore does) and strings.
@@ -130,10 +156,13 @@ build_base() {
   exec 8>&-
 }
 
-# build_image NAME PROGRESS REPOSITORY DOCKERFILE BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in the
-# repository; PROGRESS names the build in its progress lines and in hack/lib/build-times.
+# build_image NAME PROGRESS REPOSITORY DOCKERFILE OUTPUT BUILD_ARG... -- INPUT...: the Dockerfile, built as it is in
+# the repository; PROGRESS names the build in its progress lines and in hack/lib/build-times. OUTPUT: `archive` (a
+# docker-archive in the cache folder, what a second call finds) or `store` (the image in the store only, and an empty
+# record file in the cache folder in its place). With --push, then pushed (with --dry-run, only the push command
+# printed).
 build_image() {
-  local name=$1 progress=$2 repository=$3 dockerfile=$4; shift 4
+  local name=$1 progress=$2 repository=$3 dockerfile=$4 output=$5; shift 5
   local build_args=() inputs=()
   while [[ $1 != -- ]]; do build_args+=(--build-arg "$1"); shift; done; shift
   inputs=("$@")
@@ -144,12 +173,23 @@ build_image() {
   if grep -q -- '--mount=type=bind,from=' "$repo/$dockerfile"; then layers=--layers=false uncached=(no-layer-cache); fi
   key=$(hash_inputs "$python_key" "$dockerfile" "${uncached[@]}" "${build_args[@]}" "${inputs[@]}")
   ref="$repository:$key"
-  archive="$root/$name-$key.docker.tar"
-  if [[ ! -s $archive ]]; then
+  local suffix=${output/archive/docker.tar}
+  local record="$root/$name-$key.$suffix"   # the archive, or the store image's record
+  archive=''
+  [[ $output == store ]] || archive=$record
+  local push=()
+  [[ -z $push_to ]] || push=(buildah "${storage[@]}" push "$ref" "$push_to/$(release_image "$name" "$version")")
+  if $dry_run; then
+    printf '%q ' "${push[@]}" | sed 's/ $//'
+    echo
+    return 0
+  fi
+  built() { if [[ -n $archive ]]; then [[ -s $archive ]]; else [[ -e $record ]] && have_image "$ref"; fi; }
+  if ! built; then
     exec 7>"$root/.build-$name.lock"
     flock 7   # one build of an image at a time: a second caller waits, then finds the archive
   fi
-  if [[ ! -s $archive ]]; then
+  if ! built; then
     build_base
     if ! have_image "$ref"; then
       run_logged "$progress" "$name from $dockerfile" "$root/logs/$name-$key.log" \
@@ -157,47 +197,68 @@ build_image() {
           --build-arg PYTHON_IMAGE="$python_ref" "${build_args[@]}" \
           -f "$repo/$dockerfile" -t "$ref" "$repo"
     fi
-    local start=$SECONDS
-    local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
-    bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
-    mv "$partial" "$archive"
-    echo "build: $progress: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
-    prune "$name" "$repository"
+    if [[ -n $archive ]]; then
+      local start=$SECONDS
+      local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
+      bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
+      mv "$partial" "$archive"
+      echo "build: $progress: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
+    fi
+    touch "$record"
+    prune "$name" "$repository" "$suffix"
   fi
   exec 7>&-
-  touch "$archive"   # in use: prune keeps the newest
-  echo "$ref $archive"
+  touch "$record"   # in use: prune keeps the newest
+  if [[ -n $push_to ]]; then
+    # The store holds the image the archive was written from (prune removes both together).
+    have_image "$ref" || bah pull --quiet "docker-archive:$archive" >&2
+    "${push[@]}" >&2
+    echo "build: $progress: pushed $ref to ${push[-1]}" >&2
+    echo "$ref ${push[-1]}"
+  else
+    echo "$ref${archive:+ $archive}"
+  fi
 }
 
-# Keeps the newest archives of an image (and their images in the store) and removes older ones. Their cached
-# intermediate layers stay (a later build may reuse them; `--clean` removes everything).
+# Keeps the newest records of an image (archives: SUFFIX docker.tar; store images' records: store, the newest one
+# only, 12 GB each), and their images in the store, and removes older ones. Their cached intermediate layers stay (a
+# later build may reuse them; `--clean` removes everything).
 prune() {
-  local name=$1 repository=$2 old archive key
-  mapfile -t old < <(ls -t "$root/$name"-*.docker.tar 2>/dev/null | tail -n +$((keep_archives + 1)))
+  local name=$1 repository=$2 suffix=$3 old archive key keep=$keep_archives
+  [[ $suffix != store ]] || keep=1
+  mapfile -t old < <(ls -t "$root/$name"-*."$suffix" 2>/dev/null | tail -n +$((keep + 1)))
   for archive in "${old[@]}"; do
-    key=${archive##*/$name-}; key=${key%.docker.tar}
+    key=${archive##*/$name-}; key=${key%%.*}
     rm -f "$archive"
     bah rmi "$repository:$key" >/dev/null 2>&1 || true
     echo "images: removed the older $name image $key" >&2
   done
 }
 
-mkdir -p "$root/logs" "$tmp_root"
-TMPDIR="$(mktemp -d "$tmp_root/XXXXXX")"
-export TMPDIR
-trap 'rm -rf "${TMPDIR:?}"' EXIT
+if ! $dry_run; then
+  mkdir -p "$root/logs" "$tmp_root"
+  TMPDIR="$(mktemp -d "$tmp_root/XXXXXX")"
+  export TMPDIR
+  trap 'rm -rf "${TMPDIR:?}"' EXIT
+fi
 
 sources=(pyproject.toml operator/grpo_operator trainer_image/grpo_trainer)
 for image in "$@"; do
   case $image in
     operator)
-      build_image operator operator-image localhost/grpo-operator Dockerfile \
+      build_image operator operator-image localhost/grpo-operator Dockerfile archive \
         -- "${sources[@]}" crds/grporun.yaml .dockerignore ;;
     trainer-cpu)
       # download.pytorch.org is not needed: TORCH_CPU_INDEX= takes PyPI's torch (the Dockerfile's documented route).
       # TRACKING=true: the learner has the experiment trackers, so spec.tracking runs from this image (the node
       # tier's tracked run reports to a real MLflow server).
-      build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" TRACKING=true \
+      build_image trainer-cpu trainer-image localhost/grpo-trainer trainer_image/Dockerfile archive VARIANT=cpu "TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-}" TRACKING=true \
+        -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
+    trainer-cuda)
+      # PyPI's torch and vllm (CUDA 13.0: NVIDIA driver >= 580) unless TORCH_INDEX_URL and VLLM_WHEEL name the
+      # builds for another CUDA (trainer_image/Dockerfile). TRACKING=true as for the CPU variant.
+      build_image trainer-cuda trainer-cuda-image localhost/grpo-trainer trainer_image/Dockerfile store VARIANT=cuda \
+        "TORCH_INDEX_URL=${TORCH_INDEX_URL:-}" "VLLM_WHEEL=${VLLM_WHEEL:-}" TRACKING=true \
         -- "${sources[@]}" trainer_image/requirements .dockerignore ;;
   esac
 done

@@ -23,27 +23,25 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from grpo_trainer.contract import (
+from grpo_trainer.contract.codes import ReplicaState
+from grpo_trainer.contract.config import (
     AttentionSetting,
     DatasetConfig,
     FilterConfig,
     FsdpConfig,
-    InvalidObjectStoreURI,
     LearnerConfig,
     LearnerStrategy,
     ProgressConfig,
-    ReplicaState,
     RewardConfig,
     RolloutConfig,
     TrackingConfig,
     TrainingConfig,
+    UnknownRewardName,
     WeightSyncConfig,
-    WireModel,
-    field_path,
-    first_error,
-    is_object_store_uri,
-    parse_uri,
+    check_reward_name,
 )
+from grpo_trainer.contract.store_uri import InvalidObjectStoreURI, is_object_store_uri, parse_uri
+from grpo_trainer.contract.wire import WireModel, field_path, first_error
 
 from .eta import ProgressRate, TrainerStatus
 from .pod_overrides import EnvVar, PodTemplateOverride
@@ -85,6 +83,8 @@ MAX_ENVIRONMENT_NAME = 15
 
 Device = Literal["cuda", "cpu"]
 ImagePullPolicy = Literal["Always", "IfNotPresent", "Never"]
+#: `spec.fitCheck`: what the fit check (grpo_operator.fit) does with a run past its GPU's or its pod's memory.
+FitPolicy = Literal["refuse", "warn"]
 
 
 class SpecError(ValueError):
@@ -339,6 +339,7 @@ class GRPORunSpec(WireModel):
     scheduling: SchedulingSpec | None = None
     environments: list[EnvironmentSpec] | None = Field(None, max_length=MAX_ENVIRONMENTS)
     managed_by: str = Field(CONTROLLER_NAME, max_length=63)
+    fit_check: FitPolicy = "refuse"
 
     @field_validator("model")
     @classmethod
@@ -378,15 +379,14 @@ def spec_error_from(error: ValidationError, prefix: str = "spec") -> SpecError:
 
 
 def check_reward_names(spec: GRPORunSpec) -> GRPORunSpec:
-    """The rule the CRD cannot hold: a built-in reward must exist (`grpo_trainer.rewards` owns the names, and it is
-    torch-free). The same line under `grporun validate`, `grporun local` and the operator; raises SpecError."""
-    from grpo_trainer.contract import RewardError, check_reward_name
-
+    """The rule the CRD cannot hold: a built-in reward must exist (the contract lists their names,
+    `BUILTIN_REWARD_NAMES`). The same line under `grporun validate`, `grporun local` and the operator; raises
+    SpecError."""
     for index, reward in enumerate(spec.rewards):
         if reward.name is not None:
             try:
                 check_reward_name(reward.name)
-            except RewardError as error:
+            except UnknownRewardName as error:
                 raise SpecError(f"spec.rewards[{index}].name", str(error)) from None
     return spec
 
@@ -553,7 +553,7 @@ class ProgressStatus(_StatusModel):
     groups_total: int = 0
     groups_trained: int = 0
     groups_dropped: int = 0
-    # Keys are grpo_trainer.contract.DROP_REASONS (snake_case on the wire, like the learner's /progress).
+    # Keys are grpo_trainer.contract.codes.DROP_REASONS (snake_case on the wire, like the learner's /progress).
     dropped: dict[str, int] = Field(default_factory=dict)
     stall_streak: int = 0
     stall_limit: int = 0
@@ -626,7 +626,7 @@ class FailureStatus(_StatusModel):
 
 
 class OutputStatus(_StatusModel):
-    """The trained model the learner exported to spec.output (its report, grpo_trainer.contract.ExportReport)."""
+    """The trained model the learner exported to spec.output (its report, grpo_trainer.contract.report.ExportReport)."""
 
     uri: str
     step: int
@@ -636,7 +636,8 @@ class OutputStatus(_StatusModel):
 
 
 class TrackedRunStatus(_StatusModel):
-    """An experiment tracker's run the learner reports to (its report, grpo_trainer.contract.TrackedRunReport)."""
+    """An experiment tracker's run the learner reports to (its report,
+    grpo_trainer.contract.report.TrackedRunReport)."""
 
     tracker: str
     run_id: str
@@ -667,3 +668,8 @@ class GRPORunStatus(_StatusModel):
 
 def parse_status(status: dict[str, Any] | None) -> GRPORunStatus:
     return GRPORunStatus.model_validate(status or {})
+
+
+def dump_status(status: GRPORunStatus) -> dict[str, Any]:
+    """A status as the API server stores it (camelCase, unset fields left out): parse_status's inverse."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

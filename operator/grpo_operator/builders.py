@@ -26,30 +26,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_trainer.contract import (
-    ACCESS_KEY_ENV,
-    DEFAULT_TERMINATION_MESSAGE_PATH,
-    ENDPOINT_ENV,
+from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract.config import TrackingConfig, request_timeout_seconds
+from grpo_trainer.contract.launch import MAIN_PROCESS_PORT, GangLayout, learner_argv
+from grpo_trainer.contract.pod_env import (
     HUB_TOKEN_ENV,
     INPUT_CREDENTIALS_ENV_PREFIX,
-    LEARNER_HTTP_PORT,
+    MLFLOW_CREDENTIAL_ENV,
+    WANDB_API_KEY_ENV,
+    environment_url_variable,
+)
+from grpo_trainer.contract.rollout_pod import (
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
-    MAIN_PROCESS_PORT,
-    MLFLOW_CREDENTIAL_ENV,
     PROBE_TIMEOUT_S,
-    REGION_ENV,
-    ROLLOUT_HTTP_PORT,
-    SECRET_KEY_ENV,
-    SESSION_TOKEN_ENV,
     STARTUP_WAIT_S,
-    WANDB_API_KEY_ENV,
-    GangLayout,
-    TrackingConfig,
-    environment_url_variable,
-    learner_argv,
-    request_timeout_seconds,
 )
+from grpo_trainer.contract.store_uri import ACCESS_KEY_ENV, ENDPOINT_ENV, REGION_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV
 
 from . import podgroup
 from .api import (
@@ -394,7 +387,7 @@ def inputs_secret_env(inputs: InputsSpec | None) -> list[dict[str, Any]]:
     """The inputs' credentials on every learner and rollout pod: spec.inputs.credentialsSecret's keys under their
     GRPO_INPUTS_ names (learner rank 0 may hold spec.output's under the plain ones), the hub token as HF_TOKEN.
     Optional references: a missing Secret or key is the pod's one-line exit 78 naming the field
-    (grpo_trainer.inputs), not a pod that never starts."""
+    (grpo_trainer.storage.inputs), not a pod that never starts."""
     if inputs is None:
         return []
     env: list[dict[str, Any]] = []
@@ -412,7 +405,7 @@ def tracking_secret_env(tracking: TrackingConfig) -> list[dict[str, Any]]:
     """The trackers' credentials, from the Secrets `spec.tracking` names, as the env vars their clients read.
 
     Optional references: a missing Secret or key leaves the variable unset and the learner ends with a one-line
-    config error naming the field (grpo_trainer.tracking), instead of a pod that never starts.
+    config error naming the field (grpo_trainer.learner.tracking), instead of a pod that never starts.
     """
     env: list[dict[str, Any]] = []
     if tracking.mlflow is not None and tracking.mlflow.credentials_secret:

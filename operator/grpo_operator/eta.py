@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from grpo_trainer.contract import INT64_MAX, WireModel
+from grpo_trainer.contract.wire import INT64_MAX, WireModel
 
 from .apitime import format_time, parse_time
 

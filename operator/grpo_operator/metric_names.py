@@ -1,7 +1,7 @@
 """The operator's Prometheus metric names: the one place they are spelled.
 
 Every per-run series carries the labels `namespace` and `run`. The chart's alerts and dashboard are tested against
-these constants and against `grpo_trainer.contract.LEARNER_METRIC_NAMES`.
+these constants and against `grpo_trainer.contract.metrics.LEARNER_METRIC_NAMES`.
 """
 
 RUN_LABELS = ("namespace", "run")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from grpo_trainer.contract import WireModel
+from grpo_trainer.contract.wire import WireModel
 
 #: Label and annotation keys under this prefix belong to the operator (it selects its pods by them).
 RESERVED_KEY_PREFIX = "grpo.dev/"

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from grpo_trainer.contract import WireModel
+from grpo_trainer.contract.wire import WireModel
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"

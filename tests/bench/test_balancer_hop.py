@@ -14,7 +14,7 @@ from bench.balancer_hop import HopRun, LayoutResult, balancer_cpu, render, rotat
 from bench.e2e_vs_trl import Layout, Placement, RunFigures, layouts, traced_run
 from bench.rollout_scaling import StepRecord, TracedRun
 from bench.traced_learner import DirectRolloutPool
-from grpo_trainer.server_set import ServerSet
+from grpo_trainer.rollout.server_set import ServerSet
 
 
 def test_own_cores_needs_a_core_beside_the_servers():

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench import device_check as dc
-from grpo_trainer import contract as c
+from grpo_trainer.contract.config import load_run_config
+from grpo_trainer.contract.report import parse_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def test_every_layout_writes_a_run_config_the_contract_accepts(tmp_path, gpus):
     for layout in dc.plan_layouts(gpus):
         wire = dc.run_config("/models/qwen3", tmp_path, layout, server_url="http://127.0.0.1:8000", http_port=8081,
                              epochs=2, completion_tokens=256, gpu_memory_utilization=0.3)
-        config = c.load_run_config(json.dumps(wire))
+        config = load_run_config(json.dumps(wire))
         assert config.rollout.weight_sync.mode == layout.sync
         assert config.learner.processes_per_node == layout.ranks
         assert config.learner.strategy == layout.strategy
@@ -88,11 +89,11 @@ def test_figures_from_progress_reports_metrics_and_memory():
         (2.0, 3, 4, 3.5, 0.5, 4000.0, [9400], [40000]),
         (3.0, 5, 6, 4.4, 0.4, 6000.0, [9200], [40050]),
     ]
-    polls = [dc.Poll(time=t, progress=c.parse_progress(_progress(step, syncs, total, last)),
+    polls = [dc.Poll(time=t, progress=parse_progress(_progress(step, syncs, total, last)),
                      generated_tokens=dc.generated_tokens(metrics.format(tokens)), learner_mib=lm, server_mib=sm)
              for t, step, syncs, total, last, tokens, lm, sm in looks]
     polls.append(dc.Poll(time=3.5))  # the learner had stopped answering
-    final = c.parse_progress(_progress(6, 7, 4.9, 0.5))
+    final = parse_progress(_progress(6, 7, 4.9, 0.5))
 
     figures = dc.row_figures(polls, final)
 

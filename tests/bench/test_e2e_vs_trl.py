@@ -27,7 +27,7 @@ from bench.e2e_vs_trl import (
     run_row,
 )
 from bench.rollout_scaling import StepRecord
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract.report import ProgressReport
 
 
 def record(t: float, step: int, wait_s: float, samples: float, groups: float, cpu_s: float | None) -> StepRecord:

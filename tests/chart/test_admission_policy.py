@@ -1,6 +1,6 @@
 """The chart's ValidatingAdmissionPolicy: it matches every create and update of a GRPORun, its CEL lists exactly the
-trainer arguments the operator sets from the spec (grpo_trainer.contract.MANAGED_TRAINER_ARGS) with the spec field
-to use for each, and `admissionPolicy.enabled: false` leaves it out. tests/controlplane/test_admission_policy.py
+trainer arguments the operator sets from the spec (grpo_trainer.contract.config.MANAGED_TRAINER_ARGS) with the spec
+field to use for each, and `admissionPolicy.enabled: false` leaves it out. tests/controlplane/test_admission_policy.py
 shows the real API server enforcing it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import celpy
 import pytest
 
-from grpo_trainer.contract import MANAGED_TRAINER_ARGS
+from grpo_trainer.contract.config import MANAGED_TRAINER_ARGS
 from tests.operator.test_manifest import good
 from tests.support.chart_render import RELEASE, objects_of_kind, render_objects
 

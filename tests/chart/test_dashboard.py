@@ -11,7 +11,15 @@ import pytest
 import yaml
 
 from grpo_operator import metric_names as op
-from grpo_trainer import contract
+from grpo_trainer.contract.metrics import (
+    METRIC_ENVIRONMENT_FAILURES,
+    METRIC_EPISODES,
+    METRIC_REWARD_MEAN,
+    METRIC_STEP_CLIP_RATIO,
+    METRIC_TOOL_CALLS,
+    METRIC_TOOL_FAILURES,
+    STEP_METRIC_NAMES,
+)
 from tests.support.chart_render import CHART_DIR
 from tests.support.promql_names import metric_names_in, unknown_metrics
 
@@ -74,7 +82,7 @@ def test_dashboard_shows_what_on_call_needs():
     for needed in (
         op.RUN_EPOCH, op.RUN_GROUPS_CONSUMED, op.RUN_GROUPS_TRAINED, op.RUN_GROUPS_DROPPED, op.RUN_STALL_STREAK,
         op.RUN_STALL_LIMIT, op.RUN_PHASE, op.RUN_ROLLOUT_READY, op.RUN_ROLLOUT_REPLICAS, op.RUN_STALLED,
-        op.RUN_ESTIMATED_REMAINING, contract.METRIC_REWARD_MEAN,
+        op.RUN_ESTIMATED_REMAINING, METRIC_REWARD_MEAN,
     ):
         assert needed in read, f"no panel shows {needed}"
     timelines = [p for p in DASHBOARD["panels"] if p["type"] == "state-timeline"]
@@ -86,9 +94,9 @@ def test_dashboard_shows_what_on_call_needs():
 def test_dashboard_shows_the_training_curves():
     """Every step curve the learner exports from TRL's logs has a panel; clip ratio per bound."""
     read = set().union(*(metric_names_in(target["expr"]) for _, target in _targets()))
-    missing = set(contract.STEP_METRIC_NAMES) - read
+    missing = set(STEP_METRIC_NAMES) - read
     assert not missing, f"no panel shows {sorted(missing)}"
-    clips = [t for _, t in _targets() if contract.METRIC_STEP_CLIP_RATIO in metric_names_in(t["expr"])]
+    clips = [t for _, t in _targets() if METRIC_STEP_CLIP_RATIO in metric_names_in(t["expr"])]
     assert clips and all("{{bound}}" in t["legendFormat"] for t in clips)
 
 
@@ -121,10 +129,10 @@ def test_dashboard_shows_tool_use_and_environment_failures_as_rates():
     """A tool-using run's episodes, tool calls, tool failures and environment failures (per environment), as rates:
     the learner's counters start from 0 in a restarted process, which rate() reads as a reset, not a drop."""
     reads = {name: [t for _, t in _targets() if name in metric_names_in(t["expr"])]
-             for name in (contract.METRIC_EPISODES, contract.METRIC_TOOL_CALLS, contract.METRIC_TOOL_FAILURES,
-                          contract.METRIC_ENVIRONMENT_FAILURES)}
+             for name in (METRIC_EPISODES, METRIC_TOOL_CALLS, METRIC_TOOL_FAILURES,
+                          METRIC_ENVIRONMENT_FAILURES)}
     for name, targets in reads.items():
         assert targets, f"no panel shows {name}"
         assert all(f"rate({name}" in t["expr"] for t in targets), name
-    failures = reads[contract.METRIC_ENVIRONMENT_FAILURES]
+    failures = reads[METRIC_ENVIRONMENT_FAILURES]
     assert all("environment" in t["expr"] and "{{environment}}" in t["legendFormat"] for t in failures)

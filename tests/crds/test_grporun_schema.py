@@ -34,7 +34,9 @@ from grpo_operator.api import (
 )
 from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
-from grpo_trainer.contract import DROP_REASONS, MAX_REPORTED_REASONS, EpisodeReport, ReplicaState
+from grpo_trainer.contract.codes import DROP_REASONS, ReplicaState
+from grpo_trainer.contract.report import EpisodeReport
+from grpo_trainer.contract.wire import MAX_REPORTED_REASONS
 from tests.support.specs import status_errors
 
 CRD = load_crd()

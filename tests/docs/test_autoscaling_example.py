@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from grpo_operator import api
-from grpo_trainer import contract as c
+from grpo_trainer.contract.metrics import METRIC_ROLLOUT_WAIT_SECONDS
 from tests.support.paths import REPO
 from tests.support.promql_names import unknown_metrics
 
@@ -37,7 +37,7 @@ def test_it_targets_the_grporun_through_its_scale_subresource_with_bounds():
 def test_its_query_reads_the_learners_wait_counter_only():
     query = scaled_object()["spec"]["triggers"][0]["metadata"]["query"]
     assert not unknown_metrics(query)
-    assert c.METRIC_ROLLOUT_WAIT_SECONDS in query
+    assert METRIC_ROLLOUT_WAIT_SECONDS in query
 
 
 def test_its_query_is_the_share_of_time_the_learner_waited(tmp_path):
@@ -52,7 +52,7 @@ def test_its_query_is_the_share_of_time_the_learner_waited(tmp_path):
         "tests": [{
             "interval": "1m",
             # 45 s of every minute waited, then a learner restart (the counter starts again at 0) and the same.
-            "input_series": [{"series": f"{c.METRIC_ROLLOUT_WAIT_SECONDS}{{{labels}}}",
+            "input_series": [{"series": f"{METRIC_ROLLOUT_WAIT_SECONDS}{{{labels}}}",
                               "values": "0+45x10 0+45x10"}],
             "promql_expr_test": [
                 {"expr": query, "eval_time": "6m", "exp_samples": [{"labels": "{}", "value": 0.75}]},

@@ -44,3 +44,39 @@ def test_the_rootfs_is_made_with_no_descriptor_but_the_standard_three(tmp_path: 
     done = subprocess.run([str(BUILD_SCRIPT), "operator"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "a Debian 12 rootfs" in done.stderr, done.stderr
     assert sorted(int(fd) for fd in recorded.read_text().split()) == [0, 1, 2]
+
+
+def _build_script(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GRPO_IMAGES_CACHE": str(tmp_path / "cache"), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    return subprocess.run([str(BUILD_SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_dry_run_push_prints_the_release_names_of_each_image(tmp_path):
+    """`--push DESTINATION VERSION --dry-run` prints the push each image would get, from the build's store to the
+    name a release gives it; nothing is built (the cache folder stays empty) and nothing runs but the hashing."""
+    done = _build_script("--push", "docker://ghcr.io/acme", "0.2.0-rc.1", "--dry-run",
+                         "operator", "trainer-cpu", "trainer-cuda", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr
+    pushes = [line.split() for line in done.stdout.splitlines()]
+    assert [push[0] for push in pushes] == ["buildah"] * 3
+    assert all(push[push.index("push") - 1] == "overlay" for push in pushes)  # on the build's own store
+    repositories = [push[-2].rsplit(":", 1)[0] for push in pushes]
+    assert repositories == ["localhost/grpo-operator", "localhost/grpo-trainer", "localhost/grpo-trainer"]
+    assert len({push[-2] for push in pushes}) == 3  # each variant its own content key
+    assert [push[-1] for push in pushes] == ["docker://ghcr.io/acme/grpo-operator:0.2.0-rc.1",
+                                             "docker://ghcr.io/acme/grpo-trainer:0.2.0-rc.1-cpu",
+                                             "docker://ghcr.io/acme/grpo-trainer:0.2.0-rc.1-cuda"]
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--push", "docker://ghcr.io/acme", "v0.2.0", "operator"), "'v0.2.0' is not a release version"),
+    (("--push", "docker://ghcr.io/acme", "0.2", "operator"), "'0.2' is not a release version"),
+    (("--push", "docker://ghcr.io/acme", "0.2.0+build.1", "operator"), "is not a release version"),
+    (("--dry-run", "operator"), "--dry-run goes with --push"),
+    (("--push", "docker://ghcr.io/acme", "0.2.0", "trainer-rocm"), "IMAGE: operator | trainer-cpu | trainer-cuda"),
+])
+def test_a_push_with_a_bad_version_or_image_is_refused_in_one_line(tmp_path, args, message):
+    done = _build_script(*args, tmp_path=tmp_path)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not done.stdout

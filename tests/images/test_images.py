@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from grpo_trainer import contract
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
 from tests.support.node import images
 from tests.support.paths import REPO
 
@@ -86,7 +86,7 @@ def test_trainer_roles_refuse_a_missing_config_with_their_exit_code(trainer_imag
     one line naming the file)."""
     for role in ("learner", "rollout"):
         done = images.run_container(trainer_image, role, "--config", "/nonexistent/run.json")
-        assert done.returncode == contract.EXIT_INVALID_CONFIG, output(done)
+        assert done.returncode == EXIT_INVALID_CONFIG, output(done)
         assert "cannot read config /nonexistent/run.json" in done.stderr
 
 
@@ -94,11 +94,11 @@ def test_trainer_rollout_and_learner_entrypoints_import(trainer_image):
     """What each role imports past its config: vLLM and the rollout server in /opt/rollout, TRL and the learner in
     /opt/learner (the image's PATH python)."""
     rollout = images.run_container(
-        trainer_image, "-c", "import vllm, grpo_trainer.rollout; print(vllm.__version__)",
+        trainer_image, "-c", "import vllm, grpo_trainer.server.main; print(vllm.__version__)",
         entrypoint="/opt/rollout/bin/python")
     assert rollout.returncode == 0, output(rollout)
     learner = images.run_container(
-        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner_main; print(trl.__version__)",
+        trainer_image, "-c", "import trl, transformers, grpo_trainer.learner.main; print(trl.__version__)",
         entrypoint="python")
     assert learner.returncode == 0, output(learner)
 
@@ -134,3 +134,23 @@ def test_trainer_image_compiles_with_inductor_against_its_interpreter_headers(tr
               "print(torch.compile(lambda x: x.sin() + 1)(torch.ones(4)).sum().item())")
     done = images.run_container(trainer_image, "-c", script, entrypoint="/opt/rollout/bin/python")
     assert done.returncode == 0, output(done)
+
+
+# --- the trainer image (CUDA variant; built only when asked: images.CUDA_IMAGE_ENV) ---
+
+CHECK_CUDA = REPO / "hack" / "images" / "check-cuda.sh"
+
+
+def test_the_cuda_image_passes_its_check(trainer_cuda_image):
+    """hack/images/check-cuda.sh, as `make image-cuda` runs it, on the image built for this run: the entrypoint, vLLM
+    and kernels in the learner, TRL's NCCL client up to its first CUDA call, the attention rule's GPU branches."""
+    import subprocess
+
+    done = subprocess.run([str(CHECK_CUDA)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, output(done)
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"check-cuda: {trainer_cuda_image.reference}"
+    assert lines[-1] == "check-cuda: all checks passed"
+    assert [line.split(":")[1].strip() for line in lines[1:-1]] == ["ok"] * 5, lines
+    nccl = next(line for line in lines if "NCCL" in line)
+    assert "ImportError" not in nccl and "ModuleNotFoundError" not in nccl

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_operator.api import RUN_LABEL
-from grpo_trainer.contract import EXIT_PREEMPTED
+from grpo_trainer.contract.codes import EXIT_PREEMPTED
 from tests.support.node.node import NODE_NAME
 from tests.support.node.node_runs import RUN, NodeRun, host_folder, shared_folder, tiny_manifest
 from tests.support.node.operator_release import OperatorRelease

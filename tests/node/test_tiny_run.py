@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from grpo_operator.builders import environment_pod_name
-from grpo_trainer.contract import EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE
 from tests.support.node.node import Node
 from tests.support.node.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest

@@ -11,13 +11,9 @@ import pytest
 from grpo_operator import builders
 from grpo_operator.api import parse_spec
 from grpo_operator.run_ref import RunRef
-from grpo_trainer.contract import (
-    DEFAULT_TERMINATION_MESSAGE_PATH,
-    LEARNER_HTTP_PORT,
-    ROLLOUT_HTTP_PORT,
-    load_run_config,
-)
-from grpo_trainer.rollout_health import PROBE_TIMEOUT_S, STARTUP_WAIT_S
+from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH, LEARNER_HTTP_PORT, ROLLOUT_HTTP_PORT
+from grpo_trainer.contract.config import load_run_config
+from grpo_trainer.contract.rollout_pod import PROBE_TIMEOUT_S, STARTUP_WAIT_S
 from tests.support.specs import minimal_spec
 
 KUBERNETES_VERSION = "1.33"
@@ -249,7 +245,7 @@ def test_rollout_pod_runs_the_server_with_a_health_readiness_probe():
 
 def test_rollout_liveness_proves_generation_once_the_server_has_started():
     # /health answers for a hung engine and for one that died: liveness runs the one-token probe
-    # (tests/trainer/test_rollout_health.py runs that command against a stopped server).
+    # (tests/trainer/server/test_health.py runs that command against a stopped server).
     main = container(by_name(children())["run-rollout-0"])
     liveness = main["livenessProbe"]
     assert liveness["exec"]["command"] == ["python", "-m", "grpo_trainer", "probe", "--config", "/etc/grpo/run.json"]
@@ -289,8 +285,8 @@ def test_multi_node_learners_get_accelerates_rendezvous_flags_per_rank():
     objects = by_name(children(learner={"nodes": 3, "processesPerNode": 8}))
     for rank in range(3):
         supervised = container(objects[f"run-learner-{rank}"])["command"]
-        # grpo_trainer.gang gives the pod the exit code its 8 ranks decided (torchrun alone would say 1)
-        assert supervised[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "8", "--"]
+        # grpo_trainer.learner.gang gives the pod the exit code its 8 ranks decided (torchrun alone would say 1)
+        assert supervised[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "8", "--"]
         command = supervised[6:]
         assert command[:4] == ["python", "-m", "accelerate.commands.launch", "--multi_gpu"]
         flags = dict(zip(command[4:14:2], command[5:14:2], strict=True))
@@ -305,7 +301,7 @@ def test_fsdp2_learners_launch_under_accelerates_fsdp2_plugin_with_the_specs_off
                                         "fsdp": {"cpuOffload": True}}))
     for rank in range(2):
         command = container(objects[f"run-learner-{rank}"])["command"]
-        assert command[:6] == ["python", "-m", "grpo_trainer.gang", "--ranks", "4", "--"]
+        assert command[:6] == ["python", "-m", "grpo_trainer.learner.gang", "--ranks", "4", "--"]
         assert "--multi_gpu" not in command and command[command.index("--fsdp_version") + 1] == "2"
         assert command[command.index("--fsdp_offload_params") + 1] == "true"
         assert command[command.index("--machine_rank") + 1] == str(rank)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
-from grpo_trainer.contract import EXIT_STALLED
+from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.support.emulator.kube_emulator import GRPORUNS
 from tests.support.paths import REPO
 from tests.support.specs import MULTI_RANK_ROLLOUT, NAMESPACE, grporun, minimal_spec

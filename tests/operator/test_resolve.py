@@ -8,8 +8,8 @@ import pytest
 
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
-from grpo_trainer.contract import (
-    DEFAULT_TERMINATION_MESSAGE_PATH,
+from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH
+from grpo_trainer.contract.config import (
     CheckpointConfig,
     FilterConfig,
     LearnerConfig,

@@ -4,7 +4,7 @@ unreadable progress endpoint, an unready rollout server, transient create errors
 from __future__ import annotations
 
 from grpo_operator.status import CreateChildren, RecreatePods
-from grpo_trainer.contract import EXIT_STALLED
+from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, running_status, spec_of, step
 
 

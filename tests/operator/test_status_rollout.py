@@ -8,8 +8,8 @@ import sys
 
 from grpo_operator.status import CreateChildren, RecreatePods
 from grpo_operator.status.rollout_exits import rollout_error_line
-from grpo_trainer import rollout
-from grpo_trainer.contract import EXIT_INVALID_CONFIG
+from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
+from grpo_trainer.server import main as rollout
 from tests.operator.test_status import at, condition, pod, reasons, report, running_pods, running_status, spec_of, step
 
 ENGINE_ERROR = "RuntimeError: CPU Generator does not use offset"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import tiny_models
+from tests.support import actionlint, tiny_models
 from tests.support.builds import Board, Build, Builds, Outcome, Poller, Report, Unavailable
 from tests.support.controlplane import control_plane, kueue_manager
 from tests.support.node import images, node, operator_release
@@ -42,15 +42,18 @@ class BuildKind:
 
 
 # In the order they start in their lane and the order of the tests that wait for them: the tool model's tests first
-# (a lane of its own: it takes a minute or two of CPU), then the control plane's, then the images', then the node's
-# (they need everything but Kueue), then the S3 server's, then Kueue's.
+# (a lane of its own: it takes a minute or two of CPU), then the control plane's, then the images' (the CUDA
+# variant's only when asked: images.CUDA_IMAGE_ENV), then the node's (they need everything but Kueue), then the
+# workflow linter's (seconds), the S3 server's, then Kueue's.
 BUILDS = (
     BuildKind(tiny_models.TOOL_MODEL_BUILD, "tiny_tool_model_dir", tiny_models.build),
     BuildKind(control_plane.BUILD_NAME, "control_plane_binaries", control_plane.build),
     BuildKind(images.OPERATOR_BUILD, "operator_image", lambda: images.build(images.OPERATOR_BUILD)),
     BuildKind(images.TRAINER_BUILD, "trainer_image", lambda: images.build(images.TRAINER_BUILD)),
+    BuildKind(images.TRAINER_CUDA_BUILD, "trainer_cuda_image", lambda: images.build(images.TRAINER_CUDA_BUILD)),
     BuildKind(node.BUILD_NAME, "node_binaries", node.build),
     BuildKind(operator_release.HELM_BUILD, "helm_binary", operator_release.helm_build),
+    BuildKind(actionlint.BUILD_NAME, "actionlint_binary", actionlint.build),
     BuildKind(s3_server.BUILD_NAME, "seaweedfs_binaries", s3_server.build),
     BuildKind(kueue_manager.BUILD_NAME, "kueue_binaries", kueue_manager.build),
 )
@@ -380,6 +383,11 @@ def seaweedfs_binaries(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture(scope="session")
+def actionlint_binary(request: pytest.FixtureRequest) -> Path:
+    return Path(_outcome(request.config, _kind("actionlint_binary"))) / "actionlint"
+
+
+@pytest.fixture(scope="session")
 def operator_image(request: pytest.FixtureRequest) -> images.BuiltImage:
     return images.BuiltImage.parse(_outcome(request.config, _kind("operator_image")))
 
@@ -387,4 +395,9 @@ def operator_image(request: pytest.FixtureRequest) -> images.BuiltImage:
 @pytest.fixture(scope="session")
 def trainer_image(request: pytest.FixtureRequest) -> images.BuiltImage:
     return images.BuiltImage.parse(_outcome(request.config, _kind("trainer_image")))
+
+
+@pytest.fixture(scope="session")
+def trainer_cuda_image(request: pytest.FixtureRequest) -> images.BuiltImage:
+    return images.BuiltImage.parse(_outcome(request.config, _kind("trainer_cuda_image")))
 

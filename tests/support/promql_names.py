@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from grpo_operator.metric_names import OPERATOR_METRIC_NAMES, RECONCILE_SECONDS
-from grpo_trainer.contract import LEARNER_METRIC_NAMES
+from grpo_trainer.contract.metrics import LEARNER_METRIC_NAMES
 
 #: Series a query may name besides the project's own: Prometheus' scrape health, and kube-state-metrics' view of
 #: the autoscaler of a run's rollout servers.

@@ -14,9 +14,10 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from . import contract as c
-from . import gang, preemption
-from .validation import config_error_line
+from .contract.codes import EXIT_EXPORT_FAILED, EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, ROLLOUT_HTTP_PORT
+from .contract.config import RunConfig, load_run_config
+from .contract.wire import config_error_line
+from .learner import gang, preemption
 
 #: A role's outcome is decided (and the learner's recorded) when `main` returns; what follows is the interpreter's
 #: teardown, which joins non-daemon threads, multiprocessing's children and its queues' feeder threads. One blocked
@@ -44,9 +45,9 @@ def _exit_after_teardown(code: int, limit_s: float) -> None:
     os._exit(code)
 
 
-def read_config(path: str) -> c.RunConfig:
+def read_config(path: str) -> RunConfig:
     with open(path, encoding="utf-8") as f:
-        return c.load_run_config(f.read())
+        return load_run_config(f.read())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="role", required=True)
     rollout = sub.add_parser("rollout", help="run the vLLM rollout server for the run")
     rollout.add_argument("--config", required=True, help="the resolved run config (run.json)")
-    rollout.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
+    rollout.add_argument("--port", type=int, default=ROLLOUT_HTTP_PORT)
     learner = sub.add_parser("learner", help="train: the GRPO learner (one process; accelerate launches several)")
     learner.add_argument("--config", required=True, help="the resolved run config (run.json)")
     export = sub.add_parser("export", help="export the model of the newest complete checkpoint to the run's output "
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", help="a checkpoint folder (default: the newest complete one)")
     probe = sub.add_parser("probe", help="exit 0 when the local rollout server generates one token (its liveness)")
     probe.add_argument("--config", required=True, help="the resolved run config (run.json)")
-    probe.add_argument("--port", type=int, default=c.ROLLOUT_HTTP_PORT)
+    probe.add_argument("--port", type=int, default=ROLLOUT_HTTP_PORT)
     probe.add_argument("--timeout", type=float, default=None,
                        help="seconds to wait for the token (default 30), or with --startup for /health (default 290)")
     probe.add_argument("--startup", action="store_true",
@@ -81,16 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         config = read_config(args.config)
     except (OSError, ValidationError) as error:
         print(f"grpo {args.role}: {describe_config_error(args.config, error)}", file=sys.stderr)
-        return c.EXIT_INVALID_CONFIG
+        return EXIT_INVALID_CONFIG
     if args.role == "export":
         return export(config, args.checkpoint)
     if args.role == "probe":
         if args.startup:
             return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
-    from .inputs import InputError, resolve
-    from .rollout import main as rollout_main
-    from .rollout import refuse
+    from .server.main import main as rollout_main
+    from .server.main import refuse
+    from .storage.inputs import InputError, resolve
 
     try:
         config = resolve(config, dataset=False)
@@ -99,25 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     return rollout_main(config, port=args.port)
 
 
-def export(config: c.RunConfig, checkpoint: str | None) -> int:
-    """The export alone (grpo_trainer.reexport): where the model went on stdout, else why not, in one line."""
-    from .model_export import ExportError
-    from .reexport import export_from_checkpoint
+def export(config: RunConfig, checkpoint: str | None) -> int:
+    """The export alone (grpo_trainer.storage.reexport): where the model went on stdout, else why not, in one line."""
+    from .storage.model_export import ExportError
+    from .storage.reexport import export_from_checkpoint
 
     try:
         exported = export_from_checkpoint(config, checkpoint)
     except ExportError as error:
         print(f"grpo export: {error}", file=sys.stderr)
-        return c.EXIT_EXPORT_FAILED
+        return EXIT_EXPORT_FAILED
     print(f"grpo export: model exported to {exported.uri} (step {exported.step}, {exported.bytes} bytes, manifest "
           f"sha256 {exported.sha256})")
-    return c.EXIT_SUCCEEDED
+    return EXIT_SUCCEEDED
 
 
-def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int:
+def probe(config: RunConfig, port: int, timeout_s: float | None = None) -> int:
     """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
-    from .inputs import local_path
-    from .rollout_health import PROBE_TIMEOUT_S, probe_generation
+    from .contract.rollout_pod import PROBE_TIMEOUT_S
+    from .server.health import probe_generation
+    from .storage.inputs import local_path
 
     # The server serves the model under the name it loaded it from (an s3:// model: its place in the inputs cache).
     model = local_path(config.model, config)
@@ -130,7 +132,8 @@ def probe(config: c.RunConfig, port: int, timeout_s: float | None = None) -> int
 
 def startup_probe(port: int, timeout_s: float | None = None) -> int:
     """Waits for the server on `port` to answer /health: one probe run covers minutes of model load."""
-    from .rollout_health import STARTUP_WAIT_S, wait_healthy
+    from .contract.rollout_pod import STARTUP_WAIT_S
+    from .server.health import wait_healthy
 
     error = wait_healthy(f"http://127.0.0.1:{port}", timeout_s or STARTUP_WAIT_S)
     if error is not None:
@@ -146,13 +149,13 @@ def describe_config_error(path: str, error: OSError | ValidationError) -> str:
 
 
 def learner(config_path: str) -> int:
-    """The learner role's exit code (each rank's; grpo_trainer.gang combines them for a multi-process pod)."""
+    """The learner role's exit code (each rank's; grpo_trainer.learner.gang combines them for a multi-process pod)."""
     try:
         config = read_config(config_path)
     except (OSError, ValidationError) as error:
         print(f"grpo learner: {describe_config_error(config_path, error)}", file=sys.stderr)
-        return c.EXIT_INVALID_CONFIG
-    from .learner_main import main as learner_main
+        return EXIT_INVALID_CONFIG
+    from .learner.main import main as learner_main
 
     return learner_main(config, config_path)
 

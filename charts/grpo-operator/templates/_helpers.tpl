@@ -49,6 +49,11 @@ app.kubernetes.io/part-of: grpo-operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The release's CUDA variant of the trainer image unless trainerImage.tag names another. */}}
+{{- define "grpo-operator.trainerImage" -}}
+{{- printf "%s:%s" .Values.trainerImage.repository (default (printf "%s-cuda" .Chart.AppVersion) .Values.trainerImage.tag) }}
+{{- end }}
+
 {{/* The namespaces watched when not cluster-wide: the listed ones, or the release namespace. */}}
 {{- define "grpo-operator.watchedNamespaces" -}}
 {{- if .Values.watch.namespaces }}
@@ -75,7 +80,8 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["events"]
-  # core/v1 events (grpo_operator.events, never events.k8s.io ones); patch counts a repeat on the Event posted first.
+  # core/v1 events (grpo_operator.cluster.events, never events.k8s.io ones); patch counts a repeat on the Event
+  # posted first.
   verbs: ["create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
@@ -112,6 +118,17 @@ back to a one-time scan at start.
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- end }}
+
+{{/*
+fitCheck.readNodes: the fit check lists the nodes NVIDIA's GPU feature discovery labels (label selector
+nvidia.com/gpu.product) to know the GPU a run's pods can get (grpo_operator.cluster.fit_check). Nodes are
+cluster-scoped: a ClusterRole in either mode.
+*/}}
+{{- define "grpo-operator.nodeRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
 {{- end }}
 
 {{- define "grpo-operator.subjects" -}}

@@ -11,8 +11,8 @@ from typing import Any
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
-from ..leader import DEFAULT_LEASE_NAME, LeaseTimings
-from .exit_codes import ExitCode
+from ..cluster.leader import DEFAULT_LEASE_NAME, LeaseTimings
+from ..exit_codes import ExitCode
 from .output import problem
 
 EXAMPLES = """examples:
@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconcile-interval", type=float, default=5.0, metavar="SECONDS",
                         help="seconds between passes over each run (progress polls, deadlines)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--read-gpu-nodes", action="store_true",
+                        help="let the fit check list the nodes labelled by NVIDIA's GPU feature discovery, to know "
+                             "the GPU of a run whose nodeSelector does not name it (needs list on nodes)")
     election = parser.add_argument_group("leader election (run several replicas, one active)")
     election.add_argument("--leader-elect", action="store_true",
                           help="reconcile only while holding a coordination.k8s.io Lease; wait for it otherwise")
@@ -69,12 +72,14 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.FAILED
     import kopf
 
-    from .. import handlers  # noqa: F401  (registers the handlers with kopf)
+    from ..cluster import handlers  # noqa: F401  (registers the handlers with kopf)
+    from ..cluster.fit_check import GpuNodes
     from ..cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     liveness = args.liveness or (f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None)
-    context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval)
+    context = OperatorContext(trainer_image=args.trainer_image, reconcile_interval=args.reconcile_interval,
+                              gpu_nodes=GpuNodes() if args.read_gpu_nodes else None)
     if args.metrics_port:
         context.metrics.serve(args.metrics_port)
     # standalone: no kopf peering objects; with --leader-elect, the Lease decides which replica runs kopf at all.
@@ -91,10 +96,10 @@ async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, t
     """Wait for the Lease (answering the liveness probe meanwhile), then run kopf while renewing it."""
     import kopf
 
-    from ..leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
+    from ..cluster.leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
     from .standby import standby_liveness
 
-    logger = logging.getLogger("grpo_operator.leader")
+    logger = logging.getLogger("grpo_operator.cluster.leader")
     settings = kopf.OperatorSettings()
     settings.networking.request_timeout = timings.renew_deadline / 2
     elector = LeaderElector(LeaseClient(args.lease_namespace, args.lease_name, settings, logger),

@@ -4,7 +4,9 @@ operator's: the rules the CRD cannot hold (a built-in reward's name) too.
 Prints `OK PATH` on stdout for a manifest the operator would run; on stderr, `PATH: FIELD: PROBLEM` once per
 problem and `PATH: warning: FIELD: PROBLEM` for what is valid but likely wrong in a cluster (no checkpoint volume,
 a path on this machine). The fit check (grpo_operator.fit) adds its refusals and warnings there, and its estimates
-(or why it was skipped) on stdout as `PATH: fit: ...`. A user mistake never shows a traceback.
+(or why it was skipped) on stdout as `PATH: fit: ...`; a hub model's config.json is fetched from the hub that
+HF_ENDPOINT names (huggingface.co without it), with HF_TOKEN (or a saved login) for a gated one. A user mistake never
+shows a traceback.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import os
 import sys
 from typing import NamedTuple
 
-from ..fit import FitReport, ModelConfigError, check_spec_fit, read_model_config
+from ..exit_codes import ExitCode
+from ..fit import FitReport, ModelConfigError, check_spec_fit
 from ..manifest import GRPORun, ManifestError, cluster_warnings, read_grporun
-from .exit_codes import ExitCode
+from ..model_config import HUB_ENDPOINT_ENV, HubAccess, read_model_config
 from .output import manifest_lines, warning_line
 
 EXAMPLES = """examples:
@@ -37,10 +40,11 @@ class Verdict(NamedTuple):
 
 
 def fit_report(run: GRPORun, manifest_dir: str) -> FitReport:
-    """The fit check for a manifest, its model read from a local path (relative to the manifest's folder)."""
+    """The fit check for a manifest, its model's config.json read from a local path (relative to the manifest's
+    folder) or the hub. The GPU is the one the nodeSelector names: no cluster's nodes are read."""
     if run.spec.learner.device != "cuda" and run.spec.rollout.device != "cuda":
         return FitReport([], [], [])
-    config, why = read_model_config(run.spec.model, manifest_dir)
+    config, why = read_model_config(run.spec.model, HubAccess(endpoint=os.environ.get(HUB_ENDPOINT_ENV)), manifest_dir)
     if config is not None:
         try:
             return check_spec_fit(run.spec, config)

@@ -10,8 +10,10 @@ tests/support/emulator/test_kube_emulator.py checks the kopf internals used here
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from typing import Any
 
+import aiohttp
 import kopf
 from kopf._cogs.clients import api, errors
 
@@ -22,7 +24,8 @@ APIClientError = errors.APIClientError
 PERMANENT_REJECTIONS = frozenset({400, 422})
 
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "Pod": "pods", KIND: PLURAL, "Event": "events",
-            "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups", "Lease": "leases"}
+            "Workload": "workloads", "ResourceFlavor": "resourceflavors", "PodGroup": "podgroups", "Lease": "leases",
+            "Node": "nodes"}
 
 
 def object_url(api_version: str, kind: str, namespace: str | None, name: str | None = None,
@@ -72,6 +75,17 @@ class Kube:
                                  logger=self.logger)
         except errors.APINotFoundError:
             return None
+
+    async def list(self, api_version: str, kind: str, namespace: str | None, *, label_selector: str,
+                   timeout: float) -> list[dict[str, Any]]:
+        """The objects of `kind` whose labels match `label_selector`, in one request of at most `timeout` seconds
+        and no retry (namespace None: a cluster-scoped kind). Raises APIClientError (a 403 among them) and
+        aiohttp's errors: the caller decides what a failed read costs."""
+        url = f"{object_url(api_version, kind, namespace)}?{urllib.parse.urlencode({'labelSelector': label_selector})}"
+        response = await api.request("get", url, settings=self.settings, logger=self.logger, backoffs=(),
+                                     timeout=aiohttp.ClientTimeout(total=timeout))
+        async with response:
+            return (await response.json()).get("items") or []
 
     async def api_group(self, group: str) -> dict[str, Any] | None:
         """The discovery document of an API group (its versions, the preferred one); None when it is not served."""

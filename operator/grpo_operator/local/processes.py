@@ -13,8 +13,9 @@ from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
 
-from grpo_trainer import contract as c
-from grpo_trainer.contract import ROLLOUT_PYTHON_ENV
+from grpo_trainer.contract.codes import PROGRESS_PATH
+from grpo_trainer.contract.report import ProgressReport, parse_progress
+from grpo_trainer.contract.rollout_pod import ROLLOUT_PYTHON_ENV
 
 from .plan import LOCAL_HOST, LocalError, ProcessPlan
 
@@ -116,10 +117,10 @@ def http_ok(url: str) -> bool:
     return http_get(url) is not None
 
 
-def read_progress_blocking(url: str) -> c.ProgressReport | None:
+def read_progress_blocking(url: str) -> ProgressReport | None:
     """The learner's /progress at `url`, or None (blocking; the operator's own poller is async)."""
-    body = http_get(f"{url}{c.PROGRESS_PATH}")
+    body = http_get(f"{url}{PROGRESS_PATH}")
     try:
-        return c.parse_progress(body) if body else None
+        return parse_progress(body) if body else None
     except ValueError:
         return None

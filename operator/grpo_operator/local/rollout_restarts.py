@@ -21,15 +21,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_trainer.contract import (
+from grpo_trainer.contract.rollout_pod import (
     EXIT_LINE_PREFIX,
     HEALTH_REQUEST_TIMEOUT_S,
     LIVENESS_FAILURE_THRESHOLD,
     LIVENESS_PERIOD_S,
     PROBE_TIMEOUT_S,
     STARTUP_POLL_S,
-    probe_generation,
 )
+from grpo_trainer.server.health import probe_generation
 
 from .processes import LocalProcess, http_get, tail
 

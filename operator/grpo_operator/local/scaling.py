@@ -1,7 +1,7 @@
 """Scaling a local run's rollout servers while it runs, through the same actions as in a cluster.
 
 The run folder's `rollout-replicas` file holds the count wanted (one integer; `grporun local scale NAME N` writes it
-in one step). Each pass the local port reads it (`RolloutScaling.follow`) as the cluster reads spec.rollout.replicas;
+in one step). Before each pass the supervisor reads it (`RolloutScaling.follow`) into spec.rollout.replicas, as an edit;
 the state machine then decides, as for pods: ConfigureRollout rewrites `rollout.urls` in run.json (the file the
 learner watches; URLs in ordinal order, so the highest ordinals leave first), CreateChildren starts the added servers,
 and a removed server keeps running, draining, until status.scaling lets DeletePods stop it (the learner's `/progress`
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.config import RunConfig
 
 #: In the run folder: the count of rollout servers asked for, and who supervises the run (the scale command reads it).
 REPLICAS_FILE = "rollout-replicas"
@@ -48,7 +48,7 @@ class ScaleBounds:
         return None
 
 
-def scale_bounds(config: c.RunConfig, *, external: int, can_start: bool, cpu_count: int | None) -> ScaleBounds:
+def scale_bounds(config: RunConfig, *, external: int, can_start: bool, cpu_count: int | None) -> ScaleBounds:
     """`external`: servers given with --rollout-url (not this run's to stop); `can_start`: a Python with vLLM."""
     current = len(config.rollout.urls)
     minimum, why_minimum = 1, "a run needs at least one rollout server"
@@ -110,7 +110,7 @@ def parse_request(text: str) -> int:
 class RolloutScaling:
     run_dir: Path
     config_path: Path
-    config: c.RunConfig  # as run.json holds it
+    config: RunConfig  # as run.json holds it
     bounds: ScaleBounds
     _seen: str | None = None  # the request file's text last acted on
     _problem: str | None = None

@@ -31,18 +31,16 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from grpo_trainer.contract import (
+from grpo_trainer.contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PREEMPTED,
     EXIT_STALLED,
     EXIT_SUCCEEDED,
     PERMANENT_EXIT_CODES,
-    ExportReport,
-    ProgressReport,
     StallCause,
-    parse_progress,
 )
+from grpo_trainer.contract.report import ExportReport, ProgressReport, parse_progress
 
 from ..api import FailureStatus, GRPORunSpec, PodFailureRule, Reason
 from .decision import PodObservation, rank

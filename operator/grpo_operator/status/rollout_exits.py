@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grpo_trainer.contract import EXIT_LINE_PREFIX, engine_error_line
+from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX, engine_error_line
 
 from ..api import FailureStatus, PodFailureRule, Reason
 from .decision import PodObservation, rank
@@ -35,7 +35,7 @@ class ServerRestart:
 def rollout_error_line(message: str | None) -> str | None:
     """The engine's error line out of a rollout pod's termination message.
 
-    The rollout entrypoint writes `grpo rollout: vLLM exited with code N: <error line>` (grpo_trainer.rollout); when
+    The rollout entrypoint writes `grpo rollout: vLLM exited with code N: <error line>` (grpo_trainer.server.main); when
     the entrypoint itself was killed the kubelet falls back to the log's tail, where the root error is looked for
     past vLLM's wrappers and the nanobind leak dump.
     """

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from grpo_trainer.contract import ProgressReport
+from grpo_trainer.contract.report import ProgressReport
 
 from ..api import GRPORunSpec, Reason, RolloutServerStatus
 from .conditions import seconds_since

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grpo_trainer.contract import ProgressReport, ReplicaState
+from grpo_trainer.contract.codes import ReplicaState
+from grpo_trainer.contract.report import ProgressReport
 
 from ..api import Reason, RemovedServerStatus, RolloutServerStatus, RolloutStatus
 from .decision import PodObservation, rank

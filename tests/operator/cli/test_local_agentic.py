@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from grpo_trainer import contract as c
+from grpo_trainer.contract.report import parse_progress
 from tests.support import tiny_models
 from tests.support.paths import REPO
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
@@ -48,7 +48,7 @@ def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tiny_
     assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
     assert "guess environment serving on" in (run_dir / "logs" / "tiny-agentic-env-guess-0.log").read_text()
 
-    report = c.parse_progress((run_dir / "termination-log").read_text())
+    report = parse_progress((run_dir / "termination-log").read_text())
     groups = 8 * manifest["spec"]["training"]["epochs"]
     assert report.groups_consumed == report.groups_total == groups
     assert report.groups_trained + report.dropped_total == groups  # every group once: trained or dropped

@@ -12,7 +12,7 @@ import yaml
 from grpo_operator import builders
 from grpo_operator.api import EnvironmentSpec
 from grpo_operator.cli import main as grporun
-from grpo_operator.cli.exit_codes import ExitCode
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
 from grpo_operator.local.plan import (
     VLLM_CPU_BIND_ENV,
@@ -28,7 +28,7 @@ from grpo_operator.local.plan import (
 from grpo_operator.local.supervise import prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
-from grpo_trainer.contract import load_run_config
+from grpo_trainer.contract.config import load_run_config
 from tests.support.paths import REPO
 
 TINY = REPO / "examples" / "tiny.yaml"
@@ -138,7 +138,7 @@ def test_several_learner_processes_run_under_accelerate_on_localhost():
     learner = plan_processes("tiny", "default", spec, "/r.json", rollout_python="/rv", learner_python="/lv",
                              ports=LocalPorts([1], 2, 29533))[-1]
     argv = learner.argv
-    assert argv[:3] == ["/lv", "-m", "grpo_trainer.gang"]
+    assert argv[:3] == ["/lv", "-m", "grpo_trainer.learner.gang"]
     assert argv[6:9] == ["/lv", "-m", "accelerate.commands.launch"]
     assert argv[argv.index("--main_process_ip") + 1] == "127.0.0.1"
     assert argv[argv.index("--main_process_port") + 1] == "29533"
@@ -169,7 +169,7 @@ def test_final_summary_shows_phase_reason_and_progress():
 
 @pytest.mark.parametrize("example", ["tiny.yaml", "gpu.yaml", "tiny-rm.yaml"])
 def test_shipped_examples_validate_and_use_builtin_rewards(example):
-    from grpo_trainer.rewards import BUILTIN_REWARDS
+    from grpo_trainer.learner.rewards import BUILTIN_REWARDS
 
     spec = read_grporun(REPO / "examples" / example).spec
     assert all(reward.name in BUILTIN_REWARDS for reward in spec.rewards if not reward.is_model)

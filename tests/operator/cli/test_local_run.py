@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_trainer import contract as c
-from grpo_trainer.inputs import resolve as resolve_inputs
+from grpo_trainer.contract.codes import DROP_REASONS, EXPORT_MANIFEST_FILE, LearnerPhase
+from grpo_trainer.contract.config import DatasetConfig, InputsConfig, RewardConfig, RunConfig
+from grpo_trainer.contract.report import parse_progress
+from grpo_trainer.storage.inputs import resolve as resolve_inputs
 from tests.support.paths import REPO
 from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
@@ -60,7 +62,7 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
         )
         tracked = None  # read while the server runs; a failed run is reported below, with its logs
         if result.returncode == 0:
-            trained = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
+            trained = parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
             tracked = check_tracked_run(mlflow.uri, "local-tiny", "tiny", model=vllm_server.model, epochs=1,
                                         groups_trained=trained)
     run_dir = tmp_path / "runs" / "tiny"
@@ -70,9 +72,9 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert "groups consumed 16/16" in result.stdout
     assert (run_dir / "run.json").is_file()
     # What the operator reads of the learner: its termination message.
-    report = c.parse_progress((run_dir / "termination-log").read_text())
-    assert report.phase == c.LearnerPhase.SUCCEEDED and report.groups_consumed == report.groups_total == 16
-    assert set(report.dropped) == set(c.DROP_REASONS)  # every reason reported, zero or not
+    report = parse_progress((run_dir / "termination-log").read_text())
+    assert report.phase == LearnerPhase.SUCCEEDED and report.groups_consumed == report.groups_total == 16
+    assert set(report.dropped) == set(DROP_REASONS)  # every reason reported, zero or not
     assert report.groups_trained > 0 and report.global_step > 0
     assert report.weight_syncs >= report.global_step  # one sync per step (weightSyncSteps 1) plus the cold one
     assert "AsyncRolloutWorker child is ready" in learner_log  # TRL's own worker generated the rollouts
@@ -83,17 +85,17 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert report.output is not None and report.output.path == str(model_dir)
     assert report.output.step == report.global_step
     assert f"model: {model_dir} (step {report.global_step}, {report.output.bytes} bytes" in result.stdout
-    manifest_bytes = (model_dir / c.EXPORT_MANIFEST_FILE).read_bytes()
+    manifest_bytes = (model_dir / EXPORT_MANIFEST_FILE).read_bytes()
     assert hashlib.sha256(manifest_bytes).hexdigest() == report.output.sha256
     export = json.loads(manifest_bytes)
     files = {entry["path"]: entry["sha256"] for entry in export["files"]}
     on_disk = {path.relative_to(model_dir).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-               for path in model_dir.rglob("*") if path.is_file() and path.name != c.EXPORT_MANIFEST_FILE}
+               for path in model_dir.rglob("*") if path.is_file() and path.name != EXPORT_MANIFEST_FILE}
     assert files == on_disk
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json",
             "README.md"} <= set(files)
     assert export["spec"]["output"] == with_output["spec"]["output"] and export["step"] == report.global_step
-    assert export["progress"]["groupsConsumed"] == 16 and set(export["progress"]["dropped"]) == set(c.DROP_REASONS)
+    assert export["progress"]["groupsConsumed"] == 16 and set(export["progress"]["dropped"]) == set(DROP_REASONS)
     assert {"torch", "transformers", "trl"} <= set(export["packages"])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +132,7 @@ def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_m
             env={**os.environ, **credentials, "XDG_CACHE_HOME": str(cache)},
         )
         if result.returncode == 0:  # the tracker records the spec's URI, not the downloaded copy's path
-            trained = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
+            trained = parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
             check_tracked_run(mlflow.uri, "local-s3", "tiny", model=vllm_server.model, epochs=1,
                               groups_trained=trained, dataset=with_output["spec"]["dataset"]["path"])
     log = (tmp_path / "runs" / "tiny" / "logs" / "tiny-learner-0.log").read_text(errors="replace")
@@ -144,16 +146,16 @@ def test_two_learner_processes_under_accelerate_reach_succeeded_and_upload_the_m
     # Exactly at the bound with two ranks: groups of the next pass riding in the last micro-batch are not counted.
     assert int(consumed.group(1)) == total == 16 and trained + dropped == total
     # Both ranks saved, rank 0 wrote the folder in the run's own and uploaded it; the summary names the store.
-    report = c.parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text())
+    report = parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text())
     assert report.output is not None and report.output.uri == uri
     assert f"model: {uri} (step {report.global_step}, {report.output.bytes} bytes" in result.stdout
     (dataset,) = (cache / "grpo" / "inputs").rglob("tiny-prompts.jsonl")
     assert dataset.read_bytes() == prompts.read_bytes()
     # The export read back as a next run's model would be: through the inputs cache, checked against its manifest.
-    config = c.RunConfig(model=uri, dataset=c.DatasetConfig(path=str(prompts)), rewards=[c.RewardConfig(name="length")],
-                         inputs=c.InputsConfig(cache_dir=str(tmp_path / "next"), endpoint=s3_server.endpoint))
+    config = RunConfig(model=uri, dataset=DatasetConfig(path=str(prompts)), rewards=[RewardConfig(name="length")],
+                       inputs=InputsConfig(cache_dir=str(tmp_path / "next"), endpoint=s3_server.endpoint))
     downloaded = Path(resolve_inputs(config, dataset=False, environ=credentials).model)
-    assert hashlib.sha256((downloaded / c.EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == report.output.sha256
+    assert hashlib.sha256((downloaded / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest() == report.output.sha256
     assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {path.name for path in downloaded.iterdir()}
     from transformers import AutoModelForCausalLM
 

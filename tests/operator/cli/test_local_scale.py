@@ -25,13 +25,13 @@ import yaml
 from grpo_operator import builders
 from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
-from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.engine import run_pass
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get, http_ok
 from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
-from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
-from grpo_trainer import contract as c
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare, tick
+from grpo_trainer.contract.codes import PROGRESS_PATH, DropReason, ReplicaState
+from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport, parse_progress
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
 from tests.support.paths import COMPLETIONS_SERVER, REPO
 
@@ -118,27 +118,28 @@ def run_config_urls(local: LocalRun) -> list[str]:
 
 
 class Ticks:
-    """The supervisor's passes (the engine's, through the local port) with the learner's report and the clock
-    scripted: `report` is what the learner's /progress answers next, `now` the time the pass sees."""
+    """The supervisor's ticks (the scale request read, the engine's pass through the local port) with the learner's
+    report and the clock scripted: `report` is what the learner's /progress answers next, `now` the time the pass
+    sees."""
 
     def __init__(self, local: LocalRun):
         self.local, self.log = local, []
-        self.report: c.ProgressReport | None = None
+        self.report: ProgressReport | None = None
         self.now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
         self.port = LocalPort(local, self.log.append, read_progress=lambda url: self.report, now=lambda: self.now)
 
     def __call__(self) -> st.Decision:
-        decision = asyncio.run(run_pass(self.local.ref, self.port))
-        assert decision is not None
-        return decision
+        outcome = asyncio.run(tick(self.local, self.port))
+        assert outcome is not None
+        return outcome.decision
 
     def events(self, reason: str) -> list[str]:
         return [line for line in self.log if f" {reason}: " in line]
 
 
-def report_of(*servers: tuple[str, c.ReplicaState]) -> c.ProgressReport:
-    return c.ProgressReport(rollout=[c.RolloutReplicaReport(replica=i, url=url, state=state)
-                                     for i, (url, state) in enumerate(servers)])
+def report_of(*servers: tuple[str, ReplicaState]) -> ProgressReport:
+    return ProgressReport(rollout=[RolloutReplicaReport(replica=i, url=url, state=state)
+                                   for i, (url, state) in enumerate(servers)])
 
 
 def scaled_to_two(local: LocalRun, tick: Ticks) -> LocalProcess:
@@ -168,15 +169,15 @@ def test_a_scaled_local_run_starts_the_added_server_rewrites_the_config_and_stop
         time.sleep(0.1)
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
     # The learner still reports it (it has not read the file yet, then while it drains): it keeps running.
-    for state in (c.ReplicaState.SERVING, c.ReplicaState.DRAINING):
-        tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, state))
+    for state in (ReplicaState.SERVING, ReplicaState.DRAINING):
+        tick.report = report_of((first_url, ReplicaState.SERVING), (added.plan.url, state))
         tick()
         assert run_config_urls(local) == [first_url] and local.spec.rollout.replicas == 1
         assert added.poll() is None and "tiny-rollout-1" in local.processes
     tick.report = None  # no report this pass: no verdict
     tick()
     assert added.poll() is None
-    tick.report = report_of((first_url, c.ReplicaState.SERVING))
+    tick.report = report_of((first_url, ReplicaState.SERVING))
     decision = tick()
     assert st.DeletePods(("tiny-rollout-1",), reason="drained") in decision.actions
     assert added.poll() is not None and "tiny-rollout-1" not in local.processes
@@ -190,7 +191,7 @@ def test_a_removed_server_still_draining_at_its_deadline_is_stopped_with_a_warni
     tick = Ticks(local)
     added = scaled_to_two(local, tick)
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
-    tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
+    tick.report = report_of((first_url, ReplicaState.SERVING), (added.plan.url, ReplicaState.DRAINING))
     tick()
     deadline_s = builders.drain_deadline_seconds(local.spec)
     tick.now += datetime.timedelta(seconds=deadline_s - 1)
@@ -208,7 +209,7 @@ def test_a_server_asked_back_while_draining_serves_again_in_its_own_process(loca
     tick = Ticks(local)
     added = scaled_to_two(local, tick)
     pid = added.popen.pid
-    tick.report = report_of((first_url, c.ReplicaState.SERVING), (added.plan.url, c.ReplicaState.DRAINING))
+    tick.report = report_of((first_url, ReplicaState.SERVING), (added.plan.url, ReplicaState.DRAINING))
     (local.run_dir / REPLICAS_FILE).write_text("1\n")
     tick()
     assert run_config_urls(local) == [first_url]
@@ -257,9 +258,9 @@ def _wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float 
         time.sleep(1)
 
 
-def _report(progress_url: str) -> c.ProgressReport | None:
-    body = http_get(f"{progress_url}{c.PROGRESS_PATH}")
-    return c.parse_progress(body) if body else None
+def _report(progress_url: str) -> ProgressReport | None:
+    body = http_get(f"{progress_url}{PROGRESS_PATH}")
+    return parse_progress(body) if body else None
 
 
 def _scale_to(runs: Path, replicas: int) -> None:
@@ -318,10 +319,10 @@ def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_th
     assert before_removal.groups_consumed < before_removal.groups_total  # scaled down while it trained
     assert "Scaled: rollout scaled from 1 to 2" in out and "Scaled: rollout scaled from 2 to 1" in out
     assert "Drained: tiny-rollout-1" in out and "DrainDeadlineExceeded" not in out
-    report = c.parse_progress((run_dir / "termination-log").read_text())
+    report = parse_progress((run_dir / "termination-log").read_text())
     assert report.groups_consumed == report.groups_total  # the exact epoch bound
     assert report.groups_trained + report.dropped_total == report.groups_total  # each group trained (or filtered) once
-    assert report.dropped[c.DropReason.LOST.value] == 0
+    assert report.dropped[DropReason.LOST.value] == 0
     assert [server.url for server in report.rollout] == [vllm_server.url]  # the removed one left the report
     log = learner_log.read_text(errors="replace")
     left = log.rindex("\n", 0, log.index(f"rollout server {second_url} left the run's set")) + 1

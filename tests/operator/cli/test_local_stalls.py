@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from grpo_trainer.contract import EXIT_STALLED
+from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.support.paths import COMPLETIONS_SERVER, REPO
 
 pytestmark = pytest.mark.slow

@@ -19,10 +19,10 @@ import pytest
 import yaml
 from kopf._cogs.structs.credentials import Vault
 
-import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+import grpo_operator.cluster.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 from grpo_operator.cluster.reconcile import OperatorContext
-from grpo_trainer.contract import ProgressReport
-from grpo_trainer.exporter import ProgressServer
+from grpo_trainer.contract.report import ProgressReport
+from grpo_trainer.learner.exporter import ProgressServer
 from tests.support.emulator.kube_emulator import (
     CONFIGMAPS,
     DEFAULT_RESOURCES,

@@ -63,6 +63,8 @@ def test_kmock_and_kopf_versions_and_internals_the_layer_relies_on():
     from kopf._cogs.clients import api, errors
     for verb in ("get", "post", "patch", "delete"):
         assert {"url", "settings", "payload", "logger"} <= set(inspect.signature(getattr(api, verb)).parameters)
+    assert {"method", "url", "settings", "timeout", "backoffs", "logger"} <= set(
+        inspect.signature(api.request).parameters)  # Kube.list: one request, its own timeout, no retries
     for error in ("APIError", "APIClientError", "APIConflictError", "APINotFoundError"):
         assert issubclass(getattr(errors, error), Exception)
     from kopf._cogs.structs.credentials import Vault

@@ -37,10 +37,15 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
-    from grpo_trainer.checkpoints import write_marker
-    from grpo_trainer.learner_main import save_sharded_model
+    from grpo_trainer.learner.checkpoints import write_marker
     from grpo_trainer.progress import RolloutProgress
-    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, gathered_parameters, with_aliases, write_checkpoint
+    from grpo_trainer.rollout.weight_sync import (
+        TIED_EMBEDDING_ALIASES,
+        gathered_parameters,
+        with_aliases,
+        write_checkpoint,
+    )
+    from grpo_trainer.storage.final_model import save_sharded_model
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

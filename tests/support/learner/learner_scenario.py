@@ -2,7 +2,7 @@
 
 Run as a script, alone or under `accelerate launch` with several CPU processes; every rank writes
 `OUT/rank{R}.json` with what the tests compare across ranks (stop micro-batch, steps, parameter checksum, outcome).
-Used by tests/trainer/test_learner_runs.py and bench/.
+Used by tests/trainer/learner/test_learner_runs.py and bench/.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def every_nth(n: int):
 
 
 def main(argv=None) -> int:
-    from grpo_trainer import gang, preemption
+    from grpo_trainer.learner import gang, preemption
 
     preemption.install()
     gang.record_start()
@@ -91,11 +91,12 @@ def run_scenario(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from grpo_trainer import preemption
-    from grpo_trainer.contract import FilterConfig, RewardConfig
-    from grpo_trainer.cpu import enable_cpu_support
-    from grpo_trainer.scoring import RewardModel
-    from grpo_trainer.step_scoring import ImportanceBounds
+    from grpo_trainer.contract.config import FilterConfig, RewardConfig
+    from grpo_trainer.learner import preemption
+    from grpo_trainer.learner.cpu import enable_cpu_support
+    from grpo_trainer.learner.scoring import RewardModel
+    from grpo_trainer.learner.step_scoring import ImportanceBounds
+    from grpo_trainer.learner.trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
     from grpo_trainer.testing.scripted_worker import (
         GroupScript,
         NoWeightTransfer,
@@ -103,7 +104,6 @@ def run_scenario(args: argparse.Namespace) -> int:
         ScriptedRolloutWorker,
     )
     from grpo_trainer.testing.tiny_assets import UNSCORABLE_MARKER
-    from grpo_trainer.trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,14 +139,14 @@ def run_scenario(args: argparse.Namespace) -> int:
     )
     transfer = NoWeightTransfer()
     if args.weights_dir:
-        from grpo_trainer.weight_sync import FilesystemWeightTransfer
+        from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
 
         transfer = FilesystemWeightTransfer([args.weights_server], args.weights_dir)
     common = dict(args=config, train_dataset=dataset, processing_class=tokenizer, rollout_worker=worker,
                   weight_transfer=transfer)
     if args.lora_rank:
-        from grpo_trainer.contract import LoraConfig
-        from grpo_trainer.learner_main import peft_config
+        from grpo_trainer.contract.config import LoraConfig
+        from grpo_trainer.learner.lora import peft_config
 
         common["peft_config"] = peft_config(LoraConfig(r=args.lora_rank))
     if args.baseline:
@@ -219,7 +219,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     outcome, message = "succeeded", ""
     resume = args.resume_from
     if args.resume_newest:
-        from grpo_trainer.checkpoints import newest_checkpoint
+        from grpo_trainer.learner.checkpoints import newest_checkpoint
 
         resume = newest_checkpoint(args.resume_newest)
     try:

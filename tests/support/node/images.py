@@ -26,20 +26,23 @@ ULIMITS = ("--ulimit", "nofile=16384:16384", "--ulimit", "nproc=16384:16384")
 
 
 #: The builds (as build_fixtures.py and their progress lines name them) and the argument build.sh takes for each.
-OPERATOR_BUILD, TRAINER_BUILD = "operator-image", "trainer-image"
-SCRIPT_IMAGE = {OPERATOR_BUILD: "operator", TRAINER_BUILD: "trainer-cpu"}
+OPERATOR_BUILD, TRAINER_BUILD, TRAINER_CUDA_BUILD = "operator-image", "trainer-image", "trainer-cuda-image"
+SCRIPT_IMAGE = {OPERATOR_BUILD: "operator", TRAINER_BUILD: "trainer-cpu", TRAINER_CUDA_BUILD: "trainer-cuda"}
+#: The CUDA variant is built only when this is set to 1: its first build takes tens of minutes and ~25 GB of disk,
+#: more than a test run's budget (`make image-cuda` builds and checks it).
+CUDA_IMAGE_ENV = "GRPO_TEST_CUDA_IMAGE"
 
 
 @dataclass(frozen=True)
 class BuiltImage:
     reference: str  # localhost/<name>:<content key>, the name a pod's `image:` uses (imagePullPolicy: Never)
-    archive: Path  # a docker-archive holding that reference
+    archive: Path | None  # a docker-archive holding that reference; None for an image kept in the store only
 
     @classmethod
     def parse(cls, line: str) -> BuiltImage:
-        """From build.sh's "<reference> <archive>" line."""
-        reference, archive = line.split(" ", 1)
-        return cls(reference, Path(archive))
+        """From build.sh's "<reference> <archive>" line ("<reference>" alone: in the build's store only)."""
+        reference, _, archive = line.partition(" ")
+        return cls(reference, Path(archive) if archive else None)
 
 
 def missing_prerequisite() -> str | None:
@@ -56,10 +59,13 @@ def missing_prerequisite() -> str | None:
 
 def build(name: str) -> Build:
     """The build of image `name` (not started: build_fixtures.py runs it in the images' lane); Unavailable where
-    images cannot be built here."""
+    images cannot be built here, and for the CUDA variant unless CUDA_IMAGE_ENV asks for it."""
     why = missing_prerequisite()
     if why:
         raise Unavailable(why)
+    if name == TRAINER_CUDA_BUILD and os.environ.get(CUDA_IMAGE_ENV) != "1":
+        raise Unavailable(f"the CUDA trainer image is built only when asked ({CUDA_IMAGE_ENV}=1): a first build takes "
+                          "tens of minutes and ~25 GB of disk (make image-cuda builds and checks it)")
     return Build(name, [str(BUILD_SCRIPT), SCRIPT_IMAGE[name]], dict(os.environ), lane="images")
 
 

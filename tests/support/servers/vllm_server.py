@@ -167,7 +167,7 @@ def sync_weights(server: VllmServer, named_parameters, weights_dir: Path):
     """Sync `named_parameters` into `server` as a learner's weight sync does (as version v1 in `weights_dir`); the
     sync. The session's server serves whatever the last run trained into it: a test that reads its samples syncs
     the weights it expects first."""
-    from grpo_trainer.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer  # torch: only when used
+    from grpo_trainer.rollout.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer  # torch: when used
 
     sync = FilesystemWeightTransfer([server.url], weights_dir, aliases=TIED_EMBEDDING_ALIASES)
     sync.init_weight_transfer()

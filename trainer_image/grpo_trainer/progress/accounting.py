@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Iterable, MutableSet
 from enum import IntEnum
 
-from ..contract import DropReason, LearnerPhase, ProgressReport
+from ..contract.codes import DropReason, LearnerPhase
+from ..contract.report import ProgressReport
 from .ids import ConsumedIds, DropRuns
 from .state import ProgressState
 
@@ -55,9 +56,9 @@ class RolloutProgress:
     rollouts were dropped. `stall_groups` bounds how many groups may be consumed in a row without one training
     (0: one pass over the prompts).
 
-    Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.scoring runs inside it,
-    before batching) and, with trainer-side scoring, from `score_step` (grpo_trainer.step_scoring: `exclude`); the
-    stream raises the stop, so that it reaches every rank as a stop micro-batch.
+    Only rank 0 reports, from the rollout stream (reward-model scoring included: grpo_trainer.learner.scoring runs
+    inside it, before batching) and, with trainer-side scoring, from `score_step` (grpo_trainer.learner.step_scoring:
+    `exclude`); the stream raises the stop, so that it reaches every rank as a stop micro-batch.
 
     "In a row" is by group id, not by arrival time: groups finish out of order, and a group that was accepted but is
     still waiting in the batcher has not trained yet. Counting by arrival would call a run stalled while its trainable
@@ -123,7 +124,7 @@ class RolloutProgress:
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
         self._trained_ids: set[int] = set()
         # Trained ids with a row in a window that reached an optimizer step, above the folded prefix. A group spans
-        # windows when its rows outnumber a micro-batch's (a multi-row group, grpo_trainer.episodes): it trained
+        # windows when its rows outnumber a micro-batch's (a multi-row group, grpo_trainer.agentic.episodes): it trained
         # once any of its rows stepped, whatever happens to its rows in later windows.
         self._stepped: set[int] = set()
         self._first_unconsumed = 0
@@ -229,9 +230,9 @@ class RolloutProgress:
     def exclude(self, group_id: int, reason: str | DropReason) -> None:
         """Count a collated group whose every sample scoring took out of the loss.
 
-        Runs outside the stream (rank 0's training step, grpo_trainer.step_scoring), so the stall it may complete is
-        raised by the stream's next check. Counted once: a group that is not collated and trained here (settled,
-        dropped, excluded already, past the bound) is left as it is.
+        Runs outside the stream (rank 0's training step, grpo_trainer.learner.step_scoring), so the stall it may
+        complete is raised by the stream's next check. Counted once: a group that is not collated and trained here
+        (settled, dropped, excluded already, past the bound) is left as it is.
         """
         with self._lock:
             if group_id < self._folded or group_id not in self._trained_ids or not self.needs(group_id):

@@ -104,8 +104,8 @@ class ProgressCollator(DataCollatorForRollout):
 
     progress: RolloutProgress | None = None
     in_flight: deque = field(default_factory=deque)
-    #: With trainer-side scoring (grpo_trainer.step_scoring), rank 0's samples collated per group, which tells it
-    #: when every collated sample of a group was scored.
+    #: With trainer-side scoring (grpo_trainer.learner.step_scoring), rank 0's samples collated per group, which tells
+    #: it when every collated sample of a group was scored.
     samples_collated: dict[int, int] | None = None
 
     def torch_call(self, examples: list[Any]) -> dict[str, Any]:

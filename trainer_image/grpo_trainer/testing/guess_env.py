@@ -9,7 +9,7 @@ rules is worth half a right guess on every prompt alike, which a policy learns a
 model, taught to play in a third of its episodes, learns to play in most), while the right number is each prompt's
 own. The server
 holds the episodes, as a sandbox or game server would: when it is down, the episode's environment failed
-(grpo_trainer.tools) and the episode is unscorable.
+(grpo_trainer.agentic.tools) and the episode is unscorable.
 
 Stdlib only (http.server, urllib): the environment's image needs nothing else.
 """
@@ -25,8 +25,9 @@ import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-#: An environment named `guess` in spec.environments: the operator hands its Service's URL to the learner's pods in
-#: this variable (grpo_trainer.contract.environment_url_variable; spelled out, as this module imports nothing of ours).
+#: An environment named `guess` in spec.environments: the operator hands its Service's URL to the learner's pods in this
+#: variable (grpo_trainer.contract.pod_env.environment_url_variable; spelled out, as this module imports nothing of
+#: ours).
 SERVICE_URL_ENV = "GRPO_ENVIRONMENT_GUESS_URL"
 URL_ENV = "GUESS_ENV_URL"
 DEFAULT_URL = "http://127.0.0.1:8765"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from ..episodes import stamp_group
+from ..agentic.episodes import stamp_group
 
 #: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began. NaN stands
 #: for a completion every reward function returned None for.
@@ -42,7 +42,7 @@ class GroupScript:
     e^(5 x completion tokens)) or NaN (`nan_logprobs`: a server that returned no logprob), the training step's
     scoring cases; after how many groups the worker fails (`fail_after_groups`); and how many training rows each
     conversation becomes (`rows`: a conversation TRL's tool loop forked; the group is then stamped exactly as
-    grpo_trainer.rollout_worker.EpisodeRolloutLoop stamps it). None: never (one unstamped row each)."""
+    grpo_trainer.rollout.worker.EpisodeRolloutLoop stamps it). None: never (one unstamped row each)."""
 
     reward: RewardScript = varied_rewards
     lost: Callable[[int], bool] | None = None

