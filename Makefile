@@ -17,7 +17,7 @@ MLFLOW_VERSION := 3.17.2
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-long test-fast lint bench images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-long test-fast lint bench device-wheels images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
@@ -132,6 +132,12 @@ lint: $(VENV)/.installed
 
 bench: setup
 	$(VENV)/bin/python -m bench
+
+# The wheels a lent GPU machine needs for `python -m bench.device_check --bare` (TRL, the learner's transformers, ours
+# and a few small packages its image lacks), downloaded for its Python 3.12 into .device/wheels (docs/development.md,
+# "The device check on a lent GPU machine").
+device-wheels: $(VENV)/.installed
+	$(VENV)/bin/python -m bench.device_wheels
 
 # With a Docker daemon: the three images into Docker. Without one: the operator image and the trainer's CPU variant
 # with buildah into the cache folder (hack/images/build.sh prints their references and archives).

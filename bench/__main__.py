@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 
 from . import e2e_vs_trl
+from .device_bare import SECTION as BARE_DEVICE_SECTION
 from .device_check import SECTION as DEVICE_SECTION
 from .report import Context, SectionUnavailable, machine, section_body, splice
 
@@ -41,7 +42,7 @@ carry noise; ratios of interleaved repetitions carry less."""
 
 #: Sections measured outside `make bench`: the GPU check's (another machine) and the builds' and test runs' (timed by
 #: hand). A full run rewrites the document from its header and keeps them.
-KEPT_SECTIONS = (DEVICE_SECTION, "builds")
+KEPT_SECTIONS = (DEVICE_SECTION, BARE_DEVICE_SECTION, "builds")
 
 
 def kept_sections(before: str, document: str) -> str:

@@ -1,6 +1,10 @@
 """GPU check, not run by the tests or `python -m bench`: the learner and the vLLM GPU server on a Qwen3 model.
 
     python -m bench.device_check [--size 0.6b] [--epochs 2] [--budget 480] [--sync auto|nccl|filesystem] [--write]
+    python -m bench.device_check --bare [--dry-run] [--budget 480] [--report FILE] [--write] | --bare --splice FILE
+
+`--bare` is the check for a GPU machine that has torch but neither vLLM nor TRL (bench.device_bare); what follows is
+the full check.
 
 Builds a model of the Qwen3 architecture with random weights on the GPU (Qwen3-0.6B's shape, the tiny example's
 tokenizer: nothing comes from the hub), starts the rollout server through the pods' entrypoint
@@ -75,12 +79,17 @@ class ModelShape:
     head_dim: int
 
 
-#: `0.6b` is Qwen3-0.6B's shape (with the tiny tokenizer's vocabulary: about 0.44B parameters); `tiny` is for tests.
+#: `0.6b` and `1.7b` are Qwen3-0.6B's and Qwen3-1.7B's shapes (with the tiny tokenizer's vocabulary: about 0.44B
+#: and 1.41B parameters); `tiny` is for tests.
 SHAPES = {
     "tiny": ModelShape(64, 128, 2, 2, 1, 32),
     "0.6b": ModelShape(1024, 3072, 28, 16, 8, 128),
+    "1.7b": ModelShape(2048, 6144, 28, 16, 8, 128),
 }
 MAX_POSITIONS = 4096
+GENERATIONS = 8
+#: Room for a prompt (the tiny prompts with the chat template take about 20 tokens) beside the completion.
+PROMPT_TOKENS = 128
 
 
 def qwen3_config(shape: ModelShape, tokenizer, *, dtype: str):
@@ -151,8 +160,22 @@ def plan_layouts(gpus: int, sync: str = "auto") -> list[Layout]:
     return rows
 
 
-def run_config(model: str, workdir: Path, layout: Layout, *, server_url: str, http_port: int, epochs: float,
-               completion_tokens: int, gpu_memory_utilization: float) -> dict:
+@dataclass(frozen=True)
+class RunShape:
+    """What a row's run trains: its epochs and completion length, the device, the tree-attention kernel, the tokens
+    per row (None: the server's maxModelLen) and how many steps between weight syncs."""
+
+    epochs: float
+    completion_tokens: int
+    gpu_memory_utilization: float = 0.3
+    device: str = "cuda"
+    attention: str = "auto"
+    token_budget: int | None = None
+    weight_sync_steps: int = 1
+
+
+def run_config(model: str, workdir: Path, layout: Layout, *, server_url: str, http_port: int,
+               shape: RunShape) -> dict:
     """The run config (the ConfigMap's run.json) of one row, validated by the contract's RunConfig."""
     from grpo_trainer.contract.config import (
         CheckpointConfig,
@@ -171,15 +194,17 @@ def run_config(model: str, workdir: Path, layout: Layout, *, server_url: str, ht
     config = RunConfig(
         run_name="device-check", model=model,
         dataset=DatasetConfig(path=str(PROMPTS)), rewards=[RewardConfig(name="letter_a_fraction")],
-        training=TrainingConfig(epochs=epochs, num_generations=8, per_device_train_batch_size=8,
-                                max_completion_length=completion_tokens, learning_rate=1e-6),
+        training=TrainingConfig(epochs=shape.epochs, num_generations=GENERATIONS, per_device_train_batch_size=8,
+                                max_completion_length=shape.completion_tokens, learning_rate=1e-6,
+                                token_budget=shape.token_budget, weight_sync_steps=shape.weight_sync_steps),
         # One pass with stalls reported, not failed: random weights give little reward signal, and a dropped group
         # still measures generation and sync.
         progress=ProgressConfig(stall_policy="Report"),
-        rollout=RolloutConfig(urls=[server_url], max_model_len=completion_tokens + 128,
-                              gpu_memory_utilization=gpu_memory_utilization, device="cuda", weight_sync=sync),
-        learner=LearnerConfig(nodes=1, processes_per_node=layout.ranks, device="cuda", http_port=http_port,
-                              strategy=layout.strategy),
+        rollout=RolloutConfig(urls=[server_url], max_model_len=shape.completion_tokens + PROMPT_TOKENS,
+                              gpu_memory_utilization=shape.gpu_memory_utilization, device=shape.device,
+                              weight_sync=sync),
+        learner=LearnerConfig(nodes=1, processes_per_node=layout.ranks, device=shape.device, http_port=http_port,
+                              strategy=layout.strategy, attention=shape.attention),
         checkpoint=CheckpointConfig(directory=str(workdir / "checkpoints"), save_steps=100_000),
         output_dir=str(workdir / "out"), termination_message_path=str(workdir / "termination.json"),
     )
@@ -203,6 +228,7 @@ class Poll:
 class Figures:
     steps: int = 0
     step_seconds: float | None = None
+    train_step_seconds: float | None = None  # a step less the weight syncs and the waits for samples within it
     tokens_per_second: float | None = None
     syncs: int = 0
     sync_seconds_mean: float | None = None
@@ -235,7 +261,8 @@ def row_figures(polls: Sequence[Poll], final=None) -> Figures:
     """The row's figures from its polls (each /progress parsed by the contract) and the learner's final report.
 
     Step time: the time between the first and the last change of globalStep, over the steps between them (the first
-    step, which holds the model's load and the cold sync, is left out). Generation: tokens the server generated
+    step, which holds the model's load and the cold sync, is left out); the training step alone: that time less the
+    weight syncs and the waits for samples that ended within it. Generation: tokens the server generated
     from the first trained step to the last poll, over that time. Sync: the learner's summed sync time over its syncs
     (the cold sync included) and its last sync. Memory: the most any one process used in any poll."""
     figures = Figures()
@@ -250,10 +277,15 @@ def row_figures(polls: Sequence[Poll], final=None) -> Figures:
         figures.sync_seconds_last = last.weight_sync_last_seconds
         kernel = next((r.attention_kernel for r in reversed(reports) if r.attention_kernel is not None), None)
         figures.attention_kernel = getattr(kernel, "value", kernel)
-    changes = [(poll.time, poll.progress.global_step) for before, poll in zip(seen, seen[1:], strict=False)
+    changes = [poll for before, poll in zip(seen, seen[1:], strict=False)
                if poll.progress.global_step > before.progress.global_step]
-    if len(changes) >= 2 and changes[-1][1] > changes[0][1]:
-        figures.step_seconds = (changes[-1][0] - changes[0][0]) / (changes[-1][1] - changes[0][1])
+    if len(changes) >= 2 and changes[-1].progress.global_step > changes[0].progress.global_step:
+        first, last = changes[0].progress, changes[-1].progress
+        steps, wall = last.global_step - first.global_step, changes[-1].time - changes[0].time
+        figures.step_seconds = wall / steps
+        elsewhere = (last.weight_sync_seconds - first.weight_sync_seconds
+                     + last.rollout_wait_seconds - first.rollout_wait_seconds)
+        figures.train_step_seconds = max(0.0, wall - elsewhere) / steps
     training = [poll for poll in polls if poll.generated_tokens is not None
                 and poll.progress is not None and poll.progress.global_step >= 1]
     if len(training) >= 2 and training[-1].time > training[0].time:
@@ -311,23 +343,33 @@ class PhaseFailed(Exception):
     """A phase did not finish; the message names it and what it waited for."""
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of every process started here: this tree's grpo_trainer and bench first on the path."""
-    path = os.pathsep.join(filter(None, [str(TRAINER_ROOT), str(ROOT), os.environ.get("PYTHONPATH")]))
+#: What a process started here imports first: this tree's grpo_trainer, and bench.
+TREE_PATH = (TRAINER_ROOT, ROOT)
+
+
+def child_env(pythonpath: Sequence[Path] = TREE_PATH, **extra: str) -> dict[str, str]:
+    """The environment of every process started here: `pythonpath` first on the path."""
+    path = os.pathsep.join(filter(None, [*map(str, pythonpath), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
             "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
-def probe(python: str, modules: Sequence[str]) -> dict:
+def probe_json(argv: list[str], what: str, env: dict[str, str] | None = None) -> dict:
+    """The JSON a probe process (`argv`: a Python and its code) prints last, or CannotRun saying it could not look
+    at `what`."""
+    python = argv[0]
     try:
-        done = subprocess.run([python, "-c", PROBE, ",".join(modules), ",".join(VERSIONS_OF)], capture_output=True,
-                              text=True, timeout=120, env=child_env())
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise CannotRun(f"{python} could not be run to look at its packages: {error}") from None
+        raise CannotRun(f"{python} could not be run to look at {what}: {error}") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CannotRun(f"{python} failed while looking at its packages: {last}")
+        raise CannotRun(f"{python} failed while looking at {what}: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def probe(python: str, modules: Sequence[str]) -> dict:
+    return probe_json([python, "-c", PROBE, ",".join(modules), ",".join(VERSIONS_OF)], "its packages", child_env())
 
 
 def preflight(rollout_python: str, sync: str) -> dict:
@@ -406,16 +448,18 @@ def owner(pid: int, roots: dict[str, int]) -> str | None:
 
 
 class Processes:
-    """Every process started here, each in its own session, ended with all it started when the check ends."""
+    """Every process started here, each in its own session, ended with all it started when the check ends; each
+    imports from `pythonpath` first."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, pythonpath: Sequence[Path] = TREE_PATH) -> None:
         self.workdir = workdir
+        self.pythonpath = tuple(pythonpath)
         self.running: list[subprocess.Popen] = []
 
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
         with open(self.workdir / f"{name}.log", "wb") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(**env),
-                                       start_new_session=True)
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                       env=child_env(self.pythonpath, **env), start_new_session=True)
         self.running.append(process)
         return process
 
@@ -537,18 +581,35 @@ def phase_server(processes: Processes, name: str, rollout_python: str, config_pa
     return server
 
 
-def phase_learner(processes: Processes, name: str, config_path: Path, layout: Layout, http_port: int,
-                  server: subprocess.Popen, server_url: str, timeout_s: float) -> tuple[list[Poll], object | None]:
+@dataclass(frozen=True)
+class Server:
+    """A rollout server started here: its process, URL and log's name."""
+
+    process: subprocess.Popen
+    url: str
+    log_name: str
+
+
+def learner_launch(config_path: Path, layout: Layout, entry: tuple[str, ...] | None = None) -> list[str]:
+    """The learner's argv for `layout`, as the pods launch it (`entry`: what each rank runs instead of the learner's
+    own entrypoint)."""
+    from grpo_trainer.contract.launch import LEARNER_ENTRY, GangLayout, learner_argv
+
+    gang = GangLayout(processes_per_machine=layout.ranks, main_process_port=free_port())
+    return learner_argv(str(config_path), gang=gang, python=sys.executable, strategy=layout.strategy,
+                        entry=entry or LEARNER_ENTRY)
+
+
+def phase_learner(processes: Processes, name: str, config_path: Path, argv: list[str], layout: Layout,
+                  http_port: int, server: Server, timeout_s: float) -> tuple[list[Poll], object | None]:
     from grpo_trainer.contract.config import load_run_config
-    from grpo_trainer.contract.launch import GangLayout, learner_argv
     from grpo_trainer.contract.report import InvalidReport, parse_progress
 
-    say(f"{name}: learner, {layout.ranks} rank(s) on GPU {layout.learner_gpus}, {layout.sync} sync, until its "
-        f"epoch bound (at most {timeout_s:.0f} s)")
-    gang = GangLayout(processes_per_machine=layout.ranks, main_process_port=free_port())
-    argv = learner_argv(str(config_path), gang=gang, python=sys.executable, strategy=layout.strategy)
+    where = f"GPU {layout.learner_gpus}" if layout.learner_gpus else "CPU"
+    say(f"{name}: learner, {layout.ranks} rank(s) on {where}, {layout.sync} sync, until its epoch bound (at most "
+        f"{timeout_s:.0f} s)")
     learner = processes.start(name, argv, CUDA_VISIBLE_DEVICES=layout.learner_gpus)
-    roots = {"learner": learner.pid, "server": server.pid}
+    roots = {"learner": learner.pid, "server": server.process.pid}
     polls: list[Poll] = []
     deadline = time.monotonic() + timeout_s
     while learner.poll() is None:
@@ -558,9 +619,9 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
             seen = f"globalStep {last.global_step}, phase {last.phase}" if last else "no /progress answer"
             raise PhaseFailed(f"{name}: waited {timeout_s:.0f} s for the learner to reach its epoch bound "
                               f"({seen})\n{processes.log_tail(name)}")
-        if server.poll() is not None:
-            raise PhaseFailed(f"{name}: the vLLM server exited {server.returncode} while the learner ran\n"
-                              f"{processes.log_tail(name.replace('learner', 'server'))}")
+        if server.process.poll() is not None:
+            raise PhaseFailed(f"{name}: the rollout server exited {server.process.returncode} while the learner ran"
+                              f"\n{processes.log_tail(server.log_name)}")
         poll = Poll(time=time.monotonic())
         text = http_get(f"http://127.0.0.1:{http_port}/progress")
         if text is not None:
@@ -568,7 +629,7 @@ def phase_learner(processes: Processes, name: str, config_path: Path, layout: La
                 poll.progress = parse_progress(text)
             except InvalidReport:
                 pass
-        metrics = http_get(f"{server_url}/metrics")
+        metrics = http_get(f"{server.url}/metrics")
         poll.generated_tokens = generated_tokens(metrics) if metrics else None
         memory = gpu_memory(roots)
         poll.learner_mib, poll.server_mib = memory.get("learner", []), memory.get("server", [])
@@ -592,16 +653,18 @@ def run_layout(processes: Processes, workdir: Path, model: Path, layout: Layout,
     port, http_port = free_port(), free_port()
     server_url = f"http://127.0.0.1:{port}"
     config_path = rowdir / "run.json"
-    config_path.write_text(json.dumps(run_config(
-        str(model), rowdir, layout, server_url=server_url, http_port=http_port, epochs=args.epochs,
-        completion_tokens=args.completion_tokens, gpu_memory_utilization=args.gpu_memory_utilization)))
-    server = phase_server(processes, f"row{index}-server", args.rollout_python, config_path, port, layout.server_gpu,
-                          args.budget_left.cap(SERVER_TIMEOUT_S))
+    shape = RunShape(args.epochs, args.completion_tokens, args.gpu_memory_utilization)
+    config_path.write_text(json.dumps(run_config(str(model), rowdir, layout, server_url=server_url,
+                                                 http_port=http_port, shape=shape)))
+    server = Server(phase_server(processes, f"row{index}-server", args.rollout_python, config_path, port,
+                                 layout.server_gpu, args.budget_left.cap(SERVER_TIMEOUT_S)),
+                    server_url, f"row{index}-server")
     try:
-        polls, final = phase_learner(processes, f"row{index}-learner", config_path, layout, http_port, server,
-                                     server_url, args.budget_left.cap(LEARNER_TIMEOUT_S))
+        polls, final = phase_learner(processes, f"row{index}-learner", config_path,
+                                     learner_launch(config_path, layout), layout, http_port, server,
+                                     args.budget_left.cap(LEARNER_TIMEOUT_S))
     finally:
-        processes.stop(server)
+        processes.stop(server.process)
     return row_figures(polls, final)
 
 
@@ -632,8 +695,15 @@ def report(machine: dict, size: str, parameters: int, rows: list[tuple[Layout, F
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.device_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--bare", action="store_true",
+                        help="on a GPU machine without vLLM or TRL: the carried wheels and a stand-in server "
+                             "(bench.device_bare)")
+    parser.add_argument("--dry-run", action="store_true", help="with --bare: print the plan and the carried set")
+    parser.add_argument("--report", type=Path, default=None, help="with --bare: also write the section to this file")
+    parser.add_argument("--splice", type=Path, default=None,
+                        help=f"with --bare: put a --report file (from the GPU machine) in {RESULTS.name}, and exit")
     parser.add_argument("--size", choices=sorted(SHAPES), default="0.6b")
-    parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--epochs", type=float, default=None, help="default: 2, or 1 with --bare")
     parser.add_argument("--completion-tokens", type=int, default=256)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="the vLLM server's share of its GPU (it may share it with the learner)")
@@ -642,8 +712,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=480, help="seconds for everything; caps each phase")
     parser.add_argument("--rollout-python", default=os.environ.get(ROLLOUT_PYTHON_ENV, sys.executable))
     parser.add_argument("--workdir", type=Path, default=None, help="kept after the run (default: a temporary one)")
-    parser.add_argument("--write", action="store_true", help=f"put the table in {RESULTS.name}'s {SECTION} section")
+    parser.add_argument("--write", action="store_true",
+                        help=f"put the table in {RESULTS.name}'s {SECTION} section (device_bare with --bare)")
     args = parser.parse_args(argv)
+    if (args.dry_run or args.report or args.splice) and not args.bare:
+        parser.error("--dry-run, --report and --splice go with --bare")
+    if args.splice:
+        from .device_bare import SECTION as BARE_SECTION
+        from .report import splice
+
+        RESULTS.write_text(splice(RESULTS.read_text(), BARE_SECTION, args.splice.read_text().strip()).rstrip() + "\n")
+        return 0
+    if args.bare:
+        from .device_bare import Options
+        from .device_bare import main as bare_main
+
+        options = Options(budget_s=args.budget, **({"epochs": args.epochs} if args.epochs is not None else {}))
+        return bare_main(options, dry=args.dry_run, report_path=args.report, write=args.write)
+    args.epochs = 2 if args.epochs is None else args.epochs
     args.budget_left = Budget(args.budget)
     try:
         machine = preflight(args.rollout_python, args.sync)

@@ -48,7 +48,7 @@ def test_the_device_size_has_qwen3_0_6b_shape():
 def test_every_layout_writes_a_run_config_the_contract_accepts(tmp_path, gpus):
     for layout in dc.plan_layouts(gpus):
         wire = dc.run_config("/models/qwen3", tmp_path, layout, server_url="http://127.0.0.1:8000", http_port=8081,
-                             epochs=2, completion_tokens=256, gpu_memory_utilization=0.3)
+                             shape=dc.RunShape(epochs=2, completion_tokens=256))
         config = load_run_config(json.dumps(wire))
         assert config.rollout.weight_sync.mode == layout.sync
         assert config.learner.processes_per_node == layout.ranks
@@ -71,9 +71,11 @@ def test_layouts_give_nccl_its_own_gpu_and_several_ranks_the_filesystem():
     assert dc.plan_layouts(3)[1].server_gpu == "2"
 
 
-def _progress(step: int, syncs: int, sync_seconds: float, last: float | None, kernel: str | None = "varlen") -> str:
+def _progress(step: int, syncs: int, sync_seconds: float, last: float | None, kernel: str | None = "varlen",
+              waited: float = 0.0) -> str:
     report = {"phase": "Running", "globalStep": step, "weightSyncs": syncs, "weightSyncSeconds": sync_seconds,
-              "weightSyncLastSeconds": last, "attentionKernel": kernel, "aFieldOfANewerLearner": 1}
+              "weightSyncLastSeconds": last, "attentionKernel": kernel, "rolloutWaitSeconds": waited,
+              "aFieldOfANewerLearner": 1}
     return json.dumps(report)
 
 
@@ -82,16 +84,16 @@ def test_figures_from_progress_reports_metrics_and_memory():
                '# TYPE vllm:generation_tokens_total counter\n'
                'vllm:generation_tokens_total{{engine="0",model_name="m"}} {}\n'
                'vllm:prompt_tokens_total{{engine="0",model_name="m"}} 99999.0\n')
-    looks = [  # time, step, syncs, sync seconds, last sync, generated tokens, learner MiB, server MiB
-        (0.0, 0, 1, 2.0, 2.0, 500.0, [3000], [40000]),
-        (1.0, 1, 2, 2.5, 0.5, 2000.0, [9000], [40100]),
-        (1.5, 1, 2, 2.5, 0.5, 3000.0, [9500], [40100]),
-        (2.0, 3, 4, 3.5, 0.5, 4000.0, [9400], [40000]),
-        (3.0, 5, 6, 4.4, 0.4, 6000.0, [9200], [40050]),
+    looks = [  # time, step, syncs, sync seconds, last sync, waited for samples, generated tokens, MiB (learner, server)
+        (0.0, 0, 1, 2.0, 2.0, 0.0, 500.0, [3000], [40000]),
+        (1.0, 1, 2, 2.5, 0.5, 0.01, 2000.0, [9000], [40100]),
+        (1.5, 1, 2, 2.5, 0.5, 0.02, 3000.0, [9500], [40100]),
+        (2.0, 3, 4, 3.5, 0.5, 0.03, 4000.0, [9400], [40000]),
+        (3.0, 5, 6, 4.4, 0.4, 0.05, 6000.0, [9200], [40050]),
     ]
-    polls = [dc.Poll(time=t, progress=parse_progress(_progress(step, syncs, total, last)),
+    polls = [dc.Poll(time=t, progress=parse_progress(_progress(step, syncs, total, last, waited=waited)),
                      generated_tokens=dc.generated_tokens(metrics.format(tokens)), learner_mib=lm, server_mib=sm)
-             for t, step, syncs, total, last, tokens, lm, sm in looks]
+             for t, step, syncs, total, last, waited, tokens, lm, sm in looks]
     polls.append(dc.Poll(time=3.5))  # the learner had stopped answering
     final = parse_progress(_progress(6, 7, 4.9, 0.5))
 
@@ -99,6 +101,7 @@ def test_figures_from_progress_reports_metrics_and_memory():
 
     assert figures.steps == 6 and figures.syncs == 7
     assert figures.step_seconds == pytest.approx((3.0 - 1.0) / (5 - 1))
+    assert figures.train_step_seconds == pytest.approx((3.0 - 1.0 - (4.4 - 2.5) - (0.05 - 0.01)) / (5 - 1))
     assert figures.tokens_per_second == pytest.approx((6000 - 2000) / (3.0 - 1.0))
     assert figures.sync_seconds_mean == pytest.approx(4.9 / 7)
     assert figures.sync_seconds_last == pytest.approx(0.5)

@@ -75,6 +75,45 @@ def test_an_override_wins_where_it_can_run(requested, facts):
     assert choice.kernel is AttentionKernel(requested) and choice.reason == "set by learner.attention"
 
 
+A10 = (8, 6)
+
+
+@pytest.mark.parametrize(("facts", "head_dim", "expected"), [
+    (cuda(L4), 256, AttentionKernel.SDPA),  # varlen's backward has no kernel for it there
+    (cuda(A10), 193, AttentionKernel.SDPA),
+    (cuda(L4), 192, AttentionKernel.VARLEN),
+    (cuda(L4), 128, AttentionKernel.VARLEN),
+    (cuda(L4), None, AttentionKernel.VARLEN),  # the model not read yet: the device alone decides
+    (cuda(A100), 256, AttentionKernel.VARLEN),  # sm80 has the shared memory
+    (cuda(H100), 256, AttentionKernel.VARLEN),
+    (cuda(H100, fa3=True), 256, AttentionKernel.FA3),
+])
+def test_auto_passes_varlen_over_where_its_backward_cannot_run_the_models_head_dim(facts, head_dim, expected):
+    assert choose_kernel(AUTO, facts, head_dim=head_dim).kernel is expected
+
+
+def test_the_head_dim_refusal_says_why_and_names_the_field():
+    assert "varlen: its backward has no kernel for the model's head dim 256 on compute capability 8.9" in (
+        choose_kernel(AUTO, cuda(L4), head_dim=256).reason)
+    refusal = r"^learner\.attention: varlen cannot run here: its backward has no kernel for the model's head dim 256 "
+    with pytest.raises(AttentionUnavailable, match=refusal + r"on compute capability 8\.6"):
+        choose_kernel("varlen", cuda(A10), head_dim=256)
+
+
+def test_the_head_dim_is_read_from_the_config_or_from_hidden_size_over_heads():
+    from transformers import Qwen3Config
+
+    assert attention.model_head_dim(Qwen3Config(hidden_size=1024, num_attention_heads=16, head_dim=128)) == 128
+
+    class NoHeadDim:
+        hidden_size, num_attention_heads = 2048, 8
+
+        def get_text_config(self):
+            return self
+
+    assert attention.model_head_dim(NoHeadDim()) == 256
+
+
 def test_the_fa3_kernel_is_present_only_with_the_package_and_the_baked_lock_file(tmp_path, monkeypatch):
     lock = tmp_path / "kernels.lock"
     monkeypatch.setenv(attention.FA3_LOCKFILE_ENV, str(lock))
@@ -206,6 +245,23 @@ def test_the_varlen_kernel_asks_torch_for_bottom_right_causal_gqa(monkeypatch):
         {"scale": 0.25, "window_size": (127, 0), "enable_gqa": True},
     ]
     assert calls[0][0][3] is cu_q and calls[0][0][4] is cu_k and calls[0][0][5:] == (5, 7)
+
+
+def test_the_varlen_kernel_leaves_out_enable_gqa_where_torchs_varlen_attn_has_none(monkeypatch):
+    """torch releases before varlen_attn's `enable_gqa` (2.11, the lent GPU machine's) take fewer K/V heads as they
+    are and refuse the unknown argument."""
+    import torch.nn.attention.varlen as varlen
+
+    calls = []
+
+    def varlen_attn_without_gqa(query, *positional, return_aux=None, scale=None, window_size=(-1, -1)):
+        calls.append({"scale": scale, "window_size": window_size})
+        return query
+
+    monkeypatch.setattr(varlen, "varlen_attn", varlen_attn_without_gqa)
+    q, k, v, cu_q, cu_k = packed(torch.bfloat16)
+    assert torch_varlen_attention(q, k, v, cu_q, cu_k, 5, 7, softmax_scale=0.25) is q
+    assert calls == [{"scale": 0.25, "window_size": (-1, 0)}]
 
 
 @pytest.mark.parametrize(("kernel", "bf16", "fp16", "dtype", "refused"), [

@@ -128,6 +128,37 @@ def test_a_flash_kernel_with_mixed_precision_turned_off_ends_the_learner_as_inva
                                      "training.extraArgs turn mixed precision off with float32 weights")
 
 
+def test_varlen_asked_for_a_head_dim_its_backward_cannot_run_here_ends_the_learner_as_invalid_config(
+        tmp_path, monkeypatch):
+    # An L4 (compute capability 8.9) and a model of head dim 256: torch's flash backward has no kernel for it there,
+    # so the rule refuses once the model's config is read, before TRL builds the model.
+    from transformers import Qwen3Config
+
+    import grpo_trainer.learner.trainer  # noqa: F401  (imported unpatched: it binds probe_device by name, for the process)
+    from grpo_trainer.learner import attention
+    from grpo_trainer.learner.main import main
+    from grpo_trainer.testing.tiny_assets import build_tokenizer
+
+    monkeypatch.setattr(attention, "probe_device", lambda device_type: attention.DeviceFacts("cuda", (8, 9)))
+    model = tmp_path / "model"
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(model)
+    Qwen3Config(vocab_size=len(tokenizer), hidden_size=512, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=256, num_hidden_layers=1, intermediate_size=64).save_pretrained(model)
+    dataset = tmp_path / "p.jsonl"
+    dataset.write_text('{"prompt": "hi"}\n')
+    config = RunConfig.model_validate({
+        "model": str(model), "dataset": {"path": str(dataset)}, "rewards": [{"name": "constant"}],
+        "rollout": {"weightSync": {"mode": "filesystem", "directory": str(tmp_path / "w")}},
+        "learner": {"attention": "varlen"}, "training": {"extraArgs": {"bf16": False, "dtype": "bfloat16"}},
+        "output_dir": str(tmp_path / "out"), "terminationMessagePath": str(tmp_path / "termination-log"),
+    })
+    assert main(config) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message == ("learner.attention: varlen cannot run here: its backward has no kernel for the model's "
+                              "head dim 256 on compute capability 8.9 (at most 192 on 8.6-8.9)")
+
+
 def _run_learner_entrypoint(tmp_path, **fields) -> subprocess.CompletedProcess:
     import json
 

@@ -9,17 +9,20 @@ compute capability 9.0 only, and a cluster that cannot reach the hub cannot get 
 - `fa3`: the FlashAttention-3 hub kernel, loaded from a copy baked into the image (the trainer image's `FA3_KERNEL`
   build arg: a `kernels.lock` and the kernel files, read without the network). Hopper (sm90) only.
 - `varlen`: torch's own varlen flash attention (`torch.nn.attention.varlen.varlen_attn`, FlashAttention-2 in
-  torch), on CUDA GPUs of compute capability 8.0 and up. Nothing to download.
+  torch), on CUDA GPUs of compute capability 8.0 and up, except head dims above 192 on compute capability 8.6-8.9,
+  where its backward has no kernel. Nothing to download.
 - `sdpa`: per packed segment, torch's `scaled_dot_product_attention` with a bottom-right causal mask. Runs on any
   device (a CPU learner's only choice); on a GPU it is the slow way that always works.
 
-`choose_kernel` is pure: the device's facts go in (`DeviceFacts`, read by `probe_device`), the kernel and why come
-out, or AttentionUnavailable naming `learner.attention` when the requested kernel cannot run here.
+`choose_kernel` is pure: the device's facts go in (`DeviceFacts`, read by `probe_device`) with the model's head dim
+once it is known, the kernel and why come out, or AttentionUnavailable naming `learner.attention` when the requested
+kernel cannot run here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -41,6 +44,13 @@ DEFAULT_FA3_LOCKFILE = "/opt/kernels/kernels.lock"
 FA3_CAPABILITY = (9, 0)
 #: torch's flash attention (what varlen_attn runs) needs Ampere or newer.
 VARLEN_MIN_CAPABILITY = (8, 0)
+#: Compute capabilities 8.6-8.9 (Ampere's consumer and embedded parts, Ada) have too little shared memory for the
+#: flash backward above this head dim. torch's SDPA refuses to train there (sdp_utils.cpp,
+#: `check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89`: 192-224 always, above 224 with dropout), but
+#: varlen_attn calls the flash kernels directly, past that guard. Everything above 192 is refused: the 256 kernel's
+#: backward on these GPUs has not run here.
+SMALL_SHARED_MEMORY_CAPABILITIES = ((8, 6), (8, 9))
+VARLEN_BACKWARD_MAX_HEAD_DIM = 192
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -79,13 +89,17 @@ def _fa3_blocker(facts: DeviceFacts) -> str | None:
     return None
 
 
-def _varlen_blocker(facts: DeviceFacts) -> str | None:
+def _varlen_blocker(facts: DeviceFacts, head_dim: int | None) -> str | None:
     if facts.device_type != "cuda":
         return f"it needs a CUDA GPU and the learner runs on {facts.device_type}"
     if facts.rocm:
         return "it is not known to run on ROCm here"
     if facts.capability is None or facts.capability < VARLEN_MIN_CAPABILITY:
         return f"torch's flash attention needs compute capability 8.0 or newer, this GPU is {_sm(facts.capability)}"
+    low, high = SMALL_SHARED_MEMORY_CAPABILITIES
+    if head_dim is not None and head_dim > VARLEN_BACKWARD_MAX_HEAD_DIM and low <= facts.capability <= high:
+        return (f"its backward has no kernel for the model's head dim {head_dim} on compute capability "
+                f"{_sm(facts.capability)} (at most {VARLEN_BACKWARD_MAX_HEAD_DIM} on 8.6-8.9)")
     return None
 
 
@@ -93,9 +107,10 @@ def _sm(capability: tuple[int, int] | None) -> str:
     return "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
 
 
-def choose_kernel(requested: str, facts: DeviceFacts) -> KernelChoice:
-    """The tree-attention kernel for `requested` (`learner.attention`) on the device `facts` describe."""
-    blockers = {AttentionKernel.FA3: _fa3_blocker(facts), AttentionKernel.VARLEN: _varlen_blocker(facts),
+def choose_kernel(requested: str, facts: DeviceFacts, head_dim: int | None = None) -> KernelChoice:
+    """The tree-attention kernel for `requested` (`learner.attention`) on the device `facts` describe, for a model of
+    attention head dim `head_dim` (None: not known yet, the device alone decides)."""
+    blockers = {AttentionKernel.FA3: _fa3_blocker(facts), AttentionKernel.VARLEN: _varlen_blocker(facts, head_dim),
                 AttentionKernel.SDPA: None}
     if requested != AUTO:
         kernel = AttentionKernel(requested)
@@ -117,6 +132,13 @@ def precision_problem(kernel: AttentionKernel, *, bf16: bool, fp16: bool, dtype:
         return None
     return (f"learner.attention: {kernel.value} computes in float16 or bfloat16, and training.extraArgs turn mixed "
             f"precision off with {dtype or 'float32'} weights: keep bf16 on, or set learner.attention: sdpa")
+
+
+def model_head_dim(model_config: Any) -> int:
+    """The attention head dim of a transformers config (a multimodal model's text config): its `head_dim`, else
+    hidden size over heads."""
+    text = model_config.get_text_config()
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -215,9 +237,16 @@ def torch_varlen_attention(
     left, right = options.get("window_size", (-1, -1))
     if options.get("causal", True):
         right = 0  # (-1, 0) is causal, (W, 0) causal within a sliding window of W
+    gqa = {"enable_gqa": query.shape[1] != key.shape[1]} if _takes_gqa_flag(varlen_attn) else {}
     return varlen_attn(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       scale=options.get("softmax_scale"), window_size=(left, right),
-                       enable_gqa=query.shape[1] != key.shape[1])
+                       scale=options.get("softmax_scale"), window_size=(left, right), **gqa)
+
+
+def _takes_gqa_flag(varlen_attn: Any) -> bool:
+    """Whether this torch's varlen_attn has `enable_gqa` (and refuses fewer K/V heads without it). Releases before
+    it (torch 2.11 among them) have no such argument: their flash kernel takes fewer K/V heads as they are."""
+    parameters = inspect.signature(varlen_attn).parameters.values()
+    return any(p.name == "enable_gqa" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def load_fa3_kernel() -> Any:

@@ -140,13 +140,14 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
     model and TRL load, so a mistake in it ends the learner at once."""
     from ..storage.inputs import resolve
-    from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
+    from .attention import AttentionUnavailable, choose_kernel, model_head_dim, precision_problem, probe_device
 
+    device = probe_device(config.learner.device)
     try:
-        attention = choose_kernel(config.learner.attention, probe_device(config.learner.device))
+        # What the device alone refuses, before any download; the model's head dim may still rule varlen out below.
+        attention = choose_kernel(config.learner.attention, device)
     except AttentionUnavailable as error:
         raise ConfigError(str(error)) from None
-    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     try:
         trackers = configure_tracking(config, main_process=int(os.environ.get("RANK", "0")) == 0)
     except TrackingConfigError as error:
@@ -187,6 +188,11 @@ def build_learner(config: RunConfig, config_path: str | None = None):
         model_config = AutoConfig.from_pretrained(config.model)
     except (OSError, ValueError) as error:
         raise ConfigError(f"model {config.model!r}: {str(error).splitlines()[0]}") from None
+    try:
+        attention = choose_kernel(config.learner.attention, device, head_dim=model_head_dim(model_config))
+    except AttentionUnavailable as error:
+        raise ConfigError(str(error)) from None
+    logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
     if tools or environment_factory is not None:
         try:
             check_tool_chat_template(tokenizer, spec_config.model)
