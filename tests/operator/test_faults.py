@@ -29,7 +29,7 @@ def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any]) -
     cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
     learner.update(groups_consumed=4, groups_trained=3, global_step=2)
     cluster.wait_trained(name, learner, 3)
-    cluster.wait_phase(name, "Running")
+    cluster.wait_passes(lambda: cluster.status(name).get("phase") == "Running", f"{name} Running")
 
 
 def _uid(cluster, pod: str) -> str | None:
@@ -44,13 +44,13 @@ def test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded(cluster, 
     _running(cluster, learner, progress_urls, "term", minimal_spec(runPolicy={"backoffLimit": 2}))
     cluster.kubelet.exit("term-learner-0", 1, "RuntimeError: NCCL timeout")
     # The operator deletes the crashed pod; its node is gone, so it stays Terminating and keeps its name.
-    cluster.wait_for(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
-                     what="the learner pod marked for deletion")
-    status = cluster.wait_for(lambda: (s := cluster.status("term")).get("message") and s, what="a waiting message")
+    cluster.wait_passes(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
+                        "the learner pod marked for deletion")
+    status = cluster.wait_passes(lambda: (s := cluster.status("term")).get("message") and s, "a waiting message")
     assert status["phase"] == "Pending" and "term-learner-0 is being deleted" in status["message"]
     # A deadline edit applies on the next pass, counted from when the run left Running: the wait ends here.
     cluster.patch_spec("term", {"progress": {"startupDeadlineSeconds": 1}})
-    status = cluster.wait_phase("term", "Failed")
+    status = cluster.wait_passes(lambda: (s := cluster.status("term")).get("phase") == "Failed" and s, "term Failed")
     assert cluster.condition("term", "Failed")["reason"] == "StartupDeadlineExceeded"
     assert "waited" in status["message"] and "term-learner-0 is being deleted" in status["message"]
 

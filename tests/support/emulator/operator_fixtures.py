@@ -21,6 +21,7 @@ from kopf._cogs.structs.credentials import Vault
 
 import grpo_operator.cluster.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 from grpo_operator.cluster.reconcile import OperatorContext
+from grpo_operator.metric_names import RECONCILE_SECONDS
 from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.learner.exporter import ProgressServer
 from tests.support.emulator.kube_emulator import (
@@ -45,6 +46,10 @@ CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "C
 TEST_IMAGE = "grpo-trainer:test"
 #: The learner's answers by which what it reported is in the run's status (Cluster.wait_trained).
 READS_TO_LAND = 10
+#: The operator's passes by which what it decides is in the API server (Cluster.wait_passes): a pass writes the status,
+#: then acts; a pass may begin before kopf's pod index has caught up with what the test changed; and the passes of
+#: every run the operator watches count.
+PASSES_TO_LAND = 20
 KUBERNETES_VERSION = "1.33"
 
 
@@ -281,6 +286,25 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
             time.sleep(0.05)
+
+    def passes(self) -> int:
+        """The reconcile passes the running operator has made, over every run (its metrics); 0 without one."""
+        if self.operator is None:
+            return 0
+        registry = self.operator.context.metrics.registry
+        return int(registry.get_sample_value(f"{RECONCILE_SECONDS}_count", {"handler": "lifecycle"}) or 0)
+
+    def wait_passes(self, predicate: Callable[[], Any], what: str, passes: int = PASSES_TO_LAND) -> Any:
+        """`predicate()`'s first true value, for what the operator alone brings about: its passes are the wait's
+        clock, not the machine's speed (`passes` passes after the wait began without it is a failure)."""
+        operator, first = self.operator, self.passes()
+        while not (result := predicate()):
+            if self.operator is not operator:  # a new operator counts its passes from its start
+                operator, first = self.operator, 0
+            made = self.passes() - first
+            assert made < passes, f"{what}: not seen in {made} passes of the operator"
+            time.sleep(0.05)
+        return result
 
     def wait_trained(self, name: str, learner: FakeLearner, groups: int) -> dict[str, Any]:
         """The run's status once it shows `groups` trained groups, as `learner` reports. A pass that reads the learner
