@@ -17,7 +17,7 @@ MLFLOW_VERSION := 3.17.2
 export UV_LINK_MODE := hardlink
 export UV_SYSTEM_CERTS := 1
 
-.PHONY: demo demo-rm test test-fast lint bench device-wheels images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
+.PHONY: demo demo-rm test test-long test-fast lint bench device-wheels images image-cuda setup setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-apt-images setup-node-apt clean
 
 setup: $(VENV)/.installed setup-rollout setup-learner-cuda setup-mlflow setup-apt setup-node-apt
 
@@ -116,7 +116,12 @@ demo-rm: $(VENV)/.learner setup-rollout
 # (tests/support/build_fixtures.py). Most of the tiers wait on pods and servers more than they compute: on 2 cores,
 # two workers overlap that waiting with the tests that compute. The slowest tests close the report.
 test: setup lint
-	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2 -m "not long"
+
+# The scenarios of several vLLM server starts (marker `long`): a quarter of an hour or more each on a loaded 2-core
+# machine. `make test` runs a shorter test of each of their parts (docs/development.md, Tests: `make test-long`).
+test-long: setup lint
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2 -m long
 
 # The quick loop: everything but the real trainer runs, the vLLM server, kopf lifecycles and a real Prometheus.
 test-fast: $(VENV)/.installed lint

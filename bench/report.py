@@ -31,12 +31,10 @@ class Context:
 
     @property
     def model_dir(self) -> str:
-        from grpo_trainer.testing.tiny_assets import build_tiny_model
+        """The tiny model, from the tests' cache of tiny models (built there once per recipe)."""
+        from tests.support import tiny_models
 
-        model = self.scratch / "tiny-model"
-        if not (model / "config.json").exists():
-            build_tiny_model(model)
-        return str(model)
+        return str(tiny_models.cached(tiny_models.POLICY))
 
 
 def spread(values: Sequence[float], fmt: str = "{:.3g}", unit: str = "") -> str:

@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "support" / "learner" / "learner_scenario.py"
 
 
-def reward_model_dir(context: Context) -> str:
-    from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
+def reward_model_dir() -> str:
+    """The tiny reward model, from the tests' cache of tiny models (built there once per recipe)."""
+    from tests.support import tiny_models
 
-    return str(build_tiny_reward_model(context.scratch / "tiny-reward-model"))
+    return str(tiny_models.cached(tiny_models.REWARD))
 
 
 def per_sample_seconds(model_dir: str, reps: int) -> list[float]:
@@ -65,7 +66,7 @@ def step_seconds(context: Context, out: Path, extra: list[str], prompts: int) ->
 def run(context: Context) -> str:
     reps = context.reps(5, 1)
     prompts = 8 if context.quick else 24
-    model_dir = reward_model_dir(context)
+    model_dir = reward_model_dir()
     scoring = per_sample_seconds(model_dir, reps)
     without, with_model = [], []
     for rep in range(reps):  # interleaved, so the machine's load falls on both alike

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.support import tiny_models
+
 # One vLLM server for the whole session. Registered here, not imported by each test module: an imported
 # session fixture is a separate fixture per module, and each module started its own server (3 servers, measured).
 # The control plane (kube-apiserver + etcd) is one per session for the same reason.
@@ -30,27 +32,21 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> str:
-    """The tiny example's model and tokenizer, built offline once per session (grpo_trainer.testing.tiny_assets)."""
-    from grpo_trainer.testing.tiny_assets import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny_model_dir() -> str:
+    """The tiny example's model and tokenizer, built offline once per recipe (tests/support/tiny_models.py)."""
+    return str(tiny_models.cached(tiny_models.POLICY))
 
 
 @pytest.fixture(scope="session")
-def tiny_reward_model_dir(tmp_path_factory) -> str:
-    """The tiny reward model (NaN for prompts holding UNSCORABLE_MARKER), built offline once per session."""
-    from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
-
-    return str(build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm") / "model"))
+def tiny_reward_model_dir() -> str:
+    """The tiny reward model (NaN for prompts holding UNSCORABLE_MARKER), built offline once per recipe."""
+    return str(tiny_models.cached(tiny_models.REWARD))
 
 
 @pytest.fixture(scope="session")
-def nan_reward_model_dir(tmp_path_factory) -> str:
+def nan_reward_model_dir() -> str:
     """A tiny reward model that returns NaN for everything."""
-    from grpo_trainer.testing.tiny_assets import build_tiny_reward_model
-
-    return str(build_tiny_reward_model(tmp_path_factory.mktemp("nan-rm") / "model", nan_everywhere=True))
+    return str(tiny_models.cached(tiny_models.NAN_REWARD))
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@
 #          hack/images/build.sh --clean         removes the store, archives and logs
 #   GRPO_IMAGES_CACHE  cache root (default ${XDG_CACHE_HOME:-~/.cache}/grpo-operator/images)
 #   TORCH_CPU_INDEX (trainer-cpu), TORCH_INDEX_URL and VLLM_WHEEL (trainer-cuda): trainer_image/Dockerfile's build args
+#   GRPO_IMAGES_HOLDER the id of a process that uses the printed images until it ends (a test run): while it runs,
+#                      no other call's pruning removes them
 # Each image's key is a hash of its base, its Dockerfile, everything that Dockerfile copies and its build args.
 # The base is a Debian 12 rootfs made by mmdebstrap and a python:3.11-slim-bookworm stand-in on top of it
 # (python-standin.Containerfile). The layer store stays in the cache folder, so a changed source rebuilds only the
@@ -32,7 +34,10 @@ store="$root/store"
 runroot="${XDG_RUNTIME_DIR:-/run}/grpo-operator-images"
 # Big temporary files of a commit go to the cache disk, not /var/tmp, in a folder per call removed at its end.
 tmp_root="$root/tmp"
-keep_archives=2   # per image: the newest keys stay (other branches build other keys), older ones are removed
+keep_archives=2   # per image: the newest keys stay (other branches build other keys), older ones not in use are removed
+# A lease per image and holder (GRPO_IMAGES_HOLDER): "<name>-<key>.<pid>", holding the process's start time, so that
+# a reused process id is not taken for the holder.
+leases="$root/leases"
 
 suite=bookworm
 mirror=http://deb.debian.org
@@ -54,7 +59,7 @@ if [[ ${1:-} == --clean ]]; then
   [[ -d $root ]] || exit 0
   bah rm --all >/dev/null 2>&1 || true
   bah rmi --all --force >/dev/null 2>&1 || true
-  rm -rf "${store:?}" "${runroot:?}" "$root"/*.docker.tar "$root"/*.store "$root/logs" "$tmp_root"
+  rm -rf "${store:?}" "${runroot:?}" "$root"/*.docker.tar "$root"/*.store "$root/logs" "$leases" "$tmp_root"
   echo "images: removed $root's store, archives and logs" >&2
   exit 0
 fi
@@ -185,11 +190,11 @@ build_image() {
     return 0
   fi
   built() { if [[ -n $archive ]]; then [[ -s $archive ]]; else [[ -e $record ]] && have_image "$ref"; fi; }
-  if ! built; then
+  if ! claim "$name" "$key" "$repository" "$suffix" built; then
     exec 7>"$root/.build-$name.lock"
     flock 7   # one build of an image at a time: a second caller waits, then finds the archive
   fi
-  if ! built; then
+  if ! claim "$name" "$key" "$repository" "$suffix" built; then
     build_base
     if ! have_image "$ref"; then
       run_logged "$progress" "$name from $dockerfile" "$root/logs/$name-$key.log" \
@@ -197,18 +202,19 @@ build_image() {
           --build-arg PYTHON_IMAGE="$python_ref" "${build_args[@]}" \
           -f "$repo/$dockerfile" -t "$ref" "$repo"
     fi
+    local partial=''
     if [[ -n $archive ]]; then
       local start=$SECONDS
-      local partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
+      partial="$TMPDIR/${archive##*/}"   # beside the store, removed with TMPDIR if the push fails
       bah push --quiet "$ref" "docker-archive:$partial:$ref" >&2
-      mv "$partial" "$archive"
-      echo "build: $progress: wrote $archive ($(du -m "$archive" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
+      echo "build: $progress: wrote $archive ($(du -m "$partial" | cut -f1) MiB) in $((SECONDS - start)) s" >&2
     fi
-    touch "$record"
-    prune "$name" "$repository" "$suffix"
+    # Published under the records lock, with its lease, so that no prune between the two removes it.
+    publish() { if [[ -n $partial ]]; then mv "$partial" "$archive"; else touch "$record"; fi; }
+    claim "$name" "$key" "$repository" "$suffix" built publish \
+      || { echo "images: $ref vanished as it was built" >&2; exit 1; }
   fi
   exec 7>&-
-  touch "$record"   # in use: prune keeps the newest
   if [[ -n $push_to ]]; then
     # The store holds the image the archive was written from (prune removes both together).
     have_image "$ref" || bah pull --quiet "docker-archive:$archive" >&2
@@ -220,15 +226,68 @@ build_image() {
   fi
 }
 
+# claim NAME KEY REPOSITORY SUFFIX BUILT [PUBLISH]: runs PUBLISH (a command: a new build's record into place), then
+# where BUILT (a command) finds the image, marks it the newest, leases it to GRPO_IMAGES_HOLDER and prunes the older
+# ones, and succeeds; fails where it is not built. Under the records lock, which every prune takes: between a
+# prune's choice of what to remove and the removal, no call finds and leases it.
+claim() {
+  local name=$1 key=$2 repository=$3 suffix=$4 built=$5 publish=${6:-true} found=0
+  exec 6>"$root/.records.lock"
+  flock 6
+  "$publish"
+  if "$built"; then
+    touch "$root/$name-$key.$suffix"   # in use: prune keeps the newest
+    if [[ -n ${GRPO_IMAGES_HOLDER:-} ]]; then
+      local started
+      started=$(process_start "$GRPO_IMAGES_HOLDER") \
+        || { echo "GRPO_IMAGES_HOLDER=$GRPO_IMAGES_HOLDER: no such process" >&2; exit 2; }
+      mkdir -p "$leases"
+      echo "$started" > "$leases/$name-$key.$GRPO_IMAGES_HOLDER"
+    fi
+    prune "$name" "$repository" "$suffix"
+  else
+    found=1
+  fi
+  exec 6>&-
+  return "$found"
+}
+
+# process_start PID: the process's start time (clock ticks since boot: /proc/PID/stat's 22nd field), which tells it
+# from a later process given the same id.
+process_start() {
+  local stat fields
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  read -ra fields <<< "${stat##*) }"   # the fields after the command's name, which may hold spaces: state first
+  echo "${fields[19]}"
+}
+
+# holder NAME KEY: the id of a running process that holds a lease on the image (its leases of ended processes are
+# removed); fails where none does.
+holder() {
+  local lease pid
+  for lease in "$leases/$1-$2".*; do
+    [[ -e $lease ]] || continue
+    pid=${lease##*.}
+    if [[ $(process_start "$pid") == "$(cat "$lease")" ]]; then echo "$pid"; return 0; fi
+    rm -f "$lease"
+  done
+  return 1
+}
+
 # Keeps the newest records of an image (archives: SUFFIX docker.tar; store images' records: store, the newest one
-# only, 12 GB each), and their images in the store, and removes older ones. Their cached intermediate layers stay (a
-# later build may reuse them; `--clean` removes everything).
+# only, 12 GB each), and their images in the store, and the older ones a running process holds a lease on, and
+# removes the rest. Their cached intermediate layers stay (a later build may reuse them; `--clean` removes
+# everything). The caller holds the records lock (claim).
 prune() {
-  local name=$1 repository=$2 suffix=$3 old archive key keep=$keep_archives
+  local name=$1 repository=$2 suffix=$3 old archive key pid keep=$keep_archives
   [[ $suffix != store ]] || keep=1
   mapfile -t old < <(ls -t "$root/$name"-*."$suffix" 2>/dev/null | tail -n +$((keep + 1)))
   for archive in "${old[@]}"; do
     key=${archive##*/$name-}; key=${key%%.*}
+    if pid=$(holder "$name" "$key"); then
+      echo "images: kept the older $name image $key: process $pid uses it" >&2
+      continue
+    fi
     rm -f "$archive"
     bah rmi "$repository:$key" >/dev/null 2>&1 || true
     echo "images: removed the older $name image $key" >&2

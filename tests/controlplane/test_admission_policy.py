@@ -20,6 +20,7 @@ from tests.chart.test_admission_policy import managed_args_objects
 from tests.controlplane.test_api import _create
 from tests.operator.test_manifest import good
 from tests.support.chart_render import render_objects
+from tests.support.controlplane.control_plane_fixtures import delete_runs
 from tests.support.emulator.kube_emulator import GRPORUNS, ApiError
 
 pytestmark = pytest.mark.controlplane
@@ -57,11 +58,13 @@ def _refused(admin, namespace: str, manifest: dict[str, Any]) -> ApiError | None
 
 
 @pytest.fixture(scope="module")
-def stored_before(admin) -> tuple[str, str]:
-    """A run with a managed key, stored before the policy existed: (namespace, name)."""
+def stored_before(admin) -> Iterator[tuple[str, str]]:
+    """A run with a managed key, stored before the policy existed: (namespace, name). Deleted after the module, as
+    the `namespace` fixture's runs are."""
     admin.create_namespace(LEGACY_NAMESPACE)
     stored = _create(admin, LEGACY_NAMESPACE, with_extra_args({"num_train_epochs": 99}))
-    return LEGACY_NAMESPACE, stored["metadata"]["name"]
+    yield LEGACY_NAMESPACE, stored["metadata"]["name"]
+    delete_runs(admin, LEGACY_NAMESPACE)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import tiny_models
 from tests.support.node.node_runs import shared_folder
 from tests.support.paths import REPO
 
@@ -22,12 +23,10 @@ def tiny_data(tmp_path_factory, tiny_model_dir: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_tool_data(tmp_path_factory) -> Path:
+def tiny_tool_data(tmp_path_factory, tiny_tool_model_dir: str) -> Path:
     """The tool model (taught offline to call the guess game's tool) and the game's prompts, in one folder readable
     by the pods' user."""
-    from grpo_trainer.testing.tiny_assets import build_tiny_tool_model
-
     data = tmp_path_factory.mktemp("tiny-tool-data")
-    prompts = shutil.copy(REPO / "examples" / "tiny-guess.jsonl", data / "tiny-guess.jsonl")
-    build_tiny_tool_model(data / "model", prompts)
+    shutil.copytree(tiny_tool_model_dir, data / "model")
+    shutil.copy(tiny_models.GUESS_PROMPTS, data / "tiny-guess.jsonl")
     return shared_folder(data, writable=False)

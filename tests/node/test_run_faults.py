@@ -5,6 +5,7 @@ is the chart's, in its container (tests/support/node/operator_release.py); the p
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 
@@ -21,6 +22,12 @@ pytestmark = [pytest.mark.node, pytest.mark.slow]
 
 LEARNER, ROLLOUT = f"{RUN}-learner-0", f"{RUN}-rollout-0"
 RESUMED = "resumed: restarting at group"
+#: The liveness-and-drain run's hang guard: three server starts in pods (minutes each on a loaded machine), the
+#: kubelet's liveness verdict and grace (about 3 min) and the training; each of its waits ends when the run fails.
+LONG_HANG_GUARD_S = 3600
+#: A wait of that run with no bound of its own: what it waits for (a liveness verdict, a server's start, an eviction)
+#: has the kubelet's and the operator's bounds, and a run past them fails, which ends the wait (NodeRun.wait_for).
+UNTIL_THE_RUN_FAILS = math.inf
 
 
 def _run(release: OperatorRelease, name: str, tmp_path: Path) -> NodeRun:
@@ -48,6 +55,8 @@ def _exit_codes(run: NodeRun, pod: str) -> list[int]:
     return [state["exitCode"] for state in run.history.exits_of(pod)]
 
 
+@pytest.mark.long
+@pytest.mark.timeout(LONG_HANG_GUARD_S)
 def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_resumes_at_the_bound(
         operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
     node = operator_release.node
@@ -57,18 +66,20 @@ def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_re
     manifest["spec"]["training"]["epochs"] = 4
     try:
         run.apply(manifest)
-        run.wait_for_log(LEARNER, "weight sync v2:")
+        run.wait_for_log(LEARNER, "weight sync v2:", timeout=UNTIL_THE_RUN_FAILS)
         # SIGSTOP: the server keeps its port and /health's socket, but nothing answers; only the liveness probe's
         # generated token tells. The kubelet kills the container, the operator replaces the server.
         [server] = run.pod(ROLLOUT)["status"]["containerStatuses"]
         node.signal_container(server["containerID"], signal.SIGSTOP)
-        run.wait_for(lambda: len(run.history.uids(ROLLOUT)) >= 2, "the frozen server replaced", timeout=600)
-        run.wait_for_log(LEARNER, "caught up to", timeout=600)
+        run.wait_for(lambda: len(run.history.uids(ROLLOUT)) >= 2, "the frozen server replaced",
+                     timeout=UNTIL_THE_RUN_FAILS)
+        run.wait_for_log(LEARNER, "caught up to", timeout=UNTIL_THE_RUN_FAILS)
 
         # `kubectl drain` of the run's pods: the Eviction API, SIGTERM within the grace period.
         node.kubectl("drain", NODE_NAME, f"--pod-selector={RUN_LABEL}={RUN}", "--delete-emptydir-data",
                      "--ignore-daemonsets", "--timeout=180s", timeout=240)
-        run.wait_for(lambda: len(run.history.uids(LEARNER)) >= 2, "the evicted learner recreated", timeout=120)
+        run.wait_for(lambda: len(run.history.uids(LEARNER)) >= 2, "the evicted learner recreated",
+                     timeout=UNTIL_THE_RUN_FAILS)
         node.kubectl("uncordon", NODE_NAME)
         status = run.wait_succeeded()
     finally:

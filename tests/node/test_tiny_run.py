@@ -3,7 +3,8 @@ namespace that enforces the `restricted` Pod Security Standard, the operator the
 (tests/support/node/operator_release.py), rollout, learner and environment pods run as containers from the trainer
 image, and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment server
 (spec.environments: a pod the operator runs behind a Service, whose URL the learner's environment factory gets); the
-test deletes its pod mid-run, and the operator creates it again while the run goes on to its bound. The restricted
+test deletes its pod once the first episode is under way, the episodes that meet the game gone are counted as
+environment failures, and the operator creates the pod again while the run goes on to its bound. The restricted
 policy refuses hostPath volumes, so the model, the weight-sync folder and the folder the trained model goes to
 (spec.output.volume) come from PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes
 from a real S3 server on this machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to
@@ -20,6 +21,7 @@ import pytest
 
 from grpo_operator.builders import environment_pod_name
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
+from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE
 from tests.support.node.node import Node
 from tests.support.node.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
 from tests.support.node.operator_release import OperatorRelease
@@ -61,13 +63,15 @@ def game_environment(image: str) -> dict:
 
 
 def delete_the_game_mid_run(run: NodeRun) -> str:
-    """Once the game's pod is Ready (the learner is still starting: it downloads and loads the model, and then trains
-    its 24 groups in seconds on an idle machine, too fast to aim at), the pod deleted at once, as a lost node or an
-    eviction would; then, the run going on, the operator's new pod Ready and counted in status.environments. Episodes
-    that meet the game while it is gone fail and are counted (environment failures). The UID the deleted pod had."""
+    """Once the game's pod has opened the run's first episode (its log says so once), the pod deleted at once, as a
+    lost node or an eviction would. The rollout worker plays the run's 192 episodes 16 at a time, so episodes are in
+    flight (their rewards asked of a server that no longer holds them) and more begin while the game is gone: they
+    fail and are counted (environment failures). Then, the run going on, the operator's new pod Ready and counted in
+    status.environments. The UID the deleted pod had."""
     ready = [{"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}]
     run.wait_for(lambda: run.status().get("environments") == ready, "the game's pod Ready")
     uid = run.pod(GAME_POD)["metadata"]["uid"]
+    run.wait_for_log(GAME_POD, FIRST_EPISODE_LINE)
     run.node.kubectl("delete", "pod", GAME_POD, "-n", run.namespace, "--grace-period=0", "--force")
     progress = run.status().get("progress", {})
     run.node.report(f"game pod deleted at {progress.get('groupsConsumed', 0)} of {progress.get('groupsTotal')} "
@@ -134,7 +138,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             assert progress["groupsTrained"] + dropped == progress["groupsConsumed"], progress
             assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
             # Counted by the environment factory that met them (training.environmentFactory's function).
-            assert set(episodes.get("environmentFailures", {})) <= {"make_environment"}, episodes
+            failures = episodes.get("environmentFailures", {})
+            assert set(failures) == {"make_environment"} and failures["make_environment"] > 0, episodes
             node.report(f"agentic run: {progress}")
             tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
                                         epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])

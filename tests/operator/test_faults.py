@@ -28,9 +28,8 @@ def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any]) -
     progress_urls[f"{name}-learner-0"] = learner.url()
     cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
     learner.update(groups_consumed=4, groups_trained=3, global_step=2)
-    cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
-                     what=f"{name} to report 3 trained groups")
-    cluster.wait_phase(name, "Running")
+    cluster.wait_trained(name, learner, 3)
+    cluster.wait_passes(lambda: cluster.status(name).get("phase") == "Running", f"{name} Running")
 
 
 def _uid(cluster, pod: str) -> str | None:
@@ -45,13 +44,13 @@ def test_a_pod_stuck_terminating_is_waited_for_and_the_wait_is_bounded(cluster, 
     _running(cluster, learner, progress_urls, "term", minimal_spec(runPolicy={"backoffLimit": 2}))
     cluster.kubelet.exit("term-learner-0", 1, "RuntimeError: NCCL timeout")
     # The operator deletes the crashed pod; its node is gone, so it stays Terminating and keeps its name.
-    cluster.wait_for(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
-                     what="the learner pod marked for deletion")
-    status = cluster.wait_for(lambda: (s := cluster.status("term")).get("message") and s, what="a waiting message")
+    cluster.wait_passes(lambda: (p := cluster.kubelet.pod("term-learner-0")) and p["metadata"].get("deletionTimestamp"),
+                        "the learner pod marked for deletion")
+    status = cluster.wait_passes(lambda: (s := cluster.status("term")).get("message") and s, "a waiting message")
     assert status["phase"] == "Pending" and "term-learner-0 is being deleted" in status["message"]
     # A deadline edit applies on the next pass, counted from when the run left Running: the wait ends here.
     cluster.patch_spec("term", {"progress": {"startupDeadlineSeconds": 1}})
-    status = cluster.wait_phase("term", "Failed")
+    status = cluster.wait_passes(lambda: (s := cluster.status("term")).get("phase") == "Failed" and s, "term Failed")
     assert cluster.condition("term", "Failed")["reason"] == "StartupDeadlineExceeded"
     assert "waited" in status["message"] and "term-learner-0 is being deleted" in status["message"]
 
@@ -276,8 +275,7 @@ def test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_i
         assert cluster.status("odd")["phase"] == "Running"
         good += 1
         learner.update(groups_consumed=good + 1, groups_trained=good, global_step=good, reward_mean=0.5)
-        cluster.wait_for(lambda good=good: (cluster.status("odd").get("progress") or {}).get("groupsTrained") == good,
-                         what="the next good report written")
+        cluster.wait_trained("odd", learner, good)  # the next good report written
         assert cluster.condition("odd", "Progressing")["status"] == "True"
         assert cluster.condition("odd", "Stalled")["status"] == "False"
 
@@ -379,8 +377,7 @@ def test_progress_alone_is_written_at_most_every_status_interval(cluster, learne
     progress_urls["calm-learner-0"] = learner.url()
     learner.update(groups_consumed=3, groups_trained=3)
     cluster.bring_up("calm")
-    cluster.wait_for(lambda: (cluster.status("calm").get("progress") or {}).get("groupsTrained") == 3,
-                     what="the first progress, written with the move to Running")
+    cluster.wait_trained("calm", learner, 3)  # the first progress, written with the move to Running
     writes = _status_writes(cluster, "calm")
     learner.update(groups_consumed=5, groups_trained=5)
     cluster.wait_for(lambda: cluster.metric("grpo_operator_run_groups_trained", "calm") == 5,

@@ -35,8 +35,7 @@ def _running(cluster, learner, progress_urls, name: str, spec: dict[str, Any] | 
     progress_urls[f"{name}-learner-0"] = learner.url()
     cluster.bring_up(name, pods=spec["rollout"]["replicas"] + spec["learner"]["nodes"])
     learner.update(groups_consumed=4, groups_trained=3, dropped={"no_signal": 1}, global_step=2)
-    cluster.wait_for(lambda: (cluster.status(name).get("progress") or {}).get("groupsTrained") == 3,
-                     what=f"{name} to report 3 trained groups")
+    cluster.wait_trained(name, learner, 3)
     cluster.wait_phase(name, "Running")
 
 
@@ -112,7 +111,7 @@ def test_a_run_still_carrying_the_old_finalizer_loses_it_and_can_be_deleted(clus
 def test_learner_progress_lands_in_status_and_printer_columns(cluster, learner, progress_urls):
     _running(cluster, learner, progress_urls, "beta")
     learner.update(groups_consumed=10, groups_trained=8, dropped={"no_signal": 2}, epochs_done=0, global_step=4)
-    cluster.wait_for(lambda: cluster.status("beta")["progress"]["groupsTrained"] == 8, what="8 trained groups")
+    cluster.wait_trained("beta", learner, 8)
     run = cluster.run("beta")
     progress = run["status"]["progress"]
     assert progress["groupsConsumed"] == 10 and progress["groupsTotal"] == 40 and progress["globalStep"] == 4
@@ -237,7 +236,7 @@ def test_operator_restart_mid_run_creates_no_duplicates_and_status_continues(clu
     cluster.stop_operator()
     learner.update(groups_consumed=20, groups_trained=18)
     cluster.start_operator()
-    cluster.wait_for(lambda: cluster.status("theta")["progress"]["groupsTrained"] == 18, what="progress after restart")
+    cluster.wait_trained("theta", learner, 18)  # progress after the restart
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("theta")} == uids
     assert cluster.status("theta")["phase"] == "Running"
     assert cluster.status("theta")["progressClock"]["anchorTime"] >= anchor
@@ -390,8 +389,7 @@ def test_a_newer_learners_report_keeps_the_runs_status_moving(cluster, learner, 
                   dropped={**report["dropped"], "no_signal": 1, "reward_timeout": 2})
     report["rollout"] = [{**server, "kvCacheUsage": 0.5} for server in report["rollout"]]
     learner.answer(json.dumps(report))
-    cluster.wait_for(lambda: cluster.status("newer")["progress"]["groupsTrained"] == 6,
-                     what="the newer report's counts in status")
+    cluster.wait_trained("newer", learner, 6)  # the newer report's counts in status
     progress = cluster.status("newer")["progress"]
     assert progress["groupsDropped"] == 3  # every reason counts, the one status cannot name too
     assert progress["dropped"]["no_signal"] == 1

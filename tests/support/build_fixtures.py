@@ -3,9 +3,9 @@ need none of them run (registered as a plugin in conftest.py, so there is one se
 
 `BUILDS` names each build, the fixture that stands for its output, and its lane: a test whose fixture closure holds
 that fixture needs the build. The Go builds run one after the other in one lane (they share the Go build cache and
-the cores), the image builds in another (buildah's store). A test that needs a build waits for it before its set-up,
-outside its pytest-timeout; a failed build makes every test that needs it fail with the build's log tail, never
-skip; only a missing prerequisite (no Go, not root) skips, saying which.
+the cores), the image builds in another (buildah's store), the tiny tool model's training in a third. A test that
+needs a build waits for it before its set-up, outside its pytest-timeout; a failed build makes every test that needs
+it fail with the build's log tail, never skip; only a missing prerequisite (no Go, not root) skips, saying which.
 
 The builds run in the process that owns the terminal, so their progress lines reach it: the pytest process itself,
 or pytest-xdist's controller, which hands its workers the board the outcomes go to. Under xdist the tests that
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import actionlint
+from tests.support import actionlint, tiny_models
 from tests.support.builds import Board, Build, Builds, Outcome, Poller, Report, Unavailable
 from tests.support.controlplane import control_plane, kueue_manager
 from tests.support.node import images, node, operator_release
@@ -41,10 +41,12 @@ class BuildKind:
     plan: Callable[[], Build | str]  # the build (not started), or its result where nothing needs building
 
 
-# In the order they start in their lane and the order of the tests that wait for them: the control plane's tests
-# first, then the images' (the CUDA variant's only when asked: images.CUDA_IMAGE_ENV), then the node's (they need
-# everything but Kueue), then the workflow linter's (seconds), the S3 server's, then Kueue's.
+# In the order they start in their lane and the order of the tests that wait for them: the tool model's tests first
+# (a lane of its own: it takes a minute or two of CPU), then the control plane's, then the images' (the CUDA
+# variant's only when asked: images.CUDA_IMAGE_ENV), then the node's (they need everything but Kueue), then the
+# workflow linter's (seconds), the S3 server's, then Kueue's.
 BUILDS = (
+    BuildKind(tiny_models.TOOL_MODEL_BUILD, "tiny_tool_model_dir", tiny_models.build),
     BuildKind(control_plane.BUILD_NAME, "control_plane_binaries", control_plane.build),
     BuildKind(images.OPERATOR_BUILD, "operator_image", lambda: images.build(images.OPERATOR_BUILD)),
     BuildKind(images.TRAINER_BUILD, "trainer_image", lambda: images.build(images.TRAINER_BUILD)),
@@ -346,6 +348,13 @@ def _outcome(config: pytest.Config, kind: BuildKind) -> str:
 
 def _kind(fixture: str) -> BuildKind:
     return next(kind for kind in BUILDS if kind.fixture == fixture)
+
+
+@pytest.fixture(scope="session")
+def tiny_tool_model_dir(request: pytest.FixtureRequest) -> str:
+    """The tiny tool model (grpo_trainer.testing.tiny_assets.build_tiny_tool_model, on the guess game's prompts),
+    in the cache folder (tests/support/tiny_models.py)."""
+    return _outcome(request.config, _kind("tiny_tool_model_dir"))
 
 
 @pytest.fixture(scope="session")

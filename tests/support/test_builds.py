@@ -5,6 +5,7 @@ pytest run of its own (alone, and on two xdist workers) shows what reaches the t
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ from tests.support.paths import REPO
 
 PROGRESS = REPO / "hack" / "lib" / "progress.sh"
 BUILD_TIMES = REPO / "hack" / "lib" / "build-times"
+LOCK_HELD_S = 3
 
 
 def fake_build(path: Path, name: str, body: str) -> Path:
@@ -75,7 +77,7 @@ def test_a_slow_build_says_what_it_builds_how_long_so_far_and_how_long_it_took_h
     assert all(line.startswith(PROGRESS_PREFIX) for line in lines)
 
 
-def test_a_build_waiting_for_the_lock_says_so(tmp_path):
+def test_a_build_waiting_for_the_lock_says_so_and_its_time_leaves_the_wait_out(tmp_path):
     fake_build(tmp_path / "build.sh", KUEUE_BUILD, "true")
     with open(tmp_path / ".build.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another build holds the lock
@@ -84,9 +86,15 @@ def test_a_build_waiting_for_the_lock_says_so(tmp_path):
         while not any("waiting for another build" in line for line in lines):
             builds.poll(lines.append)
             time.sleep(0.1)
+        time.sleep(LOCK_HELD_S)  # long enough that a time counting the wait would show it
         assert not builds.queue[0].done
+    released = time.monotonic()
     wait(builds, KUEUE_BUILD, lines)
-    assert lines[-1] == f"build: {KUEUE_BUILD}: built a fake {KUEUE_BUILD} in 0s"
+    since_release = time.monotonic() - released
+    took = re.fullmatch(rf"build: {KUEUE_BUILD}: built a fake {KUEUE_BUILD} in (\d+)s", lines[-1])
+    assert took, lines
+    # The build began after the release and ended before it was seen; whole seconds of the clock round up by one.
+    assert int(took[1]) <= math.ceil(since_release), (lines[-1], since_release)
 
 
 def test_a_build_runs_ahead_of_the_tests_on_the_cores(tmp_path):

@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from grpo_trainer.contract.report import parse_progress
+from tests.support import tiny_models
 from tests.support.paths import REPO
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 AGENTIC = REPO / "examples" / "tiny-agentic.yaml"
-PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
+PROMPTS = tiny_models.GUESS_PROMPTS  # what the tool model was taught on
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 #: How much the environment's reward per step rises over the run, at least, by the least-squares line through every
 #: step. Runs rose 0.12 to 0.33 from the first tenth of steps to the last; without a rise to learn the tenths moved by a
@@ -30,16 +31,9 @@ REWARD_RISE = 0.05
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
-@pytest.fixture(scope="module")
-def tool_model_dir(tmp_path_factory) -> str:
-    from grpo_trainer.testing.tiny_assets import build_tiny_tool_model
-
-    return str(build_tiny_tool_model(tmp_path_factory.mktemp("tiny-tool") / "model", PROMPTS))
-
-
-def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tool_model_dir, tmp_path):
+def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tiny_tool_model_dir, tmp_path):
     manifest = yaml.safe_load(AGENTIC.read_text())
-    manifest["spec"]["model"] = tool_model_dir
+    manifest["spec"]["model"] = tiny_tool_model_dir
     manifest["spec"]["dataset"]["path"] = str(PROMPTS)
     manifest["spec"]["rollout"]["vllm"]["extraArgs"] = list(EAGER_VLLM_ARGS)
     path = tmp_path / "agentic.yaml"

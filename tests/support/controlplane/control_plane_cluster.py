@@ -200,7 +200,7 @@ class RealCluster(Cluster):
 def context_factory(progress_urls: dict[str, str]) -> Callable[[], OperatorContext]:
     def make() -> OperatorContext:
         return OperatorContext(
-            trainer_image=TEST_IMAGE, reconcile_interval=0.2, progress_timeout=1.0,
+            trainer_image=TEST_IMAGE, reconcile_interval=0.2,
             progress_url=lambda namespace, pod, ip: progress_urls.get(pod, f"http://{ip}:9/progress"))
     return make
 

@@ -21,6 +21,7 @@ from kopf._cogs.structs.credentials import Vault
 
 import grpo_operator.cluster.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 from grpo_operator.cluster.reconcile import OperatorContext
+from grpo_operator.metric_names import RECONCILE_SECONDS
 from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.learner.exporter import ProgressServer
 from tests.support.emulator.kube_emulator import (
@@ -43,6 +44,13 @@ from tests.support.specs import NAMESPACE, status_errors
 CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                    namespaced=False, subresources=("status",))
 TEST_IMAGE = "grpo-trainer:test"
+#: The learner's answers by which what it reported is in the run's status (Cluster.wait_trained).
+READS_TO_LAND = 10
+#: The operator's passes by which what it decides is in the API server (Cluster.wait_passes): a pass writes the status,
+#: then acts; passes go on while kopf's watch brings what the test changed into its pod index (milliseconds quiet, a
+#: real API server's watch under load longer); and the passes of every run the operator watches count. 50 passes are
+#: 10 s at the tests' 0.2 s reconcile interval, and proportionally longer on a loaded machine.
+PASSES_TO_LAND = 50
 KUBERNETES_VERSION = "1.33"
 
 
@@ -168,13 +176,20 @@ class _RawReport:
 
 
 class FakeLearner:
-    """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes."""
+    """A real ProgressServer on 127.0.0.1 serving a report the test changes as it goes; `reads` counts the reports it
+    answered (the operator's polls)."""
 
     def __init__(self) -> None:
         self.report = ProgressReport(phase="Running", groups_total=40, epochs=1)
         self.raw: str | None = None
-        self.server = ProgressServer(lambda: _RawReport(self.raw) if self.raw is not None else self.report,
-                                     port=0, host="127.0.0.1").start()
+        self.reads = 0
+        self._lock = threading.Lock()
+        self.server = ProgressServer(self._answer, port=0, host="127.0.0.1").start()
+
+    def _answer(self) -> ProgressReport | _RawReport:
+        with self._lock:
+            self.reads += 1
+        return _RawReport(self.raw) if self.raw is not None else self.report
 
     def update(self, **changes: Any) -> None:
         self.report = ProgressReport.model_validate({**self.report.model_dump(), **changes})
@@ -273,6 +288,40 @@ class Cluster:
                 raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
             time.sleep(0.05)
 
+    def passes(self) -> int:
+        """The reconcile passes the running operator has made, over every run (its metrics); 0 without one."""
+        if self.operator is None:
+            return 0
+        registry = self.operator.context.metrics.registry
+        return int(registry.get_sample_value(f"{RECONCILE_SECONDS}_count", {"handler": "lifecycle"}) or 0)
+
+    def wait_passes(self, predicate: Callable[[], Any], what: str, passes: int = PASSES_TO_LAND) -> Any:
+        """`predicate()`'s first true value, for what the operator alone brings about: its passes are the wait's
+        clock, not the machine's speed (`passes` passes after the wait began without it is a failure)."""
+        operator, first = self.operator, self.passes()
+        while not (result := predicate()):
+            if self.operator is not operator:  # a new operator counts its passes from its start
+                operator, first = self.operator, 0
+            made = self.passes() - first
+            assert made < passes, f"{what}: not seen in {made} passes of the operator"
+            time.sleep(0.05)
+        return result
+
+    def wait_trained(self, name: str, learner: FakeLearner, groups: int) -> dict[str, Any]:
+        """The run's status once it shows `groups` trained groups, as `learner` reports. A pass that reads the learner
+        writes what it read (the tests' specs write progress on every pass), so the learner's answers are the wait's
+        clock, not the machine's speed: READS_TO_LAND answers after the wait began without it is a failure (a read
+        can be lost to the poll's own timeout on a loaded machine, not that many in a row)."""
+        first = learner.reads
+        while True:
+            status = self.status(name)
+            if (status.get("progress") or {}).get("groupsTrained") == groups:
+                return status
+            answered = learner.reads - first
+            assert answered < READS_TO_LAND, (f"{name}: {groups} trained groups not in the status after the learner "
+                                              f"answered {answered} reads; the status: {status}")
+            time.sleep(0.05)
+
     def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
         return self.wait_for(lambda: self.status(name) if self.status(name).get("phase") == phase else None,
                              timeout, f"{name} to reach phase {phase} (now {self.status(name).get('phase')})")
@@ -354,7 +403,7 @@ def cluster(progress_urls: dict[str, str], emulator_options: dict[str, Any]) -> 
 
     def context_factory() -> OperatorContext:
         return OperatorContext(
-            trainer_image=TEST_IMAGE, reconcile_interval=0.2, progress_timeout=1.0,
+            trainer_image=TEST_IMAGE, reconcile_interval=0.2,
             progress_url=lambda namespace, pod, ip: progress_urls.get(pod, f"http://{ip}:9/progress"))
 
     cluster = Cluster(emulator_thread, context_factory)

@@ -31,6 +31,8 @@ SCRIPT_IMAGE = {OPERATOR_BUILD: "operator", TRAINER_BUILD: "trainer-cpu", TRAINE
 #: The CUDA variant is built only when this is set to 1: its first build takes tens of minutes and ~25 GB of disk,
 #: more than a test run's budget (`make image-cuda` builds and checks it).
 CUDA_IMAGE_ENV = "GRPO_TEST_CUDA_IMAGE"
+#: build.sh's lease: the process that uses the images it prints until it ends.
+HOLDER_ENV = "GRPO_IMAGES_HOLDER"
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,10 @@ def build(name: str) -> Build:
     if name == TRAINER_CUDA_BUILD and os.environ.get(CUDA_IMAGE_ENV) != "1":
         raise Unavailable(f"the CUDA trainer image is built only when asked ({CUDA_IMAGE_ENV}=1): a first build takes "
                           "tens of minutes and ~25 GB of disk (make image-cuda builds and checks it)")
-    return Build(name, [str(BUILD_SCRIPT), SCRIPT_IMAGE[name]], dict(os.environ), lane="images")
+    # This process (the run's controller, which plans the builds) holds the image until it ends: another run's
+    # build of another recipe prunes older images, but not one a running test run uses.
+    return Build(name, [str(BUILD_SCRIPT), SCRIPT_IMAGE[name]], {**os.environ, HOLDER_ENV: str(os.getpid())},
+                 lane="images")
 
 
 @functools.cache

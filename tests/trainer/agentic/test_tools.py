@@ -19,7 +19,7 @@ from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeC
 from grpo_trainer.agentic.tools import ToolError, episode_of, load_environment_factory, load_tools
 from grpo_trainer.contract.config import TrainingConfig
 from grpo_trainer.rollout.worker import EpisodeRolloutLoop
-from grpo_trainer.testing.guess_env import WRONG_GUESS_REWARD, GuessEnvironment, make_server
+from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE, WRONG_GUESS_REWARD, GuessEnvironment, make_server
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -113,6 +113,20 @@ def test_the_game_server_takes_as_many_episodes_at_once_as_a_run_keeps_in_flight
     with ThreadPoolExecutor(64) as pool:
         rewards = list(pool.map(episode, [i % 4 for i in range(640)]))
     assert rewards == [1.0 if i % 4 == 3 else WRONG_GUESS_REWARD for i in range(640)]
+
+
+def test_the_game_server_says_once_that_its_first_episode_opened(capsys):
+    """The one line the node tier's run waits for before it deletes the game's pod: episodes are under way."""
+    server = make_server(0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert capsys.readouterr().out == ""
+        for target in range(3):
+            GuessEnvironment(url).reset(target=target)
+    finally:
+        server.shutdown()
+    assert capsys.readouterr().out.splitlines() == [FIRST_EPISODE_LINE]
 
 
 def test_a_server_that_is_down_fails_the_episode_and_its_reward_is_none():

@@ -35,6 +35,9 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 WRONG_GUESS_REWARD = 0.5
 #: Seconds a request to the server may take: a server that does not answer fails the episode, not the run.
 REQUEST_TIMEOUT_S = 10.0
+#: The one line the server logs about its episodes, when the first one opens (one per request would drown the log):
+#: from there the run's episodes are under way.
+FIRST_EPISODE_LINE = "guess environment: first episode opened"
 
 
 class GuessGame:
@@ -43,10 +46,15 @@ class GuessGame:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._episodes: dict[str, list[int | None]] = {}
+        self.opened = 0  # episodes ever opened
 
     def reset(self, episode: str, target: int) -> str:
         with self._lock:
             self._episodes[episode] = [int(target), None]
+            self.opened += 1
+            first = self.opened == 1
+        if first:
+            print(FIRST_EPISODE_LINE, flush=True)
         return ""
 
     def guess(self, episode: str, number: int) -> str:

@@ -232,9 +232,9 @@ def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed:
 def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
     """The tiny model, taught offline to play `prompts`' guess game through the tool call format of its chat
     template: on every prompt, a third of the time one `guess` call with a number drawn evenly from GUESS_NUMBERS,
-    then "done"; otherwise "done" with no guess (NO_GUESS_WEIGHT). Deterministic (CPU, seeded, full-batch
-    steps). The reward then has something to rise from: the policy learns to play every time, and a quarter of its
-    guesses are right."""
+    then "done"; otherwise "done" with no guess (NO_GUESS_WEIGHT). Deterministic (CPU, one thread, seeded,
+    full-batch steps). The reward then has something to rise from: the policy learns to play every time, and a
+    quarter of its guesses are right."""
     import torch
 
     out = Path(out_dir).resolve()
@@ -258,14 +258,22 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=TOOL_SFT_LEARNING_RATE)
     model.train()
-    for _ in range(TOOL_SFT_STEPS):
-        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-        token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
-                                                       reduction="none")
-        loss = (token_loss * weights).sum() / weights.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    # One thread: the same sums in the same order on any machine, and no OpenMP team waiting at every one of its
+    # thousands of small ops for a thread the scheduler took away (two threads on a loaded 2-core machine: over
+    # 36 min and unfinished, against 6 on one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(TOOL_SFT_STEPS):
+            logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+            token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
+                                                           reduction="none")
+            loss = (token_loss * weights).sum() / weights.sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
