@@ -25,7 +25,7 @@ import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
 from ..agentic.episodes import completion_turns, stamp_group
-from ..agentic.tools import EpisodeRecord, episode_of
+from ..agentic.tools import EpisodeRecord, episode_of, is_abandoned
 from ..learner.rewards import RewardFunctionError, RewardResultError
 from .sync_watchdog import DaemonCall
 
@@ -77,6 +77,9 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        if self.environment_factories is not None:
+            self._environment_pool = {name: ReusableEnvironments(pool)
+                                      for name, pool in self._environment_pool.items()}
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
@@ -106,6 +109,15 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
                     tool_calls=list(group.tool_call_counts), tool_failures=list(group.tool_failure_counts),
                     failed_environments=failed)
         return samples
+
+
+class ReusableEnvironments(list):
+    """One environment's pool of instances in TRL's loop, which never takes back an instance whose call was abandoned
+    past its deadline (grpo_trainer.agentic.tools): that call may still change it. TRL makes a new one instead."""
+
+    def append(self, environment: Any) -> None:
+        if not is_abandoned(environment):
+            super().append(environment)
 
 
 def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool]) -> None:
