@@ -397,3 +397,32 @@ def test_a_tool_that_never_returns_ends_at_the_episodes_deadline_and_frees_trls_
             fresh.wait()
     finally:
         RELEASE_HANGING.set()
+
+
+# ---------------------------------------------------------------------------------------------------- rewards
+class RewardEnvironment:
+    """An environment whose reward is the row's `reward` column, whatever it is."""
+
+    def reset(self, reward: object = None, **_row: object) -> None:
+        self.reward = reward
+
+    def get_reward(self) -> object:
+        return self.reward
+
+
+def make_reward_environment() -> RewardEnvironment:
+    return RewardEnvironment()
+
+
+@pytest.mark.parametrize("reward", [None, math.nan, math.inf, -math.inf, "1.0"])
+def test_an_environment_reward_that_is_no_finite_number_makes_the_episode_unscorable(reward):
+    """Beside another reward, TRL's nansum would drop the NaN and the episode score as its group's others did."""
+    environment = guarded("http://127.0.0.1:9", factory="tests.trainer.agentic.test_tools:make_reward_environment")
+    environment.reset(reward=reward)
+    assert environment.get_reward() is None
+    assert episode_of(environment).failure == f"get_reward returned {reward!r}, not a finite number"
+    # In its group: unscorable and counted as its environment's failure, not scored as the others were.
+    samples = score_with_loop([environment.get_reward(), 1.0, 0.0], [1, 1, 1],
+                              [episode_of(environment).failure is not None, False, False])
+    assert math.isnan(samples[0].metrics["reward"]) and samples[0].advantage == 0.0
+    assert samples[0].metrics[EPISODES_KEY]["environment_failures"] == {"guess": 1}

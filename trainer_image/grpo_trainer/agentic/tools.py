@@ -9,7 +9,7 @@ instances and resets one per episode.
 
 Environments are often servers of their own, and a server that is down or hung must not end the run, hold it, nor
 vanish from the count. Every environment this module makes is guarded:
-- an exception from `reset` or `get_reward` fails the episode;
+- an exception from `reset` or `get_reward`, or a reward that is None, NaN or infinite, fails the episode;
 - a tool method fails the episode when the environment failed the call: an `EnvironmentFailure` from the transport
   (grpo_trainer.agentic.transport: no connection, a timeout, a 5xx, an answer that is not JSON). A tool method's
   other errors (a 4xx the server answered, bad arguments) are the policy's: TRL returns them to the policy as the
@@ -29,6 +29,7 @@ import asyncio
 import copy
 import functools
 import inspect
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -191,6 +192,15 @@ def _guard_tool(method: Callable[..., Any], bounds: CallBounds) -> Callable[...,
     return guarded
 
 
+def _checked_reward(episode: EpisodeRecord, reward: Any) -> float | None:
+    """The reward when it is a finite number; else None, the episode failed (an environment that could not score its
+    episode: summed beside other rewards, a NaN would vanish and the episode score as the others did)."""
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward):
+        return float(reward)
+    episode.fail_because(f"get_reward returned {reward!r}, not a finite number")
+    return None
+
+
 @functools.cache
 def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
     """`cls` with its reset, get_reward and tool methods guarded; same name, schema and tool set for TRL."""
@@ -223,7 +233,8 @@ def _guard_get_reward(user_get_reward: Callable[..., Any], bounds: CallBounds) -
             if episode.failure is not None:
                 return None
             try:
-                return await _await_bounded(self, "get_reward", bounds, lambda: user_get_reward(self))
+                return _checked_reward(episode, await _await_bounded(self, "get_reward", bounds,
+                                                                     lambda: user_get_reward(self)))
             except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
                 episode.fail("get_reward", error)
                 return None
@@ -235,7 +246,7 @@ def _guard_get_reward(user_get_reward: Callable[..., Any], bounds: CallBounds) -
         if episode.failure is not None:
             return None
         try:
-            return _call_bounded(self, "get_reward", bounds, lambda: user_get_reward(self))
+            return _checked_reward(episode, _call_bounded(self, "get_reward", bounds, lambda: user_get_reward(self)))
         except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
             episode.fail("get_reward", error)
             return None
