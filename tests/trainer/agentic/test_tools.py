@@ -7,7 +7,6 @@ import asyncio
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +29,7 @@ from grpo_trainer.agentic.transport import EnvironmentClient, EnvironmentFailure
 from grpo_trainer.contract.config import TrainingConfig
 from grpo_trainer.rollout.worker import EpisodeRolloutLoop
 from grpo_trainer.testing.guess_env import WRONG_GUESS_REWARD, GuessEnvironment, make_server
+from tests.support.servers.broken_environment import BrokenEnvironmentServer
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -204,56 +204,18 @@ def test_the_episode_queue_counts_each_group_once_and_takes_the_stamp_out():
 
 
 # ---------------------------------------------------------------------------------------------------- the transport
-class MisbehavingServer(ThreadingHTTPServer):
-    """A game server gone wrong: /reset answers as the game's does; every other path as `mode` says. "hang" answers
-    nothing until the test ends."""
-
-    daemon_threads = True
-    request_queue_size = 256
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.release = threading.Event()
-        super().__init__(("127.0.0.1", 0), _MisbehavingHandler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _MisbehavingHandler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        mode = "ok" if self.path == "/reset" else self.server.mode
-        if mode == "hang":
-            self.server.release.wait()
-            return
-        status, body = {"ok": (200, b'{"observation": ""}'), "garbage": (200, b"<html>busy</html>"),
-                        "5xx": (503, b"overloaded")}[mode]
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, fmt: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def misbehaving():
+    """Start a game server gone wrong: every path but /reset answers as `mode` says."""
     servers = []
 
-    def start(mode: str) -> MisbehavingServer:
-        server = MisbehavingServer(mode)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
+    def start(mode: str) -> BrokenEnvironmentServer:
+        servers.append(BrokenEnvironmentServer({"/guess": mode}).start())
+        return servers[-1]
 
     yield start
     for server in servers:
-        server.release.set()
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 @pytest.mark.parametrize("mode, cause", [
@@ -269,8 +231,7 @@ def test_an_environment_that_answers_garbage_a_5xx_or_not_at_all_fails_the_episo
     environment.reset(target=3)
     assert episode_of(environment).failure is None
     if mode == "refused":
-        server.shutdown()
-        server.server_close()
+        server.stop()
     with pytest.raises(EnvironmentFailure):
         environment.guess(number=3)
     failure = episode_of(environment).failure
