@@ -148,12 +148,12 @@ def test_a_bad_argument_is_the_policys_tool_failure_not_the_environments(game_ur
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
-def score_with_loop(rewards, rows_per_episode, failed, turns=2):
+def score_with_loop(rewards, rows_per_episode, failed, turns=2, env_type=GuessEnvironment):
     """EpisodeRolloutLoop's `_score_group` (TRL's, then ours) on one group whose environment rewards are `rewards`."""
     n = len(rewards)
     loop = EpisodeRolloutLoop.__new__(EpisodeRolloutLoop)
     loop.reward_funcs, loop.reward_func_names, loop._provides_rollout_reward = [], ["Env"], False
-    loop._env_reward_types = [GuessEnvironment]
+    loop._env_reward_types = [env_type]
     completions = [[{"role": "assistant", "content": ""}, {"role": "tool", "content": "x"},
                     {"role": "assistant", "content": "done"}][: 2 * turns - 1] for _ in range(n)]
     loop._episodes = {}
@@ -163,7 +163,7 @@ def score_with_loop(rewards, rows_per_episode, failed, turns=2):
     group = SimpleNamespace(
         completions=completions, prompts=[[{"role": "user", "content": "p"}]] * n, completions_ids=[[1]] * n,
         reward_kwargs={}, tool_call_counts=[1] * n, tool_failure_counts=[int(f) for f in failed],
-        model_version=0, group_id=5, env_rewards=[(GuessEnvironment, r) for r in rewards], rollout_rewards=[None] * n,
+        model_version=0, group_id=5, env_rewards=[(env_type, r) for r in rewards], rollout_rewards=[None] * n,
         completions_sequences=[[TrainingSequence([1, 2], [0, 1], [0.0, 0.0], "id")] * rows
                                for rows in rows_per_episode],
     )
@@ -382,8 +382,10 @@ def test_an_environment_reward_that_is_no_finite_number_makes_the_episode_unscor
     environment.reset(reward=reward)
     assert environment.get_reward() is None
     assert episode_of(environment).failure == f"get_reward returned {reward!r}, not a finite number"
-    # In its group: unscorable and counted as its environment's failure, not scored as the others were.
-    samples = score_with_loop([environment.get_reward(), 1.0, 0.0], [1, 1, 1],
-                              [episode_of(environment).failure is not None, False, False])
+    # In its group: unscorable and counted as its environment's failure, not scored as the others were. An
+    # environment without tools hands the loop no record of its episode: the reward TRL kept says it failed.
+    samples = score_with_loop([environment.get_reward(), 1.0, 0.0], [1, 1, 1], [False, False, False],
+                              env_type=type(environment))
     assert math.isnan(samples[0].metrics["reward"]) and samples[0].advantage == 0.0
-    assert samples[0].metrics[EPISODES_KEY]["environment_failures"] == {"guess": 1}
+    assert samples[0].metrics[EPISODES_KEY]["environment_failures"] == {"make_reward_environment": 1}
+    assert [s.advantage for s in samples[1:]] == pytest.approx([1.0, -1.0])

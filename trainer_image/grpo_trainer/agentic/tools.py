@@ -29,6 +29,7 @@ import asyncio
 import copy
 import functools
 import inspect
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from ..contract.config import TrainingConfig
 from ..learner.rewards import UserCodeError, import_function
 from ..rollout.sync_watchdog import DaemonCall
 from .transport import DeadlinePassed, EnvironmentFailure, call_deadline
+
+logger = logging.getLogger(__name__)
 
 
 class ToolError(UserCodeError):
@@ -84,16 +87,28 @@ class EpisodeRecord:
     def fail_because(self, failure: str) -> None:
         if self.failure is None:  # the first failure is the cause; later ones follow from it
             self.failure = failure
+            logger.warning("environment %r failed an episode (unscorable): %s", self.environment, failure)
 
 
 #: The attribute a guarded environment keeps its current episode's record in.
 EPISODE_ATTRIBUTE = "_grpo_episode"
+#: A guarded environment class's attribute: the environment it is (what its failures are counted under).
+LABEL_ATTRIBUTE = "_grpo_environment"
 #: The attribute set on a guarded environment one of whose calls was abandoned still running: it is not reused.
 ABANDONED_ATTRIBUTE = "_grpo_abandoned"
 
 
 def episode_of(environment: Any) -> EpisodeRecord | None:
     return getattr(environment, EPISODE_ATTRIBUTE, None)
+
+
+def failed_reward_environment(reward: tuple[type, Any] | None) -> str | None:
+    """The environment whose episode failed, from TRL's record of one episode's environment reward (its class and
+    what its get_reward returned): a guarded get_reward returns None exactly when the episode failed. None when the
+    episode did not fail or its environment is not ours."""
+    if reward is None or reward[1] is not None:
+        return None
+    return getattr(reward[0], LABEL_ATTRIBUTE, None)
 
 
 def is_abandoned(environment: Any) -> bool:
@@ -204,7 +219,8 @@ def _checked_reward(episode: EpisodeRecord, reward: Any) -> float | None:
 @functools.cache
 def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
     """`cls` with its reset, get_reward and tool methods guarded; same name, schema and tool set for TRL."""
-    namespace: dict[str, Any] = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    namespace: dict[str, Any] = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 LABEL_ATTRIBUTE: label}
     user_reset = cls.reset
 
     def reset(self, **kwargs: Any) -> Any:

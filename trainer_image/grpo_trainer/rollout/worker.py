@@ -25,7 +25,7 @@ import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
 from ..agentic.episodes import completion_turns, stamp_group
-from ..agentic.tools import EpisodeRecord, episode_of, is_abandoned
+from ..agentic.tools import EpisodeRecord, episode_of, failed_reward_environment, is_abandoned
 from ..learner.rewards import RewardFunctionError, RewardResultError
 from .sync_watchdog import DaemonCall
 
@@ -98,12 +98,12 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         episodes = [self._episodes.pop(id(completion), None) for completion in group.completions]
         samples = await super()._score_group(group)
         rows_per_episode = [len(sequences) for sequences in group.completions_sequences]
-        failed = [None if e is None or e.failure is None else e.environment for e in episodes]
+        # An episode's record comes with its environment's tools; one with none (reset and get_reward only) is known
+        # failed by the reward its guarded get_reward gave TRL. The guard logged each failure's cause.
+        failed = [episode.environment if episode is not None and episode.failure is not None
+                  else failed_reward_environment(reward)
+                  for episode, reward in zip(episodes, group.env_rewards or [None] * len(episodes), strict=True)]
         if any(label is not None for label in failed):
-            for episode in episodes:
-                if episode is not None and episode.failure is not None:
-                    logger.warning("environment %r failed an episode (unscorable): %s", episode.environment,
-                                   episode.failure)
             unscore(samples, rows_per_episode, [label is not None for label in failed])
         stamp_group(samples, rows_per_episode, turns=[completion_turns(c) for c in group.completions],
                     tool_calls=list(group.tool_call_counts), tool_failures=list(group.tool_failure_counts),
