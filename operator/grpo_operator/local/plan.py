@@ -104,7 +104,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards, tools and environment factories must import here, before minutes of server
     start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
-    from grpo_trainer.agentic.tools import ToolError, load_environment_factory, load_tools
+    from grpo_trainer.agentic.tools import CallBounds, ToolError, load_environment_factory, load_tools
     from grpo_trainer.learner.rewards import RewardError, load_reward
 
     for index, reward in enumerate(spec.rewards):
@@ -127,7 +127,7 @@ def check_rewards(spec: GRPORunSpec) -> None:
         factories["environmentFactory"] = training.environment_factory
     for where, factory in factories.items():
         try:
-            load_environment_factory(factory)
+            load_environment_factory(factory, CallBounds.of(training))
         except ToolError as error:
             raise ManifestInvalid([f"spec.training.{where}: {error}"]) from None
 

@@ -84,6 +84,36 @@ def test_constant_reward_stalls_within_one_pass_with_exit_42(vllm_server, tmp_pa
     print(f"constant reward stalled after {seconds:.0f}s: {report.message}")
 
 
+def test_an_environment_whose_rewards_are_nan_or_never_come_stalls_naming_it(vllm_server, tmp_path, monkeypatch):
+    """TRL's real worker, the learner entrypoint and an environment server whose reward is NaN or never comes: each
+    episode fails as the environment's (a NaN beside the constant reward was read as no signal; a hung call held
+    the worker), and the pass of unscorable groups stalls naming the environment."""
+    from tests.support.servers.broken_environment import URL_ENV, BrokenEnvironmentServer
+
+    server = BrokenEnvironmentServer({"/reward": "nan_or_hang"}).start()
+    monkeypatch.setenv(URL_ENV, server.url)  # the learner and its worker child inherit it
+    try:
+        config_path, config = tiny_run_config(
+            tmp_path, vllm_server, rewards=[RewardConfig(name="constant")], training__epochs=3.0,
+            training__environment_factory="tests.support.servers.broken_environment:make_environment",
+            training__call_timeout_seconds=1,
+        )
+        code, _ = run_learner(config_path, tmp_path / "learner.log")
+    finally:
+        server.stop()
+    log = (tmp_path / "learner.log").read_text(errors="replace")
+    assert code == EXIT_STALLED, log[-4000:]
+    report = termination_report(config)
+    assert report.phase == LearnerPhase.STALLED and report.groups_trained == 0
+    prompts = len(PROMPTS.read_text().splitlines())
+    assert report.dropped.get("no_signal", 0) == 0 and report.dropped["unscorable"] >= prompts
+    episodes = report.episodes
+    assert episodes.environment_failures == {"make_environment": episodes.episodes} and episodes.episodes > 0
+    assert "failed in environment make_environment" in report.message, report.message
+    assert "get_reward returned nan, not a finite number" in log
+    assert "get_reward did not return within 1 s (training.callTimeoutSeconds)" in log
+
+
 def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_sync(vllm_server, tmp_path):
     """training.lora: TRL trains a peft adapter, each filesystem sync loads the adapter alone on the server under a
     versioned name (what the rollout worker requests), checkpoints hold the adapter, and the final model is the

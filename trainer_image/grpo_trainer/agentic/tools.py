@@ -7,24 +7,41 @@ shows the policy. An environment factory is a module-level callable returning on
 call as tools, and optionally `get_reward()` (the episode's reward, one more reward column). TRL keeps a pool of
 instances and resets one per episode.
 
-Environments are often servers of their own, and a server that is down must not end the run nor vanish from the
-count. Every environment this module makes is guarded: an exception from `reset` or `get_reward`, or an `OSError`
-(connection refused, a timeout) from a tool method, marks the episode failed. The episode still runs (its rows keep
-the group's accounting whole), and the rollout loop (grpo_trainer.rollout.worker) makes it unscorable and counts it
-by environment. A tool method's other errors are the policy's (bad arguments): TRL returns them to the policy as
-the tool's result and counts a tool failure.
+Environments are often servers of their own, and a server that is down or hung must not end the run, hold it, nor
+vanish from the count. Every environment this module makes is guarded:
+- an exception from `reset` or `get_reward`, or a reward that is None, NaN or infinite, fails the episode;
+- a tool method fails the episode when the environment failed the call: an `EnvironmentFailure` from the transport
+  (grpo_trainer.agentic.transport: no connection, a timeout, a 5xx, an answer that is not JSON). A tool method's
+  other errors (a 4xx the server answered, bad arguments) are the policy's: TRL returns them to the policy as the
+  tool's result and counts a tool failure;
+- every call is bounded (`CallBounds`): by `training.callTimeoutSeconds`, and by the episode's deadline
+  (`training.episodeTimeoutSeconds` after its reset). A call past its deadline is abandoned: TRL's tool thread is
+  free at once, the episode fails naming the environment and the call, and the instance is not used again
+  (grpo_trainer.rollout.worker drops it from TRL's pool; the call's own thread ends when the call does, which a
+  request through the transport does at the deadline).
+A failed episode still runs (its rows keep the group's accounting whole), and the rollout loop makes it unscorable
+and counts it by environment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import inspect
+import logging
+import math
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..contract.config import TrainingConfig
 from ..learner.rewards import UserCodeError, import_function
+from ..rollout.sync_watchdog import DaemonCall
+from .transport import DeadlinePassed, EnvironmentFailure, call_deadline
+
+logger = logging.getLogger(__name__)
 
 
 class ToolError(UserCodeError):
@@ -42,115 +59,247 @@ def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:
     return tools
 
 
+@dataclass(frozen=True)
+class CallBounds:
+    """How long an environment's calls may take (training.callTimeoutSeconds, training.episodeTimeoutSeconds)."""
+
+    call_timeout_s: float
+    episode_timeout_s: float
+
+    @classmethod
+    def of(cls, training: TrainingConfig) -> CallBounds:
+        return cls(float(training.call_timeout_seconds), float(training.episode_timeout_seconds))
+
+
 class EpisodeRecord:
-    """One episode of one environment: which environment, and why it failed (None: it did not)."""
+    """One episode of one environment: which environment, its deadline, and why it failed (None: it did not)."""
 
-    __slots__ = ("environment", "failure")
+    __slots__ = ("deadline", "environment", "failure")
 
-    def __init__(self, environment: str):
+    def __init__(self, environment: str, deadline: float):
         self.environment = environment
+        self.deadline = deadline  # time.monotonic()
         self.failure: str | None = None
 
     def fail(self, what: str, error: BaseException) -> None:
+        self.fail_because(f"{what} raised {type(error).__name__}: {error}")
+
+    def fail_because(self, failure: str) -> None:
         if self.failure is None:  # the first failure is the cause; later ones follow from it
-            self.failure = f"{what} raised {type(error).__name__}: {error}"
+            self.failure = failure
+            logger.warning("environment %r failed an episode (unscorable): %s", self.environment, failure)
 
 
 #: The attribute a guarded environment keeps its current episode's record in.
 EPISODE_ATTRIBUTE = "_grpo_episode"
+#: A guarded environment class's attribute: the environment it is (what its failures are counted under).
+LABEL_ATTRIBUTE = "_grpo_environment"
+#: The attribute set on a guarded environment one of whose calls was abandoned still running: it is not reused.
+ABANDONED_ATTRIBUTE = "_grpo_abandoned"
 
 
 def episode_of(environment: Any) -> EpisodeRecord | None:
     return getattr(environment, EPISODE_ATTRIBUTE, None)
 
 
-def _guard_tool(method: Callable[..., Any]) -> Callable[..., Any]:
+def failed_reward_environment(reward: tuple[type, Any] | None) -> str | None:
+    """The environment whose episode failed, from TRL's record of one episode's environment reward (its class and
+    what its get_reward returned): a guarded get_reward returns None exactly when the episode failed. None when the
+    episode did not fail or its environment is not ours."""
+    if reward is None or reward[1] is not None:
+        return None
+    return getattr(reward[0], LABEL_ATTRIBUTE, None)
+
+
+def is_abandoned(environment: Any) -> bool:
+    """Whether a call of this environment instance passed its deadline still running (the instance's state is then
+    whatever that call leaves it in, whenever it ends)."""
+    return bool(getattr(environment, ABANDONED_ATTRIBUTE, False))
+
+
+def _is_environment_failure(error: BaseException) -> bool:
+    """The transport's judgement, wherever the user's code wrapped it (raise ... from, or raised while handling)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, EnvironmentFailure):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _timeout(environment: Any, what: str, bounds: CallBounds) -> float:
+    """Seconds `what` may take: the call's bound, or less when the episode's deadline comes first. Raises DeadlinePassed
+    (failing the episode) when the episode's deadline has passed."""
+    episode = episode_of(environment)
+    timeout = min(bounds.call_timeout_s, episode.deadline - time.monotonic())
+    if timeout <= 0:
+        episode.fail_because(f"{what} was called after the episode's {bounds.episode_timeout_s:g} s deadline")
+        raise DeadlinePassed(episode.failure)
+    return timeout
+
+
+def _past_deadline(environment: Any, what: str, timeout: float, bounds: CallBounds, *,
+                   abandoned: bool) -> DeadlinePassed:
+    """Fail the episode for `what`, which passed its deadline; `abandoned`: still running (the instance is not used
+    again)."""
+    if abandoned:
+        setattr(environment, ABANDONED_ATTRIBUTE, True)
+    episode = episode_of(environment)
+    bound = (f"within {bounds.call_timeout_s:g} s (training.callTimeoutSeconds)" if timeout >= bounds.call_timeout_s
+             else f"by the episode's deadline, {bounds.episode_timeout_s:g} s after its reset "
+                  "(training.episodeTimeoutSeconds)")
+    left = "; abandoned" if abandoned else ""
+    episode.fail_because(f"{what} did not return {bound}{left}")
+    return DeadlinePassed(episode.failure)
+
+
+def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callable[[], Any]) -> Any:
+    """`call()` within its deadline, in a thread of its own: the caller (one of TRL's tool threads) is free at the
+    deadline whether or not the call ends. Raises DeadlinePassed past it (the call's own request may see the
+    deadline first: the transport bounds it by the same one)."""
+    timeout = _timeout(environment, what, bounds)
+    deadline = time.monotonic() + timeout
+
+    def within_deadline() -> Any:
+        with call_deadline(deadline):
+            return call()
+
+    running = DaemonCall(within_deadline, f"grpo-env-{what}")
+    if not running.join(timeout):
+        raise _past_deadline(environment, what, timeout, bounds, abandoned=True)
+    try:
+        return running.result()
+    except DeadlinePassed as error:
+        raise _past_deadline(environment, what, timeout, bounds, abandoned=False) from error
+
+
+async def _await_bounded(environment: Any, what: str, bounds: CallBounds, call: Callable[[], Any]) -> Any:
+    timeout = _timeout(environment, what, bounds)
+    try:
+        return await asyncio.wait_for(call(), timeout)
+    except TimeoutError:
+        raise _past_deadline(environment, what, timeout, bounds, abandoned=True) from None
+
+
+def _guard_tool(method: Callable[..., Any], bounds: CallBounds) -> Callable[..., Any]:
+    what = method.__name__
     if inspect.iscoroutinefunction(method):
         @functools.wraps(method)
         async def guarded_async(self, *args: Any, **kwargs: Any) -> Any:
             try:
-                return await method(self, *args, **kwargs)
-            except OSError as error:
-                episode_of(self).fail(method.__name__, error)
+                return await _await_bounded(self, what, bounds, lambda: method(self, *args, **kwargs))
+            except Exception as error:
+                if _is_environment_failure(error):
+                    episode_of(self).fail(what, error)
                 raise
         return guarded_async
 
     @functools.wraps(method)
     def guarded(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(self, *args, **kwargs)
-        except OSError as error:
-            episode_of(self).fail(method.__name__, error)
+            return _call_bounded(self, what, bounds, lambda: method(self, *args, **kwargs))
+        except Exception as error:
+            if _is_environment_failure(error):
+                episode_of(self).fail(what, error)
             raise
     return guarded
 
 
+def _checked_reward(episode: EpisodeRecord, reward: Any) -> float | None:
+    """The reward when it is a finite number; else None, the episode failed (an environment that could not score its
+    episode: summed beside other rewards, a NaN would vanish and the episode score as the others did)."""
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward):
+        return float(reward)
+    episode.fail_because(f"get_reward returned {reward!r}, not a finite number")
+    return None
+
+
 @functools.cache
-def _guarded_class(cls: type, label: str) -> type:
+def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
     """`cls` with its reset, get_reward and tool methods guarded; same name, schema and tool set for TRL."""
-    namespace: dict[str, Any] = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    namespace: dict[str, Any] = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 LABEL_ATTRIBUTE: label}
     user_reset = cls.reset
 
     def reset(self, **kwargs: Any) -> Any:
-        episode = EpisodeRecord(label)
+        episode = EpisodeRecord(label, time.monotonic() + bounds.episode_timeout_s)
         setattr(self, EPISODE_ATTRIBUTE, episode)
         try:
-            return user_reset(self, **kwargs)
+            return _call_bounded(self, "reset", bounds, lambda: user_reset(self, **kwargs))
         except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable, the run goes on
             episode.fail("reset", error)
             return None
 
     namespace["reset"] = functools.wraps(user_reset)(reset)
     if callable(getattr(cls, "get_reward", None)):
-        user_get_reward = cls.get_reward
-
-        def get_reward(self) -> float | None:
-            episode = episode_of(self)
-            if episode is not None and episode.failure is not None:
-                return None
-            try:
-                return user_get_reward(self)
-            except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
-                if episode is not None:
-                    episode.fail("get_reward", error)
-                return None
-
-        namespace["get_reward"] = functools.wraps(user_get_reward)(get_reward)
+        namespace["get_reward"] = _guard_get_reward(cls.get_reward, bounds)
     for name, member in inspect.getmembers(cls, predicate=inspect.isfunction):
         if name not in ("reset", "get_reward") and not name.startswith("_"):
-            namespace[name] = _guard_tool(member)
+            namespace[name] = _guard_tool(member, bounds)
     return type(cls.__name__, (cls,), namespace)
+
+
+def _guard_get_reward(user_get_reward: Callable[..., Any], bounds: CallBounds) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(user_get_reward):
+        @functools.wraps(user_get_reward)
+        async def get_reward_async(self) -> float | None:
+            episode = episode_of(self)
+            if episode.failure is not None:
+                return None
+            try:
+                return _checked_reward(episode, await _await_bounded(self, "get_reward", bounds,
+                                                                     lambda: user_get_reward(self)))
+            except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
+                episode.fail("get_reward", error)
+                return None
+        return get_reward_async
+
+    @functools.wraps(user_get_reward)
+    def get_reward(self) -> float | None:
+        episode = episode_of(self)
+        if episode.failure is not None:
+            return None
+        try:
+            return _checked_reward(episode, _call_bounded(self, "get_reward", bounds, lambda: user_get_reward(self)))
+        except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
+            episode.fail("get_reward", error)
+            return None
+    return get_reward
 
 
 class GuardedEnvironmentFactory:
     """The user's factory, returning guarded environments. Picklable (a module-level class) for TRL's child."""
 
-    def __init__(self, factory: Callable[[], Any], label: str, spec: str):
+    def __init__(self, factory: Callable[[], Any], label: str, spec: str, bounds: CallBounds):
         self.factory = factory
         self.label = label
         self.spec = spec
+        self.bounds = bounds
 
     def __call__(self) -> Any:
         environment = self.factory()
         if not callable(getattr(environment, "reset", None)):
             raise ToolError(f"environment factory {self.spec!r} returned {type(environment).__name__}, which has no "
                             "reset method")
-        environment.__class__ = _guarded_class(type(environment), self.label)
+        environment.__class__ = _guarded_class(type(environment), self.label, self.bounds)
         return environment
 
 
 def load_environment_factory(
-    value: str | dict[str, str] | None,
+    value: str | dict[str, str] | None, bounds: CallBounds,
 ) -> GuardedEnvironmentFactory | dict[str, GuardedEnvironmentFactory] | None:
     """`training.environmentFactory` (one factory) or `training.environmentFactories` (one per value of the
-    dataset's `environment` column) as TRL takes it. Raises ToolError (one line) for one that does not import."""
+    dataset's `environment` column) as TRL takes it, its calls within `bounds`. Raises ToolError (one line) for one
+    that does not import."""
     if value is None:
         return None
     if isinstance(value, str):
         factory = import_function(value, "environment factory", ToolError)
-        return GuardedEnvironmentFactory(factory, value.rpartition(":")[2], value)
+        return GuardedEnvironmentFactory(factory, value.rpartition(":")[2], value, bounds)
     return {name: GuardedEnvironmentFactory(import_function(spec, f"environment factory {name!r}", ToolError),
-                                            name, spec)
+                                            name, spec, bounds)
             for name, spec in value.items()}
 
 

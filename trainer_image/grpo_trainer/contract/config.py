@@ -193,6 +193,14 @@ class TrainingConfig(WireModel):
         None, description="Environments by name: each row plays in the one its `environment` column names.")
     max_tool_calling_iterations: int | None = Field(
         None, ge=1, description="Tool-calling rounds an episode may take; unset: until the policy stops calling.")
+    call_timeout_seconds: int = Field(
+        60, ge=1, le=86400,
+        description="Seconds one call of an environment (reset, a tool, get_reward) may take; past it the call is "
+                    "abandoned and the episode counts as the environment's failure.")
+    episode_timeout_seconds: int = Field(
+        600, ge=1, le=86400,
+        description="Seconds from an episode's reset by which its environment calls must be done; past it the "
+                    "episode counts as the environment's failure.")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Passed to AsyncGRPOConfig as is.")
 
     @field_validator("extra_args")

@@ -17,7 +17,13 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from ..agentic.tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
+from ..agentic.tools import (
+    CallBounds,
+    check_tool_chat_template,
+    environment_factories,
+    load_environment_factory,
+    load_tools,
+)
 from ..contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
@@ -177,7 +183,8 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     try:
         reward_funcs = load_rewards(config.rewards)
         tools = load_tools(config.training.tools)
-        environment_factory = load_environment_factory(environment_factories(config.training))
+        environment_factory = load_environment_factory(environment_factories(config.training),
+                                                       CallBounds.of(config.training))
     except UserCodeError as error:
         raise ConfigError(str(error)) from None
     dataset = load_prompts(config.dataset)

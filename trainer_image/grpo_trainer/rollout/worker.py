@@ -30,7 +30,13 @@ import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
 from ..agentic.episodes import completion_turns, stamp_group
-from ..agentic.tools import EpisodeRecord, GuardedEnvironmentFactory, episode_of
+from ..agentic.tools import (
+    EpisodeRecord,
+    GuardedEnvironmentFactory,
+    episode_of,
+    failed_reward_environment,
+    is_abandoned,
+)
 from ..learner.rewards import CheckedReward, RewardFunctionError, RewardResultError, UserCodeError
 from .sync_watchdog import DaemonCall
 
@@ -154,6 +160,9 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
                                                            traceback.format_exc()))
                 kwargs["failed_event"].set()
             raise
+        if self.environment_factories is not None:
+            self._environment_pool = {name: ReusableEnvironments(pool)
+                                      for name, pool in self._environment_pool.items()}
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
@@ -172,17 +181,26 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         episodes = [self._episodes.pop(id(completion), None) for completion in group.completions]
         samples = await super()._score_group(group)
         rows_per_episode = [len(sequences) for sequences in group.completions_sequences]
-        failed = [None if e is None or e.failure is None else e.environment for e in episodes]
+        # An episode's record comes with its environment's tools; one with none (reset and get_reward only) is known
+        # failed by the reward its guarded get_reward gave TRL. The guard logged each failure's cause.
+        failed = [episode.environment if episode is not None and episode.failure is not None
+                  else failed_reward_environment(reward)
+                  for episode, reward in zip(episodes, group.env_rewards or [None] * len(episodes), strict=True)]
         if any(label is not None for label in failed):
-            for episode in episodes:
-                if episode is not None and episode.failure is not None:
-                    logger.warning("environment %r failed an episode (unscorable): %s", episode.environment,
-                                   episode.failure)
             unscore(samples, rows_per_episode, [label is not None for label in failed])
         stamp_group(samples, rows_per_episode, turns=[completion_turns(c) for c in group.completions],
                     tool_calls=list(group.tool_call_counts), tool_failures=list(group.tool_failure_counts),
                     failed_environments=failed)
         return samples
+
+
+class ReusableEnvironments(list):
+    """One environment's pool of instances in TRL's loop, which never takes back an instance whose call was abandoned
+    past its deadline (grpo_trainer.agentic.tools): that call may still change it. TRL makes a new one instead."""
+
+    def append(self, environment: Any) -> None:
+        if not is_abandoned(environment):
+            super().append(environment)
 
 
 def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool]) -> None:

@@ -8,10 +8,11 @@ last guess was right, WRONG_GUESS_REWARD when it was wrong, and 0.0 when the pol
 rules is worth half a right guess on every prompt alike, which a policy learns across prompts (the tiny tool
 model, taught to play in a third of its episodes, learns to play in most), while the right number is each prompt's
 own. The server
-holds the episodes, as a sandbox or game server would: when it is down, the episode's environment failed
-(grpo_trainer.agentic.tools) and the episode is unscorable.
+holds the episodes, as a sandbox or game server would. The client reaches it through the learner's transport
+(grpo_trainer.agentic.transport): when the server is down, hung or answers garbage, the episode's environment failed
+and the episode is unscorable; a guess the server refuses (400) is the policy's mistake, shown to it.
 
-Stdlib only (http.server, urllib): the environment's image needs nothing else.
+The server is stdlib only (http.server): the environment's image needs nothing else.
 """
 
 from __future__ import annotations
@@ -21,20 +22,17 @@ import json
 import os
 import sys
 import threading
-import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 #: An environment named `guess` in spec.environments: the operator hands its Service's URL to the learner's pods in this
-#: variable (grpo_trainer.contract.pod_env.environment_url_variable; spelled out, as this module imports nothing of
+#: variable (grpo_trainer.contract.pod_env.environment_url_variable; spelled out, as the server imports nothing of
 #: ours).
 SERVICE_URL_ENV = "GRPO_ENVIRONMENT_GUESS_URL"
 URL_ENV = "GUESS_ENV_URL"
 DEFAULT_URL = "http://127.0.0.1:8765"
 #: A wrong guess's reward: more than no guess at all, and enough that playing, not luck, is most of the reward.
 WRONG_GUESS_REWARD = 0.5
-#: Seconds a request to the server may take: a server that does not answer fails the episode, not the run.
-REQUEST_TIMEOUT_S = 10.0
 #: The one line the server logs about its episodes, when the first one opens (one per request would drown the log):
 #: from there the run's episodes are under way.
 FIRST_EPISODE_LINE = "guess environment: first episode opened"
@@ -117,25 +115,18 @@ def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     return GameServer((host, port), Handler)
 
 
-def _post(url: str, path: str, payload: dict) -> dict:
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"{URL_ENV} must be an http(s) URL, not {url!r}")
-    request = urllib.request.Request(url + path, data=json.dumps(payload).encode(),  # noqa: S310 - checked above
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:  # noqa: S310 - checked above
-        return json.loads(response.read())
-
-
 class GuessEnvironment:
     """One client of the game server: TRL resets it per episode and offers `guess` to the policy as a tool."""
 
     def __init__(self, url: str):
-        self.url = url.rstrip("/")
+        from grpo_trainer.agentic.transport import EnvironmentClient  # the learner's; the server needs none of it
+
+        self.server = EnvironmentClient(url)
         self.episode = ""
 
     def reset(self, target: int, **_row: object) -> str | None:
         self.episode = uuid.uuid4().hex
-        _post(self.url, "/reset", {"episode": self.episode, "target": int(target)})
+        self.server.post("/reset", {"episode": self.episode, "target": int(target)})
         return None  # the dataset's prompt says what to do
 
     def guess(self, number: int) -> str:
@@ -144,10 +135,10 @@ class GuessEnvironment:
         Args:
             number: The guess.
         """
-        return _post(self.url, "/guess", {"episode": self.episode, "number": int(number)})["result"]
+        return self.server.post("/guess", {"episode": self.episode, "number": number})["result"]
 
     def get_reward(self) -> float:
-        return float(_post(self.url, "/reward", {"episode": self.episode})["reward"])
+        return self.server.post("/reward", {"episode": self.episode})["reward"]
 
 
 def make_environment() -> GuessEnvironment:
