@@ -439,7 +439,7 @@ def _traced_run(directory: Path, kind: str, config, profile: Path | None,
         shutil.copyfile(records_path, profile.with_suffix(".steps.jsonl"))
     termination = directory / "termination-log"
     final = None
-    reports = kind != "trl"  # ours, with or without the balancer's hop, ends with its report
+    reports = kind != "trl"  # ours ends with its report
     if reports and termination.exists() and termination.read_text().strip():
         final = parse_progress(termination.read_text())
     if process.returncode != 0 or len(records) < 2 or (reports and final is None):

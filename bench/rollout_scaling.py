@@ -428,7 +428,7 @@ HONESTY = [
     "on at most one core (each is bound to its own; the CPU column, read from /proc from each run's first step to its "
     "end, shows what each server used), and the second server's capacity is real work on the second core, not a "
     "sleep or a stand-in. "
-    "Nothing in the learner or the balancer knows about the cap: they see a slow server, as they would see a busy "
+    "Nothing in the learner or its router knows about the cap: they see a slow server, as they would see a busy "
     "GPU server.",
     "",
     "What it does not show: how much a second server speeds up a real run. The gain here is bounded by the second "

@@ -1,11 +1,9 @@
-"""One learner process against real rollout servers, recording every optimizer step (bench sections 9, 11, 13).
+"""One learner process against real rollout servers, recording every optimizer step (bench sections 9 and 11).
 
-`python -m bench.traced_learner --kind ours|ours-direct|trl --config run.json --records steps.jsonl [--wall-bound S]`
+`python -m bench.traced_learner --kind ours|trl --config run.json --records steps.jsonl [--wall-bound S]`
 
-- ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: balancer, weight
-  sync, progress), with one callback added to the learner it builds;
-- ours-direct: the same learner with TRL's worker sent straight to the first server in `rollout.urls`, past the
-  balancer (which still runs and syncs the weights): what the balancer's hop costs (bench section 13);
+- ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: the rollout
+  supervision and routing, weight sync, progress), with one callback added to the learner it builds;
 - trl: TRL 1.16's unmodified AsyncGRPOTrainer built from the same run config (the same TRL arguments, dataset,
   rewards and tokenizer), its own AsyncRolloutWorker talking straight to the first server in `rollout.urls`. TRL's
   weight transfer needs NCCL and a GPU; it gets the filesystem sync our learner uses, the only one a CPU server has.
@@ -101,30 +99,11 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
     return StepRecorder()
 
 
-class DirectRolloutPool:
-    """The learner's rollout pool with TRL's worker pointed at the first server instead of the balancer."""
-
-    def __init__(self, pool) -> None:
-        self._pool = pool
-
-    @property
-    def url(self) -> str:
-        return self._pool.servers.urls[0]
-
-    def __getattr__(self, name: str):
-        return getattr(self._pool, name)
-
-
-def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False,
-             direct: bool = False) -> int:
+def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False) -> int:
     from grpo_trainer.__main__ import main
     from grpo_trainer.learner import main as learner_main
-    from grpo_trainer.rollout import pool as rollout_pool
 
     build = learner_main.build_learner
-    if direct:
-        start_pool = rollout_pool.start_rollout_pool
-        rollout_pool.start_rollout_pool = lambda *args, **kwargs: DirectRolloutPool(start_pool(*args, **kwargs))
 
     def build_traced(*args, **kwargs):
         learner = build(*args, **kwargs)
@@ -165,7 +144,7 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.traced_learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("ours", "ours-direct", "trl"), required=True)
+    parser.add_argument("--kind", choices=("ours", "trl"), required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--records", required=True)
     parser.add_argument("--wall-bound", type=float, default=None, help="stop S seconds after the first step")
@@ -175,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "trl":
         code = run_trl(args.config, args.records, args.wall_bound, args.thread_cpu)
     else:
-        code = run_ours(args.config, args.records, args.wall_bound, args.thread_cpu, direct=args.kind == "ours-direct")
+        code = run_ours(args.config, args.records, args.wall_bound, args.thread_cpu)
     sys.stdout.flush()
     sys.stderr.flush()
     # TRL's rollout worker thread can outlive train(); the records are written, so do not wait on it.

@@ -15,18 +15,21 @@ from bench.e2e_vs_trl import (
     SHARED,
     Layout,
     Pair,
+    Placement,
     RowPlan,
     RowResult,
     RunFigures,
     add_arguments,
     bound_to,
+    layouts,
     options,
     pair_ratios,
     render,
     run_figures,
     run_row,
+    traced_run,
 )
-from bench.rollout_scaling import StepRecord
+from bench.rollout_scaling import StepRecord, TracedRun
 from grpo_trainer.contract.report import ProgressReport
 
 
@@ -226,3 +229,67 @@ def test_profiling_without_py_spy_is_refused_with_how_to_install_it(monkeypatch,
     add_arguments(parser)
     with pytest.raises(ValueError, match="--profile: py-spy is not installed"):
         options(parser.parse_args(["--profile", str(tmp_path)]))
+
+
+def test_own_cores_needs_a_core_beside_the_servers():
+    assert [layout.name for layout in layouts([0])] == ["shared cores"]
+    shared, own = layouts([3, 1, 2])
+    assert (shared.server_cores, shared.learner_cores) == (None, None)
+    assert (own.server_cores, own.learner_cores) == ({1}, {2, 3})
+
+
+def test_a_learner_bound_to_cores_is_started_under_taskset_with_its_threads_cpu_recorded(tmp_path, monkeypatch):
+    started = []
+
+    class NoLearner:
+        returncode = 3
+
+        def __init__(self, command, **_):
+            started.append(command)
+            self.pid = -1
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+        def poll(self):
+            return self.returncode
+
+    def lay_out(directory, kind, config):  # the run's folder and command, without a model or a run config
+        directory.mkdir(parents=True)
+        command = ["python", "-m", "bench.traced_learner", "--kind", kind, "--records", str(directory / "steps.jsonl")]
+        return TracedRun(config, directory / "run.json", directory / "steps.jsonl", command, {})
+
+    monkeypatch.setattr(e2e_vs_trl.subprocess, "Popen", NoLearner)
+    monkeypatch.setattr(e2e_vs_trl, "lay_out_traced_run", lay_out)
+    config = None
+    with pytest.raises(RuntimeError, match="exit 3, 0 steps recorded"):
+        traced_run(tmp_path / "run", "ours", config, placement=Placement(frozenset({2, 1}), thread_cpu=True))
+    command = started[0]
+    assert command[:3] == ["taskset", "--cpu-list", "1,2"]
+    assert command[command.index("--kind") + 1] == "ours" and command[-1] == "--thread-cpu"
+    with pytest.raises(RuntimeError):
+        traced_run(tmp_path / "unbound", "trl", config)
+    assert "taskset" not in started[1] and "--thread-cpu" not in started[1]
+
+
+def test_a_section_that_starts_servers_needs_the_rollout_venv_and_builds_the_tiny_model_once(tmp_path, monkeypatch):
+    from bench import rollout_scaling
+    from bench.report import SectionUnavailable
+    from grpo_trainer.testing import tiny_assets
+
+    monkeypatch.setattr(rollout_scaling, "ROOT", tmp_path)
+    with pytest.raises(SectionUnavailable, match=r"\.venv-rollout .* `make setup-rollout` builds it"):
+        rollout_scaling.require_rollout_assets()
+    (tmp_path / ".venv-rollout" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-rollout" / "bin" / "python").touch()
+    built = []
+
+    def build(directory):
+        built.append(directory)
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+
+    monkeypatch.setattr(tiny_assets, "build_tiny_model", build)
+    rollout_scaling.require_rollout_assets()
+    rollout_scaling.require_rollout_assets()
+    assert built == [tmp_path / "examples" / "tiny-assets" / "model"]
