@@ -10,8 +10,9 @@
 
 Each step appends one JSON line: the wall time it was logged at, the global step, TRL's own per-step figures
 (`perf/rollout_wait_s`: seconds the trainer sat blocked on an empty rollout queue since the previous step;
-`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), and `cpu_s`: the user + system CPU seconds the
-learner process and its children (both trainers' rollout worker is a child process) have used so far.
+`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), `cpu_s`: the user + system CPU seconds the
+learner process and its children (both trainers' rollout worker is a child process) have used so far, and
+`no_signal`: the samples without reward signal the trainer has taken into its batches so far.
 `--thread-cpu` adds `threads`: the CPU seconds each thread of the learner process (by its Python name; threads
 Python did not start, such as torch's, under "native") and each child process has used so far.
 `--wall-bound S` stops training at the first step logged S seconds or more after the first one (TRL has no bound of
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -72,10 +74,35 @@ def cpu_by_thread() -> dict[str, float]:
     return totals
 
 
+class NoSignalSamples:
+    """Counts the samples without reward signal (their group's reward std at most ours' `filter.noSignalEpsilon`, or
+    NaN) that TRL's queue dataset hands on to the batcher: what a learner trains of them. Both learners read their
+    samples through that dataset (ours after its filter, TRL straight from the worker's queue)."""
+
+    def __init__(self) -> None:
+        from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset
+
+        from grpo_trainer.contract.config import FilterConfig
+
+        epsilon = FilterConfig().no_signal_epsilon
+        self.samples = 0
+        original = RolloutQueueDataset.__iter__
+
+        def counted(dataset):
+            for item in original(dataset):
+                std = item["metrics"].get("reward_std", math.nan)
+                if math.isnan(std) or std <= epsilon:
+                    self.samples += 1
+                yield item
+
+        RolloutQueueDataset.__iter__ = counted
+
+
 def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = False):
     from transformers import TrainerCallback
 
     cpu_seconds = ProcessTreeCpu()
+    no_signal = NoSignalSamples()
 
     class StepRecorder(TrainerCallback):
         deadline: float | None = None
@@ -85,7 +112,7 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
                 return
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
-                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(),
+                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(), "no_signal": no_signal.samples,
                       "perf": {key: value for key, value in logs.items() if key.startswith("perf/")}}
             if thread_cpu:
                 record["threads"] = cpu_by_thread()

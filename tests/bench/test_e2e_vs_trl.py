@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from bench.e2e_vs_trl import (
     Layout,
     Pair,
     Placement,
+    RowKind,
     RowPlan,
     RowResult,
     RunFigures,
@@ -112,6 +114,38 @@ def test_ratios_are_ours_over_trl_and_trl_trains_what_ours_would_drop():
     assert ratios["cpu_s_per_group"] == pytest.approx(0.5 / 2.0)
 
 
+def test_useful_samples_leave_out_those_trained_without_signal_counted_as_the_trainer_took_them():
+    # TRL took 60 no-signal samples into its batches over steps 2 and 3 (its count was 40 after step 1).
+    trl_records = [StepRecord(0.0, 1, 1.0, 24, 3, 1.0, no_signal=40), StepRecord(5.0, 2, 0.0, 48, 6, 6.0, no_signal=72),
+                   StepRecord(10.0, 3, 0.0, 48, 6, 11.0, no_signal=100)]
+    trl = run_figures("trl", trl_records)
+    assert trl.no_signal_samples == 60 and trl.useful_samples_per_s == pytest.approx((96 - 60) / 10)
+    # Ours dropped those groups before its batch: it trained none of them, in less time.
+    ours = run_figures("ours", [StepRecord(0.0, 1, 1.0, 24, 3, 1.0), StepRecord(6.0, 2, 0.0, 48, 6, 6.0)],
+                       ProgressReport(dropped={"no_signal": 6}), num_generations=8)
+    assert ours.no_signal_samples == 0 and ours.groups == 12
+    assert pair_ratios(ours, trl)["useful_samples_per_s"] == pytest.approx(8.0 / 3.6)
+    assert StepRecord.from_json('{"t": 1, "step": 2, "wait_s": 0, "samples": 8, "no_signal": 16}').no_signal == 16
+
+
+def test_the_no_signal_rows_task_has_no_signal_on_every_other_prompt_and_the_rest_is_the_examples(tmp_path):
+    from bench.no_signal import REWARD_FUNCTION, SIGNAL_COLUMN, reward, write_prompts
+    from grpo_trainer.learner.rewards import letter_a_fraction, load_rewards
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(f'{{"prompt": "say {word}"}}\n' for word in ("apple", "banana", "cat", "dog")))
+    assert write_prompts(source, tmp_path / "out.jsonl") == 0.5
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row[SIGNAL_COLUMN] for row in rows] == [False, True, False, True] and rows[1]["prompt"] == "say banana"
+    completions = ["aaa", "abc", "xyz"]
+    assert reward(completions, signal=[False] * 3) == [0.0, 0.0, 0.0]  # every completion alike: no signal
+    assert reward(completions, signal=[True] * 3) == letter_a_fraction(completions)
+    config = e2e_vs_trl.row_config(tmp_path / "row", RowKind(no_signal=True), epochs=1)
+    assert config.dataset.path == str(tmp_path / "row" / "no-signal-prompts.jsonl")
+    assert [r.function for r in config.rewards] == [REWARD_FUNCTION]
+    assert load_rewards(config.rewards)[0](completions=completions, signal=[False] * 3) == [0.0, 0.0, 0.0]
+
+
 def test_a_ratio_without_a_figure_is_nan_not_an_error():
     ours = RunFigures("ours", 10.0, 3, 6, 48, 1.0, None)
     ratios = pair_ratios(ours, RunFigures("trl", 0.0, 0, 0, 0, 0.0, None))
@@ -124,22 +158,25 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     trl = figures("trl", 20.0, 20, 300, 40.0)
     pairs = [Pair(figures("ours", wall, 20, 150, 40.0, dropped, dropped - 1), trl, index % 2 == 0)
              for index, (wall, dropped) in enumerate([(10.0, 4), (20.0, 6), (40.0, 8)])]
-    rows = [RowResult("learner-bound", None, pairs, 1.5, 2.5, 300.0),
-            RowResult("generation-bound", 2, pairs[:1], 3.0, 4.0, 250.0)]
+    rows = [RowResult("learner-bound", RowKind(), pairs, 1.5, 2.5, 300.0),
+            RowResult("generation-bound", RowKind(2), pairs[:1], 3.0, 4.0, 250.0)]
     text = render(rows, epochs=6, groups_total=96, generations=8, max_completion_length=16, cores=2)
     ratio_table = text.split("Ratios ours / TRL")[1].split("Each side's")[0]
     # groups per s 2, 1, 0.5; samples 1, 0.5, 0.25; with drops (150 + 32|48|64) / wall / 15: 1.21, 0.66, 0.36
     # CPU per sample trained: ours 40 CPU s for 150 samples, TRL for 300: twice TRL's.
-    assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.66 (0.36–1.21) "
-            "| 1.00 | 2.00 |") in ratio_table
-    assert ("| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.21 | 1.00 | 2.00 |"
+    assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.50 (0.25–1.00) "
+            "| 0.66 (0.36–1.21) | 1.00 | 2.00 |") in ratio_table
+    assert ("| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.00 | 1.21 | 1.00 | 2.00 |"
             in ratio_table)
     sides = text.split("Each side's")[1].split("Where each side's")[0]
-    assert "| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) |" in sides
-    assert "| 2.00 | 266.67 | 6 (4–8) (5 (3–7)) |" in sides  # CPU per group and sample; drops, no-signal among them
-    assert "| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 10 % | 2.00 | 133.33 | — (trains all) |" in sides
+    assert ("| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) | 7.5 (3.8–15.0) "
+            "| 0 |") in sides
+    assert "| 2.000 | 266.67 | 6 (4–8) (5 (3–7)) |" in sides  # CPU per group and sample; drops, no-signal among them
+    assert ("| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 15.0 | 0 | 10 % | 2.000 | 133.33 | — (trains all) |"
+            in sides)
     per_pair = text.split("Per pair")[1]
-    assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |" in per_pair
+    assert ("| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |"
+            in per_pair)
     steps = text.split("Where each side's")[1].split("Per pair")[0]
     # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
     assert "| learner-bound | TRL | 10 | 0 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
@@ -164,7 +201,7 @@ def test_the_options_default_to_every_row():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
-                                                                                    "generation-bound"),
+                                                                                    "generation-bound", "no-signal"),
                                               "profile": None, "keep": None, "layout": SHARED}
 
 
@@ -213,7 +250,7 @@ def test_a_rows_server_starts_bound_to_its_layouts_cores_and_each_learner_runs_o
     monkeypatch.setattr(e2e_vs_trl, "traced_run", run)
     monkeypatch.setattr("tests.support.servers.vllm_server.restore_model_weights", lambda server, directory: None)
     own = Layout("own cores", frozenset({0}), frozenset({1}))
-    row, _, _ = run_row(tmp_path, "generation-bound", 2, RowPlan(pairs=2, epochs=1, layout=own))
+    row, _, _ = run_row(tmp_path, "generation-bound", RowKind(2), RowPlan(pairs=2, epochs=1, layout=own))
     assert events == [("bound", {0}), ("server",), ("unbound", {0}),
                       ("run", "ours", {1}), ("run", "trl", {1}), ("run", "trl", {1}), ("run", "ours", {1})]
     assert config.rollout.urls == ["http://127.0.0.1:1"] and len(row.pairs) == 2

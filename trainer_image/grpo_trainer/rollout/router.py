@@ -92,13 +92,13 @@ class ServerRouter:
         self._servers: dict[int, _Server] = {}
         self._routes = Routes(version=0)
         self._abandoned: set[asyncio.Task] = set()
-        self._watcher: asyncio.Task | None = None
+        self._watch: asyncio.TimerHandle | None = None
         self._waiting = 0
 
     async def post(self, session: aiohttp.ClientSession, path: str, payload: dict, timeout_s: float) -> dict:
         """POST `payload` to `path` on a server of the pool; its JSON answer (TRL's `_post` contract)."""
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.ensure_future(self._watch())
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().call_later(self.settings.check_interval_s, self._look)
         loading: set[int] = set()  # servers that refused this request while loading weights
         failed_before = False
         waiting_since = None
@@ -242,11 +242,12 @@ class ServerRouter:
             self._servers[best.slot].sent += 1
         return best
 
-    async def _watch(self) -> None:
-        """Reads the routes while no request is being routed, so that requests on a server given up on move at
-        once even when nothing new is sent."""
-        while True:
-            await asyncio.sleep(self.settings.check_interval_s)
-            if any(server.tasks for server in self._servers.values()):
-                self._refresh()
+    def _look(self) -> None:
+        """Reads the routes while requests are in flight, so that those on a server given up on move at once even
+        when nothing new is sent. A timer, not a task: the worker's loop may close with it pending."""
+        self._refresh()
+        if any(server.tasks for server in self._servers.values()):
+            self._watch = asyncio.get_running_loop().call_later(self.settings.check_interval_s, self._look)
+        else:
+            self._watch = None
 
