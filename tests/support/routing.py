@@ -54,11 +54,12 @@ class Routing:
     servers: ServerSet
     board: RouteBoard
     supervisor: RolloutSupervisor
+    model: str = "m"  # what the router's requests name
 
     def start_sending(self, count: int, window: int | None = None, *, timeout_s: float = 30.0,
                       wait_s: float = 60.0) -> Sending:
         command = [sys.executable, "-m", "tests.support.router_client", self.board.path, str(count),
-                   "--timeout", str(timeout_s), "--wait", str(wait_s)]
+                   "--model", self.model, "--timeout", str(timeout_s), "--wait", str(wait_s)]
         if window is not None:
             command += ["--window", str(window)]
         env = os.environ | {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'trainer_image'}"}
@@ -89,7 +90,7 @@ def routing(urls: list[str], *, admit=None, watch: RolloutUrlsWatch | None = Non
     board = RouteBoard.create()
     supervisor = RolloutSupervisor(servers, board, model, admit=admit, watch=watch, timings=timings).start()
     try:
-        yield Routing(servers, board, supervisor)
+        yield Routing(servers, board, supervisor, model)
     finally:
         supervisor.stop()
         board.close()

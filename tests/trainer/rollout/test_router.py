@@ -27,6 +27,7 @@ from grpo_trainer.contract.metrics import (
 )
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.contract.rollout_pod import (
+    LOADING_WEIGHTS,
     MIN_WEIGHT_VERSION_HEADER,
     SERVED_WEIGHT_VERSION_HEADER,
     WEIGHT_REFUSED_STATUS,
@@ -40,8 +41,9 @@ from tests.support.routing import FAST, routing
 
 
 class FakeServer:
-    """A vLLM-shaped server on its own loop thread; `mode` is "ok", "fail" (500 like a dead engine), "slow", or
-    "behind" (its weight-version gate refuses every request naming a version, as a restarted server's does)."""
+    """A vLLM-shaped server on its own loop thread; `mode` is "ok", "fail" (500 like a dead engine), "slow",
+    "behind" (its weight-version gate refuses every request naming a version, as a restarted server's does) or
+    "loading" (its gate refuses them while a weight load is under way)."""
 
     def __init__(self, name: str, mode: str = "ok"):
         self.name, self.mode, self.served, self.probes, self.refused = name, mode, 0, 0, 0
@@ -67,10 +69,11 @@ class FakeServer:
     async def _complete(self, request: web.Request) -> web.Response:
         if self.mode == "fail":
             return web.json_response({"error": "EngineCore encountered an issue"}, status=500)
-        if self.mode == "behind" and MIN_WEIGHT_VERSION_HEADER in request.headers:
+        if self.mode in ("behind", "loading") and MIN_WEIGHT_VERSION_HEADER in request.headers:
             self.refused += 1
-            return web.json_response({"error": "behind"}, status=WEIGHT_REFUSED_STATUS,
-                                     headers={SERVED_WEIGHT_VERSION_HEADER: "v0"})
+            held = "v0" if self.mode == "behind" else LOADING_WEIGHTS
+            return web.json_response({"error": self.mode}, status=WEIGHT_REFUSED_STATUS,
+                                     headers={SERVED_WEIGHT_VERSION_HEADER: held})
         await asyncio.sleep(0.05 if self.mode in ("ok", "behind") else 0.3)
         payload = await request.json()
         if payload.get("max_tokens") != 1:  # not the supervision's probe
@@ -147,6 +150,21 @@ def test_a_server_whose_gate_refuses_gets_no_more_and_is_admitted_again_before_i
     assert [status for status, _ in results] == [200] * 30 and {text for _, text in results} == {"a"}
     assert b.refused >= 1 and b.served == [text for _, text in later].count("b") > 0
     assert report[b.url].failures == b.refused and "holds weights v0" in report[b.url].last_error
+
+
+def test_while_every_server_loads_weights_requests_wait_and_no_server_is_taken_out(servers):
+    # A weight sync: the gate of each server refuses while it loads, then serves the version it loaded.
+    a, b = servers("a"), servers("b")
+    with routing([a.url, b.url]) as pool:
+        pool.wait_ready(2)
+        a.mode = b.mode = "loading"
+        sending = pool.start_sending(8)
+        pool.wait_for(lambda: a.refused >= 8 and b.refused >= 8, "the requests to be refused while loading")
+        a.mode = b.mode = "ok"
+        results = sending.result()
+        report = pool.report()
+    assert [status for status, _ in results] == [200] * 8
+    assert report[a.url].failures == report[b.url].failures == 0 and report[a.url].ready and report[b.url].ready
 
 
 def test_with_no_ready_server_a_request_waits_and_is_served_once_one_is_admitted(servers):

@@ -66,9 +66,10 @@ def sync_model(transfer: FilesystemWeightTransfer, model: str) -> None:
     transfer.resume()
 
 
-def needs(url: str, version: str) -> requests.Response:
-    return requests.post(f"{url}/v1/completions", headers={MIN_WEIGHT_VERSION_HEADER: version}, timeout=60,
-                         json={"model": "unused", "prompt": [1, 2, 3], "max_tokens": 1})
+def needs(server, version: str) -> requests.Response:
+    """One completion from the real server, naming `version` as the least it must hold."""
+    return requests.post(f"{server.url}/v1/completions", headers={MIN_WEIGHT_VERSION_HEADER: version}, timeout=60,
+                         json={"model": server.model, "prompt": [1, 2, 3], "max_tokens": 1})
 
 
 def test_a_server_behind_the_pool_as_a_restarted_one_is_refuses_until_its_catch_up(vllm_server, scripted, tmp_path):
@@ -89,11 +90,11 @@ def test_a_server_behind_the_pool_as_a_restarted_one_is_refuses_until_its_catch_
         sync_model(transfer, vllm_server.model)
         version = f"v{transfer.version}"
         assert pool.servers.pool_version == transfer.version
-        assert needs(real, version).status_code == 200
+        assert needs(vllm_server, version).status_code == 200
         # What a restarted server holds: the model it loaded, vLLM's "default" version. The learner has not noticed
         # the restart; the router still routes to it.
         requests.post(f"{real}/update_weight_version", json={"new_version": "default"}, timeout=30).raise_for_status()
-        refused = needs(real, version)
+        refused = needs(vllm_server, version)
         assert refused.status_code == WEIGHT_REFUSED_STATUS and refused.headers[SERVED_WEIGHT_VERSION_HEADER] == "v0"
         served_before = pool.report()[real].samples
         results = pool.send(24, window=8)

@@ -36,6 +36,10 @@ _HEADER = struct.Struct("<QII")  # sequence number, length of the routes' JSON, 
 _ROUTES_AT = _HEADER.size
 
 
+class RouteBoardError(OSError):
+    """The board's file cannot be made or mapped (a full or missing /dev/shm or temporary folder)."""
+
+
 class Tally(IntEnum):
     """The router's counters per slot (float64 words)."""
 
@@ -113,12 +117,17 @@ class RouteBoard:
 
     @classmethod
     def create(cls) -> RouteBoard:
-        fd, path = tempfile.mkstemp(prefix="grpo-routes-", dir=board_directory())
+        directory = board_directory()
         try:
-            os.ftruncate(fd, SIZE)
-        finally:
-            os.close(fd)
-        return cls(path, owner=True)
+            fd, path = tempfile.mkstemp(prefix="grpo-routes-", dir=directory)
+            try:
+                os.ftruncate(fd, SIZE)
+            finally:
+                os.close(fd)
+            return cls(path, owner=True)
+        except OSError as error:
+            raise RouteBoardError(f"the rollout route board ({SIZE // 1024} KiB) cannot be made in {directory}: "
+                                  f"{error.strerror or error}") from error
 
     @classmethod
     def attach(cls, path: str) -> RouteBoard:

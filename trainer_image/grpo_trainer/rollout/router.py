@@ -49,8 +49,10 @@ NO_SERVER_WAIT_S = 300.0
 #: How often the routes are read again while a request waits, and while requests are in flight (a server given up
 #: on has its requests sent again within this).
 CHECK_INTERVAL_S = 0.2
-#: The pause before a request is sent again when every server in the pool was loading weights.
+#: The pause before a request is sent again when every server in the pool was loading weights: doubled each time, up
+#: to LOADING_RETRY_MAX_S, so that a long load is not met with a request every few milliseconds.
 LOADING_RETRY_S = 0.05
+LOADING_RETRY_MAX_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class ServerRouter:
         if self._watch is None:
             self._watch = asyncio.get_running_loop().call_later(self.settings.check_interval_s, self._look)
         loading: set[int] = set()  # servers that refused this request while loading weights
+        loading_retry_s = LOADING_RETRY_S
         failed_before = False
         waiting_since = None
         while True:
@@ -108,7 +111,8 @@ class ServerRouter:
             if route is None:
                 if loading:  # every server in the pool is loading weights: a sync is under way
                     loading.clear()
-                    await asyncio.sleep(LOADING_RETRY_S)
+                    await asyncio.sleep(loading_retry_s)
+                    loading_retry_s = min(2 * loading_retry_s, LOADING_RETRY_MAX_S)
                     continue
                 if waiting_since is None:
                     waiting_since = time.monotonic()
