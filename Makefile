@@ -65,7 +65,7 @@ $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
 	touch $@
 
-# The MLflow tracking server the tracking tests report to (tests/trainer/test_tracking_servers.py). Its own venv: the
+# The MLflow tracking server the tracking tests report to (tests/trainer/learner/test_tracking.py). Its own venv: the
 # full mlflow pins pyarrow<26, which the learner's datasets does not need downgraded.
 setup-mlflow: $(MLFLOW_VENV)/.installed
 $(MLFLOW_VENV)/.installed: Makefile | $(UV)

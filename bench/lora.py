@@ -56,7 +56,7 @@ def peft_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
     from grpo_trainer.contract.config import LoraConfig
-    from grpo_trainer.learner.main import peft_config
+    from grpo_trainer.learner.lora import peft_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     wrapped = get_peft_model(model, peft_config(LoraConfig(r=RANK)))
@@ -121,7 +121,7 @@ model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 if lora:
     from peft import get_peft_model
     from grpo_trainer.contract.config import LoraConfig
-    from grpo_trainer.learner.main import peft_config
+    from grpo_trainer.learner.lora import peft_config
     model = get_peft_model(model, peft_config(LoraConfig(r=rank)))
 def resident_mb():
     with open("/proc/self/statm") as f:

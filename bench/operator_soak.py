@@ -39,7 +39,7 @@ def serve_operator(api_url: str, progress_url: str, interval: float, metrics_por
     import kopf
     from kopf._cogs.structs.credentials import Vault
 
-    import grpo_operator.handlers  # noqa: F401
+    import grpo_operator.cluster.handlers  # noqa: F401
     from grpo_operator.cluster.reconcile import OperatorContext
 
     logging.basicConfig(level=logging.WARNING)

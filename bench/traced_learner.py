@@ -147,7 +147,8 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
 
     from grpo_trainer.__main__ import read_config
     from grpo_trainer.learner.cpu import enable_cpu_support
-    from grpo_trainer.learner.main import http_only_rollout_worker, load_prompts, trainer_arguments
+    from grpo_trainer.learner.datasets import load_prompts
+    from grpo_trainer.learner.main import http_only_rollout_worker, trainer_arguments
     from grpo_trainer.learner.rewards import load_rewards
     from grpo_trainer.rollout.weight_sync import TIED_EMBEDDING_ALIASES, FilesystemWeightTransfer
 

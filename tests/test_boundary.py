@@ -24,11 +24,11 @@ CONTRACT = "grpo_trainer.contract"
 #: Operator module -> the trainer modules outside the contract it imports, because it runs trainer code on purpose.
 TRAINER_CODE_IN_THE_OPERATOR = {
     # `grporun local`: user rewards, tools and environment factories imported before minutes of server start-up.
-    "grpo_operator.local.plan": {"grpo_trainer.learner.rewards", "grpo_trainer.tools"},
+    "grpo_operator.local.plan": {"grpo_trainer.learner.rewards", "grpo_trainer.agentic.tools"},
     # `grporun local`: a local rollout server's liveness, by the pod's own generation probe.
     "grpo_operator.local.rollout_restarts": {"grpo_trainer.server.health"},
     # `grporun export`: the learner's export, again, from a local run's checkpoint.
-    "grpo_operator.cli.export_command": {"grpo_trainer.reexport", "grpo_trainer.model_export"},
+    "grpo_operator.cli.export_command": {"grpo_trainer.storage.reexport", "grpo_trainer.storage.model_export"},
 }
 #: What the contract may import besides the standard library and itself.
 CONTRACT_DEPENDENCIES = {"pydantic"}
@@ -78,10 +78,11 @@ def test_the_operator_imports_the_trainer_package_through_its_contract_only():
 
 
 @pytest.mark.parametrize(("source", "module"), [
-    ("from grpo_trainer.launch import learner_argv", "grpo_trainer.launch"),
+    ("from grpo_trainer.learner.gang import gang_exit_code", "grpo_trainer.learner.gang"),
     ("import grpo_trainer.server.main", "grpo_trainer.server.main"),
     ("from grpo_trainer.learner import rewards", "grpo_trainer.learner.rewards"),
-    ("def f():\n    from grpo_trainer.store_uri import parse_uri\n", "grpo_trainer.store_uri"),
+    ("def f():\n    from grpo_trainer.storage.object_store import upload_folder\n",
+     "grpo_trainer.storage.object_store"),
 ])
 def test_an_import_around_the_contract_is_found(source, module):
     assert trainer_imports(source) == [module]
@@ -176,6 +177,33 @@ def package_cycles(package: Path) -> list[list[str]]:
 
 def test_the_operator_package_has_no_import_cycle():
     assert package_cycles(OPERATOR) == []
+
+
+def _operator_graph() -> dict[str, set[str]]:
+    paths, packages = _modules(OPERATOR)
+    return import_graph({name: path.read_text() for name, path in paths.items()}, packages)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_command_line_is_imported_by_itself_alone():
+    """cli/ is the outermost layer: the core and the adapters (local/, cluster/) do not import it (what they share
+    with it, the exit codes, is at the package root)."""
+    inward = sorted(f"{name} -> {dep}" for name, deps in _operator_graph().items()
+                    if not _within(name, "grpo_operator.cli") for dep in deps if _within(dep, "grpo_operator.cli"))
+    assert inward == []
+
+
+@pytest.mark.parametrize("adapter", ["grpo_operator.cluster", "grpo_operator.local"])
+def test_an_adapter_is_imported_by_the_command_line_alone(adapter):
+    """The core (status/, the builders, the engine) imports neither adapter, and the adapters not each other: only
+    the command line, which wires them, does."""
+    outside = sorted(f"{name} -> {dep}" for name, deps in _operator_graph().items()
+                     if not _within(name, adapter) and not _within(name, "grpo_operator.cli")
+                     for dep in deps if _within(dep, adapter))
+    assert outside == []
 
 
 def test_the_trainer_package_has_no_import_cycle():

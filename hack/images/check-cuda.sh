@@ -12,7 +12,7 @@
 #   Usage: hack/images/check-cuda.sh     (root, as build.sh; TORCH_INDEX_URL, VLLM_WHEEL: build.sh's)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-ATTENTION_MODULE=grpo_trainer.attention
+ATTENTION_MODULE=grpo_trainer.learner.attention
 
 read -r reference _ < <("$here/build.sh" trainer-cuda | tail -n 1)
 mapfile -t podman_flags < <("$here/build.sh" --podman-flags)
@@ -31,7 +31,7 @@ versions='import importlib.metadata as m, sys; print(sys.argv[1], *(f"{n} {m.ver
 run --entrypoint /opt/learner/bin/python "$reference" -c "import vllm, kernels, trl; $versions" \
   "check-cuda: ok: learner venv: import vllm, kernels" vllm kernels trl torch \
   || { echo "check-cuda: FAILED: the learner venv cannot import vllm or kernels" >&2; exit 1; }
-run --entrypoint /opt/rollout/bin/python "$reference" -c "import vllm, grpo_trainer.rollout; $versions" \
+run --entrypoint /opt/rollout/bin/python "$reference" -c "import vllm, grpo_trainer.server.main; $versions" \
   "check-cuda: ok: rollout venv: import vllm" vllm transformers \
   || { echo "check-cuda: FAILED: the rollout venv cannot import vllm" >&2; exit 1; }
 

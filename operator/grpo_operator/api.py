@@ -668,3 +668,8 @@ class GRPORunStatus(_StatusModel):
 
 def parse_status(status: dict[str, Any] | None) -> GRPORunStatus:
     return GRPORunStatus.model_validate(status or {})
+
+
+def dump_status(status: GRPORunStatus) -> dict[str, Any]:
+    """A status as the API server stores it (camelCase, unset fields left out): parse_status's inverse."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -387,7 +387,7 @@ def inputs_secret_env(inputs: InputsSpec | None) -> list[dict[str, Any]]:
     """The inputs' credentials on every learner and rollout pod: spec.inputs.credentialsSecret's keys under their
     GRPO_INPUTS_ names (learner rank 0 may hold spec.output's under the plain ones), the hub token as HF_TOKEN.
     Optional references: a missing Secret or key is the pod's one-line exit 78 naming the field
-    (grpo_trainer.inputs), not a pod that never starts."""
+    (grpo_trainer.storage.inputs), not a pod that never starts."""
     if inputs is None:
         return []
     env: list[dict[str, Any]] = []

@@ -1,8 +1,8 @@
 """Spec -> the learner's resolved run config: what the operator renders into the ConfigMap and `grporun local`
 writes to disk. Pure; the caller supplies what only it knows (server addresses, paths inside the pods).
 
-Built-in reward names are not checked here: the registry lives with the learner (grpo_trainer.learner.rewards), which
-imports torch, and the learner exits with EXIT_INVALID_CONFIG naming the reward.
+Built-in reward names are not checked here: `api.check_reward_names` checks them against the contract's list
+(grpo_trainer.contract.config.BUILTIN_REWARD_NAMES) with the spec.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ operator metrics endpoint, evaluates the chart's alert rules on what it scraped,
 series through its HTTP API.
 
 - Learner: grpo_trainer.learner.exporter.ProgressServer serving a real ProgressReport set to a stalled state.
-- Operator: the real grpo_operator.operator_metrics.OperatorMetrics fed a stalled run's status (the shape the
+- Operator: the real grpo_operator.cluster.operator_metrics.OperatorMetrics fed a stalled run's status (the shape the
   operator writes), served by prometheus_client's HTTP server as OperatorMetrics.serve does (started here directly
   so the test can stop it). The scrape job name mirrors the ServiceMonitor's, which GRPOOperatorDown matches.
 - The learner job attaches namespace/run as static labels, as the chart's PodMonitor relabeling does.
@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import start_http_server
 
 from grpo_operator import metric_names as op
-from grpo_operator.operator_metrics import OperatorMetrics
+from grpo_operator.cluster.operator_metrics import OperatorMetrics
 from grpo_trainer.contract.codes import LearnerPhase
 from grpo_trainer.contract.metrics import (
     METRIC_GROUPS_DROPPED,

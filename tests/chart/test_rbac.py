@@ -5,7 +5,7 @@ patched to count a repeat), plus what kopf 1.45.2 does on its own, read from its
 list+watch to notice CRD changes, and namespaces list+watch only when it watches named namespaces
 (kopf/_core/reactor/observation.py).
 `grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects; it elects a leader on one
-coordination.k8s.io Lease in the release namespace (grpo_operator.leader).
+coordination.k8s.io Lease in the release namespace (grpo_operator.cluster.leader).
 """
 
 from __future__ import annotations

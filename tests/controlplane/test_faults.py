@@ -29,6 +29,7 @@ from tests.operator.test_faults import (  # noqa: F401 (collected here again, ag
     test_a_quota_error_on_create_is_retried_and_shown_not_fatal,
     test_a_report_status_cannot_hold_is_shown_as_unknown_and_the_next_good_one_is_written,
     test_a_run_recreated_under_the_same_name_does_not_adopt_the_old_runs_pods,
+    test_a_run_that_fails_as_invalid_spec_writes_its_status_once_per_pass,
     test_a_spec_edited_while_suspended_is_applied_whole_on_resume,
     test_a_terminating_pod_is_recreated_once_it_is_gone,
     test_an_event_that_comes_again_is_counted_on_one_object,

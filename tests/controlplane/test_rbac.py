@@ -100,14 +100,14 @@ def test_the_operator_account_may_hold_only_its_own_lease_in_the_release_namespa
 
 
 def test_leader_election_with_the_operators_own_token_on_the_real_api_server(control_plane, operator_account):
-    """grpo_operator.leader against kube-apiserver: the Lease it writes validates (MicroTime, holder), a second
+    """grpo_operator.cluster.leader against kube-apiserver: the Lease it writes validates (MicroTime, holder), a second
     candidate is refused while the first renews, and takes over after the first releases."""
     import asyncio
     import logging
 
     import kopf
 
-    from grpo_operator.leader import LeaderElector, LeaseClient, LeaseTimings
+    from grpo_operator.cluster.leader import LeaderElector, LeaseClient, LeaseTimings
 
     timings = LeaseTimings(lease_duration=3, renew_deadline=2, retry_period=0.3)
     logger = logging.getLogger("test.leader")

@@ -47,6 +47,44 @@ def test_the_module_map_names_no_module_that_is_gone():
     assert not gone, f"docs/architecture.md names modules that do not exist: {', '.join(sorted(gone))}"
 
 
+TRAINER = REPO / "trainer_image" / "grpo_trainer"
+SECTION = re.compile(r"^### .*\(`(trainer_image/grpo_trainer/(?:\w+/)?)`\)$")
+
+
+def _map_sections() -> dict[str, set[str]]:
+    """The trainer's part of the module map: the folder each `### ... (`folder/`)` heading names -> the modules its
+    table lists."""
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in ARCHITECTURE.read_text().splitlines():
+        if line.startswith("#"):
+            match = SECTION.match(line)
+            current = match[1] if match else None
+            if current is not None:
+                sections[current] = set()
+        elif current is not None and (row := re.match(r"\| `(grpo_trainer(?:\.\w+)*)` \|", line)):
+            sections[current].add(row[1])
+    return sections
+
+
+def _room_folder(module: str) -> str:
+    """The folder of the room a trainer module sits in: its subpackage of grpo_trainer, or the package itself."""
+    room = module.split(".")[1]
+    return f"trainer_image/grpo_trainer/{room}/" if (TRAINER / room / "__init__.py").is_file() else \
+        "trainer_image/grpo_trainer/"
+
+
+def test_the_module_map_has_a_section_per_room_listing_its_modules():
+    """One section per room of the trainer (a subpackage of grpo_trainer, and the package's own top), each module in
+    the section of its room, and no section for a room that is gone."""
+    sections = _map_sections()
+    rooms = {f"trainer_image/grpo_trainer/{path.parent.name}/" for path in TRAINER.glob("*/__init__.py")}
+    assert set(sections) == rooms | {"trainer_image/grpo_trainer/"}
+    misplaced = [module for module in python_modules() if module.startswith("grpo_trainer.")
+                 and module not in sections[_room_folder(module)]]
+    assert not misplaced, f"docs/architecture.md lists these outside their room's section: {', '.join(misplaced)}"
+
+
 @pytest.mark.parametrize("path", _tracked(*CHECKED))
 def test_nothing_points_outside_the_repository(path):
     text = (REPO / path).read_text(errors="replace")
@@ -167,7 +205,7 @@ def test_a_fact_lives_in_its_own_page_only(fact):
 
 
 def test_the_cli_page_shows_the_exit_codes_the_code_uses():
-    from grpo_operator.cli.exit_codes import MEANINGS, ExitCode
+    from grpo_operator.exit_codes import MEANINGS, ExitCode
 
     rows = re.findall(r"^\| `(\d+)` \| (.+) \|$", (REPO / "docs" / "cli.md").read_text(), re.M)
     assert rows == [(str(int(code)), MEANINGS[code]) for code in ExitCode]

@@ -18,7 +18,7 @@ import pytest
 from grpo_operator import engine
 from grpo_operator import status as st
 from grpo_operator.api import parse_spec
-from grpo_operator.engine import ACTIONS, Observed, run_pass
+from grpo_operator.engine import ACTIONS, QUEUE_ACTIONS, NoQueue, Observed, QueuedRunPort, run_pass
 from grpo_operator.run_ref import RunRef
 from tests.support.paths import REPO
 from tests.support.specs import minimal_spec
@@ -35,27 +35,28 @@ class RecordingPort:
         self.seen, self.written, self.status = seen, written, status
         self.calls: list[tuple] = []
 
-    async def observe(self) -> Observed:
+    async def observe(self) -> Observed[str]:
         self.calls.append(("observe",))
-        return Observed(self.spec, self.status, self.seen)
+        return Observed(self.spec, self.status, self.seen, "what this pass read")
 
-    async def write(self, decision: st.Decision) -> bool:
+    async def write(self, observed: Observed[str], decision: st.Decision) -> bool:
+        assert observed.state == "what this pass read"
         self.calls.append(("write", decision.status["phase"]))
         return self.written
 
-    async def configure_rollout(self, replicas: int) -> None:
+    async def configure_rollout(self, observed: Observed[str], replicas: int) -> None:
         self.calls.append(("configure_rollout", replicas))
 
-    async def create_children(self, status: dict[str, Any]) -> None:
+    async def create_children(self, observed: Observed[str], status: dict[str, Any]) -> None:
         self.calls.append(("create_children", status["phase"]))
 
-    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
+    async def delete_pods(self, observed: Observed[str], pods: tuple[str, ...], reason: str) -> None:
         self.calls.append(("delete_pods", pods, reason))
 
-    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
+    async def recreate_pods(self, observed: Observed[str], pods: tuple[str, ...]) -> None:
         self.calls.append(("recreate_pods", pods))
 
-    async def delete_run(self) -> None:
+    async def delete_run(self, observed: Observed[str]) -> None:
         self.calls.append(("delete_run",))
 
 
@@ -64,8 +65,9 @@ RUN = RunRef("tiny", "default", uid="u1")
 
 def test_a_pass_observes_derives_writes_then_acts_on_what_it_wrote():
     port = RecordingPort(st.Observation([], None, NOW, children_exist=False))
-    decision = asyncio.run(run_pass(RUN, port))
-    assert decision is not None and decision.actions == [st.CreateChildren()]
+    outcome = asyncio.run(run_pass(RUN, port))
+    assert outcome is not None and outcome.decision.actions == [st.CreateChildren()]
+    assert outcome.observed.state == "what this pass read"
     assert port.calls == [("observe",), ("write", "Pending"), ("create_children", "Pending")]
 
 
@@ -86,10 +88,43 @@ def test_a_scale_down_configures_the_rollout_before_it_deletes_a_drained_server(
     assert port.calls[2:] == [("configure_rollout", 1), ("delete_pods", ("tiny-rollout-1",), "drained")]
 
 
+class QueuedRecordingPort(RecordingPort):
+    """A port with Kueue admission (engine.QueuedRunPort)."""
+
+    async def create_workload(self, observed: Observed[str]) -> None:
+        self.calls.append(("create_workload",))
+
+    async def release_quota(self, observed: Observed[str]) -> None:
+        self.calls.append(("release_quota",))
+
+    async def resize_workload(self, observed: Observed[str]) -> None:
+        self.calls.append(("resize_workload",))
+
+    async def finish_workload(self, observed: Observed[str], status: dict[str, Any]) -> None:
+        self.calls.append(("finish_workload", status["phase"]))
+
+
+def test_a_queued_runs_workload_actions_go_to_a_port_with_kueue_admission():
+    waiting = ("WaitingForAdmission", "waiting for Kueue to admit the run (LocalQueue q)")
+    seen = st.Observation([], None, NOW, hold=waiting, workload=st.WorkloadObservation(exists=False))
+    port = QueuedRecordingPort(seen)
+    assert isinstance(port, QueuedRunPort) and not isinstance(RecordingPort(seen), QueuedRunPort)
+    asyncio.run(run_pass(RUN, port))
+    assert port.calls == [("observe",), ("write", "Suspended"), ("create_workload",)]
+
+
+def test_a_workload_action_decided_for_a_port_without_kueue_is_an_error_before_anything_is_written():
+    seen = st.Observation([], None, NOW, spec_error="spec.x: bad", workload=st.WorkloadObservation(exists=True))
+    port = RecordingPort(seen)
+    with pytest.raises(NoQueue, match="RecordingPort has no Kueue admission, but the pass decided FinishWorkload"):
+        asyncio.run(run_pass(RUN, port))
+    assert port.calls == [("observe",)]
+
+
 @pytest.mark.parametrize("action", [cls for cls in vars(st).values()
                                     if isinstance(cls, type) and issubclass(cls, st.Action) and cls is not st.Action])
-def test_every_action_the_derivation_can_return_has_a_port_method(action):
-    assert action in ACTIONS
+def test_every_action_the_derivation_can_return_has_one_port_method(action):
+    assert (action in ACTIONS) != (action in QUEUE_ACTIONS)
 
 
 def _calls(path: Path, name: str) -> int:

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from grpo_operator.api import KIND
+from grpo_operator.cluster.kube import Kube
+from grpo_operator.cluster.reconcile import ClusterRun
 from tests.support.specs import MULTI_RANK_ROLLOUT, grporun, minimal_spec
 
 pytestmark = pytest.mark.slow
@@ -183,6 +186,48 @@ def test_an_invalid_child_fails_the_run_and_removes_the_pods_already_created(clu
     assert cluster.condition("bad", "Failed")["reason"] == "InvalidSpec"
     assert cluster.pods_ever_created("bad") == ["bad-rollout-0"]
     cluster.wait_for(lambda: cluster.pods("bad") == [], what="the rollout pod removed with the failed run")
+
+
+def _status_writes_by_pass(monkeypatch, runs: set[str]) -> dict[str, list[list[str | None]]]:
+    """Run -> for each of its passes, the phase of each status write the operator made in it (None: a write that
+    leaves the phase as it was). A pass begins with its observe (ClusterRun.observe, once per pass); a write belongs
+    to the pass in flight (one run's passes never overlap)."""
+    passes: dict[str, list[list[str | None]]] = {run: [] for run in runs}
+    observe, patch_status = ClusterRun.observe, Kube.patch_status
+
+    async def observing(port: ClusterRun):
+        if port.run.name in passes:
+            passes[port.run.name].append([])
+        return await observe(port)
+
+    async def patching(kube: Kube, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]):
+        if kind == KIND and name in passes:
+            passes[name][-1].append(patch.get("phase"))
+        return await patch_status(kube, api_version, kind, namespace, name, patch)
+
+    monkeypatch.setattr(ClusterRun, "observe", observing)
+    monkeypatch.setattr(Kube, "patch_status", patching)
+    return passes
+
+
+def test_a_run_that_fails_as_invalid_spec_writes_its_status_once_per_pass(cluster, monkeypatch):
+    """InvalidSpec is decided by the state machine like any other end: a pass writes the status once, then acts. A
+    child the API server refuses (an action that fails) ends the run on the next pass, with the pods the refused
+    pass had created deleted; a spec the operator cannot run ends it on the pass that reads it."""
+    writes = _status_writes_by_pass(monkeypatch, {"refused", "unrunnable"})
+    cluster.refuse_pod("refused-learner-0", 'Pod "refused-learner-0" is invalid: spec.tolerations[0].effect: bad')
+    cluster.apply(grporun("refused", minimal_spec()))
+    cluster.apply(grporun("unrunnable", minimal_spec(rewards=[{"name": "nope"}])))
+    for run in ("refused", "unrunnable"):
+        cluster.wait_phase(run, "Failed")
+        assert cluster.condition(run, "Failed")["reason"] == "InvalidSpec"
+    cluster.wait_for(lambda: cluster.pods("refused") == [], what="the refused run's rollout pod deleted")
+    cluster.wait_idle("refused")
+    cluster.wait_idle("unrunnable")
+    for run, passes in writes.items():
+        assert [pass_ for pass_ in passes if len(pass_) > 1] == [], (run, passes)
+        assert [phase for pass_ in passes for phase in pass_ if phase is not None][-1] == "Failed", (run, passes)
+    assert [phase for pass_ in writes["refused"] for phase in pass_ if phase] == ["Pending", "Failed"]
 
 
 def test_a_pod_security_refusal_fails_the_run_at_once_with_the_policys_message(cluster):

@@ -1,11 +1,11 @@
-"""grpo_operator.handlers: kopf's settings (our prefixes, short timeouts)."""
+"""grpo_operator.cluster.handlers: kopf's settings (our prefixes, short timeouts)."""
 
 from __future__ import annotations
 
 import kopf
 
 from grpo_operator.api import FINALIZER
-from grpo_operator.handlers import configure_settings
+from grpo_operator.cluster.handlers import configure_settings
 
 
 def test_kopf_settings_use_our_prefixes_and_short_timeouts():

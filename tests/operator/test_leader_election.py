@@ -1,5 +1,5 @@
-"""Leader election (grpo_operator.leader) against the API emulator's Lease, over real HTTP: one holder at a time, a
-standby takes over once the holder stops renewing, a clean exit hands the Lease over at once."""
+"""Leader election (grpo_operator.cluster.leader) against the API emulator's Lease, over real HTTP: one holder at a
+time, a standby takes over once the holder stops renewing, a clean exit hands the Lease over at once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import kopf
 import pytest
 
-from grpo_operator.leader import LeaderElector, LeadershipLost, LeaseClient, LeaseTimings
+from grpo_operator.cluster.leader import LeaderElector, LeadershipLost, LeaseClient, LeaseTimings
 from tests.support.emulator.kube_emulator import LEASES, EmulatorThread, KubeClient, KubeEmulator
 
 FAST = LeaseTimings(lease_duration=1.5, renew_deadline=1.0, retry_period=0.2)

@@ -1,4 +1,4 @@
-"""grpo_operator.operator_metrics: per-run series under the shared names, dropped when a run is deleted."""
+"""grpo_operator.cluster.operator_metrics: per-run series under the shared names, dropped when a run is deleted."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpo_operator import metric_names
-from grpo_operator.operator_metrics import OperatorMetrics
+from grpo_operator.cluster.operator_metrics import OperatorMetrics
 
 
 def test_metrics_use_the_shared_names_and_forget_a_deleted_run():

@@ -12,9 +12,9 @@ import yaml
 
 from grpo_operator import builders, cli
 from grpo_operator.api import SpecError, parse_spec
-from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.cli.render import PLACEHOLDER_UID, render
 from grpo_operator.cluster.kueue import QUEUE_LABEL
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.manifest import evaluate_rule, load_crd, load_manifest, rule_sites, with_defaults
 from grpo_operator.pod_overrides import OverrideError, PodTemplateOverride, apply_override, local_env_notes
 from grpo_operator.run_ref import RunRef

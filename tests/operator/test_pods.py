@@ -1,8 +1,8 @@
-"""grpo_operator.pods: a Pod object read into what the operator decides on and acts on."""
+"""grpo_operator.cluster.pods: a Pod object read into what the operator decides on and acts on."""
 
 from __future__ import annotations
 
-from grpo_operator.pods import observe_pod, pod_facts
+from grpo_operator.cluster.pods import observe_pod, pod_facts
 from grpo_operator.status import PodObservation
 
 

@@ -1,4 +1,4 @@
-"""grpo_operator.progress_poller: the learner's /progress URL and the async poll."""
+"""grpo_operator.cluster.progress_poller: the learner's /progress URL and the async poll."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import aiohttp
 import pytest
 
-from grpo_operator.progress_poller import MAX_REPORT_BYTES, pod_progress_url, poll_progress
+from grpo_operator.cluster.progress_poller import MAX_REPORT_BYTES, pod_progress_url, poll_progress
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport
 from grpo_trainer.learner.exporter import ProgressServer
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from grpo_operator.run_loops import RunLoops
+from grpo_operator.cluster.run_loops import RunLoops
 
 LOGGER = logging.getLogger(__name__)
 

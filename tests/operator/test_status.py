@@ -23,7 +23,6 @@ from grpo_operator.status import (
     PodObservation,
     RecreatePods,
     derive_status,
-    invalid_spec_status,
 )
 from grpo_trainer.contract.codes import (
     DROP_REASONS,
@@ -586,17 +585,3 @@ def test_an_unschedulable_pod_surfaces_its_reason():
     decision = step(spec, step(spec, {}, []).status, pods, now=at(5))
     assert decision.status["phase"] == "Pending"
     assert condition(decision.status, "Progressing")["reason"] == "Unschedulable"
-
-
-def test_invalid_spec_fails_naming_the_field_once():
-    decision = invalid_spec_status({}, ValueError("spec.training.epochs: input should be greater than 0"), T0,
-                                   generation=2)
-    status = decision.status
-    assert status_errors(status) == []
-    assert status["phase"] == "Failed" and status["observedGeneration"] == 2
-    assert condition(status, "Failed")["reason"] == "InvalidSpec"
-    assert condition(status, "Failed")["message"] == "spec.training.epochs: input should be greater than 0"
-    assert reasons(decision) == ["InvalidSpec"]
-    again = invalid_spec_status(status, ValueError("spec.training.epochs: input should be greater than 0"), at(9),
-                                generation=2)
-    assert again.events == [] and again.status == status

@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.startup:
             return startup_probe(args.port, args.timeout)
         return probe(config, args.port, args.timeout)
-    from .inputs import InputError, resolve
     from .server.main import main as rollout_main
     from .server.main import refuse
+    from .storage.inputs import InputError, resolve
 
     try:
         config = resolve(config, dataset=False)
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def export(config: RunConfig, checkpoint: str | None) -> int:
-    """The export alone (grpo_trainer.reexport): where the model went on stdout, else why not, in one line."""
-    from .model_export import ExportError
-    from .reexport import export_from_checkpoint
+    """The export alone (grpo_trainer.storage.reexport): where the model went on stdout, else why not, in one line."""
+    from .storage.model_export import ExportError
+    from .storage.reexport import export_from_checkpoint
 
     try:
         exported = export_from_checkpoint(config, checkpoint)
@@ -118,8 +118,8 @@ def export(config: RunConfig, checkpoint: str | None) -> int:
 def probe(config: RunConfig, port: int, timeout_s: float | None = None) -> int:
     """A one-token completion from the server on `port`: /health answers for a hung or engine-dead server too."""
     from .contract.rollout_pod import PROBE_TIMEOUT_S
-    from .inputs import local_path
     from .server.health import probe_generation
+    from .storage.inputs import local_path
 
     # The server serves the model under the name it loaded it from (an s3:// model: its place in the inputs cache).
     model = local_path(config.model, config)

@@ -80,7 +80,8 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["events"]
-  # core/v1 events (grpo_operator.events, never events.k8s.io ones); patch counts a repeat on the Event posted first.
+  # core/v1 events (grpo_operator.cluster.events, never events.k8s.io ones); patch counts a repeat on the Event
+  # posted first.
   verbs: ["create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module and is imported only when chosen, so `grporun validate` starts fast and
 `grporun operator` never imports what it does not run. Every command speaks the same way (cli/output.py) and exits
-with the same codes (cli/exit_codes.py).
+with the same codes (grpo_operator/exit_codes.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 import importlib.metadata
 import sys
 
-from .exit_codes import summary as exit_code_summary
+from ..exit_codes import summary as exit_code_summary
 
 DISTRIBUTION = "grpo-operator"
 

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .exit_codes import ExitCode
+from ..exit_codes import ExitCode
 
 EXAMPLES = """examples:
   grporun export runs/tiny                          # the newest complete checkpoint
@@ -30,8 +30,8 @@ def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from grpo_trainer.contract.config import load_run_config
-    from grpo_trainer.model_export import ExportError
-    from grpo_trainer.reexport import export_from_checkpoint, store_environ
+    from grpo_trainer.storage.model_export import ExportError
+    from grpo_trainer.storage.reexport import export_from_checkpoint, store_environ
 
     path = Path(args.run_dir) / "run.json"
     try:

@@ -11,8 +11,8 @@ from typing import Any
 
 from .. import metric_names
 from ..builders import TRAINER_IMAGE_ENV, default_trainer_image
-from ..leader import DEFAULT_LEASE_NAME, LeaseTimings
-from .exit_codes import ExitCode
+from ..cluster.leader import DEFAULT_LEASE_NAME, LeaseTimings
+from ..exit_codes import ExitCode
 from .output import problem
 
 EXAMPLES = """examples:
@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         return ExitCode.FAILED
     import kopf
 
-    from .. import handlers  # noqa: F401  (registers the handlers with kopf)
+    from ..cluster import handlers  # noqa: F401  (registers the handlers with kopf)
     from ..cluster.fit_check import GpuNodes
     from ..cluster.reconcile import OperatorContext
 
@@ -96,10 +96,10 @@ async def _lead(operator: Coroutine[Any, Any, None], args: argparse.Namespace, t
     """Wait for the Lease (answering the liveness probe meanwhile), then run kopf while renewing it."""
     import kopf
 
-    from ..leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
+    from ..cluster.leader import LeaderElector, LeadershipLost, LeaseClient, default_identity
     from .standby import standby_liveness
 
-    logger = logging.getLogger("grpo_operator.leader")
+    logger = logging.getLogger("grpo_operator.cluster.leader")
     settings = kopf.OperatorSettings()
     settings.networking.request_timeout = timings.renew_deadline / 2
     elector = LeaderElector(LeaseClient(args.lease_namespace, args.lease_name, settings, logger),

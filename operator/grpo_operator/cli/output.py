@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from ..exit_codes import ExitCode
 from ..manifest import ManifestError, ManifestInvalid
-from .exit_codes import ExitCode
 
 
 def problem(command: str, text: str) -> None:

@@ -12,9 +12,9 @@ import argparse
 import yaml
 
 from ..builders import TRAINER_IMAGE_ENV, build_children, default_trainer_image
+from ..exit_codes import ExitCode
 from ..manifest import ManifestError, read_grporun
 from ..run_ref import RunRef
-from .exit_codes import ExitCode
 from .output import manifest_problem
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"

@@ -16,10 +16,10 @@ import os
 import sys
 from typing import NamedTuple
 
+from ..exit_codes import ExitCode
 from ..fit import FitReport, ModelConfigError, check_spec_fit
 from ..manifest import GRPORun, ManifestError, cluster_warnings, read_grporun
 from ..model_config import HUB_ENDPOINT_ENV, HubAccess, read_model_config
-from .exit_codes import ExitCode
 from .output import manifest_lines, warning_line
 
 EXAMPLES = """examples:

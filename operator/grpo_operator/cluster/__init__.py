@@ -1,2 +1,6 @@
-"""The cluster adapter: one pass of a GRPORun against the Kubernetes API (reconcile.py, the engine's port there), the
-API client (kube.py) and Kueue's Workload (kueue.py). The kopf wiring that calls it is handlers.py."""
+"""The cluster adapter: everything only the operator in a cluster runs. The kopf wiring (handlers.py) feeds one task
+per run (run_loops.py) that runs the engine's pass through the cluster's port (reconcile.py: observe, write, act;
+children.py creates the run's objects), over the Kubernetes API client (kube.py), the pod index's reading of a Pod
+(pods.py), the learner's /progress (progress_poller.py), the run's Events (events.py), Kueue's Workload (kueue.py),
+the per-run metrics (operator_metrics.py) and leader election (leader.py). The pure core (status/, builders, the
+engine) imports nothing from here."""

@@ -264,11 +264,11 @@ class Gate:
     workload: dict[str, Any] | None = None  # as read this pass (what releasing or resizing it starts from)
 
 
-async def observe(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *,
+async def observe(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec | None, *,
                   create_error: str | None = None) -> tuple[Gate, WorkloadObservation]:
     """Read the run's Workload (one GET, no write): whether the run may have pods, and what status.admission needs
     to decide what to do with the Workload. `create_error`: why creating it failed last time (shown while it is
-    missing)."""
+    missing); `spec` None: the run's spec cannot be parsed (its Workload is only finished, never resized)."""
     workload = await kube.read(API_VERSION, WORKLOAD, run.namespace, workload_name(run.name))
     if workload is None:
         hold = hold_of(Admission("pending"), queue)
@@ -279,7 +279,8 @@ async def observe(kube: Kube, run: RunRef, queue: str, spec: GRPORunSpec, *,
     admitted = admitted_counts(workload) if admission.state == "admitted" else {}
     seen = WorkloadObservation(exists=True, reserved=admission.reserved, evicted=admission.state == "evicted",
                                finished=_is_true(workload, FINISHED),
-                               resizable=not admission.reserved and bool(resized_pod_sets(workload, spec)))
+                               resizable=spec is not None and not admission.reserved
+                               and resized_pod_sets(workload, spec))
     return Gate(hold_of(admission, queue), admission.flavors, admitted, workload), seen
 
 

@@ -3,7 +3,9 @@ index, its status written to the status subresource, its actions carried out on 
 
 The kopf handlers (handlers.py) call `reconcile_run` from one task per run (run_loops.py), so passes of one run
 never overlap and no lock is needed. Everything decided comes from status.derive_status; this module only reads the
-world (the pod index, the learner's /progress) and carries out the Decision.
+world (the pod index, the learner's /progress, the run config, the Kueue Workload) and carries out the Decision.
+What a pass read is one value (`ClusterPass`, in the engine's `Observed`) that its write and actions work from; what
+the operator keeps of a run between passes is its `RunMemory`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 import kopf
@@ -20,39 +22,19 @@ import kopf
 from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
-from ..api import (
-    API_VERSION,
-    FINISHED_PHASES,
-    KIND,
-    ROLE_LABEL,
-    GRPORunSpec,
-    Reason,
-    SpecError,
-    parse_status,
-    parse_stored_spec,
-)
+from ..api import API_VERSION, FINISHED_PHASES, KIND, GRPORunSpec, SpecError, parse_stored_spec
 from ..engine import Observed, run_pass
-from ..events import EventRecorder
-from ..operator_metrics import OperatorMetrics
-from ..pod_overrides import OverrideError
-from ..pods import PodFacts
-from ..progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
-from ..run_loops import RunLoops
 from ..run_ref import RunRef
-from ..status import (
-    Decision,
-    Event,
-    Observation,
-    PodObservation,
-    admission,
-    invalid_spec_status,
-    scaling,
-    urgency,
-)
-from ..status.children import child_patch
+from ..status import CreateRejection, Decision, Observation, PodObservation, admission, scaling, urgency
 from . import kueue
+from .children import ChildRejected, Children, ChildrenMemory
+from .events import EventRecorder
 from .fit_check import GpuNodes, ModelConfigs, check_run
-from .kube import PERMANENT_REJECTIONS, APIClientError, Kube, merge_patch_between
+from .kube import Kube, merge_patch_between
+from .operator_metrics import OperatorMetrics
+from .pods import PodFacts
+from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
+from .run_loops import RunLoops
 
 Logger = logging.Logger | logging.LoggerAdapter
 
@@ -62,26 +44,51 @@ def _utc_now() -> datetime.datetime:
 
 
 @dataclasses.dataclass
+class StatusMemory:
+    """The run's status as this process last derived and wrote it."""
+
+    derived: dict[str, Any] | None = None  # the last pass's status (fresher than a lagging watch)
+    written: dict[str, Any] | None = None  # what it last wrote: progress-only changes wait for the interval
+    written_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass
+class ProgressMemory:
+    """The last reads of the running learner's /progress."""
+
+    failures: int = 0  # consecutive passes it could not be read
+    error: str | None = None
+    invalid: bool = False  # the last answer was a report that breaks the contract
+
+
+@dataclasses.dataclass
+class SpecMemory:
+    """What the operator found wrong with the run's spec (the state machine fails the run as InvalidSpec for it)."""
+
+    warned_unknown_fields: bool = False
+    fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
+    fit_error: str | None = None  # what the fit check found past the GPU's memory
+    rejection: CreateRejection | None = None  # an object of the run the API server refused as invalid
+
+
+@dataclasses.dataclass
+class WorkloadMemory:
+    """The run's Kueue Workload, as the operator last acted on it."""
+
+    finished: bool = False  # marked Finished
+    create_error: str | None = None  # why creating it failed last time (retried)
+
+
+@dataclasses.dataclass
 class RunMemory:
     """What the operator remembers about a run between passes (lost on restart, by design: nothing here is
     needed for correctness after a restart, only to avoid redundant work and stale reads)."""
 
-    last_status: dict[str, Any] | None = None  # the status this process last derived (fresher than a lagging watch)
-    written_status: dict[str, Any] | None = None  # what it last wrote: progress-only changes wait for the interval
-    written_at: datetime.datetime | None = None
-    deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
-    children_created: bool = False
-    kueue_finished: bool = False  # the run's Kueue Workload is marked Finished
-    workload_error: str | None = None  # why creating the run's Kueue Workload failed last time (retried)
-    progress_failures: int = 0  # consecutive passes the running learner's /progress could not be read
-    progress_error: str | None = None
-    progress_invalid: bool = False  # the last answer was a report that breaks the contract
-    create_error: str | None = None  # why creating children failed last time (transient; retried with backoff)
-    create_failures: int = 0
-    create_retry_at: datetime.datetime | None = None
-    warned_unknown_fields: bool = False
-    fit_checked: bool = False  # the fit check ran for this run's pods-to-be (once per operator process)
-    rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
+    status: StatusMemory = dataclasses.field(default_factory=StatusMemory)
+    children: ChildrenMemory = dataclasses.field(default_factory=ChildrenMemory)
+    progress: ProgressMemory = dataclasses.field(default_factory=ProgressMemory)
+    spec: SpecMemory = dataclasses.field(default_factory=SpecMemory)
+    workload: WorkloadMemory = dataclasses.field(default_factory=WorkloadMemory)
 
 
 @dataclasses.dataclass
@@ -109,26 +116,6 @@ class OperatorContext:
 
 #: Consecutive unreadable polls before the run's progress counts as unknown (one slow answer is not an outage).
 PROGRESS_UNKNOWN_AFTER = 3
-#: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
-CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-#: PodSecurity admission answers 403 Forbidden, as quota does, but only a different pod (or namespace label) passes
-#: it; its message is the one sign that tells the two apart (`pods "x" is forbidden: violates PodSecurity ...`).
-POD_SECURITY_REFUSAL = "violates PodSecurity"
-
-
-def _permanent(error: APIClientError) -> bool:
-    """A refusal that the same object would meet again: invalid (400, 422), or against the namespace's PodSecurity
-    level. Anything else (quota, throttling, conflicts, the server's own errors) may pass on a later try."""
-    return error.status in PERMANENT_REJECTIONS or (
-        error.status == 403 and POD_SECURITY_REFUSAL in str(error.message or ""))
-
-
-class ChildRejected(Exception):
-    """The API server refused a child object as invalid: its fields come from the spec (volumes, resources)."""
-
-    def __init__(self, message: str, created_pods: list[str]):
-        super().__init__(message)
-        self.created_pods = created_pods  # pods this pass created before the refusal (not in the index yet)
 
 
 async def reconcile_run(context: OperatorContext, body: kopf.Body,
@@ -136,348 +123,209 @@ async def reconcile_run(context: OperatorContext, body: kopf.Body,
     """One pass (engine.run_pass through a ClusterRun). Returns False when the run needs no more passes until its
     spec changes (finished, cleaned up, no TTL pending)."""
     port = ClusterRun(context, body, indexed_pods, logger)
-    try:
-        decision = await run_pass(port.run, port)
-    except ChildRejected as error:
-        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger,
-                                created_pods=error.created_pods)
-    except kueue.WorkloadRejected as error:
-        await _fail_permanently(context, port.kube, body, port.written.status, error, port.live, logger)
-    if decision is None:
+    outcome = await run_pass(port.run, port)
+    if outcome is None:
         return False  # the run is gone
-    spec = port.spec
-    context.metrics.observe_run(port.run.namespace, port.run.name, spec.model, spec.progress.progress_deadline_seconds,
-                                decision.status, rollout_wanted=spec.rollout.replicas)
-    finished = decision.status.get("phase") in {p.value for p in FINISHED_PHASES}
-    return not (finished and not decision.actions and spec.run_policy.ttl_seconds_after_finished is None)
+    spec, status = outcome.observed.spec, outcome.decision.status
+    if spec is not None:
+        context.metrics.observe_run(port.run.namespace, port.run.name, spec.model,
+                                    spec.progress.progress_deadline_seconds, status,
+                                    rollout_wanted=spec.rollout.replicas)
+    finished = status.get("phase") in {p.value for p in FINISHED_PHASES}
+    ttl = spec.run_policy.ttl_seconds_after_finished if spec is not None else None
+    return not (finished and not outcome.decision.actions and ttl is None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPass:
+    """What one pass read of a GRPORun besides its Observation: what the pass's write and actions work from."""
+
+    #: The uids of the run's pods not being deleted, by name (a pod deleted is remembered until the index drops it).
+    pod_uids: Mapping[str, str]
+    #: Every pod name the run holds, those being deleted included (their names are not free yet).
+    present: frozenset[str]
+    #: The spec as written (the Observed's is as run: within what Kueue admitted): what the Workload is created and
+    #: resized to. None when it cannot be parsed.
+    asked: GRPORunSpec | None = None
+    queue: str | None = None  # the Kueue LocalQueue the run names
+    gate: kueue.Gate | None = None  # Kueue's admission of a run that may have pods
+    workload: dict[str, Any] | None = None  # the run's Workload as read
 
 
 class ClusterRun:
-    """The engine's port for one pass of a GRPORun in the cluster: observes the pod index, the learner's /progress,
-    the run config and Kueue's admission; writes the status subresource; acts through the API server. One is made
-    per pass: what it observed is what its actions use."""
+    """The engine's port (a RunPort, and a QueuedRunPort) for one pass of a GRPORun in the cluster: observes the pod
+    index, the learner's /progress, the run config and Kueue's admission; writes the status subresource; acts
+    through the API server. One is made per pass, with its collaborators; what it observed is a value
+    (Observed[ClusterPass]) the engine hands to its write and actions."""
 
     def __init__(self, context: OperatorContext, body: kopf.Body,
                  indexed_pods: list[tuple[PodObservation, PodFacts]], logger: Logger):
         self.context, self.body, self.logger = context, body, logger
+        self.indexed_pods = indexed_pods
         self.run = RunRef.of(body.get("metadata", {}))
         self.memory = context.memory(self.run.uid)
         self.kube = Kube(context.settings, logger)
-        self.indexed_pods = indexed_pods
-        self.base_status: dict[str, Any] = {}
-        self.live: list[tuple[PodObservation, PodFacts]] = []
-        self.present: set[str] = set()
-        self.spec: GRPORunSpec  # as run: within what Kueue admitted, a refused scale at the count in effect
-        self.asked: GRPORunSpec  # as written: what the run's Workload is created and resized to
-        self.queue: str | None = None
-        self.gate: kueue.Gate | None = None
-        self.workload: dict[str, Any] | None = None  # the Workload as read this pass
-        self.written: Decision
+        self.children = Children(self.kube, self.run, self.memory.children, context.trainer_image, context.clock)
 
-    async def observe(self) -> Observed:
-        context, memory, kube, body, logger, run = (self.context, self.memory, self.kube, self.body, self.logger,
-                                                    self.run)
-        metadata = body.get("metadata", {})
-        base_status = memory.last_status if memory.last_status is not None else dict(body.get("status") or {})
-        self.base_status = base_status
-        now = context.clock()
-
-        # Only the pods this run controls: a run re-created under the same name must not adopt the old run's pods.
-        owned = [(obs, facts) for obs, facts in self.indexed_pods if facts.owner_uid == run.uid]
-        memory.deleted_uids &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
-        observed = [dataclasses.replace(obs, terminating=True) if facts.uid in memory.deleted_uids else obs
-                    for obs, facts in owned]
-        live = [(obs, facts) for obs, (_, facts) in zip(observed, owned, strict=True) if not obs.terminating]
-        self.live, self.present = live, {obs.name for obs in observed}
-
-        try:
-            spec, ignored = parse_stored_spec(dict(body.get("spec") or {}))
-        except SpecError as error:
-            await _fail_permanently(context, kube, body, base_status, error, live, logger)
-        if ignored and not memory.warned_unknown_fields:  # a newer CRD than this operator: run with what it knows
-            memory.warned_unknown_fields = True
-            logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
-
-        progress = None
+    async def observe(self) -> Observed[ClusterPass]:
+        memory, run = self.memory, self.run
+        base_status = memory.status.derived if memory.status.derived is not None else dict(
+            self.body.get("status") or {})
+        now = self.context.clock()
+        owned = self._owned_pods()
+        observed = [obs for obs, _ in owned]
+        live = [(obs, facts) for obs, facts in owned if not obs.terminating]
+        read = ClusterPass({obs.name: facts.uid for obs, facts in live}, frozenset(obs.name for obs in observed),
+                           queue=kueue.queue_name(self.body.get("metadata", {})))
         was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
-        if not was_finished and not live and not memory.children_created and not memory.fit_checked:
-            await _check_fit(context, kube, body, base_status, spec, live, logger)
-        if not was_finished:
-            progress = await _poll(context, memory, run.namespace, builders.learner_pod_name(run.name, 0), live,
-                                   logger)
-        self.asked = spec
-        self.queue = queue = kueue.queue_name(metadata)
+        try:
+            asked, ignored = parse_stored_spec(dict(self.body.get("spec") or {}))
+        except SpecError as error:  # the state machine fails the run as InvalidSpec
+            gate, workload = None, None
+            if read.queue and not memory.workload.finished:
+                gate, workload = await kueue.observe(self.kube, run, read.queue, None)
+            read = dataclasses.replace(read, workload=gate.workload if gate else None)
+            return Observed(None, base_status, Observation(observed, None, now, spec_error=str(error),
+                                                           workload=workload), read)
+        if ignored and not memory.spec.warned_unknown_fields:  # a newer CRD than this operator: run what it knows
+            memory.spec.warned_unknown_fields = True
+            self.logger.warning(f"ignoring spec fields this operator version does not know: {', '.join(ignored)}")
+        fit_warnings: tuple[str, ...] = ()
+        if not was_finished and not live and not memory.children.created and not memory.spec.fit_checked:
+            fit_warnings = await self._check_fit(asked)
+        progress = None if was_finished else await self._progress(live)
         gate, workload = None, None
-        if queue and not (was_finished and memory.kueue_finished):
-            gate, workload = await kueue.observe(kube, run, queue, spec, create_error=memory.workload_error)
-            self.workload = gate.workload
-            if was_finished:
-                gate = None  # nothing holds a finished run: only its Workload's finish may be left
-        self.gate = gate
-        refused, configured = None, None
-        if gate is not None and gate.admitted:  # with pods or without: no role runs more than Kueue admitted
-            spec, refused = admission.within_admission(spec, gate.admitted, kueue.workload_name(run.name))
+        if read.queue and not (was_finished and memory.workload.finished):
+            gate, workload = await kueue.observe(self.kube, run, read.queue, asked,
+                                                 create_error=memory.workload.create_error)
+        read = dataclasses.replace(read, asked=asked, workload=gate.workload if gate else None,
+                                   gate=None if was_finished else gate)  # a finished run's Workload: only its finish
+        spec, refused, configured = asked, None, None
+        if read.gate is not None and read.gate.admitted:  # with pods or without: no more than Kueue admitted
+            spec, refused = admission.within_admission(spec, read.gate.admitted, kueue.workload_name(run.name))
         if live and not was_finished:
-            urls = await _configured_urls(kube, run, memory)
+            urls = await self.children.configured_urls()
             configured = None if urls is None else len(urls)
             if refused is None:
                 spec, refused = scaling.gang_scale_in_effect(spec, configured)
-        self.spec = spec
-        seen = Observation(observed, progress, now, children_exist=memory.children_created,
-                           progress_error=memory.progress_error,
-                           progress_lost=memory.progress_invalid or memory.progress_failures >= PROGRESS_UNKNOWN_AFTER,
-                           create_error=memory.create_error, hold=gate.hold if gate else None,
-                           scale_refused=refused, configured_servers=configured, workload=workload)
-        return Observed(spec, base_status, seen)
+        seen = Observation(observed, progress, now, children_exist=memory.children.created,
+                           progress_error=memory.progress.error,
+                           progress_lost=memory.progress.invalid or memory.progress.failures >= PROGRESS_UNKNOWN_AFTER,
+                           create_error=memory.children.error, hold=read.gate.hold if read.gate else None,
+                           scale_refused=refused, configured_servers=configured, workload=workload,
+                           spec_error=memory.spec.fit_error, create_rejected=memory.spec.rejection,
+                           fit_warnings=fit_warnings)
+        return Observed(spec, base_status, seen, read)
 
-    async def write(self, decision: Decision) -> bool:
-        self.written = decision
-        return await _write(self.context, self.kube, self.body, self.base_status, decision, self.logger,
-                            interval=self.spec.progress.status_interval_seconds)
+    def _owned_pods(self) -> list[tuple[PodObservation, PodFacts]]:
+        """The pods this run controls (a run re-created under the same name must not adopt the old run's pods),
+        those the operator deleted marked `terminating` until the index drops them."""
+        owned = [(obs, facts) for obs, facts in self.indexed_pods if facts.owner_uid == self.run.uid]
+        deleted = self.memory.children.deleted_uids
+        deleted &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
+        return [(dataclasses.replace(obs, terminating=True) if facts.uid in deleted else obs, facts)
+                for obs, facts in owned]
 
-    async def configure_rollout(self, replicas: int) -> None:
-        await _configure_rollout(self.kube, self.run, self.memory, replicas, self.logger)
+    async def _check_fit(self, spec: GRPORunSpec) -> tuple[str, ...]:
+        """Before a run's pods start: a run the fit check finds past its GPU's or its learner pod's memory keeps the
+        numbers as the run's spec error (grpo_operator.fit, `spec.fitCheck: refuse`: the state machine fails the run
+        as InvalidSpec); a likely misfit's warnings (or any, with `warn`) are returned, for the pass's events; a
+        skipped check, or part of one, is logged with why."""
+        memory = self.memory.spec
+        memory.fit_checked = True
+        checked = await check_run(spec, self.kube, self.context.model_configs, self.context.gpu_nodes)
+        for why in checked.skipped:
+            self.logger.info(f"fit check skipped: {why}")
+        report = checked.report
+        if report.errors:
+            memory.fit_error = report.errors[0]
+        for note in report.notes:
+            self.logger.info(f"fit: {note}")
+        return tuple(report.warnings)
 
-    async def create_children(self, status: dict[str, Any]) -> None:
-        await _create_children(self.context, self.kube, self.run, self.spec, status, self.present, self.logger,
-                               self.gate)
+    async def _progress(self, live: list[tuple[PodObservation, PodFacts]]) -> ProgressReport | None:
+        """The running leader learner's /progress, its failures to answer counted in the run's memory."""
+        memory, context = self.memory.progress, self.context
+        leader_name = builders.learner_pod_name(self.run.name, 0)
+        leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
+        if leader is None or leader[0].phase != "Running" or not leader[1].ip:
+            memory.failures, memory.error, memory.invalid = 0, None, False
+            return None
+        if context.session is None:
+            # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100
+            # learners that do not answer would hold every slot for the poll timeout and starve the other runs' polls.
+            context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        url = context.progress_url(self.run.namespace, leader_name, leader[1].ip)
+        read = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=self.logger)
+        memory.failures = 0 if read.error is None else memory.failures + 1
+        memory.error, memory.invalid = read.error, read.invalid
+        return read.report
 
-    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
-        uids = {obs.name: facts.uid for obs, facts in self.live}
+    async def write(self, observed: Observed[ClusterPass], decision: Decision) -> bool:
+        """Write the status difference, then post the events. A difference in progress alone waits until the
+        spec's status interval after the last write; phase, condition, restart and failure changes are written at
+        once."""
+        memory, now = self.memory.status, self.context.clock()
+        interval = observed.spec.progress.status_interval_seconds if observed.spec is not None else 0
+        written_base = memory.written if memory.written is not None else observed.status or {}
+        patch = merge_patch_between(written_base, decision.status)
+        recent = memory.written_at is not None and (now - memory.written_at).total_seconds() < interval
+        if patch and recent and not urgency.urgent_change(written_base, decision.status):
+            patch = {}  # progress only, and written recently: the metrics carry it meanwhile
+        elif patch:
+            if await self.kube.patch_status(API_VERSION, KIND, self.run.namespace, self.run.name, patch) is None:
+                return False
+            memory.written, memory.written_at = decision.status, now
+        memory.derived = decision.status
+        for event in decision.events:
+            await self.context.events.record(self.kube, self.body, event, now, self.logger)
+            (self.logger.warning if event.type == "Warning" else self.logger.info)(f"{event.reason}: {event.message}")
+        return True
+
+    async def configure_rollout(self, observed: Observed[ClusterPass], replicas: int) -> None:
+        await self.children.configure_rollout(replicas)
+
+    async def create_children(self, observed: Observed[ClusterPass], status: dict[str, Any]) -> None:
+        if observed.spec is None:
+            return  # the state machine creates nothing for a spec it cannot parse
+        try:
+            await self.children.create(observed.spec, status, observed.state.present, observed.state.gate)
+        except ChildRejected as error:  # the next pass fails the run as InvalidSpec
+            self.memory.spec.rejection = CreateRejection(str(error), tuple(error.created_pods))
+
+    async def delete_pods(self, observed: Observed[ClusterPass], pods: tuple[str, ...], reason: str) -> None:
         for pod in pods:
             await self.kube.delete("v1", "Pod", self.run.namespace, pod)
-            if pod in uids:
-                self.memory.deleted_uids.add(uids[pod])
+            if pod in observed.state.pod_uids:
+                self.memory.children.deleted_uids.add(observed.state.pod_uids[pod])
 
-    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
-        await self.delete_pods(pods, "recreated")
+    async def recreate_pods(self, observed: Observed[ClusterPass], pods: tuple[str, ...]) -> None:
+        await self.delete_pods(observed, pods, "recreated")
 
-    async def delete_run(self) -> None:
+    async def delete_run(self, observed: Observed[ClusterPass]) -> None:
         self.logger.info("ttlSecondsAfterFinished elapsed: deleting the run")
         await self.kube.delete(API_VERSION, KIND, self.run.namespace, self.run.name)
 
-    async def create_workload(self) -> None:
-        if self.queue is not None:  # status.admission asks only for a run that names a queue
-            self.memory.workload_error = await kueue.create(self.kube, self.run, self.queue, self.asked,
-                                                            trainer_image=self.context.trainer_image)
+    async def create_workload(self, observed: Observed[ClusterPass]) -> None:
+        read = observed.state
+        if read.queue is None or read.asked is None:
+            return  # status.admission asks only for a queued run
+        try:
+            self.memory.workload.create_error = await kueue.create(self.kube, self.run, read.queue, read.asked,
+                                                                   trainer_image=self.context.trainer_image)
+        except kueue.WorkloadRejected as error:  # the next pass fails the run as InvalidSpec
+            self.memory.spec.rejection = CreateRejection(str(error))
 
-    async def release_quota(self) -> None:
-        if self.workload is not None:
-            await kueue.release(self.kube, self.run, self.workload, self.context.clock())
+    async def release_quota(self, observed: Observed[ClusterPass]) -> None:
+        if observed.state.workload is not None:
+            await kueue.release(self.kube, self.run, observed.state.workload, self.context.clock())
 
-    async def resize_workload(self) -> None:
-        if self.queue is not None and self.workload is not None:
-            await kueue.resize(self.kube, self.run, self.queue, self.asked, self.workload,
+    async def resize_workload(self, observed: Observed[ClusterPass]) -> None:
+        read = observed.state
+        if read.queue is not None and read.asked is not None and read.workload is not None:
+            await kueue.resize(self.kube, self.run, read.queue, read.asked, read.workload,
                                trainer_image=self.context.trainer_image)
 
-    async def finish_workload(self, status: dict[str, Any]) -> None:
+    async def finish_workload(self, observed: Observed[ClusterPass], status: dict[str, Any]) -> None:
         await kueue.finish(self.kube, self.run.name, self.run.namespace, status, self.context.clock())
-        self.memory.kueue_finished = True
-
-
-async def _check_fit(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
-                     spec: GRPORunSpec, live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> None:
-    """Before a run's pods start: a run the fit check finds past its GPU's or its learner pod's memory fails as
-    InvalidSpec with the numbers (grpo_operator.fit, `spec.fitCheck: refuse`); a likely misfit (or any, with
-    `warn`) is a Warning event; a skipped check, or part of one, is logged with why."""
-    context.memory(body["metadata"]["uid"]).fit_checked = True
-    checked = await check_run(spec, kube, context.model_configs, context.gpu_nodes)
-    for why in checked.skipped:
-        logger.info(f"fit check skipped: {why}")
-    report = checked.report
-    if report.errors:
-        field, message = report.errors[0].split(": ", 1)
-        await _fail_permanently(context, kube, body, status, SpecError(field, message), live, logger)
-    for warning in report.warnings:
-        logger.warning(warning)
-        await context.events.record(kube, body, Event("Warning", Reason.FIT_WARNING, warning), context.clock(),
-                                    logger)
-    for note in report.notes:
-        logger.info(f"fit: {note}")
-
-
-async def _configured_urls(kube: Kube, run: RunRef, memory: RunMemory) -> list[str] | None:
-    """The `rollout.urls` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
-    if memory.rollout_urls is None:
-        config_map = await _owned(kube, "v1", "ConfigMap", run, builders.config_map_name(run.name))
-        memory.rollout_urls = builders.rollout_urls_of(config_map) if config_map is not None else None
-    return memory.rollout_urls
-
-
-async def _configure_rollout(kube: Kube, run: RunRef, memory: RunMemory, replicas: int, logger: Logger) -> None:
-    """Make the run config list `replicas` servers (ConfigureRollout). The learner watches the file: the kubelet
-    refreshes the mounted ConfigMap in place, so no pod restarts for it."""
-    urls = builders.rollout_urls(run.name, run.namespace, replicas)
-    if memory.rollout_urls == urls:
-        return
-    name = builders.config_map_name(run.name)
-    config_map = await _owned(kube, "v1", "ConfigMap", run, name)
-    if config_map is None:
-        return  # not created yet (CreateChildren renders it with these URLs), or an earlier run's
-    try:
-        data = builders.with_rollout_urls(config_map, urls)
-    except ValueError as error:
-        logger.warning(f"cannot set rollout.urls in the run config: {error}")
-        return
-    if data is not None:
-        if await kube.patch("v1", "ConfigMap", run.namespace, name, {"data": data}) is None:
-            return
-        logger.info(f"run config: rollout.urls now lists {len(urls)} server(s)")
-    memory.rollout_urls = urls
-
-
-async def _fail_permanently(context: OperatorContext, kube: Kube, body: kopf.Body, status: dict[str, Any],
-                            error: Exception, live: list[tuple[PodObservation, PodFacts]], logger: Logger, *,
-                            created_pods: Sequence[str] = ()) -> NoReturn:
-    """End the run as `InvalidSpec` (a retry cannot help): written with the field named, the pods of a run that ends
-    now deleted (a permanent failure leaves no GPU pod behind), its Kueue quota released. No pass follows until
-    the spec changes (run_loops.py)."""
-    metadata = body["metadata"]
-    memory = context.memory(metadata["uid"])
-    ends_now = status.get("phase") not in {p.value for p in FINISHED_PHASES}
-    failed = invalid_spec_status(status, error, context.clock(), generation=int(metadata.get("generation") or 1))
-    if await _write(context, kube, body, status, failed, logger):
-        for obs, facts in live if ends_now else []:
-            await kube.delete("v1", "Pod", metadata["namespace"], obs.name)
-            memory.deleted_uids.add(facts.uid)
-        for pod in created_pods:  # created by this pass: not in the index yet
-            await kube.delete("v1", "Pod", metadata["namespace"], pod)
-        await _release_quota(context, kube, metadata, failed.status)
-    raise kopf.PermanentError(str(error)) from None
-
-
-async def _release_quota(context: OperatorContext, kube: Kube, metadata: dict[str, Any],
-                         status: dict[str, Any]) -> None:
-    """Mark the Kueue Workload of a run that failed as InvalidSpec Finished, so Kueue frees the quota it holds (a
-    spec that cannot be run never reaches the state machine, whose FinishWorkload does this for every other end)."""
-    memory = context.memory(metadata["uid"])
-    if memory.kueue_finished or not kueue.queue_name(metadata):
-        return
-    if status.get("phase") in {p.value for p in FINISHED_PHASES}:
-        await kueue.finish(kube, metadata["name"], metadata["namespace"], status, context.clock())
-        memory.kueue_finished = True
-
-
-async def _poll(context: OperatorContext, memory: RunMemory, namespace: str, leader_name: str,
-                live: list[tuple[PodObservation, PodFacts]], logger: Logger) -> ProgressReport | None:
-    leader = next(((obs, facts) for obs, facts in live if obs.name == leader_name), None)
-    if leader is None or leader[0].phase != "Running" or not leader[1].ip:
-        memory.progress_failures, memory.progress_error, memory.progress_invalid = 0, None, False
-        return None
-    if context.session is None:
-        # No cap on open connections (aiohttp's default is 100 for the whole session): at 1,000 runs, 100 learners
-        # that do not answer would hold every slot for the poll timeout and starve the polls of the other runs.
-        context.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    url = context.progress_url(namespace, leader[0].name, leader[1].ip)
-    read = await poll_progress(context.session, url, timeout=context.progress_timeout, logger=logger)
-    memory.progress_failures = 0 if read.error is None else memory.progress_failures + 1
-    memory.progress_error, memory.progress_invalid = read.error, read.invalid
-    return read.report
-
-
-async def _write(context: OperatorContext, kube: Kube, body: kopf.Body, base_status: dict[str, Any],
-                 decision: Decision, logger: Logger, *, interval: float = 0) -> bool:
-    """Write the status difference, then post the events. A difference in progress alone waits until `interval`
-    seconds after the last write; phase, condition, restart and failure changes are written at once."""
-    metadata = body["metadata"]
-    memory = context.memory(metadata["uid"])
-    written_base = memory.written_status if memory.written_status is not None else base_status
-    patch = merge_patch_between(written_base, decision.status)
-    now = context.clock()
-    recent = memory.written_at is not None and (now - memory.written_at).total_seconds() < interval
-    if patch and recent and not urgency.urgent_change(written_base, decision.status):
-        patch = {}  # progress only, and written recently: the metrics carry it meanwhile
-    elif patch:
-        written = await kube.patch_status(API_VERSION, KIND, metadata["namespace"],
-                                          metadata["name"], patch)
-        if written is None:
-            return False
-        memory.written_status, memory.written_at = decision.status, now
-    memory.last_status = decision.status
-    for event in decision.events:
-        await context.events.record(kube, body, event, now, logger)
-        (logger.warning if event.type == "Warning" else logger.info)(f"{event.reason}: {event.message}")
-    return True
-
-
-async def _create_children(context: OperatorContext, kube: Kube, run: RunRef, spec: GRPORunSpec,
-                           status: dict[str, Any], present: set[str], logger: Logger,
-                           gate: kueue.Gate | None = None) -> None:
-    """Create what is missing. An invalid child fails the run (ChildRejected); anything else the API server
-    answers (quota, throttling, a name still held by an earlier run's object) is retried with backoff."""
-    memory = context.memory(run.uid)
-    now = context.clock()
-    if memory.create_retry_at is not None and now < memory.create_retry_at:
-        return
-    attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
-    rollout = parse_status(status).rollout
-    rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
-    problem, created_pods = None, []
-    try:
-        children = builders.build_children(run, spec, trainer_image=context.trainer_image, attempt=attempt,
-                                           rollout_restarts=rollout_restarts)
-    except OverrideError as error:  # a managed field the API server's rules let through
-        raise ChildRejected(str(error), []) from None
-    if present:  # a live run: new servers are in the run config before their pods exist
-        await _configure_rollout(kube, run, memory, spec.rollout.replicas, logger)
-    if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
-        placed = await kueue.placements(kube, gate.flavors)
-        children = [kueue.place(child, *placed[pod_set]) if child["kind"] == "Pod" and (
-            pod_set := kueue.pod_set_of(child)) in placed else child
-            for child in children]
-        topologies = kueue.role_topologies(spec)
-        children = [kueue.topology_gated(child, run.name, role, topologies[role]) if child["kind"] == "Pod" and (
-            role := child["metadata"]["labels"].get(ROLE_LABEL)) in topologies else child
-            for child in children]
-    for child in children:
-        child_name = f"{child['kind']} {child['metadata']['name']}"
-        if child["kind"] == "Pod" and child["metadata"]["name"] in present:
-            continue
-        try:
-            created = await kube.create(child)
-        except APIClientError as error:
-            if _permanent(error):
-                raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
-                                    created_pods) from None
-            problem = f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"
-            break
-        if created and child["kind"] == "Pod":
-            created_pods.append(child["metadata"]["name"])
-        if created and child["kind"] == "ConfigMap":
-            memory.rollout_urls = builders.rollout_urls_of(child)
-        if created:
-            continue
-        existing = await _existing_of(kube, child, run.uid)
-        if existing is None:
-            problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
-        elif (patch := child_patch(child, existing, generation=run.generation,
-                                   live=bool(present))) is not None:
-            await kube.patch(child["apiVersion"], child["kind"], run.namespace, child["metadata"]["name"], patch)
-            if child["kind"] == "ConfigMap":
-                memory.rollout_urls = builders.rollout_urls_of(child)
-    if problem is None:
-        memory.children_created, memory.create_error, memory.create_failures = True, None, 0
-        memory.create_retry_at = None
-        return
-    logger.warning(problem)
-    memory.children_created, memory.create_error = False, problem
-    delay = CREATE_BACKOFF_SECONDS[min(memory.create_failures, len(CREATE_BACKOFF_SECONDS) - 1)]
-    memory.create_failures += 1
-    memory.create_retry_at = now + datetime.timedelta(seconds=delay)
-
-
-async def _existing_of(kube: Kube, child: dict[str, Any], uid: str) -> dict[str, Any] | None:
-    """The existing object under the child's name, when the run `uid` controls it; None otherwise."""
-    meta = child["metadata"]
-    existing = await kube.read(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
-    return existing if _controlled_by(existing, uid) else None
-
-
-async def _owned(kube: Kube, api_version: str, kind: str, run: RunRef, name: str) -> dict[str, Any] | None:
-    existing = await kube.read(api_version, kind, run.namespace, name)
-    return existing if _controlled_by(existing, run.uid) else None
-
-
-def _controlled_by(existing: dict[str, Any] | None, uid: str) -> bool:
-    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in owners)
+        self.memory.workload.finished = True

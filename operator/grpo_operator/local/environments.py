@@ -1,4 +1,5 @@
-"""A local run's environment servers (spec.environments): their readiness probes, and the kubelet's in-place restarts.
+"""A local run's environment servers (spec.environments): their readiness probes, and the kubelet's in-place restarts
+(local/kubelet.py decides them and carries them out).
 
 On a cluster an environment server's pod has `restartPolicy: Always`: the kubelet restarts its container when it
 exits, with a back-off, and counts the restart on the pod; the operator's state machine only sees the count
@@ -72,21 +73,22 @@ class InPlaceRestarts:
     def started(self, name: str) -> None:
         self._started_at[name] = self.clock()
 
-    def tend(self, process: LocalProcess, log: Callable[[str], None]) -> None:
-        """Restart `process` if it exited and its back-off is over."""
-        code = process.poll()
-        if process.popen is None or code is None:
-            return
+    def due(self, process: LocalProcess) -> bool:
+        """Whether `process` exited and its back-off is over (the exit is timed from when it is first seen)."""
+        if process.popen is None or process.poll() is None:
+            return False
         name, now = process.plan.name, self.clock()
         if name not in self._exited_at:
             self._exited_at[name] = now
             if now - self._started_at.get(name, now) >= BACKOFF_RESET_S:
                 self._backoff.pop(name, None)  # it had run long enough: this exit is not a crash loop
-        backoff = self._backoff.get(name, 0.0)
-        if now - self._exited_at[name] < backoff:
-            return
-        self._backoff[name] = min(max(backoff * 2, FIRST_BACKOFF_S), MAX_BACKOFF_S)
-        del self._exited_at[name]
+        return now - self._exited_at[name] >= self._backoff.get(name, 0.0)
+
+    def restart(self, process: LocalProcess, log: Callable[[str], None]) -> None:
+        """Start `process` again in place, count it, and double its back-off for the next exit."""
+        name, code = process.plan.name, process.poll()
+        self._backoff[name] = min(max(self._backoff.get(name, 0.0) * 2, FIRST_BACKOFF_S), MAX_BACKOFF_S)
+        self._exited_at.pop(name, None)
         process.start()
         self.restarts[name] += 1
         self.started(name)

@@ -13,7 +13,7 @@ from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
 from ..api import EnvironmentSpec, GRPORunSpec
-from ..cli.exit_codes import ExitCode
+from ..exit_codes import ExitCode
 from ..manifest import ManifestInvalid
 from ..run_ref import RunRef
 from ..status import PodObservation, Role
@@ -73,7 +73,7 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
     spec.model = localize_path(spec.model, manifest_dir)
     if _looks_local(spec.model) and not Path(spec.model).expanduser().is_dir():
         raise ManifestInvalid([f"spec.model: {spec.model}: no such directory"])
-    # An s3:// model or dataset is downloaded by the learner and the server themselves (grpo_trainer.inputs).
+    # An s3:// model or dataset is downloaded by the learner and the server themselves (grpo_trainer.storage.inputs).
     if spec.dataset.path is not None and not is_object_store_uri(spec.dataset.path):
         spec.dataset.path = localize_path(spec.dataset.path, manifest_dir)
         if not Path(spec.dataset.path).expanduser().exists():
@@ -100,8 +100,8 @@ def localize_spec(spec: GRPORunSpec, manifest_dir: Path) -> GRPORunSpec:
 def check_rewards(spec: GRPORunSpec) -> None:
     """`module:function` rewards, tools and environment factories must import here, before minutes of server
     start-up (built-in reward names are checked with the spec, `api.check_reward_names`)."""
+    from grpo_trainer.agentic.tools import ToolError, load_environment_factory, load_tools
     from grpo_trainer.learner.rewards import RewardError, load_reward
-    from grpo_trainer.tools import ToolError, load_environment_factory, load_tools
 
     for index, reward in enumerate(spec.rewards):
         if reward.is_model:

@@ -1,7 +1,7 @@
 """Scaling a local run's rollout servers while it runs, through the same actions as in a cluster.
 
 The run folder's `rollout-replicas` file holds the count wanted (one integer; `grporun local scale NAME N` writes it
-in one step). Each pass the local port reads it (`RolloutScaling.follow`) as the cluster reads spec.rollout.replicas;
+in one step). Before each pass the supervisor reads it (`RolloutScaling.follow`) into spec.rollout.replicas, as an edit;
 the state machine then decides, as for pods: ConfigureRollout rewrites `rollout.urls` in run.json (the file the
 learner watches; URLs in ordinal order, so the highest ordinals leave first), CreateChildren starts the added servers,
 and a removed server keeps running, draining, until status.scaling lets DeletePods stop it (the learner's `/progress`

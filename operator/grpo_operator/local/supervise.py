@@ -1,7 +1,9 @@
 """A local run: prepare it (validate, resolve the config, plan the processes), then supervise it like the operator.
 
-Each tick is one pass of the engine (engine.run_pass) through a LocalPort: the processes observed as pods, the
-status derived by the operator's own state machine, its actions carried out on the processes.
+Each tick is what a cluster does, in its order: the user's edit lands in the spec (a scale request), the kubelet
+does its part to the processes (local/kubelet.py: liveness, in-place restarts), then one pass of the engine
+(engine.run_pass) through a LocalPort: the processes observed as pods (reads only), the status derived by the
+operator's own state machine, its actions carried out on the processes.
 """
 
 from __future__ import annotations
@@ -21,17 +23,17 @@ from typing import Any
 from rich.console import Console
 
 from grpo_trainer.contract.report import ProgressReport
-from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX
 
 from .. import builders
 from .. import status as st
 from ..api import FINISHED_PHASES, GRPORunSpec, Phase
-from ..cli.exit_codes import ExitCode
-from ..engine import Observed, run_pass
+from ..engine import Observed, Outcome, run_pass
+from ..exit_codes import ExitCode
 from ..manifest import read_grporun
 from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
 from ..status.decision import rank
+from . import kubelet
 from .console import Periodic, bar_fields, one_line, progress_bar, progress_line
 from .environments import CRASH_LOOP_BACK_OFF, InPlaceRestarts, probe_passes
 from .plan import (
@@ -49,7 +51,7 @@ from .plan import (
     plan_rollout,
 )
 from .processes import LocalProcess, find_rollout_python, free_port, http_ok, read_progress_blocking, tail
-from .rollout_restarts import HUNG_STOP_GRACE_S, Liveness, exit_line
+from .rollout_restarts import Liveness, exit_line
 from .scaling import RolloutScaling, scale_bounds
 
 
@@ -116,11 +118,16 @@ class LocalRun:
         return st.PodObservation(name, "environment", "Running", False, waiting_reason=CRASH_LOOP_BACK_OFF,
                                  message=one_line(tail(process.log_path)), container_restarts=restarts)
 
-    def restart_environments(self, log: Callable[[str], None]) -> None:
-        """The kubelet's restartPolicy Always: an environment server that exited is started again in place."""
-        for process in self.processes.values():
-            if process.plan.role == "environment":
-                self.in_place.tend(process, log)
+    def take_scale_request(self, log: Callable[[str], None]) -> None:
+        """A new count in the run folder's scale request becomes spec.rollout.replicas, as an edit of the spec: the
+        state machine scales to it."""
+        if self.scaling is not None and (replicas := self.scaling.follow(log)) is not None:
+            self.spec.rollout.replicas = replicas
+
+    def run_kubelet(self, log: Callable[[str], None]) -> None:
+        """The kubelet's step (local/kubelet.py): decided from the processes and the probes, then carried out."""
+        actions = kubelet.decide(self.processes.values(), self.liveness, self.in_place)
+        kubelet.act(actions, self.processes, self.in_place, self.hung, log)
 
     def start_missing(self, log: Callable[[str], None]) -> None:
         """CreateChildren: start every planned process that is not running (new, or stopped to be recreated)."""
@@ -194,21 +201,6 @@ class LocalRun:
 
     def logs(self) -> dict[str, Path]:
         return {name: process.log_path for name, process in self.processes.items()}
-
-    def stop_hung(self, log: Callable[[str], None]) -> None:
-        """The kubelet's liveness rule: a rollout server that generates no token is stopped, and the state machine
-        then replaces it like any server that exited. `log` takes one line per server stopped."""
-        if self.liveness is None:
-            return
-        for process in self.processes.values():
-            if process.plan.role != "rollout" or process.popen is None or process.poll() is not None:
-                continue
-            why = self.liveness.hung(process)
-            if why is not None:
-                log(f"Warning RolloutUnresponsive: {process.plan.name}: {why}")
-                # Written as the entrypoint's exit line, so the state machine carries `why` as the server's error.
-                self.hung[process.plan.name] = f"{EXIT_LINE_PREFIX}stopped by its liveness probe: {why}"
-                process.stop(grace_s=HUNG_STOP_GRACE_S)
 
     def forget_server(self, name: str) -> None:
         """A rollout server that left the run's set: no liveness verdict, no restart, for it any more."""
@@ -314,7 +306,8 @@ def environment_notes(spec: GRPORunSpec) -> list[str]:
 
 class LocalPort:
     """The engine's port for a local run: processes observed as pods, the status kept in memory (and drawn), the
-    actions carried out on the processes and the run folder's run.json."""
+    actions carried out on the processes and the run folder's run.json. A local run names no Kueue queue: this is
+    no QueuedRunPort (its observation names no Workload, so the state machine decides no Workload action)."""
 
     def __init__(self, local: LocalRun, log: Callable[[str], None], waiting: Periodic | None = None,
                  read_progress: Callable[[str], ProgressReport | None] = read_progress_blocking,
@@ -323,68 +316,60 @@ class LocalPort:
         self.read_progress = read_progress  # the learner's /progress, by its URL
         self.now = now
 
-    async def observe(self) -> Observed:
-        local, log = self.local, self.log
-        local.stop_hung(log)
-        local.restart_environments(log)
-        if local.scaling is not None and (replicas := local.scaling.follow(log)) is not None:
-            local.spec.rollout.replicas = replicas  # as an edit of the spec: the state machine scales to it
+    async def observe(self) -> Observed[None]:
+        local = self.local
         pods = local.observations()
-        waits = local.waiting_for(pods)
-        if self.waiting.due(bool(waits)):
-            for line in waits:
-                log(line)
         learner = local.learner()
         alive = learner.popen is not None and learner.poll() is None
         report = self.read_progress(learner.plan.url) if alive else None
         configured = None if local.scaling is None else local.scaling.configured
         seen = st.Observation(pods, report, self.now(), configured_servers=configured, work_kept_locally=True)
-        return Observed(local.spec, local.status, seen)
+        return Observed(local.spec, local.status, seen, None)
 
-    async def write(self, decision: st.Decision) -> bool:
+    async def write(self, observed: Observed[None], decision: st.Decision) -> bool:
+        """Keep the status, print its events, and (now and then) what the run waits for."""
         self.local.status = decision.status
         for event in decision.events:
             self.log(f"{event.type} {event.reason}: {one_line(event.message)}")
+        waits = self.local.waiting_for(observed.seen.pods)
+        if self.waiting.due(bool(waits)):
+            for line in waits:
+                self.log(line)
         return True
 
-    async def configure_rollout(self, replicas: int) -> None:
+    async def configure_rollout(self, observed: Observed[None], replicas: int) -> None:
         self.local.configure_rollout(replicas, self.log)
 
-    async def create_children(self, status: dict[str, Any]) -> None:
+    async def create_children(self, observed: Observed[None], status: dict[str, Any]) -> None:
         self.local.start_missing(self.log)
 
-    async def delete_pods(self, pods: tuple[str, ...], reason: str) -> None:
+    async def delete_pods(self, observed: Observed[None], pods: tuple[str, ...], reason: str) -> None:
         self.local.stop(pods, recreate=False)
 
-    async def recreate_pods(self, pods: tuple[str, ...]) -> None:
+    async def recreate_pods(self, observed: Observed[None], pods: tuple[str, ...]) -> None:
         self.local.stop(pods, recreate=True)
 
-    async def delete_run(self) -> None:
+    async def delete_run(self, observed: Observed[None]) -> None:
         """ttlSecondsAfterFinished: a local run has no object to delete; its folder is the user's to keep."""
 
-    # A local run names no Kueue queue: its observation has no Workload, so the state machine asks for none of these.
-    async def create_workload(self) -> None:
-        pass
 
-    async def release_quota(self) -> None:
-        pass
-
-    async def resize_workload(self) -> None:
-        pass
-
-    async def finish_workload(self, status: dict[str, Any]) -> None:
-        pass
+async def tick(local: LocalRun, port: LocalPort) -> Outcome[None] | None:
+    """One tick of a local run: the scale request into the spec, the kubelet's step, then the engine's pass."""
+    local.take_scale_request(port.log)
+    local.run_kubelet(port.log)
+    return await run_pass(local.ref, port)
 
 
 def supervise(local: LocalRun, console: Console, log: Callable[[str], None], poll_interval_s: float,
               clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
-    """Tick until the run finishes: one engine pass (observe, derive the status like the operator, act), then draw."""
+    """Tick until the run finishes (the scale request, the kubelet's step, the engine's pass: observe, derive the
+    status like the operator, act), drawing after each tick."""
     waiting, training = Periodic(clock=clock), Periodic(clock=clock)
     port = LocalPort(local, log, waiting)
     with progress_bar(console) as bar, asyncio.Runner() as runner:
         task = bar.add_task("run", **bar_fields({}))
         while True:
-            runner.run(run_pass(local.ref, port))
+            runner.run(tick(local, port))
             status = local.status or {}  # the pass's write: a local run's status is kept in memory
             bar.update(task, **bar_fields(status))
             running = status.get("phase") == Phase.RUNNING.value

@@ -11,6 +11,7 @@ handlers and `grporun local` share one state machine and the tests can replay an
 - servers.py: `status.rollout`, each server as its pod and the learner see it;
 - scaling.py: a live replica change, the removed servers deleted once the learner has drained them, and the
   refusal of one a gang cannot take;
+- invalid.py: a run that cannot be run as specified (InvalidSpec): failed, its pods deleted, its Workload finished;
 - admission.py: the run's Kueue Workload: created, its quota given back on eviction, resized, finished; a size
   beyond what Kueue admitted refused;
 - children.py: what an existing child object (the run config, the PodGroup) is patched to before pods start;
@@ -32,6 +33,7 @@ from .decision import (
     Action,
     ConfigureRollout,
     CreateChildren,
+    CreateRejection,
     CreateWorkload,
     Decision,
     DeletePods,
@@ -46,13 +48,14 @@ from .decision import (
     Role,
     WorkloadObservation,
 )
-from .derive import STUCK_WAITING_REASONS, derive_status, invalid_spec_status, progress_status
+from .derive import STUCK_WAITING_REASONS, derive_status, progress_status
 from .exits import classify_failure, failure_text, report_from_termination_message
 
 __all__ = [
-    "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "CreateWorkload", "Decision",
+    "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "CreateRejection", "CreateWorkload",
+    "Decision",
     "DeletePods", "DeleteRun", "Event", "FinishWorkload", "Observation", "PodObservation", "RecreatePods",
     "ReleaseQuota", "ResizeWorkload", "Role", "WorkloadObservation", "classify_failure", "derive_status",
     "failure_text",
-    "format_time", "invalid_spec_status", "parse_time", "progress_status", "report_from_termination_message",
+    "format_time", "parse_time", "progress_status", "report_from_termination_message",
 ]

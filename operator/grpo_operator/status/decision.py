@@ -45,6 +45,15 @@ class WorkloadObservation:
 
 
 @dataclass(frozen=True)
+class CreateRejection:
+    """The API server refused an object of the run as invalid (HTTP 400/422, or a PodSecurity refusal)."""
+
+    message: str
+    #: The pods the refused pass had created before the refusal: they may not be among the observed pods yet.
+    created_pods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Observation:
     """What the operator saw of a run in one pass, besides its spec and last status."""
 
@@ -75,6 +84,14 @@ class Observation:
     work_kept_locally: bool = False
     #: The run's Kueue Workload as read this pass; None for a run that names no queue.
     workload: WorkloadObservation | None = None
+    #: Why the run's spec cannot be run, the field named: a stored spec the operator cannot parse (the derivation
+    #: then gets no spec), or one the fit check finds past its GPU's memory. The run fails as InvalidSpec.
+    spec_error: str | None = None
+    #: An object made from the spec that the API server refused as invalid (a child, the Kueue Workload) when an
+    #: earlier pass created it: the same object would be refused again, so the run fails as InvalidSpec.
+    create_rejected: CreateRejection | None = None
+    #: The fit check's warnings (a likely misfit), on the pass that ran it: posted as events.
+    fit_warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

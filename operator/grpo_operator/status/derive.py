@@ -27,6 +27,7 @@ from ..api import (
     ProgressStatus,
     Reason,
     TrackedRunStatus,
+    dump_status,
     parse_status,
 )
 from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
@@ -51,6 +52,7 @@ from .decision import (
 from .durability import unkept_work
 from .environments import environments_status, scale_message, server_index, surplus_servers
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
+from .invalid import fail_invalid_spec, invalid_spec
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
 
@@ -85,33 +87,20 @@ def output_status(report: ExportReport) -> OutputStatus:
                         time=format_time(exported))
 
 
-def derive_status(run: RunRef, spec: GRPORunSpec, status: dict[str, Any] | None, seen: Observation) -> Decision:
+def derive_status(run: RunRef, spec: GRPORunSpec | None, status: dict[str, Any] | None,
+                  seen: Observation) -> Decision:
     """The next status of a run, the events its transitions emit and the actions the I/O layer must take, from its
-    spec, its last status and what the operator saw of it this pass (status.observedGeneration: `run.generation`)."""
-    record = _start_pass(run, spec, parse_status(status), seen)
+    spec, its last status and what the operator saw of it this pass (status.observedGeneration: `run.generation`).
+    `spec` is None when the stored spec cannot be parsed (`seen.spec_error` says why)."""
+    old = parse_status(status)
+    error = invalid_spec(seen)
+    if spec is None or (error is not None and old.phase not in FINISHED_PHASES):
+        if error is None:
+            raise ValueError("a pass with no spec must say why in its observation's spec_error")
+        return fail_invalid_spec(run, old, seen, error)
+    record = _start_pass(run, spec, old, seen)
     _decide(record)
     return _decision(record)
-
-
-def invalid_spec_status(status: dict[str, Any] | None, error: Exception, now: datetime.datetime, *,
-                        generation: int) -> Decision:
-    """A spec the operator cannot run: Failed at once, with the field named (never an endless retry)."""
-    old = parse_status(status)
-    new = old.model_copy(deep=True)
-    message = str(error)
-    new.observed_generation = generation
-    events = []
-    if old.phase != Phase.FAILED or old.message != message:
-        events.append(Event("Warning", Reason.INVALID_SPEC, message))
-    new.phase = Phase.FAILED
-    new.completion_time = old.completion_time or format_time(now)
-    new.message = message
-    new.failure = FailureStatus(role="operator", reason=Reason.INVALID_SPEC, message=message)
-    conditions = Conditions(new, now, generation)
-    conditions.set(ConditionType.FAILED, "True", Reason.INVALID_SPEC, message)
-    conditions.set(ConditionType.SUCCEEDED, "False", Reason.INVALID_SPEC, message)
-    conditions.set(ConditionType.PROGRESSING, "False", Reason.INVALID_SPEC, message)
-    return Decision(_wire(new), events, [])
 
 
 @dataclass
@@ -164,6 +153,8 @@ def _decide(record: PassRecord) -> None:
         if not record.seen.work_kept_locally:
             for warning in unkept_work(record.spec):
                 _event(record, "Warning", Reason.WORK_NOT_KEPT, warning)
+    for warning in record.seen.fit_warnings:
+        _event(record, "Warning", Reason.FIT_WARNING, warning)
     _count_pods(record)
     if record.spec.run_policy.suspend or record.seen.hold is not None:
         _suspend(record)
@@ -200,7 +191,7 @@ def _decision(record: PassRecord) -> Decision:
             running=record.new.phase == Phase.RUNNING, stalled=record.conditions.is_true(ConditionType.STALLED),
             succeeded=record.new.phase == Phase.SUCCEEDED)
         record.new.trainer_status = trainer_status(record.new.progress)
-    return Decision(_wire(record.new), record.events, record.actions)
+    return Decision(dump_status(record.new), record.events, record.actions)
 
 
 # --- what a pass records: events, the phase, the end of a run ---------------------------------------------------------
@@ -657,6 +648,3 @@ def _waiting_reason(pods: list[PodObservation], terminating: list[PodObservation
             return Reason.UNSCHEDULABLE, f"pod {pod.name}: {pod.message or 'unschedulable'}"
     return None
 
-
-def _wire(status: GRPORunStatus) -> dict[str, Any]:
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

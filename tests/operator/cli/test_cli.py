@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from grpo_operator import cli
-from grpo_operator.cli.exit_codes import MEANINGS, ExitCode
+from grpo_operator.exit_codes import MEANINGS, ExitCode
 
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli"]
 

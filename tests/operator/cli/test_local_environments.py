@@ -24,11 +24,10 @@ import yaml
 from rich.console import Console
 
 from grpo_operator.api import parse_spec
-from grpo_operator.engine import run_pass
 from grpo_operator.local.environments import BACKOFF_RESET_S, InPlaceRestarts
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get
-from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare, tick
 from tests.support.paths import COMPLETIONS_SERVER, REPO
 from tests.support.specs import minimal_spec
 
@@ -63,13 +62,12 @@ def local_run(tmp_path):
 
 
 def tick_until(local: LocalRun, condition, log) -> None:
-    """The supervisor's passes (the engine's, through the local port), the learner's report unread, until
-    `condition()` holds."""
+    """The supervisor's ticks (the kubelet's step, the engine's pass through the local port), the learner's report
+    unread, until `condition()` holds."""
     deadline = time.monotonic() + 60
     while not condition():
         assert time.monotonic() < deadline, log.getvalue()
-        asyncio.run(run_pass(local.ref, LocalPort(local, Console(file=log, width=300).log,
-                                                  read_progress=lambda url: None)))
+        asyncio.run(tick(local, LocalPort(local, Console(file=log, width=300).log, read_progress=lambda url: None)))
         time.sleep(0.1)
 
 
@@ -128,7 +126,7 @@ def test_a_server_that_keeps_exiting_is_restarted_after_a_doubling_back_off_and_
     def restarts_after(seconds: float) -> int:
         exited(server)
         clock.now += seconds
-        local.restart_environments(lines.append)
+        local.run_kubelet(lines.append)
         return local.in_place.restarts["tiny-env-guess-0"]
 
     # The back-off counts from when the exit is seen.
@@ -144,3 +142,23 @@ def test_a_server_that_keeps_exiting_is_restarted_after_a_doubling_back_off_and_
     assert lines[-1].startswith("restarted tiny-env-guess-0 in place after it exited with code 0 (restart 4")
     local.stop(("tiny-env-guess-0",), recreate=False)  # its pod deleted: gone, not restarted, no restarts kept
     assert server.popen is None and local.observations() == [] and local.in_place.restarts["tiny-env-guess-0"] == 0
+
+
+def test_the_engines_pass_only_observes_a_server_that_exited_the_kubelets_step_restarts_it(tmp_path):
+    spec = parse_spec(minimal_spec(environments=[{"name": "guess", "image": "g:1", "command": ["x"]}]))
+    server = LocalProcess(ProcessPlan("tiny-env-guess-0", "environment", [sys.executable, "-c", "print('bye')"], {},
+                                      url="http://127.0.0.1:9"), tmp_path / "guess.log")
+    learner = LocalProcess(ProcessPlan("tiny-learner-0", "learner", [sys.executable, "-c", "pass"], {}),
+                           tmp_path / "learner.log")  # never started: no report to read
+    local = LocalRun("tiny", "default", spec, tmp_path, {p.plan.name: p for p in (server, learner)})
+    lines: list[str] = []
+    local.start_missing(lines.append)
+    first = server.popen.pid
+    exited(server)
+    observed = asyncio.run(LocalPort(local, lines.append).observe())
+    [pod] = [p for p in observed.seen.pods if p.role == "environment"]
+    assert (pod.waiting_reason, pod.container_restarts) == ("CrashLoopBackOff", 0)
+    assert server.popen.pid == first and server.poll() is not None  # observed, not restarted
+    local.run_kubelet(lines.append)
+    assert server.popen.pid != first and local.in_place.restarts["tiny-env-guess-0"] == 1
+    local.stop_all()

@@ -12,7 +12,7 @@ import yaml
 from grpo_operator import builders
 from grpo_operator.api import EnvironmentSpec
 from grpo_operator.cli import main as grporun
-from grpo_operator.cli.exit_codes import ExitCode
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
 from grpo_operator.local.plan import (
     VLLM_CPU_BIND_ENV,

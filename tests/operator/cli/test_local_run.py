@@ -20,7 +20,7 @@ import yaml
 from grpo_trainer.contract.codes import DROP_REASONS, EXPORT_MANIFEST_FILE, LearnerPhase
 from grpo_trainer.contract.config import DatasetConfig, InputsConfig, RewardConfig, RunConfig
 from grpo_trainer.contract.report import parse_progress
-from grpo_trainer.inputs import resolve as resolve_inputs
+from grpo_trainer.storage.inputs import resolve as resolve_inputs
 from tests.support.paths import REPO
 from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS

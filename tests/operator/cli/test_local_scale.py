@@ -25,12 +25,11 @@ import yaml
 from grpo_operator import builders
 from grpo_operator import status as st
 from grpo_operator.cli import main as grporun
-from grpo_operator.cli.exit_codes import ExitCode
-from grpo_operator.engine import run_pass
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get, http_ok
 from grpo_operator.local.scaling import REPLICAS_FILE, SUPERVISOR_FILE, ScaleBounds, SupervisorRecord
-from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare, tick
 from grpo_trainer.contract.codes import PROGRESS_PATH, DropReason, ReplicaState
 from grpo_trainer.contract.report import ProgressReport, RolloutReplicaReport, parse_progress
 from tests.operator.cli.test_local_run import GRPORUN, tiny_manifest
@@ -119,8 +118,9 @@ def run_config_urls(local: LocalRun) -> list[str]:
 
 
 class Ticks:
-    """The supervisor's passes (the engine's, through the local port) with the learner's report and the clock
-    scripted: `report` is what the learner's /progress answers next, `now` the time the pass sees."""
+    """The supervisor's ticks (the scale request read, the engine's pass through the local port) with the learner's
+    report and the clock scripted: `report` is what the learner's /progress answers next, `now` the time the pass
+    sees."""
 
     def __init__(self, local: LocalRun):
         self.local, self.log = local, []
@@ -129,9 +129,9 @@ class Ticks:
         self.port = LocalPort(local, self.log.append, read_progress=lambda url: self.report, now=lambda: self.now)
 
     def __call__(self) -> st.Decision:
-        decision = asyncio.run(run_pass(self.local.ref, self.port))
-        assert decision is not None
-        return decision
+        outcome = asyncio.run(tick(self.local, self.port))
+        assert outcome is not None
+        return outcome.decision
 
     def events(self, reason: str) -> list[str]:
         return [line for line in self.log if f" {reason}: " in line]

@@ -8,8 +8,8 @@ import sys
 import kubernetes_validate
 import yaml
 
-from grpo_operator.cli.exit_codes import ExitCode
 from grpo_operator.cli.render import PLACEHOLDER_UID, render
+from grpo_operator.exit_codes import ExitCode
 from tests.support.paths import REPO
 
 

@@ -18,11 +18,10 @@ import time
 from rich.console import Console
 
 from grpo_operator.api import parse_spec
-from grpo_operator.engine import run_pass
 from grpo_operator.local.plan import ProcessPlan
 from grpo_operator.local.processes import LocalProcess
 from grpo_operator.local.rollout_restarts import Liveness, exit_line
-from grpo_operator.local.supervise import LocalPort, LocalRun
+from grpo_operator.local.supervise import LocalPort, LocalRun, tick
 from grpo_operator.status import Decision
 from grpo_trainer.contract.rollout_pod import EXIT_LINE_PREFIX
 from tests.support.paths import COMPLETIONS_SERVER
@@ -40,10 +39,11 @@ print("{EXIT_LINE_PREFIX}vLLM exited with code 0: {ENGINE_ERROR}", file=sys.stde
 
 
 def one_pass(local: LocalRun, log) -> Decision:
-    """One tick of `grporun local`'s loop (the engine's pass through the local port), the learner's report unread."""
-    decision = asyncio.run(run_pass(local.ref, LocalPort(local, log, read_progress=lambda url: None)))
-    assert decision is not None
-    return decision
+    """One tick of `grporun local`'s loop (the kubelet's step, the engine's pass through the local port), the
+    learner's report unread."""
+    outcome = asyncio.run(tick(local, LocalPort(local, log, read_progress=lambda url: None)))
+    assert outcome is not None
+    return outcome.decision
 
 
 def _wait_exit(process: LocalProcess) -> None:
@@ -106,7 +106,7 @@ def _tick_until(local: LocalRun, console: Console, events: list, condition) -> N
     deadline = time.monotonic() + 60
     while not condition():
         assert time.monotonic() < deadline, console.file.getvalue()
-        events.extend(one_pass(local, console.log).events)  # its observe runs the liveness probes
+        events.extend(one_pass(local, console.log).events)  # its kubelet step runs the liveness probes
         time.sleep(0.05)
 
 

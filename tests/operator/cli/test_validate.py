@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from grpo_operator import cli
-from grpo_operator.cli.exit_codes import ExitCode
+from grpo_operator.exit_codes import ExitCode
 from grpo_operator.manifest import load_manifest
 from tests.support.paths import MANIFEST_FIXTURES as FIXTURES
 from tests.support.paths import REPO

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kopf._cogs.structs.credentials import Vault
 
-import grpo_operator.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+import grpo_operator.cluster.handlers  # noqa: F401  (registers the handlers with kopf's default registry)
 from grpo_operator.cluster.reconcile import OperatorContext
 from grpo_trainer.contract.report import ProgressReport
 from grpo_trainer.learner.exporter import ProgressServer

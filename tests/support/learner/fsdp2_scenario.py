@@ -38,7 +38,6 @@ def main(argv=None) -> int:
     from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
 
     from grpo_trainer.learner.checkpoints import write_marker
-    from grpo_trainer.learner.main import save_sharded_model
     from grpo_trainer.progress import RolloutProgress
     from grpo_trainer.rollout.weight_sync import (
         TIED_EMBEDDING_ALIASES,
@@ -46,6 +45,7 @@ def main(argv=None) -> int:
         with_aliases,
         write_checkpoint,
     )
+    from grpo_trainer.storage.final_model import save_sharded_model
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

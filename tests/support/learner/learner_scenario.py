@@ -146,7 +146,7 @@ def run_scenario(args: argparse.Namespace) -> int:
                   weight_transfer=transfer)
     if args.lora_rank:
         from grpo_trainer.contract.config import LoraConfig
-        from grpo_trainer.learner.main import peft_config
+        from grpo_trainer.learner.lora import peft_config
 
         common["peft_config"] = peft_config(LoraConfig(r=args.lora_rank))
     if args.baseline:

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.contract.rollout_pod import ROLLOUT_PYTHON_ENV
-from grpo_trainer.model_export import verify_export
 from grpo_trainer.server.main import CPU_KVCACHE_SPACE_GIB, SERVER_MODULE, cpu_scheduler_flags
+from grpo_trainer.storage.model_export import verify_export
 
 PORT = 8011
 PROMPT = [1, 2, 3, 4, 5]  # token ids: the tiny model's tokenizer has no words worth spelling

@@ -68,7 +68,7 @@ class S3Server:
                 "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_REGION": "us-east-1"}
 
     def client(self, **keys: str):
-        from grpo_trainer.object_store import client_from_env
+        from grpo_trainer.storage.object_store import client_from_env
 
         return client_from_env(self.env(**keys))
 

@@ -23,7 +23,8 @@ import pytest
 
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.learner.attention import FA3_REPO
-from grpo_trainer.learner.main import ConfigError, http_only_rollout_worker
+from grpo_trainer.learner.errors import ConfigError
+from grpo_trainer.learner.main import http_only_rollout_worker
 from tests.chart.test_images import TRAINER_DOCKERFILE, _instructions
 from tests.support.paths import REPO, make_variable
 

@@ -1,5 +1,5 @@
-"""The learner entrypoint's pure parts: trainer arguments from the run config, prompts as chat messages, the LoRA
-adapter's peft config."""
+"""The learner entrypoint (grpo_trainer.learner.main): trainer arguments from the run config, and the config mistakes
+it ends the learner on, naming the field."""
 
 from __future__ import annotations
 
@@ -9,19 +9,12 @@ import sys
 import pytest
 
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
-from grpo_trainer.contract.config import DatasetConfig, LoraConfig, RunConfig
+from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import parse_progress
-from grpo_trainer.learner.main import (
-    ConfigError,
-    adapter_sync,
-    as_messages,
-    check_lora_targets,
-    head_module_names,
-    load_prompts,
-    peft_config,
-    trainer_arguments,
-)
+from grpo_trainer.learner.errors import ConfigError
+from grpo_trainer.learner.main import trainer_arguments
 from tests.support.paths import REPO
+from tests.trainer.learner.test_lora import gpt2_config
 
 
 def config(**fields) -> RunConfig:
@@ -64,35 +57,6 @@ def test_the_trainer_accepts_every_argument_we_build(tmp_path):
     built = AsyncGRPOConfig(**trainer_arguments(config(
         learner={"device": "cpu"}, output_dir=str(tmp_path), training={"extraArgs": {"queue_maxsize": 8}})))
     assert built.use_cpu and built.queue_maxsize == 8
-
-
-def test_prompts_become_chat_messages():
-    assert as_messages("hi") == [{"role": "user", "content": "hi"}]
-    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    assert as_messages(chat) == chat
-    with pytest.raises(ConfigError):
-        as_messages(3)
-
-
-def test_the_tiny_dataset_loads_with_a_prompt_column():
-    dataset = load_prompts(DatasetConfig(path=str(REPO / "examples" / "tiny-prompts.jsonl"), limit=5))
-    assert len(dataset) == 5
-    assert dataset[0]["prompt"] == [{"role": "user", "content": "say apple"}]
-
-
-def test_dataset_mistakes_name_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="dataset.path"):
-        load_prompts(DatasetConfig(path=str(tmp_path / "missing.jsonl")))
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"question": "q"}\n')
-    with pytest.raises(ConfigError, match="dataset.promptField 'prompt' is not a column"):
-        load_prompts(DatasetConfig(path=str(data)))
-    renamed = load_prompts(DatasetConfig(path=str(data), prompt_field="question"))
-    assert renamed.column_names == ["prompt"]
-    for name, content in [("blank.jsonl", "\n \n"), ("empty.csv", "")]:
-        (tmp_path / name).write_text(content)
-        with pytest.raises(ConfigError, match=r"^dataset.path '.*': the file has no rows$"):
-            load_prompts(DatasetConfig(path=str(tmp_path / name)))
 
 
 def test_tiny_assets_are_deterministic_and_fit_the_cpu_server(tmp_path):
@@ -192,57 +156,6 @@ def test_no_rollout_url_is_refused_as_invalid_config_naming_the_field(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_training_lora_becomes_peft_lora_config_for_a_causal_lm():
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import TaskType
-
-    lora = peft_config(LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "self_attn.v_proj"]))
-    assert isinstance(lora, PeftLoraConfig) and lora.task_type == TaskType.CAUSAL_LM
-    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (4, 8.0, 0.1)
-    assert set(lora.target_modules) == {"q_proj", "self_attn.v_proj"}
-    assert lora.bias == "none" and not lora.modules_to_save  # nothing outside the adapter trains
-    assert peft_config(None) is None  # no training.lora: full fine-tuning
-
-
-@pytest.mark.parametrize("training, mode, synced", [
-    ({"lora": {"r": 4}}, "filesystem", True),
-    ({"lora": {"r": 4, "sync": "merged"}}, "filesystem", False),
-    ({}, "filesystem", False),
-    ({"lora": {"r": 4}}, "nccl", False),  # TRL decides itself, from the server's --enable-lora
-])
-def test_the_learner_syncs_the_adapter_alone_only_for_a_filesystem_lora_run_that_asks(training, mode, synced):
-    sync = {"mode": mode, "directory": "/w"} if mode == "filesystem" else {"mode": mode}
-    assert adapter_sync(config(training=training, rollout={"urls": ["http://r:8000"], "weightSync": sync})) is synced
-
-
-def test_unset_lora_targets_adapt_every_linear_layer_but_the_head(tiny_model_dir):
-    from peft import get_peft_model
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    from transformers import AutoModelForCausalLM
-
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft_config(LoraConfig()))
-    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
-    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert not isinstance(model.get_output_embeddings(), BaseTunerLayer)
-
-
-def _gpt2_config():
-    from transformers import GPT2Config
-
-    return GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16)  # ties lm_head to wte
-
-
-def test_a_lora_target_naming_a_models_own_head_is_a_config_error_naming_the_field():
-    """The spec refuses lm_head and embed_tokens by name; a model that calls its tied embedding otherwise (GPT-2's
-    wte) is refused by the learner before the model loads, as a config error rather than a crash."""
-    assert head_module_names(_gpt2_config()) == ["transformer.wte", "lm_head"]
-    with pytest.raises(ConfigError, match=r"^training\.lora\.targetModules: \['wte'\] select the model's output"):
-        check_lora_targets(LoraConfig(target_modules=["c_attn", "wte"]), _gpt2_config())
-    check_lora_targets(LoraConfig(target_modules=["c_attn", "c_proj"]), _gpt2_config())
-    check_lora_targets(LoraConfig(), _gpt2_config())  # peft's all-linear leaves the head out itself
-    check_lora_targets(None, _gpt2_config())
-
-
 def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_own_head(tmp_path, tiny_model_dir):
     """Before the model loads and before any rollout server is waited for: a retry would find the same spec."""
     import shutil
@@ -252,7 +165,7 @@ def test_the_learner_exits_78_naming_the_field_when_a_lora_target_is_the_models_
     from grpo_trainer.learner.main import main
 
     model_dir = tmp_path / "gpt2"
-    GPT2LMHeadModel(_gpt2_config()).save_pretrained(model_dir)
+    GPT2LMHeadModel(gpt2_config()).save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(f"{tiny_model_dir}/{name}", model_dir / name)
     config = _config_without_a_server(tmp_path, model_dir, "tiny-prompts.jsonl",

@@ -13,9 +13,9 @@ import torch
 from accelerate import PartialState
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample, TrainingSequence, _AsyncRolloutLoop
 
+from grpo_trainer.agentic.episodes import GROUP_ROWS_KEY
 from grpo_trainer.contract.codes import DropReason
 from grpo_trainer.contract.config import RewardConfig
-from grpo_trainer.episodes import GROUP_ROWS_KEY
 from grpo_trainer.learner.rewards import load_rewards, unscored
 from grpo_trainer.learner.scoring import RewardModel, ScoringQueue, score_step
 from grpo_trainer.progress import RolloutProgress, RolloutStop, StopCode

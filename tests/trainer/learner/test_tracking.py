@@ -12,6 +12,8 @@ from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
 from grpo_trainer.learner import tracking
 from grpo_trainer.learner.main import trainer_arguments
+from grpo_trainer.learner.tracking import base, mlflow_tracker, runs_file
+from grpo_trainer.learner.tracking.registry import TRACKERS
 
 
 def config(tmp_path=None, **fields) -> RunConfig:
@@ -52,21 +54,30 @@ def test_each_tracker_maps_to_report_to_and_the_env_its_integration_reads(tmp_pa
     assert tracking.tracker_env(config(tracking={"mlflow": {"trackingUri": "u"}}))["MLFLOW_EXPERIMENT_NAME"] == "ml"
 
 
+def test_every_tracker_the_spec_names_has_its_tracker_registered():
+    """spec.tracking's fields, transformers' report_to names and the registry's keys are one list, in one order."""
+    from grpo_trainer.contract.config import TrackingConfig
+
+    assert list(TRACKERS) == list(TrackingConfig.model_fields)
+    for name, tracker in TRACKERS.items():
+        assert tracker.name == name and isinstance(tracker.package, str)
+
+
 def test_missing_credentials_are_one_line_naming_the_field():
     run = config(tracking={"mlflow": {"trackingUri": "u", "credentialsSecret": "mlflow-login"}})
-    with pytest.raises(tracking.TrackingConfigError, match=r"^spec\.tracking\.mlflow\.credentialsSecret: Secret "
+    with pytest.raises(base.TrackingConfigError, match=r"^spec\.tracking\.mlflow\.credentialsSecret: Secret "
                                                            r"'mlflow-login' is missing"):
         tracking.check_trackers(run, environ={})
     tracking.check_trackers(run, environ={"MLFLOW_TRACKING_TOKEN": "t"})
     online = config(tracking={"wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "apiKey"}}})
-    with pytest.raises(tracking.TrackingConfigError, match=r"^spec\.tracking\.wandb\.apiKeySecret: Secret 'wandb'"):
+    with pytest.raises(base.TrackingConfigError, match=r"^spec\.tracking\.wandb\.apiKeySecret: Secret 'wandb'"):
         tracking.check_trackers(online, environ={})
 
 
 def test_a_learner_asked_for_a_tracker_it_lacks_exits_78_naming_the_field(tmp_path, monkeypatch):
     from grpo_trainer.learner.main import main
 
-    monkeypatch.setitem(tracking.TRACKER_MODULES, "tensorboard", "grpo_no_such_tracker_package")
+    monkeypatch.setattr(TRACKERS["tensorboard"], "package", "grpo_no_such_tracker_package")
     run = config(tmp_path, tracking={"tensorboard": {}}, learner={"device": "cpu"})
     assert main(run) == EXIT_INVALID_CONFIG
     report = parse_progress((tmp_path / "termination-log").read_text())
@@ -111,7 +122,7 @@ def test_only_the_main_process_asks_to_continue_the_recorded_runs(tmp_path, monk
     tracking.record_runs(run, [TrackedRunReport(tracker="wandb", run_id="a1b2c3d4", uri="/ckpt/wandb/run"),
                                TrackedRunReport(tracker="mlflow", run_id="0f1e2d3c", uri="http://mlflow/run")])
     asked = []
-    monkeypatch.setattr(tracking, "continued_mlflow_run", lambda config, recorded: asked.append(recorded.run_id)
+    monkeypatch.setattr(mlflow_tracker, "continued_mlflow_run", lambda config, recorded: asked.append(recorded.run_id)
                         or recorded.run_id)
     other_rank: dict[str, str] = {}
     assert tracking.configure(run, other_rank, main_process=False) == ["mlflow", "wandb"]
@@ -129,12 +140,12 @@ def test_only_the_main_process_asks_to_continue_the_recorded_runs(tmp_path, monk
     (b'{"run": "ml/tiny", "wandb": {"runId": 7, "project": "grpo"}}', "wandb.runId"),
     (b'{"run": "ml/other-run", "wandb": {"runId": "a1b2c3d4", "project": "grpo"}}', "'ml/other-run', not of"),
     (b"[]", "not a runs file"),
-    (b" " * (tracking.RUNS_FILE_MAX_BYTES + 1), "bytes"),
+    (b" " * (runs_file.RUNS_FILE_MAX_BYTES + 1), "bytes"),
 ])
 def test_a_runs_file_that_cannot_be_trusted_starts_new_runs_with_a_warning(tmp_path, caplog, content, why):
     run = config(tmp_path, tracking=WANDB_OFFLINE)
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / tracking.RUNS_FILE).write_bytes(content)
+    (tmp_path / "ckpt" / runs_file.RUNS_FILE).write_bytes(content)
     environ: dict[str, str] = {}
     with caplog.at_level("WARNING", logger=tracking.__name__):
         assert tracking.configure(run, environ) == ["wandb"]
@@ -313,10 +324,10 @@ def test_a_recorded_mlflow_run_the_server_no_longer_has_gives_way_to_a_new_run(m
 
     mlflow = {"mlflow": {"trackingUri": mlflow_server.uri, "experiment": "grpo-gone"}}
     run = config(tmp_path, learner={"device": "cpu"}, tracking=mlflow)
-    recorded = tracking.RecordedMlflowRun(runId="0" * 32, trackingUri=mlflow_server.uri, experiment="grpo-gone")
+    recorded = base.RecordedMlflowRun(runId="0" * 32, trackingUri=mlflow_server.uri, experiment="grpo-gone")
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / tracking.RUNS_FILE).write_text(
-        tracking.RecordedRuns(run="ml/tiny", mlflow=recorded).model_dump_json(by_alias=True))
+    (tmp_path / "ckpt" / runs_file.RUNS_FILE).write_text(
+        base.RecordedRuns(run="ml/tiny", mlflow=recorded).model_dump_json(by_alias=True))
     with caplog.at_level("WARNING", logger=tracking.__name__):
         unknown = TrackedLearner(run, monkeypatch.setenv)
     assert "MLFLOW_RUN_ID" not in unknown.environ
@@ -326,7 +337,7 @@ def test_a_recorded_mlflow_run_the_server_no_longer_has_gives_way_to_a_new_run(m
     (started,) = unknown.parameters.tracked_runs()
     new_run = started.run_id
     assert new_run != "0" * 32
-    assert tracking.read_recorded_runs(run).mlflow.run_id == new_run
+    assert runs_file.read_recorded_runs(run).mlflow.run_id == new_run
 
     MlflowClient(mlflow_server.uri).delete_run(new_run)
     caplog.clear()

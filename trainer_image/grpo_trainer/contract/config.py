@@ -95,8 +95,8 @@ class RewardConfig(WireModel):
 
 
 #: AsyncGRPOConfig arguments the operator derives from the spec, with the spec field that sets each.
-#: `training.extraArgs` may not set them (`extraArgs: {num_train_epochs: 99}` ran 1584 groups where the spec said
-#: 12 epochs); the CRD's rule on extraArgs lists the same keys (tests/trainer/test_managed_args.py holds the two
+#: `training.extraArgs` may not set them (`extraArgs: {num_train_epochs: 99}` ran 1584 groups where the spec said 12
+#: epochs); the CRD's rule on extraArgs lists the same keys (tests/trainer/contract/test_managed_args.py holds the two
 #: together).
 MANAGED_TRAINER_ARGS: dict[str, str] = {
     "num_train_epochs": "training.epochs",
@@ -345,7 +345,7 @@ class OutputConfig(WireModel):
 
 class InputsConfig(WireModel):
     """Where the model and dataset come from when they are not a hub id or a plain path (the GRPORun's
-    `spec.inputs`), and where downloads are kept (grpo_trainer.inputs)."""
+    `spec.inputs`), and where downloads are kept (grpo_trainer.storage.inputs)."""
 
     cache_dir: str | None = Field(
         None, description="Where s3:// inputs are downloaded, once: on spec.modelCache.volume in a pod; default "

@@ -27,7 +27,8 @@ METRIC_WEIGHT_SYNCS = "grpo_learner_weight_syncs_total"
 # The training step's scoring: samples it scored, and those it took out of the loss (label: reason, MASK_REASONS).
 METRIC_SAMPLES_SCORED = "grpo_learner_step_samples_scored_total"
 METRIC_SAMPLES_MASKED = "grpo_learner_step_samples_masked_total"
-# Episodes (tools and environments, grpo_trainer.episodes): counted as they reach the learner, from 0 per process.
+# Episodes (tools and environments, grpo_trainer.agentic.episodes): counted as they reach the learner, from 0 per
+# process.
 METRIC_EPISODES = "grpo_learner_episodes_total"
 METRIC_EPISODE_TURNS = "grpo_learner_episode_turns_total"  # model turns, summed over episodes
 METRIC_EPISODES_FORKED = "grpo_learner_episodes_forked_total"  # episodes that became more than one training row

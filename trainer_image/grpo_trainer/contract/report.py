@@ -47,8 +47,9 @@ class ExportReport(ReportModel):
 
 
 class EpisodeReport(ReportModel):
-    """The episodes of a run with tools or environments (grpo_trainer.episodes), counted as they reach the learner
-    by this learner process (from 0 after a resume): every conversation of every group, whatever became of it."""
+    """The episodes of a run with tools or environments (grpo_trainer.agentic.episodes), counted as they reach the
+    learner by this learner process (from 0 after a resume): every conversation of every group, whatever became of
+    it."""
 
     episodes: Count = Field(0, description="Conversations the rollout worker finished.")
     rows: Count = Field(0, description="Training rows they became (more than one: re-tokenization forked).")

@@ -1,5 +1,5 @@
 """Object store locations (`s3://bucket/prefix`) and the variables that say where and as whom, without the client
-library: the operator checks spec.output.uri and sets the variables with it; grpo_trainer.object_store reads and
+library: the operator checks spec.output.uri and sets the variables with it; grpo_trainer.storage.object_store reads and
 writes the locations."""
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..contract.codes import DropReason
-from ..model_export import sha256_of
 from ..progress.state import ProgressStateError, check_version
+from ..storage.model_export import sha256_of
 
 logger = logging.getLogger(__name__)
 

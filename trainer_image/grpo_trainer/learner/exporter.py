@@ -216,7 +216,7 @@ class ProgressCollector:
 
 
 def episode_families(episodes: EpisodeReport) -> list[Metric]:
-    """Tool calls and environments (grpo_trainer.episodes), counted by this learner process."""
+    """Tool calls and environments (grpo_trainer.agentic.episodes), counted by this learner process."""
     def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
         return CounterMetricFamily(_without_total(name), doc, value=value)
 

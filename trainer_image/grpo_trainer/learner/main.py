@@ -14,9 +14,9 @@ import sys
 import traceback
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+from ..agentic.tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
 from ..contract.codes import (
     EXIT_EXPORT_FAILED,
     EXIT_INVALID_CONFIG,
@@ -25,38 +25,25 @@ from ..contract.codes import (
     EXIT_SUCCEEDED,
     LearnerPhase,
 )
-from ..contract.config import DatasetConfig, LoraConfig, RunConfig
+from ..contract.config import RunConfig
 from ..contract.report import ExportReport, ProgressReport
-from ..contract.store_uri import is_object_store_uri
 from ..progress import queue_bound
-from ..tools import check_tool_chat_template, environment_factories, load_environment_factory, load_tools
+from ..storage.final_model import export_trained_model, save_final_model
+from .datasets import load_prompts
+from .errors import ConfigError
 from .exporter import write_termination_message
+from .lora import adapter_sync, check_lora_targets, peft_config
 from .preemption import Preempted, route_to, settle
 from .rewards import RewardResultError, UserCodeError, load_rewards
-from .tracking import TrackingConfigError, parameters_callback
 from .tracking import configure as configure_tracking
+from .tracking import parameters_callback
+from .tracking.base import TrackingConfigError
 
 logger = logging.getLogger("grpo_trainer.learner")
 
 SERVER_READY_TIMEOUT_S = 1800
 #: Each error text in a crash's message is clipped so the root cause's frame still fits the 4096-byte report.
 ERROR_TEXT_MAX_CHARS = 1200
-
-
-class ConfigError(ValueError):
-    """A user mistake in the run config found while loading what it names. One line; exit EXIT_INVALID_CONFIG."""
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Pure pieces
-# ----------------------------------------------------------------------------------------------------------------------
-def as_messages(prompt: Any) -> list[dict[str, Any]]:
-    """TRL's rollout worker renders `prompt` through the chat template: it must be a list of messages."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
-        return prompt
-    raise ConfigError(f"dataset prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
 
 
 def trainer_arguments(config: RunConfig) -> dict[str, Any]:
@@ -98,113 +85,6 @@ def trainer_arguments(config: RunConfig) -> dict[str, Any]:
         arguments.update(use_cpu=True, dtype="float32", bf16=False)
     arguments.update(training.extra_args)
     return arguments
-
-
-#: peft's own word for "every linear layer but the output layer": what an unset `training.lora.targetModules` adapts.
-ALL_LINEAR = "all-linear"
-#: Under the final model's folder: the LoRA adapter itself (peft's save_pretrained), beside the merged model.
-FINAL_ADAPTER_FOLDER = "adapter"
-
-
-def peft_config(lora: LoraConfig | None):
-    """peft's LoraConfig for `training.lora` (None: full fine-tuning). TRL wraps the policy with it."""
-    if lora is None:
-        return None
-    import peft
-
-    return peft.LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules) if lora.target_modules else ALL_LINEAR,
-        task_type=peft.TaskType.CAUSAL_LM,
-    )
-
-
-def adapter_sync(config: RunConfig) -> bool:
-    """Whether the learner syncs the adapter alone to each rollout server through its filesystem transfer. Over
-    NCCL TRL decides itself, from the server's `--enable-lora`, which the rollout pods get only for `sync: adapter`."""
-    lora = config.training.lora
-    return lora is not None and lora.sync == "adapter" and config.rollout.weight_sync.mode == "filesystem"
-
-
-def lora_target_matches(module_name: str, target: str) -> bool:
-    """Whether a peft `target_modules` entry selects a module: its full name, or the end of its dotted path."""
-    return module_name == target or module_name.endswith(f".{target}")
-
-
-def head_module_names(model_config) -> list[str]:
-    """The names of the model's output embedding, and of its input embedding when the two are tied: what a LoRA
-    adapter may not target. Found on a weightless (meta-device) copy of the model; [] if it cannot be built."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_config)
-    except (ValueError, KeyError, TypeError):  # not a causal LM transformers builds from its config: TRL checks
-        return []
-    heads = [model.get_output_embeddings()]
-    if getattr(model_config.get_text_config(), "tie_word_embeddings", False):
-        heads.append(model.get_input_embeddings())
-    return [name for name, module in model.named_modules() if any(module is head for head in heads if head is not None)]
-
-
-def check_lora_targets(lora: LoraConfig | None, model_config) -> None:
-    """Refuse a LoRA target that selects the head, under whatever name this model gives it (the spec refuses the
-    usual names before the run starts). TRL refuses an adapted head as well, but as a crash the run would retry."""
-    if lora is None or not lora.target_modules:
-        return
-    heads = head_module_names(model_config)
-    refused = [target for target in lora.target_modules if any(lora_target_matches(head, target) for head in heads)]
-    if refused:
-        raise ConfigError(f"training.lora.targetModules: {refused} select the model's output embedding "
-                          f"({', '.join(heads)}), which the learner scores with its base weight: leave it out")
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# I/O
-# ----------------------------------------------------------------------------------------------------------------------
-def load_prompts(dataset_config: DatasetConfig):
-    """The prompt dataset with a `prompt` column of chat messages; other columns reach the rewards as kwargs."""
-    import datasets
-
-    try:
-        if dataset_config.path is not None:
-            path = dataset_config.path
-            if os.path.isdir(path):
-                loaded = datasets.load_from_disk(path)
-                dataset = loaded[dataset_config.split] if isinstance(loaded, datasets.DatasetDict) else loaded
-            elif os.path.isfile(path):
-                if _has_no_rows(path):  # datasets' builders fail on it with StopIteration or a bare generation error
-                    raise ConfigError(f"dataset.path {path!r}: the file has no rows")
-                kind = "json" if path.endswith((".json", ".jsonl")) else path.rsplit(".", 1)[-1]
-                dataset = datasets.load_dataset(kind, data_files=path, split="train")
-            else:
-                raise ConfigError(f"dataset.path {path!r}: no such file or directory")
-        else:
-            dataset = datasets.load_dataset(dataset_config.name, dataset_config.config, split=dataset_config.split)
-    except ConfigError:
-        raise
-    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
-        source = dataset_config.path or dataset_config.name
-        raise ConfigError(f"dataset {source!r}: {str(error).splitlines()[0]}") from None
-    field = dataset_config.prompt_field
-    if field not in dataset.column_names:
-        raise ConfigError(f"dataset.promptField {field!r} is not a column; columns: {dataset.column_names}")
-    if dataset_config.limit is not None:
-        dataset = dataset.select(range(min(dataset_config.limit, len(dataset))))
-    if len(dataset) == 0:
-        raise ConfigError("dataset has no rows")
-    if field != "prompt" and "prompt" in dataset.column_names:
-        dataset = dataset.remove_columns("prompt")
-    remove = [field] if field != "prompt" else []
-    return dataset.map(lambda row: {"prompt": as_messages(row[field])}, remove_columns=remove)
-
-
-def _has_no_rows(path: str, sniff_bytes: int = 1 << 16) -> bool:
-    """An empty file, or one of blank lines only (read up to its first non-blank byte, at most `sniff_bytes`)."""
-    with open(path, "rb") as file:
-        head = file.read(sniff_bytes)
-    return not head.strip() and len(head) < sniff_bytes
 
 
 @contextlib.contextmanager
@@ -259,7 +139,7 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     set of rollout servers follows the file's `rollout.urls` while the learner runs. What the config names is checked
     before the model and TRL load, so a mistake in it ends the learner at once."""
-    from ..inputs import resolve
+    from ..storage.inputs import resolve
     from .attention import AttentionUnavailable, choose_kernel, precision_problem, probe_device
 
     try:
@@ -359,97 +239,6 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     return learner
 
 
-def save_final_model(learner, directory: str) -> None:
-    """The trained policy in `directory` as a transformers model (what vLLM and `from_pretrained` load). A LoRA run
-    saves its adapter (peft) in `directory/adapter` and, in `directory`, the base weights with the adapter merged in."""
-    from accelerate.utils import is_peft_model
-
-    model = learner.accelerator.unwrap_model(learner.model)
-    if learner.accelerator.is_fsdp2:
-        # The trainer's own save writes an FSDP2 model as each rank's shard (SHARDED_STATE_DICT): not a model
-        # vLLM or from_pretrained loads.
-        save_sharded_model(model, learner.processing_class, directory, is_main=learner.accelerator.is_main_process)
-        learner.accelerator.wait_for_everyone()
-        return
-    if not is_peft_model(model):
-        learner.save_model(directory)
-        return
-    learner.save_model(os.path.join(directory, FINAL_ADAPTER_FOLDER))
-    if learner.accelerator.is_main_process:
-        # The run is over: merging in place (peft's merge_and_unload) costs no second copy of the weights.
-        model.merge_and_unload().save_pretrained(directory)
-        learner.processing_class.save_pretrained(directory)
-    learner.accelerator.wait_for_everyone()
-
-
-def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> None:
-    """An FSDP2 model consolidated into `directory` as a transformers model (safetensors): every rank takes part in
-    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not is_main:
-        return
-    model.save_pretrained(directory, state_dict=state)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-
-
-def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
-    """Write the trained model to `config.output` with its manifest (grpo_trainer.model_export), then upload it when
-    its URI is an object store's (grpo_trainer.object_store, the manifest last); rank 0's report, None on the other
-    ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and uploads."""
-    from ..model_export import export_model, package_versions, reward_trend, staging_path
-
-    assert config.output is not None
-    directory = Path(config.output.directory)
-    if not learner.accelerator.is_main_process:
-        save_final_model(learner, str(staging_path(directory)))
-        return None
-
-    def save(folder: Path) -> None:
-        save_final_model(learner, str(folder))
-        # Sampling defaults travel with the model: vLLM and `generate` read them from generation_config.json.
-        generation_config = getattr(learner.accelerator.unwrap_model(learner.model), "generation_config", None)
-        if generation_config is not None and not (folder / "generation_config.json").exists():
-            generation_config.save_pretrained(folder)
-
-    report = learner.progress_report()
-    provenance = {
-        "run": {"name": config.run_name, "namespace": config.namespace},
-        "spec": config.output.run_spec,
-        "progress": {
-            "groupsTotal": report.groups_total, "groupsConsumed": report.groups_consumed,
-            "groupsTrained": report.groups_trained, "groupsDropped": report.dropped_total,
-            "dropped": dict(report.dropped), "epochsDone": report.epochs_done, "epochs": report.epochs,
-            "globalStep": report.global_step, "rewardMean": report.reward_mean,
-            "rewardTrend": reward_trend(learner.state.log_history),
-        },
-        "packages": package_versions(),
-    }
-    exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
-    if is_object_store_uri(config.output.uri):
-        exported = upload_export(exported)
-    logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
-                exported.step, exported.bytes, exported.sha256)
-    return exported
-
-
-def upload_export(exported: ExportReport) -> ExportReport:
-    """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
-    naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
-    from ..contract.store_uri import parse_uri
-    from ..model_export import ExportError
-    from ..object_store import ObjectStoreError, upload_folder
-
-    try:
-        uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
-    except ObjectStoreError as error:  # its message names the location
-        raise ExportError(f"could not upload the model: {error}") from None
-    # The folder's own manifest goes up verbatim: the digest and size are those of the objects in the store.
-    return exported.model_copy(update={"sha256": uploaded.sha256, "bytes": uploaded.bytes})
-
-
 def _finish(config: RunConfig, learner, code: int, phase: LearnerPhase, message: str,
             output: ExportReport | None = None) -> int:
     report = _final_report(config, learner).model_copy(update={"phase": phase, "message": message, "output": output})
@@ -509,9 +298,9 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
     entrypoint before the slow imports. `config_path` is the file `config` was read from (watched for
     `rollout.urls`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ..inputs import InputError
-    from ..model_export import ExportError
     from ..progress import AccountingError, StallError
+    from ..storage.inputs import InputError
+    from ..storage.model_export import ExportError
     from .checkpoints import UnusableCheckpoints, newest_checkpoint
 
     learner = None

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from ..agentic.episodes import GROUP_ROWS_KEY, group_rows
 from ..contract.codes import DropReason
 from ..contract.config import REWARD_MODEL_BATCH_SIZE, RewardConfig
-from ..episodes import GROUP_ROWS_KEY, group_rows
 from .rewards import completion_text
 
 logger = logging.getLogger(__name__)

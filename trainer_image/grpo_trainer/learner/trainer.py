@@ -1,14 +1,14 @@
 """GRPOLearner: TRL 1.16's AsyncGRPOTrainer with progress accounting and a run that always ends.
 
 Hooks (subclass only; TRL is not patched): the data pipeline is rebuilt with SampleFilterQueue, StopAwareDataset and
-ProgressCollator; `get_batch_samples` handles the stop micro-batch the same way on every rank; TRL's count-based
-`_EpochStopCallback` is removed (the stream now decides, and counts drops too); checkpoints carry the consumed
-groups. See the progress package for the rules.
+ProgressCollator; TRL's count-based `_EpochStopCallback` is removed (the stream now decides, and counts drops too);
+checkpoints carry the consumed groups. See the progress package for the rules. Two mixins hold the rest: the loss with
+the training step's scoring (grpo_trainer.learner.loss) and how a run stops, preemption included
+(grpo_trainer.learner.stopping: `get_batch_samples` handles the stop micro-batch the same way on every rank).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from accelerate.utils import broadcast, is_peft_model
+from accelerate.utils import is_peft_model
 from torch.utils.data import DataLoader
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo.async_grpo_trainer import (
     AsyncGRPOTrainer,
     FixedCountBatcher,
@@ -32,15 +32,12 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
     validate_lora_for_vllm_sync,
 )
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
-from trl.trainer.utils import nanmax, nanmin
 
-from ..contract.codes import AttentionKernel, DropReason, LearnerPhase, StallCause
+from ..agentic.episodes import EpisodeCounts, EpisodeQueue
+from ..contract.codes import AttentionKernel, LearnerPhase, StallCause
 from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
 from ..contract.report import ProgressReport, TrackedRunReport
-from ..episodes import EpisodeCounts, EpisodeQueue
 from ..progress import (
-    SAMPLE_GROUP_KEY,
-    STOP_KEY,
     AccountingError,
     ConsumedIds,
     ProgressCollator,
@@ -51,8 +48,6 @@ from ..progress import (
     SampleLimits,
     StallError,
     StopAwareDataset,
-    StopCode,
-    stop_from_batch,
 )
 from ..rollout.sync_watchdog import SyncTimer, WeightSyncStuck
 from ..rollout.wait import RolloutWaitMeter
@@ -68,8 +63,10 @@ from .checkpoints import (
     write_marker,
 )
 from .exporter import StepMetrics
+from .loss import ScoredLoss
 from .scoring import RewardModel, ScoringQueue
-from .step_scoring import ExclusionTracker, ImportanceBounds, masked_terms, score_step
+from .step_scoring import ExclusionTracker, ImportanceBounds
+from .stopping import RunStopping
 from .tracking import progress_logs
 
 if TYPE_CHECKING:
@@ -123,8 +120,10 @@ class LearnerReporting:
     rollout_pool: RolloutPool | None = None
 
 
-class GRPOLearner(AsyncGRPOTrainer):
-    """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing.
+class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
+    """AsyncGRPOTrainer whose run ends at the epoch bound, or with StallError when a full pass trains nothing: TRL's
+    trainer with the scored loss (`ScoredLoss`) and the run's stops (`RunStopping`); this class builds the pipeline,
+    syncs the weights, reports and checkpoints.
 
     TRL's arguments, with `args` (its AsyncGRPOConfig) by keyword; extra keyword-only arguments:
         filter_config: which rollouts to drop before training (contract.config.FilterConfig).
@@ -165,7 +164,7 @@ class GRPOLearner(AsyncGRPOTrainer):
             attention_kernel = choice.kernel
         install(attention_kernel)  # before TRL builds the model: its first forward asks for the kernel
         self.attention_kernel = attention_kernel
-        # Tool calls and environments: /progress reports their episodes (grpo_trainer.episodes).
+        # Tool calls and environments: /progress reports their episodes (grpo_trainer.agentic.episodes).
         self.uses_tools = bool(kwargs.get("tools")) or kwargs.get("environment_factory") is not None
         self.episodes = EpisodeCounts()
         super().__init__(*positional, args=args, **kwargs)
@@ -450,294 +449,6 @@ class GRPOLearner(AsyncGRPOTrainer):
             metrics=self._metrics["train"],
         )
         return self.scoring
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's compute_loss with the training step's scoring between the forward and the loss.
-
-        TRL's own: `trl/experimental/async_grpo/async_grpo_trainer.py:1497-1625 (trl 1.16.0)`, which offers no seam
-        there; this copy differs only where marked "step scoring". A sample `score_step` takes out contributes no
-        loss term and no gradient: its log-ratio is replaced before the exponential (a NaN there would turn the
-        zero gradient of a masked term into NaN), and its terms are zeroed. The token normaliser is TRL's
-        (`global_n_tokens`): masked terms count in it, as TRL GRPO's masked importance sampling keeps them.
-        """
-        mask_bool = inputs["attention_mask"].bool()
-        selected = inputs["token_index"] >= 0
-        input_ids = inputs["input_ids"][mask_bool].unsqueeze(0)
-        position_ids = inputs["position_ids"][mask_bool].unsqueeze(0)
-        shift_labels = inputs["shift_labels"][mask_bool].unsqueeze(0)
-        token_index = inputs["token_index"][selected]
-        old_log_probs = inputs["old_log_probs"][selected]
-        advantages = inputs["advantages"][selected]
-        segment_id = inputs["segment_id"][selected]
-        tree_kwargs = {
-            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
-        }
-        tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
-
-        forward_start = time.time()
-        # MoE models: request router logits so the forward returns the load-balancing loss
-        router_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            shift_labels=shift_labels,
-            fused_lm_head=True,
-            **router_kwargs,
-            **tree_kwargs,
-        )
-        log_probs = outputs.log_probs.flatten()[token_index]
-        entropy = outputs.entropy.flatten()[token_index]
-        self._last_forward_time_s = time.time() - forward_start
-
-        # step scoring: verdicts from the unmasked terms, then the loss over the kept ones only.
-        kept = ~masked_terms(self._score_step(inputs, log_probs, old_log_probs, advantages, segment_id), segment_id)
-        log_ratio = torch.where(kept, log_probs - old_log_probs, 0.0)
-        coef_1 = torch.exp(log_ratio)
-        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
-        per_token_loss1 = coef_1 * advantages
-        per_token_loss2 = coef_2 * advantages
-        per_token_loss = torch.where(kept, -torch.min(per_token_loss1, per_token_loss2), 0.0)  # step scoring
-
-        # DDP/FSDP averages gradients across ranks (world_size).
-        # To get correct per-token normalization we scale by 1/tokens_per_rank
-        # = world_size / global_n_tokens, so after DDP averaging the effective
-        loss = per_token_loss.sum()
-        global_n_tokens = inputs["global_n_tokens"][0]
-        world_size = self.accelerator.num_processes
-        tokens_per_rank = (global_n_tokens / world_size).clamp(min=1.0)
-        loss = loss / tokens_per_rank.to(torch.float32)
-        # For DAPO, we would scale like this instead:
-        # loss = loss / max(per_token_loss.size(0), 1)
-        loss = loss / self.current_gradient_accumulation_steps
-
-        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
-        if self.aux_loss_enabled:
-            aux_loss = outputs.aux_loss
-            loss = loss + self.router_aux_loss_coef * aux_loss / self.current_gradient_accumulation_steps
-
-        with torch.no_grad():
-            local_ratio_sum = coef_1.sum()
-            local_count = torch.full_like(local_ratio_sum, float(log_probs.numel()))
-            # Approx KL: http://joschu.net/blog/kl-approx.html
-            local_kl_sum = ((coef_1 - 1) - log_ratio).sum()
-            local_entropy_sum = entropy.sum()
-
-            # Compute the clipped probability ratios
-            is_low_clipped = (coef_1 < 1 - self.epsilon_low) & (advantages < 0)
-            is_high_clipped = (coef_1 > 1 + self.epsilon_high) & (advantages > 0)
-            is_region_clipped = is_low_clipped | is_high_clipped
-            local_low_clip_sum = is_low_clipped.float().sum()
-            local_high_clip_sum = is_high_clipped.float().sum()
-            local_region_clip_sum = is_region_clipped.float().sum()
-
-            # Batch all-reduce: [ratio_sum, kl_sum, entropy_sum, low_clip_sum, high_clip_sum, region_clip_sum, count]
-            stats = torch.stack(
-                [
-                    local_ratio_sum,
-                    local_kl_sum,
-                    local_entropy_sum,
-                    local_low_clip_sum,
-                    local_high_clip_sum,
-                    local_region_clip_sum,
-                    local_count,
-                ]
-            )
-            stats = self.accelerator.reduce(stats, reduction="sum")
-            (
-                global_ratio_sum,
-                global_kl_sum,
-                global_entropy_sum,
-                global_low_clip_sum,
-                global_high_clip_sum,
-                global_region_clip_sum,
-                global_count,
-            ) = stats.unbind(0)
-            self._metrics["train"]["ratio"].append((global_ratio_sum / global_count).item())
-            self._metrics["train"]["kl"].append((global_kl_sum / global_count).item())
-            self._metrics["train"]["entropy"].append((global_entropy_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/low_mean"].append((global_low_clip_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/high_mean"].append((global_high_clip_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/region_mean"].append((global_region_clip_sum / global_count).item())
-
-            num_seq = int(segment_id.max()) + 1  # completions in this rank's row
-
-            def seg_sum(vals):  # per-completion segment sum over the flat selection
-                return torch.zeros(num_seq, device=vals.device).index_add_(0, segment_id, vals)
-
-            seq_tokens = seg_sum(torch.ones_like(coef_1, dtype=torch.float32))
-            seq_low = seg_sum(is_low_clipped.float())
-            seq_high = seg_sum(is_high_clipped.float())
-            per_seq_low = seq_low / seq_tokens  # NaN for a completion with no valid tokens; ignored by nan-aware min
-            per_seq_high = seq_high / seq_tokens
-            gathered_low_min = self.accelerator.gather(nanmin(per_seq_low))
-            gathered_high_max = self.accelerator.gather(nanmax(per_seq_high))
-            self._metrics["train"]["clip_ratio/low_min"].append(nanmin(gathered_low_min).item())
-            self._metrics["train"]["clip_ratio/high_max"].append(nanmax(gathered_high_max).item())
-
-            if self.aux_loss_enabled:
-                gathered_aux = self.accelerator.reduce(aux_loss.detach().to(torch.float32), reduction="sum")
-                self._metrics["train"]["aux_loss"].append((gathered_aux / world_size).item())
-
-        # Per-step accounting, accumulated across the micro-batches of one optimizer step and flushed in
-        # `training_step`. The counts are batch-wide (the collator broadcasts one value per rank), so they are read off
-        # rank-local inputs without a collective. Sample rewards and packing metrics are NOT gathered here — rank 0
-        # already logged them in the collator.
-        n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
-        mean_seq_len = float(inputs["mean_seq_len"][0])
-        self._step_forward_tokens += n_forward_tokens
-        self._step_trained_tokens += float(global_n_tokens)
-        self._step_seq_len_weighted += mean_seq_len * n_forward_tokens
-        self._step_samples += n_forward_tokens / mean_seq_len
-        self._step_forward_s += self._last_forward_time_s
-        return loss
-
-    def _score_step(self, inputs, log_probs, old_log_probs, advantages, segment_id):
-        """This rank's verdicts (grpo_trainer.learner.step_scoring), gathered to rank 0, which excludes the groups left
-        with no sample. One gather per micro-batch, on every rank alike (it is a collective)."""
-        groups = inputs[SAMPLE_GROUP_KEY].reshape(-1)
-        num_samples = int((groups >= 0).sum())
-        with torch.no_grad():
-            ratio = torch.exp(log_probs - old_log_probs)
-            clipped = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
-            candidate = -torch.min(ratio * advantages, clipped * advantages)
-        verdicts = score_step(log_probs.detach(), old_log_probs, candidate, segment_id, num_samples,
-                              self.importance_bounds)
-        row = torch.full_like(groups, -1)
-        row[:num_samples] = verdicts
-        gathered = self.accelerator.gather(torch.stack([groups, row], dim=1)).reshape(-1, 2)
-        present = gathered[:, 1] >= 0
-        masked = int((gathered[:, 1] > 0).sum())
-        self._metrics["train"]["step_scoring/masked_frac"].append(masked / max(int(present.sum()), 1))
-        if self.accelerator.is_main_process:
-            decisions = self.exclusions.add(gathered[:, 0].tolist(), gathered[:, 1].tolist())
-            for group_id in decisions.excluded:
-                self.progress.exclude(group_id, DropReason.EXCLUDED)
-            for group_id in decisions.readmitted:
-                self.progress.readmit(group_id)
-        return verdicts
-
-    # ------------------------------------------------------------------------------------------------ stopping
-    def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """One gradient-accumulation window, fetched before any of it trains (transformers' seam,
-        `transformers/trainer.py:2289 (transformers 5.24.0)`).
-
-        The stop micro-batch is handled here, on every rank, so the window it ends never backpropagates: the
-        micro-batches before it in the window are discarded (their groups go back to the unconsumed set, and a
-        checkpoint leaves them out, except groups with rows in a window that stepped), and no optimizer step runs
-        on an empty window. Stepping on zeroed gradients
-        advanced the step counter, the LR schedule and a weight sync; stepping on a partial window's unreduced
-        gradients made two gloo ranks diverge (parameter checksums 308.53 vs 311.73).
-        """
-        self._fold_settled_groups()
-        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        at = next((i for i, batch in enumerate(batch_samples) if STOP_KEY in batch), None)
-        collated = self._collator.in_flight if self._collator is not None else None
-        window = len(batch_samples) if at is None else at
-        groups = [collated.popleft() for _ in range(window) if collated]
-        self.window_groups = set().union(*groups)
-        if at is None:
-            # The window trains: its groups are trained for good, also where rows of theirs are in later windows.
-            self.progress.stepped(self.window_groups)
-            return batch_samples, num_items_in_batch
-        self.window_groups = set()
-        self.discarded_micro_batches += at
-        self.progress.untrain(set().union(*groups))
-        self._stop(*stop_from_batch(batch_samples[at]))
-        return [], None
-
-    def _fold_settled_groups(self) -> None:
-        """Every window before this one reached its optimizer step; groups still only collated are not settled."""
-        if self._collator is None or not self.accelerator.is_main_process:
-            return
-        pending = [min(ids) for ids in self._collator.in_flight if ids]
-        settled = min(pending, default=self.progress.first_unconsumed)
-        self.progress.fold(settled)
-        self.exclusions.forget_below(min(settled, self.progress.first_unconsumed))
-
-    def _stop(self, code: StopCode, streak: int, _limit: int) -> None:
-        if code == StopCode.DONE:
-            code, streak = self._confirm_end(streak)
-        if code in (StopCode.DONE, StopCode.PREEMPTED):
-            self.control.should_training_stop = True
-            if self.args.save_strategy == SaveStrategy.STEPS:
-                self.control.should_save = True
-            if code == StopCode.PREEMPTED:
-                stream_stop = self._stream_stop()
-                self.phase = LearnerPhase.PREEMPTED
-                self.message = stream_stop.error if stream_stop else "preempted: stopped by SIGTERM"
-            return
-        stream_stop = self._stream_stop()
-        if code == StopCode.STALLED:
-            message = stream_stop.error if stream_stop else f"stalled: {streak} groups in a row trained nothing"
-            self.phase, self.message, self.stall_cause = LearnerPhase.STALLED, message, StallCause.STREAK
-            raise StallError(message)
-        message = stream_stop.error if stream_stop else "rank 0's rollout pipeline failed; see rank 0's log"
-        self.phase, self.message = LearnerPhase.FAILED, message
-        raise RolloutPipelineError(message) from (stream_stop.__cause__ if stream_stop else None)
-
-    def _confirm_end(self, streak: int) -> tuple[StopCode, int]:
-        """The stream's end at the bound, confirmed now that every micro-batch collated before it trained.
-
-        The stream decided with the groups it had collated, counted as trained; the training step's scoring (rank
-        0's `exclude`) may have taken out whole groups of the last micro-batches since. Rank 0 applies the stall
-        rules again (`RolloutProgress.end_stop`) and every rank takes its verdict from one broadcast, at this same
-        micro-batch: a pass excluded whole ends with the stall error, never as a success that trained nothing.
-        """
-        verdict = [int(StopCode.DONE), streak]
-        if self.accelerator.is_main_process:
-            stop = self.progress.end_stop()
-            verdict = [int(stop.code), self.progress.stall_streak]
-            if stop.code != StopCode.DONE and self._train_stream is not None:
-                self._train_stream.stop = stop
-        shared = broadcast(torch.tensor(verdict, dtype=torch.long, device=self.accelerator.device), from_process=0)
-        code, streak = (int(v) for v in shared.tolist())
-        return StopCode(code), streak
-
-    def request_preemption(self) -> bool:
-        """SIGTERM while training: stop at the next micro-batch on every rank, save, and end as preempted.
-
-        Only rank 0's stream decides (it checks before every sample it reads); other ranks get the stop micro-batch.
-        Returns False before `train()` (nothing to checkpoint yet): the caller then exits at once.
-        """
-        if not self._training:
-            return False
-        self.progress.request_stop("preempted: SIGTERM received; checkpoint saved for the restart")
-        if isinstance(self.weight_transfer, FilesystemWeightTransfer):
-            # A drain stops the rollout servers with the learner: a sync waiting on them would outlast the grace.
-            self.weight_transfer.stop_waiting()
-        if isinstance(self.rollout_worker, SupervisedRolloutWorker):
-            self.rollout_worker.abandon_in_flight()
-        return True
-
-    def _stream_stop(self):
-        """Rank 0's RolloutStop, with the full message and the original exception; None on other ranks."""
-        return self._train_stream.stop if self._train_stream is not None else None
-
-    def train(self, *args: Any, **kwargs: Any):
-        self._training = True
-        # What set-up built (model, tokenizer, libraries: ~476k objects with the tiny model) leaves the collector's
-        # reach: every full collection during training walked it, 0.27 s each, about 5 per 300 1,200-token samples
-        # in the input pipeline alone (bench section 1). Its cyclic garbage is collected first.
-        gc.collect()
-        gc.freeze()
-        try:
-            output = super().train(*args, **kwargs)
-        except StallError:
-            raise
-        except Exception as error:
-            if self.phase not in (LearnerPhase.STALLED, LearnerPhase.FAILED):
-                self.phase, self.message = LearnerPhase.FAILED, f"{type(error).__name__}: {error}"
-            raise
-        finally:
-            gc.unfreeze()
-        if self.phase == LearnerPhase.PREEMPTED:
-            return output
-        self.phase = LearnerPhase.SUCCEEDED
-        if not self.progress.all_consumed:
-            # Only TRL's max_steps (the user's, or TRL's generous ceiling) ends a run short of its bound.
-            self.message = (f"stopped at max_steps={self.args.max_steps} before the epoch bound "
-                            f"({self.progress.groups_consumed}/{self.progress.groups_total} groups consumed)")
-        return output
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):

@@ -124,7 +124,7 @@ class RolloutProgress:
         self._drop_reason: dict[int, str] = {}  # dropped (not trained) ids -> reason, above the folded prefix
         self._trained_ids: set[int] = set()
         # Trained ids with a row in a window that reached an optimizer step, above the folded prefix. A group spans
-        # windows when its rows outnumber a micro-batch's (a multi-row group, grpo_trainer.episodes): it trained
+        # windows when its rows outnumber a micro-batch's (a multi-row group, grpo_trainer.agentic.episodes): it trained
         # once any of its rows stepped, whatever happens to its rows in later windows.
         self._stepped: set[int] = set()
         self._first_unconsumed = 0

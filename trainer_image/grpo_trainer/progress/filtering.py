@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..agentic.episodes import group_rows, strip_stamps
 from ..contract.codes import DropReason
 from ..contract.config import FilterConfig
-from ..episodes import group_rows, strip_stamps
 from .accounting import RolloutProgress
 
 
@@ -56,9 +56,9 @@ class SampleFilterQueue:
     - stale: TRL's exact rule, `version - sample.model_version > max_staleness`, so TRL's own silent drop never fires;
     - too long: more tokens than one row's `token_budget`, TRL's oversize rule, so its silent drop never fires.
     A group is settled once all its samples were dropped (`num_generations`, or the row count the rollout loop
-    stamped: with tools a conversation may be several rows or none, grpo_trainer.episodes), or when it is given up
-    (below). A stale
-    group is regenerated (`RolloutProgress.regenerate`), and dropped as stale only past the regeneration limit.
+    stamped: with tools a conversation may be several rows or none, grpo_trainer.agentic.episodes), or when it is given
+    up (below). A stale group is regenerated (`RolloutProgress.regenerate`), and dropped as stale only past the
+    regeneration limit.
 
     Groups that never arrive (TRL drops rows with no trained token:
     `trl/experimental/async_grpo/async_rollout_worker.py:194 (trl 1.16.0)`) would block "all consumed" forever. A

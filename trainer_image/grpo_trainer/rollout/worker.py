@@ -10,9 +10,9 @@ learner can exit as invalid config), and stops the child without waiting on it f
 
 TRL builds the worker itself (`async_grpo_trainer.py:1367 (trl 1.16.0)`); GRPOLearner makes it this class, whose
 child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for the learner's accounting
-(grpo_trainer.episodes), an episode whose environment failed made unscorable (grpo_trainer.tools), and, given
-`routing`, each generation request sent straight to a rollout server of the learner's pool (grpo_trainer.rollout.router)
-instead of to TRL's one URL.
+(grpo_trainer.agentic.episodes), an episode whose environment failed made unscorable (grpo_trainer.agentic.tools),
+and, given `routing`, each generation request sent straight to a rollout server of the learner's pool
+(grpo_trainer.rollout.router) instead of to TRL's one URL.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-from ..episodes import completion_turns, stamp_group
+from ..agentic.episodes import completion_turns, stamp_group
+from ..agentic.tools import EpisodeRecord, episode_of
 from ..learner.rewards import RewardFunctionError, RewardResultError
-from ..tools import EpisodeRecord, episode_of
 from .router import RouterSettings, ServerRouter
 from .sync_watchdog import DaemonCall
 
@@ -72,10 +72,10 @@ _ADVANTAGE_EPS = 1e-8
 
 
 class EpisodeRolloutLoop(_AsyncRolloutLoop):
-    """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.episodes).
+    """TRL's rollout loop (in the worker's child), stamping each group for the learner (grpo_trainer.agentic.episodes).
 
-    An episode whose guarded environment failed (grpo_trainer.tools) is unscorable: its reward is NaN whatever the
-    other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
+    An episode whose guarded environment failed (grpo_trainer.agentic.tools) is unscorable: its reward is NaN whatever
+    the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain.
 
     `routing`: the learner's pool of rollout servers; each request then goes to one of them (TRL's `_post`, the one
     place its loop sends from, is where), with TRL's own retries around it.

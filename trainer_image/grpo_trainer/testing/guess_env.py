@@ -9,7 +9,7 @@ rules is worth half a right guess on every prompt alike, which a policy learns a
 model, taught to play in a third of its episodes, learns to play in most), while the right number is each prompt's
 own. The server
 holds the episodes, as a sandbox or game server would: when it is down, the episode's environment failed
-(grpo_trainer.tools) and the episode is unscorable.
+(grpo_trainer.agentic.tools) and the episode is unscorable.
 
 Stdlib only (http.server, urllib): the environment's image needs nothing else.
 """

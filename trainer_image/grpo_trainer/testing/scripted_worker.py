@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from ..episodes import stamp_group
+from ..agentic.episodes import stamp_group
 
 #: (absolute group position, generation index) -> reward. Absolute = prompts x passes since the run began. NaN stands
 #: for a completion every reward function returned None for.

@@ -18,12 +18,12 @@ import os
 import sys
 
 from ...api import Phase
+from ...exit_codes import ExitCode
 from ...local.console import event_logger, final_summary, make_console
 from ...local.plan import LocalError
 from ...local.supervise import prepare, supervise
 from ...manifest import ManifestError
 from ...pod_overrides import local_env_notes
-from ..exit_codes import ExitCode
 from ..output import manifest_problem, problem
 
 EXAMPLES = """examples:

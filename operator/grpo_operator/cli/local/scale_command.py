@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ...exit_codes import ExitCode
 from ...local.scaling import REPLICAS_FILE, SupervisorRecord, write_atomically
-from ..exit_codes import ExitCode
 from ..output import problem
 
 COMMAND = "local scale"

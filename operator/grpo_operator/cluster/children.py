@@ -1,0 +1,173 @@
+"""The cluster port's CreateChildren and ConfigureRollout: the run's ConfigMap, Services, PodGroup and pods created
+(idempotent: a child that exists already is patched to what it must be before the pods start), and the run config's
+`rollout.urls` kept at the servers the state machine asks for.
+
+A child the API server refuses as invalid raises ChildRejected (the port records it; the next pass fails the run as
+InvalidSpec); anything else it answers (quota, throttling, a name still held by an earlier run's object) is shown on
+the run and retried with backoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from .. import builders
+from ..api import ROLE_LABEL, GRPORunSpec, parse_status
+from ..pod_overrides import OverrideError
+from ..run_ref import RunRef
+from ..status.children import child_patch
+from . import kueue
+from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
+
+#: Backoff between attempts to create children after a transient API error (quota, throttling, conflicts).
+CREATE_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: PodSecurity admission answers 403 Forbidden, as quota does, but only a different pod (or namespace label) passes
+#: it; its message is the one sign that tells the two apart (`pods "x" is forbidden: violates PodSecurity ...`).
+POD_SECURITY_REFUSAL = "violates PodSecurity"
+
+
+def _permanent(error: APIClientError) -> bool:
+    """A refusal that the same object would meet again: invalid (400, 422), or against the namespace's PodSecurity
+    level. Anything else (quota, throttling, conflicts, the server's own errors) may pass on a later try."""
+    return error.status in PERMANENT_REJECTIONS or (
+        error.status == 403 and POD_SECURITY_REFUSAL in str(error.message or ""))
+
+
+class ChildRejected(Exception):
+    """The API server refused a child object as invalid: its fields come from the spec (volumes, resources)."""
+
+    def __init__(self, message: str, created_pods: list[str]):
+        super().__init__(message)
+        self.created_pods = created_pods  # pods this pass created before the refusal (not in the index yet)
+
+
+@dataclasses.dataclass
+class ChildrenMemory:
+    """What the operator remembers of a run's children between passes (lost on restart: creating is idempotent)."""
+
+    created: bool = False  # everything was created (or found) by the last CreateChildren
+    error: str | None = None  # why creating failed last time (transient; retried with backoff)
+    failures: int = 0
+    retry_at: datetime.datetime | None = None
+    rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
+    deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
+
+
+class Children:
+    """One run's children, for one pass: `kube` to act with, `memory` kept between passes."""
+
+    def __init__(self, kube: Kube, run: RunRef, memory: ChildrenMemory, trainer_image: str,
+                 clock: Callable[[], datetime.datetime]):
+        self.kube, self.run, self.memory = kube, run, memory
+        self.trainer_image, self.clock = trainer_image, clock
+
+    async def configured_urls(self) -> list[str] | None:
+        """The `rollout.urls` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
+        if self.memory.rollout_urls is None:
+            config_map = await self._owned("v1", "ConfigMap", builders.config_map_name(self.run.name))
+            self.memory.rollout_urls = builders.rollout_urls_of(config_map) if config_map is not None else None
+        return self.memory.rollout_urls
+
+    async def configure_rollout(self, replicas: int) -> None:
+        """Make the run config list `replicas` servers (ConfigureRollout). The learner watches the file: the kubelet
+        refreshes the mounted ConfigMap in place, so no pod restarts for it."""
+        run, logger = self.run, self.kube.logger
+        urls = builders.rollout_urls(run.name, run.namespace, replicas)
+        if self.memory.rollout_urls == urls:
+            return
+        name = builders.config_map_name(run.name)
+        config_map = await self._owned("v1", "ConfigMap", name)
+        if config_map is None:
+            return  # not created yet (CreateChildren renders it with these URLs), or an earlier run's
+        try:
+            data = builders.with_rollout_urls(config_map, urls)
+        except ValueError as error:
+            logger.warning(f"cannot set rollout.urls in the run config: {error}")
+            return
+        if data is not None:
+            if await self.kube.patch("v1", "ConfigMap", run.namespace, name, {"data": data}) is None:
+                return
+            logger.info(f"run config: rollout.urls now lists {len(urls)} server(s)")
+        self.memory.rollout_urls = urls
+
+    async def create(self, spec: GRPORunSpec, status: dict[str, Any], present: frozenset[str],
+                     gate: kueue.Gate | None) -> None:
+        """Create what is missing of the run as `spec` asks (`present`: the pod names it holds; `gate`: Kueue's
+        admission, whose flavours place the pods), at the restart counts `status` holds. Raises ChildRejected."""
+        memory, now = self.memory, self.clock()
+        if memory.retry_at is not None and now < memory.retry_at:
+            return
+        try:
+            children = self._build(spec, status)
+        except OverrideError as error:  # a managed field the API server's rules let through
+            raise ChildRejected(str(error), []) from None
+        if present:  # a live run: new servers are in the run config before their pods exist
+            await self.configure_rollout(spec.rollout.replicas)
+        if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
+            children = await self._placed(children, spec, gate)
+        problem = await self._create_each(children, present)
+        if problem is None:
+            memory.created, memory.error, memory.failures, memory.retry_at = True, None, 0, None
+            return
+        self.kube.logger.warning(problem)
+        memory.created, memory.error = False, problem
+        delay = CREATE_BACKOFF_SECONDS[min(memory.failures, len(CREATE_BACKOFF_SECONDS) - 1)]
+        memory.failures += 1
+        memory.retry_at = now + datetime.timedelta(seconds=delay)
+
+    def _build(self, spec: GRPORunSpec, status: dict[str, Any]) -> list[dict[str, Any]]:
+        attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
+        rollout = parse_status(status).rollout
+        rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
+        return builders.build_children(self.run, spec, trainer_image=self.trainer_image, attempt=attempt,
+                                       rollout_restarts=rollout_restarts)
+
+    async def _placed(self, children: list[dict[str, Any]], spec: GRPORunSpec,
+                      gate: kueue.Gate) -> list[dict[str, Any]]:
+        placed = await kueue.placements(self.kube, gate.flavors)
+        children = [kueue.place(child, *placed[pod_set]) if child["kind"] == "Pod" and (
+            pod_set := kueue.pod_set_of(child)) in placed else child
+            for child in children]
+        topologies = kueue.role_topologies(spec)
+        return [kueue.topology_gated(child, self.run.name, role, topologies[role]) if child["kind"] == "Pod" and (
+            role := child["metadata"]["labels"].get(ROLE_LABEL)) in topologies else child
+            for child in children]
+
+    async def _create_each(self, children: list[dict[str, Any]], present: frozenset[str]) -> str | None:
+        """Create each child in order; why a create must be tried again, or None when all are there."""
+        run, kube, created_pods, problem = self.run, self.kube, [], None
+        for child in children:
+            child_name = f"{child['kind']} {child['metadata']['name']}"
+            if child["kind"] == "Pod" and child["metadata"]["name"] in present:
+                continue
+            try:
+                created = await kube.create(child)
+            except APIClientError as error:
+                if _permanent(error):
+                    raise ChildRejected(f"{child_name} was rejected by the API server: {error.message or error}",
+                                        created_pods) from None
+                return f"creating {child_name} failed (HTTP {error.status}): {error.message or error}; retrying"
+            if created and child["kind"] == "Pod":
+                created_pods.append(child["metadata"]["name"])
+            if created and child["kind"] == "ConfigMap":
+                self.memory.rollout_urls = builders.rollout_urls_of(child)
+            if created:
+                continue
+            meta = child["metadata"]
+            existing = await self._owned(child["apiVersion"], child["kind"], meta["name"])
+            if existing is None:
+                problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
+            elif (patch := child_patch(child, existing, generation=run.generation, live=bool(present))) is not None:
+                await kube.patch(child["apiVersion"], child["kind"], run.namespace, meta["name"], patch)
+                if child["kind"] == "ConfigMap":
+                    self.memory.rollout_urls = builders.rollout_urls_of(child)
+        return problem
+
+    async def _owned(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The object under `name` in the run's namespace, when the run controls it; None otherwise."""
+        existing = await self.kube.read(api_version, kind, self.run.namespace, name)
+        owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+        return existing if any(ref.get("uid") == self.run.uid and ref.get("controller") for ref in owners) else None

@@ -1,0 +1,103 @@
+"""The trained model at the end of a run: saved as a transformers model (an FSDP2 model gathered, a LoRA adapter merged
+into its base), written to `spec.output` whole or not at all with its provenance manifest
+(grpo_trainer.storage.model_export), and uploaded when the output is an object store's (the manifest last).
+`grpo_trainer.storage.reexport` uploads an export again the same way."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..contract.config import RunConfig
+from ..contract.report import ExportReport
+from ..contract.store_uri import is_object_store_uri
+from ..learner.lora import save_adapter_and_merged
+
+logger = logging.getLogger(__name__)
+
+
+def save_final_model(learner, directory: str) -> None:
+    """The trained policy in `directory` as a transformers model (what vLLM and `from_pretrained` load). A LoRA run
+    saves its adapter (peft) in `directory/adapter` and, in `directory`, the base weights with the adapter merged in."""
+    from accelerate.utils import is_peft_model
+
+    model = learner.accelerator.unwrap_model(learner.model)
+    if learner.accelerator.is_fsdp2:
+        # The trainer's own save writes an FSDP2 model as each rank's shard (SHARDED_STATE_DICT): not a model
+        # vLLM or from_pretrained loads.
+        save_sharded_model(model, learner.processing_class, directory, is_main=learner.accelerator.is_main_process)
+        learner.accelerator.wait_for_everyone()
+        return
+    if not is_peft_model(model):
+        learner.save_model(directory)
+        return
+    save_adapter_and_merged(learner, model, directory)
+
+
+def save_sharded_model(model, tokenizer, directory: str, *, is_main: bool) -> None:
+    """An FSDP2 model consolidated into `directory` as a transformers model (safetensors): every rank takes part in
+    gathering each parameter, rank 0 alone holds the whole state dict, in CPU memory, and writes it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return
+    model.save_pretrained(directory, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
+def export_trained_model(config: RunConfig, learner) -> ExportReport | None:
+    """Write the trained model to `config.output` with its manifest (grpo_trainer.storage.model_export), then upload it
+    when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
+    the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and
+    uploads."""
+    from .model_export import export_model, package_versions, reward_trend, staging_path
+
+    assert config.output is not None
+    directory = Path(config.output.directory)
+    if not learner.accelerator.is_main_process:
+        save_final_model(learner, str(staging_path(directory)))
+        return None
+
+    def save(folder: Path) -> None:
+        save_final_model(learner, str(folder))
+        # Sampling defaults travel with the model: vLLM and `generate` read them from generation_config.json.
+        generation_config = getattr(learner.accelerator.unwrap_model(learner.model), "generation_config", None)
+        if generation_config is not None and not (folder / "generation_config.json").exists():
+            generation_config.save_pretrained(folder)
+
+    report = learner.progress_report()
+    provenance = {
+        "run": {"name": config.run_name, "namespace": config.namespace},
+        "spec": config.output.run_spec,
+        "progress": {
+            "groupsTotal": report.groups_total, "groupsConsumed": report.groups_consumed,
+            "groupsTrained": report.groups_trained, "groupsDropped": report.dropped_total,
+            "dropped": dict(report.dropped), "epochsDone": report.epochs_done, "epochs": report.epochs,
+            "globalStep": report.global_step, "rewardMean": report.reward_mean,
+            "rewardTrend": reward_trend(learner.state.log_history),
+        },
+        "packages": package_versions(),
+    }
+    exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
+    if is_object_store_uri(config.output.uri):
+        exported = upload_export(exported)
+    logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
+                exported.step, exported.bytes, exported.sha256)
+    return exported
+
+
+def upload_export(exported: ExportReport) -> ExportReport:
+    """The export at `exported.path` uploaded to `exported.uri` with its own manifest, written last; ExportError
+    naming the location and the cause (credentials, a missing bucket, an endpoint that does not answer)."""
+    from ..contract.store_uri import parse_uri
+    from .model_export import ExportError
+    from .object_store import ObjectStoreError, upload_folder
+
+    try:
+        uploaded = upload_folder(exported.path, parse_uri(exported.uri, "output.uri"))
+    except ObjectStoreError as error:  # its message names the location
+        raise ExportError(f"could not upload the model: {error}") from None
+    # The folder's own manifest goes up verbatim: the digest and size are those of the objects in the store.
+    return exported.model_copy(update={"sha256": uploaded.sha256, "bytes": uploaded.bytes})

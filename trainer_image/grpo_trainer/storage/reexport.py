@@ -1,0 +1,98 @@
+"""The export alone, again: the model of a run's newest complete checkpoint written to its spec.output (and
+uploaded to its object store) the way the learner exports at the end of a run, for a run whose export failed (a full
+volume, wrong credentials, a missing bucket: the run fails, its checkpoints stay).
+
+`python -m grpo_trainer export --config run.json` runs it where the learner ran (a pod with the run's ConfigMap and
+volumes); `grporun export RUN_DIR` runs it for a `grporun local` run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..contract.config import RunConfig
+from ..contract.report import ExportReport
+from .model_export import ExportError, export_model, package_versions, reward_trend
+
+#: What a checkpoint holds besides the model: the trainer's and the run's state, which an export leaves out.
+TRAINING_STATE = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth", "trainer_state.json",
+                  "training_args.bin", "grpo_progress.json", "*.tmp")
+#: A LoRA run's checkpoint holds the adapter alone (peft's file); the learner's own export merges it into the base.
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+
+def model_files(checkpoint: Path) -> list[Path]:
+    """The checkpoint's model files (weights, config, tokenizer, generation config): its top-level files less the
+    training state."""
+    return sorted(path for path in checkpoint.iterdir()
+                  if path.is_file() and not any(fnmatch.fnmatch(path.name, pattern) for pattern in TRAINING_STATE))
+
+
+def _provenance(config: RunConfig, checkpoint: Path, marker: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        state = {}
+    step = marker.get("global_step", state.get("global_step", 0))
+    step = step if isinstance(step, int) and not isinstance(step, bool) else 0
+    history = state.get("log_history") if isinstance(state.get("log_history"), list) else []
+    assert config.output is not None
+    return {
+        "run": {"name": config.run_name, "namespace": config.namespace},
+        "spec": config.output.run_spec,
+        "progress": {"globalStep": step, "rewardTrend": reward_trend(history), "checkpoint": checkpoint.name},
+        "packages": package_versions(),
+    }, step
+
+
+def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> ExportReport:
+    """Export the model of `checkpoint` (default: the newest complete one of config.checkpoint.directory, its
+    marker verified) to config.output; ExportError naming the field or the path and the cause."""
+    from ..contract.store_uri import is_object_store_uri
+    from ..learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
+    from .final_model import upload_export
+
+    if config.output is None:
+        raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")
+    try:
+        found = checkpoint or newest_checkpoint(config.checkpoint.directory)
+        if found is None:
+            raise ExportError(f"checkpoint.directory {config.checkpoint.directory}: no complete checkpoint to export "
+                              "the model from")
+        marker = read_marker(found)
+    except (UnusableCheckpoints, MarkerError) as error:
+        raise ExportError(f"{checkpoint or config.checkpoint.directory}: {error}") from None
+    path = Path(found)
+    if (path / ADAPTER_CONFIG_FILE).exists():
+        raise ExportError(f"{path}: a LoRA checkpoint holds the adapter alone; the export merges it into the base "
+                          "model only at the end of a run")
+    provenance, step = _provenance(config, path, marker)
+
+    def save(folder: Path) -> None:
+        for file in model_files(path):
+            shutil.copy2(file, folder / file.name)
+
+    exported = export_model(config.output.directory, save, provenance, uri=config.output.uri, step=step)
+    if is_object_store_uri(config.output.uri):
+        exported = upload_export(exported)
+    return exported
+
+
+def store_environ(config: RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`environ` with the endpoint and region the run's spec.output names (a pod has them as env already; a local
+    run's config keeps them in the spec alone)."""
+    from ..contract.store_uri import ENDPOINT_ENV, REGION_ENV
+
+    output = (config.output.run_spec.get("output") or {}) if config.output is not None else {}
+    env = dict(environ)
+    if isinstance(output.get("endpoint"), str):
+        env[ENDPOINT_ENV[0]] = output["endpoint"]
+    if isinstance(output.get("region"), str):
+        env[REGION_ENV[0]] = output["region"]
+    return env
