@@ -27,7 +27,7 @@ async def main(name: str, port: int, hang: frozenset[str] = frozenset(), delay_s
     running.set()
 
     async def complete(request: web.Request) -> web.Response:
-        probe = (await request.json()).get("max_tokens") == 1  # the balancer's one-token probe: never delayed
+        probe = (await request.json()).get("max_tokens") == 1  # the supervision's one-token probe: never delayed
         await asyncio.sleep(0.05 if probe else delay_s)
         await running.wait()
         # One token with its logprob: what TRL's rollout worker reads from vLLM's answer.

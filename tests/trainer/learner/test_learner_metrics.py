@@ -196,7 +196,7 @@ def test_metrics_parse_and_match_progress(finished_run):
     # ... and the trackers' copy of the log carries the progress numbers beside them.
     assert last["progress/groups_dropped/no_signal"] <= 3 and last["progress/groups_trained"] <= 6
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
-    # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
+    # This run has no rollout servers (a scripted worker), so no per-replica series: test_router.py reads those.
     per_replica = {METRIC_REPLICA_READY, METRIC_REPLICA_WEIGHT_VERSION, METRIC_REPLICA_SAMPLES,
                    METRIC_REPLICA_FAILURES, METRIC_REPLICA_VERSION_LAG}
     # TRL's rollout worker logs the completion lengths; the scripted worker logs none, so they are absent, not 0.
