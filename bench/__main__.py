@@ -2,7 +2,8 @@
 
 With no section names, every section runs and BENCHMARKS.md is rewritten whole; with names, only those sections
 are replaced (the machine header always is). A section that cannot run here says why instead of a figure.
-e2e_vs_trl takes options of its own (`--pairs`, `--epochs`, `--rows`; see --help).
+e2e_vs_trl and request_path take options of their own (`--pairs`, `--epochs`, `--rows`; `--delays`,
+`--repetitions`; see --help).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import e2e_vs_trl
+from . import e2e_vs_trl, request_path
 from .device_check import SECTION as DEVICE_SECTION
 from .report import Context, SectionUnavailable, machine, section_body, splice
 
@@ -74,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller streams (development)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     e2e_vs_trl.add_arguments(parser)
+    request_path.add_arguments(parser)
     args = parser.parse_args(argv)
     unknown = [name for name in args.sections if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
     try:
-        options = {e2e_vs_trl.NAME: e2e_vs_trl.options(args)}
+        options = {e2e_vs_trl.NAME: e2e_vs_trl.options(args), request_path.NAME: request_path.options(args)}
     except ValueError as wrong:
         parser.error(str(wrong))
     logging.basicConfig(level=logging.WARNING)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -59,6 +60,7 @@ class Measurement:
     requests_per_s: float
     client_cpu_ms_per_request: float  # NaN without requests
     supervision_cpu_s: float  # the supervision thread's CPU over the run (0 without one)
+    load_average: float = math.nan  # the machine's 1-minute load average as the run started
 
 
 def _python() -> list[str]:
@@ -102,6 +104,7 @@ def measure(layout: str, delay_s: float, seconds: float, model_dir: str) -> dict
 
     for _ in range(3):
         step()
+    load_average = os.getloadavg()[0]
     _, others = _cores()
     with ExitStack() as stack:
         client = None
@@ -127,7 +130,7 @@ def measure(layout: str, delay_s: float, seconds: float, model_dir: str) -> dict
     return {"layout": layout, "delay_s": delay_s, "step_ms": 1000 * statistics.median(times),
             "requests_per_s": completed / (seconds + 1.0),
             "client_cpu_ms_per_request": 1000 * cpu_s / completed if completed else float("nan"),
-            "supervision_cpu_s": supervision_s}
+            "supervision_cpu_s": supervision_s, "load_average": load_average}
 
 
 def _supervise(stack: ExitStack, url: str) -> str:
@@ -192,9 +195,11 @@ def render(measurements: list[Measurement], *, seconds: float, reps: int) -> str
         rate = [m.requests_per_s for m in at if m.layout != "idle"]
         cpu = {layout: [m.client_cpu_ms_per_request for m in by[layout]] for layout in ("direct", "ours")}
         supervision = [1000 * m.supervision_cpu_s / seconds for m in by["ours"]]
+        load = [m.load_average for m in at]
         rows.append([f"{delay_s:g} s", spread(rate, "{:.0f}"), *(spread(step[layout], "{:.1f}") for layout in LAYOUTS),
                      spread(ratios["idle"], "{:.2f}"), spread(ratios["direct"], "{:.2f}"),
-                     spread(cpu["direct"], "{:.2f}"), spread(cpu["ours"], "{:.2f}"), spread(supervision, "{:.1f}")])
+                     spread(cpu["direct"], "{:.2f}"), spread(cpu["ours"], "{:.2f}"), spread(supervision, "{:.1f}"),
+                     spread(load, "{:.1f}")])
     return "\n".join([
         f"## {TITLE}",
         "",
@@ -206,7 +211,7 @@ def render(measurements: list[Measurement], *, seconds: float, reps: int) -> str
         table(["server delay per answer", "requests completed per s", "training step ms, no requests",
                "TRL's path", "ours", "ours / no requests", "ours / TRL's path",
                "client CPU ms per request, TRL's path", "ours (the router)",
-               "supervision thread CPU, ms per s (ours)"], rows),
+               "supervision thread CPU, ms per s (ours)", "load average (1 min) as each run started"], rows),
     ])
 
 
@@ -216,13 +221,36 @@ def _ratios(ours: list[Measurement], base: list[Measurement]) -> list[float]:
     return [m.step_ms / by_rep[m.rep] for m in ours if m.rep in by_rep]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(NAME)
+    group.add_argument("--delays", default=",".join(f"{delay:g}" for delay in DELAYS_S),
+                       help="comma-separated server delays per answer (s), one row each (default: "
+                            f"{','.join(f'{delay:g}' for delay in DELAYS_S)}; 0.02 gives ~700 requests per s)")
+    group.add_argument("--repetitions", type=int, default=None,
+                       help=f"repetitions per row (default {REPS}; --quick: {QUICK_REPS})")
+
+
+def options(args: argparse.Namespace) -> dict[str, object]:
+    """The section's options from the bench's command line; a wrong one is the parser's error."""
+    try:
+        delays = tuple(float(delay) for delay in args.delays.split(",") if delay.strip())
+    except ValueError:
+        raise ValueError(f"--delays: {args.delays!r} is not a comma-separated list of seconds") from None
+    if not delays or not all(0 < delay < 60 for delay in delays):
+        raise ValueError("--delays: name at least one delay, each above 0 and below 60 s")
+    if args.repetitions is not None and args.repetitions < 1:
+        raise ValueError("--repetitions: must be at least 1")
+    return {"delays": delays, "repetitions": args.repetitions}
+
+
 def run(context: Context) -> str:
+    chosen = context.options.get(NAME, {})
     seconds = QUICK_SECONDS if context.quick else SECONDS
-    reps = context.reps(REPS, QUICK_REPS)
+    reps = chosen.get("repetitions") or context.reps(REPS, QUICK_REPS)
     model_dir = context.model_dir
     training_cores, _ = _cores()
     measurements = []
-    for delay_s in DELAYS_S:
+    for delay_s in chosen.get("delays") or DELAYS_S:
         for rep in range(reps):
             order = LAYOUTS[rep % len(LAYOUTS):] + LAYOUTS[:rep % len(LAYOUTS)]
             for layout in order:
