@@ -46,14 +46,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .no_signal import REWARD_FUNCTION, write_prompts
 from .report import Context, spread, table
 from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run, require_rollout_assets
 
 NAME = "e2e_vs_trl"
 TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
 ROOT = Path(__file__).resolve().parent.parent
-#: Row name -> vLLM `--max-num-seqs` on its server (None: vLLM's default, the server outpaces the learner).
-ROWS: dict[str, int | None] = {"learner-bound": None, "generation-bound": MAX_NUM_SEQS}
+@dataclass(frozen=True)
+class RowKind:
+    """`max_num_seqs`: vLLM's `--max-num-seqs` on the row's server (None: vLLM's default, the server outpaces the
+    learner); `no_signal`: the task where a share of the prompts carries no reward signal (bench.no_signal)."""
+
+    max_num_seqs: int | None = None
+    no_signal: bool = False
+
+
+ROWS: dict[str, RowKind] = {"learner-bound": RowKind(), "generation-bound": RowKind(MAX_NUM_SEQS),
+                            "no-signal": RowKind(no_signal=True)}
 PAIRS, QUICK_PAIRS = 5, 2
 EPOCHS = 6
 #: A learner's start-up alone (imports, model) took over 4 min at load average 20 (section 9).
@@ -157,6 +167,8 @@ class RunFigures:
     #: which trained samples of groups already begun.
     span_s: float | None = None
     tail_steps: int = 0
+    #: Samples trained whose group had no reward signal (TRL trains them; ours drops them before its batch).
+    no_signal_samples: float = 0.0
 
     @property
     def groups_per_s(self) -> float:
@@ -166,6 +178,11 @@ class RunFigures:
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def useful_samples_per_s(self) -> float:
+        """Samples trained per s that could teach: those of groups with reward signal."""
+        return (self.samples - self.no_signal_samples) / self.wall_s if self.wall_s > 0 else math.nan
 
     @property
     def samples_with_dropped_per_s(self) -> float:
@@ -216,7 +233,8 @@ def run_figures(kind: str, records: Sequence, final=None, num_generations: int =
                       sum(record.samples for record in after), sum(record.wait_s for record in after), cpu_s,
                       dropped, no_signal, dropped * num_generations,
                       *(None if None in values else sum(values) for values in parts),
-                      span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end)
+                      span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end,
+                      no_signal_samples=last.no_signal - first.no_signal)
 
 
 #: (column, RunFigures.ms_per_step part) of the step-time table: where each step's wall time went.
@@ -233,6 +251,7 @@ STEP_PARTS: tuple[tuple[str, str], ...] = (
 RATIOS: tuple[tuple[str, str], ...] = (
     ("groups consumed per s", "groups_per_s"),
     ("samples trained per s", "samples_per_s"),
+    ("useful samples trained per s", "useful_samples_per_s"),
     ("samples per s, ours' dropped counted as trained", "samples_with_dropped_per_s"),
     ("CPU s per group", "cpu_s_per_group"),
     ("CPU per sample trained", "cpu_ms_per_sample"),
@@ -260,7 +279,7 @@ class Pair:
 @dataclass(frozen=True)
 class RowResult:
     name: str
-    max_num_seqs: int | None
+    kind: RowKind
     pairs: list[Pair]
     load_start: float
     load_end: float
@@ -281,7 +300,8 @@ def ms_spread(runs: Sequence[RunFigures], part: str) -> str:
 
 
 def _server(row: RowResult) -> str:
-    return "uncapped" if row.max_num_seqs is None else f"`--max-num-seqs {row.max_num_seqs}`"
+    seqs = row.kind.max_num_seqs
+    return "uncapped" if seqs is None else f"`--max-num-seqs {seqs}`"
 
 
 def _placed(layout: Layout) -> str:
@@ -306,7 +326,9 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
             side_rows.append([row.name, label, len(runs), figure_spread(runs, "wall_s", "{:.1f}"),
                               figure_spread(runs, "groups_per_s", "{:.2f}"),
                               figure_spread(runs, "samples_per_s", "{:.1f}"),
-                              wait_share_spread(runs), figure_spread(runs, "cpu_s_per_group", "{:.2f}"),
+                              figure_spread(runs, "useful_samples_per_s", "{:.1f}"),
+                              figure_spread(runs, "no_signal_samples", "{:.0f}"),
+                              wait_share_spread(runs), figure_spread(runs, "cpu_s_per_group", "{:.3f}"),
                               figure_spread(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
             step_rows.append([row.name, label, figure_spread(runs, "steps", "{:.0f}"),
                               figure_spread(runs, "tail_steps", "{:.0f}"), figure_spread(runs, "samples", "{:.0f}"),
@@ -338,7 +360,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "Each side's figures, median (min–max) over its runs:",
         "",
         table(["row", "learner", "runs", "wall s, first to last step", "groups consumed per s",
-               "samples trained per s", "learner wait share", "CPU s per group (learner and its children)",
+               "samples trained per s", "useful samples trained per s", "samples trained without signal",
+               "learner wait share", "CPU s per group (learner and its children)",
                "CPU ms per sample trained", "groups dropped (of which no signal)"], side_rows),
         "",
         "Where each side's steps went, in ms per step from TRL's own timings (`perf/fwd_bwd_s`, `perf/optimizer_s`, "
@@ -355,12 +378,15 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "",
         "Ours drops groups without reward signal before the batch (`filter.dropNoSignal`); TRL trains them, so its "
         "samples trained per s counts samples ours would not train: the ratio with ours' dropped samples counted as "
-        "trained is beside the one without. Groups consumed per s counts the groups both sides take from the "
+        "trained is beside the one without, and useful samples trained per s counts only the samples of groups with "
+        "signal (their group's reward std above `filter.noSignalEpsilon`), counted on both sides as the trainer "
+        "takes them into its batches. The no-signal row's task: bench.no_signal (every other prompt of the tiny "
+        "example scores 0 for every completion). Groups consumed per s counts the groups both sides take from the "
         "dataset, trained or not, up to the step that began the last of them. Learner wait share: both trainers "
         "log TRL's `perf/rollout_wait_s`, the seconds "
         "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
-        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound] [--layout shared|own-cores]` (needs "
-        ".venv-rollout).",
+        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound,no-signal] [--layout shared|own-cores]` "
+        "(needs .venv-rollout).",
     ]
     return "\n".join(text)
 
@@ -439,7 +465,7 @@ def _traced_run(directory: Path, kind: str, config, profile: Path | None,
         shutil.copyfile(records_path, profile.with_suffix(".steps.jsonl"))
     termination = directory / "termination-log"
     final = None
-    reports = kind != "trl"  # ours, with or without the balancer's hop, ends with its report
+    reports = kind != "trl"  # ours ends with its report
     if reports and termination.exists() and termination.read_text().strip():
         final = parse_progress(termination.read_text())
     if process.returncode != 0 or len(records) < 2 or (reports and final is None):
@@ -478,14 +504,28 @@ class RowPlan:
     keep: Path | None = None
 
 
-def run_row(scratch: Path, name: str, max_num_seqs: int | None,
-            plan: RowPlan) -> tuple[RowResult, object, int | None]:
+def row_config(directory: Path, kind: RowKind, epochs: int):
+    """The row's run config: examples/tiny.yaml, `epochs` long, its server capped as the row says; for the no-signal
+    row, its prompts (written under `directory`) and reward."""
+    from grpo_trainer.contract.config import RewardConfig
+
+    config = base_config(directory, epochs=epochs, max_num_seqs=kind.max_num_seqs)
+    if kind.no_signal:
+        directory.mkdir(parents=True, exist_ok=True)
+        prompts = directory / "no-signal-prompts.jsonl"
+        write_prompts(Path(config.dataset.path), prompts)
+        config.dataset.path = str(prompts)
+        config.rewards = [RewardConfig(function=REWARD_FUNCTION)]
+    return config
+
+
+def run_row(scratch: Path, name: str, row_kind: RowKind, plan: RowPlan) -> tuple[RowResult, object, int | None]:
     """One server started for the row, `plan.pairs` interleaved pairs on it; also the row's run config and groups
     total."""
     from tests.support.servers.vllm_server import restore_model_weights
 
     directory = scratch / name
-    config = base_config(directory, epochs=plan.epochs, max_num_seqs=max_num_seqs)
+    config = row_config(directory, row_kind, plan.epochs)
     placement = Placement(plan.layout.learner_cores)
     load_start = os.getloadavg()[0]
     started = time.time()
@@ -510,7 +550,7 @@ def run_row(scratch: Path, name: str, max_num_seqs: int | None,
                 if final is not None:
                     groups_total = final.groups_total
             results.append(Pair(figures["ours"], figures["trl"], ours_first))
-    row = RowResult(name, max_num_seqs, results, load_start, os.getloadavg()[0], server_start_s)
+    row = RowResult(name, row_kind, results, load_start, os.getloadavg()[0], server_start_s)
     return row, config, groups_total
 
 

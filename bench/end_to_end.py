@@ -27,7 +27,7 @@ TIMEOUT_S = 420.0
 # learner's steps on the shared cores took ~9 s instead of ~0.1 s (measured while developing this bench); the second
 # run keeps checking that `grporun local`'s own thread setting holds.
 VARIANTS = (("as `make demo` runs it", {}), ("with `OMP_NUM_THREADS=1` exported", {"OMP_NUM_THREADS": "1"}))
-#: The replica rows: the demo with rollout.replicas 1 and 2 (the learner's balancer spreads the requests).
+#: The replica rows: the demo with rollout.replicas 1 and 2 (the learner's router spreads the requests).
 REPLICA_COUNTS = (1, 2)
 
 
@@ -73,7 +73,7 @@ def run_once(context: Context, label: str, env: dict[str, str], manifest: Path =
     config = None
     report = None
     generated: list[tuple[float, float]] = []  # (time, vLLM requests so far, all servers)
-    split: list[int] = []  # completions per replica, from the learner's balancer
+    split: list[int] = []  # completions per replica, from the learner's report
     last_metrics = 0.0
     silent_since: float | None = None
     try:
@@ -200,7 +200,7 @@ def run(context: Context) -> str:
     text += [
         "",
         "The same run with `rollout.replicas` 1 and 2 (all servers ready before the first sample; the learner's "
-        "balancer spreads generation by least outstanding requests). Request split: completions per replica as the "
+        "router spreads generation by least outstanding requests). Request split: completions per replica as the "
         "learner's `/progress` counts them. On this 2-core machine two CPU servers and the learner share two cores, "
         "so a second replica adds no compute: it can only show the split, not a speed-up. The split follows how fast "
         "each server answers (least outstanding requests sends more to the one that frees its slots sooner), and on "

@@ -77,6 +77,8 @@ class StepRecord:
     weight_sync_s: float | None = None
     #: With `--thread-cpu`: CPU seconds so far of each thread by name (and each child process).
     threads: dict[str, float] | None = None
+    #: Samples without reward signal (their group's reward std 0 or NaN) the trainer took into its batches so far.
+    no_signal: float = 0.0
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
@@ -89,7 +91,7 @@ class StepRecord:
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
                    float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s),
                    *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")),
-                   threads)
+                   threads, float(data.get("no_signal", 0.0)))
 
 
 def _seconds(value: Any) -> float | None:
@@ -428,7 +430,7 @@ HONESTY = [
     "on at most one core (each is bound to its own; the CPU column, read from /proc from each run's first step to its "
     "end, shows what each server used), and the second server's capacity is real work on the second core, not a "
     "sleep or a stand-in. "
-    "Nothing in the learner or the balancer knows about the cap: they see a slow server, as they would see a busy "
+    "Nothing in the learner or its router knows about the cap: they see a slow server, as they would see a busy "
     "GPU server.",
     "",
     "What it does not show: how much a second server speeds up a real run. The gain here is bounded by the second "

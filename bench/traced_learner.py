@@ -1,19 +1,18 @@
-"""One learner process against real rollout servers, recording every optimizer step (bench sections 9, 11, 13).
+"""One learner process against real rollout servers, recording every optimizer step (bench sections 9 and 11).
 
-`python -m bench.traced_learner --kind ours|ours-direct|trl --config run.json --records steps.jsonl [--wall-bound S]`
+`python -m bench.traced_learner --kind ours|trl --config run.json --records steps.jsonl [--wall-bound S]`
 
-- ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: balancer, weight
-  sync, progress), with one callback added to the learner it builds;
-- ours-direct: the same learner with TRL's worker sent straight to the first server in `rollout.urls`, past the
-  balancer (which still runs and syncs the weights): what the balancer's hop costs (bench section 13);
+- ours: the learner entrypoint itself (`python -m grpo_trainer learner`, what the learner pod runs: the rollout
+  supervision and routing, weight sync, progress), with one callback added to the learner it builds;
 - trl: TRL 1.16's unmodified AsyncGRPOTrainer built from the same run config (the same TRL arguments, dataset,
   rewards and tokenizer), its own AsyncRolloutWorker talking straight to the first server in `rollout.urls`. TRL's
   weight transfer needs NCCL and a GPU; it gets the filesystem sync our learner uses, the only one a CPU server has.
 
 Each step appends one JSON line: the wall time it was logged at, the global step, TRL's own per-step figures
 (`perf/rollout_wait_s`: seconds the trainer sat blocked on an empty rollout queue since the previous step;
-`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), and `cpu_s`: the user + system CPU seconds the
-learner process and its children (both trainers' rollout worker is a child process) have used so far.
+`batch/samples_per_step`, `batch/groups_per_step`, `perf/step_s`), `cpu_s`: the user + system CPU seconds the
+learner process and its children (both trainers' rollout worker is a child process) have used so far, and
+`no_signal`: the samples without reward signal the trainer has taken into its batches so far.
 `--thread-cpu` adds `threads`: the CPU seconds each thread of the learner process (by its Python name; threads
 Python did not start, such as torch's, under "native") and each child process has used so far.
 `--wall-bound S` stops training at the first step logged S seconds or more after the first one (TRL has no bound of
@@ -25,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -74,10 +74,35 @@ def cpu_by_thread() -> dict[str, float]:
     return totals
 
 
+class NoSignalSamples:
+    """Counts the samples without reward signal (their group's reward std at most ours' `filter.noSignalEpsilon`, or
+    NaN) that TRL's queue dataset hands on to the batcher: what a learner trains of them. Both learners read their
+    samples through that dataset (ours after its filter, TRL straight from the worker's queue)."""
+
+    def __init__(self) -> None:
+        from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset
+
+        from grpo_trainer.contract.config import FilterConfig
+
+        epsilon = FilterConfig().no_signal_epsilon
+        self.samples = 0
+        original = RolloutQueueDataset.__iter__
+
+        def counted(dataset):
+            for item in original(dataset):
+                std = item["metrics"].get("reward_std", math.nan)
+                if math.isnan(std) or std <= epsilon:
+                    self.samples += 1
+                yield item
+
+        RolloutQueueDataset.__iter__ = counted
+
+
 def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = False):
     from transformers import TrainerCallback
 
     cpu_seconds = ProcessTreeCpu()
+    no_signal = NoSignalSamples()
 
     class StepRecorder(TrainerCallback):
         deadline: float | None = None
@@ -87,7 +112,7 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
                 return
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
-                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(),
+                      "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(), "no_signal": no_signal.samples,
                       "perf": {key: value for key, value in logs.items() if key.startswith("perf/")}}
             if thread_cpu:
                 record["threads"] = cpu_by_thread()
@@ -101,30 +126,11 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
     return StepRecorder()
 
 
-class DirectRolloutPool:
-    """The learner's rollout pool with TRL's worker pointed at the first server instead of the balancer."""
-
-    def __init__(self, pool) -> None:
-        self._pool = pool
-
-    @property
-    def url(self) -> str:
-        return self._pool.servers.urls[0]
-
-    def __getattr__(self, name: str):
-        return getattr(self._pool, name)
-
-
-def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False,
-             direct: bool = False) -> int:
+def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_cpu: bool = False) -> int:
     from grpo_trainer.__main__ import main
     from grpo_trainer.learner import main as learner_main
-    from grpo_trainer.rollout import pool as rollout_pool
 
     build = learner_main.build_learner
-    if direct:
-        start_pool = rollout_pool.start_rollout_pool
-        rollout_pool.start_rollout_pool = lambda *args, **kwargs: DirectRolloutPool(start_pool(*args, **kwargs))
 
     def build_traced(*args, **kwargs):
         learner = build(*args, **kwargs)
@@ -166,7 +172,7 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.traced_learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("ours", "ours-direct", "trl"), required=True)
+    parser.add_argument("--kind", choices=("ours", "trl"), required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--records", required=True)
     parser.add_argument("--wall-bound", type=float, default=None, help="stop S seconds after the first step")
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "trl":
         code = run_trl(args.config, args.records, args.wall_bound, args.thread_cpu)
     else:
-        code = run_ours(args.config, args.records, args.wall_bound, args.thread_cpu, direct=args.kind == "ours-direct")
+        code = run_ours(args.config, args.records, args.wall_bound, args.thread_cpu)
     sys.stdout.flush()
     sys.stderr.flush()
     # TRL's rollout worker thread can outlive train(); the records are written, so do not wait on it.

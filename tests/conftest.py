@@ -51,7 +51,7 @@ def nan_reward_model_dir() -> str:
 
 @pytest.fixture
 def update_never_answered():
-    """A stand-in rollout server that generates (the balancer admits it) but never answers its weight update
+    """A stand-in rollout server that generates (the learner admits it) but never answers its weight update
     (`/collective_rpc` reload_weights): a weight sync against it hangs."""
     from tests.support.paths import COMPLETIONS_SERVER
     from tests.support.ports import free_port

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 from types import SimpleNamespace
@@ -15,18 +16,22 @@ from bench.e2e_vs_trl import (
     SHARED,
     Layout,
     Pair,
+    Placement,
+    RowKind,
     RowPlan,
     RowResult,
     RunFigures,
     add_arguments,
     bound_to,
+    layouts,
     options,
     pair_ratios,
     render,
     run_figures,
     run_row,
+    traced_run,
 )
-from bench.rollout_scaling import StepRecord
+from bench.rollout_scaling import StepRecord, TracedRun
 from grpo_trainer.contract.report import ProgressReport
 
 
@@ -109,6 +114,38 @@ def test_ratios_are_ours_over_trl_and_trl_trains_what_ours_would_drop():
     assert ratios["cpu_s_per_group"] == pytest.approx(0.5 / 2.0)
 
 
+def test_useful_samples_leave_out_those_trained_without_signal_counted_as_the_trainer_took_them():
+    # TRL took 60 no-signal samples into its batches over steps 2 and 3 (its count was 40 after step 1).
+    trl_records = [StepRecord(0.0, 1, 1.0, 24, 3, 1.0, no_signal=40), StepRecord(5.0, 2, 0.0, 48, 6, 6.0, no_signal=72),
+                   StepRecord(10.0, 3, 0.0, 48, 6, 11.0, no_signal=100)]
+    trl = run_figures("trl", trl_records)
+    assert trl.no_signal_samples == 60 and trl.useful_samples_per_s == pytest.approx((96 - 60) / 10)
+    # Ours dropped those groups before its batch: it trained none of them, in less time.
+    ours = run_figures("ours", [StepRecord(0.0, 1, 1.0, 24, 3, 1.0), StepRecord(6.0, 2, 0.0, 48, 6, 6.0)],
+                       ProgressReport(dropped={"no_signal": 6}), num_generations=8)
+    assert ours.no_signal_samples == 0 and ours.groups == 12
+    assert pair_ratios(ours, trl)["useful_samples_per_s"] == pytest.approx(8.0 / 3.6)
+    assert StepRecord.from_json('{"t": 1, "step": 2, "wait_s": 0, "samples": 8, "no_signal": 16}').no_signal == 16
+
+
+def test_the_no_signal_rows_task_has_no_signal_on_every_other_prompt_and_the_rest_is_the_examples(tmp_path):
+    from bench.no_signal import REWARD_FUNCTION, SIGNAL_COLUMN, reward, write_prompts
+    from grpo_trainer.learner.rewards import letter_a_fraction, load_rewards
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(f'{{"prompt": "say {word}"}}\n' for word in ("apple", "banana", "cat", "dog")))
+    assert write_prompts(source, tmp_path / "out.jsonl") == 0.5
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row[SIGNAL_COLUMN] for row in rows] == [False, True, False, True] and rows[1]["prompt"] == "say banana"
+    completions = ["aaa", "abc", "xyz"]
+    assert reward(completions, signal=[False] * 3) == [0.0, 0.0, 0.0]  # every completion alike: no signal
+    assert reward(completions, signal=[True] * 3) == letter_a_fraction(completions)
+    config = e2e_vs_trl.row_config(tmp_path / "row", RowKind(no_signal=True), epochs=1)
+    assert config.dataset.path == str(tmp_path / "row" / "no-signal-prompts.jsonl")
+    assert [r.function for r in config.rewards] == [REWARD_FUNCTION]
+    assert load_rewards(config.rewards)[0](completions=completions, signal=[False] * 3) == [0.0, 0.0, 0.0]
+
+
 def test_a_ratio_without_a_figure_is_nan_not_an_error():
     ours = RunFigures("ours", 10.0, 3, 6, 48, 1.0, None)
     ratios = pair_ratios(ours, RunFigures("trl", 0.0, 0, 0, 0, 0.0, None))
@@ -121,22 +158,25 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     trl = figures("trl", 20.0, 20, 300, 40.0)
     pairs = [Pair(figures("ours", wall, 20, 150, 40.0, dropped, dropped - 1), trl, index % 2 == 0)
              for index, (wall, dropped) in enumerate([(10.0, 4), (20.0, 6), (40.0, 8)])]
-    rows = [RowResult("learner-bound", None, pairs, 1.5, 2.5, 300.0),
-            RowResult("generation-bound", 2, pairs[:1], 3.0, 4.0, 250.0)]
+    rows = [RowResult("learner-bound", RowKind(), pairs, 1.5, 2.5, 300.0),
+            RowResult("generation-bound", RowKind(2), pairs[:1], 3.0, 4.0, 250.0)]
     text = render(rows, epochs=6, groups_total=96, generations=8, max_completion_length=16, cores=2)
     ratio_table = text.split("Ratios ours / TRL")[1].split("Each side's")[0]
     # groups per s 2, 1, 0.5; samples 1, 0.5, 0.25; with drops (150 + 32|48|64) / wall / 15: 1.21, 0.66, 0.36
     # CPU per sample trained: ours 40 CPU s for 150 samples, TRL for 300: twice TRL's.
-    assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.66 (0.36–1.21) "
-            "| 1.00 | 2.00 |") in ratio_table
-    assert ("| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.21 | 1.00 | 2.00 |"
+    assert ("| learner-bound | uncapped | 3 | 1.5 → 2.5 | 1.00 (0.50–2.00) | 0.50 (0.25–1.00) | 0.50 (0.25–1.00) "
+            "| 0.66 (0.36–1.21) | 1.00 | 2.00 |") in ratio_table
+    assert ("| generation-bound | `--max-num-seqs 2` | 1 | 3.0 → 4.0 | 2.00 | 1.00 | 1.00 | 1.21 | 1.00 | 2.00 |"
             in ratio_table)
     sides = text.split("Each side's")[1].split("Where each side's")[0]
-    assert "| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) |" in sides
-    assert "| 2.00 | 266.67 | 6 (4–8) (5 (3–7)) |" in sides  # CPU per group and sample; drops, no-signal among them
-    assert "| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 10 % | 2.00 | 133.33 | — (trains all) |" in sides
+    assert ("| learner-bound | ours | 3 | 20.0 (10.0–40.0) | 1.00 (0.50–2.00) | 7.5 (3.8–15.0) | 7.5 (3.8–15.0) "
+            "| 0 |") in sides
+    assert "| 2.000 | 266.67 | 6 (4–8) (5 (3–7)) |" in sides  # CPU per group and sample; drops, no-signal among them
+    assert ("| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 15.0 | 0 | 10 % | 2.000 | 133.33 | — (trains all) |"
+            in sides)
     per_pair = text.split("Per pair")[1]
-    assert "| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |" in per_pair
+    assert ("| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |"
+            in per_pair)
     steps = text.split("Where each side's")[1].split("Per pair")[0]
     # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
     assert "| learner-bound | TRL | 10 | 0 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
@@ -161,7 +201,7 @@ def test_the_options_default_to_every_row():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
-                                                                                    "generation-bound"),
+                                                                                    "generation-bound", "no-signal"),
                                               "profile": None, "keep": None, "layout": SHARED}
 
 
@@ -210,7 +250,7 @@ def test_a_rows_server_starts_bound_to_its_layouts_cores_and_each_learner_runs_o
     monkeypatch.setattr(e2e_vs_trl, "traced_run", run)
     monkeypatch.setattr("tests.support.servers.vllm_server.restore_model_weights", lambda server, directory: None)
     own = Layout("own cores", frozenset({0}), frozenset({1}))
-    row, _, _ = run_row(tmp_path, "generation-bound", 2, RowPlan(pairs=2, epochs=1, layout=own))
+    row, _, _ = run_row(tmp_path, "generation-bound", RowKind(2), RowPlan(pairs=2, epochs=1, layout=own))
     assert events == [("bound", {0}), ("server",), ("unbound", {0}),
                       ("run", "ours", {1}), ("run", "trl", {1}), ("run", "trl", {1}), ("run", "ours", {1})]
     assert config.rollout.urls == ["http://127.0.0.1:1"] and len(row.pairs) == 2
@@ -226,3 +266,67 @@ def test_profiling_without_py_spy_is_refused_with_how_to_install_it(monkeypatch,
     add_arguments(parser)
     with pytest.raises(ValueError, match="--profile: py-spy is not installed"):
         options(parser.parse_args(["--profile", str(tmp_path)]))
+
+
+def test_own_cores_needs_a_core_beside_the_servers():
+    assert [layout.name for layout in layouts([0])] == ["shared cores"]
+    shared, own = layouts([3, 1, 2])
+    assert (shared.server_cores, shared.learner_cores) == (None, None)
+    assert (own.server_cores, own.learner_cores) == ({1}, {2, 3})
+
+
+def test_a_learner_bound_to_cores_is_started_under_taskset_with_its_threads_cpu_recorded(tmp_path, monkeypatch):
+    started = []
+
+    class NoLearner:
+        returncode = 3
+
+        def __init__(self, command, **_):
+            started.append(command)
+            self.pid = -1
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+        def poll(self):
+            return self.returncode
+
+    def lay_out(directory, kind, config):  # the run's folder and command, without a model or a run config
+        directory.mkdir(parents=True)
+        command = ["python", "-m", "bench.traced_learner", "--kind", kind, "--records", str(directory / "steps.jsonl")]
+        return TracedRun(config, directory / "run.json", directory / "steps.jsonl", command, {})
+
+    monkeypatch.setattr(e2e_vs_trl.subprocess, "Popen", NoLearner)
+    monkeypatch.setattr(e2e_vs_trl, "lay_out_traced_run", lay_out)
+    config = None
+    with pytest.raises(RuntimeError, match="exit 3, 0 steps recorded"):
+        traced_run(tmp_path / "run", "ours", config, placement=Placement(frozenset({2, 1}), thread_cpu=True))
+    command = started[0]
+    assert command[:3] == ["taskset", "--cpu-list", "1,2"]
+    assert command[command.index("--kind") + 1] == "ours" and command[-1] == "--thread-cpu"
+    with pytest.raises(RuntimeError):
+        traced_run(tmp_path / "unbound", "trl", config)
+    assert "taskset" not in started[1] and "--thread-cpu" not in started[1]
+
+
+def test_a_section_that_starts_servers_needs_the_rollout_venv_and_builds_the_tiny_model_once(tmp_path, monkeypatch):
+    from bench import rollout_scaling
+    from bench.report import SectionUnavailable
+    from grpo_trainer.testing import tiny_assets
+
+    monkeypatch.setattr(rollout_scaling, "ROOT", tmp_path)
+    with pytest.raises(SectionUnavailable, match=r"\.venv-rollout .* `make setup-rollout` builds it"):
+        rollout_scaling.require_rollout_assets()
+    (tmp_path / ".venv-rollout" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-rollout" / "bin" / "python").touch()
+    built = []
+
+    def build(directory):
+        built.append(directory)
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+
+    monkeypatch.setattr(tiny_assets, "build_tiny_model", build)
+    rollout_scaling.require_rollout_assets()
+    rollout_scaling.require_rollout_assets()
+    assert built == [tmp_path / "examples" / "tiny-assets" / "model"]

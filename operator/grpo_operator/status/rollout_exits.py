@@ -1,7 +1,7 @@
 """Rollout servers that exit: each is replaced alone, with its own counter and limit.
 
 A vLLM server never ends by itself: any exit, 0 included (vLLM exits 0 after its engine died), is a failure. The
-learner's balancer takes the dead server out of its pool and goes on with the others (with a single server it
+learner takes the dead server out of its pool and goes on with the others (with a single server it
 waits); the operator deletes the pod and creates it again. Each server's restarts are counted in
 `status.rollout.servers[i].restarts` against `runPolicy.rolloutRestartLimit`, never against the learner's
 `backoffLimit`; the exit after the last allowed restart fails the run with RolloutRestartLimitExceeded and the

@@ -1,5 +1,5 @@
 """`status.rollout`: each rollout server as its pod shows it (Ready) and as the learner sees it (its `/progress`:
-whether the balancer sends it requests, the weight version it serves, the samples it produced), plus its restarts.
+whether requests are routed to it, the weight version it serves, the samples it produced), plus its restarts.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ async def main(name: str, port: int, hang: frozenset[str] = frozenset(), delay_s
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
-        probe = body.get("max_tokens") == 1  # the balancer's one-token probe: never delayed
+        probe = body.get("max_tokens") == 1  # the supervision's one-token probe: never delayed
         await asyncio.sleep(0.05 if probe else delay_s)
         await running.wait()
         # Token ids with their logprobs: what TRL's rollout worker reads from vLLM's answer.

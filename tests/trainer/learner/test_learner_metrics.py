@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -196,7 +196,7 @@ def test_metrics_parse_and_match_progress(finished_run):
     # ... and the trackers' copy of the log carries the progress numbers beside them.
     assert last["progress/groups_dropped/no_signal"] <= 3 and last["progress/groups_trained"] <= 6
     exported = {name for name in found} | {name.removesuffix("_created") for name in found}
-    # This run has no rollout servers (a scripted worker), so no per-replica series: test_balancer.py reads those.
+    # This run has no rollout servers (a scripted worker), so no per-replica series: test_router.py reads those.
     per_replica = {METRIC_REPLICA_READY, METRIC_REPLICA_WEIGHT_VERSION, METRIC_REPLICA_SAMPLES,
                    METRIC_REPLICA_FAILURES, METRIC_REPLICA_VERSION_LAG}
     # TRL's rollout worker logs the completion lengths; the scripted worker logs none, so they are absent, not 0.
@@ -251,7 +251,7 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
 
 def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_close(tiny_model_dir, tmp_path):
     """The rollout pool given to the learner: every report names its servers, and closing the learner stops the
-    pool's balancer (the last report still names them)."""
+    pool's supervision and removes its route board (the last report still names them)."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -285,9 +285,9 @@ def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_c
         assert learner.progress_report().rollout == pool.report()
     finally:
         learner.close()
-    host, port = pool.url.removeprefix("http://").rsplit(":", 1)
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection((host, int(port)), timeout=5).close()
+    assert not pool.supervisor.running and not os.path.exists(pool.board.path)
+    (replica,) = learner.progress_report().rollout
+    assert replica.url == server
     assert [r.url for r in learner.progress_report().rollout] == [server]
 
 

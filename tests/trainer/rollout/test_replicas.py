@@ -1,4 +1,4 @@
-"""Two real vLLM CPU servers behind the learner's balancer, under `grporun local`.
+"""Two real vLLM CPU servers in the learner's pool, its requests routed in TRL's worker child, under `grporun local`.
 
 The session's server plus one more (started here; the most any test starts). Both must generate a fair share, end on
 the learner's final weights (greedy logprob against the saved model), and the run must reach Succeeded; a server
@@ -38,7 +38,7 @@ LONG_HANG_GUARD_S = 3600
 
 #: vLLM's CPU backend pins its worker to the last core of the machine's first node by default: every server on one
 #: machine lands on the same core (measured: two servers on core 0, one got 14 % CPU and the other 30 %, and the
-#: balancer rightly gave the faster one 78 % of the requests). The second server gets another core.
+#: learner rightly gave the faster one 78 % of the requests). The second server gets another core.
 SECOND_SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": str((os.cpu_count() or 1) - 1 and 1)}
 
 
@@ -92,7 +92,7 @@ def test_two_replicas_share_generation_and_both_serve_each_adapter_version(vllm_
     # Least outstanding requests keeps each server's share of the requests in flight equal, so the faster one
     # finishes (and is sent) more: alone on the machine the sample split was 58/42, beside the whole suite on 2
     # shared cores 77/23. Dispatched requests differ from samples by at most the in-flight window, so they measure
-    # speed too; the share the balancer controls is the concurrency, integrated over the run (request_seconds).
+    # speed too; the share the router controls is the concurrency, integrated over the run (request_seconds).
     assert len(samples) == 2 and all(count >= 0.15 * sum(samples) for count in samples), samples
     busy = [replica.request_seconds for replica in report.rollout]
     assert all(seconds >= 0.35 * sum(busy) for seconds in busy), busy
@@ -170,9 +170,9 @@ def test_a_replica_that_hangs_then_dies_is_restarted_each_time_and_caught_up(tin
     learner_log = run_dir / "logs" / "tiny-learner-0.log"
     _wait_for_log(process, learner_log, "weight sync v3", output)
     # A hang. SIGSTOP: the server holds its port and the kernel accepts connections, but no token comes; /health
-    # would not tell (a wedged engine still answers it). The balancer takes it out, grporun local's liveness restarts
+    # would not tell (a wedged engine still answers it). The learner takes it out, grporun local's liveness restarts
     # it. A stop during a weight sync holds the sync's /pause on the stopped server until the restart ends it (seen:
-    # "pause took 162.7s"; the balancer's own liveness verdict waits out syncs). Liveness counts failures from the
+    # "pause took 162.7s"; the learner's own liveness verdict waits out syncs). Liveness counts failures from the
     # moment /health answered (the pod's startup probe): "weight sync v3" comes about one liveness period after the
     # server is up, so no probe may have got a token from it yet.
     [hung] = _rollout_pids(run_dir)

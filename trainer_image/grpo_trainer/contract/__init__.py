@@ -12,7 +12,8 @@ torch, transformers, trl or vllm (the operator image has none of them). Import f
 - `report`: the progress report (`GET /progress`, the termination message);
 - `metrics`: the learner's Prometheus metric names;
 - `launch`: a learner pod's command line (one process, or accelerate's launcher under the gang supervisor);
-- `rollout_pod`: a rollout pod's probe timings, its exit line and the engine's error line in its log;
+- `rollout_pod`: a rollout pod's probe timings, its exit line and the engine's error line in its log, and the
+  weight-version header a generation request carries and the server's refusal;
 - `store_uri`: object store locations (`s3://bucket/prefix`) and the variables that say where and as whom;
 - `pod_env`: the other variables the operator renders onto the pods (credentials, environment URLs).
 """

@@ -104,6 +104,11 @@ EXPORT_MANIFEST_FILE = "grpo-export.json"
 WEIGHT_VERSION_PREFIX = "v"
 
 
+def weight_version_name(number: int) -> str:
+    """`vN` for N."""
+    return f"{WEIGHT_VERSION_PREFIX}{number}"
+
+
 def weight_version_number(version: str | None) -> int:
     """N of `vN`; 0 for the initial weights (no version yet) or a name that is not a version."""
     if version and version.startswith(WEIGHT_VERSION_PREFIX) and version[len(WEIGHT_VERSION_PREFIX):].isdigit():

@@ -49,7 +49,7 @@ METRIC_ATTENTION_KERNEL = "grpo_learner_attention_kernel_info"
 METRIC_ROLLOUT_WAIT_SECONDS = "grpo_learner_rollout_wait_seconds_total"
 METRIC_ROLLOUT_QUEUE_SAMPLES = "grpo_learner_rollout_queue_samples"  # gauge: scored samples waiting for the learner
 # Per rollout server, label `replica` (its index in rollout.urls).
-METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when the balancer sends it requests
+METRIC_REPLICA_READY = "grpo_learner_rollout_replica_ready"  # gauge: 1 when requests are routed to it
 METRIC_REPLICA_WEIGHT_VERSION = "grpo_learner_rollout_replica_weight_version"  # gauge: N of the vN it serves
 METRIC_REPLICA_SAMPLES = "grpo_learner_rollout_replica_samples_total"  # completions it produced
 METRIC_REPLICA_FAILURES = "grpo_learner_rollout_replica_failures_total"  # requests that failed on it

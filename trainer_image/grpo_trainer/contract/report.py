@@ -21,7 +21,7 @@ from .wire import Count, ReportModel, error_message, field_path, known_or_text, 
 
 
 class RolloutReplicaReport(ReportModel):
-    """One rollout server as the learner sees it (the balancer's routing state and the weight sync's version)."""
+    """One rollout server as the learner sees it (its route, the router's tallies and the weight sync's version)."""
 
     replica: Count = Field(description="The rollout pod's ordinal (its index in rollout.urls while it is in it).")
     url: str

@@ -1,6 +1,6 @@
 """What the operator knows of a rollout server's pod: its probes' timing, the line its entrypoint prints when the
 server exits and the root error line out of a dead vLLM server's log, and the variable that names the Python with
-vLLM in it.
+vLLM in it. And what the learner's generation requests and the server's weight-version gate say to each other.
 
 When vLLM's engine dies the server prints the root error once (`RuntimeError: CPU Generator does not use offset`), then
 a wrapper per worker and process (`RuntimeError: Worker failed with error ...`, `EngineDeadError: EngineCore
@@ -18,6 +18,15 @@ EXIT_LINE_PREFIX = "grpo rollout: "
 #: Names the interpreter that has vLLM when it is not the one running this entrypoint: the trainer image keeps vLLM
 #: in its own venv (vLLM 0.32 pins transformers<5.20, the learner needs 5.24); `grporun local` reads it too.
 ROLLOUT_PYTHON_ENV = "GRPO_ROLLOUT_PYTHON"
+
+#: A learner's generation request names the weight version (`vN`) the server must hold at least. A server that holds
+#: an older one, or is loading weights, answers WEIGHT_REFUSED_STATUS with SERVED_WEIGHT_VERSION_HEADER: the version
+#: it holds, or LOADING_WEIGHTS (grpo_trainer.server.version_gate); the learner sends the request elsewhere
+#: (grpo_trainer.rollout.router). A request without the header is served whatever the server holds.
+MIN_WEIGHT_VERSION_HEADER = "x-grpo-min-weight-version"
+SERVED_WEIGHT_VERSION_HEADER = "x-grpo-weight-version"
+WEIGHT_REFUSED_STATUS = 409
+LOADING_WEIGHTS = "loading"
 
 #: The generation probe's wait for its one token (grpo_trainer.server.health).
 PROBE_TIMEOUT_S = 30.0

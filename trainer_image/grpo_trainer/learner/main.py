@@ -1,7 +1,7 @@
 """The learner entrypoint: `python -m grpo_trainer learner --config run.json` (under `accelerate launch` for >1 rank).
 
 Reads the resolved run config, loads the dataset and rewards it names, builds `GRPOLearner` with TRL's own
-`AsyncRolloutWorker` pointed at the rollout balancer (every server; `grpo_trainer.rollout.balancer`), trains, and leaves
+`AsyncRolloutWorker` routing its requests over every rollout server (`grpo_trainer.rollout.router`), trains, and leaves
 the contract's exit code and the final progress report (the container's termination message) behind.
 """
 
@@ -148,8 +148,8 @@ def load_reward_models(config: RunConfig) -> list:
 
 def build_learner(config: RunConfig, config_path: str | None = None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
-    balancer follows the file's `rollout.urls` while the learner runs. What the config names is checked before the
-    model and TRL load, so a mistake in it ends the learner at once."""
+    set of rollout servers follows the file's `rollout.urls` while the learner runs. What the config names is checked
+    before the model and TRL load, so a mistake in it ends the learner at once."""
     from ..storage.inputs import resolve
     from .attention import AttentionUnavailable, choose_kernel, model_head_dim, precision_problem, probe_device
 
@@ -219,10 +219,9 @@ def build_learner(config: RunConfig, config_path: str | None = None):
     pool = None
     weight_transfer = None
     if is_main and config.rollout.weight_sync.mode == "filesystem":
-        # TRL's worker and client talk to the balancer, which spreads generation over every server.
+        # TRL's worker child routes each generation request to a server of the pool (GRPOLearner wires it).
         pool = start_rollout_pool(config, ready_timeout_s=args.vllm_server_timeout, tied_embeddings=tied,
-                                  request_timeout_s=args.request_timeout, config_path=config_path)
-        args.vllm_server_base_url = pool.url
+                                  config_path=config_path)
         weight_transfer = pool.transfer
     else:
         # Every rank passes a transfer where rank 0's is ours: TRL's own adapter-sync probe is a collective it runs

@@ -113,8 +113,8 @@ class LearnerReporting:
     tracking: given the trainer's callbacks, the callback that names the trackers' runs on /progress
         (grpo_trainer.learner.tracking.parameters_callback). The learner adds it after transformers' tracker
         integrations, which it reads, so their runs have started when it looks. None: no trackers.
-    rollout_pool: rank 0's rollout servers behind its balancer (filesystem sync): their state goes on /progress;
-        the learner owns the pool from then on and `close()` stops it.
+    rollout_pool: rank 0's rollout servers and their supervision (filesystem sync): TRL's worker routes its requests
+        over them, their state goes on /progress; the learner owns the pool from then on and `close()` stops it.
     """
 
     server_port: int | None = None
@@ -182,6 +182,9 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         if type(self.rollout_worker) is AsyncRolloutWorker:
             # TRL builds its worker itself and offers no seam for the class; the subclass adds no state.
             self.rollout_worker.__class__ = SupervisedRolloutWorker
+            if self._rollout_pool is not None:
+                # Its child sends each generation request to a server of the pool itself (grpo_trainer.rollout.router).
+                self.rollout_worker._loop_kwargs["routing"] = self._rollout_pool.routing()
         # The stream decides when the run ends (and counts drops, which this callback does not); `max_steps` stays
         # as TRL's safety ceiling.
         self.remove_callback(_EpochStopCallback)

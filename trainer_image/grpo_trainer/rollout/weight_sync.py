@@ -182,8 +182,8 @@ class FilesystemWeightTransfer:
         if not server_urls:
             raise ValueError("filesystem weight sync needs at least one rollout server URL")
         self.server_urls = [url.rstrip("/") for url in server_urls]
-        # With a server set (the balancer's), a server that fails a sync leaves the pool instead of failing the run,
-        # and is brought to the current version by `catch_up` before the balancer admits it again.
+        # With a server set (the learner's supervision), a server that fails a sync leaves the pool instead of failing
+        # the run, and is brought to the current version by `catch_up` before it is admitted again.
         self.servers = servers
         self._lock = threading.Lock()
         # Absolute: the path is resolved by the server process, whose working directory may differ.
@@ -277,8 +277,8 @@ class FilesystemWeightTransfer:
     def init_weight_transfer(self) -> None:
         """Continue the version count from the directory, then wait for the servers (they start with the learner).
 
-        Without a server set every server must answer /health; with one, the balancer admits servers as they come
-        and the first sync waits for one (`_targets`).
+        Without a server set every server must answer /health; with one, the supervision admits servers as they
+        come and the first sync waits for one (`_each`).
         """
         self.directory.mkdir(parents=True, exist_ok=True)
         self.version = resume_version(self.directory)
@@ -301,7 +301,7 @@ class FilesystemWeightTransfer:
     def _each(self, action, what: str) -> list[str]:
         """Run `action(url)` on every server; with a server set, on the servers in the pool.
 
-        With a server set a failure takes that server out of the pool (the balancer admits it again once it
+        With a server set a failure takes that server out of the pool (the supervision admits it again once it
         generates and has caught up), a server that is draining (it left `rollout.urls`) gets no step from the
         moment it leaves, and when no server is left the sync waits, bounded by `ready_timeout_s`, for
         one to come back (a single server being restarted) instead of failing the run.
@@ -359,7 +359,7 @@ class FilesystemWeightTransfer:
         finally:
             self._writing_since = None
         staging.rename(final)
-        self.version = version  # from here a server admitted by the balancer catches up to this version
+        self.version = version  # from here a server being admitted catches up to this version
         targets = self._each(lambda url: self._load(url, final), "reload_weights")
         remove_other_versions(self.directory, keep=[final.name])
         elapsed = time.perf_counter() - started
@@ -413,7 +413,7 @@ class FilesystemWeightTransfer:
         if not is_adapter(adapter):
             raise WeightSyncError(f"weight sync: no adapter was saved in {adapter}")
         self.bytes_written = directory_bytes(adapter)
-        self.version += 1  # from here a server admitted by the balancer catches up to this version
+        self.version += 1  # from here a server being admitted catches up to this version
         targets = self._each(lambda url: self._load(url, adapter), "load_lora_adapter")
         elapsed = time.perf_counter() - started
         self.sync_seconds.append(elapsed)
@@ -441,10 +441,10 @@ class FilesystemWeightTransfer:
             self._each(lambda url: self._post(url, "/resume"), "resume")
         finally:
             if self.servers is not None:
-                self.servers.sync_ended()
+                self.servers.sync_ended(self.version)
 
     def catch_up(self, url: str) -> None:
-        """Bring a (re)started server to the current weights and let it generate: the balancer's admission hook."""
+        """Bring a (re)started server to the current weights and let it generate: the supervision's admission hook."""
         loaded = 0
         while self.version != loaded:  # a sync that published a newer version meanwhile may not have reached it
             target = self.version

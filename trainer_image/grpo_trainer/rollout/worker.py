@@ -10,7 +10,9 @@ learner can exit as invalid config), and stops the child without waiting on it f
 
 TRL builds the worker itself (`async_grpo_trainer.py:1367 (trl 1.16.0)`); GRPOLearner makes it this class, whose
 child runs `EpisodeRolloutLoop`: TRL's loop, with each group's rows stamped for the learner's accounting
-(grpo_trainer.agentic.episodes) and an episode whose environment failed made unscorable (grpo_trainer.agentic.tools).
+(grpo_trainer.agentic.episodes), an episode whose environment failed made unscorable (grpo_trainer.agentic.tools),
+and, given `routing`, each generation request sent straight to a rollout server of the learner's pool
+(grpo_trainer.rollout.router) instead of to TRL's one URL.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..agentic.tools import (
     is_abandoned,
 )
 from ..learner.rewards import CheckedReward, RewardFunctionError, RewardResultError, UserCodeError
+from .router import RouterSettings, ServerRouter
 from .sync_watchdog import DaemonCall
 
 logger = logging.getLogger(__name__)
@@ -145,9 +148,12 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
     An episode whose guarded environment failed (grpo_trainer.agentic.tools) is unscorable: its reward is NaN whatever
     the other rewards said, and the group's advantages are TRL's normalisation over the episodes that remain. The
     child dies with the learner (`die_with_parent`).
+
+    `routing`: the learner's pool of rollout servers; each request then goes to one of them (TRL's `_post`, the one
+    place its loop sends from, is where), with TRL's own retries around it.
     """
 
-    def __init__(self, **kwargs: Any):
+    def __init__(self, *, routing: RouterSettings | None = None, **kwargs: Any):
         die_with_parent()  # first: TRL's set-up builds the environments, which may start processes of their own
         try:
             super().__init__(**kwargs)
@@ -163,6 +169,10 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         if self.environment_factories is not None:
             self._environment_pool = {name: ReusableEnvironments(pool)
                                       for name, pool in self._environment_pool.items()}
+        if routing is not None and not all(callable(vars(_AsyncRolloutLoop).get(name)) for name in ("_post", "_retry")):
+            raise RuntimeError("this TRL's rollout loop sends its requests other than through `_post`: the learner "
+                               "cannot route them to its rollout servers (TRL 1.16's loop does)")
+        self._router = ServerRouter(routing) if routing is not None else None
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
@@ -176,6 +186,12 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         if episode is not None:
             self._episodes[id(result[0])] = episode
         return result
+
+    async def _post(self, path: str, payload: dict, timeout: float, max_retries: int = 3) -> dict:
+        if self._router is None:
+            return await super()._post(path, payload, timeout, max_retries)
+        return await self._retry(lambda: self._router.post(self.session, path, payload, timeout),
+                                 label=f"POST {path}", max_attempts=max_retries)
 
     async def _score_group(self, group):
         episodes = [self._episodes.pop(id(completion), None) for completion in group.completions]

@@ -21,6 +21,7 @@ from ..contract.codes import (
 )
 from ..contract.config import MAX_SERVED_LORA_RANK, RunConfig
 from ..contract.rollout_pod import EXIT_LINE_PREFIX, ROLLOUT_PYTHON_ENV, engine_error_line
+from .version_gate import IMPORT_PATH as GATE_IMPORT_PATH
 
 DEFAULT_TERMINATION_LOG = DEFAULT_TERMINATION_MESSAGE_PATH
 
@@ -87,6 +88,9 @@ def build_server_command(
         "--tensor-parallel-size", str(rollout.tensor_parallel_size),
         "--seed", str(config.training.seed),
     ]
+    # The learner's requests name the weight version they need; the gate refuses them where the server holds an
+    # older one (a restarted server before its catch-up).
+    argv += ["--middleware", GATE_IMPORT_PATH]
     # The pause/resume, weight-transfer, /collective_rpc and /server_info endpoints TRL and the CPU sync use exist
     # only in vLLM's dev mode.
     env = {"VLLM_SERVER_DEV_MODE": "1"}
