@@ -128,9 +128,19 @@ def test_useful_samples_leave_out_those_trained_without_signal_counted_as_the_tr
     assert StepRecord.from_json('{"t": 1, "step": 2, "wait_s": 0, "samples": 8, "no_signal": 16}').no_signal == 16
 
 
-def test_the_no_signal_rows_task_has_no_signal_on_every_other_prompt_and_the_rest_is_the_examples(tmp_path):
+def test_the_no_signal_rows_task_has_no_signal_on_every_other_prompt_and_the_rest_is_the_examples(
+        tmp_path, monkeypatch, tiny_model_dir):
+    from bench import rollout_scaling
     from bench.no_signal import REWARD_FUNCTION, SIGNAL_COLUMN, reward, write_prompts
     from grpo_trainer.learner.rewards import letter_a_fraction, load_rewards
+
+    # examples/tiny.yaml as `make demo` lays it out, its model the tests' cached tiny one.
+    examples = tmp_path / "examples"
+    (examples / "tiny-assets").mkdir(parents=True)
+    (examples / "tiny-assets" / "model").symlink_to(tiny_model_dir)
+    for name in ("tiny.yaml", "tiny-prompts.jsonl"):
+        (examples / name).write_text((rollout_scaling.MANIFEST.parent / name).read_text())
+    monkeypatch.setattr(rollout_scaling, "MANIFEST", examples / "tiny.yaml")
 
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(f'{{"prompt": "say {word}"}}\n' for word in ("apple", "banana", "cat", "dog")))
