@@ -339,9 +339,15 @@ def test_a_hung_server_costs_its_episodes_at_the_deadline_and_no_thread_outlives
     played = asyncio.run(hundred())
     for environment, (message,) in played:
         failure = episode_of(environment).failure
-        assert failure.startswith("guess did not return within 1 s (training.callTimeoutSeconds)"), failure
+        # The guess hangs; on a loaded machine a hundred resets at once can reach the bound first, and are bounded
+        # the same way.
+        call = failure.partition(" ")[0]
+        assert call in ("guess", "reset"), failure
+        assert failure.startswith(f"{call} did not return within 1 s (training.callTimeoutSeconds)"), failure
         assert episode_of(environment).environment == "make_environment"
-        assert "did not return within 1 s" in message["content"]  # TRL showed the policy the tool's error
+        if call == "guess":
+            assert "did not return within 1 s" in message["content"]  # TRL showed the policy the tool's error
+    assert any(episode_of(environment).failure.startswith("guess") for environment, _ in played)
     # An instance goes back to TRL's pool only when its call ended (its request saw the deadline first).
     pool = loop._environment_pool[None]
     assert {id(e) for e in pool} == {id(e) for e, _ in played if not is_abandoned(e)}
