@@ -124,9 +124,10 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
                               "uri": f"s3://{s3_bucket}/{RUN}", **store}
             tracking_uri = f"http://{node.expose(mlflow.port)}"
             spec["tracking"] = {"mlflow": {"trackingUri": tracking_uri, "experiment": EXPERIMENT}}
-            run.apply(manifest)
-            # The server starts while the pods do: the learner reaches it only once the rollout server is up.
+            # The server started while the claims, the store and the manifest were made. It must answer before the
+            # learner starts: a tracker that does not answer at the learner's start is a configuration error (exit 78).
             mlflow.wait_ready()
+            run.apply(manifest)
             deleted_uid = delete_the_game_mid_run(run)
             status = run.wait_succeeded()
             # The game's pod came back under its name, created again by the operator, and served the rest of the run;

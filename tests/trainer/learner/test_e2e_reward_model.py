@@ -4,6 +4,7 @@ AsyncRolloutWorker, the learner entrypoint; judged by the exit code and the term
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,5 +39,6 @@ def test_tiny_reward_model_run_ends_at_the_bound_with_unscorable_groups_dropped_
     assert report.groups_trained + report.dropped_total == report.groups_consumed
     # letter_a_fraction is in [0, 1]; the tiny reward model scores about 9-11: the mean holds the model's scores.
     assert report.reward_mean is not None and report.reward_mean > 5
-    assert "'rewards/model'" in log  # TRL's logged metrics carry the model's own column
+    # TRL's logged metrics carry the model's own column, named by TRL after the model's folder.
+    assert f"'rewards/{Path(tiny_reward_model_dir).name}'" in log
     print(f"tiny reward-model run, 1 epoch: {seconds:.0f}s, {report.global_step} steps, reward {report.reward_mean}")
