@@ -253,14 +253,16 @@ def test_a_hung_server_leaves_the_pool_its_requests_go_elsewhere_and_it_returns_
 
 def test_a_server_whose_completions_keep_coming_back_is_not_probed_and_an_idle_one_is(servers):
     # Its completions prove it generates; a probe would take one of its slots (vLLM's --max-num-seqs) from the run.
+    # The interval is long next to a loaded machine's scheduling delays: the admission proves it too, and the first
+    # completion must come back within the interval for the test to measure the busy stretch at all.
     server = servers("a")
-    interval_s = 0.2
+    interval_s = 1.0
     timings = SupervisorTimings(probe_interval_s=0.1, tally_interval_s=0.05, liveness_interval_s=interval_s,
-                                liveness_timeout_s=1.0)
+                                liveness_timeout_s=5.0)
     with routing([server.url], timings=timings) as pool:
         pool.wait_ready(1)
-        pool.send(60, window=2)  # 30 rounds of 0.05 s: ~1.5 s, 7 intervals
-        time.sleep(4 * interval_s)  # idle: nothing proves it but the probe
+        pool.send(160, window=2)  # 80 rounds of 0.05 s: ~4 s, 4 intervals
+        time.sleep(3 * interval_s)  # idle: nothing proves it but the probe (due within 1.25 intervals)
         ready = pool.servers.is_ready(server.url)
     first, last = server.completed_at[0], server.completed_at[-1]
     busy_probes = [at for at in server.probed_at if first < at < last]

@@ -184,6 +184,9 @@ class RolloutSupervisor:
         interval = self.timings.liveness_interval_s
         while True:
             await asyncio.sleep(interval / LIVENESS_LOOKS_PER_INTERVAL)
+            # The latest tallies first: a completion the router counted since the last exchange is a proof, and a
+            # probe sent instead would take one of the server's slots.
+            self.exchange()
             await asyncio.gather(*(self._check_alive(url) for url in self.servers.unproven_urls(interval)))
 
     async def _check_alive(self, url: str) -> None:
