@@ -475,7 +475,8 @@ def _learner_misfits(shape: ModelShape, learner: LearnerFit, gpus: list[Gpu]) ->
 def ways_out(shape: ModelShape, learner: LearnerFit, gpus: list[Gpu]) -> tuple[WayOut, ...]:
     """The changes to the learner that pass this same check on the same GPUs, in this order: fsdp2 on the run's own
     ranks; else fsdp2 over the fewest more ranks (more learner nodes) that pass, and fsdp2 with its CPU offload on
-    the run's own ranks; then LoRA adapters under ddp. fsdp2 on one rank shards nothing, so it is never offered."""
+    the run's own ranks; then, for a learner that trains every weight, LoRA adapters under its own strategy. A LoRA
+    learner keeps its adapters on every way out. fsdp2 on one rank shards nothing, so it is never offered."""
 
     def passing(change: str, candidate: LearnerFit) -> WayOut | None:
         if candidate == learner or _learner_misfits(shape, candidate, gpus)[0]:
@@ -485,19 +486,19 @@ def ways_out(shape: ModelShape, learner: LearnerFit, gpus: list[Gpu]) -> tuple[W
 
     sharded = dataclasses.replace(learner, strategy="fsdp2", cpu_offload=False)
     offered: list[WayOut | None] = []
-    if learner.lora_rank is None:  # fsdp2 with LoRA is not supported (contract.RunConfig)
-        own = passing(f"learner.strategy fsdp2 on its {learner.ranks} GPUs", sharded) if learner.ranks > 1 else None
-        offered.append(own)
-        if own is None:
-            more_nodes = range(learner.nodes + 1, WAY_OUT_MAX_RANKS // learner.processes_per_node + 1)
-            offered.append(next(filter(None, (
-                passing(f"learner.strategy fsdp2 over {nodes * learner.processes_per_node} GPUs (learner.nodes "
-                        f"{nodes})", dataclasses.replace(sharded, nodes=nodes)) for nodes in more_nodes)), None))
-            offered.append(passing(f"learner.strategy fsdp2 with learner.fsdp.cpuOffload on its "
-                                   f"{_plural(learner.ranks, 'GPU')}", dataclasses.replace(sharded, cpu_offload=True)))
-        lora = dataclasses.replace(learner, strategy="ddp", cpu_offload=False, lora_rank=WAY_OUT_LORA_RANK)
-        offered.append(passing(f"LoRA adapters (training.lora, rank {WAY_OUT_LORA_RANK}) under learner.strategy ddp",
-                               lora))
+    own = passing(f"learner.strategy fsdp2 on its {learner.ranks} GPUs", sharded) if learner.ranks > 1 else None
+    offered.append(own)
+    if own is None:
+        more_nodes = range(learner.nodes + 1, WAY_OUT_MAX_RANKS // learner.processes_per_node + 1)
+        offered.append(next(filter(None, (
+            passing(f"learner.strategy fsdp2 over {nodes * learner.processes_per_node} GPUs (learner.nodes "
+                    f"{nodes})", dataclasses.replace(sharded, nodes=nodes)) for nodes in more_nodes)), None))
+        offered.append(passing(f"learner.strategy fsdp2 with learner.fsdp.cpuOffload on its "
+                               f"{_plural(learner.ranks, 'GPU')}", dataclasses.replace(sharded, cpu_offload=True)))
+    if learner.lora_rank is None:
+        lora = dataclasses.replace(learner, lora_rank=WAY_OUT_LORA_RANK)
+        offered.append(passing(f"LoRA adapters (training.lora, rank {WAY_OUT_LORA_RANK}) under learner.strategy "
+                               f"{learner.strategy}", lora))
     return tuple(way for way in offered if way is not None)
 
 

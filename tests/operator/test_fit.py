@@ -338,3 +338,25 @@ def test_the_spec_decides_strategy_ranks_placement_and_the_policy():
     sharded = spec(learner={"nodes": 2, "processesPerNode": 4, "strategy": "fsdp2",
                             "resources": {"limits": {"nvidia.com/gpu": 4}}}, rollout=MULTI_RANK_ROLLOUT)
     assert "sharded over 8 ranks" in check_spec_fit(sharded, QWEN25_7B, H100_NODES).notes[0]
+
+
+def test_a_lora_learner_that_does_not_fit_is_offered_fsdp2_with_its_adapters():
+    # 32B's frozen fp32 weights alone (131 GiB) pass an 80 GB GPU: sharding them is the way out, LoRA kept.
+    report = verdict(QWEN25_32B, learner(lora_rank=16, placement=Placement(H100)))
+    (line,) = report.errors
+    assert report.ways_out and all(way.learner.lora_rank == 16 and way.learner.strategy == "fsdp2"
+                                   for way in report.ways_out)
+    assert report.ways_out[0].change.startswith("learner.strategy fsdp2 over ")
+    assert "LoRA adapters" not in line  # it has them already
+    for way in report.ways_out:
+        assert verdict(QWEN25_32B, way.learner).errors == [], way.change
+
+
+def test_an_fsdp2_learner_is_offered_lora_under_fsdp2():
+    four = learner(strategy="fsdp2", tokens=2048, processes_per_node=4, resources={"limits": {"nvidia.com/gpu": 4}},
+                   placement=Placement(H100))
+    report = verdict(QWEN25_32B, four)
+    assert report.errors
+    lora = [way for way in report.ways_out if way.learner.lora_rank is not None]
+    assert [way.change for way in lora] == ["LoRA adapters (training.lora, rank 16) under learner.strategy fsdp2"]
+    assert lora[0].learner.strategy == "fsdp2" and verdict(QWEN25_32B, lora[0].learner).errors == []
