@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from grpo_trainer.contract.store_uri import is_object_store_uri
+from grpo_trainer.contract.store_uri import is_hub_id
 
 from ..api import UNPINNED_REVISION, GRPORunSpec
 from ..run_status import GRPORunStatus, PinnedRevision
@@ -47,11 +47,6 @@ class HubPins:
 
     commits: Mapping[PinKind, str] = field(default_factory=dict)
     waiting: str | None = None
-
-
-def is_hub_id(model: str) -> bool:
-    """spec.model names a hub repository: neither an object-store URI nor a path."""
-    return not is_object_store_uri(model) and not model.startswith(("/", ".", "~"))
 
 
 def pin_requests(spec: GRPORunSpec) -> list[PinRequest]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 
 from grpo_trainer.contract.codes import DROP_REASONS, EXPORT_MANIFEST_FILE, LearnerPhase
 from grpo_trainer.contract.config import DatasetConfig, InputsConfig, RewardConfig, RunConfig
@@ -97,6 +98,13 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert export["spec"]["output"] == with_output["spec"]["output"] and export["step"] == report.global_step
     assert export["progress"]["groupsConsumed"] == 16 and set(export["progress"]["dropped"]) == set(DROP_REASONS)
     assert {"torch", "transformers", "trl"} <= set(export["packages"])
+    # Its provenance: where it started, the rows it read, the tracker's run; a model card the hub can index.
+    assert export["base"] == {"model": vllm_server.model}
+    prompts = REPO / "examples" / "tiny-prompts.jsonl"
+    assert export["dataset"]["path"] == str(prompts) and export["dataset"]["fingerprint"]
+    assert export["dataset"]["sha256"] == hashlib.sha256(prompts.read_bytes()).hexdigest()
+    assert export["tracking"] == [run.model_dump(by_alias=True) for run in report.tracking] != []
+    assert "grpo-operator" in ModelCard.load(model_dir / "README.md").data.tags
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)

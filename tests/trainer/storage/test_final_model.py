@@ -31,13 +31,15 @@ from grpo_trainer.contract.codes import (
     LearnerPhase,
 )
 from grpo_trainer.contract.config import RunConfig
-from grpo_trainer.contract.report import ProgressReport, parse_progress
+from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
 from grpo_trainer.contract.store_uri import parse_uri
 from grpo_trainer.learner import main as learner_main
 from grpo_trainer.storage import final_model
 from grpo_trainer.storage.model_export import verify_export
 from grpo_trainer.storage.object_store import download_folder
 from tests.support.paths import REPO
+
+TRACKED = TrackedRunReport(tracker="mlflow", run_id="0a1b", uri="http://mlflow:5000/#/experiments/1/runs/0a1b")
 
 
 class FinishedLearner:
@@ -70,7 +72,7 @@ class FinishedLearner:
 
     def progress_report(self) -> ProgressReport:
         return ProgressReport(phase=LearnerPhase.SUCCEEDED, groups_total=4, groups_consumed=4, groups_trained=3,
-                              dropped={"no_signal": 1}, global_step=2, epochs_done=1)
+                              dropped={"no_signal": 1}, global_step=2, epochs_done=1, tracking=[TRACKED])
 
     def close(self) -> None:
         pass
@@ -101,6 +103,8 @@ def test_a_learner_that_exported_reports_the_model_in_its_final_report(tmp_path,
     manifest = verify_export(model_dir)
     assert manifest["run"] == {"name": "tiny", "namespace": "default"} and manifest["spec"] == {"model": "m"}
     assert manifest["progress"]["dropped"]["no_signal"] == 1
+    assert manifest["base"] == {"model": "m"} and manifest["dataset"] == {"path": "p.jsonl"}
+    assert manifest["tracking"] == [{"tracker": "mlflow", "runId": "0a1b", "uri": TRACKED.uri}]
     assert manifest["progress"]["rewardTrend"] == [{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}]
     assert json.loads((tmp_path / "termination-log").read_text())["output"]["sha256"] == report.output.sha256
     assert not (tmp_path / "out" / "final").exists()  # the export replaces the plain save

@@ -11,13 +11,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from huggingface_hub import ModelCard
 
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
+from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import ExportReport
 from grpo_trainer.storage.model_export import (
     MODEL_CARD_FILE,
     ExportError,
     export_model,
+    input_provenance,
+    model_card,
     reward_trend,
     staging_path,
     verify_export,
@@ -193,3 +197,38 @@ def test_the_reward_trend_keeps_the_first_and_last_points_and_skips_non_finite_o
     assert [point["step"] for point in trend] == [1, 26, 51, 75, 100]
     assert reward_trend(history[:3]) == [{"step": 1, "reward": 0.01}, {"step": 2, "reward": 0.02},
                                         {"step": 3, "reward": 0.03}]
+
+
+def test_the_model_card_has_hugging_face_front_matter_naming_the_base_model_and_dataset(tmp_path):
+    spec = {"model": "Qwen/Qwen3-0.6B", "dataset": {"name": "openai/gsm8k", "config": "main"}}
+    config = RunConfig.model_validate({"model": "Qwen/Qwen3-0.6B", "modelRevision": "c" * 40,
+                                       "dataset": {"name": "openai/gsm8k", "revision": "d" * 40},
+                                       "rewards": [{"name": "length"}]})
+    provenance = {**PROVENANCE, "spec": spec, **input_provenance(spec, config, dataset_fingerprint="f00d")}
+    assert provenance["base"] == {"model": "Qwen/Qwen3-0.6B", "revision": "c" * 40}
+    assert provenance["dataset"] == {"name": "openai/gsm8k", "config": "main", "revision": "d" * 40,
+                                     "fingerprint": "f00d"}
+    (tmp_path / MODEL_CARD_FILE).write_text(model_card(provenance, step=4))
+    card = ModelCard.load(tmp_path / MODEL_CARD_FILE)  # what the hub and model registries parse
+    assert card.data.base_model == "Qwen/Qwen3-0.6B" and card.data.base_model_relation == "finetune"
+    assert card.data.datasets == ["openai/gsm8k"] and card.data.library_name == "transformers"
+    assert set(card.data.tags) == {"grpo", "trl", "grpo-operator"}
+    assert f"at commit `{'c' * 40}`" in card.text
+
+
+def test_a_local_model_and_dataset_file_are_named_by_path_and_the_file_by_its_digest(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    # The spec names the store's object; the learner read the downloaded copy.
+    spec = {"model": "/models/tiny", "dataset": {"path": "s3://data/prompts.jsonl"}}
+    config = RunConfig.model_validate({"model": "/models/tiny", "dataset": {"path": str(prompts)},
+                                       "rewards": [{"name": "length"}]})
+    provenance = {**PROVENANCE, "spec": spec, **input_provenance(spec, config)}
+    assert provenance["base"] == {"model": "/models/tiny"}
+    assert provenance["dataset"] == {"path": "s3://data/prompts.jsonl",
+                                     "sha256": hashlib.sha256(prompts.read_bytes()).hexdigest()}
+    (tmp_path / MODEL_CARD_FILE).write_text(model_card(provenance, step=4))
+    card = ModelCard.load(tmp_path / MODEL_CARD_FILE)
+    assert card.data.base_model is None and card.data.datasets is None  # not hub ids: nothing to link
+    assert "grpo" in card.data.tags
+

@@ -76,3 +76,8 @@ def parse_uri(uri: str, field: str) -> Location:
 def is_object_store_uri(uri: str) -> bool:
     """Whether `uri` names an object store location (its scheme; parse_uri checks the rest)."""
     return uri.startswith(SCHEME)
+
+
+def is_hub_id(model: str) -> bool:
+    """A model or dataset named as a hub repository: neither an object-store URI nor a path."""
+    return not is_object_store_uri(model) and not model.startswith(("/", ".", "~"))

@@ -87,7 +87,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
     when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
     the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and
     uploads, until `stop` is set (`upload_export`)."""
-    from .model_export import export_model, package_versions, reward_trend, staging_path
+    from .model_export import export_model, input_provenance, package_versions, reward_trend, staging_path
 
     assert config.output is not None
     directory = Path(config.output.directory)
@@ -103,9 +103,12 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
             generation_config.save_pretrained(folder)
 
     report = learner.progress_report()
+    # The datasets library's hash of how the rows were made (files, revision, every transform): what was read.
+    fingerprint = getattr(getattr(learner, "train_dataset", None), "_fingerprint", None)
     provenance = {
         "run": {"name": config.run_name, "namespace": config.namespace},
         "spec": config.output.run_spec,
+        **input_provenance(config.output.run_spec, config, fingerprint if isinstance(fingerprint, str) else None),
         "progress": {
             "groupsTotal": report.groups_total, "groupsConsumed": report.groups_consumed,
             "groupsTrained": report.groups_trained, "groupsDropped": report.dropped_total,
@@ -113,6 +116,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
             "globalStep": report.global_step, "rewardMean": report.reward_mean,
             "rewardTrend": reward_trend(learner.state.log_history),
         },
+        "tracking": [run.model_dump(by_alias=True) for run in report.tracking],
         "packages": package_versions(),
     }
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)

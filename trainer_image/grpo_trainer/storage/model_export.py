@@ -1,11 +1,12 @@
 """The trained model, exported whole or not at all: Hugging Face files plus a manifest of where they came from.
 
 At the end of a run the learner writes the model (safetensors, config, tokenizer, generation config) into a staging
-folder beside its destination, on the same volume, adds a short model card (README.md) and, last, the manifest
-(`contract.codes.EXPORT_MANIFEST_FILE`): the GRPORun spec, the final progress, the package versions and every file's
-size and sha256. Everything is fsynced, then the staging folder is renamed into place in one step. A reader thus
-sees no folder, the previous complete one, or the new complete one; an export killed halfway leaves only a hidden
-`.NAME.partial` folder without a manifest, which the next export removes.
+folder beside its destination, on the same volume, adds a model card (README.md, with Hugging Face front matter) and,
+last, the manifest (`contract.codes.EXPORT_MANIFEST_FILE`): the GRPORun spec, the base model and its commit, the
+dataset and its digest, the final progress, the trackers' runs, the package versions and every file's size and
+sha256. Everything is fsynced, then the staging folder is renamed into place in one step. A reader thus sees no folder,
+the previous complete one, or the new complete one; an export killed halfway leaves only a hidden `.NAME.partial`
+folder without a manifest, which the next export removes.
 
 Torch-free: the caller passes the function that writes the model files (`save`).
 """
@@ -25,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..contract.codes import EXPORT_MANIFEST_FILE
+from ..contract.config import RunConfig
 from ..contract.report import ExportReport
+from ..contract.store_uri import is_hub_id
 
 MODEL_CARD_FILE = "README.md"
 MANIFEST_KIND = "GRPOModelExport"
@@ -34,6 +37,8 @@ MANIFEST_VERSION = 1
 PROVENANCE_PACKAGES = ("grpo-operator", "torch", "transformers", "trl", "accelerate", "safetensors", "vllm")
 #: Points of the reward trend kept in the manifest: enough to see its shape, few enough to read.
 REWARD_TREND_POINTS = 20
+#: The model card's tags: what a hub search for GRPO-trained models finds.
+MODEL_CARD_TAGS = ("grpo", "trl", "grpo-operator")
 
 
 class ExportError(Exception):
@@ -91,18 +96,53 @@ def file_digests(folder: Path) -> list[dict[str, Any]]:
     return files
 
 
+def input_provenance(spec: Mapping[str, Any], config: RunConfig,
+                     dataset_fingerprint: str | None = None) -> dict[str, Any]:
+    """Where the model started and what it trained on, named as the GRPORun `spec` names them, with what pins each:
+    the hub commit every process loaded (`config` holds the pins), a dataset file's sha256, and the datasets
+    library's fingerprint of the rows the learner read."""
+    base: dict[str, Any] = {"model": spec.get("model") if isinstance(spec.get("model"), str) else config.model}
+    if config.model_revision is not None:
+        base["revision"] = config.model_revision
+    named = spec.get("dataset") if isinstance(spec.get("dataset"), Mapping) else {}
+    dataset: dict[str, Any] = {key: named[key] for key in ("name", "path", "config", "split")
+                               if isinstance(named.get(key), str)}
+    if not dataset:
+        dataset = {"name": config.dataset.name} if config.dataset.name else {"path": config.dataset.path}
+    if config.dataset.revision is not None:
+        dataset["revision"] = config.dataset.revision
+    if config.dataset.path is not None and Path(config.dataset.path).is_file():  # a downloaded s3:// file too
+        dataset["sha256"] = sha256_of(config.dataset.path)
+    if dataset_fingerprint:
+        dataset["fingerprint"] = dataset_fingerprint
+    return {"base": base, "dataset": dataset}
+
+
 def model_card(provenance: Mapping[str, Any], step: int) -> str:
+    """The export's README.md: Hugging Face front matter (what the hub and model registries index) and a summary."""
+    from huggingface_hub import ModelCardData
+
     run = provenance.get("run", {})
     spec = provenance.get("spec", {})
     progress = provenance.get("progress", {})
+    base = provenance.get("base", {})
+    dataset = provenance.get("dataset", {})
     trend = progress.get("rewardTrend") or []
     rewards = ", ".join(str(reward.get("name") or reward.get("function") or reward.get("model"))
                         for reward in spec.get("rewards", []))
+    hub_model = base.get("model") if is_hub_id(str(base.get("model", "/"))) else None
+    front_matter = ModelCardData(
+        base_model=hub_model, base_model_relation="finetune" if hub_model else None,
+        datasets=[dataset["name"]] if dataset.get("name") else None, library_name="transformers",
+        pipeline_tag="text-generation", tags=list(MODEL_CARD_TAGS))
+    started = f"`{base.get('model', spec.get('model', '?'))}`" + (f" at commit `{base['revision']}`"
+                                                                    if base.get("revision") else "")
     lines = [
+        "---", front_matter.to_yaml(), "---",
         f"# {run.get('name', 'model')}",
         "",
         f"Trained with GRPO by grpo-operator (GRPORun `{run.get('namespace', 'default')}/{run.get('name', '')}`) "
-        f"from `{spec.get('model', '?')}`, {step} optimizer steps.",
+        f"from {started}, {step} optimizer steps.",
         "",
         f"- rewards: {rewards or '?'}",
         f"- prompt groups: {progress.get('groupsConsumed', '?')} consumed, {progress.get('groupsTrained', '?')} "
@@ -114,8 +154,9 @@ def model_card(provenance: Mapping[str, Any], step: int) -> str:
     lines += [
         "",
         "Load it with `transformers.AutoModelForCausalLM.from_pretrained(<this folder>)` or serve it with vLLM.",
-        f"`{EXPORT_MANIFEST_FILE}` holds the run's spec, its final progress, the package versions and each "
-        "file's sha256; it is written last, so a folder without it is not a complete export.",
+        f"`{EXPORT_MANIFEST_FILE}` holds the run's spec, the base model's commit, the dataset's digest, its final "
+        "progress, the trackers' runs, the package versions and each file's sha256; it is written last, so a folder "
+        "without it is not a complete export.",
         "",
     ]
     return "\n".join(lines)

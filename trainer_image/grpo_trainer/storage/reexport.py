@@ -18,7 +18,7 @@ from typing import Any
 
 from ..contract.config import RunConfig
 from ..contract.report import ExportReport
-from .model_export import ExportError, export_model, package_versions, reward_trend
+from .model_export import ExportError, export_model, input_provenance, package_versions, reward_trend
 
 #: What a checkpoint holds besides the model: the trainer's and the run's state, which an export leaves out.
 TRAINING_STATE = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth", "trainer_state.json",
@@ -46,6 +46,7 @@ def _provenance(config: RunConfig, checkpoint: Path, marker: Mapping[str, Any]) 
     return {
         "run": {"name": config.run_name, "namespace": config.namespace},
         "spec": config.output.run_spec,
+        **input_provenance(config.output.run_spec, config),
         "progress": {"globalStep": step, "rewardTrend": reward_trend(history), "checkpoint": checkpoint.name},
         "packages": package_versions(),
     }, step
