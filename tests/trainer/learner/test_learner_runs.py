@@ -19,6 +19,8 @@ from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.launch import GangLayout, learner_argv
 from grpo_trainer.learner.checkpoints import read_marker
 from grpo_trainer.learner.main import trainer_arguments
+from grpo_trainer.storage.model_export import verify_export
+from grpo_trainer.storage.reexport import export_from_checkpoint
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -150,6 +152,7 @@ def test_a_resumed_lora_run_finishes_with_the_same_consumed_set_and_its_adapter(
 
     assert (checkpoints[-1] / "adapter_model.safetensors").is_file()
     assert not (checkpoints[-1] / "model.safetensors").exists()  # the base weights never change: not saved
+    assert_reexports_merged(tiny_model_dir, checkpoints[-1], tmp_path / "reexport")
 
     (second,) = run(tiny_model_dir, tmp_path / "second", *common, "--resume-from", str(checkpoints[-1]))
     # The resumed learner starts from the checkpoint's adapter (lora_B starts at zero: a fresh one sums otherwise).
@@ -167,6 +170,29 @@ def test_a_resumed_lora_run_finishes_with_the_same_consumed_set_and_its_adapter(
     resumed = second["progress"]
     assert resumed["groupsCollated"] - resumed["groupsReturned"] == resumed["groupsTrained"] - saved["groups_trained"]
     assert saved["dropped"]["no_signal"] > 0 and all(p > start for p in saved["consumed_after"])
+
+
+def assert_reexports_merged(tiny_model_dir, checkpoint: Path, out: Path) -> None:
+    """A LoRA checkpoint exports (grporun export, the export pod) as its base with the adapter merged in, the adapter
+    beside it: the merged model computes what the base with the adapter does."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "length"}],
+        "checkpoint": {"directory": str(checkpoint.parent)},
+        "output": {"directory": str(out / "model"), "uri": (out / "model").as_uri()}})
+    exported = export_from_checkpoint(config, str(checkpoint))
+    assert verify_export(exported.path)["progress"]["checkpoint"] == checkpoint.name
+    merged = AutoModelForCausalLM.from_pretrained(exported.path)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                        str(Path(exported.path) / "adapter"))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    inputs = AutoTokenizer.from_pretrained(exported.path)("a b c", return_tensors="pt")
+    with torch.no_grad():
+        logits = [model(**inputs).logits for model in (merged, adapted, base)]
+    assert torch.allclose(logits[0], logits[1], atol=1e-5) and not torch.equal(logits[0], logits[2])
 
 
 def test_a_rank_0_only_pipeline_error_reaches_every_rank(tiny_model_dir, tmp_path):

@@ -23,7 +23,7 @@ from .model_export import ExportError, export_model, input_provenance, package_v
 #: What a checkpoint holds besides the model: the trainer's and the run's state, which an export leaves out.
 TRAINING_STATE = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth", "trainer_state.json",
                   "training_args.bin", "grpo_progress.json", "*.tmp")
-#: A LoRA run's checkpoint holds the adapter alone (peft's file); the learner's own export merges it into the base.
+#: A LoRA run's checkpoint holds the adapter alone (peft's files, `adapter_*`): the export merges it into the base.
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
@@ -70,12 +70,13 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
     except (UnusableCheckpoints, MarkerError) as error:
         raise ExportError(f"{checkpoint or config.checkpoint.directory}: {error}") from None
     path = Path(found)
-    if (path / ADAPTER_CONFIG_FILE).exists():
-        raise ExportError(f"{path}: a LoRA checkpoint holds the adapter alone; the export merges it into the base "
-                          "model only at the end of a run")
     provenance, step = _provenance(config, path, marker)
+    lora = (path / ADAPTER_CONFIG_FILE).exists()
 
     def save(folder: Path) -> None:
+        if lora:
+            save_merged_adapter(config, path, folder)
+            return
         for file in model_files(path):
             shutil.copy2(file, folder / file.name)
 
@@ -83,6 +84,32 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
     if is_object_store_uri(config.output.uri):
         exported = upload_export(exported)
     return exported
+
+
+def save_merged_adapter(config: RunConfig, checkpoint: Path, folder: Path) -> None:
+    """A LoRA checkpoint holds the adapter alone: `folder` gets the run's base model (at its pinned commit) with the
+    adapter merged in, the adapter itself in `folder/adapter`, and the checkpoint's tokenizer, as the learner's own
+    export at the end of a run leaves them."""
+    try:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+    except ImportError as error:
+        raise ExportError(f"{checkpoint}: merging its LoRA adapter needs torch, transformers and peft, and "
+                          f"{error.name} is not installed here") from None
+    from ..learner.lora import FINAL_ADAPTER_FOLDER
+    from .inputs import InputError, resolve
+
+    try:
+        model = resolve(config, dataset=False).model  # an s3:// model: through the inputs cache
+        base = AutoModelForCausalLM.from_pretrained(model, revision=config.model_revision, dtype="auto")
+        merged = PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload()
+    except (InputError, OSError, ValueError) as error:
+        raise ExportError(f"{checkpoint}: its LoRA adapter could not be merged into {config.model}: {error}") from None
+    merged.save_pretrained(folder)
+    adapter = folder / FINAL_ADAPTER_FOLDER
+    adapter.mkdir()
+    for file in model_files(checkpoint):
+        shutil.copy2(file, (adapter if file.name.startswith("adapter_") else folder) / file.name)
 
 
 def store_environ(config: RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
