@@ -89,8 +89,8 @@ def test_a_secret_that_did_not_arrive_is_named(tmp_path, inputs, environ, messag
 
 
 @pytest.mark.s3
-def test_an_exported_model_is_downloaded_once_and_read_from_the_cache_after(s3_server, s3_bucket, tiny_model_dir,
-                                                                            tmp_path):
+def test_an_exported_model_is_downloaded_once_and_read_from_the_cache_while_the_store_holds_it(
+        s3_server, s3_bucket, tiny_model_dir, tmp_path, caplog):
     upload_folder(tiny_model_dir, parse_uri(f"s3://{s3_bucket}/runs/tiny", "output.uri"), client=s3_server.client())
     config = _config(tmp_path, f"s3://{s3_bucket}/runs/tiny", endpoint=s3_server.endpoint,
                      credentials_secret="store")
@@ -104,16 +104,48 @@ def test_an_exported_model_is_downloaded_once_and_read_from_the_cache_after(s3_s
     folder = Path(loaded.model)
     assert {**_files(tiny_model_dir), EXPORT_MANIFEST_FILE: (folder / EXPORT_MANIFEST_FILE).read_bytes()} \
         == _files(folder)
-    assert [path.name for path in folder.parent.iterdir()] == [folder.name], "no staging folder is left"
+    assert _staged(folder) == [], "no staging folder is left"
 
-    # A restarted pod on the same cache: its store is not asked (an endpoint where nothing listens would fail it).
-    unreachable = {**environ, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}"}
-    second = client_from_env(unreachable)
+    # A restarted pod on the same cache: it reads the store's manifest alone, which is the cached one.
+    second = client_from_env(store_environ(config.inputs, environ))
     second_requests = RequestCounter(second)
-    again = resolve(config.model_copy(update={"inputs": InputsConfig(cache_dir=config.inputs.cache_dir,
-                                                                     credentials_secret="store")}),
-                    dataset=False, environ=unreachable, client=second)
-    assert again.model == loaded.model and second_requests.operations == []
+    again = resolve(config, dataset=False, environ=environ, client=second)
+    assert again.model == loaded.model and second_requests.operations == ["GET"]
+
+    # A store that cannot be asked leaves the cached copy in use, with a warning naming it.
+    unreachable = {**environ, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}"}
+    offline = resolve(config.model_copy(update={"inputs": InputsConfig(cache_dir=config.inputs.cache_dir,
+                                                                       credentials_secret="store")}),
+                      dataset=False, environ=unreachable, client=client_from_env(unreachable))
+    assert offline.model == loaded.model and "could not be compared with the store" in caplog.text
+
+
+def _staged(folder: Path) -> list[str]:
+    """What a download or a replacement left beside the cached copy, other than its lock and its source record."""
+    return [path.name for path in folder.parent.iterdir()
+            if path.name not in (folder.name, ".lock", f".{folder.name}.source")]
+
+
+@pytest.mark.s3
+def test_a_model_or_dataset_changed_in_the_store_is_downloaded_again(s3_server, s3_bucket, tiny_model_dir, tmp_path):
+    client = s3_server.client()
+    location = parse_uri(f"s3://{s3_bucket}/runs/changing", "output.uri")
+    upload_folder(tiny_model_dir, location, client=client)
+    client.put_object(Bucket=s3_bucket, Key="data/changing.jsonl", Body=b'{"prompt": "one"}\n')
+    config = _config(tmp_path, location.uri, dataset=f"s3://{s3_bucket}/data/changing.jsonl")
+    first = resolve(config, dataset=True, environ={}, client=client)
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model_dir, changed)
+    (changed / "generation_config.json").write_text('{"temperature": 0.5}')
+    upload_folder(changed, location, client=client)  # a new export to the same prefix
+    client.put_object(Bucket=s3_bucket, Key="data/changing.jsonl", Body=b'{"prompt": "two"}\n')
+    second = resolve(config, dataset=True, environ={}, client=client)
+    assert (second.model, second.dataset.path) == (first.model, first.dataset.path)  # the same place, new content
+    assert _files(second.model) == {**_files(changed), EXPORT_MANIFEST_FILE: (
+        Path(second.model) / EXPORT_MANIFEST_FILE).read_bytes()}
+    assert Path(second.dataset.path).read_bytes() == b'{"prompt": "two"}\n'
+    assert _staged(Path(second.model)) == [] and _staged(Path(second.dataset.path)) == []
 
 
 @pytest.mark.s3
@@ -158,7 +190,7 @@ def test_a_download_that_stops_halfway_leaves_nothing_that_reads_as_complete(s3_
     with pytest.raises(InputError, match=r"^model: s3://.*No space left on device"):
         resolve(config, dataset=False, environ={}, client=_BreaksAfterOneFile(client))
     target = Path(local_path(config.model, config, environ={}))
-    assert not target.exists() and list(target.parent.iterdir()) == []
+    assert not target.exists() and [path.name for path in target.parent.iterdir()] == [".lock"]
     assert _files(Path(resolve(config, dataset=False, environ={}, client=client).model)) == _files(tiny_model_dir)
 
 

@@ -7,18 +7,22 @@ pod's exit 78.
 The local path of an s3:// input depends only on its URI and the cache folder (`local_path`), so that the learner
 (whose requests name the model), the rollout server (which serves it under that name) and its probe agree without
 asking the store. A download is staged and renamed into place last (`object_store.download`): a path that exists is
-complete, and one that exists is never downloaded again. The cache keys by URI: a different model at the same URI
-is not read again while the cache holds the old one (upload it under a new prefix).
+complete. At each start the cached copy is compared with what the store holds now (its manifest's digest, or the
+objects' ETags): a changed input is downloaded again and replaces the old copy; a store that cannot be asked leaves
+the cached copy in use, with a warning.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from ..contract.codes import EXPORT_MANIFEST_FILE
 from ..contract.config import InputsConfig, RunConfig
 from ..contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX
 from ..contract.store_uri import (
@@ -35,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: Under the inputs cache: one folder per s3:// URI.
 OBJECT_STORE_FOLDER = "s3"
+#: In a URI's folder: held while a process compares its cached copy with the store or downloads it.
+LOCK_FILE = ".lock"
 #: The boto3 variables the inputs' credentials Secret is mounted as, each under its prefixed name too.
 _CREDENTIAL_ENV = (ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV)
 
@@ -95,26 +101,82 @@ def check_credentials(inputs: InputsConfig, *, object_store: bool,
 
 def fetch(value: str, field: str, config: RunConfig, *, environ: Mapping[str, str] = os.environ,
           client=None) -> str:
-    """`value`'s local path, downloaded first when it is an s3:// URI not in the cache yet; InputError naming
-    `field`."""
+    """`value`'s local path, downloaded first when it is an s3:// URI whose current content the cache lacks;
+    InputError naming `field`."""
     if not is_object_store_uri(value):
         if value.startswith("/") and not os.path.exists(value):
             raise InputError(f"{field}: {value}: no such file or directory (is its volume, spec.inputs.volume, "
                              "mounted?)")
         return value
-    target = Path(local_path(value, config, environ))
-    if target.exists():
-        logger.info("%s: %s is in the inputs cache at %s", field, value, target)
-        return str(target)
-    from .object_store import ObjectStoreError, client_from_env, download
+    from .object_store import ObjectStoreError, client_from_env, download, source_identity
 
-    try:
-        location = parse_uri(value, field)
-        logger.info("%s: downloading %s to %s", field, value, target)
-        download(location, target, client=client or client_from_env(store_environ(config.inputs, environ)))
-    except (ObjectStoreError, ValueError) as error:
-        raise InputError(f"{field}: {error}") from None
+    target = Path(local_path(value, config, environ))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One process at a time per URI: the learner and a rollout server starting together on one cache download once,
+    # and neither replaces a copy the other has just found current.
+    with open(target.parent / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            location = parse_uri(value, field)
+            client = client or client_from_env(store_environ(config.inputs, environ))
+            current = source_identity(location, client=client)
+        except (ObjectStoreError, ValueError) as error:
+            if target.exists():
+                logger.warning("%s: %s could not be compared with the store (%s); loading the cached copy at %s",
+                               field, value, error, target)
+                return str(target)
+            raise InputError(f"{field}: {error}") from None
+        cached = _cached_identity(target)
+        if cached == current:
+            logger.info("%s: %s is in the inputs cache at %s, as the store holds it", field, value, target)
+            return str(target)
+        try:
+            if cached is None and not target.exists():
+                logger.info("%s: downloading %s to %s", field, value, target)
+                download(location, target, client=client)
+            else:
+                logger.info("%s: %s changed in the store since it was cached; downloading it again to %s", field,
+                            value, target)
+                fresh = target.with_name(f".{target.name}.fresh")
+                _remove(fresh)  # left by a process killed before its swap
+                _replace(target, download(location, fresh, client=client))
+        except ObjectStoreError as error:
+            raise InputError(f"{field}: {error}") from None
+        _source_file(target).write_text(current, encoding="utf-8")
     return str(target)
+
+
+def _source_file(target: Path) -> Path:
+    """Beside a cached input: what the store held when it was downloaded (object_store.source_identity)."""
+    return target.with_name(f".{target.name}.source")
+
+
+def _cached_identity(target: Path) -> str | None:
+    if not target.exists():
+        return None
+    try:
+        return _source_file(target).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if (target / EXPORT_MANIFEST_FILE).is_file():  # cached before the identity was kept: its manifest says
+            return f"manifest:{hashlib.sha256((target / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()}"
+        return None
+
+
+def _replace(target: Path, fresh: Path) -> None:
+    """`fresh` in `target`'s place; the old copy removed (a process still reading it fails, and its restart loads
+    the new one)."""
+    old = target.with_name(f".{target.name}.old")
+    _remove(old)
+    os.rename(target, old)
+    os.rename(fresh, target)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def resolve(config: RunConfig, *, dataset: bool, environ: Mapping[str, str] = os.environ,

@@ -326,6 +326,31 @@ def download(location: Location, destination: str | os.PathLike[str], *, client:
     return destination
 
 
+def source_identity(location: Location, *, client: Any = None) -> str:
+    """What the store holds at `location`, as a string that changes whenever any of it does: `manifest:SHA256` for
+    a folder the store holds with a manifest (the manifest lists every file's digest), else `objects:SHA256` over
+    every key and ETag under the prefix, else `object:ETAG` for the one object the prefix names. ObjectStoreError
+    naming the cause, or that nothing is there."""
+    client = client or client_from_env()
+    fetched = _fetch_manifest(client, location, optional=True)
+    if fetched is not None:
+        return f"manifest:{hashlib.sha256(fetched[0]).hexdigest()}"
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=location.bucket, Prefix=f"{location.prefix}/" if location.prefix else "")
+        listed = sorted(f"{item['Key']} {item.get('ETag', '')}" for page in pages for item in page.get("Contents", [])
+                        if not item["Key"].endswith("/"))
+        if listed:
+            return f"objects:{hashlib.sha256(chr(10).join(listed).encode()).hexdigest()}"
+        if not location.prefix:
+            raise ObjectStoreError(f"{location.uri}: the bucket is empty")
+        return f"object:{client.head_object(Bucket=location.bucket, Key=location.prefix)['ETag']}"
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        if _is_missing_key(error):
+            raise ObjectStoreError(f"{location.uri}: no such object, and no objects under it") from None
+        raise ObjectStoreError(describe(error, location)) from None
+
+
 def _download_unlisted(client: Any, location: Location, target: Path) -> None:
     """The objects under `location`'s prefix into the folder `target`, else its one object into the file `target`."""
     key = None
