@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 from huggingface_hub import ModelCard
+from mlflow.tracking import MlflowClient
 
 from grpo_trainer.contract.codes import DROP_REASONS, EXPORT_MANIFEST_FILE, LearnerPhase
 from grpo_trainer.contract.config import DatasetConfig, InputsConfig, RewardConfig, RunConfig
 from grpo_trainer.contract.report import parse_progress
+from grpo_trainer.learner.tracking.mlflow_tracker import EXPORT_SHA256_TAG, EXPORT_URI_TAG
 from grpo_trainer.storage.inputs import resolve as resolve_inputs
 from tests.support.paths import REPO
 from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
@@ -66,6 +68,7 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
             trained = parse_progress((tmp_path / "runs" / "tiny" / "termination-log").read_text()).groups_trained
             tracked = check_tracked_run(mlflow.uri, "local-tiny", "tiny", model=vllm_server.model, epochs=1,
                                         groups_trained=trained)
+            tags = MlflowClient(mlflow.uri).get_run(tracked.run_id).data.tags
     run_dir = tmp_path / "runs" / "tiny"
     learner_log = (run_dir / "logs" / "tiny-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
@@ -105,6 +108,8 @@ def test_tiny_example_reaches_succeeded(vllm_server, tmp_path):
     assert export["dataset"]["sha256"] == hashlib.sha256(prompts.read_bytes()).hexdigest()
     assert export["tracking"] == [run.model_dump(by_alias=True) for run in report.tracking] != []
     assert "grpo-operator" in ModelCard.load(model_dir / "README.md").data.tags
+    # The tracked run names the model: a registry finds it from the run.
+    assert (tags[EXPORT_URI_TAG], tags[EXPORT_SHA256_TAG]) == (report.output.uri, report.output.sha256)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -472,3 +472,29 @@ def test_wandb_offline_writes_the_run_under_the_checkpoint_directory_without_net
     wandb.finish()
     assert continued.run_id == first.run_id and continued.uri != first.uri  # each start: its own offline directory
     assert (tmp_path / "ckpt" / "wandb" / "wandb" / Path(continued.uri).name).is_dir()
+
+
+@pytest.mark.slow
+def test_the_export_is_tagged_on_the_mlflow_run_and_a_server_that_does_not_answer_costs_a_bounded_wait(
+        mlflow_server, tmp_path, monkeypatch, answering_server, caplog):
+    from mlflow.tracking import MlflowClient
+
+    from grpo_trainer.contract.report import ExportReport
+
+    client = MlflowClient(mlflow_server.uri)
+    run_id = client.create_run(client.create_experiment("grpo-export-tags")).info.run_id
+    exported = ExportReport(uri="s3://models/tiny", path="/models/tiny", step=8, bytes=100, sha256="a" * 64,
+                            time=1700000000.0)
+    tracked = [TrackedRunReport(tracker="mlflow", run_id=run_id, uri=f"{mlflow_server.uri}/#/runs/{run_id}")]
+    tracking.record_export(config(tmp_path, tracking={"mlflow": {"trackingUri": mlflow_server.uri}}), tracked,
+                           exported)
+    tags = client.get_run(run_id).data.tags
+    assert (tags[mlflow_tracker.EXPORT_URI_TAG], tags[mlflow_tracker.EXPORT_SHA256_TAG],
+            tags[mlflow_tracker.EXPORT_STEP_TAG]) == ("s3://models/tiny", "a" * 64, "8")
+
+    # A server that answers nothing MLflow understands: a warning, and the learner's end goes on.
+    monkeypatch.setattr(tracking, "EXPORT_TAGS_TIMEOUT_S", 2.0)
+    with caplog.at_level("WARNING", logger=tracking.__name__):
+        tracking.record_export(config(tmp_path, tracking={"mlflow": {"trackingUri": answering_server}}), tracked,
+                               exported)
+    assert f"tracking: MLflow ({answering_server})" in caplog.text and run_id in caplog.text

@@ -87,6 +87,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
     when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
     the other ranks. Every rank calls the trainer's save (a sharded model gathers its weights); rank 0 writes and
     uploads, until `stop` is set (`upload_export`)."""
+    from ..learner.tracking import record_export
     from .model_export import export_model, input_provenance, package_versions, reward_trend, staging_path
 
     assert config.output is not None
@@ -122,6 +123,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
     if is_object_store_uri(config.output.uri):
         exported = upload_export(exported, stop)
+    record_export(config, report.tracking, exported)
     logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
                 exported.step, exported.bytes, exported.sha256)
     return exported

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...contract.config import RunConfig
-from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, ProgressReport, TrackedRunReport
+from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, ExportReport, ProgressReport, TrackedRunReport
 from .base import Integrations, RecordedRuns, TrackerUnavailable, TrackingConfigError
 from .registry import TRACKERS
 from .runs_file import read_recorded_runs, run_key, write_recorded_runs
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 PROGRESS_PREFIX = "progress/"
 #: Prefix of the run's spec among a tracker's parameters (transformers logs TrainingArguments unprefixed).
 PARAMETER_PREFIX = "grporun."
+#: How long the learner's end waits for the MLflow server to take the export's tags; past it, it ends without them.
+EXPORT_TAGS_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,29 @@ def record_runs(config: RunConfig, runs: list[TrackedRunReport]) -> None:
             kept = True
     if kept:
         write_recorded_runs(config, recorded)
+
+
+def record_export(config: RunConfig, runs: list[TrackedRunReport], exported: ExportReport) -> None:
+    """The export's URI and manifest digest as tags of the run's MLflow run (the other trackers have no place the
+    learner can write after their run ended; the manifest names their runs). Waited for EXPORT_TAGS_TIMEOUT_S at
+    most; a failure is a warning: the model is exported either way."""
+    from ...rollout.sync_watchdog import DaemonCall
+    from .mlflow_tracker import tag_export
+
+    run = next((run for run in runs if run.tracker == "mlflow"), None)
+    if run is None or config.tracking.mlflow is None:
+        return
+    uri = config.tracking.mlflow.tracking_uri
+    call = DaemonCall(lambda: tag_export(uri, run.run_id, exported), "grpo-mlflow-export-tags")
+    if not call.join(EXPORT_TAGS_TIMEOUT_S):
+        logger.warning("tracking: MLflow (%s) did not take the export's tags within %.0f s; run %s does not name the "
+                       "model", uri, EXPORT_TAGS_TIMEOUT_S, run.run_id)
+        return
+    try:
+        call.result()
+    except Exception as error:  # noqa: BLE001 - any failure of the tracker's client; the export stands
+        logger.warning("tracking: MLflow (%s) refused the export's tags for run %s: %s", uri, run.run_id,
+                       str(error).splitlines()[0] if str(error) else type(error).__name__)
 
 
 def progress_logs(report: ProgressReport) -> dict[str, float]:

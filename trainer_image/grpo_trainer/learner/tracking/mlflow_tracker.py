@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import MLFLOW_CREDENTIAL_ENV
-from ...contract.report import TrackedRunReport
+from ...contract.report import ExportReport, TrackedRunReport
 from .base import Integrations, RecordedMlflowRun, RecordedRuns, TrackerUnavailable, TrackingConfigError, tracked_run
 
 logger = logging.getLogger(__name__)
@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 #: MLflow refuses a parameter value longer than this.
 MLFLOW_PARAM_MAX_CHARS = 6000
 MLFLOW_PARAMS_PER_BATCH = 100
+#: The tags the model's export leaves on the run's MLflow run: its URI, its manifest's sha256, the step.
+EXPORT_URI_TAG = "grpo.output.uri"
+EXPORT_SHA256_TAG = "grpo.output.sha256"
+EXPORT_STEP_TAG = "grpo.output.step"
 #: How long the start-up probe waits for the tracking server's answer. MLflow's own client retries a server that does
 #: not answer for about 5 minutes, inside the training loop, and then the learner crashed.
 PROBE_TIMEOUT_S = 5.0
@@ -144,3 +148,14 @@ class MlflowTracker:
     def recorded(self, config: RunConfig, run_id: str) -> RecordedMlflowRun:
         return RecordedMlflowRun(runId=run_id, trackingUri=config.tracking.mlflow.tracking_uri,
                                  experiment=mlflow_experiment(config))
+
+
+def tag_export(tracking_uri: str, run_id: str, exported: ExportReport) -> None:
+    """Where the run's model went, as tags of its MLflow run (one request): a registry or a reader of the run finds
+    the model, and its manifest's digest, from the run."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    tags = {EXPORT_URI_TAG: exported.uri, EXPORT_SHA256_TAG: exported.sha256, EXPORT_STEP_TAG: str(exported.step)}
+    MlflowClient(tracking_uri).log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+
