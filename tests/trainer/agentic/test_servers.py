@@ -14,6 +14,7 @@ from grpo_trainer.agentic.servers import (
     ServerChooser,
     ServerPool,
     check_address,
+    pool_for,
     resolve_servers,
 )
 from grpo_trainer.agentic.tools import CallBounds, episode_of, load_environment_factory
@@ -141,3 +142,19 @@ def test_every_call_of_an_episode_reaches_the_server_that_holds_it_and_the_episo
     assert outcomes == [(1.0 if i % 4 == 3 else WRONG_GUESS_REWARD, None) for i in range(96)]
     opened = [server.game.opened for server in game_servers]
     assert sum(opened) == 96 and min(opened) >= 16, opened  # fewest in flight: none idles while others queue
+    assert set(pool_for(address).in_flight().values()) == {0}  # each episode released its server at get_reward
+
+
+def test_an_ended_episode_releases_its_server_and_a_call_still_running_starts_no_other(game_servers):
+    """An episode ends at get_reward, at the next reset, or when a call is abandoned at its deadline (which may still
+    make a request afterwards)."""
+    address = ENVIRONMENT_URL_SEPARATOR.join(f"http://127.0.0.1:{server.server_address[1]}" for server in game_servers)
+    environment = load_environment_factory("grpo_trainer.testing.guess_env:make_environment", BOUNDS)()
+    environment.server = EnvironmentClient(address)
+    environment.reset(target=1)
+    assert sorted(pool_for(address).in_flight().values()) == [0, 0, 1]
+    episode = episode_of(environment)
+    episode.end()
+    assert set(pool_for(address).in_flight().values()) == {0}
+    with pytest.raises(NoServer, match="the episode has ended"):
+        episode.pins.server(pool_for(address))

@@ -167,6 +167,11 @@ class ServerPool:
         with self._lock:
             return self._chooser.servers
 
+    def in_flight(self) -> dict[str, int]:
+        """The episodes in flight on each server now, by its URL."""
+        with self._lock:
+            return {server.url: self._chooser.in_flight(server) for server in self._chooser.servers}
+
     def _refresh(self, now: float) -> None:
         try:
             servers = self._resolve(self.address)
