@@ -131,7 +131,8 @@ def environment_pod_name(run: str, environment: str, index: int) -> str:
 
 
 def environment_urls(run: str, namespace: str, environments: Sequence[EnvironmentSpec] | None) -> dict[str, str]:
-    """Each environment's URL by its name: its Service, which spreads connections over the servers that are ready."""
+    """Each environment's URL by its name: its headless Service's, whose name resolves to the servers that are
+    ready."""
     return {environment.name: f"http://{environment_service_name(run, environment.name)}.{namespace}.svc:"
                                f"{environment.port}" for environment in environments or []}
 
@@ -551,11 +552,13 @@ def environment_selector_labels(run: str, environment: str) -> dict[str, str]:
 
 
 def build_environment_service(run: RunRef, environment: EnvironmentSpec) -> dict[str, Any]:
-    """A ClusterIP Service: the factory gets one URL, and connections go only to the servers that are ready (the
-    rollout Service is headless because the learner addresses each server; an environment is one pool)."""
+    """A headless Service without `publishNotReadyAddresses`: the factory gets one URL, whose name resolves to the
+    servers that are ready, and the learner's client (grpo_trainer.agentic.servers) pins each episode to one of them
+    (a server may hold the episode's state; a cluster IP would spread its calls over the servers)."""
     metadata = child_metadata(run, environment_service_name(run.name, environment.name), ENVIRONMENT_ROLE)
     metadata["labels"][ENVIRONMENT_LABEL] = environment.name
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": {
+        "clusterIP": "None",
         "selector": environment_selector_labels(run.name, environment.name),
         "ports": [{"name": "http", "port": environment.port, "targetPort": environment.port, "protocol": "TCP"}],
     }}
@@ -579,8 +582,9 @@ def environment_readiness_probe(environment: EnvironmentSpec) -> dict[str, Any]:
 
 
 def build_environment_pod(run: RunRef, environment: EnvironmentSpec, index: int, *, where: str) -> dict[str, Any]:
-    """One server of an environment. restartPolicy Always: a server holds none of the run's state, so the kubelet
-    restarts its container in place (with its backoff) and the run goes on; a pod that is gone or failed (evicted,
+    """One server of an environment. restartPolicy Always: a server holds none of the run's own state (its episodes
+    in flight, which it may hold, fail as the environment's), so the kubelet restarts its container in place (with
+    its backoff) and the run goes on; a pod that is gone or failed (evicted,
     its node lost) is created again by the operator. `where`: the environment's field path, for override errors."""
     name = environment_pod_name(run.name, environment.name, index)
     container: dict[str, Any] = {

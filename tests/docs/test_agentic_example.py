@@ -1,6 +1,6 @@
 """docs/agentic.md's environment server: its command and args, run as a pod runs them, serve on the pod's address
-(a kubelet's readiness probe connects there, never to loopback), and the example keeps a stateful server to one
-replica (an episode's calls would otherwise reach servers that do not hold it)."""
+(a kubelet's readiness probe connects there, never to loopback), and the example runs several replicas of the
+stateful game (the learner's client pins each episode to the server its reset reached)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_the_example_server_listens_on_the_pods_address_and_runs_one_replica():
+def test_the_example_server_listens_on_the_pods_address_and_runs_several_replicas():
     environment = environment_example()
-    assert environment.replicas == 1
+    assert environment.replicas == 2
     address = pod_address()
     if address is None:
         pytest.skip("this machine has no network address besides loopback to connect to")

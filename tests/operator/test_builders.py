@@ -390,8 +390,9 @@ def test_each_environment_is_a_service_and_its_replicas_as_owned_labelled_pods()
         ("Pod", "run-rollout-0"), ("Pod", "run-learner-0"), ("Pod", "run-env-guess-0"), ("Pod", "run-env-guess-1")]
     named = by_name(objects)
     service = named["run-env-guess"]
-    # One URL for the pool: a ClusterIP Service (not headless) that sends connections to ready servers only.
-    assert "clusterIP" not in service["spec"] and "publishNotReadyAddresses" not in service["spec"]
+    # One URL for the pool: a headless Service whose name resolves to the ready servers only, so that the learner's
+    # client pins each episode to one of them (a cluster IP would spread an episode's calls over the servers).
+    assert service["spec"]["clusterIP"] == "None" and "publishNotReadyAddresses" not in service["spec"]
     assert service["spec"]["ports"] == [{"name": "http", "port": 8765, "targetPort": 8765, "protocol": "TCP"}]
     assert service["spec"]["selector"] == {"grpo.dev/run": "run", "grpo.dev/role": "environment",
                                            "grpo.dev/environment": "guess"}

@@ -16,7 +16,7 @@ import yaml
 
 from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
 from grpo_trainer.contract.codes import EXIT_STALLED
-from tests.support.emulator.kube_emulator import GRPORUNS
+from tests.support.emulator.kube_emulator import GRPORUNS, SERVICES
 from tests.support.paths import REPO
 from tests.support.specs import MULTI_RANK_ROLLOUT, NAMESPACE, grporun, minimal_spec
 
@@ -435,12 +435,22 @@ def test_a_running_runs_environment_servers_scale_live_up_and_down(cluster, lear
 
 def test_environment_services_follow_a_spec_edited_while_suspended(cluster, learner, progress_urls):
     """An environment's port edited while suspended is what its Service forwards on resume; the Service of an
-    environment removed or renamed meanwhile is deleted, and the new name gets its own."""
+    environment removed or renamed meanwhile is deleted, and the new name gets its own. An environment's Service with
+    a cluster IP (as operators made it before they were headless, so that each episode stays on one server) is
+    replaced by a headless one: a Service's clusterIP cannot be changed."""
     environments = [{"name": "guess", "image": "game:1", "port": 8765}, {"name": "code", "image": "code:1"}]
     cluster.apply(grporun("svc", minimal_spec(environments=environments)))
     cluster.wait_for(lambda: len(cluster.services("svc")) == 4, what="the rollout, learner and 2 environment Services")
     cluster.patch_spec("svc", {"runPolicy": {"suspend": True}})
     cluster.wait_phase("svc", "Suspended")
+    (headless,) = [s for s in cluster.services("svc") if s["metadata"]["name"] == "svc-env-guess"]
+    assert headless["spec"]["clusterIP"] == "None"
+    namespace = headless["metadata"]["namespace"]
+    cluster.client.delete(SERVICES, namespace, "svc-env-guess")
+    metadata = {key: headless["metadata"][key] for key in ("name", "namespace", "labels", "ownerReferences")}
+    spec = {key: headless["spec"][key] for key in ("selector", "ports")}
+    cluster.client.create(SERVICES, namespace, {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+                                                "spec": spec})  # a cluster IP: the real server assigns one
     cluster.patch_spec("svc", {"environments": [{"name": "guess", "image": "game:1", "port": 9000},
                                                 {"name": "maze", "image": "code:1"}]})
     cluster.patch_spec("svc", {"runPolicy": {"suspend": False}})
@@ -450,6 +460,9 @@ def test_environment_services_follow_a_spec_edited_while_suspended(cluster, lear
 
     cluster.wait_for(lambda: "svc-env-code" not in services() and "svc-env-maze" in services(),
                      what="the removed environment's Service deleted and the new one's created")
+    cluster.wait_for(lambda: [s["spec"].get("clusterIP") for s in cluster.services("svc")
+                              if s["metadata"]["name"] == "svc-env-guess"] == ["None"],
+                     what="the environment's Service with a cluster IP replaced by a headless one")
     (port,) = services()["svc-env-guess"]
     assert (port["port"], port["targetPort"]) == (9000, 9000)
     assert sorted(services()) == ["svc-env-guess", "svc-env-maze", "svc-learner", "svc-rollout"]

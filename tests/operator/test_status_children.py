@@ -8,7 +8,7 @@ from typing import Any
 from grpo_operator import builders
 from grpo_operator.api import GENERATION_ANNOTATION, parse_spec
 from grpo_operator.run_ref import RunRef
-from grpo_operator.status.children import child_patch, rendered_generation, stale_services
+from grpo_operator.status.children import child_patch, rendered_generation, service_replaced, stale_services
 from tests.support.specs import minimal_spec
 
 GANG = {"gang": {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 600}}
@@ -66,9 +66,21 @@ def environment_service(port: int) -> dict[str, Any]:
     return service
 
 
-def test_a_service_forwarding_another_port_is_patched_and_the_api_servers_defaults_are_left_alone():
+def test_an_environment_service_with_a_cluster_ip_is_replaced_live_or_not_as_its_cluster_ip_cannot_change():
+    child = environment_service(8765)
     existing = environment_service(8765)
     existing["spec"] |= {"clusterIP": "10.0.0.7", "type": "ClusterIP", "sessionAffinity": "None"}
+    assert service_replaced(child, existing)
+    del existing["spec"]["clusterIP"]
+    assert service_replaced(child, existing)
+    existing["spec"]["clusterIP"] = "None"
+    assert not service_replaced(child, existing)
+    assert not service_replaced(built("ConfigMap"), built("ConfigMap"))
+
+
+def test_a_service_forwarding_another_port_is_patched_and_the_api_servers_defaults_are_left_alone():
+    existing = environment_service(8765)
+    existing["spec"] |= {"clusterIP": "None", "type": "ClusterIP", "sessionAffinity": "None"}
     assert child_patch(environment_service(8765), existing, generation=1, live=False) is None
     child = environment_service(9000)
     assert child_patch(child, existing, generation=1, live=False) == {

@@ -22,7 +22,7 @@ from ..pod_overrides import OverrideError
 from ..run_ref import RunRef
 from ..run_status import parse_status
 from ..status import revision
-from ..status.children import child_patch, stale_services
+from ..status.children import child_patch, service_replaced, stale_services
 from . import kueue
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
@@ -168,11 +168,22 @@ class Children:
             existing = await self._owned(child["apiVersion"], child["kind"], meta["name"])
             if existing is None:
                 problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
+            elif service_replaced(child, existing):
+                problem = await self._replace(child) or problem
             elif (patch := child_patch(child, existing, generation=run.generation, live=bool(present))) is not None:
                 await kube.patch(child["apiVersion"], child["kind"], run.namespace, meta["name"], patch)
                 if child["kind"] == "ConfigMap":
                     self.memory.rollout_urls = builders.rollout_urls_of(child)
         return problem
+
+    async def _replace(self, child: dict[str, Any]) -> str | None:
+        """Delete `child`'s existing object and create it again; why that must be tried again, or None."""
+        kube, name = self.kube, child["metadata"]["name"]
+        await kube.delete(child["apiVersion"], child["kind"], self.run.namespace, name)
+        if not await kube.create(child):
+            return f"{child['kind']} {name} is being replaced and the old one is not gone yet; retrying"
+        kube.logger.info(f"{child['kind']} {name} replaced: it is headless now (a cluster IP cannot be changed)")
+        return None
 
     async def _delete_stale_services(self, children: list[dict[str, Any]]) -> str | None:
         """Delete the run's Services that `children` no longer names; why it must be tried again, or None."""

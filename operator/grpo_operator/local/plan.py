@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo_trainer.contract.config import RunConfig
-from grpo_trainer.contract.pod_env import environment_url_variable
+from grpo_trainer.contract.pod_env import ENVIRONMENT_URL_SEPARATOR, environment_url_variable
 from grpo_trainer.contract.store_uri import is_object_store_uri
 
 from .. import builders
@@ -261,10 +261,12 @@ def plan_environment(owner: RunRef, spec: GRPORunSpec, position: int, index: int
 
 
 def local_environment_urls(spec: GRPORunSpec, ports: Mapping[str, list[int]]) -> dict[str, str]:
-    """Each environment's URL on this machine: its first server's (a cluster's Service spreads connections over the
-    servers; locally the learner gets one of them). An environment of 0 servers names its spec's port, where no
-    server of the run listens (a Service with no server behind it)."""
-    return {environment.name: f"http://{LOCAL_HOST}:{(ports.get(environment.name) or [environment.port])[0]}"
+    """Each environment's address on this machine: its servers' URLs, one loopback port each, separated by
+    ENVIRONMENT_URL_SEPARATOR (where a cluster's headless Service name resolves to its servers); the learner's
+    client pins each episode to one of them. An environment of 0 servers names its spec's port, where no server of
+    the run listens (a Service with no server behind it)."""
+    return {environment.name: ENVIRONMENT_URL_SEPARATOR.join(
+                f"http://{LOCAL_HOST}:{port}" for port in ports.get(environment.name) or [environment.port])
             for environment in spec.environments or []}
 
 

@@ -305,15 +305,12 @@ def _earlier_config(path: Path) -> RunConfig | None:
 
 def environment_notes(spec: GRPORunSpec) -> list[str]:
     """How each environment maps to this machine, where it differs from a cluster: its command runs here, not its
-    image; of several servers, the learner's URL is the first's."""
+    image, each server on a port of its own (the learner's URL lists them all)."""
     notes = []
     for environment in spec.environments or []:
         name = environment.name
         notes.append(f"environment {name}: {environment.replicas} server(s) run their command on this machine "
                      f"(image {environment.image} is a cluster's), each on a free loopback port in $PORT")
-        if environment.replicas > 1:
-            notes.append(f"environment {name}: its URL names its first server only (a cluster's Service spreads "
-                         "over all of them): the others run and count in status.environments but get no episodes")
         for item in environment.env or []:
             if item.value_from is not None:
                 notes.append(f"environment {name}: {item.name} ({', '.join(sorted(item.value_from))}) comes from "

@@ -41,6 +41,15 @@ def child_patch(child: Mapping[str, Any], existing: Mapping[str, Any], *, genera
     return None
 
 
+def service_replaced(child: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
+    """Whether `existing` must be deleted and created again as `child`: a headless Service is wanted where one with a
+    cluster IP exists (an environment's, as operators before headless environment Services made it), and a
+    Service's clusterIP cannot be changed. Whether the run is live or not: the learner's client pins each episode
+    to one server only when the name resolves to the servers."""
+    return (child["kind"] == "Service" and child["spec"].get("clusterIP") == "None"
+            and (existing.get("spec") or {}).get("clusterIP") != "None")
+
+
 def service_patch(child: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch that gives an existing Service the child's ports and selector (the fields the operator sets;
     the API server's defaults, such as the cluster IP, are left as they are); None when they match already."""

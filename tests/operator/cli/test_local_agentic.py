@@ -1,8 +1,9 @@
 """`grporun local` with an environment: the tiny tool model (taught offline to call the guess game's tool in a third
 of its episodes) served by the real vLLM CPU server, playing against the real game server, which grporun local starts
-as the example's `spec.environments` server, in a process of its own. The run
-ends at its bound, the episodes are counted, the group counts add up, the tool calls train, and the environment's
-reward rises over the run: the policy learns that playing pays."""
+as the example's `spec.environments` servers, three processes of their own, each holding the episodes it opened.
+The run ends at its bound, the episodes are counted, the group counts add up, the tool calls train, every episode
+plays on one server (none fails as the environment's, and every server plays some), and the environment's reward
+rises over the run: the policy learns that playing pays."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from grpo_trainer.contract.report import parse_progress
+from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE
 from tests.support import tiny_models
 from tests.support.paths import REPO
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
@@ -27,6 +29,8 @@ GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 #: few hundredths either way. A tenth is two or three steps of about 16 episodes each (noisy): the line through all of
 #: them is the firmer measure, and the tenths only have to rise.
 REWARD_RISE = 0.05
+#: The game's servers: each holds its own episodes, so an episode's calls must all reach the one its reset reached.
+GUESS_SERVERS = 3
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -36,6 +40,8 @@ def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tiny_
     manifest["spec"]["model"] = tiny_tool_model_dir
     manifest["spec"]["dataset"]["path"] = str(PROMPTS)
     manifest["spec"]["rollout"]["vllm"]["extraArgs"] = list(EAGER_VLLM_ARGS)
+    (environment,) = manifest["spec"]["environments"]
+    environment["replicas"] = GUESS_SERVERS
     path = tmp_path / "agentic.yaml"
     path.write_text(yaml.safe_dump(manifest))
     result = subprocess.run(
@@ -46,14 +52,16 @@ def test_an_agentic_run_trains_against_its_environment_server_to_the_bound(tiny_
     learner_log = (run_dir / "logs" / "tiny-agentic-learner-0.log").read_text(errors="replace")
     assert result.returncode == 0, result.stdout + result.stderr + learner_log[-3000:]
     assert "phase: Succeeded  reason: EpochBoundReached" in result.stdout
-    assert "guess environment serving on" in (run_dir / "logs" / "tiny-agentic-env-guess-0.log").read_text()
+    for index in range(GUESS_SERVERS):  # every server took episodes: the learner spreads them over the pool
+        server_log = (run_dir / "logs" / f"tiny-agentic-env-guess-{index}.log").read_text()
+        assert "guess environment serving on" in server_log and FIRST_EPISODE_LINE in server_log, (index, server_log)
 
     report = parse_progress((run_dir / "termination-log").read_text())
     groups = 8 * manifest["spec"]["training"]["epochs"]
     assert report.groups_consumed == report.groups_total == groups
     assert report.groups_trained + report.dropped_total == groups  # every group once: trained or dropped
     episodes = report.episodes
-    assert episodes is not None and episodes.environment_failures == {}
+    assert episodes is not None and episodes.environment_failures == {}  # no episode lost to another server
     # Every group that reached the learner brought its 8 episodes; those past the bound are counted too.
     assert episodes.episodes % 8 == 0 and episodes.episodes >= 8 * (report.groups_trained + report.dropped["no_signal"])
     assert episodes.tool_calls > 0 and episodes.rows >= episodes.episodes  # a fork adds rows; none go missing

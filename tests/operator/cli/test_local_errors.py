@@ -335,8 +335,9 @@ def test_environment_servers_run_their_command_here_on_free_ports_and_the_learne
     assert second.argv[4] == "40002" and second.url == "http://127.0.0.1:40002"
     assert first.env["PORT"] == "40001" and first.env["LEVEL"] == "3" and first.url == "http://127.0.0.1:40001"
     assert first.probe == LocalProbe("tcp")  # the pod's default: a TCP connect to its port
-    # The learner gets the first server's URL, and an environment without servers names its spec's port.
-    assert learner.env["GRPO_ENVIRONMENT_GUESS_URL"] == "http://127.0.0.1:40001"
+    # The learner gets every server's URL (its client pins each episode to one), and an environment without servers
+    # names its spec's port.
+    assert learner.env["GRPO_ENVIRONMENT_GUESS_URL"] == "http://127.0.0.1:40001,http://127.0.0.1:40002"
     assert learner.env["GRPO_ENVIRONMENT_IDLE_URL"] == "http://127.0.0.1:8000"
 
 

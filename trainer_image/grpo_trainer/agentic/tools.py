@@ -39,6 +39,7 @@ from typing import Any
 from ..contract.config import TrainingConfig
 from ..learner.rewards import UserCodeError, import_function
 from ..rollout.sync_watchdog import DaemonCall
+from .servers import EpisodePins, episode_scope
 from .transport import DeadlinePassed, EnvironmentFailure, call_deadline
 
 logger = logging.getLogger(__name__)
@@ -72,14 +73,20 @@ class CallBounds:
 
 
 class EpisodeRecord:
-    """One episode of one environment: which environment, its deadline, and why it failed (None: it did not)."""
+    """One episode of one environment: which environment, its deadline, why it failed (None: it did not), and the
+    servers its calls go to (`pins`: the one each environment address gave its first call, until `end`)."""
 
-    __slots__ = ("deadline", "environment", "failure")
+    __slots__ = ("deadline", "environment", "failure", "pins")
 
     def __init__(self, environment: str, deadline: float):
         self.environment = environment
         self.deadline = deadline  # time.monotonic()
         self.failure: str | None = None
+        self.pins = EpisodePins()
+
+    def end(self) -> None:
+        """The episode made its last call: its servers count it in flight no more."""
+        self.pins.release()
 
     def fail(self, what: str, error: BaseException) -> None:
         self.fail_because(f"{what} raised {type(error).__name__}: {error}")
@@ -144,9 +151,10 @@ def _past_deadline(environment: Any, what: str, timeout: float, bounds: CallBoun
                    abandoned: bool) -> DeadlinePassed:
     """Fail the episode for `what`, which passed its deadline; `abandoned`: still running (the instance is not used
     again)."""
+    episode = episode_of(environment)
     if abandoned:
         setattr(environment, ABANDONED_ATTRIBUTE, True)
-    episode = episode_of(environment)
+        episode.end()  # the instance makes no other call
     bound = (f"within {bounds.call_timeout_s:g} s (training.callTimeoutSeconds)" if timeout >= bounds.call_timeout_s
              else f"by the episode's deadline, {bounds.episode_timeout_s:g} s after its reset "
                   "(training.episodeTimeoutSeconds)")
@@ -161,9 +169,10 @@ def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callabl
     deadline first: the transport bounds it by the same one)."""
     timeout = _timeout(environment, what, bounds)
     deadline = time.monotonic() + timeout
+    pins = episode_of(environment).pins
 
     def within_deadline() -> Any:
-        with call_deadline(deadline):
+        with call_deadline(deadline), episode_scope(pins):
             return call()
 
     running = DaemonCall(within_deadline, f"grpo-env-{what}")
@@ -177,8 +186,14 @@ def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callabl
 
 async def _await_bounded(environment: Any, what: str, bounds: CallBounds, call: Callable[[], Any]) -> Any:
     timeout = _timeout(environment, what, bounds)
+    pins = episode_of(environment).pins
+
+    async def pinned() -> Any:
+        with episode_scope(pins):
+            return await call()
+
     try:
-        return await asyncio.wait_for(call(), timeout)
+        return await asyncio.wait_for(pinned(), timeout)
     except TimeoutError:
         raise _past_deadline(environment, what, timeout, bounds, abandoned=True) from None
 
@@ -224,6 +239,8 @@ def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
     user_reset = cls.reset
 
     def reset(self, **kwargs: Any) -> Any:
+        if (previous := episode_of(self)) is not None:
+            previous.end()  # an environment without get_reward ends its episode here
         episode = EpisodeRecord(label, time.monotonic() + bounds.episode_timeout_s)
         setattr(self, EPISODE_ATTRIBUTE, episode)
         try:
@@ -246,26 +263,30 @@ def _guard_get_reward(user_get_reward: Callable[..., Any], bounds: CallBounds) -
         @functools.wraps(user_get_reward)
         async def get_reward_async(self) -> float | None:
             episode = episode_of(self)
-            if episode.failure is not None:
-                return None
             try:
+                if episode.failure is not None:
+                    return None
                 return _checked_reward(episode, await _await_bounded(self, "get_reward", bounds,
                                                                      lambda: user_get_reward(self)))
             except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
                 episode.fail("get_reward", error)
                 return None
+            finally:
+                episode.end()
         return get_reward_async
 
     @functools.wraps(user_get_reward)
     def get_reward(self) -> float | None:
         episode = episode_of(self)
-        if episode.failure is not None:
-            return None
         try:
+            if episode.failure is not None:
+                return None
             return _checked_reward(episode, _call_bounded(self, "get_reward", bounds, lambda: user_get_reward(self)))
         except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable
             episode.fail("get_reward", error)
             return None
+        finally:
+            episode.end()  # its last call
     return get_reward
 
 

@@ -12,6 +12,10 @@ that is no OSError, or a 4xx that is one, is still classified by what happened o
 Each request is bounded by the client's timeout and by the deadline of the guarded call it runs in (`call_deadline`,
 set by grpo_trainer.agentic.tools in the thread that runs the call), so a call to a server that never answers ends, and
 frees its thread, at that deadline.
+
+An environment's URL may name several servers (a headless Service's name, or under `grporun local` a list): each
+request goes to the server its episode is pinned to (grpo_trainer.agentic.servers), so that a server holding the
+episode's state sees every call of it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
+from .servers import EpisodePins, NoServer, check_address, current_pins, pool_for
 
 #: Seconds one request may take when no guarded call's deadline is shorter (the spec's training.callTimeoutSeconds
 #: default).
@@ -67,14 +73,18 @@ def _seconds_left(timeout_s: float) -> tuple[float, bool]:
 
 
 class EnvironmentClient:
-    """JSON over HTTP to one environment server (`url`, http or https), each request within `timeout_s` and the
-    running call's deadline. Thread-safe: one client may serve every episode of a pool of environments."""
+    """JSON over HTTP to an environment's servers (`url`: http or https; a name may resolve to several, and a list
+    separated by commas names several), each request within `timeout_s` and the running call's deadline, and to the
+    server its episode is pinned to: within a guarded environment's call, the episode's (its first call chose the
+    server with the fewest episodes in flight); outside one, the client's own, chosen by its first request and kept
+    until `close`. Thread-safe: one client may serve every episode of a pool of environments."""
 
     def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S):
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"an environment's URL must be http(s)://..., not {url!r}")
+        check_address(url)
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._pool = pool_for(self.url)
+        self._own_pins = EpisodePins()
         self._http = httpx.Client()
 
     def post(self, path: str, payload: dict[str, Any]) -> Any:
@@ -90,7 +100,14 @@ class EnvironmentClient:
         if timeout <= 0:
             raise DeadlinePassed(f"{where}: the call's deadline had passed")
         try:
-            response = self._http.request(method, self.url + path, json=payload, timeout=timeout)
+            server = (current_pins() or self._own_pins).server(self._pool)
+        except NoServer as error:
+            raise EnvironmentFailure(f"{where}: {error}") from None
+        where = f"{method} {server.url}{path}"
+        try:
+            response = self._http.request(method, server.url + path, json=payload, timeout=timeout,
+                                          headers={"Host": server.host},
+                                          extensions={"sni_hostname": server.hostname})
         except httpx.TimeoutException:
             raise (DeadlinePassed if by_deadline else EnvironmentFailure)(
                 f"{where}: no answer within {timeout:.3g} s") from None
@@ -106,4 +123,5 @@ class EnvironmentClient:
             raise EnvironmentFailure(f"{where}: the answer is not JSON: {response.text[:80]!r}") from None
 
     def close(self) -> None:
+        self._own_pins.release()
         self._http.close()

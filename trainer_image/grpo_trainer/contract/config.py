@@ -437,7 +437,8 @@ class RunConfig(WireModel):
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
     environments: dict[str, str] = Field(
         default_factory=dict,
-        description="The run's environment servers (spec.environments) by name: the URL of each one's Service. The "
+        description="The run's environment servers (spec.environments) by name: the URL of each one's headless "
+                    "Service (under grporun local, its servers' URLs separated by ENVIRONMENT_URL_SEPARATOR). The "
                     "learner's pods also have each as the variable environment_url_variable(name) names.")
 
     @field_validator("model")

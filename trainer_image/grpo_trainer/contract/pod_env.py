@@ -18,6 +18,12 @@ def environment_url_variable(name: str) -> str:
     return f"GRPO_ENVIRONMENT_{name.upper().replace('-', '_')}_URL"
 
 
+#: What separates an environment's server URLs where it has several addresses of its own (`grporun local`: one
+#: loopback port per server); on a cluster the value is one URL, its headless Service's, whose name resolves to the
+#: ready servers. The learner's client (grpo_trainer.agentic.servers) reads both.
+ENVIRONMENT_URL_SEPARATOR = ","
+
+
 # Experiment tracking (spec.tracking): credentials come from Secrets of the run's namespace, as env vars of the learner
 # pods (the operator renders them, optional, so that a missing Secret is the learner's one-line exit 78 naming the
 # field rather than a pod that never starts).

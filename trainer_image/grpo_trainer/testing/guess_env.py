@@ -76,8 +76,12 @@ class GameServer(ThreadingHTTPServer):
     request_queue_size = 256
     daemon_threads = True
 
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], game: GuessGame):
+        super().__init__(address, handler)
+        self.game = game  # what it serves: its episodes, and how many opened
 
-def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+
+def make_server(port: int, host: str = "127.0.0.1") -> GameServer:
     game = GuessGame()
 
     class Handler(BaseHTTPRequestHandler):
@@ -112,7 +116,7 @@ def make_server(port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
         def log_message(self, fmt: str, *args: object) -> None:
             pass  # one line per request would drown the run's logs
 
-    return GameServer((host, port), Handler)
+    return GameServer((host, port), Handler, game)
 
 
 class GuessEnvironment:
