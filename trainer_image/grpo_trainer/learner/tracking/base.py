@@ -11,15 +11,15 @@ started. The learner calls the run's trackers at fixed points, each in the regis
 - at start, rank 0 only: `continued_env` (continue the run this learner's last start recorded);
 - once the integrations started their runs (rank 0, `on_train_begin`): `log_parameters`, `started_run`, `recorded`
   (what the runs file keeps for the next start).
-A call at the run's end (a flush bounded in time) would be one more method, called from the learner's end like
-these.
+- once the trainer made the integrations (rank 0): `location` and `thread_setup`, for the guard that calls each
+  integration on a thread of its own and drops a tracker that fails mid-run (grpo_trainer.learner.tracking.guard).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,6 +96,12 @@ class Tracker(Protocol):
 
     def directory(self, config: RunConfig) -> str | None:
         """Where it writes files (made at start), or None."""
+
+    def location(self, config: RunConfig) -> str:
+        """Where it reports (the tracking URI, the directory), as the warning that drops it mid-run names it."""
+
+    def thread_setup(self, integration: Any) -> Callable[[], None]:
+        """Make `integration` fit to be called from its own thread; what that thread runs first."""
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         """The env that makes its integration continue the run recorded by this learner's last start; {} to start a

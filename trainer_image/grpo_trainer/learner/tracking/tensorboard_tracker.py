@@ -5,7 +5,8 @@ no run to continue."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.report import TrackedRunReport
@@ -27,6 +28,12 @@ class TensorBoardTracker:
 
     def directory(self, config: RunConfig) -> str | None:
         return tracking_directory(config, self.name)
+
+    def location(self, config: RunConfig) -> str:
+        return tracking_directory(config, self.name)
+
+    def thread_setup(self, integration: Any) -> Callable[[], None]:
+        return lambda: None
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         return {}

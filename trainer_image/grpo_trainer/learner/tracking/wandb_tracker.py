@@ -5,7 +5,8 @@ checkpoint directory's `wandb/` (no network; `wandb sync` uploads it later); the
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import WANDB_API_KEY_ENV
@@ -39,6 +40,15 @@ class WandbTracker:
 
     def directory(self, config: RunConfig) -> str | None:
         return tracking_directory(config, self.name)
+
+    def location(self, config: RunConfig) -> str:
+        wandb = config.tracking.wandb
+        if wandb.mode == "offline":
+            return tracking_directory(config, self.name)
+        return f"W&B project {'/'.join(filter(None, (wandb.entity, wandb.project)))}"
+
+    def thread_setup(self, integration: Any) -> Callable[[], None]:
+        return lambda: None
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         wandb = config.tracking.wandb
