@@ -61,8 +61,9 @@ def test_a_tracker_is_called_in_order_on_its_own_thread_with_the_state_as_it_was
 
 
 def test_a_tracker_that_fails_mid_run_is_dropped_once_with_a_warning_naming_it_and_its_uri(caplog):
-    integration, losses = Integration(fail_at=2), guard.TrackerLosses()
-    guarded = guard.guarded(integration, "mlflow", WHERE, losses)
+    integration, losses, released = Integration(fail_at=2), guard.TrackerLosses(), []
+    hooks = guard.ThreadHooks(release=lambda: released.append(threading.current_thread().name))
+    guarded = guard.guarded(integration, "mlflow", WHERE, losses, hooks)
     state = TrainerState()
     with caplog.at_level("WARNING", logger=guard.__name__):
         log(guarded, state, (1, 2))
@@ -74,6 +75,7 @@ def test_a_tracker_that_fails_mid_run_is_dropped_once_with_a_warning_naming_it_a
     (lost,) = losses.reports()
     assert (lost.tracker, lost.reason) == ("mlflow", f"ConnectionError: cannot reach {WHERE} ({WHERE})")
     assert integration.steps == [1] and not integration.ended  # nothing more reached it, its end included
+    assert released == ["tracker-mlflow"]  # what its client held let go, once
     (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert warning.startswith(f"tracking: mlflow at {WHERE} dropped for the rest of the run: ConnectionError")
 

@@ -206,7 +206,7 @@ def guard_integrations(config: RunConfig, trackers: list[str], callbacks: list, 
         for index, callback in enumerate(callbacks):
             if type(callback) is INTEGRATION_TO_CALLBACK[name]:
                 callbacks[index] = guarded(callback, name, tracker.location(config), losses,
-                                           tracker.thread_setup(callback))
+                                           tracker.thread_hooks(callback))
 
 
 def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):

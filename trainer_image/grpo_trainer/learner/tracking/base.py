@@ -11,7 +11,7 @@ started. The learner calls the run's trackers at fixed points, each in the regis
 - at start, rank 0 only: `continued_env` (continue the run this learner's last start recorded);
 - once the integrations started their runs (rank 0, `on_train_begin`): `log_parameters`, `started_run`, `recorded`
   (what the runs file keeps for the next start).
-- once the trainer made the integrations (rank 0): `location` and `thread_setup`, for the guard that calls each
+- once the trainer made the integrations: `location` and `thread_hooks`, for the guard that calls each
   integration on a thread of its own and drops a tracker that fails mid-run (grpo_trainer.learner.tracking.guard).
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ...contract.config import RunConfig
 from ...contract.report import TrackedRunReport
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ class Tracker(Protocol):
     def location(self, config: RunConfig) -> str:
         """Where it reports (the tracking URI, the directory), as the warning that drops it mid-run names it."""
 
-    def thread_setup(self, integration: Any) -> Callable[[], None]:
-        """Make `integration` fit to be called from its own thread; what that thread runs first."""
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        """Make `integration` fit to be called from its own thread; what its client needs around that thread."""
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         """The env that makes its integration continue the run recorded by this learner's last start; {} to start a

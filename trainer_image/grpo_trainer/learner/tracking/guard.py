@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, TrackerLossReport
@@ -44,15 +45,17 @@ class TrackerLosses:
         self._lock = threading.Lock()
         self._lost: dict[str, TrackerLossReport] = {}
 
-    def lose(self, tracker: str, where: str, why: str) -> None:
-        """Drop `tracker` (once: the first failure is the one reported), with a warning naming it and `where`."""
+    def lose(self, tracker: str, where: str, why: str) -> bool:
+        """Drop `tracker` (once: the first failure is the one reported), with a warning naming it and `where`; True
+        when this call dropped it."""
         reason = f"{why} ({where})"[:TRACKING_DEGRADED_LINE_MAX_CHARS]
         with self._lock:
             if tracker in self._lost:
-                return
+                return False
             self._lost[tracker] = TrackerLossReport(tracker=tracker, since=time.time(), reason=reason)
         logger.warning(f"tracking: {tracker} at {where} dropped for the rest of the run: {why}; training goes on "
                        "without it and its metrics from now on are lost")
+        return True
 
     def lost(self, tracker: str) -> bool:
         with self._lock:
@@ -92,11 +95,23 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses,
-            thread_setup: Callable[[], None] = lambda: None):
+@dataclass(frozen=True)
+class ThreadHooks:
+    """What a tracker's client needs around the thread its integration runs on (grpo_trainer.learner.tracking.base,
+    `Tracker.thread_hooks`).
+
+    setup: runs first on that thread (what the client keeps per thread: MLflow's active run).
+    release: runs once the tracker is dropped: what the client would otherwise still send at exit, let go without a
+        call to it (MLflow ends its active run at exit, retrying the lost server).
+    """
+
+    setup: Callable[[], None] = lambda: None
+    release: Callable[[], None] = lambda: None
+
+
+def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses, hooks: ThreadHooks = ThreadHooks()):
     """`integration` (a transformers TrainerCallback) called on its own thread, dropped into `losses` when it fails
-    (the module docstring says when). `thread_setup` runs first on that thread (what the tracker's client keeps per
-    thread: MLflow's active run). The original stays reachable as `.integration`."""
+    (the module docstring says when). The original stays reachable as `.integration`."""
     from transformers import TrainerCallback
 
     events = [name for name in vars(TrainerCallback) if name.startswith("on_")
@@ -106,26 +121,29 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses,
     class GuardedIntegration(TrainerCallback):
         def __init__(self):
             self.integration = integration
-            self._thread = _CallThread(tracker, thread_setup)
+            self._thread = _CallThread(tracker, hooks.setup)
             self._pending: list[tuple[float, Future]] = []
 
         def _lose(self, why: str) -> None:
-            losses.lose(tracker, where, why)
+            if losses.lose(tracker, where, why):
+                hooks.release()
+
+        def _call(self, event: str, args, state, control, kwargs) -> None:
+            """On the tracker's thread: the integration's handler, unless the tracker was dropped meanwhile (the
+            calls queued behind a failed one are not made)."""
+            if losses.lost(tracker):
+                return
+            try:
+                getattr(integration, event)(args, state, control, **kwargs)
+            except Exception as error:  # noqa: BLE001 - whatever the tracker's client raises drops it
+                self._lose(_first_line(error))
 
         def _check_pending(self) -> None:
-            """Drop the tracker if a call made earlier failed or is stuck; forget the calls that finished."""
+            """Drop the tracker if a call made earlier is stuck; forget the calls that finished."""
             now = time.monotonic()
-            still = []
-            for made, future in self._pending:
-                if not future.done():
-                    if now - made > STUCK_AFTER_S:
-                        self._lose(f"a call made {now - made:.0f}s ago has not finished")
-                        return
-                    still.append((made, future))
-                elif (error := future.exception()) is not None:
-                    self._lose(_first_line(error))
-                    return
-            self._pending = still
+            self._pending = [(made, future) for made, future in self._pending if not future.done()]
+            if self._pending and now - self._pending[0][0] > STUCK_AFTER_S:
+                self._lose(f"a call made {now - self._pending[0][0]:.0f}s ago has not finished")
 
         def _forward(self, event: str, args, state, control, **kwargs):
             if losses.lost(tracker):
@@ -137,7 +155,7 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses,
             state = copy.copy(state)
             kwargs = {key: dict(value) if key == "logs" and value is not None else value
                       for key, value in kwargs.items()}
-            future = self._thread.submit(lambda: getattr(integration, event)(args, state, control, **kwargs))
+            future = self._thread.submit(lambda: self._call(event, args, state, control, kwargs))
             if event not in WAITED_EVENTS:
                 self._pending.append((time.monotonic(), future))
                 return None
@@ -146,8 +164,6 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses,
             except FutureTimeout:
                 what = "start" if event == "on_train_begin" else "end"
                 self._lose(f"its run's {what} did not finish within {END_WAIT_S:.0f}s")
-            except Exception as error:  # noqa: BLE001 - whatever the tracker's client raises drops it
-                self._lose(_first_line(error))
             return None
 
     def forwarding(event: str):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import MLFLOW_CREDENTIAL_ENV
 from ...contract.report import TrackedRunReport
 from .base import Integrations, RecordedMlflowRun, RecordedRuns, TrackerUnavailable, TrackingConfigError, tracked_run
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +116,17 @@ class MlflowTracker:
     def location(self, config: RunConfig) -> str:
         return config.tracking.mlflow.tracking_uri
 
-    def thread_setup(self, integration: Any) -> Callable[[], None]:
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
         """The integration logs synchronously on its thread: there a slow server holds no training step, and a
         failed call raises where the guard sees it (asynchronous logging's failures stay in MLflow's queue). MLflow
         keeps the active run per thread: the tracker's thread shares this thread's, so the run the integration
-        starts there is the one `log_parameters` and `started_run` read here, and its end ends it here too."""
+        starts there is the one `log_parameters` and `started_run` read here, and its end ends it here too. Once
+        MLflow is dropped, its run leaves that stack: MLflow would end it at exit, retrying the lost server."""
         from mlflow.tracking import fluent
 
         integration._async_log = False
         active_runs = fluent._active_run_stack.get()
-        return lambda: fluent._active_run_stack.set(active_runs)
+        return ThreadHooks(setup=lambda: fluent._active_run_stack.set(active_runs), release=active_runs.clear)
 
     def directory(self, config: RunConfig) -> str | None:
         return None  # the tracking server keeps the run

@@ -5,12 +5,13 @@ no run to continue."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.report import TrackedRunReport
 from .base import Integrations, RecordedRuns, tracked_run, tracking_directory
+from .guard import ThreadHooks
 
 
 class TensorBoardTracker:
@@ -32,8 +33,8 @@ class TensorBoardTracker:
     def location(self, config: RunConfig) -> str:
         return tracking_directory(config, self.name)
 
-    def thread_setup(self, integration: Any) -> Callable[[], None]:
-        return lambda: None
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        return ThreadHooks()
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         return {}

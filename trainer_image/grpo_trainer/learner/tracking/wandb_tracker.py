@@ -5,13 +5,14 @@ checkpoint directory's `wandb/` (no network; `wandb sync` uploads it later); the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import WANDB_API_KEY_ENV
 from ...contract.report import TrackedRunReport
 from .base import Integrations, RecordedRuns, RecordedWandbRun, TrackingConfigError, tracked_run, tracking_directory
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ class WandbTracker:
             return tracking_directory(config, self.name)
         return f"W&B project {'/'.join(filter(None, (wandb.entity, wandb.project)))}"
 
-    def thread_setup(self, integration: Any) -> Callable[[], None]:
-        return lambda: None
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        return ThreadHooks()
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         wandb = config.tracking.wandb
