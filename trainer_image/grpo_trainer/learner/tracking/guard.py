@@ -124,6 +124,14 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses, h
             self._thread = _CallThread(tracker, hooks.setup)
             self._pending: list[tuple[float, Future]] = []
 
+        def settle(self, timeout_s: float) -> bool:
+            """Wait up to `timeout_s` for the calls made so far; whether they all finished."""
+            try:
+                self._thread.submit(lambda: None).result(timeout=timeout_s)
+            except FutureTimeout:
+                return False
+            return True
+
         def _lose(self, why: str) -> None:
             if losses.lose(tracker, where, why):
                 hooks.release()

@@ -23,11 +23,12 @@ MLFLOW_PARAMS_PER_BATCH = 100
 #: How long the start-up probe waits for the tracking server's answer. MLflow's own client retries a server that does
 #: not answer for about 5 minutes, inside the training loop, and then the learner crashed.
 PROBE_TIMEOUT_S = 5.0
-#: MLflow's HTTP client, told to give up within about half a minute (3 tries of 10 s; its defaults, 8 tries of 120 s
-#: with backoffs up to 2 minutes, hold a call for up to 20 minutes). Its calls run on the tracker's own thread
-#: (grpo_trainer.learner.tracking.guard): one that fails drops MLflow for the rest of the run.
+#: MLflow's HTTP client, told to give up within about a minute (3 tries of 20 s; its defaults, 8 tries of 120 s with
+#: backoffs up to 2 minutes, hold a call for up to 20 minutes). 20 s leaves a busy server time to answer. Its calls
+#: run on the tracker's own thread (grpo_trainer.learner.tracking.guard): one that fails drops MLflow for the rest of
+#: the run.
 MLFLOW_HTTP_ENV = {
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
