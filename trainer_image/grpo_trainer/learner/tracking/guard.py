@@ -3,9 +3,9 @@ tracking server that stops answering or a directory that stops taking files hold
 end waits for a tracker at most END_WAIT_S.
 
 A tracker whose call raises, whose calls are still unfinished STUCK_AFTER_S after they were made, or whose start or
-end does not finish within END_WAIT_S is dropped for the rest of the run: one warning names it and where it reports,
-its thread is left to itself (a daemon: it holds no exit), and the progress report names it with the time it was
-dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The run's metrics from then on are
+end does not finish within START_WAIT_S or END_WAIT_S is dropped for the rest of the run: one warning names it and
+where it reports, its thread is left to itself (a daemon: it holds no exit), and the progress report names it with
+the time it was dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The run's metrics from then on are
 not in that tracker.
 """
 
@@ -26,9 +26,12 @@ from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, TrackerLossRepo
 
 logger = logging.getLogger(__name__)
 
-#: How long the learner waits for a tracker's start (its run opened) and for its end (its queued metrics sent, its
-#: run closed) before it goes on without it.
+#: How long the learner waits for a tracker's end (its queued metrics sent, its run closed) before it goes on without
+#: it.
 END_WAIT_S = 30.0
+#: ... and for its start (its run opened, TrainingArguments logged as parameters: more calls, on a server the start-up
+#: probe just found answering).
+START_WAIT_S = 120.0
 #: A tracker whose calls made mid-run are still unfinished after this long is dropped. Its own client gives up
 #: sooner where it can be told to (MLflow's HTTP timeout and retries: mlflow_tracker.MLFLOW_HTTP_ENV); this bounds
 #: the rest (a file system that hangs).
@@ -167,11 +170,12 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses, h
             if event not in WAITED_EVENTS:
                 self._pending.append((time.monotonic(), future))
                 return None
+            starting = event == "on_train_begin"
+            wait_s = START_WAIT_S if starting else END_WAIT_S
             try:
-                future.result(timeout=END_WAIT_S)
+                future.result(timeout=wait_s)
             except FutureTimeout:
-                what = "start" if event == "on_train_begin" else "end"
-                self._lose(f"its run's {what} did not finish within {END_WAIT_S:.0f}s")
+                self._lose(f"its run's {'start' if starting else 'end'} did not finish within {wait_s:.0f}s")
             return None
 
     def forwarding(event: str):
