@@ -5,8 +5,8 @@ end waits for a tracker at most END_WAIT_S.
 A tracker whose call raises, whose calls are still unfinished STUCK_AFTER_S after they were made, or whose start or
 end does not finish within START_WAIT_S or END_WAIT_S is dropped for the rest of the run: one warning names it and
 where it reports, its thread is left to itself (a daemon: it holds no exit), and the progress report names it with
-the time it was dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The run's metrics from then on are
-not in that tracker.
+the time it was dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The run's metrics
+from then on are not in that tracker.
 """
 
 from __future__ import annotations
