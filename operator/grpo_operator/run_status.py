@@ -60,6 +60,7 @@ class Reason:
     ROLLOUT_RESTART_LIMIT_EXCEEDED = "RolloutRestartLimitExceeded"
     TRACKERS_UNAVAILABLE = "TrackersUnavailable"  # TrackingDegraded: a tracker does not get the run's metrics
     TRACKERS_REPORTING = "TrackersReporting"  # TrackingDegraded=False: a later learner start reached every tracker
+    METRICS_LOST = "MetricsLost"  # TrackingDegraded, and its event: a tracker dropped mid-run lost the run's metrics
     STALL_LIMIT_REACHED = "StallLimitReached"
     WEIGHT_SYNC_STUCK = "WeightSyncStuck"  # a weight sync outlived rollout.weightSync.deadlineSeconds
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from grpo_operator.api import parse_spec
+from grpo_operator.apitime import format_time
 from grpo_operator.run_ref import RunRef
 from grpo_operator.status import (
     CreateChildren,
@@ -351,6 +352,44 @@ def test_a_tracker_left_out_at_start_shows_as_tracking_degraded_until_a_start_re
                    report(groupsTrained=5, tracking=[TRACKED.to_wire(), TRACKED_FILES[0].to_wire()]), now=at(10))
     condition = next(c for c in reached.status["conditions"] if c["type"] == "TrackingDegraded")
     assert (condition["status"], condition["reason"]) == ("False", "TrackersReporting")
+
+
+def test_a_tracker_lost_mid_run_turns_tracking_degraded_with_metrics_lost_and_a_warning_event_once():
+    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}, "tensorboard": {},
+                             "onUnavailable": "continue"})
+    runs = [TRACKED.to_wire(), TRACKED_FILES[0].to_wire()]
+    reporting = step(spec, running_status(spec), running_pods(), report(groupsTrained=4, tracking=runs), now=at(5))
+    assert not any(c["type"] == "TrackingDegraded" for c in reporting.status["conditions"])
+    lost = {"tracker": "mlflow", "since": at(7).timestamp(),
+            "reason": "ConnectionError: nothing answers (http://mlflow:5000)"}
+    final = report(phase="Succeeded", groupsConsumed=40, groupsTrained=38, tracking=runs, trackingLost=[lost])
+    pods = [pod("r-rollout-0"), pod("r-learner-0", "Succeeded", False, exit_code=0,
+                                    message=final.termination_message())]
+    ended = step(spec, reporting.status, pods, None, now=at(60))
+    assert ended.status["phase"] == "Succeeded"
+    degraded = condition(ended.status, "TrackingDegraded")
+    message = (f"mlflow lost the run's metrics since {format_time(at(7))}: ConnectionError: nothing answers "
+               "(http://mlflow:5000)")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == ("True", "MetricsLost", message)
+    assert [(e.type, e.message) for e in ended.events if e.reason == "MetricsLost"] == [("Warning", message)]
+    # Reported on /progress while the run goes on: the event comes once, when the condition turns True.
+    running = step(spec, reporting.status, running_pods(), report(groupsTrained=5, tracking=runs, trackingLost=[lost]),
+                   now=at(10))
+    assert reasons(running).count("MetricsLost") == 1
+    assert condition(running.status, "TrackingDegraded")["status"] == "True"
+    again = step(spec, running.status, running_pods(), report(groupsTrained=6, tracking=runs, trackingLost=[lost]),
+                 now=at(15))
+    assert "MetricsLost" not in reasons(again)
+
+
+def test_a_tracker_left_out_at_start_raises_a_warning_event_when_tracking_degraded_turns_true():
+    spec = spec_of(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}, "onUnavailable": "continue"})
+    line = "mlflow: spec.tracking.mlflow.trackingUri: nothing answers at http://mlflow:5000 within 5s (ConnectionError)"
+    degraded = step(spec, running_status(spec), running_pods(), report(groupsTrained=4, trackingDegraded=[line]),
+                    now=at(5))
+    assert [(e.type, e.reason, e.message) for e in degraded.events] == [("Warning", "TrackersUnavailable", line)]
+    again = step(spec, degraded.status, running_pods(), report(groupsTrained=5, trackingDegraded=[line]), now=at(10))
+    assert "TrackersUnavailable" not in reasons(again)
 
 
 @pytest.mark.parametrize("termination_message", [

@@ -60,7 +60,7 @@ from .environments import (
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .invalid import fail_invalid_spec, invalid_spec
-from .messages import exported_message, initial_conditions, phase_message, waiting_reason
+from .messages import exported_message, initial_conditions, metrics_lost_message, phase_message, waiting_reason
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
 
@@ -277,14 +277,22 @@ def _take_output(record: PassRecord, report: ExportReport) -> None:
 
 
 def _take_tracking_degraded(record: PassRecord, report: ProgressReport) -> None:
-    """TrackingDegraded, only once a learner reported a tracker that does not get the run's metrics
-    (spec.tracking.onUnavailable: continue); False again when a later start's trackers all began their runs."""
-    if report.tracking_degraded:
-        record.conditions.set(ConditionType.TRACKING_DEGRADED, "True", Reason.TRACKERS_UNAVAILABLE,
-                              "; ".join(report.tracking_degraded))
-    elif report.tracking and record.conditions.get(ConditionType.TRACKING_DEGRADED) is not None:
-        record.conditions.set(ConditionType.TRACKING_DEGRADED, "False", Reason.TRACKERS_REPORTING,
-                              "every tracker of spec.tracking began its run")
+    """TrackingDegraded, only once a learner reported a tracker that does not get the run's metrics: dropped mid-run
+    (MetricsLost) or left out at start (TrackersUnavailable: spec.tracking.onUnavailable: continue), with a Warning
+    event when it turns True or to the other reason; False again when a later start's trackers all began their runs."""
+    if report.tracking_lost:
+        reason, message = Reason.METRICS_LOST, metrics_lost_message(report.tracking_lost)
+    elif report.tracking_degraded:
+        reason, message = Reason.TRACKERS_UNAVAILABLE, "; ".join(report.tracking_degraded)
+    else:
+        if report.tracking and record.conditions.get(ConditionType.TRACKING_DEGRADED) is not None:
+            record.conditions.set(ConditionType.TRACKING_DEGRADED, "False", Reason.TRACKERS_REPORTING,
+                                  "every tracker of spec.tracking began its run")
+        return
+    before = record.conditions.get(ConditionType.TRACKING_DEGRADED)
+    record.conditions.set(ConditionType.TRACKING_DEGRADED, "True", reason, message)
+    if before is None or (before.status, before.reason) != ("True", reason):
+        _event(record, "Warning", reason, message)
 
 
 def _progress_unknown(record: PassRecord) -> bool:

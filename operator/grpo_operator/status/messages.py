@@ -3,11 +3,13 @@ pod's waiting reason that will not clear by itself."""
 
 from __future__ import annotations
 
-from grpo_trainer.contract.report import ExportReport
+import datetime
+
+from grpo_trainer.contract.report import ExportReport, TrackerLossReport
 
 from ..api import GRPORunSpec
 from ..run_status import ConditionType, Phase, Reason
-from .conditions import Conditions
+from .conditions import Conditions, format_time
 from .decision import PodObservation
 
 #: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
@@ -21,6 +23,14 @@ STUCK_WAITING_REASONS = frozenset({
 def exported_message(report: ExportReport) -> str:
     return (f"model exported to {report.uri}: step {report.step}, {report.bytes} bytes, manifest sha256 "
             f"{report.sha256}")
+
+
+def metrics_lost_message(losses: list[TrackerLossReport]) -> str:
+    """TrackingDegraded's message (reason MetricsLost): each tracker the learner dropped mid-run, since when, why."""
+    def since(loss: TrackerLossReport) -> str:
+        return format_time(datetime.datetime.fromtimestamp(loss.since, datetime.UTC))
+
+    return "; ".join(f"{loss.tracker} lost the run's metrics since {since(loss)}: {loss.reason}" for loss in losses)
 
 
 def initial_conditions(conditions: Conditions) -> None:

@@ -63,6 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--multi-row", action="store_true",
                         help="each conversation becomes 1-3 training rows (forks), its group stamped as with tools")
     parser.add_argument("--sigkill-at-step", type=int, default=None, help="the process SIGKILLs itself at step N")
+    parser.add_argument("--mlflow", default=None, help="spec.tracking.mlflow.trackingUri: the learner's trackers")
+    parser.add_argument("--signal-tracker-at-step", type=int, default=None,
+                        help="at step N, send --tracker-signal to the tracking server's process group")
+    parser.add_argument("--tracker-pgid", type=int, default=None, help="the tracking server's process group")
+    parser.add_argument("--tracker-signal", choices=("SIGSTOP", "SIGKILL"), default="SIGSTOP")
     return parser.parse_args(argv)
 
 
@@ -130,8 +135,21 @@ def run_scenario(args: argparse.Namespace) -> int:
     reward_models = []
     if args.reward_model and int(os.environ.get("RANK", "0")) == 0:
         reward_models = [RewardModel.load(RewardConfig(model=args.reward_model), "cpu")]
+    tracking_callback, report_to = None, []
+    if args.mlflow:  # the learner's trackers as learner_main wires them
+        from functools import partial
+
+        from grpo_trainer.contract.config import RunConfig
+        from grpo_trainer.learner import tracking
+
+        run = RunConfig.model_validate({
+            "model": args.model, "dataset": {"path": "unused.jsonl"}, "rewards": [{"name": "constant"}],
+            "runName": "scenario", "namespace": "tests", "outputDir": str(out / "checkpoints"),
+            "tracking": {"mlflow": {"trackingUri": args.mlflow, "experiment": out.name}}})
+        trackers = tracking.configure(run)
+        tracking_callback, report_to = partial(tracking.parameters_callback, run, trackers), trackers.trackers
     config = AsyncGRPOConfig(
-        output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=[], logging_steps=1,
+        output_dir=str(out / "checkpoints"), use_cpu=True, dtype="float32", report_to=report_to, logging_steps=1,
         num_generations=args.generations, per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=args.ga, num_train_epochs=args.epochs, max_steps=args.max_steps,
         token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
@@ -155,7 +173,8 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
-                              reporting=LearnerReporting(server_port=args.progress_port), reward_models=reward_models,
+                              reporting=LearnerReporting(server_port=args.progress_port, tracking=tracking_callback),
+                              reward_models=reward_models,
                               weight_sync=WeightSyncOptions(args.weight_sync_deadline),
                               importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 
@@ -211,6 +230,11 @@ def run_scenario(args: argparse.Namespace) -> int:
                 entry["report"] = {"consumed": report.groups_consumed, "trained": report.groups_trained,
                                    "dropped": report.dropped_total, "regenerated": report.regenerated}
             timeline.append(entry)
+            if state.global_step == args.signal_tracker_at_step:
+                # What was logged before reaches the tracker first (each integration runs on its own thread).
+                assert all(cb.settle(60) for cb in trainer.callback_handler.callbacks if hasattr(cb, "settle"))
+                tracker_signalled.append(time.time())
+                os.killpg(args.tracker_pgid, getattr(signal, args.tracker_signal))
             if state.global_step == args.sigkill_at_step:
                 # What the test can know of a killed process: the windows it stepped, by step.
                 (out / "killed.json").write_text(json.dumps({"timeline": timeline}))
@@ -219,6 +243,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     timeline: list[dict] = []
     adapter_at_start: list[float] = []
     sigterm_time: list[float] = []
+    tracker_signalled: list[float] = []
     trainer.add_callback(Timeline())
     rank = trainer.accelerator.process_index
     started = time.time()
@@ -252,6 +277,7 @@ def run_scenario(args: argparse.Namespace) -> int:
         "ended": ended,
         "timeline": timeline,
         "sigterm_time": sigterm_time[0] if sigterm_time else None,
+        "tracker_signalled": tracker_signalled[0] if tracker_signalled else None,
         "resumed_from": resume,
     }
     if rank == 0:

@@ -15,6 +15,7 @@ from grpo_trainer.contract.report import (
     ProgressReport,
     RolloutReplicaReport,
     TrackedRunReport,
+    TrackerLossReport,
     parse_progress,
 )
 
@@ -61,6 +62,18 @@ HOSTILE = [
     ('{"tracking": [{"tracker": "mlflow", "runId": "r", "uri": ""}]}', "tracking[0].uri"),
     ('{"tracking": [{"tracker": "mlflow", "runId": "r", "uri": "u"}], "output": 1}', "output"),
     ('{"tracking": ' + json.dumps([{"tracker": "mlflow", "runId": "r", "uri": "u"}] * 4) + '}', "tracking"),
+    # The trackers lost mid-run: into TrackingDegraded's message.
+    ('{"trackingLost": [{"tracker": "mlflow", "since": "2026-12-05", "reason": "r"}]}', "trackingLost[0].since"),
+    ('{"trackingLost": [{"tracker": "mlflow", "since": NaN, "reason": "r"}]}', "trackingLost[0].since"),
+    ('{"trackingLost": [{"tracker": "mlflow", "since": -1, "reason": "r"}]}', "trackingLost[0].since"),
+    ('{"trackingLost": [{"tracker": "mlflow", "since": 1e300, "reason": "r"}]}', "trackingLost[0].since"),
+    ('{"trackingLost": [{"tracker": 7, "since": 1, "reason": "r"}]}', "trackingLost[0].tracker"),
+    ('{"trackingLost": [{"tracker": "", "since": 1, "reason": "r"}]}', "trackingLost[0].tracker"),
+    ('{"trackingLost": [{"tracker": "mlflow", "since": 1, "reason": "' + "r" * 513 + '"}]}',
+     "trackingLost[0].reason"),
+    ('{"trackingLost": [{"tracker": "mlflow", "since": 1}]}', "trackingLost[0].reason"),
+    ('{"trackingLost": "mlflow"}', "trackingLost"),
+    ('{"trackingLost": ' + json.dumps([{"tracker": "mlflow", "since": 1, "reason": "r"}] * 4) + '}', "trackingLost"),
 ]
 
 
@@ -106,6 +119,13 @@ def test_a_newer_learners_tracked_run_is_read_without_its_new_fields():
     report = parse_progress(json.dumps({"tracking": [{"tracker": "mlflow", "runId": "r1", "uri": "http://m/#/r1",
                                                       "artifactUri": "s3://a"}]}))
     assert report.tracking == [TrackedRunReport(tracker="mlflow", run_id="r1", uri="http://m/#/r1")]
+
+
+def test_a_newer_learners_lost_tracker_is_read_without_its_new_fields_and_an_older_report_has_none():
+    report = parse_progress(json.dumps({"trackingLost": [{"tracker": "mlflow", "since": 1.7e9, "reason": "gone (u)",
+                                                          "step": 12, "lostMetrics": 40}]}))
+    assert report.tracking_lost == [TrackerLossReport(tracker="mlflow", since=1.7e9, reason="gone (u)")]
+    assert parse_progress('{"phase": "Running"}').tracking_lost == []
 
 
 NEWER_LEARNER = {

@@ -3,13 +3,14 @@ cannot work, our progress numbers and the run's spec as parameters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, LearnerPhase
 from grpo_trainer.contract.config import RunConfig
-from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, parse_progress
+from grpo_trainer.contract.report import ProgressReport, TrackedRunReport, TrackerLossReport, parse_progress
 from grpo_trainer.learner import tracking
 from grpo_trainer.learner.main import trainer_arguments
 from grpo_trainer.learner.tracking import base, mlflow_tracker, runs_file
@@ -64,6 +65,8 @@ def test_each_tracker_maps_to_report_to_and_the_env_its_integration_reads(tmp_pa
     assert arguments["run_name"] == "tiny-1"  # the MLflow run name, when the spec gives one
     env = tracking.tracker_env(run)
     assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000" and env["MLFLOW_EXPERIMENT_NAME"] == "grpo"
+    # MLflow's client gives up on a server that stops answering within about a minute, not 20 minutes.
+    assert (env["MLFLOW_HTTP_REQUEST_TIMEOUT"], env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) == ("20", "2")
     assert env["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "ckpt" / "tensorboard")  # on the checkpoint volume
     assert env["WANDB_MODE"] == "offline" and env["WANDB_DIR"] == str(tmp_path / "ckpt" / "wandb")
     assert env["WANDB_PROJECT"] == "p" and env["WANDB_ENTITY"] == "team"
@@ -321,6 +324,10 @@ class TrackedLearner:
             for integration in self.integrations:
                 integration.on_log(self.args, self.state, self.control, logs={"loss": 0.25 * step})
 
+    def settle(self) -> None:
+        """Wait for the steps logged so far to reach the trackers (each integration runs on its own thread)."""
+        assert all(integration.settle(60) for integration in self.integrations)
+
     def end(self) -> None:
         for integration in self.integrations:
             integration.on_train_end(self.args, self.state, self.control)
@@ -329,12 +336,11 @@ class TrackedLearner:
 #: A learner process killed after logging steps 1-3: its MLflow run stays RUNNING, as a kill leaves it.
 KILLED_LEARNER = """
 import os, signal, sys
-import mlflow
 from grpo_trainer.contract.config import RunConfig
 from tests.trainer.learner.test_tracking import TrackedLearner
 learner = TrackedLearner(RunConfig.model_validate_json(sys.argv[1]), os.environ.__setitem__)
 learner.log_steps((1, 2, 3))
-mlflow.flush_async_logging()
+learner.settle()
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -485,12 +491,20 @@ def test_the_export_is_tagged_on_the_mlflow_run_and_a_server_that_does_not_answe
     run_id = client.create_run(client.create_experiment("grpo-export-tags")).info.run_id
     exported = ExportReport(uri="s3://models/tiny", path="/models/tiny", step=8, bytes=100, sha256="a" * 64,
                             time=1700000000.0)
-    tracked = [TrackedRunReport(tracker="mlflow", run_id=run_id, uri=f"{mlflow_server.uri}/#/runs/{run_id}")]
+    tracked = ProgressReport(tracking=[TrackedRunReport(tracker="mlflow", run_id=run_id,
+                                                        uri=f"{mlflow_server.uri}/#/runs/{run_id}")])
     tracking.record_export(config(tmp_path, tracking={"mlflow": {"trackingUri": mlflow_server.uri}}), tracked,
                            exported)
     tags = client.get_run(run_id).data.tags
     assert (tags[mlflow_tracker.EXPORT_URI_TAG], tags[mlflow_tracker.EXPORT_SHA256_TAG],
             tags[mlflow_tracker.EXPORT_STEP_TAG]) == ("s3://models/tiny", "a" * 64, "8")
+
+    # MLflow lost during the run: its end is not waited on again.
+    other = client.create_run(client.get_experiment_by_name("grpo-export-tags").experiment_id).info.run_id
+    lost = ProgressReport(tracking=[TrackedRunReport(tracker="mlflow", run_id=other, uri=mlflow_server.uri)],
+                          tracking_lost=[TrackerLossReport(tracker="mlflow", since=1700000000.0, reason="frozen")])
+    tracking.record_export(config(tmp_path, tracking={"mlflow": {"trackingUri": mlflow_server.uri}}), lost, exported)
+    assert mlflow_tracker.EXPORT_URI_TAG not in client.get_run(other).data.tags
 
     # A server that answers nothing MLflow understands: a warning, and the learner's end goes on.
     monkeypatch.setattr(tracking, "EXPORT_TAGS_TIMEOUT_S", 2.0)
@@ -498,3 +512,37 @@ def test_the_export_is_tagged_on_the_mlflow_run_and_a_server_that_does_not_answe
         tracking.record_export(config(tmp_path, tracking={"mlflow": {"trackingUri": answering_server}}), tracked,
                                exported)
     assert f"tracking: MLflow ({answering_server})" in caplog.text and run_id in caplog.text
+
+
+@pytest.mark.slow
+def test_a_tracking_server_frozen_mid_run_is_dropped_and_the_run_still_ends_at_its_bound(mlflow_server, tmp_path,
+                                                                                         tiny_model_dir):
+    """The real learner (TRL's trainer, a scripted rollout worker) reporting to a real MLflow server that stops
+    answering at step 2 (SIGSTOP: connections are accepted and never answered, the worst a tracking server can do):
+    the learner trains to the epoch bound and exits 0, its report names MLflow as lost since then, and the server has
+    the steps logged before."""
+    import os
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.trainer.learner.test_learner_runs import run as run_scenario
+
+    try:
+        (result,) = run_scenario(tiny_model_dir, tmp_path / "frozen", "--scenario", "third_no_signal",
+                                 "--prompts", "9", "--mlflow", mlflow_server.uri, "--signal-tracker-at-step", "2",
+                                 "--tracker-pgid", str(mlflow_server.process.pid), "--tracker-signal", "SIGSTOP")
+    finally:
+        os.killpg(mlflow_server.process.pid, signal.SIGCONT)
+    progress = parse_progress(json.dumps(result["progress"]))
+    assert progress.phase == LearnerPhase.SUCCEEDED and progress.groups_consumed == progress.groups_total == 9
+    (lost,) = progress.tracking_lost
+    assert lost.tracker == "mlflow" and mlflow_server.uri in lost.reason, lost
+    assert result["tracker_signalled"] <= lost.since <= result["ended"], (result["tracker_signalled"], lost)
+    print(f"the run ended {result['ended'] - result['tracker_signalled']:.1f}s after its tracking server froze; "
+          f"MLflow dropped: {lost.reason}")
+    # What reached the server before it froze is there (step 1 at least: step 2's log came after the freeze).
+    client = MlflowClient(mlflow_server.uri)
+    (tracked,) = client.search_runs([client.get_experiment_by_name("frozen").experiment_id])
+    assert 1 in {m.step for m in client.get_metric_history(tracked.info.run_id, "loss")}
+    assert progress.tracking[0].run_id == tracked.info.run_id

@@ -90,6 +90,16 @@ class TrackedRunReport(ReportModel):
                      "its page; TensorBoard: the event files' directory; W&B offline: the run's directory).")
 
 
+class TrackerLossReport(ReportModel):
+    """A tracker dropped mid-run: a call to it failed or did not finish in time, and the run went on without it
+    (grpo_trainer.learner.tracking.guard); the run's metrics from `since` on are not in it."""
+
+    tracker: str = Field(min_length=1, max_length=32, description="The tracker, by its spec.tracking name.")
+    since: float = Field(ge=0, le=253402300799, description="Unix time the learner dropped it (before year 10000).")
+    reason: str = Field(max_length=TRACKING_DEGRADED_LINE_MAX_CHARS, description="What failed, and where it "
+                        "reports (the tracking URI, the directory).")
+
+
 class ProgressReport(ReportModel):
     phase: known_or_text(LearnerPhase) = LearnerPhase.STARTING
     groups_total: Count = Field(0, description="Groups the run must consume: prompts x epochs.")
@@ -135,6 +145,8 @@ class ProgressReport(ReportModel):
     tracking_degraded: list[Annotated[str, Field(max_length=TRACKING_DEGRADED_LINE_MAX_CHARS)]] = Field(
         default_factory=list, max_length=3, description="A line for each tracker that does not get the run's "
         "metrics: left out at start, not answering (spec.tracking.onUnavailable: continue).")
+    tracking_lost: list[TrackerLossReport] = Field(default_factory=list, max_length=3, description="The trackers "
+                                                   "dropped mid-run, which lost the run's metrics from then on.")
     attention_kernel: known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")

@@ -36,7 +36,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from ..agentic.episodes import EpisodeCounts, EpisodeQueue
 from ..contract.codes import AttentionKernel, LearnerPhase, StallCause
 from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
-from ..contract.report import ProgressReport, TrackedRunReport
+from ..contract.report import ProgressReport, TrackedRunReport, TrackerLossReport
 from ..progress import (
     AccountingError,
     ConsumedIds,
@@ -103,6 +103,8 @@ class TrackedRuns(Protocol):
     def tracked_runs(self) -> list[TrackedRunReport]: ...
 
     def degraded(self) -> list[str]: ...
+
+    def lost(self) -> list[TrackerLossReport]: ...
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,8 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
                                                "rollout_queue_samples": self.rollout_wait.qsize()})
         if self._tracking is not None:
             report = report.model_copy(update={"tracking": self._tracking.tracked_runs(),
-                                               "tracking_degraded": self._tracking.degraded()})
+                                               "tracking_degraded": self._tracking.degraded(),
+                                               "tracking_lost": self._tracking.lost()})
         if self._rollout_pool is not None:
             report = report.model_copy(update={"rollout": self._rollout_pool.report()})
         return report

@@ -123,7 +123,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
     if is_object_store_uri(config.output.uri):
         exported = upload_export(exported, stop)
-    record_export(config, report.tracking, exported)
+    record_export(config, report, exported)
     logger.info("model exported to %s (%s): step %d, %d bytes, manifest sha256 %s", exported.path, exported.uri,
                 exported.step, exported.bytes, exported.sha256)
     return exported

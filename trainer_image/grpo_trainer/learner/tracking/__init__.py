@@ -12,6 +12,9 @@ records their ids beside the checkpoints when they start (grpo_trainer.learner.t
 hands them back to the integrations (`MLFLOW_RUN_ID`; `WANDB_RUN_ID` with `WANDB_RESUME=allow`). TensorBoard appends
 to its directory anyway.
 
+Each integration runs on a thread of its own once the trainer made it (grpo_trainer.learner.tracking.guard): a tracker
+lost mid-run holds no training step, the run's end waits for it a bounded time, and the progress report names it.
+
 What is particular to each tracker is its `Tracker` (grpo_trainer.learner.tracking.base, one module each, listed in
 grpo_trainer.learner.tracking.registry); this module calls the run's trackers in turn.
 """
@@ -27,8 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...contract.config import RunConfig
-from ...contract.report import TRACKING_DEGRADED_LINE_MAX_CHARS, ExportReport, ProgressReport, TrackedRunReport
+from ...contract.report import (
+    TRACKING_DEGRADED_LINE_MAX_CHARS,
+    ExportReport,
+    ProgressReport,
+    TrackedRunReport,
+    TrackerLossReport,
+)
 from .base import Integrations, RecordedRuns, TrackerUnavailable, TrackingConfigError
+from .guard import TrackerLosses, guarded
 from .registry import TRACKERS
 from .runs_file import read_recorded_runs, run_key, write_recorded_runs
 
@@ -138,15 +148,16 @@ def record_runs(config: RunConfig, runs: list[TrackedRunReport]) -> None:
         write_recorded_runs(config, recorded)
 
 
-def record_export(config: RunConfig, runs: list[TrackedRunReport], exported: ExportReport) -> None:
+def record_export(config: RunConfig, report: ProgressReport, exported: ExportReport) -> None:
     """The export's URI and manifest digest as tags of the run's MLflow run (the other trackers have no place the
-    learner can write after their run ended; the manifest names their runs). Waited for EXPORT_TAGS_TIMEOUT_S at
-    most; a failure is a warning: the model is exported either way."""
+    learner can write after their run ended; the manifest names their runs), unless MLflow was lost during the run
+    (`report.tracking_lost`). Waited for EXPORT_TAGS_TIMEOUT_S at most; a failure is a warning: the model is
+    exported either way."""
     from ...rollout.sync_watchdog import DaemonCall
     from .mlflow_tracker import tag_export
 
-    run = next((run for run in runs if run.tracker == "mlflow"), None)
-    if run is None or config.tracking.mlflow is None:
+    run = next((run for run in report.tracking if run.tracker == "mlflow"), None)
+    if run is None or config.tracking.mlflow is None or any(lost.tracker == "mlflow" for lost in report.tracking_lost):
         return
     uri = config.tracking.mlflow.tracking_uri
     call = DaemonCall(lambda: tag_export(uri, run.run_id, exported), "grpo-mlflow-export-tags")
@@ -217,14 +228,30 @@ def tracked_runs(trackers: list[str], run_name: str = "", tensorboard_writer: An
     return [run for run in runs if run is not None]
 
 
+def guard_integrations(config: RunConfig, trackers: list[str], callbacks: list, losses: TrackerLosses) -> None:
+    """Put each tracker's integration in `callbacks` (the trainer's list, in place) on a thread of its own, dropped
+    into `losses` when it fails mid-run (grpo_trainer.learner.tracking.guard)."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    for name in trackers:
+        tracker = TRACKERS[name]
+        for index, callback in enumerate(callbacks):
+            if type(callback) is INTEGRATION_TO_CALLBACK[name]:
+                callbacks[index] = guarded(callback, name, tracker.location(config), losses,
+                                           tracker.thread_hooks(callback))
+
+
 def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
     """A TrainerCallback that logs the run's spec once the trackers' runs have started, keeps their identity (its
     `tracked_runs()`, for the progress report) and records it for the next start to continue (`RUNS_FILE`), and
-    says which trackers do not get the run's metrics (its `degraded()`). Added after transformers' integrations
-    (`callbacks` is the trainer's list), so their `on_train_begin` has run when this one does."""
+    says which trackers do not get the run's metrics (its `degraded()`: left out at start; its `lost()`: dropped
+    mid-run). Added after transformers' integrations (`callbacks` is the trainer's list, whose integrations it puts
+    on their own threads: `guard_integrations`), so their `on_train_begin` has run when this one does."""
     from transformers import TrainerCallback
 
     trackers = tracking.trackers
+    losses = TrackerLosses()
+    guard_integrations(config, trackers, callbacks, losses)
 
     class RunParameters(TrainerCallback):
         def __init__(self):
@@ -236,13 +263,17 @@ def parameters_callback(config: RunConfig, tracking: Tracking, callbacks: list):
         def degraded(self) -> list[str]:
             return [line[:TRACKING_DEGRADED_LINE_MAX_CHARS] for line in tracking.unavailable]
 
+        def lost(self) -> list[TrackerLossReport]:
+            return losses.reports()
+
         def on_train_begin(self, args, state, control, **kwargs):
             if not state.is_world_process_zero:
                 return
-            writer = next((getattr(cb, "tb_writer", None) for cb in callbacks
-                           if type(cb).__name__ == "TensorBoardCallback"), None)
-            log_run_parameters(config, trackers, writer)
-            self.runs = tracked_runs(trackers, args.run_name or config.run_name, writer)
+            writer = next((getattr(getattr(cb, "integration", cb), "tb_writer", None) for cb in callbacks
+                           if type(getattr(cb, "integration", cb)).__name__ == "TensorBoardCallback"), None)
+            reporting = [name for name in trackers if not losses.lost(name)]
+            log_run_parameters(config, reporting, writer)
+            self.runs = tracked_runs(reporting, args.run_name or config.run_name, writer)
             record_runs(config, self.runs)
 
     return RunParameters()

@@ -11,8 +11,8 @@ started. The learner calls the run's trackers at fixed points, each in the regis
 - at start, rank 0 only: `continued_env` (continue the run this learner's last start recorded);
 - once the integrations started their runs (rank 0, `on_train_begin`): `log_parameters`, `started_run`, `recorded`
   (what the runs file keeps for the next start).
-A call at the run's end (a flush bounded in time) would be one more method, called from the learner's end like
-these.
+- once the trainer made the integrations: `location` and `thread_hooks`, for the guard that calls each
+  integration on a thread of its own and drops a tracker that fails mid-run (grpo_trainer.learner.tracking.guard).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ...contract.config import RunConfig
 from ...contract.report import TrackedRunReport
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,12 @@ class Tracker(Protocol):
 
     def directory(self, config: RunConfig) -> str | None:
         """Where it writes files (made at start), or None."""
+
+    def location(self, config: RunConfig) -> str:
+        """Where it reports (the tracking URI, the directory), as the warning that drops it mid-run names it."""
+
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        """Make `integration` fit to be called from its own thread; what its client needs around that thread."""
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         """The env that makes its integration continue the run recorded by this learner's last start; {} to start a

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import MLFLOW_CREDENTIAL_ENV
 from ...contract.report import ExportReport, TrackedRunReport
 from .base import Integrations, RecordedMlflowRun, RecordedRuns, TrackerUnavailable, TrackingConfigError, tracked_run
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,15 @@ EXPORT_STEP_TAG = "grpo.output.step"
 #: How long the start-up probe waits for the tracking server's answer. MLflow's own client retries a server that does
 #: not answer for about 5 minutes, inside the training loop, and then the learner crashed.
 PROBE_TIMEOUT_S = 5.0
+#: MLflow's HTTP client, told to give up within about a minute (3 tries of 20 s; its defaults, 8 tries of 120 s with
+#: backoffs up to 2 minutes, hold a call for up to 20 minutes). 20 s leaves a busy server time to answer. Its calls
+#: run on the tracker's own thread (grpo_trainer.learner.tracking.guard): one that fails drops MLflow for the rest of
+#: the run.
+MLFLOW_HTTP_ENV = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
 
 
 def mlflow_experiment(config: RunConfig) -> str:
@@ -104,7 +115,23 @@ class MlflowTracker:
             "MLFLOW_TRACKING_URI": config.tracking.mlflow.tracking_uri,
             "MLFLOW_EXPERIMENT_NAME": mlflow_experiment(config),
             "MLFLOW_TAGS": json.dumps({"grpo.dev/namespace": config.namespace, "grpo.dev/run": config.run_name}),
+            **MLFLOW_HTTP_ENV,
         }
+
+    def location(self, config: RunConfig) -> str:
+        return config.tracking.mlflow.tracking_uri
+
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        """The integration logs synchronously on its thread: there a slow server holds no training step, and a
+        failed call raises where the guard sees it (asynchronous logging's failures stay in MLflow's queue). MLflow
+        keeps the active run per thread: the tracker's thread shares this thread's, so the run the integration
+        starts there is the one `log_parameters` and `started_run` read here, and its end ends it here too. Once
+        MLflow is dropped, its run leaves that stack: MLflow would end it at exit, retrying the lost server."""
+        from mlflow.tracking import fluent
+
+        integration._async_log = False
+        active_runs = fluent._active_run_stack.get()
+        return ThreadHooks(setup=lambda: fluent._active_run_stack.set(active_runs), release=active_runs.clear)
 
     def directory(self, config: RunConfig) -> str | None:
         return None  # the tracking server keeps the run

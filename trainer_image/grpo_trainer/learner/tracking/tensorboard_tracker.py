@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.report import TrackedRunReport
 from .base import Integrations, RecordedRuns, tracked_run, tracking_directory
+from .guard import ThreadHooks
 
 
 class TensorBoardTracker:
@@ -27,6 +29,12 @@ class TensorBoardTracker:
 
     def directory(self, config: RunConfig) -> str | None:
         return tracking_directory(config, self.name)
+
+    def location(self, config: RunConfig) -> str:
+        return tracking_directory(config, self.name)
+
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        return ThreadHooks()
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         return {}

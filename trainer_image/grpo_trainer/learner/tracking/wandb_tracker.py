@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from ...contract.config import RunConfig
 from ...contract.pod_env import WANDB_API_KEY_ENV
 from ...contract.report import TrackedRunReport
 from .base import Integrations, RecordedRuns, RecordedWandbRun, TrackingConfigError, tracked_run, tracking_directory
+from .guard import ThreadHooks
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,15 @@ class WandbTracker:
 
     def directory(self, config: RunConfig) -> str | None:
         return tracking_directory(config, self.name)
+
+    def location(self, config: RunConfig) -> str:
+        wandb = config.tracking.wandb
+        if wandb.mode == "offline":
+            return tracking_directory(config, self.name)
+        return f"W&B project {'/'.join(filter(None, (wandb.entity, wandb.project)))}"
+
+    def thread_hooks(self, integration: Any) -> ThreadHooks:
+        return ThreadHooks()
 
     def continued_env(self, config: RunConfig, recorded: RecordedRuns) -> dict[str, str]:
         wandb = config.tracking.wandb
