@@ -33,6 +33,7 @@ from grpo_trainer.contract.pod_env import (
     HUB_TOKEN_ENV,
     INPUT_CREDENTIALS_ENV_PREFIX,
     MLFLOW_CREDENTIAL_ENV,
+    TERMINATION_GRACE_ENV,
     WANDB_API_KEY_ENV,
     environment_url_variable,
 )
@@ -226,7 +227,9 @@ def learner_store_env(spec: GRPORunSpec, rank: int) -> list[dict[str, Any]]:
     folder is its own, so each downloads the checkpoint it resumes from), else rank 0's alone, which exports the
     model. The two stores are reached the same way (GRPORunSpec's rule), so one set serves both."""
     if spec.checkpoint.uri is not None:
-        return object_store_env(spec.checkpoint)
+        # A preempted learner waits for its checkpoint's upload as long as its grace period allows.
+        grace = {"name": TERMINATION_GRACE_ENV, "value": str(_termination_grace_seconds(spec.learner, "learner"))}
+        return [*object_store_env(spec.checkpoint), grace]
     return object_store_env(spec.output) if rank == 0 else []
 
 

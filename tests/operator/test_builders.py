@@ -179,6 +179,9 @@ def test_an_object_store_for_checkpoints_reaches_every_learner_rank_and_the_run_
         assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "s3-ckpts",
                                                                           "key": "AWS_ACCESS_KEY_ID"}}
         assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio:9000"
+        # What a preempted learner may spend waiting for its checkpoint's upload.
+        assert env["GRPO_TERMINATION_GRACE_SECONDS"]["value"] == str(
+            objects[name]["spec"]["terminationGracePeriodSeconds"])
     assert not any(var["name"].startswith("AWS_") for var in container(objects["run-rollout-0"])["env"])
 
 

@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--multi-row", action="store_true",
                         help="each conversation becomes 1-3 training rows (forks), its group stamped as with tools")
     parser.add_argument("--sigkill-at-step", type=int, default=None, help="the process SIGKILLs itself at step N")
+    parser.add_argument("--checkpoint-uri", default=None,
+                        help="checkpoint.uri: upload checkpoints there (the store the environment names) and, with "
+                             "no checkpoint in --out's folder, resume from its newest")
     return parser.parse_args(argv)
 
 
@@ -137,6 +140,14 @@ def run_scenario(args: argparse.Namespace) -> int:
         token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     )
+    uploads = store = None
+    if args.checkpoint_uri:
+        from grpo_trainer.contract.config import CheckpointConfig
+        from grpo_trainer.learner.checkpoint_store import CheckpointStore, CheckpointUploads
+
+        store = CheckpointStore.from_config(CheckpointConfig(uri=args.checkpoint_uri))
+        store.probe()
+        uploads = CheckpointUploads(store) if int(os.environ.get("RANK", "0")) == 0 else None
     transfer = NoWeightTransfer()
     if args.weights_dir:
         from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
@@ -155,7 +166,8 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
-                              reporting=LearnerReporting(server_port=args.progress_port), reward_models=reward_models,
+                              reporting=LearnerReporting(server_port=args.progress_port, checkpoint_uploads=uploads),
+                              reward_models=reward_models,
                               weight_sync=WeightSyncOptions(args.weight_sync_deadline),
                               importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
 
@@ -212,8 +224,11 @@ def run_scenario(args: argparse.Namespace) -> int:
                                    "dropped": report.dropped_total, "regenerated": report.regenerated}
             timeline.append(entry)
             if state.global_step == args.sigkill_at_step:
+                if uploads is not None:
+                    uploads.wait()  # the earlier checkpoints are up: the test knows which one the store holds
                 # What the test can know of a killed process: the windows it stepped, by step.
-                (out / "killed.json").write_text(json.dumps({"timeline": timeline}))
+                uploaded = uploads.last.__dict__ if uploads is not None and uploads.last else None
+                (out / "killed.json").write_text(json.dumps({"timeline": timeline, "uploaded": uploaded}))
                 os.kill(os.getpid(), signal.SIGKILL)  # before this step's checkpoint: the newest is an older one
 
     timeline: list[dict] = []
@@ -228,6 +243,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from grpo_trainer.learner.checkpoints import newest_checkpoint
 
         resume = newest_checkpoint(args.resume_newest)
+    elif store is not None and resume is None:
+        from grpo_trainer.learner.checkpoint_store import resume_point
+
+        resume = resume_point(config.output_dir, store)
     try:
         trainer.train(resume_from_checkpoint=resume)
         if not args.baseline and trainer.phase.value == "Preempted":
