@@ -150,3 +150,39 @@ def test_the_learner_exits_78_at_start_naming_the_bucket(s3_server, s3_bucket, t
     message = parse_progress((tmp_path / "termination-log").read_text()).message
     assert message.startswith(f"checkpoint.uri: s3://{bucket}/run: ") and cause in message, message
     assert "\n" not in message
+
+
+def test_a_preempted_learner_waits_for_the_upload_in_flight_and_says_it_finished(s3_server, s3_bucket, tmp_path,
+                                                                                  monkeypatch):
+    from grpo_trainer.learner import main, preemption
+
+    monkeypatch.setenv("GRPO_TERMINATION_GRACE_SECONDS", "120")
+    monkeypatch.setattr(preemption, "sigterm_at", time.monotonic())
+    uploads = CheckpointUploads(store_of(s3_server, s3_bucket))
+    uploads.submit(str(complete_checkpoint(tmp_path, 7)))
+    said = main._preempted_upload(uploads)
+    assert said == f"; the checkpoint's upload to s3://{s3_bucket}/{PREFIX} finished"
+    assert uploads.last is not None and uploads.last.step == 7
+
+
+def test_a_preempted_learner_whose_grace_period_is_spent_says_the_upload_did_not_finish(tmp_path, monkeypatch):
+    """A store that takes the connection and never answers: the upload stays in flight past the grace period."""
+    import socket
+
+    from grpo_trainer.learner import main, preemption
+    from grpo_trainer.storage.object_store import client_from_env
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    client = client_from_env({"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
+    monkeypatch.setenv("GRPO_TERMINATION_GRACE_SECONDS", "30")
+    monkeypatch.setattr(preemption, "sigterm_at", time.monotonic() - 25)  # 5 s left: less than the exit's margin
+    uploads = CheckpointUploads(CheckpointStore(Location("ckpts", "run"), 2, client=client))
+    checkpoint = complete_checkpoint(tmp_path, 9)
+    uploads.submit(str(checkpoint))
+    try:
+        said = main._preempted_upload(uploads)
+    finally:
+        silent.close()
+    assert said.startswith(f"; the upload of {checkpoint} to s3://ckpts/run did not finish within the grace period "
+                           "(0 s left of 30 s)"), said
