@@ -139,8 +139,8 @@ class CheckpointStore:
         return found
 
     def _prune(self, newest: str) -> None:
-        """Delete the checkpoints beyond the newest `keep` complete ones, and unfinished uploads older than the
-        oldest kept (a newer unfinished one may be an upload in progress elsewhere; none is)."""
+        """Delete the checkpoints beyond the newest `keep` complete ones, and unfinished uploads (a learner killed
+        while uploading) older than the oldest kept."""
         listing = self._listing()
         complete = sorted((n for n, files in listing.items() if PROGRESS_STATE_FILE in files), key=_step,
                           reverse=True)
