@@ -200,11 +200,6 @@ class EnvironmentSpec(WireModel):
         return name
 
 
-class CheckpointSpec(WireModel):
-    volume: dict[str, Any] | None = None
-    save_steps: int = Field(100, ge=1)
-
-
 def check_endpoint(endpoint: str | None) -> str | None:
     """An S3-compatible server's URL: http(s), a host, nothing after the path."""
     if endpoint is not None:
@@ -214,11 +209,10 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return endpoint
 
 
-class OutputSpec(WireModel):
-    # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "models"}}) the learner's rank 0
-    # mounts; the model goes to a folder named after the run in it. Free-form like checkpoint.volume.
-    volume: dict[str, Any] | None = Field(None, min_length=1)
-    # `s3://bucket/prefix`: the model is uploaded there (after it is written to `volume`, or to a folder of the pod).
+class StoreSpec(WireModel):
+    """An `s3://bucket/prefix` and how the learner reaches it: spec.output's and spec.checkpoint's fields."""
+
+    # `s3://bucket/prefix` of an S3 or S3-compatible object store.
     uri: str | None = Field(None, max_length=1024)
     # A Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN): the learner's credentials
     # for `uri`. Without one, boto3's own chain applies (a pod's web identity, an instance role).
@@ -232,7 +226,7 @@ class OutputSpec(WireModel):
     def _object_store_uri(cls, uri: str | None) -> str | None:
         if uri is not None:
             try:
-                parse_uri(uri, "spec.output.uri")
+                parse_uri(uri, "uri")
             except InvalidObjectStoreURI as error:
                 raise ValueError(error.reason) from None
         return uri
@@ -243,14 +237,36 @@ class OutputSpec(WireModel):
         return check_endpoint(endpoint)
 
     @model_validator(mode="after")
-    def _somewhere(self) -> OutputSpec:
-        if self.volume is None and self.uri is None:
-            raise ValueError("set volume, uri or both: where the trained model goes")
+    def _access_needs_a_uri(self) -> StoreSpec:
         if self.uri is None:
             store_only = [name for name, value in (("credentialsSecret", self.credentials_secret),
                                                    ("endpoint", self.endpoint), ("region", self.region)) if value]
             if store_only:
                 raise ValueError(f"{', '.join(store_only)}: only for an object store: set uri too")
+        return self
+
+    def access(self) -> tuple[str | None, str | None, str | None]:
+        """As whom and where the store is reached: the credentials Secret, the endpoint, the region."""
+        return self.credentials_secret, self.endpoint, self.region
+
+
+class CheckpointSpec(StoreSpec):
+    volume: dict[str, Any] | None = None
+    save_steps: int = Field(100, ge=1)
+    # With uri: checkpoints kept in the object store, the newest ones; older ones are deleted once a newer one is
+    # complete there. Two or more, so that a torn newest checkpoint leaves one to fall back to.
+    keep: int = Field(2, ge=2, le=100)
+
+
+class OutputSpec(StoreSpec):
+    # A Kubernetes volume source (e.g. {"persistentVolumeClaim": {"claimName": "models"}}) the learner's rank 0
+    # mounts; the model goes to a folder named after the run in it. Free-form like checkpoint.volume.
+    volume: dict[str, Any] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> OutputSpec:
+        if self.volume is None and self.uri is None:
+            raise ValueError("set volume, uri or both: where the trained model goes")
         return self
 
 
@@ -364,6 +380,19 @@ class GRPORunSpec(WireModel):
         if duplicates := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"environment names must be unique: {', '.join(duplicates)} named more than once")
         return environments
+
+    @model_validator(mode="after")
+    def _checkpoint_store(self) -> GRPORunSpec:
+        if self.checkpoint.uri is None:
+            return self
+        if self.learner.strategy == "fsdp2":
+            raise ValueError("checkpoint.uri cannot be used with learner.strategy fsdp2 (yet): each rank's optimizer "
+                             "shard is not uploaded; use checkpoint.volume with a persistent volume")
+        if self.output is not None and self.output.uri is not None and self.output.access() != self.checkpoint.access():
+            # One learner process holds one set of boto3 variables (grpo_operator.builders.object_store_env).
+            raise ValueError("checkpoint.uri and output.uri: credentialsSecret, endpoint and region must be the same "
+                             "for both (the learner reaches one object store)")
+        return self
 
     @property
     def learner_world_size(self) -> int:

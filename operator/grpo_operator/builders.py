@@ -33,6 +33,7 @@ from grpo_trainer.contract.pod_env import (
     HUB_TOKEN_ENV,
     INPUT_CREDENTIALS_ENV_PREFIX,
     MLFLOW_CREDENTIAL_ENV,
+    TERMINATION_GRACE_ENV,
     WANDB_API_KEY_ENV,
     environment_url_variable,
 )
@@ -58,6 +59,7 @@ from .api import (
     InputsSpec,
     OutputSpec,
     RolePodSpec,
+    StoreSpec,
 )
 from .pod_overrides import apply_override
 from .resolve import RunPlacement, resolve_run_config
@@ -202,23 +204,34 @@ def model_directory(run: str, output: OutputSpec) -> str:
     return f"{MODEL_OUTPUT_DIR if output.volume is not None else OUTPUT_DIR}/{run}"
 
 
-def object_store_env(output: OutputSpec | None) -> list[dict[str, Any]]:
-    """The variables boto3 reads for spec.output.uri, on the pod that uploads: the credentials Secret's keys (its
-    session token optional), the endpoint, the region."""
-    if output is None or output.uri is None:
+def object_store_env(store: StoreSpec | None) -> list[dict[str, Any]]:
+    """The variables boto3 reads for an object store (spec.output.uri, spec.checkpoint.uri), on the pod that reaches
+    it: the credentials Secret's keys (its session token optional), the endpoint, the region."""
+    if store is None or store.uri is None:
         return []
     env: list[dict[str, Any]] = []
-    if output.credentials_secret is not None:
-        secret = output.credentials_secret
+    if store.credentials_secret is not None:
+        secret = store.credentials_secret
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
                 for key in (ACCESS_KEY_ENV, SECRET_KEY_ENV)]
         env.append({"name": SESSION_TOKEN_ENV,
                     "valueFrom": {"secretKeyRef": {"name": secret, "key": SESSION_TOKEN_ENV, "optional": True}}})
-    if output.endpoint is not None:
-        env.append({"name": ENDPOINT_ENV[0], "value": output.endpoint})
-    if output.region is not None:
-        env.append({"name": REGION_ENV[0], "value": output.region})
+    if store.endpoint is not None:
+        env.append({"name": ENDPOINT_ENV[0], "value": store.endpoint})
+    if store.region is not None:
+        env.append({"name": REGION_ENV[0], "value": store.region})
     return env
+
+
+def learner_store_env(spec: GRPORunSpec, rank: int) -> list[dict[str, Any]]:
+    """The object store's variables on a learner pod: every rank's with spec.checkpoint.uri (each pod's checkpoint
+    folder is its own, so each downloads the checkpoint it resumes from), else rank 0's alone, which exports the
+    model. The two stores are reached the same way (GRPORunSpec's rule), so one set serves both."""
+    if spec.checkpoint.uri is not None:
+        # A preempted learner waits for its checkpoint's upload as long as its grace period allows.
+        grace = {"name": TERMINATION_GRACE_ENV, "value": str(_termination_grace_seconds(spec.learner, "learner"))}
+        return [*object_store_env(spec.checkpoint), grace]
+    return object_store_env(spec.output) if rank == 0 else []
 
 
 def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
@@ -532,9 +545,8 @@ def build_learner_pod(run: RunRef, spec: GRPORunSpec, rank: int, *, trainer_imag
     ports = [{"name": "http", "containerPort": LEARNER_HTTP_PORT, "protocol": "TCP"}]
     if spec.learner_world_size > 1:
         ports.append({"name": "rendezvous", "containerPort": MAIN_PROCESS_PORT, "protocol": "TCP"})
-    # Rank 0 alone exports the model, and alone reads the object store's credentials.
     env = [{"name": "GRPO_LEARNER_RANK", "value": str(rank)}, *environment_url_env(run, spec),
-           *tracking_secret_env(spec.tracking), *(object_store_env(spec.output) if rank == 0 else [])]
+           *tracking_secret_env(spec.tracking), *learner_store_env(spec, rank)]
     role = PodRole("learner", spec.learner, learner_pod_name(run.name, rank), learner_command(run, spec, rank), ports,
                    env=env)
     return _pod(run, spec, role, trainer_image=trainer_image, attempt=attempt)

@@ -83,7 +83,8 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
             strategy=spec.learner.strategy,
             fsdp=spec.learner.fsdp.model_copy(deep=True),
         ),
-        checkpoint=CheckpointConfig(directory=placement.checkpoint_dir, save_steps=spec.checkpoint.save_steps),
+        checkpoint=CheckpointConfig(directory=placement.checkpoint_dir, save_steps=spec.checkpoint.save_steps,
+                                    uri=spec.checkpoint.uri, keep=spec.checkpoint.keep),
         output=None if output is None else OutputConfig(
             directory=output[0], uri=output[1],
             run_spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True)),

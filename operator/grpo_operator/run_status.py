@@ -227,6 +227,15 @@ class OutputStatus(_StatusModel):
     time: str
 
 
+class CheckpointStatus(_StatusModel):
+    """The newest checkpoint in the object store (spec.checkpoint.uri), as the learner reported it
+    (grpo_trainer.contract.report.CheckpointReport)."""
+
+    step: int
+    uri: str
+    time: str
+
+
 class PinnedRevision(_StatusModel):
     """A hub model's or dataset's commit, resolved once from the revision the spec asked for: what every pod loads."""
 
@@ -262,6 +271,7 @@ class GRPORunStatus(_StatusModel):
     environments: list[EnvironmentStatus] | None = None  # None for a run without spec.environments
     failure: FailureStatus | None = None
     output: OutputStatus | None = None
+    checkpoint: CheckpointStatus | None = None  # None until a checkpoint is up in spec.checkpoint.uri
     tracking: list[TrackedRunStatus] | None = None
     model: PinnedRevision | None = None  # None: not a hub model, or spec.modelRevision unpinned, or not resolved yet
     dataset: PinnedRevision | None = None  # likewise for spec.dataset.name

@@ -40,7 +40,7 @@ STORE_URIS: dict[str, bool] = {
 }
 
 #: Every field that takes an s3:// URI, and a manifest setting it.
-URI_FIELDS = ("spec.model", "spec.dataset.path", "spec.output.uri")
+URI_FIELDS = ("spec.model", "spec.dataset.path", "spec.output.uri", "spec.checkpoint.uri")
 
 
 def with_uri(field: str, uri: str) -> dict[str, Any]:
@@ -51,6 +51,8 @@ def with_uri(field: str, uri: str) -> dict[str, Any]:
         spec["model"] = uri
     elif field == "spec.dataset.path":
         spec["dataset"] = {"path": uri}
+    elif field == "spec.checkpoint.uri":
+        spec["checkpoint"] = {"uri": uri}
     else:
         spec["output"] = {"uri": uri}
     return manifest

@@ -175,9 +175,17 @@ def _good_spec() -> dict[str, Any]:
          "spec.environments[0].name: 'Guess_1' must be a DNS-1035 label"),
         (lambda spec: spec.update(environments=[{"name": "guess", "image": "a", "port": 70000}]),
          "spec.environments[0].port: input should be less than or equal to 65535"),
+        (lambda spec: spec.update(checkpoint={"uri": "s3://ckpts/run"}, learner={"strategy": "fsdp2"}),
+         "spec: checkpoint.uri cannot be used with learner.strategy fsdp2"),
+        (lambda spec: spec.update(checkpoint={"uri": "s3://ckpts/run", "endpoint": "http://a:9000"},
+                                  output={"uri": "s3://models/run", "endpoint": "http://b:9000"}),
+         "spec: checkpoint.uri and output.uri: credentialsSecret, endpoint and region must be the same"),
+        (lambda spec: spec.update(checkpoint={"uri": "s3://ckpts/run", "keep": 1}),
+         "spec.checkpoint.keep: input should be greater than or equal to 2"),
     ],
     ids=["unknown", "missing", "empty", "no-rewards", "range", "one-of", "function", "type", "enum", "wandb-key",
-         "mlflow-uri", "environment-duplicate", "environment-name", "environment-port"],
+         "mlflow-uri", "environment-duplicate", "environment-name", "environment-port", "checkpoint-store-fsdp2",
+         "checkpoint-store-unlike-output", "checkpoint-keep"],
 )
 def test_spec_parse_errors_name_the_field_in_one_line(change, expected):
     spec = _good_spec()

@@ -166,6 +166,25 @@ def test_an_object_store_output_beside_a_volume_is_written_to_the_volume_then_up
     assert not env & {"AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL_S3"}  # no Secret, no endpoint: the pod's own identity
 
 
+def test_an_object_store_for_checkpoints_reaches_every_learner_rank_and_the_run_config():
+    checkpoint = {"uri": "s3://ckpts/runs/qwen", "credentialsSecret": "s3-ckpts", "endpoint": "http://minio:9000",
+                  "keep": 3}
+    objects = by_name(children(checkpoint=checkpoint, learner={"nodes": 2}))
+    config = load_run_config(objects["run-config"]["data"]["run.json"])
+    assert (config.checkpoint.uri, config.checkpoint.keep) == ("s3://ckpts/runs/qwen", 3)
+    assert config.checkpoint.directory == builders.CHECKPOINT_DIR
+    # Each learner pod's checkpoint folder is its own: each rank may download the checkpoint it resumes from.
+    for name in ("run-learner-0", "run-learner-1"):
+        env = {var["name"]: var for var in container(objects[name])["env"]}
+        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "s3-ckpts",
+                                                                          "key": "AWS_ACCESS_KEY_ID"}}
+        assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio:9000"
+        # What a preempted learner may spend waiting for its checkpoint's upload.
+        assert env["GRPO_TERMINATION_GRACE_SECONDS"]["value"] == str(
+            objects[name]["spec"]["terminationGracePeriodSeconds"])
+    assert not any(var["name"].startswith("AWS_") for var in container(objects["run-rollout-0"])["env"])
+
+
 def test_every_pod_shares_the_model_cache_volume_for_the_hubs_cache_and_the_inputs_downloads():
     cache = {"persistentVolumeClaim": {"claimName": "model-cache"}}
     objects = by_name(children(modelCache={"volume": cache}, rollout={"replicas": 2}, learner={"nodes": 2}))

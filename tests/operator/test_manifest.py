@@ -291,6 +291,20 @@ CEL_CASES = {
     "output-store-settings-without-uri": (
         _set("spec.output", {"volume": {"emptyDir": {}}, "credentialsSecret": "s3"}),
         "spec.output: credentialsSecret, endpoint and region are only for an object store: set uri too"),
+    "checkpoint-bad-uri": (_set("spec.checkpoint", {"uri": "s3://Ckpts/run"}),
+                           "spec.checkpoint.uri: must be s3://BUCKET"),
+    "checkpoint-store-settings-without-uri": (
+        _set("spec.checkpoint", {"endpoint": "http://minio:9000"}),
+        "spec.checkpoint: credentialsSecret, endpoint and region are only for an object store: set uri too"),
+    "checkpoint-store-with-fsdp2": (
+        _update(lambda m: (m["spec"].update(checkpoint={"uri": "s3://ckpts/run"}),
+                           m["spec"]["learner"].update(strategy="fsdp2"))),
+        "spec.checkpoint.uri: cannot be used with learner.strategy fsdp2"),
+    "checkpoint-store-reached-unlike-output": (
+        _update(lambda m: m["spec"].update(checkpoint={"uri": "s3://ckpts/run", "credentialsSecret": "a"},
+                                           output={"uri": "s3://models/run", "credentialsSecret": "b"})),
+        "spec.checkpoint.uri: with output.uri: checkpoint's and output's credentialsSecret, endpoint and region must "
+        "be the same"),
     "wandb-online-without-key": (_set("spec.tracking", {"wandb": {"project": "p"}}),
                                  "spec.tracking.wandb.apiKeySecret: online mode needs apiKeySecret (or mode offline)"),
     "topology-both": (_set("spec.learner.topology", {"required": "r", "preferred": "b"}),

@@ -78,7 +78,7 @@ def test_resolve_carries_every_user_value_and_the_callers_paths():
     assert (config.learner.nodes, config.learner.processes_per_node, config.learner.device) == (2, 8, "cuda")
     assert config.learner.attention == "varlen"
     assert config.learner.strategy == "ddp" and config.learner.fsdp.cpu_offload
-    assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50}
+    assert config.checkpoint.model_dump() == {"directory": "/checkpoints", "save_steps": 50, "uri": None, "keep": 2}
     assert (config.output_dir, config.termination_message_path) == ("/out", "/tmp/termination")
 
 

@@ -724,3 +724,15 @@ def test_an_unschedulable_pod_surfaces_its_reason():
     decision = step(spec, step(spec, {}, []).status, pods, now=at(5))
     assert decision.status["phase"] == "Pending"
     assert condition(decision.status, "Progressing")["reason"] == "Unschedulable"
+
+
+def test_the_newest_checkpoint_in_the_object_store_goes_on_the_status_and_stays_through_a_restart():
+    spec = spec_of(checkpoint={"uri": "s3://ckpts/r"})
+    uploaded = {"step": 20, "uri": "s3://ckpts/r/checkpoint-20", "time": T0.timestamp() + 29}
+    decision = step(spec, running_status(spec), running_pods(),
+                    report(groupsConsumed=40, groupsTrained=38, checkpoint=uploaded), now=at(30))
+    assert decision.status["checkpoint"] == {"step": 20, "uri": "s3://ckpts/r/checkpoint-20",
+                                             "time": "2026-01-01T12:00:29Z"}
+    # A learner restarted on another node reports none until its own first upload: the last one stays.
+    restarted = step(spec, decision.status, running_pods(), report(groupsConsumed=40, groupsTrained=38), now=at(40))
+    assert restarted.status["checkpoint"] == decision.status["checkpoint"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_trainer.contract.codes import DROP_REASONS
-from grpo_trainer.contract.report import ExportReport, ProgressReport, TrackedRunReport
+from grpo_trainer.contract.report import CheckpointReport, ExportReport, ProgressReport, TrackedRunReport
 
 from ..api import GRPORunSpec
 from ..builders import drain_deadline_seconds, environment_pod_name, learner_pod_name, rollout_selector
@@ -20,6 +20,7 @@ from ..eta import trainer_status, update_estimate
 from ..run_ref import RunRef
 from ..run_status import (
     FINISHED_PHASES,
+    CheckpointStatus,
     ConditionType,
     EpisodeStatus,
     FailureStatus,
@@ -88,6 +89,11 @@ def output_status(report: ExportReport) -> OutputStatus:
     exported = datetime.datetime.fromtimestamp(report.time, datetime.UTC)
     return OutputStatus(uri=report.uri, step=report.step, bytes=report.bytes, sha256=report.sha256,
                         time=format_time(exported))
+
+
+def checkpoint_status(report: CheckpointReport) -> CheckpointStatus:
+    uploaded = datetime.datetime.fromtimestamp(report.time, datetime.UTC)
+    return CheckpointStatus(step=report.step, uri=report.uri, time=format_time(uploaded))
 
 
 def derive_status(run: RunRef, spec: GRPORunSpec | None, status: dict[str, Any] | None,
@@ -254,6 +260,8 @@ def _take_progress(record: PassRecord) -> None:
     take_learner_view(record.new.rollout, report)
     if report.output is not None:  # from /progress or a termination message: an export that happened stays
         _take_output(record, report.output)
+    if report.checkpoint is not None:  # a restarted learner reports none until its first upload: the last one stays
+        record.new.checkpoint = checkpoint_status(report.checkpoint)
     previous_trained = record.old.progress.groups_trained if record.old.progress else 0
     record.new.progress = progress_status(report)
     if report.tracking:  # a learner starting (again) reports none until its trackers' runs began

@@ -68,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="at step N, send --tracker-signal to the tracking server's process group")
     parser.add_argument("--tracker-pgid", type=int, default=None, help="the tracking server's process group")
     parser.add_argument("--tracker-signal", choices=("SIGSTOP", "SIGKILL"), default="SIGSTOP")
+    parser.add_argument("--checkpoint-uri", default=None,
+                        help="checkpoint.uri: upload checkpoints there (the store the environment names) and, with "
+                             "no checkpoint in --out's folder, resume from its newest")
     return parser.parse_args(argv)
 
 
@@ -155,6 +158,14 @@ def run_scenario(args: argparse.Namespace) -> int:
         token_budget=0, max_staleness=args.max_staleness, learning_rate=1e-3, disable_tqdm=True, seed=0,
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     )
+    uploads = store = None
+    if args.checkpoint_uri:
+        from grpo_trainer.contract.config import CheckpointConfig
+        from grpo_trainer.learner.checkpoint_store import CheckpointStore, CheckpointUploads
+
+        store = CheckpointStore.from_config(CheckpointConfig(uri=args.checkpoint_uri))
+        store.probe()
+        uploads = CheckpointUploads(store) if int(os.environ.get("RANK", "0")) == 0 else None
     transfer = NoWeightTransfer()
     if args.weights_dir:
         from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
@@ -173,7 +184,8 @@ def run_scenario(args: argparse.Namespace) -> int:
     else:
         trainer = GRPOLearner(args.model, **common, stall_groups=args.stall_groups,
                               filter_config=FilterConfig(drop_no_signal=not args.keep_no_signal),
-                              reporting=LearnerReporting(server_port=args.progress_port, tracking=tracking_callback),
+                              reporting=LearnerReporting(server_port=args.progress_port, tracking=tracking_callback,
+                                                         checkpoint_uploads=uploads),
                               reward_models=reward_models,
                               weight_sync=WeightSyncOptions(args.weight_sync_deadline),
                               importance_bounds=ImportanceBounds(clip_max=args.is_clip_max))
@@ -236,8 +248,11 @@ def run_scenario(args: argparse.Namespace) -> int:
                 tracker_signalled.append(time.time())
                 os.killpg(args.tracker_pgid, getattr(signal, args.tracker_signal))
             if state.global_step == args.sigkill_at_step:
+                if uploads is not None:
+                    uploads.wait()  # the earlier checkpoints are up: the test knows which one the store holds
                 # What the test can know of a killed process: the windows it stepped, by step.
-                (out / "killed.json").write_text(json.dumps({"timeline": timeline}))
+                uploaded = uploads.last.__dict__ if uploads is not None and uploads.last else None
+                (out / "killed.json").write_text(json.dumps({"timeline": timeline, "uploaded": uploaded}))
                 os.kill(os.getpid(), signal.SIGKILL)  # before this step's checkpoint: the newest is an older one
 
     timeline: list[dict] = []
@@ -253,6 +268,10 @@ def run_scenario(args: argparse.Namespace) -> int:
         from grpo_trainer.learner.checkpoints import newest_checkpoint
 
         resume = newest_checkpoint(args.resume_newest)
+    elif store is not None and resume is None:
+        from grpo_trainer.learner.checkpoint_store import resume_point
+
+        resume = resume_point(config.output_dir, store)
     try:
         trainer.train(resume_from_checkpoint=resume)
         if not args.baseline and trainer.phase.value == "Preempted":

@@ -343,19 +343,30 @@ def test_multi_row_groups_split_across_steps_resume_after_sigterm_training_every
     assert_every_group_once(stepped, second, total=12)
 
 
-def test_multi_row_groups_resume_after_a_kill_from_the_last_checkpoint_training_every_group_once(tiny_model_dir,
-                                                                                                 tmp_path):
-    # Killed at step 3, before its checkpoint: the resume starts from step 2's, and step 3's groups train again.
+def test_multi_row_groups_resume_on_another_node_after_a_kill_from_the_stores_last_checkpoint(
+        tiny_model_dir, tmp_path, s3_server, s3_bucket, monkeypatch):
+    """checkpoint.uri: the learner is killed at step 3, before its checkpoint, and starts again with an empty
+    checkpoint folder (another node): it resumes from step 2's checkpoint in the store, and step 3's groups train
+    again, every group once."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    uri = f"s3://{s3_bucket}/runs/multi-row"
     killed = subprocess.run([sys.executable, SCENARIO, "--model", tiny_model_dir, "--out", str(tmp_path / "first"),
-                             *MULTI_ROW, "--save-steps", "1", "--sigkill-at-step", "3"],
+                             *MULTI_ROW, "--save-steps", "1", "--sigkill-at-step", "3", "--checkpoint-uri", uri],
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    timeline = json.loads((tmp_path / "first" / "killed.json").read_text())["timeline"]
+    record = json.loads((tmp_path / "first" / "killed.json").read_text())
+    timeline = record["timeline"]
     stepped_by_2 = set(next(entry["stepped"] for entry in timeline if entry["step"] == 2))
-    checkpoints = tmp_path / "first" / "checkpoints"
-    saved = json.loads((checkpoints / "checkpoint-2" / "grpo_progress.json").read_text())
+    assert record["uploaded"]["step"] == 2 and record["uploaded"]["uri"] == f"{uri}/checkpoint-2"
+    local = tmp_path / "first" / "checkpoints" / "checkpoint-2"
+    saved = json.loads((local / "grpo_progress.json").read_text())
     assert saved["groups_trained"] == len(stepped_by_2)
     assert set(range(saved["first_unconsumed"])) | set(saved["consumed_after"]) == stepped_by_2
-    (second,) = run(tiny_model_dir, tmp_path / "second", *MULTI_ROW, "--resume-newest", str(checkpoints))
-    assert second["resumed_from"] == str(checkpoints / "checkpoint-2")
+    (second,) = run(tiny_model_dir, tmp_path / "second", *MULTI_ROW, "--checkpoint-uri", uri)
+    downloaded = tmp_path / "second" / "checkpoints" / "checkpoint-2"
+    assert second["resumed_from"] == str(downloaded)
+    assert json.loads((downloaded / "grpo_progress.json").read_text()) == saved
+    assert second["start_position"] == saved["first_unconsumed"]
+    assert second["global_step"] > 2 and second["timeline"][0]["step"] == 3  # the steps count on from the checkpoint
     assert_every_group_once(stepped_by_2, second, total=12)

@@ -323,6 +323,20 @@ class LearnerConfig(WireModel):
 class CheckpointConfig(WireModel):
     directory: str | None = Field(None, description="Where checkpoints go; resume picks the newest one here.")
     save_steps: int = Field(100, ge=1)
+    uri: str | None = Field(None, min_length=1, description="An `s3://bucket/prefix` every checkpoint is uploaded "
+                            "to after it is written to `directory`; a learner whose directory holds none resumes "
+                            "from the newest complete one there.")
+    keep: int = Field(2, ge=2, description="Checkpoints kept under `uri`, the newest.")
+
+    @field_validator("uri")
+    @classmethod
+    def _object_store_uri(cls, uri: str | None) -> str | None:
+        if uri is not None:
+            try:
+                parse_uri(uri, "checkpoint.uri")
+            except InvalidObjectStoreURI as error:
+                raise ValueError(error.reason) from None
+        return uri
 
 
 class OutputConfig(WireModel):

@@ -34,3 +34,9 @@ MLFLOW_CREDENTIAL_ENV = {
     "token": "MLFLOW_TRACKING_TOKEN",
 }
 WANDB_API_KEY_ENV = "WANDB_API_KEY"
+
+
+#: The learner pod's terminationGracePeriodSeconds, which the learner reads to bound what it still does after a
+#: SIGTERM (the checkpoint's upload to checkpoint.uri); Kubernetes' default, 30, without it.
+TERMINATION_GRACE_ENV = "GRPO_TERMINATION_GRACE_SECONDS"
+DEFAULT_TERMINATION_GRACE_S = 30

@@ -48,6 +48,15 @@ class ExportReport(ReportModel):
     time: float = Field(ge=0, le=253402300799, description="Unix time the export completed (before year 10000).")
 
 
+class CheckpointReport(ReportModel):
+    """The newest checkpoint up in the object store (checkpoint.uri); the operator copies it into
+    `status.checkpoint`."""
+
+    step: Count = Field(description="The optimizer step it was saved at.")
+    uri: str = Field(min_length=1, max_length=1024, description="Where it is: s3://BUCKET/PREFIX/checkpoint-STEP.")
+    time: float = Field(ge=0, le=253402300799, description="Unix time its upload completed (before year 10000).")
+
+
 class EpisodeReport(ReportModel):
     """The episodes of a run with tools or environments (grpo_trainer.agentic.episodes), counted as they reach the
     learner by this learner process (from 0 after a resume): every conversation of every group, whatever became of
@@ -140,6 +149,8 @@ class ProgressReport(ReportModel):
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
+    checkpoint: CheckpointReport | None = Field(
+        None, description="The newest checkpoint this learner process uploaded to checkpoint.uri; None before one.")
     tracking: list[TrackedRunReport] = Field(default_factory=list, max_length=3, description="The trackers' runs, "
                                              "once they started (spec.tracking).")
     tracking_degraded: list[Annotated[str, Field(max_length=TRACKING_DEGRADED_LINE_MAX_CHARS)]] = Field(

@@ -33,6 +33,7 @@ from ..contract.codes import (
     LearnerPhase,
 )
 from ..contract.config import RunConfig
+from ..contract.pod_env import DEFAULT_TERMINATION_GRACE_S, TERMINATION_GRACE_ENV
 from ..contract.report import ExportReport, ProgressReport
 from ..progress import queue_bound
 from ..storage.final_model import UploadInterrupted, export_trained_model, save_final_model
@@ -40,7 +41,7 @@ from .datasets import load_prompts
 from .errors import ConfigError
 from .exporter import write_termination_message
 from .lora import adapter_sync, check_lora_targets, peft_config
-from .preemption import Preempted, route_to, settle, stop_on_sigterm
+from .preemption import Preempted, grace_left, route_to, settle, stop_on_sigterm
 from .rewards import RewardResultError, UserCodeError, load_rewards
 from .tracking import configure as configure_tracking
 from .tracking import parameters_callback
@@ -146,10 +147,11 @@ def load_reward_models(config: RunConfig) -> list:
     return models
 
 
-def build_learner(config: RunConfig, config_path: str | None = None):
+def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_uploads=None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     set of rollout servers follows the file's `rollout.urls` while the learner runs. What the config names is checked
-    before the model and TRL load, so a mistake in it ends the learner at once."""
+    before the model and TRL load, so a mistake in it ends the learner at once. `checkpoint_uploads`: rank 0's
+    uploads to checkpoint.uri (grpo_trainer.learner.checkpoint_store)."""
     from ..storage.inputs import resolve
     from .attention import AttentionUnavailable, choose_kernel, model_head_dim, precision_problem, probe_device
 
@@ -252,13 +254,34 @@ def build_learner(config: RunConfig, config_path: str | None = None):
                                                    config.training.vllm_importance_sampling_clip_max),
                 attention_kernel=attention.kernel,
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
-                                           tracking=tracking_callback, rollout_pool=pool),
+                                           tracking=tracking_callback, rollout_pool=pool,
+                                           checkpoint_uploads=checkpoint_uploads if is_main else None),
             )
     except BaseException:
         if pool is not None:
             pool.stop()
         raise
     return learner
+
+
+#: Of the grace period, what the learner keeps after the checkpoint's upload to report and exit.
+EXIT_MARGIN_S = 10
+
+
+def _preempted_upload(uploads) -> str:
+    """Preempted: wait for the checkpoint's upload in flight, as long as the pod's grace period allows; what the
+    message adds when it could not finish."""
+    if uploads is None or uploads.in_flight() is None:
+        return ""
+    grace = float(os.environ.get(TERMINATION_GRACE_ENV) or DEFAULT_TERMINATION_GRACE_S)
+    budget = max(0.0, grace_left(grace) - EXIT_MARGIN_S)
+    in_flight = uploads.in_flight()
+    logger.info("preempted: waiting up to %.0f s for the upload of %s to %s", budget, in_flight,
+                uploads.store.location.uri)
+    if uploads.wait(budget):
+        return f"; the checkpoint's upload to {uploads.store.location.uri} finished"
+    return (f"; the upload of {in_flight} to {uploads.store.location.uri} did not finish within the grace period "
+            f"({budget:.0f} s left of {grace:.0f} s): a learner on another node resumes from the one before it")
 
 
 def _finish(config: RunConfig, learner, code: int, phase: LearnerPhase, message: str,
@@ -323,14 +346,24 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
     from ..progress import AccountingError, StallError
     from ..storage.inputs import InputError
     from ..storage.model_export import ExportError
-    from .checkpoints import UnusableCheckpoints, newest_checkpoint
+    from ..storage.object_store import ObjectStoreError
+    from .checkpoint_store import CheckpointStore, CheckpointUploads, resume_point
+    from .checkpoints import UnusableCheckpoints
 
     learner = None
     exported = None
+    uploads = None
     try:
+        store = CheckpointStore.from_config(config.checkpoint)
+        if store is not None:
+            try:
+                store.probe()  # wrong keys or a missing bucket end the run now, not at its first checkpoint
+            except ObjectStoreError as error:
+                raise ConfigError(str(error)) from None
+            uploads = CheckpointUploads(store)
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
-        resume = newest_checkpoint(config.checkpoint.directory)
-        learner = build_learner(config, config_path)
+        resume = resume_point(config.checkpoint.directory, store)
+        learner = build_learner(config, config_path, uploads)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,
@@ -339,7 +372,10 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
             logger.info("resuming from %s", resume)
         learner.train(resume_from_checkpoint=resume)
         if learner.phase == LearnerPhase.PREEMPTED:
-            return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, learner.message)
+            message = learner.message + _preempted_upload(uploads)
+            return _finish(config, learner, EXIT_PREEMPTED, LearnerPhase.PREEMPTED, message)
+        if uploads is not None:
+            uploads.wait()  # the last checkpoint up before the run ends
         if config.output is not None:
             # Trained, but the grace period (120 s) holds no slow upload: a SIGTERM ends it, the export stays local.
             upload_stop = threading.Event()

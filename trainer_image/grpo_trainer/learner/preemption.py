@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -67,7 +68,19 @@ def _settled() -> bool:
     return True
 
 
+#: time.monotonic() of the first SIGTERM; None before one arrived. The pod's grace period runs from it.
+sigterm_at: float | None = None
+
+
+def grace_left(grace_s: float) -> float:
+    """Seconds of a `grace_s` grace period left since the first SIGTERM (all of it before one)."""
+    return grace_s if sigterm_at is None else max(0.0, sigterm_at + grace_s - time.monotonic())
+
+
 def _on_sigterm(signum: int, _frame) -> None:
+    global sigterm_at
+    if sigterm_at is None:
+        sigterm_at = time.monotonic()
     if _stop_training is _settled:
         logger.warning("SIGTERM after the outcome was decided: finishing its report")
         return

@@ -36,7 +36,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from ..agentic.episodes import EpisodeCounts, EpisodeQueue
 from ..contract.codes import AttentionKernel, LearnerPhase, StallCause
 from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
-from ..contract.report import ProgressReport, TrackedRunReport, TrackerLossReport
+from ..contract.report import CheckpointReport, ProgressReport, TrackedRunReport, TrackerLossReport
 from ..progress import (
     AccountingError,
     ConsumedIds,
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from ..rollout.pool import RolloutPool
+    from .checkpoint_store import CheckpointUploads
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +118,15 @@ class LearnerReporting:
         integrations, which it reads, so their runs have started when it looks. None: no trackers.
     rollout_pool: rank 0's rollout servers and their supervision (filesystem sync): TRL's worker routes its requests
         over them, their state goes on /progress; the learner owns the pool from then on and `close()` stops it.
+    checkpoint_uploads: rank 0's uploads of each checkpoint to the object store (checkpoint.uri,
+        grpo_trainer.learner.checkpoint_store); the newest one up goes on /progress. None: checkpoints stay in the
+        checkpoint folder.
     """
 
     server_port: int | None = None
     tracking: Callable[[list], TrackedRuns] | None = None
     rollout_pool: RolloutPool | None = None
+    checkpoint_uploads: CheckpointUploads | None = None
 
 
 class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
@@ -173,6 +178,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         self.episodes = EpisodeCounts()
         super().__init__(*positional, args=args, **kwargs)
         reporting = reporting or LearnerReporting()
+        self.checkpoint_uploads = reporting.checkpoint_uploads
         self._rollout_pool = reporting.rollout_pool
         self._tracking: TrackedRuns | None = None
         if reporting.tracking is not None:
@@ -307,6 +313,10 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
                                                "tracking_lost": self._tracking.lost()})
         if self._rollout_pool is not None:
             report = report.model_copy(update={"rollout": self._rollout_pool.report()})
+        stored = self.checkpoint_uploads.last if self.checkpoint_uploads is not None else None
+        if stored is not None:
+            report = report.model_copy(update={"checkpoint": CheckpointReport(step=stored.step, uri=stored.uri,
+                                                                             time=stored.time)})
         return report
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -466,6 +476,8 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         )
         marker = os.path.join(checkpoint_dir, PROGRESS_STATE_FILE)
         if self.accelerator.is_main_process and os.path.exists(marker):
+            if self.checkpoint_uploads is not None:
+                self.checkpoint_uploads.wait()  # its upload reads the files about to be rewritten
             # Saving again at the same step (the end-of-run or preemption save after a step save) rewrites the
             # directory in place: without its marker until done, a kill meanwhile leaves it skipped, not torn.
             os.remove(marker)
@@ -489,6 +501,8 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
                               {"prompt_index": start, "model_version": self.model_version})
         # Written last, and atomically: it marks the checkpoint complete and vouches for its files (checkpoints.py).
         write_marker(checkpoint_dir, state)
+        if self.checkpoint_uploads is not None:
+            self.checkpoint_uploads.submit(checkpoint_dir)  # in the background: training goes on
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any):
         checkpoint = kwargs.get("resume_from_checkpoint")

@@ -104,7 +104,7 @@ def _is_missing_key(error: BaseException) -> bool:
             and str(error.response.get("Error", {}).get("Code", "")) in _MISSING_KEY_CODES)
 
 
-def _safe_relative(path: Any) -> bool:
+def safe_relative(path: Any) -> bool:
     """A manifest's path names a file under the folder: relative, no '..', no empty or '.' segment."""
     if not isinstance(path, str) or not path or "\\" in path or path == EXPORT_MANIFEST_FILE:
         return False
@@ -121,7 +121,7 @@ def check_manifest(manifest: Any, where: str) -> list[dict[str, Any]]:
     seen = set()
     for entry in files:
         path = entry.get("path") if isinstance(entry, dict) else None
-        if not _safe_relative(path) or path in seen:
+        if not safe_relative(path) or path in seen:
             raise ObjectStoreError(f"{where}: not a manifest: {path!r} is not a file path under the folder")
         size, digest = entry.get("bytes"), entry.get("sha256")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -361,7 +361,7 @@ def _download_unlisted(client: Any, location: Location, target: Path) -> None:
         if keys:
             start = len(location.prefix) + 1 if location.prefix else 0
             for key in keys:
-                if not _safe_relative(key[start:]):  # anyone with write access names the keys
+                if not safe_relative(key[start:]):  # anyone with write access names the keys
                     raise ObjectStoreError(f"s3://{location.bucket}/{key}: not a file path under {location.uri}")
                 path = target / key[start:]
                 path.parent.mkdir(parents=True, exist_ok=True)
