@@ -90,7 +90,7 @@ def run_config(tmp_path: Path, model_dir: Path, uri: str | None = None) -> RunCo
 @pytest.fixture
 def learner(monkeypatch) -> FinishedLearner:
     finished = FinishedLearner()
-    monkeypatch.setattr(learner_main, "build_learner", lambda config, config_path=None: finished)
+    monkeypatch.setattr(learner_main, "build_learner", lambda *args, **kwargs: finished)
     return finished
 
 
@@ -134,7 +134,7 @@ def test_a_learner_uploads_its_export_to_the_object_store_and_reports_the_manife
     from transformers import AutoModelForCausalLM
 
     finished = FinishedLearner(weights_from=tiny_model_dir)
-    monkeypatch.setattr(learner_main, "build_learner", lambda config, config_path=None: finished)
+    monkeypatch.setattr(learner_main, "build_learner", lambda *args, **kwargs: finished)
     for name, value in s3_server.env().items():  # what the operator sets from spec.output on rank 0
         monkeypatch.setenv(name, value)
     uri = f"s3://{s3_bucket}/runs/tiny"
@@ -199,7 +199,7 @@ from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.learner import main as learner_main, preemption
 from tests.trainer.storage.test_final_model import FinishedLearner
 preemption.install()
-learner_main.build_learner = lambda config, config_path=None: FinishedLearner()
+learner_main.build_learner = lambda *args, **kwargs: FinishedLearner()
 exit_with(learner_main.main(RunConfig.model_validate_json(open(sys.argv[1]).read())))
 """
 #: How long the stand-in learner may take to import what a learner imports and reach its upload.
