@@ -19,6 +19,7 @@ from grpo_operator.api import MAX_ROLLOUT_REPLICAS
 from grpo_operator.eta import ProgressRate, RateSample, TrainerMetric, TrainerStatus
 from grpo_operator.manifest import CRD_PATH, load_crd
 from grpo_operator.run_status import (
+    CheckpointStatus,
     Condition,
     ConditionType,
     EnvironmentStatus,
@@ -205,6 +206,7 @@ def _full_status() -> GRPORunStatus:
                                         scale_refused="spec.environments[0].replicas: 3 is not applied")],
         failure=FailureStatus(role="learner", pod="run-learner-0", exit_code=42, reason="Stalled", message="m"),
         output=OutputStatus(uri="pvc://models/run", step=5, bytes=1024, sha256="ab" * 32, time="2026-01-01T01:00:00Z"),
+        checkpoint=CheckpointStatus(step=4, uri="s3://ckpt/run/checkpoint-4", time="2026-01-01T00:50:00Z"),
         tracking=[TrackedRunStatus(tracker="mlflow", run_id="0f1e", uri="http://mlflow:5000/#/experiments/1/runs/0f1e")],
         model=PinnedRevision(name="Qwen/Qwen3-0.6B", requested="main", revision="c0" * 20),
         dataset=PinnedRevision(name="openai/gsm8k", requested="v1", revision="d1" * 20),

@@ -34,10 +34,12 @@ START_TIMEOUT_S = 120.0
 # On SIGTERM the S3 gateway keeps retrying its filer subscription after the filer has stopped, and weed does not exit
 # (seen: still running after 15 s); its data is the run's to throw away, so it is killed after this.
 STOP_GRACE_S = 3.0
-# Each bucket is a collection of its own, for which the master grows 7 volumes on its first write: the server may hold
-# as many volumes as the disk has room for (-volume.max=0), and they are small (nothing is preallocated; big enough
-# for the tests' models).
+# Each bucket is a collection of its own, for which the master grows 7 volumes on its first write. The volumes are
+# small (nothing is preallocated; big enough for the tests' models), and the server may hold VOLUMES_MAX of them: a
+# fixed number, not -volume.max=0's "as many as the free disk holds at 64 MiB each", which refused the writes to a
+# run's later buckets with InternalError on a machine with a few GB free.
 VOLUME_SIZE_LIMIT_MB = 64
+VOLUMES_MAX = 2000
 
 _buckets = itertools.count()
 
@@ -85,7 +87,7 @@ class S3Server:
                    f"-ip.bind={LOOPBACK}", "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
                    "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                    "-master.telemetry=false", f"-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}",
-                   "-volume.max=0", "-volume.preStopSeconds=0",
+                   f"-volume.max={VOLUMES_MAX}", "-volume.preStopSeconds=0",
                    f"-filer.localSocket={self.workdir / 'filer.sock'}", f"-s3.localSocket={self.workdir / 's3.sock'}",
                    *(f"-{flag}={port}" for flag, port in ports.items())]
         log = open(self.workdir / "weed.log", "wb")  # noqa: SIM115 (kept open for the process's life)
