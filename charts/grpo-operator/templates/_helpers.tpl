@@ -81,8 +81,9 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
 - apiGroups: [""]
   resources: ["events"]
   # core/v1 events (grpo_operator.cluster.events, never events.k8s.io ones); patch counts a repeat on the Event
-  # posted first.
-  verbs: ["create", "patch"]
+  # posted first; list reads the kubelet's probe failures of a server pod that is not ready
+  # (grpo_operator.cluster.probe_events), which the run's conditions name.
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md);
