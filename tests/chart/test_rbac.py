@@ -32,7 +32,7 @@ OPERATOR_REQUESTS = [
     *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create", "patch")],
     ("patch", "kueue.x-k8s.io", "workloads", "status"),
     *[(verb, group, "podgroups", None) for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
-      for verb in ("get", "create", "patch")],
+      for verb in ("get", "create", "patch", "delete")],
 ]
 CRD_DISCOVERY = [*((verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")),
                  ("get", "kueue.x-k8s.io", "resourceflavors")]

@@ -96,8 +96,8 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
   # spec.scheduling.gang: the PodGroup of the coscheduling plugin or of Volcano; patched when a suspended run's
-  # edit changes the gang's size.
-  verbs: ["get", "create", "patch"]
+  # edit changes the gang's size; deleted when the spec no longer asks for that gang.
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 
 {{/*
