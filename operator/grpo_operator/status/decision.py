@@ -20,8 +20,8 @@ class ProbeFailure:
 
     probe: str  # readiness | liveness | startup
     cause: str  # what the kubelet said after `Readiness probe failed: ` (`Get "http://...": dial tcp ...: ...`)
-    count: int  # how many times it failed so, between the two times below
-    seconds: float  # from the first of them to the latest
+    count: int  # how many times it failed so
+    seconds: float  # from the first of those failures to the latest
 
 
 @dataclass(frozen=True)
