@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 import yaml
 
 from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
+from grpo_operator.cluster import probe_events
 from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.support.emulator.kube_emulator import GRPORUNS
 from tests.support.paths import REPO
@@ -495,6 +497,7 @@ def test_events_are_read_only_for_pods_that_are_not_ready_and_without_the_permis
         "GET", "events", 403, "Forbidden", 'events is forbidden: User "grpo" cannot list resource "events"',
         times=1_000_000))
     _running_unready_servers(cluster, "noevents", 2)
+    started = time.monotonic()
     for pod in cluster.pod_names("noevents"):
         cluster.kubelet.run(pod, ready="-env-" not in pod)
     unready = ("0/2 environment servers ready; noevents-env-guess-0 is not ready: its readiness probe (TCP connect "
@@ -507,7 +510,9 @@ def test_events_are_read_only_for_pods_that_are_not_ready_and_without_the_permis
     servers = {pod["metadata"]["uid"] for pod in cluster.pods("noevents", "environment")}
     reads = [r.query.get("fieldSelector") for r in cluster.emulator.request_log
              if r.user_agent.startswith("kopf") and r.resource == "events" and r.verb == "list"]
-    assert sorted(reads) == sorted(f"involvedObject.uid={uid},reason=Unhealthy" for uid in servers)
+    assert set(reads) == {f"involvedObject.uid={uid},reason=Unhealthy" for uid in servers}
+    # Once each when it turned unready, then once per refresh interval (a loaded machine may take that long).
+    assert len(reads) <= len(servers) * (1 + int((time.monotonic() - started) // probe_events.REFRESH_SECONDS))
     refusals = [r for r in caplog.records if "cannot list Events" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelname == "WARNING"
     assert cluster.status("noevents")["phase"] == "Starting"
