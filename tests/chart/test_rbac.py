@@ -1,8 +1,9 @@
 """The chart's RBAC grants the operator exactly the requests it makes, in the namespaces it watches, and nothing more.
 
 The request list: what grpo_operator does to runs and their children (and their core/v1 events: created, then
-patched to count a repeat), plus what kopf 1.45.2 does on its own, read from its source: customresourcedefinitions
-list+watch to notice CRD changes, and namespaces list+watch only when it watches named namespaces
+patched to count a repeat; listed for a pod that is not ready, for the kubelet's probe failures), plus what kopf
+1.45.2 does on its own, read from its source: customresourcedefinitions list+watch to notice CRD changes, and
+namespaces list+watch only when it watches named namespaces
 (kopf/_core/reactor/observation.py).
 `grporun operator` runs kopf standalone, so it never touches kopf.dev peering objects; it elects a leader on one
 coordination.k8s.io Lease in the release namespace (grpo_operator.cluster.leader).
@@ -27,12 +28,11 @@ OPERATOR_REQUESTS = [
         for resource in ("pods", "services", "configmaps")
         for verb in ("get", "list", "watch", "create", "delete", "patch")
     ],
-    ("create", "", "events", None),
-    ("patch", "", "events", None),
+    *[(verb, "", "events", None) for verb in ("create", "patch", "list")],
     *[(verb, "kueue.x-k8s.io", "workloads", None) for verb in ("get", "create", "patch")],
     ("patch", "kueue.x-k8s.io", "workloads", "status"),
     *[(verb, group, "podgroups", None) for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
-      for verb in ("get", "create", "patch")],
+      for verb in ("get", "create", "patch", "delete")],
 ]
 CRD_DISCOVERY = [*((verb, "apiextensions.k8s.io", "customresourcedefinitions") for verb in ("list", "watch")),
                  ("get", "kueue.x-k8s.io", "resourceflavors")]

@@ -5,7 +5,9 @@ Importing a scenario here makes pytest run it again with this module's `cluster`
 Left out, with the reason:
 - test_ttl_after_finished_deletes_the_run_and_its_children: children go by ownerReference garbage collection,
   kube-controller-manager's job; it runs in tests/controlplane/test_garbage_collection.py, with the collector;
-- test_a_lifecycle_survives_watch_streams_that_keep_ending: it reads the emulator's request log;
+- test_a_lifecycle_survives_watch_streams_that_keep_ending and
+  test_events_are_read_only_for_pods_that_are_not_ready_and_without_the_permission_the_run_goes_on: they read the
+  emulator's request log;
 - test_bad_spec_fails_with_a_field_naming_reason_and_creates_nothing: the real server refuses that spec at
   creation (tests/controlplane/test_api.py checks that), so the operator never sees it.
 """
@@ -20,6 +22,7 @@ from tests.operator.test_lifecycle import (  # noqa: F401 (collected here again,
     test_a_newer_learners_report_keeps_the_runs_status_moving,
     test_a_rollout_server_that_exits_is_replaced_alone_until_its_restart_limit,
     test_a_run_another_controller_manages_gets_no_children_and_no_status,
+    test_a_server_that_runs_but_is_never_ready_is_explained_by_the_kubelets_probe_failures,
     test_a_ttl_set_after_the_run_finished_deletes_it,
     test_an_unknown_built_in_reward_fails_at_once_and_creates_nothing,
     test_apply_creates_config_map_services_and_pods_owned_by_the_run,

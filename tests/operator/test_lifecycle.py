@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 import yaml
 
 from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
+from grpo_operator.cluster import probe_events
 from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.support.emulator.kube_emulator import GRPORUNS, SERVICES
 from tests.support.paths import REPO
@@ -466,3 +468,64 @@ def test_environment_services_follow_a_spec_edited_while_suspended(cluster, lear
     (port,) = services()["svc-env-guess"]
     assert (port["port"], port["targetPort"]) == (9000, 9000)
     assert sorted(services()) == ["svc-env-guess", "svc-env-maze", "svc-learner", "svc-rollout"]
+
+
+#: What the kubelet posts on a pod whose readiness probe finds nothing listening.
+PROBE_REFUSED = ('Readiness probe failed: Get "http://10.0.0.5:8765/health": dial tcp 10.0.0.5:8765: connect: '
+                 "connection refused")
+
+
+def _running_unready_servers(cluster, name: str, replicas: int) -> None:
+    """A run with `replicas` servers of environment `guess`, every pod running, the environment servers not ready."""
+    environments = [{"name": "guess", "image": "game:1", "port": 8765, "replicas": replicas}]
+    cluster.apply(grporun(name, minimal_spec(environments=environments)))
+    cluster.wait_for(lambda: len(cluster.pods(name)) == 2 + replicas, what=f"the run's {2 + replicas} pods")
+
+
+def test_a_server_that_runs_but_is_never_ready_is_explained_by_the_kubelets_probe_failures(cluster):
+    """The kubelet's Unhealthy Events on a server's pod say why it is not ready (its Ready condition says only that
+    it is not): EnvironmentsReady, Progressing and RolloutReady say it."""
+    _running_unready_servers(cluster, "probe", 1)
+    cluster.kubelet.probe_failed("probe-env-guess-0", PROBE_REFUSED, count=5, seconds=40)
+    cluster.kubelet.probe_failed("probe-rollout-0", "Readiness probe failed: HTTP probe failed with statuscode: 503",
+                                 count=2, seconds=10)
+    cluster.kubelet.run("probe-learner-0")
+    cluster.kubelet.run("probe-rollout-0", ready=False)
+    cluster.kubelet.run("probe-env-guess-0", ready=False)
+    unready = ("0/1 environment servers ready; probe-env-guess-0 is not ready: its readiness probe (TCP connect to "
+               "port 8765) does not pass: readiness probe failed: connection refused (5 times in 40 s)")
+    cluster.wait_passes(lambda: (cluster.condition("probe", "EnvironmentsReady") or {}).get("message") == unready,
+                        what="EnvironmentsReady with the kubelet's probe failure")
+    assert cluster.condition("probe", "RolloutReady")["message"] == (
+        "0/1 rollout servers ready; probe-rollout-0 is not ready, readiness probe failed: HTTP probe failed with "
+        "statuscode: 503 (2 times in 10 s)")
+    assert cluster.status("probe")["phase"] == "Starting"
+    assert unready in cluster.condition("probe", "Progressing")["message"]
+
+
+def test_events_are_read_only_for_pods_that_are_not_ready_and_without_the_permission_the_run_goes_on(cluster, caplog):
+    """The Events of a pod are listed when it runs but is not ready, not on every pass; a 403 (RBAC without the
+    list) leaves the condition as the pod's status says it, and is logged once."""
+    cluster.emulator_thread.call(lambda: cluster.emulator.inject_fault(
+        "GET", "events", 403, "Forbidden", 'events is forbidden: User "grpo" cannot list resource "events"',
+        times=1_000_000))
+    _running_unready_servers(cluster, "noevents", 2)
+    started = time.monotonic()
+    for pod in cluster.pod_names("noevents"):
+        cluster.kubelet.run(pod, ready="-env-" not in pod)
+    unready = ("0/2 environment servers ready; noevents-env-guess-0 is not ready: its readiness probe (TCP connect "
+               "to port 8765) does not pass; noevents-env-guess-1 is not ready: its readiness probe (TCP connect to "
+               "port 8765) does not pass")
+    cluster.wait_passes(lambda: (cluster.condition("noevents", "EnvironmentsReady") or {}).get("message") == unready,
+                        what="EnvironmentsReady as the pods say it")
+    first = cluster.passes()
+    cluster.wait_passes(lambda: cluster.passes() >= first + 10, what="ten more passes")
+    servers = {pod["metadata"]["uid"] for pod in cluster.pods("noevents", "environment")}
+    reads = [r.query.get("fieldSelector") for r in cluster.emulator.request_log
+             if r.user_agent.startswith("kopf") and r.resource == "events" and r.verb == "list"]
+    assert set(reads) == {f"involvedObject.uid={uid},reason=Unhealthy" for uid in servers}
+    # Once each when it turned unready, then once per refresh interval (a loaded machine may take that long).
+    assert len(reads) <= len(servers) * (1 + int((time.monotonic() - started) // probe_events.REFRESH_SECONDS))
+    refusals = [r for r in caplog.records if "cannot list Events" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].levelname == "WARNING"
+    assert cluster.status("noevents")["phase"] == "Starting"

@@ -110,3 +110,36 @@ def test_a_gang_edited_while_suspended_resumes_with_a_pod_group_that_counts_its_
     rules = rendered_rules({"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}})
     calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
     assert [r for r in calls if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)] == []
+
+
+@pytest.mark.slow
+def test_a_gang_moved_to_the_other_scheduler_or_removed_while_suspended_leaves_no_stale_pod_group(cluster, learner,
+                                                                                                  progress_urls):
+    """Every PodGroup of the run follows the spec: on resume, the other scheduler's group replaces the old one, and
+    a run whose gang was removed keeps none."""
+    spec = minimal_spec()
+    spec["scheduling"] = {"gang": {"scheduler": "coscheduling"}}
+    _running(cluster, learner, progress_urls, "gm", spec)
+
+    def groups() -> list[str]:
+        return [resource.group for resource in (COSCHEDULING_POD_GROUPS, VOLCANO_POD_GROUPS)
+                if cluster.client.get(resource, NAMESPACE, "gm") is not None]
+
+    def resume_with(scheduling: dict[str, Any] | None) -> None:
+        cluster.patch_spec("gm", {"runPolicy": {"suspend": True}})
+        cluster.wait_phase("gm", "Suspended")
+        cluster.wait_for(lambda: cluster.pods("gm") == [], what="the pods deleted")
+        cluster.patch_spec("gm", {"scheduling": scheduling, "runPolicy": {"suspend": False}})
+        cluster.wait_for(lambda: len(cluster.pods("gm")) == 2, what="the pods of the resumed run")
+
+    assert groups() == ["scheduling.x-k8s.io"]
+    resume_with({"gang": {"scheduler": "volcano"}})
+    cluster.wait_passes(lambda: groups() == ["scheduling.volcano.sh"], what="only Volcano's PodGroup")
+    assert {p["spec"]["schedulerName"] for p in cluster.pods("gm")} == {"volcano"}
+    resume_with(None)
+    cluster.wait_passes(lambda: groups() == [], what="no PodGroup left")
+    assert {p["spec"].get("schedulerName") for p in cluster.pods("gm")} == {None}
+    rules = rendered_rules({"watch": {"allNamespaces": False, "namespaces": [NAMESPACE]}})
+    calls = [r for r in cluster.emulator.request_log if r.user_agent.startswith("kopf") and r.verb]
+    assert ("delete", "scheduling.x-k8s.io") in {(r.verb, r.group) for r in calls}
+    assert [r for r in calls if not is_allowed(rules, r.verb, r.group, r.resource, r.subresource, r.namespace)] == []

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_operator import builders
+from grpo_operator import builders, podgroup
 from grpo_operator.api import GENERATION_ANNOTATION, parse_spec
 from grpo_operator.run_ref import RunRef
-from grpo_operator.status.children import child_patch, rendered_generation, service_replaced, stale_services
+from grpo_operator.status.children import (
+    child_patch,
+    rendered_generation,
+    service_replaced,
+    stale_pod_groups,
+    stale_services,
+)
 from tests.support.specs import minimal_spec
 
 GANG = {"gang": {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 600}}
@@ -92,3 +98,20 @@ def test_the_services_the_spec_no_longer_names_are_stale():
     children = [environment_service(8765), built("ConfigMap")]
     owned = [{"metadata": {"name": "run-env-guess"}}, {"metadata": {"name": "run-env-code"}}, {"metadata": {}}]
     assert stale_services(children, owned) == ["run-env-code"]
+
+
+def test_a_pod_group_the_spec_no_longer_asks_for_is_stale():
+    """The gang removed, or moved to the other scheduler (the other kind under the same name)."""
+    def children(scheduling: dict[str, Any] | None) -> list[dict[str, Any]]:
+        spec = minimal_spec() | ({"scheduling": scheduling} if scheduling else {})
+        return builders.build_children(RunRef("run", "ml", "uid-1"), parse_spec(spec), trainer_image="img")
+
+    assert stale_pod_groups(children(GANG)) == [podgroup.VOLCANO_API]
+    assert stale_pod_groups(children({"gang": {"scheduler": "volcano"}})) == [podgroup.COSCHEDULING_API]
+    assert stale_pod_groups(children(None)) == [podgroup.COSCHEDULING_API, podgroup.VOLCANO_API]
+
+
+def test_a_pod_group_edited_while_suspended_is_patched_before_the_pods_start():
+    existing, child = built("PodGroup"), built("PodGroup")
+    child["spec"]["scheduleTimeoutSeconds"] = 60
+    assert child_patch(child, existing, generation=2, live=False) == {"spec": child["spec"]}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from grpo_operator.status import CreateChildren, DeletePods, PodObservation, RecreatePods
+from grpo_operator.status import CreateChildren, DeletePods, PodObservation, ProbeFailure, RecreatePods
+from grpo_operator.status.messages import probe_failure_words
 from tests.operator.test_status import T0, at, report, running_pods, spec_of, step
 
 ENVIRONMENTS = [{"name": "guess", "image": "guess:1", "replicas": 2}, {"name": "code", "image": "sandbox:1"}]
@@ -238,6 +239,58 @@ def test_an_http_probe_or_a_missing_server_is_named_as_it_is():
     assert condition(decision.status, "EnvironmentsReady")["message"] == (
         "0/2 environment servers ready; r-env-guess-0 is not ready: its readiness probe (HTTP GET /health on port "
         "http) does not pass; r-env-guess-1 is not ready: it has no pod yet")
+
+
+REFUSED = ProbeFailure("readiness", 'Get "http://10.0.0.5:8765/health": dial tcp 10.0.0.5:8765: connect: connection '
+                       "refused", count=5, seconds=40.2)
+
+
+def test_the_kubelets_probe_failure_says_why_a_server_is_not_ready_and_the_startup_deadline_says_it_too():
+    """The pod's Ready condition says only that the container is not ready; its Unhealthy Event says why."""
+    spec = spec_of(environments=GAME, progress={"startupDeadlineSeconds": 60})
+    first = step(spec, {}, [], now=T0)
+    pods = [*running_pods(), environment_pod("r-env-guess-0", ready=False, not_ready=NOT_READY,
+                                             probe_failure=REFUSED)]
+    waiting = step(spec, first.status, pods, now=at(5))
+    message = ("0/1 environment servers ready; r-env-guess-0 is not ready: its readiness probe (TCP connect to port "
+               "8765) does not pass: readiness probe failed: connection refused (5 times in 40 s)")
+    assert condition(waiting.status, "EnvironmentsReady")["message"] == message
+    failed = step(spec, waiting.status, pods, now=at(61))
+    assert condition(failed.status, "Failed")["reason"] == "StartupDeadlineExceeded"
+    assert message.split("; ", 1)[1] in failed.status["message"]
+    assert "readiness probe failed: connection refused (5 times in 40 s)" in failed.status["failure"]["message"]
+
+
+def test_a_new_count_of_the_same_probe_failure_is_no_new_event():
+    """The kubelet counts each failed probe on one Event: a running run's condition takes the new count, and its
+    Warning is posted once, when the server turned unready."""
+    spec = spec_of(environments=GAME)
+    status = step(spec, step(spec, {}, [], now=T0).status, [*running_pods(), environment_pod("r-env-guess-0")],
+                  TRAINED, now=T0).status
+    failing = [*running_pods(), environment_pod("r-env-guess-0", ready=False, probe_failure=REFUSED)]
+    turned = step(spec, status, failing, TRAINED, now=at(5))
+    assert [(e.type, e.reason) for e in turned.events] == [("Warning", "EnvironmentsNotReady")]
+    again = dataclasses.replace(REFUSED, count=9, seconds=80)
+    failing = [*running_pods(), environment_pod("r-env-guess-0", ready=False, probe_failure=again)]
+    counted = step(spec, turned.status, failing, TRAINED, now=at(45))
+    assert "connection refused (9 times in 80 s)" in condition(counted.status, "EnvironmentsReady")["message"]
+    assert counted.events == []
+
+
+def test_a_probe_failures_cause_is_said_without_the_request_and_the_address():
+    def words(cause: str, count: int = 3, probe: str = "readiness") -> str:
+        return probe_failure_words(ProbeFailure(probe, cause, count, seconds=20))
+
+    assert words("dial tcp 10.0.0.5:8765: i/o timeout") == "readiness probe failed: i/o timeout (3 times in 20 s)"
+    assert words('Get "http://10.0.0.5:8765/health": context deadline exceeded (Client.Timeout exceeded while '
+                 "awaiting headers)", count=1, probe="liveness") == (
+        "liveness probe failed: context deadline exceeded (Client.Timeout exceeded while awaiting headers) (once)")
+    assert words("HTTP probe failed with statuscode: 503") == (
+        "readiness probe failed: HTTP probe failed with statuscode: 503 (3 times in 20 s)")
+    assert words("(combined from similar events): sandbox\n  not warm yet\n") == (
+        "readiness probe failed: sandbox not warm yet (3 times in 20 s)")
+    assert len(words("x" * 5000)) < 260
+    assert words("") == "readiness probe failed: no cause given (3 times in 20 s)"
 
 
 def test_a_run_without_environments_has_no_environments_ready_condition():

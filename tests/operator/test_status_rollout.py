@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from grpo_operator.status import CreateChildren, RecreatePods
+from grpo_operator.status import CreateChildren, ProbeFailure, RecreatePods
 from grpo_operator.status.rollout_exits import rollout_error_line
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
 from grpo_trainer.server import main as rollout
@@ -167,6 +167,16 @@ def test_a_replaced_server_that_cannot_be_scheduled_says_so_on_rollout_ready():
     assert ready["message"] == (
         f"0/1 rollout servers ready; r-rollout-0 is not ready, restarted 1/3 times, last exit: {ENGINE_ERROR}, "
         "Unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+
+
+def test_a_server_whose_probe_fails_says_the_kubelets_words_on_rollout_ready():
+    spec = spec_of()
+    first = step(spec, {}, [])
+    failing = ProbeFailure("startup", "command timed out", count=2, seconds=300)
+    starting = [pod("r-rollout-0", ready=False, probe_failure=failing), pod("r-learner-0")]
+    ready = condition(step(spec, first.status, starting, now=at(5)).status, "RolloutReady")
+    assert (ready["reason"], ready["message"]) == ("ReplicasNotReady", "0/1 rollout servers ready; r-rollout-0 is not "
+                                                   "ready, startup probe failed: command timed out (2 times in 300 s)")
 
 
 def test_a_server_refusing_its_config_fails_the_run_at_once():

@@ -81,8 +81,9 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
 - apiGroups: [""]
   resources: ["events"]
   # core/v1 events (grpo_operator.cluster.events, never events.k8s.io ones); patch counts a repeat on the Event
-  # posted first.
-  verbs: ["create", "patch"]
+  # posted first; list reads the kubelet's probe failures of a server pod that is not ready
+  # (grpo_operator.cluster.probe_events), which the run's conditions name.
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   # A run labelled kueue.x-k8s.io/queue-name is admitted through a Workload the operator creates (docs/kueue.md);
@@ -95,8 +96,8 @@ the two modes cannot drift apart. tests/chart_rbac.py checks it against the requ
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
   # spec.scheduling.gang: the PodGroup of the coscheduling plugin or of Volcano; patched when a suspended run's
-  # edit changes the gang's size.
-  verbs: ["get", "create", "patch"]
+  # edit changes the gang's size; deleted when the spec no longer asks for that gang.
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 
 {{/*

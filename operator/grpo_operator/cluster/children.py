@@ -1,6 +1,7 @@
 """The cluster port's CreateChildren and ConfigureRollout: the run's ConfigMap, Services, PodGroup and pods created
-(idempotent: a child that exists already is patched to what it must be before the pods start; a Service the spec no
-longer names is deleted), and the run config's `rollout.urls` kept at the servers the state machine asks for.
+(idempotent: a child that exists already is patched to what it must be before the pods start; a Service or PodGroup
+the spec no longer names is deleted), and the run config's `rollout.urls` kept at the servers the state machine asks
+for.
 
 A child the API server refuses as invalid raises ChildRejected (the port records it; the next pass fails the run as
 InvalidSpec); anything else it answers (quota, throttling, a name still held by an earlier run's object) is shown on
@@ -19,10 +20,11 @@ import aiohttp
 from .. import builders
 from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec
 from ..pod_overrides import OverrideError
+from ..podgroup import pod_group_name
 from ..run_ref import RunRef
 from ..run_status import parse_status
 from ..status import revision
-from ..status.children import child_patch, service_replaced, stale_services
+from ..status.children import child_patch, service_replaced, stale_pod_groups, stale_services
 from . import kueue
 from .kube import PERMANENT_REJECTIONS, APIClientError, Kube
 
@@ -114,7 +116,8 @@ class Children:
             await self.configure_rollout(spec.rollout.replicas)
         if gate is not None:  # Kueue admitted the run: its flavours' node labels and tolerations
             children = await self._placed(children, spec, gate)
-        problem = await self._create_each(children, present) or await self._delete_stale_services(children)
+        problem = (await self._create_each(children, present) or await self._delete_stale_services(children)
+                   or await self._delete_stale_pod_groups(children))
         if problem is None:
             memory.created, memory.error, memory.failures, memory.retry_at = True, None, 0, None
             return
@@ -199,6 +202,22 @@ class Children:
                     f"{error.message or error}; retrying")
         except (aiohttp.ClientError, TimeoutError) as error:
             return f"listing the run's Services failed: {type(error).__name__} {error}; retrying"
+        return None
+
+    async def _delete_stale_pod_groups(self, children: list[dict[str, Any]]) -> str | None:
+        """Delete the run's PodGroup of a gang scheduler `children` does not use (read by its name: a cluster without
+        that scheduler serves no such kind, a 404 as for no object); why it must be tried again, or None."""
+        run, kube, name = self.run, self.kube, pod_group_name(self.run.name)
+        try:
+            for api_version in stale_pod_groups(children):
+                if await self._owned(api_version, "PodGroup", name) is not None:
+                    await kube.delete(api_version, "PodGroup", run.namespace, name)
+                    kube.logger.info(f"PodGroup {name} ({api_version}) deleted: the spec no longer names its gang")
+        except APIClientError as error:
+            return (f"deleting the PodGroup the spec no longer names failed (HTTP {error.status}): "
+                    f"{error.message or error}; retrying")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return f"reading the run's PodGroup failed: {type(error).__name__} {error}; retrying"
         return None
 
     def _controls(self, existing: dict[str, Any] | None) -> bool:

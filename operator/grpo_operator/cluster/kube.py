@@ -76,12 +76,14 @@ class Kube:
         except errors.APINotFoundError:
             return None
 
-    async def list(self, api_version: str, kind: str, namespace: str | None, *, label_selector: str,
-                   timeout: float) -> list[dict[str, Any]]:
-        """The objects of `kind` whose labels match `label_selector`, in one request of at most `timeout` seconds
-        and no retry (namespace None: a cluster-scoped kind). Raises APIClientError (a 403 among them) and
-        aiohttp's errors: the caller decides what a failed read costs."""
-        url = f"{object_url(api_version, kind, namespace)}?{urllib.parse.urlencode({'labelSelector': label_selector})}"
+    async def list(self, api_version: str, kind: str, namespace: str | None, *, label_selector: str | None = None,
+                   field_selector: str | None = None, timeout: float) -> list[dict[str, Any]]:
+        """The objects of `kind` whose labels match `label_selector` and fields `field_selector`, in one request of
+        at most `timeout` seconds and no retry (namespace None: a cluster-scoped kind). Raises APIClientError (a 403
+        among them) and aiohttp's errors: the caller decides what a failed read costs."""
+        query = {key: value for key, value in (("labelSelector", label_selector), ("fieldSelector", field_selector))
+                 if value}
+        url = f"{object_url(api_version, kind, namespace)}?{urllib.parse.urlencode(query)}"
         response = await api.request("get", url, settings=self.settings, logger=self.logger, backoffs=(),
                                      timeout=aiohttp.ClientTimeout(total=timeout))
         async with response:

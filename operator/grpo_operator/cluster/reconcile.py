@@ -34,6 +34,7 @@ from .fit_check import GpuNodes, ModelConfigs, check_run
 from .kube import Kube, merge_patch_between
 from .operator_metrics import OperatorMetrics
 from .pods import PodFacts
+from .probe_events import ProbeEvents, ProbeFailureMemory
 from .progress_poller import DEFAULT_TIMEOUT_SECONDS, ProgressUrlFn, pod_progress_url, poll_progress
 from .revisions import HubAnswer, PinMemory, RevisionPinner
 from .run_loops import RunLoops
@@ -92,6 +93,7 @@ class RunMemory:
     progress: ProgressMemory = dataclasses.field(default_factory=ProgressMemory)
     spec: SpecMemory = dataclasses.field(default_factory=SpecMemory)
     workload: WorkloadMemory = dataclasses.field(default_factory=WorkloadMemory)
+    probes: ProbeFailureMemory = dataclasses.field(default_factory=ProbeFailureMemory)
 
 
 @dataclasses.dataclass
@@ -113,6 +115,7 @@ class OperatorContext:
     gpu_nodes: GpuNodes | None = None  # the fit check reads the GPU nodes' labels (grporun operator --read-gpu-nodes)
     model_configs: ModelConfigs = dataclasses.field(default_factory=ModelConfigs)  # the fit check's config.json reads
     revisions: RevisionPinner = dataclasses.field(default_factory=RevisionPinner)  # the hub's commits for new runs
+    probe_events: ProbeEvents = dataclasses.field(default_factory=ProbeEvents)  # why a server is not ready
 
     def memory(self, uid: str) -> RunMemory:
         return self.runs.setdefault(uid, RunMemory())
@@ -176,12 +179,14 @@ class ClusterRun:
         base_status = memory.status.derived if memory.status.derived is not None else dict(
             self.body.get("status") or {})
         now = self.context.clock()
+        was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
         owned = self._owned_pods()
+        if not was_finished:
+            owned = await self._with_probe_failures(owned, now)
         observed = [obs for obs, _ in owned]
         live = [(obs, facts) for obs, facts in owned if not obs.terminating]
         read = ClusterPass({obs.name: facts.uid for obs, facts in live}, frozenset(obs.name for obs in observed),
                            queue=kueue.queue_name(self.body.get("metadata", {})))
-        was_finished = base_status.get("phase") in {p.value for p in FINISHED_PHASES}
         try:
             asked, ignored = parse_stored_spec(dict(self.body.get("spec") or {}))
         except SpecError as error:  # the state machine fails the run as InvalidSpec
@@ -234,6 +239,14 @@ class ClusterRun:
         deleted = self.memory.children.deleted_uids
         deleted &= {facts.uid for _, facts in owned}  # forget pods the index has dropped
         return [(dataclasses.replace(obs, terminating=True) if facts.uid in deleted else obs, facts)
+                for obs, facts in owned]
+
+    async def _with_probe_failures(self, owned: list[tuple[PodObservation, PodFacts]],
+                                   now: datetime.datetime) -> list[tuple[PodObservation, PodFacts]]:
+        """The pods, each running server that is not ready with the kubelet's latest probe failure."""
+        failures = await self.context.probe_events.failures(self.kube, self.run.namespace, owned,
+                                                             self.memory.probes, now)
+        return [(dataclasses.replace(obs, probe_failure=failures[obs.name]) if obs.name in failures else obs, facts)
                 for obs, facts in owned]
 
     async def _check_fit(self, spec: GRPORunSpec) -> tuple[str, ...]:

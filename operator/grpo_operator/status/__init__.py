@@ -44,6 +44,7 @@ from .decision import (
     FinishWorkload,
     Observation,
     PodObservation,
+    ProbeFailure,
     RecreatePods,
     ReleaseQuota,
     ResizeWorkload,
@@ -57,7 +58,8 @@ from .messages import STUCK_WAITING_REASONS
 __all__ = [
     "STUCK_WAITING_REASONS", "Action", "ConfigureRollout", "CreateChildren", "CreateRejection", "CreateWorkload",
     "Decision",
-    "DeletePods", "DeleteRun", "Event", "FinishWorkload", "Observation", "PodObservation", "RecreatePods",
+    "DeletePods", "DeleteRun", "Event", "FinishWorkload", "Observation", "PodObservation", "ProbeFailure",
+    "RecreatePods",
     "ReleaseQuota", "ResizeWorkload", "Role", "WorkloadObservation", "classify_failure", "derive_status",
     "failure_text",
     "format_time", "parse_time", "progress_status", "report_from_termination_message",

@@ -1,6 +1,7 @@
 """What an existing child object of a run gets when CreateChildren finds it already there (created by an earlier
 pass of the same run): nothing, or the patch that brings it to what the pods about to be created need; and the
-children the spec no longer names (a removed or renamed environment's Service), which are deleted.
+children the spec no longer names (a removed or renamed environment's Service, the PodGroup of a gang removed or
+moved to the other scheduler), which are deleted.
 
 Only a run with no pods is patched: a live run's run config is never rendered again (only its `rollout.urls` follow
 `rollout.replicas`, through ConfigureRollout), its gang keeps the size it started with, and its Services keep the
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..api import GENERATION_ANNOTATION
 from ..builders import rollout_urls_of, run_config_of
+from ..podgroup import COSCHEDULING_API, VOLCANO_API
 
 
 def child_patch(child: Mapping[str, Any], existing: Mapping[str, Any], *, generation: int,
@@ -72,6 +74,14 @@ def stale_services(children: Sequence[Mapping[str, Any]], owned: Sequence[Mappin
     named = {child["metadata"]["name"] for child in children if child["kind"] == "Service"}
     names = ((service.get("metadata") or {}).get("name") for service in owned)
     return sorted(name for name in names if name and name not in named)
+
+
+def stale_pod_groups(children: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The PodGroup API versions (one per gang scheduler) whose PodGroup of the run none of the `children` is: a
+    PodGroup of the run under such a version is left from a gang the spec no longer asks for (spec.scheduling.gang
+    removed, or its scheduler changed)."""
+    rendered = {child["apiVersion"] for child in children if child["kind"] == "PodGroup"}
+    return [api_version for api_version in (COSCHEDULING_API, VOLCANO_API) if api_version not in rendered]
 
 
 def rendered_sizes(config_map: Mapping[str, Any]) -> tuple[list[str] | None, Any]:

@@ -15,6 +15,16 @@ Role = Literal["rollout", "learner", "environment"]
 
 
 @dataclass(frozen=True)
+class ProbeFailure:
+    """The kubelet's latest probe failure of a pod, as its `Unhealthy` Event tells it (the Event counts repeats)."""
+
+    probe: str  # readiness | liveness | startup
+    cause: str  # what the kubelet said after `Readiness probe failed: ` (`Get "http://...": dial tcp ...: ...`)
+    count: int  # how many times it failed so
+    seconds: float  # from the first of those failures to the latest
+
+
+@dataclass(frozen=True)
 class PodObservation:
     """What the operator needs to know about one pod (the kopf layer and `grporun local` both produce these)."""
 
@@ -35,6 +45,8 @@ class PodObservation:
     memory_limit: str | None = None  # the main container's resources.limits.memory, as written (`16Gi`)
     container_restarts: int = 0  # the kubelet's in-place restarts of the main container (restartPolicy Always)
     not_ready: str | None = None  # why its Ready condition is False, as the condition says (`reason: message`)
+    #: A running pod that is not ready: its latest probe failure, when the cluster's Events were read for it.
+    probe_failure: ProbeFailure | None = None
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,14 @@ from .environments import (
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
 from .invalid import fail_invalid_spec, invalid_spec
-from .messages import exported_message, initial_conditions, metrics_lost_message, phase_message, waiting_reason
+from .messages import (
+    exported_message,
+    initial_conditions,
+    metrics_lost_message,
+    phase_message,
+    probe_failure_words,
+    waiting_reason,
+)
 from .rollout_exits import classify_rollout_exits
 from .servers import count_restart, readiness, rollout_status, take_learner_view, wanted_servers
 
@@ -402,6 +409,8 @@ def _rollout_ready(record: PassRecord) -> None:
         if (waiting := waiting_reason([pod], [])) is not None:
             reason, text = waiting[0], waiting[1].removeprefix(f"pod {pod.name}: ")
             stuck[rank(pod.name)] = f"{reason}: {text.removeprefix(f'{reason}: ')}"
+        elif pod.phase == "Running" and not pod.ready and pod.probe_failure is not None:
+            stuck[rank(pod.name)] = probe_failure_words(pod.probe_failure)  # the kubelet's, from the pod's Events
     ready, reason, message = readiness(record.new.rollout, record.spec.run_policy.rollout_restart_limit, stuck)
     if not ready:
         changed = record.conditions.set(ConditionType.ROLLOUT_READY, "False", reason, message)

@@ -11,6 +11,7 @@ from ..builders import environment_pod_name, environment_pod_prefix, environment
 from ..run_status import ConditionType, EnvironmentStatus, Reason
 from .conditions import Conditions
 from .decision import Event, PodObservation
+from .messages import probe_failure_words
 
 
 def server_index(run: str, environment: str, pod: str) -> int | None:
@@ -51,8 +52,9 @@ def environments_readiness(run: str, environments: Sequence[EnvironmentSpec] | N
                            *, finished: bool) -> tuple[bool, str, str] | None:
     """EnvironmentsReady as (true, reason, message); None for a run without environments. The message names each
     server of the spec's count that is not ready and why, as far as its pod says: a probe that does not pass (the
-    spec's probe, and the pod's Ready condition), a container waiting (CrashLoopBackOff, an image pull) with its
-    restarts, a pod that is pending or gone. A finished run's servers are gone with its pods: reason Finished."""
+    spec's probe, and the kubelet's latest probe failure, or else the pod's Ready condition), a container waiting
+    (CrashLoopBackOff, an image pull) with its restarts, a pod that is pending or gone. A finished run's servers
+    are gone with its pods: reason Finished."""
     if not environments:
         return None
     servers = {pod.name: pod for pod in pods if pod.role == "environment"}
@@ -110,7 +112,10 @@ def _why_not_ready(pod: PodObservation | None, environment: EnvironmentSpec) -> 
         why = f"its pod is {pod.phase}" + (f" ({pod.reason}: {pod.message})" if pod.reason and pod.message else "")
     else:
         why = f"its readiness probe ({describe_probe(environment)}) does not pass"
-        why += f" ({pod.not_ready})" if pod.not_ready else ""
+        if pod.probe_failure is not None:  # the kubelet's words, from the pod's Events
+            why += f": {probe_failure_words(pod.probe_failure)}"
+        elif pod.not_ready:
+            why += f" ({pod.not_ready})"
     return why + (f", restarted {pod.container_restarts} times" if pod.container_restarts else "")
 
 

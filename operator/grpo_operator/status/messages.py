@@ -4,13 +4,14 @@ pod's waiting reason that will not clear by itself."""
 from __future__ import annotations
 
 import datetime
+import re
 
 from grpo_trainer.contract.report import ExportReport, TrackerLossReport
 
 from ..api import GRPORunSpec
 from ..run_status import ConditionType, Phase, Reason
 from .conditions import Conditions, format_time
-from .decision import PodObservation
+from .decision import PodObservation, ProbeFailure
 
 #: Waiting reasons that mean a pod will not start by itself; surfaced on the run (KubeRay #1990: a job stuck in
 #: Initializing forever on an image-pull error).
@@ -74,3 +75,24 @@ def waiting_reason(pods: list[PodObservation], terminating: list[PodObservation]
             return Reason.UNSCHEDULABLE, f"pod {pod.name}: {pod.message or 'unschedulable'}"
     return None
 
+
+
+#: A probe failure's cause is cut to this many characters (an exec probe's output can be long).
+PROBE_CAUSE_CHARS = 200
+#: Go's url.Error before an HTTP probe's cause: `Get "http://10.0.0.5:8765/health": `.
+_HTTP_REQUEST_PREFIX = re.compile(r'^[A-Z][a-z]* "[^"]*": ')
+#: The kubelet's event correlator rewords similar events of one object into one.
+_COMBINED_PREFIX = "(combined from similar events): "
+
+
+def probe_failure_words(failure: ProbeFailure) -> str:
+    """`readiness probe failed: connection refused (5 times in 40 s)`: the kubelet's cause without the request and
+    address Go names first (`Get "http://...": dial tcp 10.0.0.5:8765: connect: `), how often, over how long."""
+    cause = " ".join(failure.cause.removeprefix(_COMBINED_PREFIX).split())
+    cause = _HTTP_REQUEST_PREFIX.sub("", cause)
+    if cause.startswith("dial "):  # a net.OpError: `dial tcp ADDRESS: connect: connection refused`
+        cause = cause.rsplit(": ", 1)[-1]
+    if len(cause) > PROBE_CAUSE_CHARS:
+        cause = cause[:PROBE_CAUSE_CHARS - 3] + "..."
+    times = "once" if failure.count <= 1 else f"{failure.count} times in {round(failure.seconds)} s"
+    return f"{failure.probe} probe failed: {cause or 'no cause given'} ({times})"

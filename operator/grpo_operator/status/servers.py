@@ -79,7 +79,8 @@ def count_restart(status: RolloutStatus, restart: ServerRestart) -> int:
 
 def readiness(status: RolloutStatus, limit: int, stuck: Mapping[int, str] | None = None) -> tuple[bool, str, str]:
     """RolloutReady as (true, reason, message). The message names each server that is not ready after restarts (its
-    last exit) or whose pod will not start by itself (`stuck`, by replica: e.g. `Unschedulable: 0/4 nodes ...`)."""
+    last exit), whose pod will not start by itself, or whose probe fails (`stuck`, by replica: e.g. `Unschedulable:
+    0/4 nodes ...`, `readiness probe failed: connection refused (3 times in 20 s)`)."""
     wanted = wanted_servers(status)
     message = f"{status.ready}/{len(wanted)} rollout servers ready"
     if status.ready == len(wanted):

@@ -18,7 +18,7 @@ request parsing, discovery documents, error rendering and request list, and repl
 - merge-patch, JSON-patch (422 when a `test` op fails), strategic-merge-patch treated as merge-patch, PUT replace
   with a resourceVersion precondition (409), server-side apply refused (415);
 - label selectors (equality and set based) on list, watch and deletecollection; `metadata.name`/`metadata.namespace`
-  field selectors;
+  field selectors, and an Event's `involvedObject.*`, `reason` and `type`;
 - finalizers: delete sets deletionTimestamp and keeps the object until its finalizers are empty; no new finalizers
   on an object being deleted (422);
 - ownerReference garbage collection: deleting an owner deletes the dependents whose owners are all gone (background
@@ -217,17 +217,29 @@ def parse_label_selector(text: str | None) -> Callable[[dict[str, str]], bool]:
     return lambda labels: all(check(labels) for check in checks)
 
 
-def parse_field_selector(text: str | None) -> Callable[[dict[str, Any]], bool]:
+#: The field selectors the real server takes on every resource, and those it takes on core/v1 Events besides.
+COMMON_FIELDS = ("metadata.name", "metadata.namespace")
+EVENT_FIELDS = ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                "reason", "type")
+
+
+def _field(obj: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj if obj is not None else ""
+
+
+def parse_field_selector(text: str | None, rdef: ResourceDef | None = None) -> Callable[[dict[str, Any]], bool]:
     if not text:
         return lambda obj: True
+    supported = COMMON_FIELDS + (EVENT_FIELDS if rdef == EVENTS else ())
     checks = []
     for clause in text.split(","):
         negate = "!=" in clause
         field, _, value = clause.replace("!=", "=").replace("==", "=").partition("=")
-        if field not in ("metadata.name", "metadata.namespace"):
+        if field not in supported:
             raise ApiError(400, "BadRequest", f"field label not supported: {field}")
-        attr = field.split(".", 1)[1]
-        checks.append(lambda obj, a=attr, v=value, n=negate: (obj["metadata"].get(a) == v) != n)
+        checks.append(lambda obj, f=field, v=value, n=negate: (_field(obj, f) == v) != n)
     return lambda obj: all(check(obj) for check in checks)
 
 
@@ -449,7 +461,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _list(self, rdef: ResourceDef, namespace: str | None, params: dict[str, str]) -> dict[str, Any]:
         labels = parse_label_selector(params.get("labelSelector"))
-        fields = parse_field_selector(params.get("fieldSelector"))
+        fields = parse_field_selector(params.get("fieldSelector"), rdef)
         items = [copy.deepcopy(obj) for obj in self._objects_of(rdef, namespace)
                  if labels(obj["metadata"].get("labels") or {}) and fields(obj)]
         return {"apiVersion": rdef.api_version, "kind": f"{rdef.kind}List",
@@ -640,7 +652,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         params = request.params
         watcher = _Watcher(rdef, request.namespace if rdef.namespaced else None,
                            parse_label_selector(params.get("labelSelector")),
-                           parse_field_selector(params.get("fieldSelector")), asyncio.Queue())
+                           parse_field_selector(params.get("fieldSelector"), rdef), asyncio.Queue())
         since = params.get("resourceVersion")
         # The backlog and the subscription are taken together, with no await in between: no event can fall between.
         if since in (None, "", "0"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -105,7 +106,9 @@ class OperatorThread:
 
 
 class Kubelet:
-    """Moves pods through their lives the way the kubelet reports them: PATCH /status only."""
+    """Moves pods through their lives the way the kubelet reports them: PATCH /status, and the Events it posts."""
+
+    namespace = NAMESPACE
 
     def __init__(self, client: KubeClient):
         self.client = client
@@ -159,6 +162,22 @@ class Kubelet:
             "containerStatuses": [{"name": role, "ready": False, "restartCount": 0, "image": TEST_IMAGE, "imageID": "",
                                    "state": {"terminated": {"exitCode": 137, "reason": "Error", "message": ""}}}],
         })
+
+    def probe_failed(self, name: str, message: str, *, count: int, seconds: int) -> dict[str, Any]:
+        """The kubelet's `Unhealthy` Event on the pod: `message` (`Readiness probe failed: ...`), counted `count`
+        times over `seconds`, the last just now."""
+        pod = self.pod(name)
+        assert pod is not None, f"no pod {name}"
+        last = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        stamp, container = "%Y-%m-%dT%H:%M:%SZ", pod["spec"]["containers"][0]["name"]
+        return self.client.create(EVENTS, self.namespace, {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": self.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": self.namespace,
+                               "uid": pod["metadata"]["uid"], "fieldPath": f"spec.containers{{{container}}}"},
+            "type": "Warning", "reason": "Unhealthy", "message": message, "source": {"component": "kubelet"},
+            "firstTimestamp": (last - datetime.timedelta(seconds=seconds)).strftime(stamp),
+            "lastTimestamp": last.strftime(stamp), "count": count})
 
     def confirm_deletion(self, name: str) -> None:
         """The kubelet's final delete of a Terminating pod (a dead node never sends it)."""
