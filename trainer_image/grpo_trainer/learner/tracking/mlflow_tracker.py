@@ -129,7 +129,16 @@ class MlflowTracker:
         MLflow is dropped, its run leaves that stack: MLflow would end it at exit, retrying the lost server."""
         from mlflow.tracking import fluent
 
+        # transformers' setup() turns asynchronous logging back on (for MLflow 2.8 and later): off again after it.
         integration._async_log = False
+        setup = integration.setup
+
+        def synchronous_setup(*args: Any, **kwargs: Any) -> Any:
+            started = setup(*args, **kwargs)
+            integration._async_log = False
+            return started
+
+        integration.setup = synchronous_setup
         active_runs = fluent._active_run_stack.get()
         return ThreadHooks(setup=lambda: fluent._active_run_stack.set(active_runs), release=active_runs.clear)
 
