@@ -152,13 +152,15 @@ def _source_file(target: Path) -> Path:
 
 
 def _cached_identity(target: Path) -> str | None:
+    from .object_store import manifest_identity
+
     if not target.exists():
         return None
     try:
         return _source_file(target).read_text(encoding="utf-8")
     except FileNotFoundError:
         if (target / EXPORT_MANIFEST_FILE).is_file():  # cached before the identity was kept: its manifest says
-            return f"manifest:{hashlib.sha256((target / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest()}"
+            return manifest_identity((target / EXPORT_MANIFEST_FILE).read_bytes())
         return None
 
 

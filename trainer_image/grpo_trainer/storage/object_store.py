@@ -326,6 +326,12 @@ def download(location: Location, destination: str | os.PathLike[str], *, client:
     return destination
 
 
+def manifest_identity(manifest: bytes) -> str:
+    """source_identity of a folder held with `manifest` (its bytes): the same whether read from the store or from a
+    downloaded copy."""
+    return f"manifest:{hashlib.sha256(manifest).hexdigest()}"
+
+
 def source_identity(location: Location, *, client: Any = None) -> str:
     """What the store holds at `location`, as a string that changes whenever any of it does: `manifest:SHA256` for
     a folder the store holds with a manifest (the manifest lists every file's digest), else `objects:SHA256` over
@@ -334,7 +340,7 @@ def source_identity(location: Location, *, client: Any = None) -> str:
     client = client or client_from_env()
     fetched = _fetch_manifest(client, location, optional=True)
     if fetched is not None:
-        return f"manifest:{hashlib.sha256(fetched[0]).hexdigest()}"
+        return manifest_identity(fetched[0])
     try:
         pages = client.get_paginator("list_objects_v2").paginate(
             Bucket=location.bucket, Prefix=f"{location.prefix}/" if location.prefix else "")
