@@ -447,9 +447,9 @@ def test_manifest_lora_mistakes_are_refused_by_the_spec_model_naming_the_same_fi
 
 
 IMMUTABLE = "is immutable: the learner's config is fixed when the run is created; create a new GRPORun to change it"
-WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner and checkpoint can "
-                   "change only while the run is suspended (set runPolicy.suspend to true first; the pods are then "
-                   "recreated with the change on resume)")
+WHILE_SUSPENDED = ("rollout (but for rollout.replicas, which a running run takes live), learner, checkpoint and "
+                   "scheduling can change only while the run is suspended (set runPolicy.suspend to true first; the "
+                   "pods are then recreated with the change on resume)")
 ENVIRONMENTS_WHILE_SUSPENDED = (
     "spec.environments: can change only while the run is suspended, but for each environment's replicas, which a "
     "running run takes live (set runPolicy.suspend to true first; the environment servers and the run config are "
@@ -470,6 +470,8 @@ UPDATE_CASES = {
     "placement": (_update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}, tolerations=[])),
                   [f"spec: {WHILE_SUSPENDED}"]),
     "image": (_set("spec.rollout.image", "ghcr.io/example/grpo-trainer:0.1.1"), [f"spec: {WHILE_SUSPENDED}"]),
+    # A live PodGroup is never patched while its pods exist: a gang added, removed or changed live would half-apply.
+    "scheduling": (_set("spec.scheduling", {"gang": {"scheduler": "coscheduling"}}), [f"spec: {WHILE_SUSPENDED}"]),
     # The rollout servers of a running run scale live (the scale subresource); the bounds and the NCCL rule stay.
     "replicas-live": (_set("spec.rollout.replicas", 3), []),
     "replicas-live-and-image": (_update(lambda m: m["spec"]["rollout"].update(replicas=2, image="x:1")),
@@ -499,6 +501,7 @@ POD_EDITS = {
     "placement-and-resume": _update(lambda m: m["spec"]["learner"].update(nodeSelector={"pool": "b"}) or
                                     m["spec"]["runPolicy"].update(suspend=False), base=_suspended),
     "checkpoint": _set("spec.checkpoint.saveSteps", 10, base=_suspended),
+    "scheduling": _set("spec.scheduling", {"gang": {"scheduler": "volcano", "queue": "rl"}}, base=_suspended),
 }
 
 
