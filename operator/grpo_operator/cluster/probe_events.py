@@ -5,7 +5,8 @@ counted on one Event while they repeat. The pod's own status says only `Containe
 Events are read for a pod only while it runs and is not ready, once when it turns so and then at most every
 `REFRESH_SECONDS`: a run's pass every few seconds does not become a list request per pod. They are auxiliary: without
 the permission to list them (a 403: an older chart's RBAC), or when the read fails, the run's conditions say what the
-pods say, and a refusal is logged once per operator process.
+pods say. A refusal is logged once per operator process, and no Events are read for `REFUSED_RETRY_SECONDS` after it
+(kopf logs every refused request as an error: reading on would log one per unready pod and refresh).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .pods import PodFacts
 REFRESH_SECONDS = 30.0
 #: The bound on one list of a pod's Events (no retry: the next refresh is the retry).
 LIST_TIMEOUT_SECONDS = 5.0
+#: How long a refused list (403) stops every read of Events, for all runs: RBAC granted later is found within it.
+REFUSED_RETRY_SECONDS = 600.0
 #: The kubelet's words for a probe that failed (`errored`: the probe itself could not run).
 _PROBE_FAILED = re.compile(r"^(Readiness|Liveness|Startup) probe (?:failed|errored): ?(.*)$", re.DOTALL)
 
@@ -76,6 +79,7 @@ class ProbeEvents:
 
     def __init__(self) -> None:
         self.refusal_logged = False
+        self.refused_at: datetime.datetime | None = None
 
     async def failures(self, kube: Kube, namespace: str, pods: Sequence[tuple[PodObservation, PodFacts]],
                        memory: ProbeFailureMemory, now: datetime.datetime) -> dict[str, ProbeFailure]:
@@ -87,18 +91,22 @@ class ProbeEvents:
         failures = {}
         for uid, name in unready.items():
             read = memory.reads.get(uid)
-            if read is None or (now - read.at).total_seconds() >= REFRESH_SECONDS:
-                read = memory.reads[uid] = _Read(now, await self._read(kube, namespace, uid))
-            if read.failure is not None:
+            if (read is None or (now - read.at).total_seconds() >= REFRESH_SECONDS) and not self._refused(now):
+                read = memory.reads[uid] = _Read(now, await self._read(kube, namespace, uid, now))
+            if read is not None and read.failure is not None:
                 failures[name] = read.failure
         return failures
 
-    async def _read(self, kube: Kube, namespace: str, uid: str) -> ProbeFailure | None:
+    def _refused(self, now: datetime.datetime) -> bool:
+        return self.refused_at is not None and (now - self.refused_at).total_seconds() < REFUSED_RETRY_SECONDS
+
+    async def _read(self, kube: Kube, namespace: str, uid: str, now: datetime.datetime) -> ProbeFailure | None:
         try:
             events = await kube.list("v1", "Event", namespace, timeout=LIST_TIMEOUT_SECONDS,
                                      field_selector=f"involvedObject.uid={uid},reason=Unhealthy")
         except APIClientError as error:
             if error.status == 403:
+                self.refused_at = now
                 self._log_refusal(kube.logger, error)
             else:
                 kube.logger.debug(f"reading the Events of pod {uid} failed (HTTP {error.status}): {error}")
