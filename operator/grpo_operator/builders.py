@@ -20,7 +20,6 @@ Why the shapes are what they are:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -255,44 +254,6 @@ def build_config_map(run: RunRef, spec: GRPORunSpec) -> dict[str, Any]:
     metadata["annotations"] = {GENERATION_ANNOTATION: str(run.generation)}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {CONFIG_FILE: config.model_dump_json(by_alias=True)}}
-
-
-def with_rollout_urls(config_map: Mapping[str, Any], urls: Sequence[str]) -> dict[str, str] | None:
-    """The ConfigMap's `data` with `rollout.urls` in its run config replaced by `urls`, everything else as rendered
-    (a live run's config is never rendered again); None when it lists those URLs already. Raises ValueError when
-    the stored run config is not a JSON object with a `rollout` object."""
-    data = dict(config_map.get("data") or {})
-    config = _run_config(data)
-    if config is None or not isinstance(config.get("rollout"), dict):
-        raise ValueError(f"{CONFIG_FILE} in ConfigMap {config_map.get('metadata', {}).get('name')} has no "
-                         "rollout object")
-    if config["rollout"].get("urls") == list(urls):
-        return None
-    config["rollout"]["urls"] = list(urls)
-    data[CONFIG_FILE] = json.dumps(config, separators=(",", ":"))
-    return data
-
-
-def run_config_of(config_map: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run config in a ConfigMap, as a JSON object; None when it holds none (or a torn one)."""
-    return _run_config(config_map.get("data") or {})
-
-
-def rollout_urls_of(config_map: Mapping[str, Any]) -> list[str] | None:
-    """The `rollout.urls` the ConfigMap's run config lists; None when it cannot be read."""
-    config = run_config_of(config_map)
-    rollout = config.get("rollout") if config is not None else None
-    urls = rollout.get("urls") if isinstance(rollout, dict) else None
-    return urls if isinstance(urls, list) else None
-
-
-def _run_config(data: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run config a ConfigMap's data holds, as a JSON object; None when it holds none (or a torn one)."""
-    try:
-        config = json.loads(data.get(CONFIG_FILE) or "null")
-    except ValueError:
-        return None
-    return config if isinstance(config, dict) else None
 
 
 #: The pods' terminationGracePeriodSeconds unless `podTemplateOverride.spec` sets it. A rollout server only stops:

@@ -14,7 +14,7 @@ written.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -30,6 +30,7 @@ from .status import (
     DeleteRun,
     FinishWorkload,
     Observation,
+    RecordImages,
     RecreatePods,
     ReleaseQuota,
     ResizeWorkload,
@@ -63,6 +64,9 @@ class RunPort(Protocol[State]):
 
     async def configure_rollout(self, observed: Observed[State], replicas: int) -> None:
         """Make the run config's `rollout.urls` list `replicas` servers."""
+
+    async def record_images(self, observed: Observed[State], images: Mapping[str, Sequence[str]]) -> None:
+        """Make the run config's `images` hold these image digests, by role."""
 
     async def create_children(self, observed: Observed[State], status: dict[str, Any]) -> None:
         """Create what is missing of the run (config, services, pods), at the restart counts `status` holds."""
@@ -107,6 +111,7 @@ ActionFn = Callable[[Any, Observed[Any], Any, Decision], Awaitable[None]]
 #: Each action the derivation can return for any run, and the RunPort method that carries it out.
 ACTIONS: dict[type[Action], ActionFn] = {
     ConfigureRollout: lambda port, seen, action, _: port.configure_rollout(seen, action.replicas),
+    RecordImages: lambda port, seen, action, _: port.record_images(seen, action.images),
     CreateChildren: lambda port, seen, _, decision: port.create_children(seen, decision.status),
     DeletePods: lambda port, seen, action, _: port.delete_pods(seen, action.pods, action.reason),
     RecreatePods: lambda port, seen, action, _: port.recreate_pods(seen, action.pods),

@@ -14,6 +14,7 @@ both through the node's address."""
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -168,6 +169,13 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
     assert output["uri"] == f"s3://{s3_bucket}/{RUN}" and output["sha256"] == manifest_digest, output
     stored = s3_server.client().get_object(Bucket=s3_bucket, Key=f"{RUN}/{EXPORT_MANIFEST_FILE}")["Body"].read()
     assert hashlib.sha256(stored).hexdigest() == manifest_digest
+    # The images the pods ran, by the digests the kubelet reported, as the operator recorded them in the run config
+    # (the run takes minutes: the kubelet refreshed the learner's copy long before the export).
+    digests: dict[str, set[str]] = {}
+    for name, status_ in seen.items():
+        role = name.rsplit("-", 2)[-2]
+        digests.setdefault(f"environment/{GAME}" if role == GAME else role, set()).add(status_["imageID"])
+    assert {key: set(value) for key, value in json.loads(stored)["images"].items()} == digests, digests
     stored_files = {item["Key"] for item in s3_server.client().list_objects_v2(
         Bucket=s3_bucket, Prefix=f"{RUN}/")["Contents"]}
     assert {f"{RUN}/{name}" for name in read["files"]} <= stored_files, (read["files"], stored_files)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import datetime
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ class RecordingPort:
 
     async def configure_rollout(self, observed: Observed[str], replicas: int) -> None:
         self.calls.append(("configure_rollout", replicas))
+
+    async def record_images(self, observed: Observed[str], images: Mapping[str, Sequence[str]]) -> None:
+        self.calls.append(("record_images", dict(images)))
 
     async def create_children(self, observed: Observed[str], status: dict[str, Any]) -> None:
         self.calls.append(("create_children", status["phase"]))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from grpo_operator import builders
+from grpo_operator import builders, run_config_map
 from grpo_operator.api import parse_spec
 from grpo_operator.cluster import kueue
 from grpo_operator.cluster.kube import APIClientError
@@ -410,7 +410,7 @@ def _scaled_queued_spec() -> dict[str, Any]:
 
 def _sizes(cluster, name: str) -> tuple[list[str], list[str], int, int]:
     """The run's rollout and learner pods, and the rollout URLs and learner nodes its run config lists."""
-    config = builders.run_config_of(cluster.config_maps(name)[0])
+    config = run_config_map.run_config_of(cluster.config_maps(name)[0])
     return (cluster.pod_names(name, "rollout"), cluster.pod_names(name, "learner"), len(config["rollout"]["urls"]),
             config["learner"]["nodes"])
 

@@ -19,6 +19,7 @@ from grpo_operator.api import CONTROLLER_NAME, FINALIZER, KOPF_ANNOTATION_PREFIX
 from grpo_operator.cluster import probe_events
 from grpo_trainer.contract.codes import EXIT_STALLED
 from tests.support.emulator.kube_emulator import GRPORUNS, SERVICES
+from tests.support.emulator.operator_fixtures import TEST_IMAGE_ID
 from tests.support.paths import REPO
 from tests.support.specs import MULTI_RANK_ROLLOUT, NAMESPACE, grporun, minimal_spec
 
@@ -229,6 +230,33 @@ def test_suspend_deletes_pods_and_resume_recreates_them(cluster, learner, progre
     assert cluster.condition("eta", "Suspended")["reason"] == "Resumed"
     cluster.wait_event("eta", "Suspended", "Resumed")
     assert cluster.status("eta")["phase"] == "Pending"
+
+
+def test_the_pods_image_digests_are_recorded_in_the_run_config_and_outlive_its_rendering_again(
+        cluster, learner, progress_urls):
+    """The digests the kubelet reports for the run's containers go to the run config's `images`, by role, for the
+    export's manifest; a config rendered again on resume (a spec edited while suspended) keeps them, and a pod that
+    ran from another digest adds its own."""
+    _running(cluster, learner, progress_urls, "iota")
+
+    def images() -> dict[str, Any]:
+        (config_map,) = cluster.config_maps("iota")
+        return json.loads(config_map["data"]["run.json"]).get("images", {})
+
+    first = {"learner": [TEST_IMAGE_ID], "rollout": [TEST_IMAGE_ID]}
+    cluster.wait_passes(lambda: images() == first, what="the pods' images in the run config")
+    cluster.patch_spec("iota", {"runPolicy": {"suspend": True}})
+    cluster.wait_for(lambda: cluster.pods("iota") == [], what="pods deleted while suspended")
+    cluster.patch_spec("iota", {"checkpoint": {"saveSteps": 7}})
+    cluster.patch_spec("iota", {"runPolicy": {"suspend": False}})
+    cluster.wait_for(lambda: len(cluster.pods("iota")) == 2, what="pods recreated on resume")
+    (config_map,) = cluster.config_maps("iota")
+    assert json.loads(config_map["data"]["run.json"])["checkpoint"]["saveSteps"] == 7  # rendered again
+    newer = "docker.io/library/grpo-trainer@sha256:" + "8" * 64
+    cluster.kubelet.run("iota-learner-0", image_id=newer)
+    cluster.kubelet.run("iota-rollout-0")
+    cluster.wait_passes(lambda: images() == {"learner": sorted([TEST_IMAGE_ID, newer]), "rollout": [TEST_IMAGE_ID]},
+                        what="the new digest beside the old one")
 
 
 def test_operator_restart_mid_run_creates_no_duplicates_and_status_continues(cluster, learner, progress_urls):

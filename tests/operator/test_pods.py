@@ -89,3 +89,13 @@ def test_an_unready_pod_reads_with_its_ready_conditions_reason_and_message():
     assert observed.not_ready == "ContainersNotReady: containers with unready status: [environment]"
     ready = observe_pod(pod({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}))
     assert ready.not_ready is None
+
+
+def test_a_started_container_reads_with_its_image_digest():
+    started = observe_pod(pod({"phase": "Running", "containerStatuses": [
+        {"name": "learner", "image": "localhost/grpo-trainer:x", "imageID": "localhost/grpo-trainer@sha256:ab",
+         "state": {"running": {}}}]}))
+    assert started.image_id == "localhost/grpo-trainer@sha256:ab"
+    assert observe_pod(pod({"phase": "Pending", "containerStatuses": [
+        {"name": "learner", "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}]})).image_id is None
+

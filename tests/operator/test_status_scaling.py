@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grpo_operator import builders
+from grpo_operator import builders, run_config_map
 from grpo_operator.run_ref import RunRef
 from grpo_operator.status import ConfigureRollout, CreateChildren, DeletePods
 from grpo_operator.status.scaling import gang_scale_in_effect
@@ -185,22 +185,22 @@ def test_the_run_config_gets_new_rollout_urls_and_keeps_the_rest():
     config_map = builders.build_config_map(RUN, scaled(1))
     config = json.loads(config_map["data"]["run.json"])
     urls = builders.rollout_urls("r", "ns", 3)
-    data = builders.with_rollout_urls(config_map, urls)
+    data = run_config_map.with_rollout_urls(config_map, urls)
     rewritten = json.loads(data["run.json"])
     assert rewritten["rollout"]["urls"] == urls == [
         f"http://r-rollout-{i}.r-rollout.ns.svc:8000" for i in range(3)]
     assert {**rewritten, "rollout": None} == {**config, "rollout": None}
     assert {k: v for k, v in rewritten["rollout"].items() if k != "urls"} == {
         k: v for k, v in config["rollout"].items() if k != "urls"}
-    assert builders.rollout_urls_of({"data": data}) == urls
-    assert builders.with_rollout_urls({"data": data}, urls) is None  # already there: no write
+    assert run_config_map.rollout_urls_of({"data": data}) == urls
+    assert run_config_map.with_rollout_urls({"data": data}, urls) is None  # already there: no write
 
 
 @pytest.mark.parametrize("text", ["", "{\"rollout\": [", "[]", "{\"model\": \"m\"}"])
 def test_a_torn_run_config_is_refused_not_rewritten(text):
     with pytest.raises(ValueError, match="run.json in ConfigMap r-config has no rollout object"):
-        builders.with_rollout_urls({"metadata": {"name": "r-config"}, "data": {"run.json": text}}, ["u"])
-    assert builders.rollout_urls_of({"data": {"run.json": text}}) is None
+        run_config_map.with_rollout_urls({"metadata": {"name": "r-config"}, "data": {"run.json": text}}, ["u"])
+    assert run_config_map.rollout_urls_of({"data": {"run.json": text}}) is None
 
 
 def test_the_drain_deadline_is_the_request_timeout_plus_the_grace_period():

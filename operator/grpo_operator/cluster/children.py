@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
-from .. import builders
+from .. import builders, run_config_map
 from ..api import ROLE_LABEL, RUN_LABEL, GRPORunSpec
 from ..pod_overrides import OverrideError
 from ..podgroup import pod_group_name
@@ -61,6 +61,7 @@ class ChildrenMemory:
     failures: int = 0
     retry_at: datetime.datetime | None = None
     rollout_urls: list[str] | None = None  # what the run config in the ConfigMap lists, as last read or written
+    images: dict[str, list[str]] | None = None  # the image digests the run config records, as last read or written
     deleted_uids: set[str] = dataclasses.field(default_factory=set)  # pods deleted, until the index drops them
 
 
@@ -76,8 +77,32 @@ class Children:
         """The `rollout.urls` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
         if self.memory.rollout_urls is None:
             config_map = await self._owned("v1", "ConfigMap", builders.config_map_name(self.run.name))
-            self.memory.rollout_urls = builders.rollout_urls_of(config_map) if config_map is not None else None
+            self.memory.rollout_urls = run_config_map.rollout_urls_of(config_map) if config_map is not None else None
         return self.memory.rollout_urls
+
+    async def configured_images(self) -> dict[str, list[str]] | None:
+        """The `images` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
+        if self.memory.images is None:
+            config_map = await self._owned("v1", "ConfigMap", builders.config_map_name(self.run.name))
+            self.memory.images = run_config_map.images_of(config_map) if config_map is not None else None
+        return self.memory.images
+
+    async def record_images(self, images: Mapping[str, Sequence[str]]) -> None:
+        """Make the run config's `images` hold these digests (RecordImages). The learner reads them from its mounted
+        copy, which the kubelet refreshes in place, when it exports the model."""
+        name = builders.config_map_name(self.run.name)
+        config_map = await self._owned("v1", "ConfigMap", name)
+        if config_map is None:
+            return
+        try:
+            data = run_config_map.with_images(config_map, images)
+        except ValueError as error:
+            self.kube.logger.warning(f"cannot record the pods' images in the run config: {error}")
+            return
+        if data is not None and await self.kube.patch("v1", "ConfigMap", self.run.namespace, name,
+                                                      {"data": data}) is None:
+            return
+        self.memory.images = {key: list(digests) for key, digests in images.items()}
 
     async def configure_rollout(self, replicas: int) -> None:
         """Make the run config list `replicas` servers (ConfigureRollout). The learner watches the file: the kubelet
@@ -91,7 +116,7 @@ class Children:
         if config_map is None:
             return  # not created yet (CreateChildren renders it with these URLs), or an earlier run's
         try:
-            data = builders.with_rollout_urls(config_map, urls)
+            data = run_config_map.with_rollout_urls(config_map, urls)
         except ValueError as error:
             logger.warning(f"cannot set rollout.urls in the run config: {error}")
             return
@@ -164,7 +189,8 @@ class Children:
             if created and child["kind"] == "Pod":
                 created_pods.append(child["metadata"]["name"])
             if created and child["kind"] == "ConfigMap":
-                self.memory.rollout_urls = builders.rollout_urls_of(child)
+                self.memory.rollout_urls = run_config_map.rollout_urls_of(child)
+                self.memory.images = run_config_map.images_of(child)
             if created:
                 continue
             meta = child["metadata"]
@@ -173,10 +199,12 @@ class Children:
                 problem = f"{child_name} still belongs to an earlier run of the same name; waiting for it to go"
             elif service_replaced(child, existing):
                 problem = await self._replace(child) or problem
-            elif (patch := child_patch(child, existing, generation=run.generation, live=bool(present))) is not None:
+            elif (patch := child_patch(_keeping_images(child, existing), existing, generation=run.generation,
+                                       live=bool(present))) is not None:
                 await kube.patch(child["apiVersion"], child["kind"], run.namespace, meta["name"], patch)
                 if child["kind"] == "ConfigMap":
-                    self.memory.rollout_urls = builders.rollout_urls_of(child)
+                    self.memory.rollout_urls = run_config_map.rollout_urls_of(child)
+                    self.memory.images = run_config_map.images_of(existing)
         return problem
 
     async def _replace(self, child: dict[str, Any]) -> str | None:
@@ -228,3 +256,10 @@ class Children:
         """The object under `name` in the run's namespace, when the run controls it; None otherwise."""
         existing = await self.kube.read(api_version, kind, self.run.namespace, name)
         return existing if self._controls(existing) else None
+
+
+def _keeping_images(child: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+    """A run config rendered again (a resumed run's edited spec) keeps the image digests the run's pods have run."""
+    images = run_config_map.images_of(existing) if child["kind"] == "ConfigMap" else None
+    data = run_config_map.with_images(child, images) if images else None
+    return child if data is None else {**child, "data": data}

@@ -62,6 +62,7 @@ def observe_pod(pod: dict[str, Any]) -> PodObservation:
         memory_limit=str(limits["memory"]) if limits.get("memory") is not None else None,
         container_restarts=_count(container.get("restartCount")),
         not_ready=_not_ready(conditions.get("Ready")),
+        image_id=str(container["imageID"]) if container.get("imageID") else None,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -216,9 +216,11 @@ class ClusterRun:
         if read.gate is not None and read.gate.admitted:  # with pods or without: no more than Kueue admitted
             in_effect = admission.within_admission(asked, read.gate.admitted, kueue.workload_name(run.name))
         spec, refused = in_effect.spec, in_effect.refused
+        images = None
         if live and not was_finished:
             urls = await self.children.configured_urls()
             configured = None if urls is None else len(urls)
+            images = await self.children.configured_images()
             if refused is None:
                 spec, refused = scaling.gang_scale_in_effect(spec, configured)
         seen = Observation(observed, progress, now, children_exist=memory.children.created,
@@ -226,7 +228,7 @@ class ClusterRun:
                            progress_lost=memory.progress.invalid or memory.progress.failures >= PROGRESS_UNKNOWN_AFTER,
                            create_error=memory.children.error, hold=read.gate.hold if read.gate else None,
                            scale_refused=refused, environment_scale_refused=in_effect.environments_refused,
-                           configured_servers=configured, workload=workload,
+                           configured_servers=configured, configured_images=images, workload=workload,
                            spec_error=memory.spec.fit_error or (hub.refused if hub else None),
                            create_rejected=memory.spec.rejection, fit_warnings=fit_warnings,
                            pins=hub.pins if hub else None)
@@ -315,6 +317,9 @@ class ClusterRun:
 
     async def configure_rollout(self, observed: Observed[ClusterPass], replicas: int) -> None:
         await self.children.configure_rollout(replicas)
+
+    async def record_images(self, observed: Observed[ClusterPass], images: Mapping[str, Sequence[str]]) -> None:
+        await self.children.record_images(images)
 
     async def create_children(self, observed: Observed[ClusterPass], status: dict[str, Any]) -> None:
         if observed.spec is None:

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,6 +353,9 @@ class LocalPort:
 
     async def configure_rollout(self, observed: Observed[None], replicas: int) -> None:
         self.local.configure_rollout(replicas, self.log)
+
+    async def record_images(self, observed: Observed[None], images: Mapping[str, Sequence[str]]) -> None:
+        """A local run's processes run from this machine's environments, not images: nothing to record."""
 
     async def create_children(self, observed: Observed[None], status: dict[str, Any]) -> None:
         self.local.start_missing(self.log)

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..api import GENERATION_ANNOTATION
-from ..builders import rollout_urls_of, run_config_of
 from ..podgroup import COSCHEDULING_API, VOLCANO_API
+from ..run_config_map import rollout_urls_of, run_config_of
 
 
 def child_patch(child: Mapping[str, Any], existing: Mapping[str, Any], *, generation: int,

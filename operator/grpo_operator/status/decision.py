@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +47,8 @@ class PodObservation:
     not_ready: str | None = None  # why its Ready condition is False, as the condition says (`reason: message`)
     #: A running pod that is not ready: its latest probe failure, when the cluster's Events were read for it.
     probe_failure: ProbeFailure | None = None
+    #: The main container's image by digest, as the kubelet reports it once the container started (`imageID`).
+    image_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class Observation:
     #: How many servers the run config's `rollout.urls` lists (as last read or written); None when not known (no
     #: live pods, or no ConfigMap yet). A live run's config is rewritten while it differs from the spec's count.
     configured_servers: int | None = None
+    #: The image digests the run config's `images` records, by role (status/images.py); None when not known.
+    configured_images: Mapping[str, Sequence[str]] | None = None
     #: grporun local: checkpoints and the model stay in the run's folder on this machine, whatever the spec's
     #: volumes say (the run's start warns of no lost work).
     work_kept_locally: bool = False
@@ -140,6 +144,13 @@ class ConfigureRollout(Action):
     server still draining joins it again (idempotent; a missing ConfigMap is left to CreateChildren)."""
 
     replicas: int
+
+
+@dataclass(frozen=True)
+class RecordImages(Action):
+    """Write these image digests, by role, to the run config's `images` (for the export's provenance)."""
+
+    images: Mapping[str, Sequence[str]]
 
 
 @dataclass(frozen=True)

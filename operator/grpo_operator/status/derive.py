@@ -47,6 +47,7 @@ from .decision import (
     Event,
     Observation,
     PodObservation,
+    RecordImages,
     RecreatePods,
     rank,
 )
@@ -60,6 +61,7 @@ from .environments import (
     unready_environments,
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
+from .images import images_to_record
 from .invalid import fail_invalid_spec, invalid_spec
 from .messages import (
     exported_message,
@@ -185,6 +187,7 @@ def _decide(record: PassRecord) -> None:
     if _decide_on_exits(record):
         return
     _scale(record)
+    _record_images(record)
     surplus = _scale_environments(record)
     _replace_environment_servers(record, surplus)
     # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
@@ -509,6 +512,14 @@ def _surface_create_error(record: PassRecord) -> None:
     if not _reported(record.old, Reason.CREATE_FAILED):
         _event(record, "Warning", Reason.CREATE_FAILED, error)
     record.new.message = error
+
+
+def _record_images(record: PassRecord) -> None:
+    """Keep the run config's `images` at every digest the run's pods have run (status/images.py)."""
+    environments = [env.name for env in record.spec.environments or ()]
+    images = images_to_record(record.run.name, environments, record.pods, record.seen.configured_images)
+    if images is not None:
+        record.actions.append(RecordImages(images))
 
 
 # --- a live replica change --------------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ from tests.support.specs import NAMESPACE, status_errors
 CRDS = ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                    namespaced=False, subresources=("status",))
 TEST_IMAGE = "grpo-trainer:test"
+#: The digest the emulated node reports for TEST_IMAGE once a container started from it (a kubelet's imageID).
+TEST_IMAGE_ID = "docker.io/library/grpo-trainer@sha256:" + "7" * 64
 #: The learner's answers by which what it reported is in the run's status (Cluster.wait_trained).
 READS_TO_LAND = 10
 #: The operator's passes by which what it decides is in the API server (Cluster.wait_passes): a pass writes the status,
@@ -119,14 +121,16 @@ class Kubelet:
     def _status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return self.client.patch(PODS, NAMESPACE, name, {"status": status}, subresource="status")
 
-    def run(self, name: str, *, ready: bool = True, ip: str = "127.0.0.1") -> dict[str, Any]:
+    def run(self, name: str, *, ready: bool = True, ip: str = "127.0.0.1",
+            image_id: str = TEST_IMAGE_ID) -> dict[str, Any]:
+        """The main container started from `image_id` (the digest the node pulled), ready or not."""
         role = name.rsplit("-", 2)[-2]
         return self._status(name, {
             "phase": "Running", "podIP": ip,
             "conditions": [{"type": "PodScheduled", "status": "True"},
                            {"type": "Ready", "status": "True" if ready else "False"}],
             "containerStatuses": [{"name": role, "ready": ready, "restartCount": 0, "image": TEST_IMAGE,
-                                   "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+                                   "imageID": image_id, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
         })
 
     def wait(self, name: str, reason: str, message: str = "") -> dict[str, Any]:

@@ -110,6 +110,22 @@ def test_a_learner_that_exported_reports_the_model_in_its_final_report(tmp_path,
     assert not (tmp_path / "out" / "final").exists()  # the export replaces the plain save
 
 
+def test_the_manifest_names_the_images_the_run_config_holds_when_the_learner_exports(tmp_path, learner):
+    """The operator records the pods' image digests in the mounted run config while the learner runs: the export
+    reads the file again, and keeps what it read at the start when the file is torn."""
+    model_dir = tmp_path / "models" / "tiny"
+    config = run_config(tmp_path, model_dir)
+    config_path = tmp_path / "run.json"
+    images = {"learner": ["localhost/grpo-trainer@sha256:" + "1" * 64], "rollout": ["sha256:" + "2" * 64]}
+    config_path.write_text(config.model_copy(update={"images": images}).model_dump_json(by_alias=True))
+    assert learner_main.main(config, str(config_path)) == EXIT_SUCCEEDED
+    assert verify_export(model_dir)["images"] == images
+    config_path.write_text("{torn")
+    at_start = {"learner": ["sha256:" + "3" * 64]}
+    assert learner_main.main(config.model_copy(update={"images": at_start}), str(config_path)) == EXIT_SUCCEEDED
+    assert verify_export(model_dir)["images"] == at_start
+
+
 def test_a_failed_export_exits_with_its_own_code_naming_the_path(tmp_path, learner):
     (tmp_path / "models").write_text("a file where the volume's folder should be")
     model_dir = tmp_path / "models" / "tiny"

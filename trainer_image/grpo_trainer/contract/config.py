@@ -449,6 +449,11 @@ class RunConfig(WireModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     output_dir: str = "/tmp/grpo-output"
     termination_message_path: str = DEFAULT_TERMINATION_MESSAGE_PATH
+    images: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="The images the run's pods have run, by digest (the kubelet's imageID), by role: rollout, "
+                    "learner, environment/NAME. The operator adds each one its pods report, in the ConfigMap the "
+                    "learner mounts; the export's manifest records them. Empty for a local run.")
     environments: dict[str, str] = Field(
         default_factory=dict,
         description="The run's environment servers (spec.environments) by name: the URL of each one's headless "

@@ -36,7 +36,12 @@ from ..contract.config import RunConfig
 from ..contract.pod_env import DEFAULT_TERMINATION_GRACE_S, TERMINATION_GRACE_ENV
 from ..contract.report import ExportReport, ProgressReport
 from ..progress import queue_bound
-from ..storage.final_model import UploadInterrupted, export_trained_model, save_final_model
+from ..storage.final_model import (
+    UploadInterrupted,
+    export_trained_model,
+    save_final_model,
+    with_current_images,
+)
 from .datasets import load_prompts
 from .errors import ConfigError
 from .exporter import write_termination_message
@@ -380,7 +385,7 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
             # Trained, but the grace period (120 s) holds no slow upload: a SIGTERM ends it, the export stays local.
             upload_stop = threading.Event()
             stop_on_sigterm(upload_stop, "leaving the model's upload unfinished")
-            exported = export_trained_model(config, learner, upload_stop)
+            exported = export_trained_model(with_current_images(config, config_path), learner, upload_stop)
         else:
             save_final_model(learner, os.path.join(config.output_dir, "final"))
     except (Preempted, UploadInterrupted) as preempted:

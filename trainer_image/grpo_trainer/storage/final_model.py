@@ -82,6 +82,24 @@ def save_merged_adapter_state(model, state: dict, directory: str) -> None:
     whole.merge_and_unload().save_pretrained(directory)
 
 
+def with_current_images(config: RunConfig, config_path: str | None) -> RunConfig:
+    """`config` with the `images` its file holds now: the operator records the pods' image digests in the mounted run
+    config after the learner started. The images read at the start when the file cannot be read or parsed."""
+    from pydantic import ValidationError
+
+    from ..contract.config import load_run_config
+
+    if config_path is None:
+        return config
+    try:
+        images = load_run_config(Path(config_path).read_text(encoding="utf-8")).images
+    except (OSError, UnicodeDecodeError, ValidationError) as error:
+        logger.warning("run config %s: cannot read the pods' images again (%s); the manifest names those read at "
+                       "the start", config_path, error)
+        return config
+    return config.model_copy(update={"images": images})
+
+
 def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> ExportReport | None:
     """Write the trained model to `config.output` with its manifest (grpo_trainer.storage.model_export), then upload it
     when its URI is an object store's (grpo_trainer.storage.object_store, the manifest last); rank 0's report, None on
@@ -118,6 +136,7 @@ def export_trained_model(config: RunConfig, learner, stop: threading.Event) -> E
             "rewardTrend": reward_trend(learner.state.log_history),
         },
         "tracking": [run.model_dump(by_alias=True) for run in report.tracking],
+        "images": config.images,
         "packages": package_versions(),
     }
     exported = export_model(directory, save, provenance, uri=config.output.uri, step=report.global_step)
