@@ -8,14 +8,18 @@ import collections
 import pytest
 import requests
 
+from grpo_operator.cluster.leader import LeaseTimings
 from tests.support.emulator.kube_emulator import CONFIGMAPS, LEASES, PODS, SERVICES
 from tests.support.emulator.operator_fixtures import cluster, learner  # noqa: F401  (fixtures)
 from tests.support.operator_process import OperatorProcess, write_kubeconfig
 from tests.support.ports import free_port
 from tests.support.specs import NAMESPACE, grporun, minimal_spec
 
-ELECTION = ("--leader-elect", "--lease-namespace", NAMESPACE, "--lease-duration", "3", "--renew-deadline", "2",
-            "--retry-period", "0.5")
+#: The operator's own election timings (what the chart runs): a leader renews every 2 s and gives up after 10 s
+#: without a renewal, so a loaded machine's pauses do not cost it the Lease; the standby takes over a killed leader
+#: once the Lease has gone unrenewed for its 15 s.
+TIMINGS = LeaseTimings()
+ELECTION = ("--leader-elect", "--lease-namespace", NAMESPACE)
 
 
 def _args(liveness_port: int) -> tuple[str, ...]:
@@ -62,7 +66,8 @@ def test_the_standby_takes_over_a_killed_operator_and_finishes_the_run_without_d
         assert standby_calls <= {("get", "leases"), ("list", "customresourcedefinitions")}, standby_calls
 
         active.kill()
-        cluster.wait_for(lambda: _holder(cluster).startswith("op-b_"), timeout=30, what="op-b to take the Lease")
+        cluster.wait_for(lambda: _holder(cluster).startswith("op-b_"), timeout=TIMINGS.lease_duration + 30,
+                         what="op-b to take the Lease")
         assert standby.alive()
         # Now kopf answers op-b's probe on the same port.
         cluster.wait_for(lambda: "runs" in (_healthz(b_port) or {}), what="op-b's kopf /healthz")
