@@ -14,8 +14,9 @@ import pytest
 from grpo_operator.api import RUN_LABEL
 from grpo_trainer.contract.codes import EXIT_PREEMPTED
 from tests.support.node.node import NODE_NAME
-from tests.support.node.node_runs import RUN, NodeRun, host_folder, shared_folder, tiny_manifest
+from tests.support.node.node_runs import RUN, NodeRun, host_folder, shared_folder, store_access, tiny_manifest
 from tests.support.node.operator_release import OperatorRelease
+from tests.support.servers.s3_server import S3Server
 from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 pytestmark = [pytest.mark.node, pytest.mark.slow]
@@ -95,11 +96,17 @@ def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_re
     assert RESUMED in run.logs(LEARNER)  # from the checkpoint the evicted learner wrote, every group once
 
 
-def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gang(
-        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path):
+@pytest.mark.s3
+def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gang_from_the_store(
+        operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path, s3_server: S3Server, s3_bucket: str):
+    """Both ranks' pods created again, as on another node: their checkpoint folders (emptyDir) start empty, and
+    each resumes from the newest checkpoint in the object store (spec.checkpoint.uri)."""
     node = operator_release.node
     run = _run(operator_release, "faults-gang", tmp_path)
     manifest = _resumable_manifest(tiny_data, tmp_path)
+    checkpoint = manifest["spec"]["checkpoint"]
+    del checkpoint["volume"]
+    checkpoint.update(uri=f"s3://{s3_bucket}/checkpoints", **store_access(node, run.namespace, s3_server))
     manifest["spec"]["learner"]["nodes"] = 2
     manifest["spec"]["training"]["epochs"] = 6  # two ranks on two cores: half the steps of the other runs
     rank1 = f"{RUN}-learner-1"
@@ -118,7 +125,10 @@ def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gan
     assert any(leader in arg for arg in learner["spec"]["containers"][0]["command"]), learner["spec"]
     assert EXIT_PREEMPTED in _exit_codes(run, rank1), _exits_seen(run)
     assert status["disruptions"] >= 1 and status.get("restarts", 0) == 0, status
+    for rank in (LEARNER, rank1):
+        assert "downloaded the checkpoint" in run.logs(rank), rank  # its own folder was empty
     assert RESUMED in run.logs(LEARNER)
+    assert status["checkpoint"]["uri"].startswith(f"s3://{s3_bucket}/checkpoints/"), status.get("checkpoint")
 
 
 def test_a_learner_over_its_memory_limit_is_oomkilled_retried_within_backoff_limit_and_the_reason_shown(

@@ -24,7 +24,14 @@ from grpo_operator.builders import environment_pod_name
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE
 from tests.support.node.node import Node
-from tests.support.node.node_runs import RUN, NodeRun, read_exported_model, shared_folder, tiny_manifest
+from tests.support.node.node_runs import (
+    RUN,
+    NodeRun,
+    read_exported_model,
+    shared_folder,
+    store_access,
+    tiny_manifest,
+)
 from tests.support.node.operator_release import OperatorRelease
 from tests.support.servers.mlflow_server import MISSING, MLFLOW, check_tracked_run, running_mlflow_server
 from tests.support.servers.s3_server import S3Server
@@ -51,7 +58,6 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
 
 CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
 EXPERIMENT = "node-tiny"
-STORE_SECRET = "tiny-store"
 GAME = "guess"
 GAME_POD = environment_pod_name(RUN, GAME, 0)
 EPOCHS = 3  # 24 groups
@@ -94,10 +100,7 @@ def store_for_pods(node: Node, namespace: str, s3_server: S3Server, bucket: str,
     for path in sorted(model.rglob("*")):
         if path.is_file():
             client.upload_file(str(path), bucket, f"tiny-model/{path.relative_to(model).as_posix()}")
-    keys = s3_server.env()
-    node.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": namespace},
-                "stringData": {name: keys[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
-    return {"credentialsSecret": STORE_SECRET, "endpoint": f"http://{node.expose(s3_server.port)}"}
+    return store_access(node, namespace, s3_server)
 
 
 @pytest.mark.timeout(1800)  # the run, then a pod that loads the exported model and starts a vLLM server of its own

@@ -21,6 +21,7 @@ from grpo_operator.api import RUN_LABEL
 from tests.support.node.node import Node
 from tests.support.node.operator_release import OperatorRelease
 from tests.support.paths import REPO
+from tests.support.servers.s3_server import S3Server
 
 RUN = "tiny"
 DATA_MOUNT = "/data"
@@ -245,6 +246,19 @@ class NodeRun:
 READER_SCRIPT = REPO / "tests" / "support" / "node" / "exported_model_reader.py"
 READER_POD = "model-reader"
 READER_TIMEOUT_S = 900
+
+
+#: The Secret that gives a run's pods the test S3 server's keys.
+STORE_SECRET = "tiny-store"
+
+
+def store_access(node: Node, namespace: str, s3_server: S3Server) -> dict:
+    """A Secret with the S3 server's keys in `namespace`; the store's fields of spec.inputs, spec.output and
+    spec.checkpoint that reach the server from the node's pods."""
+    keys = s3_server.env()
+    node.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": namespace},
+                "stringData": {name: keys[name] for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    return {"credentialsSecret": STORE_SECRET, "endpoint": f"http://{node.expose(s3_server.port)}"}
 
 
 def read_exported_model(release: OperatorRelease, namespace: str, claim: str, folder: str) -> dict:
