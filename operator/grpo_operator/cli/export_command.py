@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.cluster:
         return cluster_export(args)
+    if args.namespace is not None:
+        problem("export", "--namespace names a GRPORun's namespace: it goes with --cluster")
+        return ExitCode.USAGE
     from pydantic import ValidationError
 
     from grpo_trainer.contract.config import load_run_config
