@@ -26,6 +26,7 @@ from .builders import CONFIG_DIR, CONFIG_FILE, build_learner_pod, run_labels
 from .run_ref import RunRef
 from .run_status import FINISHED_PHASES, GRPORunStatus, Phase
 from .status.decision import PodObservation
+from .status.revision import pinned_digest, with_model_digest
 
 #: The export pod's role label and container name.
 EXPORT_ROLE = "export"
@@ -52,11 +53,13 @@ def export_command(checkpoint: str | None = None) -> list[str]:
     return [*command, "--checkpoint", checkpoint] if checkpoint else command
 
 
-def build_export_pod(run: RunRef, spec: GRPORunSpec, *, trainer_image: str,
+def build_export_pod(run: RunRef, spec: GRPORunSpec, status: GRPORunStatus, *, trainer_image: str,
                      checkpoint: str | None = None) -> dict[str, Any]:
     """The export pod of `run`: learner rank 0's pod running the export entry (`checkpoint`: a checkpoint folder as
-    the pod sees it; default the newest complete one)."""
-    pod = build_learner_pod(run, spec, 0, trainer_image=trainer_image)
+    the pod sees it; default the newest complete one), held like the run's later pods to the model's pinned digest
+    (a LoRA export loads the base model)."""
+    (pod,) = with_model_digest([build_learner_pod(run, spec, 0, trainer_image=trainer_image)],
+                               pinned_digest(spec, status))
     metadata = pod["metadata"]
     metadata["name"] = export_pod_name(run.name)
     metadata["labels"] = {**metadata["labels"], **run_labels(run.name, EXPORT_ROLE)}

@@ -17,7 +17,7 @@ from grpo_operator.export_pod import (
     export_refusal,
 )
 from grpo_operator.run_ref import RunRef
-from grpo_operator.run_status import parse_status
+from grpo_operator.run_status import GRPORunStatus, PinnedRevision, parse_status
 from grpo_trainer.contract.report import ExportReport
 from tests.operator.test_builders import KUBERNETES_VERSION
 from tests.support.specs import minimal_spec
@@ -35,7 +35,8 @@ def test_the_export_pod_is_learner_rank_0s_pod_running_the_export_entry():
                     checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "checkpoints"}}},
                     learner={"nodes": 2, "image": "registry.example/trainer:2", "resources": {"limits": {"cpu": "2"}}})
     learner = builders.build_learner_pod(RUN, run_spec, 0, trainer_image="img")
-    pod = build_export_pod(RUN, run_spec, trainer_image="img", checkpoint="/var/lib/grpo/checkpoints/checkpoint-8")
+    pod = build_export_pod(RUN, run_spec, GRPORunStatus(), trainer_image="img",
+                           checkpoint="/var/lib/grpo/checkpoints/checkpoint-8")
     kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
     assert pod["metadata"]["name"] == "run-export"
     assert pod["metadata"]["labels"][RUN_LABEL] == "run" and pod["metadata"]["labels"][ROLE_LABEL] == "export"
@@ -62,7 +63,7 @@ def test_the_export_pod_is_learner_rank_0s_pod_running_the_export_entry():
 def test_the_export_pod_reaches_the_checkpoint_store_and_the_output_store():
     run_spec = spec(output=STORE, checkpoint={"uri": "s3://models/checkpoints", "credentialsSecret": "store-keys",
                                               "endpoint": "http://s3.example:8333"})
-    pod = build_export_pod(RUN, run_spec, trainer_image="img")
+    pod = build_export_pod(RUN, run_spec, GRPORunStatus(), trainer_image="img")
     (container,) = pod["spec"]["containers"]
     assert container["command"][-2:] == ["--config", "/etc/grpo/run.json"]
     secrets = {v["valueFrom"]["secretKeyRef"]["name"] for v in container["env"] if "valueFrom" in v
@@ -83,7 +84,7 @@ def test_a_run_is_exported_once_no_learner_writes_checkpoints_and_only_with_an_o
 
 
 def _ended(phase: str, exit_code: int, message: str) -> dict:
-    pod = build_export_pod(RUN, spec(output=STORE), trainer_image="img")
+    pod = build_export_pod(RUN, spec(output=STORE), GRPORunStatus(), trainer_image="img")
     pod["status"] = {"phase": phase, "containerStatuses": [
         {"name": "export", "state": {"terminated": {"exitCode": exit_code, "message": message}}}]}
     return pod
@@ -103,12 +104,22 @@ def test_the_export_pods_end_is_its_report_or_its_error():
     assert isinstance(refused, ExportFailed) and "the run config was refused: grpo export: invalid" in refused.message
     silent = export_outcome(observe_pod(_ended("Succeeded", 0, "done")))
     assert isinstance(silent, ExportFailed) and "without an export report" in silent.message
-    pending = build_export_pod(RUN, spec(output=STORE), trainer_image="img")
+    pending = build_export_pod(RUN, spec(output=STORE), GRPORunStatus(), trainer_image="img")
     assert export_outcome(observe_pod(pending)) is None
 
 
 @pytest.mark.parametrize("phase", ["Pending", "Running"])
 def test_a_pod_that_has_not_ended_has_no_outcome(phase):
-    pod = build_export_pod(RUN, spec(output=STORE), trainer_image="img")
+    pod = build_export_pod(RUN, spec(output=STORE), GRPORunStatus(), trainer_image="img")
     pod["status"] = {"phase": phase}
     assert export_outcome(observe_pod(pod)) is None
+
+
+def test_the_export_pod_is_held_to_the_models_pinned_digest_like_the_runs_later_pods():
+    run_spec = spec(model="s3://models/base", output=STORE)
+    digest = "manifest:" + "ab" * 32
+    status = GRPORunStatus(model=PinnedRevision(name="s3://models/base", requested="digest", revision=digest))
+    (container,) = build_export_pod(RUN, run_spec, status, trainer_image="img")["spec"]["containers"]
+    assert {"name": "GRPO_MODEL_DIGEST", "value": digest} in container["env"]
+    (unpinned,) = build_export_pod(RUN, run_spec, GRPORunStatus(), trainer_image="img")["spec"]["containers"]
+    assert "GRPO_MODEL_DIGEST" not in {variable["name"] for variable in unpinned["env"]}

@@ -98,7 +98,8 @@ class ClusterExport:
             spec, _ = parse_stored_spec(dict(body.get("spec") or {}))
         except SpecError as error:
             raise ExportProblem(f"{KIND} {namespace}/{name}: {error}") from None
-        refusal = export_refusal(spec, parse_status(body.get("status")))
+        status = parse_status(body.get("status"))
+        refusal = export_refusal(spec, status)
         if refusal is not None:
             raise ExportProblem(f"{KIND} {namespace}/{name}: {refusal}")
         try:
@@ -109,7 +110,7 @@ class ClusterExport:
                                     f"{config_map_name(name)!r}, is gone: the operator makes it while the run "
                                     "exists, so the run is being deleted") from None
             raise
-        return run, build_export_pod(run, spec, trainer_image=self._learner_image(namespace, name) or
+        return run, build_export_pod(run, spec, status, trainer_image=self._learner_image(namespace, name) or
                                      request.trainer_image, checkpoint=request.checkpoint)
 
     def _learner_image(self, namespace: str, run: str) -> str | None:
