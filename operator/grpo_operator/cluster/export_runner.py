@@ -64,6 +64,7 @@ class ClusterExport:
     def export(self, request: ExportRequest) -> Exported:
         """Start the export pod, wait for it and record its report; ExportProblem naming what failed."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         namespace = request.namespace
         try:
@@ -81,6 +82,8 @@ class ClusterExport:
         except ApiException as error:
             raise ExportProblem(f"the API server refused: HTTP {error.status} {error.reason}: "
                                 f"{_api_message(error)}") from None
+        except (HTTPError, OSError) as error:
+            raise ExportProblem(f"the API server could not be reached: {type(error).__name__}: {error}") from None
         return outcome
 
     def _export_pod(self, request: ExportRequest) -> tuple[RunRef, dict[str, Any]]:
