@@ -63,7 +63,8 @@ def build_export_pod(run: RunRef, spec: GRPORunSpec, status: GRPORunStatus, *, t
     metadata = pod["metadata"]
     metadata["name"] = export_pod_name(run.name)
     metadata["labels"] = {**metadata["labels"], **run_labels(run.name, EXPORT_ROLE)}
-    metadata["ownerReferences"] = [{**run.owner_reference(), "controller": False}]
+    # Not blocking the owner's deletion: that would need update on grporuns/finalizers from whoever exports.
+    metadata["ownerReferences"] = [{**run.owner_reference(), "controller": False, "blockOwnerDeletion": False}]
     annotations = {key: value for key, value in (metadata.get("annotations") or {}).items()
                    if key != ATTEMPT_ANNOTATION}
     if annotations:

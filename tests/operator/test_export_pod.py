@@ -42,7 +42,8 @@ def test_the_export_pod_is_learner_rank_0s_pod_running_the_export_entry():
     assert pod["metadata"]["labels"][RUN_LABEL] == "run" and pod["metadata"]["labels"][ROLE_LABEL] == "export"
     assert ATTEMPT_ANNOTATION not in pod["metadata"].get("annotations", {})
     # Deleted with the run, but never one of the run's controlled pods (the operator's failure policy ignores it).
-    assert pod["metadata"]["ownerReferences"] == [{**RUN.owner_reference(), "controller": False}]
+    assert pod["metadata"]["ownerReferences"] == [{**RUN.owner_reference(), "controller": False,
+                                                   "blockOwnerDeletion": False}]
     assert pod_facts(pod).owner_uid is None
     (container,) = pod["spec"]["containers"]
     assert container["name"] == "export" and "ports" not in container
