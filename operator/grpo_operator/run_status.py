@@ -237,11 +237,12 @@ class CheckpointStatus(_StatusModel):
 
 
 class PinnedRevision(_StatusModel):
-    """A hub model's or dataset's commit, resolved once from the revision the spec asked for: what every pod loads."""
+    """A hub model's or dataset's commit, resolved once from the revision the spec asked for: what every pod loads;
+    or the content digest of a model off the hub as its learner first loaded it (status/revision.py)."""
 
-    name: str  # the hub id (spec.model, spec.dataset.name)
-    requested: str  # the branch, tag or commit the spec asked for (main when it named none)
-    revision: str  # the commit
+    name: str  # the hub id (spec.model, spec.dataset.name), or the model's s3:// URI or path
+    requested: str  # the branch, tag or commit the spec asked for (main when it named none); `digest`
+    revision: str  # the commit, or the content digest
 
 
 class TrackedRunStatus(_StatusModel):
@@ -273,7 +274,7 @@ class GRPORunStatus(_StatusModel):
     output: OutputStatus | None = None
     checkpoint: CheckpointStatus | None = None  # None until a checkpoint is up in spec.checkpoint.uri
     tracking: list[TrackedRunStatus] | None = None
-    model: PinnedRevision | None = None  # None: not a hub model, or spec.modelRevision unpinned, or not resolved yet
+    model: PinnedRevision | None = None  # None: unpinned, not resolved or reported yet, or a folder without a manifest
     dataset: PinnedRevision | None = None  # likewise for spec.dataset.name
     message: str | None = None
 

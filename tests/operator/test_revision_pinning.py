@@ -89,3 +89,27 @@ def test_a_hub_that_cannot_be_reached_holds_the_run_pending_until_it_answers(hub
     assert cluster.status("held")["model"]["revision"] == commit_of("pin/held", "main")
     assert json.loads(cluster.config_maps("held")[0]["data"][builders.CONFIG_FILE])["modelRevision"] == commit_of(
         "pin/held", "main")
+
+
+def test_an_s3_model_is_pinned_to_the_digest_the_learner_loaded_and_later_pods_are_held_to_it(
+        cluster, learner, progress_urls):
+    digest = "manifest:" + "ab" * 32
+    _running(cluster, learner, progress_urls, "digest", minimal_spec(model="s3://models/tiny",
+                                                                     rollout={"replicas": 1, **FILESYSTEM}))
+    first_pods = {pod["metadata"]["name"] for pod in cluster.pods("digest")}
+    learner.update(model_digest=digest)
+    cluster.wait_for(lambda: (cluster.status("digest").get("model") or {}).get("revision") == digest,
+                     what="the model's digest on status.model")
+    assert cluster.status("digest")["model"] == {"name": "s3://models/tiny", "requested": "digest",
+                                                 "revision": digest}
+    learner.update(model_digest="manifest:" + "cd" * 32)  # a report of other content does not move the pin
+    cluster.patch_spec("digest", {"rollout": {"replicas": 2}})
+    cluster.wait_for(lambda: len(cluster.pods("digest", "rollout")) == 2, what="the rollout server the scale-up adds")
+    assert cluster.status("digest")["model"]["revision"] == digest
+    for pod in cluster.pods("digest"):
+        env = {variable["name"]: variable.get("value") for variable in pod["spec"]["containers"][0]["env"]}
+        if pod["metadata"]["name"] in first_pods:  # loaded before the digest was known
+            assert "GRPO_MODEL_DIGEST" not in env, pod["metadata"]["name"]
+        else:
+            assert env["GRPO_MODEL_DIGEST"] == digest, pod["metadata"]["name"]
+    assert "GRPO_MODEL_DIGEST" not in json.dumps(cluster.config_maps("digest"))  # the run config is as it was

@@ -1,6 +1,7 @@
 """One revision for the whole run, replayed through derive_status alone: a hub model's and dataset's commits are
 pinned before the first pod, the run waits (and says why) while the hub names none, within the startup deadline;
-`unpinned`, a path and a run whose pods exist are not held. The spec the pods are built from carries the commits.
+`unpinned`, a path and a run whose pods exist are not held. The spec the pods are built from carries the commits. A
+model off the hub is pinned to the content digest its learner reports, which the pods built later carry.
 
 The cluster's port asks the hub (cluster/revisions.py; tests/operator/test_revision_pinning.py runs it with the
 stand-in hub and the API emulator).
@@ -8,10 +9,21 @@ stand-in hub and the API emulator).
 
 from __future__ import annotations
 
-from grpo_operator.run_status import parse_status
+from grpo_operator import builders
+from grpo_operator.api import parse_spec
+from grpo_operator.run_ref import RunRef
+from grpo_operator.run_status import GRPORunStatus, parse_status
 from grpo_operator.status import CreateChildren
-from grpo_operator.status.revision import HubPins, pin_requests, pinned_spec
+from grpo_operator.status.revision import (
+    HubPins,
+    pin_requests,
+    pinned_digest,
+    pinned_spec,
+    take_model_digest,
+    with_model_digest,
+)
 from tests.operator.test_status import at, condition, reasons, running_pods, spec_of, step
+from tests.support.specs import minimal_spec
 
 MODEL_COMMIT, DATASET_COMMIT = "a1" * 20, "b2" * 20
 UNREACHABLE = "spec.modelRevision main of model Qwen/Qwen3-0.6B: the hub cannot be reached (ConnectError: refused)"
@@ -77,3 +89,35 @@ def test_a_commit_asked_for_is_pinned_as_the_hub_names_it_and_a_changed_request_
     other = hub_spec(modelRevision="v2")
     assert pinned_spec(other, parse_status(pinned.status)).model_revision == "v2"
     assert step(other, pinned.status, [], now=at(5)).status["phase"] == "Pending"
+
+
+def test_a_model_off_the_hub_is_pinned_to_the_first_digest_its_learner_reports_and_pods_built_later_carry_it():
+    digest = "manifest:" + "ab" * 32
+    spec = parse_spec(minimal_spec(model="s3://models/tiny"))
+    status = GRPORunStatus()
+    take_model_digest(spec, status, None)
+    assert status.model is None and pinned_digest(spec, status) is None
+    take_model_digest(spec, status, digest)
+    take_model_digest(spec, status, "manifest:" + "cd" * 32)
+    assert (status.model.name, status.model.requested, status.model.revision) == ("s3://models/tiny", "digest", digest)
+    assert pinned_digest(spec, status) == digest
+    edited = spec.model_copy(update={"model": "s3://models/other"})
+    assert pinned_digest(edited, status) is None  # another model: its own digest, once reported
+
+    hub = parse_spec(minimal_spec(model="Qwen/Qwen3-0.6B"))
+    hub_status = GRPORunStatus()
+    take_model_digest(hub, hub_status, digest)
+    assert hub_status.model is None  # a hub model is pinned by its commit
+
+    children = builders.build_children(RunRef("run", "ml", "uid"), parse_spec(minimal_spec(
+        model="s3://models/tiny", environments=[{"name": "guess", "image": "game:1", "port": 8765}])),
+        trainer_image="img")
+    pinned = with_model_digest(children, digest)
+    assert with_model_digest(children, None) == children
+    for built, child in zip(children, pinned, strict=True):
+        role = built["metadata"].get("labels", {}).get("grpo.dev/role")
+        if built["kind"] == "Pod" and role in ("rollout", "learner"):
+            assert child["spec"]["containers"][0]["env"] == [*built["spec"]["containers"][0]["env"],
+                                                            {"name": "GRPO_MODEL_DIGEST", "value": digest}]
+        else:
+            assert child == built  # the run config, the Services, the environment servers

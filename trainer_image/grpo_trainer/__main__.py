@@ -101,17 +101,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def export(config: RunConfig, checkpoint: str | None) -> int:
-    """The export alone (grpo_trainer.storage.reexport): where the model went on stdout, else why not, in one line."""
+    """The export alone (grpo_trainer.storage.reexport): where the model went on stdout, else why not, in one line.
+    In a pod the termination message says the same: the ExportReport as JSON (what `grporun export --cluster`
+    records on status.output), or the error line."""
     from .storage.model_export import ExportError
-    from .storage.reexport import export_from_checkpoint
+    from .storage.reexport import export_from_checkpoint, write_export_message
 
     try:
         exported = export_from_checkpoint(config, checkpoint)
     except ExportError as error:
         print(f"grpo export: {error}", file=sys.stderr)
+        write_export_message(f"grpo export: {error}", config.termination_message_path)
         return EXIT_EXPORT_FAILED
     print(f"grpo export: model exported to {exported.uri} (step {exported.step}, {exported.bytes} bytes, manifest "
           f"sha256 {exported.sha256})")
+    write_export_message(exported.model_dump_json(by_alias=True), config.termination_message_path)
     return EXIT_SUCCEEDED
 
 

@@ -22,7 +22,8 @@ SUBCOMMANDS = {
     "local": ("grpo_operator.cli.local", "run a GRPORun manifest on this machine, no cluster"),
     "validate": ("grpo_operator.cli.validate", "check GRPORun manifests against the CRD schema and rules"),
     "render": ("grpo_operator.cli.render", "print the Kubernetes objects the operator would create for a manifest"),
-    "export": ("grpo_operator.cli.export_command", "export a local run's model again from its newest checkpoint"),
+    "export": ("grpo_operator.cli.export_command",
+               "export a run's model again from its newest checkpoint (a local run, or --cluster)"),
 }
 
 EXAMPLES = """examples:

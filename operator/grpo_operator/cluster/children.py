@@ -156,10 +156,12 @@ class Children:
         attempt = int(status.get("restarts", 0)) + int(status.get("disruptions", 0))
         parsed = parse_status(status)
         rollout = parsed.rollout
+        digest = revision.pinned_digest(spec, parsed)  # a later pod held to the model's content at the first start
         spec = revision.pinned_spec(spec, parsed)  # every pod, a later one too, at the commits pinned before the first
         rollout_restarts = {server.replica: server.restarts for server in rollout.servers} if rollout else {}
-        return builders.build_children(self.run, spec, trainer_image=self.trainer_image, attempt=attempt,
-                                       rollout_restarts=rollout_restarts)
+        return revision.with_model_digest(builders.build_children(
+            self.run, spec, trainer_image=self.trainer_image, attempt=attempt, rollout_restarts=rollout_restarts),
+            digest)
 
     async def _placed(self, children: list[dict[str, Any]], spec: GRPORunSpec,
                       gate: kueue.Gate) -> list[dict[str, Any]]:

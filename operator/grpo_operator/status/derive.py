@@ -268,6 +268,7 @@ def _take_progress(record: PassRecord) -> None:
     if report is None:
         return
     take_learner_view(record.new.rollout, report)
+    revision.take_model_digest(record.spec, record.new, report.model_digest)
     if report.output is not None:  # from /progress or a termination message: an export that happened stays
         _take_output(record, report.output)
     if report.checkpoint is not None:  # a restarted learner reports none until its first upload: the last one stays

@@ -8,23 +8,30 @@ server added by a scale-up hours later, or a pod recreated after a restart, load
 While a commit is not known the run waits, Pending with the reason, and the startup deadline bounds the wait (no
 pod starts unpinned). A run whose pods exist already (made by an operator that did not pin) is not held back.
 
-A path or s3:// model is not pinned by the hub: its bytes are what the volume or the store holds when each pod
-loads them.
+An s3:// model, or a path model whose folder holds an export manifest, is pinned by its content instead: the
+learner reports the digest of what it loaded (its /progress `modelDigest`: the manifest's sha256, or for a store
+prefix without one a digest of its keys and ETags), the first report goes on status.model (`requested: digest`),
+and every pod built from then on (a rollout server added by a scale-up, a learner restarted) is given it
+(`GRPO_MODEL_DIGEST`) and refuses other content with exit 78, naming the URI and both digests. The pods of the
+run's first start load the model before the digest is known: they are not held to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from grpo_trainer.contract.pod_env import MODEL_DIGEST_ENV
 from grpo_trainer.contract.store_uri import is_hub_id
 
-from ..api import UNPINNED_REVISION, GRPORunSpec
+from ..api import ROLE_LABEL, UNPINNED_REVISION, GRPORunSpec
 from ..run_status import GRPORunStatus, PinnedRevision
 
 #: The revision the hub loads when none is named.
 DEFAULT_REVISION = "main"
+#: status.model.requested of a model pinned by its content (an s3:// model, a path with an export manifest).
+DIGEST_REQUESTED = "digest"
 
 PinKind = Literal["model", "dataset"]
 
@@ -106,3 +113,37 @@ def pinned_spec(spec: GRPORunSpec, status: GRPORunStatus) -> GRPORunSpec:
         else:
             update["dataset"] = spec.dataset.model_copy(update={"revision": held.revision})
     return spec.model_copy(update=update) if update else spec
+
+
+def take_model_digest(spec: GRPORunSpec, status: GRPORunStatus, digest: str | None) -> None:
+    """Pin a model that is not on the hub to the content digest the learner reported loading (None: it reported
+    none: a folder without an export manifest, or a learner older than the report's field). The first digest stays:
+    a later report of another one is the learner's own refusal, which fails the run."""
+    if is_hub_id(spec.model) or not digest:
+        return
+    if status.model is None or status.model.name != spec.model:
+        status.model = PinnedRevision(name=spec.model, requested=DIGEST_REQUESTED, revision=digest)
+
+
+def pinned_digest(spec: GRPORunSpec, status: GRPORunStatus) -> str | None:
+    """The content digest the run's model is pinned to, or None (a hub model, or not reported yet)."""
+    held = status.model
+    if is_hub_id(spec.model) or held is None or held.name != spec.model or held.requested != DIGEST_REQUESTED:
+        return None
+    return held.revision
+
+
+def with_model_digest(children: Sequence[dict[str, Any]], digest: str | None) -> list[dict[str, Any]]:
+    """`children` with each rollout and learner pod given the pinned `digest` (GRPO_MODEL_DIGEST on its main
+    container), so that a pod created now refuses a model whose content changed since the run started."""
+    if digest is None:
+        return list(children)
+    pinned = []
+    for child in children:
+        role = (child.get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)
+        if child["kind"] == "Pod" and role in ("rollout", "learner"):
+            child = {**child, "spec": {**child["spec"], "containers": [
+                {**c, "env": [*c.get("env", []), {"name": MODEL_DIGEST_ENV, "value": digest}]} if c["name"] == role
+                else c for c in child["spec"]["containers"]]}}
+        pinned.append(child)
+    return pinned

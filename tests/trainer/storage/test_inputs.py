@@ -277,3 +277,79 @@ def test_a_learner_whose_model_the_store_refuses_exits_78_naming_it(s3_server, s
     report = parse_progress((tmp_path / "termination-log").read_text())
     assert report.message == (f"model: s3://{s3_bucket}/tiny: the secret key (AWS_SECRET_ACCESS_KEY) does not match "
                               "the access key (SignatureDoesNotMatch)")
+
+
+def _pinned_folder(tmp_path: Path, tiny_model_dir) -> tuple[Path, str]:
+    """A path model holding an export manifest, and its digest."""
+    from grpo_trainer.storage.object_store import manifest_identity
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / EXPORT_MANIFEST_FILE).write_text('{"files": [], "step": 8}')
+    return folder, manifest_identity((folder / EXPORT_MANIFEST_FILE).read_bytes())
+
+
+def test_a_path_models_digest_is_its_manifests_and_a_pinned_one_must_match(tmp_path, tiny_model_dir):
+    from grpo_trainer.storage.inputs import loaded_digest
+
+    folder, digest = _pinned_folder(tmp_path, tiny_model_dir)
+    assert loaded_digest(str(folder)) == digest and digest.startswith("manifest:")
+    assert loaded_digest(tiny_model_dir) is None and loaded_digest("Qwen/Qwen3-0.6B") is None
+    config = _config(tmp_path, str(folder))
+    assert resolve(config, dataset=False, environ={"GRPO_MODEL_DIGEST": digest}).model == str(folder)
+    assert resolve(config, dataset=False, environ={}).model == str(folder)  # not pinned (yet): anything loads
+
+    (folder / EXPORT_MANIFEST_FILE).write_text('{"files": [], "step": 12}')  # another export in its place
+    changed = loaded_digest(str(folder))
+    with pytest.raises(InputError) as refused:
+        resolve(config, dataset=False, environ={"GRPO_MODEL_DIGEST": digest})
+    assert str(refused.value) == (
+        f"model: {folder} holds {changed}, not {digest}, the content the run pinned when it started "
+        "(status.model.revision): it changed since; put that content back, or start a new run for the new one")
+    (folder / EXPORT_MANIFEST_FILE).unlink()
+    with pytest.raises(InputError, match=r"holds a model without an export manifest, not manifest:"):
+        resolve(config, dataset=False, environ={"GRPO_MODEL_DIGEST": digest})
+
+
+def test_a_rollout_server_or_learner_started_after_the_model_changed_exits_78_naming_both_digests(
+        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from grpo_operator.status.rollout_exits import rollout_error_line
+    from grpo_trainer.__main__ import main as entry_main
+    from grpo_trainer.learner.main import main as learner_main
+
+    folder, digest = _pinned_folder(tmp_path, tiny_model_dir)
+    (folder / EXPORT_MANIFEST_FILE).write_text('{"files": [], "step": 12}')
+    monkeypatch.setenv("GRPO_MODEL_DIGEST", digest)
+    path = _write_config(tmp_path, str(folder))
+
+    assert entry_main(["rollout", "--config", str(path)]) == EXIT_INVALID_CONFIG
+    line = rollout_error_line((tmp_path / "termination-log").read_text())
+    assert line.startswith(f"model: {folder} holds manifest:") and f", not {digest}, the content the run pinned" in line
+
+    assert learner_main(load_run_config(path.read_text())) == EXIT_INVALID_CONFIG
+    report = parse_progress((tmp_path / "termination-log").read_text())
+    assert report.message.startswith(f"model: {folder} holds manifest:") and f"not {digest}" in report.message
+
+
+@pytest.mark.s3
+def test_a_pinned_model_changed_in_the_store_is_refused_before_its_download(s3_server, s3_bucket, tiny_model_dir,
+                                                                            tmp_path):
+    from grpo_trainer.storage.inputs import loaded_digest
+
+    client = s3_server.client()
+    location = parse_uri(f"s3://{s3_bucket}/runs/pinned", "output.uri")
+    upload_folder(tiny_model_dir, location, client=client)
+    config = _config(tmp_path, location.uri)
+    first = resolve(config, dataset=False, environ={}, client=client)
+    pinned = loaded_digest(first.model)
+    assert pinned is not None and pinned.startswith("manifest:")
+    assert resolve(config, dataset=False, environ={"GRPO_MODEL_DIGEST": pinned}, client=client).model == first.model
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model_dir, changed)
+    (changed / "generation_config.json").write_text('{"temperature": 0.5}')
+    upload_folder(changed, location, client=client)
+    cached = _files(first.model)
+    with pytest.raises(InputError, match=rf"^model: {location.uri} holds manifest:\w+, not {pinned}, the content"):
+        resolve(config, dataset=False, environ={"GRPO_MODEL_DIGEST": pinned}, client=client)
+    assert _files(first.model) == cached  # the pinned copy stays in the cache

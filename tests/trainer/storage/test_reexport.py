@@ -120,3 +120,48 @@ def test_the_pods_export_entrypoint_exports_or_exits_74_naming_why(tmp_path, tin
     assert entry_main(["export", "--config", str(folder / "run.json"), "--checkpoint",
                        str(folder / "checkpoints" / "checkpoint-12")]) == EXIT_EXPORT_FAILED
     assert capsys.readouterr().err.startswith(f"grpo export: {folder / 'checkpoints' / 'checkpoint-12'}: ")
+
+
+def test_the_pods_export_entrypoint_leaves_its_report_or_its_error_as_the_termination_message(tmp_path,
+                                                                                             tiny_model_dir):
+    from grpo_trainer.__main__ import main as entry_main
+    from grpo_trainer.contract.report import ExportReport
+
+    folder = run_dir(tmp_path, tiny_model_dir, uri="pvc://models/tiny")
+    message = tmp_path / "termination-log"
+    config = _config(folder).model_copy(update={"termination_message_path": str(message)})
+    (folder / "run.json").write_text(config.model_dump_json(by_alias=True))
+    assert entry_main(["export", "--config", str(folder / "run.json")]) == EXIT_SUCCEEDED
+    report = ExportReport.model_validate_json(message.read_text())
+    manifest = (folder / "model" / EXPORT_MANIFEST_FILE).read_bytes()
+    assert (report.uri, report.step, report.sha256) == ("pvc://models/tiny", 8, hashlib.sha256(manifest).hexdigest())
+
+    shutil.rmtree(folder / "checkpoints")
+    assert entry_main(["export", "--config", str(folder / "run.json")]) == EXIT_EXPORT_FAILED
+    assert message.read_text().startswith("grpo export: checkpoint.directory ")
+    assert message.read_text().endswith(": no complete checkpoint to export the model from")
+
+
+@pytest.mark.s3
+def test_a_pod_without_the_checkpoint_exports_the_newest_one_in_checkpoint_uri(s3_server, s3_bucket, tiny_model_dir,
+                                                                               tmp_path, monkeypatch):
+    from grpo_trainer.learner.checkpoint_store import CheckpointStore
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    store_uri = f"s3://{s3_bucket}/checkpoints/tiny"
+    uploaded = tmp_path / "uploaded"
+    store = CheckpointStore(parse_uri(store_uri, "checkpoint.uri"), keep=2, client=s3_server.client())
+    store.upload(str(checkpoint(uploaded, Path(tiny_model_dir), 4)))
+    store.upload(str(checkpoint(uploaded, Path(tiny_model_dir), 8)))
+    folder = run_dir(tmp_path, tiny_model_dir, uri="pvc://models/tiny")
+    shutil.rmtree(folder / "checkpoints")  # a new pod's emptyDir
+    config = _config(folder)
+    config = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(update={"uri": store_uri})})
+    exported = export_from_checkpoint(config)
+    assert exported.step == 8 and verify_export(folder / "model")["progress"]["checkpoint"] == "checkpoint-8"
+
+    empty = config.model_copy(update={"checkpoint": config.checkpoint.model_copy(
+        update={"uri": f"s3://{s3_bucket}/checkpoints/none", "directory": str(tmp_path / "empty")})})
+    with pytest.raises(ExportError, match=r"^checkpoint.directory .* and checkpoint.uri s3://.*/checkpoints/none: no "):
+        export_from_checkpoint(empty)

@@ -36,6 +36,11 @@ MLFLOW_CREDENTIAL_ENV = {
 WANDB_API_KEY_ENV = "WANDB_API_KEY"
 
 
+#: The digest an `s3://` model, or a path model with an export manifest, was pinned to when the run started
+#: (status.model.revision: `manifest:SHA256`, or `objects:`/`object:` for a store prefix without a manifest): a pod
+#: given it refuses (exit 78) a model whose content differs.
+MODEL_DIGEST_ENV = "GRPO_MODEL_DIGEST"
+
 #: The learner pod's terminationGracePeriodSeconds, which the learner reads to bound what it still does after a
 #: SIGTERM (the checkpoint's upload to checkpoint.uri); Kubernetes' default, 30, without it.
 TERMINATION_GRACE_ENV = "GRPO_TERMINATION_GRACE_SECONDS"

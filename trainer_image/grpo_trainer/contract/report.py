@@ -149,6 +149,9 @@ class ProgressReport(ReportModel):
                                                 "(None before the queue exists).")
     rollout: list[RolloutReplicaReport] = Field(default_factory=list)
     output: ExportReport | None = Field(None, description="The exported model, once written (spec.output).")
+    model_digest: str | None = Field(None, max_length=128, description="The content digest of the model this "
+                                     "learner loaded, for an s3:// model or a path holding an export manifest "
+                                     "(the operator pins the run to it: status.model.revision); None otherwise.")
     checkpoint: CheckpointReport | None = Field(
         None, description="The newest checkpoint this learner process uploaded to checkpoint.uri; None before one.")
     tracking: list[TrackedRunReport] = Field(default_factory=list, max_length=3, description="The trackers' runs, "

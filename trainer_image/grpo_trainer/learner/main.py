@@ -157,7 +157,7 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
     set of rollout servers follows the file's `rollout.urls` while the learner runs. What the config names is checked
     before the model and TRL load, so a mistake in it ends the learner at once. `checkpoint_uploads`: rank 0's
     uploads to checkpoint.uri (grpo_trainer.learner.checkpoint_store)."""
-    from ..storage.inputs import resolve
+    from ..storage.inputs import loaded_digest, resolve
     from .attention import AttentionUnavailable, choose_kernel, model_head_dim, precision_problem, probe_device
 
     device = probe_device(config.learner.device)
@@ -260,7 +260,8 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
                 attention_kernel=attention.kernel,
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
                                            tracking=tracking_callback, rollout_pool=pool,
-                                           checkpoint_uploads=checkpoint_uploads if is_main else None),
+                                           checkpoint_uploads=checkpoint_uploads if is_main else None,
+                                           model_digest=loaded_digest(config.model)),
             )
     except BaseException:
         if pool is not None:

@@ -121,12 +121,15 @@ class LearnerReporting:
     checkpoint_uploads: rank 0's uploads of each checkpoint to the object store (checkpoint.uri,
         grpo_trainer.learner.checkpoint_store); the newest one up goes on /progress. None: checkpoints stay in the
         checkpoint folder.
+    model_digest: the content digest of the model as loaded (grpo_trainer.storage.inputs.loaded_digest), which the
+        operator pins the run to; None for a hub model or a folder without an export manifest.
     """
 
     server_port: int | None = None
     tracking: Callable[[list], TrackedRuns] | None = None
     rollout_pool: RolloutPool | None = None
     checkpoint_uploads: CheckpointUploads | None = None
+    model_digest: str | None = None
 
 
 class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
@@ -179,6 +182,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         super().__init__(*positional, args=args, **kwargs)
         reporting = reporting or LearnerReporting()
         self.checkpoint_uploads = reporting.checkpoint_uploads
+        self.model_digest = reporting.model_digest
         self._rollout_pool = reporting.rollout_pool
         self._tracking: TrackedRuns | None = None
         if reporting.tracking is not None:
@@ -301,6 +305,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
             "samples_scored": self.exclusions.samples_scored, "samples_masked": dict(self.exclusions.samples_masked),
             "attention_kernel": self.attention_kernel,
             "episodes": self.episodes.report() if self.uses_tools else None,
+            "model_digest": self.model_digest,
         })
         if self.stall_cause is not None:
             report = report.model_copy(update={"stalled": True, "stall_cause": self.stall_cause})

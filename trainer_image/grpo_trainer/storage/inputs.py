@@ -10,6 +10,10 @@ asking the store. A download is staged and renamed into place last (`object_stor
 complete. At each start the cached copy is compared with what the store holds now (its manifest's digest, or the
 objects' ETags): a changed input is downloaded again and replaces the old copy; a store that cannot be asked leaves
 the cached copy in use, with a warning.
+
+A run pins its model's content when it starts (status.model.revision, the learner's first report of
+`model_digest`): a pod started later is given that digest (`GRPO_MODEL_DIGEST`) and refuses, before any download, a
+model whose store or folder now holds other content: an InputError naming the URI and both digests.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from ..contract.codes import EXPORT_MANIFEST_FILE
 from ..contract.config import InputsConfig, RunConfig
-from ..contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX
+from ..contract.pod_env import HUB_TOKEN_ENV, INPUT_CREDENTIALS_ENV_PREFIX, MODEL_DIGEST_ENV
 from ..contract.store_uri import (
     ACCESS_KEY_ENV,
     ENDPOINT_ENV,
@@ -100,13 +104,15 @@ def check_credentials(inputs: InputsConfig, *, object_store: bool,
 
 
 def fetch(value: str, field: str, config: RunConfig, *, environ: Mapping[str, str] = os.environ,
-          client=None) -> str:
+          client=None, pinned: str | None = None) -> str:
     """`value`'s local path, downloaded first when it is an s3:// URI whose current content the cache lacks;
-    InputError naming `field`."""
+    InputError naming `field`. `pinned`: the digest the run pinned `value` to; other content is refused."""
     if not is_object_store_uri(value):
         if value.startswith("/") and not os.path.exists(value):
             raise InputError(f"{field}: {value}: no such file or directory (is its volume, spec.inputs.volume, "
                              "mounted?)")
+        if pinned is not None:
+            _check_pinned(field, value, loaded_digest(value), pinned)
         return value
     from .object_store import ObjectStoreError, client_from_env, download, source_identity
 
@@ -122,10 +128,14 @@ def fetch(value: str, field: str, config: RunConfig, *, environ: Mapping[str, st
             current = source_identity(location, client=client)
         except (ObjectStoreError, ValueError) as error:
             if target.exists():
+                if pinned is not None:
+                    _check_pinned(field, value, _cached_identity(target), pinned)
                 logger.warning("%s: %s could not be compared with the store (%s); loading the cached copy at %s",
                                field, value, error, target)
                 return str(target)
             raise InputError(f"{field}: {error}") from None
+        if pinned is not None:
+            _check_pinned(field, value, current, pinned)  # before a download replaces the cached copy
         cached = _cached_identity(target)
         if cached == current:
             logger.info("%s: %s is in the inputs cache at %s, as the store holds it", field, value, target)
@@ -144,6 +154,20 @@ def fetch(value: str, field: str, config: RunConfig, *, environ: Mapping[str, st
             raise InputError(f"{field}: {error}") from None
         _source_file(target).write_text(current, encoding="utf-8")
     return str(target)
+
+
+def _check_pinned(field: str, value: str, found: str | None, pinned: str) -> None:
+    if found != pinned:
+        raise InputError(f"{field}: {value} holds {found or 'a model without an export manifest'}, not {pinned}, "
+                         "the content the run pinned when it started (status.model.revision): it changed since; "
+                         "put that content back, or start a new run for the new one")
+
+
+def loaded_digest(path: str) -> str | None:
+    """The content digest of a model folder as loaded (the local path `resolve` gives): what the store held when an
+    s3:// copy was downloaded, else the digest of the folder's export manifest; None for a folder without one (or a
+    hub id)."""
+    return _cached_identity(Path(path)) if os.path.isabs(path) or os.path.exists(path) else None
 
 
 def _source_file(target: Path) -> Path:
@@ -188,7 +212,8 @@ def resolve(config: RunConfig, *, dataset: bool, environ: Mapping[str, str] = os
     values = [config.model, *([config.dataset.path] if dataset and config.dataset.path is not None else [])]
     check_credentials(config.inputs, object_store=any(map(is_object_store_uri, values)), environ=environ)
     resolved = config.model_copy(deep=True)
-    resolved.model = fetch(config.model, "model", config, environ=environ, client=client)
+    resolved.model = fetch(config.model, "model", config, environ=environ, client=client,
+                           pinned=environ.get(MODEL_DIGEST_ENV) or None)
     if dataset and config.dataset.path is not None:
         resolved.dataset.path = fetch(config.dataset.path, "dataset.path", config, environ=environ, client=client)
     return resolved

@@ -8,6 +8,7 @@ volumes); `grporun export RUN_DIR` runs it for a `grporun local` run.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -56,19 +57,25 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
     """Export the model of `checkpoint` (default: the newest complete one of config.checkpoint.directory, its
     marker verified) to config.output; ExportError naming the field or the path and the cause."""
     from ..contract.store_uri import is_object_store_uri
-    from ..learner.checkpoints import MarkerError, UnusableCheckpoints, newest_checkpoint, read_marker
+    from ..learner.checkpoint_store import CheckpointStore, resume_point
+    from ..learner.checkpoints import MarkerError, UnusableCheckpoints, read_marker
     from .final_model import upload_export
+    from .object_store import ObjectStoreError
 
     if config.output is None:
         raise ExportError("output: the run has no spec.output: there is nowhere to export the model to")
+    where = config.checkpoint.directory if config.checkpoint.uri is None else (
+        f"{config.checkpoint.directory} and checkpoint.uri {config.checkpoint.uri}")
     try:
-        found = checkpoint or newest_checkpoint(config.checkpoint.directory)
+        # With checkpoint.uri, a folder without a checkpoint (a new pod's) gets the store's newest, as a resume does.
+        found = checkpoint or resume_point(config.checkpoint.directory, CheckpointStore.from_config(config.checkpoint))
         if found is None:
-            raise ExportError(f"checkpoint.directory {config.checkpoint.directory}: no complete checkpoint to export "
-                              "the model from")
+            raise ExportError(f"checkpoint.directory {where}: no complete checkpoint to export the model from")
         marker = read_marker(found)
     except (UnusableCheckpoints, MarkerError) as error:
         raise ExportError(f"{checkpoint or config.checkpoint.directory}: {error}") from None
+    except (ObjectStoreError, ValueError) as error:
+        raise ExportError(f"checkpoint.uri: the newest checkpoint could not be downloaded: {error}") from None
     path = Path(found)
     provenance, step = _provenance(config, path, marker)
     lora = (path / ADAPTER_CONFIG_FILE).exists()
@@ -110,6 +117,16 @@ def save_merged_adapter(config: RunConfig, checkpoint: Path, folder: Path) -> No
     adapter.mkdir()
     for file in model_files(checkpoint):
         shutil.copy2(file, (adapter if file.name.startswith("adapter_") else folder) / file.name)
+
+
+def write_export_message(text: str, path: str) -> None:
+    """`text` as the pod's termination message (its last bytes within Kubernetes' limit); nothing where the path's
+    folder does not exist (a workstation has no /dev/termination-log)."""
+    from ..contract.codes import TERMINATION_MESSAGE_MAX_BYTES
+
+    if os.path.isdir(os.path.dirname(path) or "."):
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
+            f.write(text[-TERMINATION_MESSAGE_MAX_BYTES:])
 
 
 def store_environ(config: RunConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
