@@ -61,9 +61,24 @@ class OperatorRelease:
                   "--set", "image.pullPolicy=Never", "--set", f"trainerImage.repository={trainer_repository}",
                   "--set-string", f"trainerImage.tag={trainer_tag}"]
         began = time.monotonic()
-        self.run_helm("install", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
-                      "--wait", "--timeout=5m", *values)
+        try:
+            self.run_helm("install", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
+                          "--wait", "--timeout=5m", *values)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.operator_diagnosis()}") from None
         self.install_s = time.monotonic() - began
+
+    def operator_diagnosis(self) -> str:
+        """What a failed install leaves to read: the operator pods' description (conditions, probes, the kubelet's
+        events) and their logs, the previous container's too."""
+        kubectl = self.node.kubectl
+        parts = [kubectl("describe", "pods", "-n", self.namespace, "-l", INSTANCE_LABEL, check=False).stdout,
+                 kubectl("get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp", check=False).stdout]
+        for previous in (False, True):
+            logs = kubectl("logs", "-n", self.namespace, "-l", INSTANCE_LABEL, "--tail=200", "--timestamps",
+                           *(["--previous"] if previous else []), check=False)
+            parts.append(f"operator logs{' (previous container)' if previous else ''}:\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
 
     def operator_pods(self) -> list[dict]:
         listed = self.node.kubectl("get", "pods", "-n", self.namespace, "-l", INSTANCE_LABEL, "-o", "json")
