@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest

@@ -14,8 +14,9 @@ its reset made. An episode is:
 
 Tools: the environment's own MCP tools, listed once when the learner starts (`list_tools`, a `list_tools` step of a
 session of its own), each a method of a class made for the environment: the tool's name, its description as the
-docstring and its JSON-schema arguments as the signature's types, which is how TRL renders a tool for the model (TRL's
-OpenEnv harness hands the model the same name, description and schema).
+docstring, its JSON-schema arguments as the signature's types and text as what it returns (TRL shows the policy a
+tool's result as text), which is how TRL renders a tool for the model (TRL's OpenEnv harness hands the model the same
+name, description and argument schema).
 
 Failures are judged as the HTTP transport judges them (grpo_trainer.agentic.transport): no connection, no answer
 within the call's bound, a session the server refused or closed, an error message of OpenEnv's protocol, an answer
@@ -308,8 +309,9 @@ def _tool_method(environment: str, tool: ToolSpec) -> Callable[..., Any]:
         return self._call_tool(name, arguments)
 
     call.__name__ = call.__qualname__ = name
-    call.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    call.__annotations__ = annotations
+    # The result is shown to the policy as text (TRL's tool message), whatever the tool's own output schema.
+    call.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
+    call.__annotations__ = {**annotations, "return": str}
     summary = _one_line(tool.description) or f"The environment's {name} tool."
     call.__doc__ = summary + ("\n\nArgs:\n" + "\n".join(described) if described else "")
     return call
