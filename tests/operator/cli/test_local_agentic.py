@@ -13,7 +13,6 @@ rises over the run: the policy learns that playing pays."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 import subprocess
@@ -98,9 +97,9 @@ def test_an_agentic_run_trains_against_its_environment_servers_over_http_and_ope
     # still realign now and then.
     realigned = [float(value) for value in re.findall(r"'rollout/realign_frac': '([^']+)'", learner_log)]
     assert realigned and sum(realigned) / len(realigned) < 0.5, realigned
-    # The environments' reward, as the learner logs it per step (each environment's over its rows of the groups it
-    # trained; their mean), rises over the run: the policy, taught to play in a third of its episodes, learns that
-    # playing pays on every prompt, over HTTP and over OpenEnv alike.
+    # The environments' reward, as the learner logs it per step (over the rows of the groups it trained, each row
+    # scored by the environment it played), rises over the run: the policy, taught to play in a third of its
+    # episodes, learns that playing pays on every prompt, over HTTP and over OpenEnv alike.
     rewards = step_rewards(learner_log, ["GuessEnvironment", "OpenguessOpenEnv"])
     tenth = max(1, len(rewards) // 10)
     first, last = sum(rewards[:tenth]) / tenth, sum(rewards[-tenth:]) / tenth
@@ -111,14 +110,14 @@ def test_an_agentic_run_trains_against_its_environment_servers_over_http_and_ope
 
 
 def step_rewards(learner_log: str, columns: list[str]) -> list[float]:
-    """Per logged step, the mean of the environments' reward columns (`rewards/<class>`) that step scored (a step
-    whose rows all played one environment logs the other's as nan); each column must have scored some step."""
-    per_column = [[float(value) for value in re.findall(rf"'rewards/{column}': '([^']+)'", learner_log)]
-                  for column in columns]
-    assert all(any(math.isfinite(value) for value in values) for values in per_column), per_column
-    steps = []
-    for values in zip(*per_column, strict=True):
-        finite = [value for value in values if math.isfinite(value)]
-        if finite:
-            steps.append(sum(finite) / len(finite))
+    """Per logged step, the environments' reward over its rows: each row played one environment, whose column
+    (`rewards/<class>`) holds its reward and the others' none, so the step's `reward` less its constant reward is
+    their mean over every row. Each environment's column must have been logged at some step."""
+    steps, seen = [], set()
+    for line in learner_log.splitlines():
+        total, constant = re.search(r"'reward': '([^']+)'", line), re.search(r"'rewards/constant': '([^']+)'", line)
+        if total and constant:
+            steps.append(float(total[1]) - float(constant[1]))
+            seen |= {column for column in columns if f"'rewards/{column}': " in line}
+    assert seen == set(columns), (seen, columns)
     return steps
