@@ -4,7 +4,9 @@ session on one server, and failures judged as the HTTP transport judges them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -90,6 +92,43 @@ def test_an_episode_scores_the_last_reward_the_environment_reported(game_urls):
     assert environment.guess(number=1) == "wrong" and environment.get_reward() == WRONG_GUESS_REWARD
     environment.reset(target=3)
     assert environment.get_reward() == 0.0  # no guess: the reset's reward
+
+
+def sessions_closed() -> None:
+    """Wait for the sessions' closes the learner left running in the background."""
+    async def idle() -> None:
+        running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if running:
+            await asyncio.wait(running, timeout=20)
+
+    asyncio.run_coroutine_threadsafe(idle(), openenv_play._event_loop()).result(30)
+
+
+class Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_an_episode_ends_its_session_as_the_server_expects_with_no_error_on_its_side(game_urls):
+    """The server closes the session's connection: a client that closes first races it, and the server logs each
+    lost race as an exception ("Exception in ASGI application")."""
+    errors = Errors()
+    server_log = logging.getLogger("uvicorn.error")
+    server_log.addHandler(errors)
+    try:
+        environment = guarded(game_urls[0])()
+        for _ in range(3):
+            environment.reset(target=3)
+            environment.guess(number=3)
+            assert environment.get_reward() == 1.0
+        sessions_closed()
+    finally:
+        server_log.removeHandler(errors)
+    assert errors.messages == []
 
 
 def test_each_episode_is_a_session_on_the_server_with_the_fewest_in_flight(game_urls):

@@ -141,11 +141,21 @@ def _exchange(where: str, timeout_s: float, make: Callable[[], Coroutine[Any, An
 
 
 def _close_in_background(client: MCPToolClient) -> None:
+    """End the session: ask the server to close it (OpenEnv's `close` message) and let the server close the
+    connection. The client's own `close` closes it at once after the message, which races the server's close of the
+    same connection, and openenv-core 0.3.0's server logs each lost race as an error."""
     async def close() -> None:
         try:
-            await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)
+            connection = client._ws  # the open WebSocket, which the client does not expose
+            if connection is not None:
+                await connection.send(json.dumps({"type": "close"}))
+                await asyncio.wait_for(connection.wait_closed(), CLOSE_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - the session is given up either way
             logger.debug("closing an OpenEnv session: %s: %s", type(error).__name__, error)
+        try:
+            await asyncio.wait_for(client.close(), CLOSE_TIMEOUT_S)  # the client's own resources
+        except Exception as error:  # noqa: BLE001
+            logger.debug("closing an OpenEnv client: %s: %s", type(error).__name__, error)
 
     asyncio.run_coroutine_threadsafe(close(), _event_loop())
 
