@@ -12,6 +12,9 @@ LEARNER_CUDA_VENV := .venv-learner-cuda
 LEARNER_CUDA_REQUIREMENTS := trainer_image/requirements/learner-cuda.txt
 MLFLOW_VENV := .venv-mlflow
 MLFLOW_VERSION := 3.17.2
+# OpenEnv's client and server library, without its dependencies (pyproject.toml's learner extra says why and lists
+# the ones it needs); trainer_image/Dockerfile installs the same version the same way.
+OPENENV_VERSION := 0.3.0
 # uv installs both venvs from one cache and hardlinks the files, so torch and its nvidia libraries (most of the
 # bytes) are on disk once, however many venvs use them. The system CA bundle is the one pip uses here.
 export UV_LINK_MODE := hardlink
@@ -28,10 +31,11 @@ $(UV):
 # The learner, the operator and the test tools share one venv. torch goes first, on its own, so the CPU build is
 # used where one can be had (scripts/torch-source.sh says which it chose). The demo needs the learner alone; the
 # test tools go on top of it. uv -q: one line per step instead of one per package.
-$(VENV)/.learner: pyproject.toml scripts/torch-source.sh | $(UV)
+$(VENV)/.learner: pyproject.toml scripts/torch-source.sh Makefile | $(UV)
 	@echo "setup: $(VENV) (learner, operator)"
 	$(UV) pip install -q --python $(VENV)/bin/python $$(scripts/torch-source.sh $(TORCH_VERSION))
 	$(UV) pip install -q --python $(VENV)/bin/python -e '.[learner]'
+	$(UV) pip install -q --python $(VENV)/bin/python --no-deps openenv-core==$(OPENENV_VERSION)
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.learner
@@ -63,6 +67,7 @@ $(LEARNER_CUDA_VENV)/.installed: pyproject.toml $(LEARNER_CUDA_REQUIREMENTS) | $
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python torch==$(TORCH_VERSION)
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python -e '.[learner]' -r $(LEARNER_CUDA_REQUIREMENTS)
 	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps vllm==$(VLLM_VERSION)
+	$(UV) pip install -q --python $(LEARNER_CUDA_VENV)/bin/python --no-deps openenv-core==$(OPENENV_VERSION)
 	touch $@
 
 # The MLflow tracking server the tracking tests report to (tests/trainer/learner/test_tracking.py). Its own venv: the

@@ -23,8 +23,10 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo_trainer.contract.config import (
+    DEFAULT_ENVIRONMENT_PROTOCOL,
     AttentionSetting,
     DatasetConfig,
+    EnvironmentProtocol,
     FilterConfig,
     FsdpConfig,
     LearnerConfig,
@@ -36,6 +38,7 @@ from grpo_trainer.contract.config import (
     TrainingConfig,
     UnknownRewardName,
     WeightSyncConfig,
+    check_openenv_environments,
     check_reward_name,
 )
 from grpo_trainer.contract.store_uri import InvalidObjectStoreURI, is_object_store_uri, parse_uri
@@ -183,6 +186,9 @@ class EnvironmentSpec(WireModel):
     image: str = Field(min_length=1)
     replicas: int = Field(1, ge=0, le=MAX_ENVIRONMENT_REPLICAS)
     port: int = Field(8000, ge=1, le=65535)
+    # How the learner plays it: `http`, through the user's environment factory; `openenv`, with OpenEnv's client
+    # (grpo_trainer.contract.config.EnvironmentProtocol).
+    protocol: EnvironmentProtocol = DEFAULT_ENVIRONMENT_PROTOCOL
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[EnvVar] | None = None
@@ -381,6 +387,10 @@ class GRPORunSpec(WireModel):
             raise ValueError(f"environment names must be unique: {', '.join(duplicates)} named more than once")
         return environments
 
+    def openenv_environments(self) -> list[str]:
+        """The environments the learner plays with OpenEnv's client, in spec order."""
+        return [environment.name for environment in self.environments or [] if environment.protocol == "openenv"]
+
     @model_validator(mode="after")
     def _checkpoint_store(self) -> GRPORunSpec:
         if self.checkpoint.uri is None:
@@ -424,6 +434,18 @@ def check_reward_names(spec: GRPORunSpec) -> GRPORunSpec:
     return spec
 
 
+def check_environment_protocols(spec: GRPORunSpec) -> GRPORunSpec:
+    """The rule across spec.environments and spec.training: every OpenEnv environment can get rows
+    (contract.config.check_openenv_environments). Raises SpecError naming the environment's protocol."""
+    try:
+        check_openenv_environments(spec.training, spec.openenv_environments())
+    except ValueError as error:
+        position = next(index for index, environment in enumerate(spec.environments or [])
+                        if environment.protocol == "openenv")
+        raise SpecError(f"spec.environments[{position}].protocol", str(error)) from None
+    return spec
+
+
 def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
     """Validate a GRPORun's `.spec` (camelCase, as stored) into the typed model; raises SpecError."""
     if not isinstance(spec, dict):
@@ -432,7 +454,7 @@ def parse_spec(spec: dict[str, Any]) -> GRPORunSpec:
         parsed = GRPORunSpec.model_validate(spec)
     except ValidationError as error:
         raise spec_error_from(error) from None
-    return check_reward_names(parsed)
+    return check_environment_protocols(check_reward_names(parsed))
 
 
 def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
@@ -446,7 +468,7 @@ def parse_stored_spec(spec: dict[str, Any]) -> tuple[GRPORunSpec, list[str]]:
     spec, ignored = copy.deepcopy(spec), []
     while True:
         try:
-            return check_reward_names(GRPORunSpec.model_validate(spec)), ignored
+            return check_environment_protocols(check_reward_names(GRPORunSpec.model_validate(spec))), ignored
         except ValidationError as error:
             unknown = [e["loc"] for e in error.errors() if e["type"] == "extra_forbidden"]
             if not unknown or not all(_drop(spec, loc) for loc in unknown):

@@ -93,6 +93,7 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
         output_dir=placement.output_dir,
         termination_message_path=placement.termination_message_path,
         environments=dict(placement.environment_urls),
+        environment_protocols={environment.name: environment.protocol for environment in spec.environments or []},
     )
 
 

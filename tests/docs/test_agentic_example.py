@@ -1,6 +1,7 @@
 """docs/agentic.md's environment server: its command and args, run as a pod runs them, serve on the pod's address
 (a kubelet's readiness probe connects there, never to loopback), and the example runs several replicas of the
-stateful game (the learner's client pins each episode to the server its reset reached)."""
+stateful game (the learner's client pins each episode to the server its reset reached). Its OpenEnv example is the
+shipped example's (examples/tiny-agentic-openenv.yaml, which tests/operator/cli/test_local_agentic.py runs)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,18 @@ from tests.support.paths import REPO
 AGENTIC_DOC = REPO / "docs" / "agentic.md"
 
 
-def environment_example() -> EnvironmentSpec:
+def environment_examples() -> list[dict]:
+    """The `spec` of each of docs/agentic.md's YAML blocks that shows spec.environments."""
     blocks = re.findall(r"```yaml\n(.*?)```", AGENTIC_DOC.read_text(), flags=re.S)
-    found = [doc["spec"]["environments"] for doc in map(yaml.safe_load, blocks)
-             if isinstance(doc, dict) and "environments" in doc.get("spec", {})]
-    assert len(found) == 1, "docs/agentic.md shows one spec.environments example"
+    return [doc["spec"] for doc in map(yaml.safe_load, blocks)
+            if isinstance(doc, dict) and "environments" in doc.get("spec", {})]
+
+
+def environment_example() -> EnvironmentSpec:
+    """The reference example: every field of an environment (its podTemplateOverride a placeholder)."""
+    found = [spec["environments"] for spec in environment_examples()
+             if any("podTemplateOverride" in entry for entry in spec["environments"])]
+    assert len(found) == 1, "docs/agentic.md shows one reference spec.environments example"
     (entry,) = found[0]
     entry.pop("podTemplateOverride")  # a placeholder ({...}): as spec.rollout's, documented there
     return EnvironmentSpec.model_validate(entry)
@@ -63,3 +71,12 @@ def test_the_example_server_listens_on_the_pods_address_and_runs_several_replica
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_openenv_example_is_the_shipped_runs():
+    (shown,) = [spec for spec in environment_examples()
+                if any(entry.get("protocol") == "openenv" for entry in spec["environments"])]
+    shipped = yaml.safe_load((REPO / "examples" / "tiny-agentic-openenv.yaml").read_text())["spec"]
+    assert shown["environments"] == shipped["environments"]
+    assert "environmentFactory" not in shipped["training"] and "environmentFactories" not in shipped["training"]
+    assert shown["training"]["maxToolCallingIterations"] == shipped["training"]["maxToolCallingIterations"]

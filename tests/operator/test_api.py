@@ -227,3 +227,21 @@ def test_spec_operator_modules_import_no_ml_stack():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"environmentFactory": "mod:make"}, "environment 'openguess' has protocol openenv, which "
+                                         "training.environmentFactory (every row's environment) leaves no row to"),
+    ({"environmentFactories": {"openguess": "mod:make"}}, "environment 'openguess' has protocol openenv and is also "
+                                                          "a key of training.environmentFactories"),
+])
+def test_an_openenv_environment_no_row_can_reach_is_refused_naming_its_protocol(training, message):
+    spec = {"model": "m", "dataset": {"name": "d"}, "rewards": [{"name": "constant"}], "training": training,
+            "environments": [{"name": "guess", "image": "i"},
+                             {"name": "openguess", "image": "i", "protocol": "openenv"}]}
+    with pytest.raises(SpecError) as refused:
+        parse_spec(spec)
+    assert str(refused.value).startswith(f"spec.environments[1].protocol: {message}")
+    spec["training"] = {"environmentFactories": {"guess": "mod:make"}}  # the rows name either
+    assert parse_spec(spec).openenv_environments() == ["openguess"]
+

@@ -374,6 +374,10 @@ CEL_CASES = {
     "environment-duplicate": (_update(lambda m: m["spec"]["environments"].append(
         {**m["spec"]["environments"][0], "image": "other"}), base=_agentic),
         "spec.environments: environment names must be unique"),
+    "environment-openenv-beside-one-factory": (
+        _update(lambda m: m["spec"]["environments"][0].update(protocol="openenv"), base=_agentic),
+        "spec.environments: an environment with protocol openenv gets no row while training.environmentFactory plays "
+        "every row"),
     "environment-name": (_set("spec.environments", [{"name": "Guess_1", "image": "x"}], base=_agentic),
                          "spec.environments[0].name: must be a DNS-1035 label"),
     "environment-service-name": (_update(lambda m: (m["metadata"].update(name="r" * 48), m["spec"]["environments"][0]
@@ -526,6 +530,18 @@ def _two_environments() -> dict:
     return manifest
 
 
+def _two_environments_by_row(protocol: str) -> Callable[[], dict]:
+    """Two environments the rows choose by name, the second's protocol `protocol` (the first keeps the user's
+    factory)."""
+    def make() -> dict:
+        manifest = _two_environments()
+        training = manifest["spec"]["training"]
+        training["environmentFactories"] = {"guess": training.pop("environmentFactory")}
+        manifest["spec"]["environments"][1]["protocol"] = protocol
+        return manifest
+    return make
+
+
 def _reordered() -> dict:
     manifest = _two_environments()
     manifest["spec"]["environments"].reverse()
@@ -545,6 +561,8 @@ ENVIRONMENT_UPDATE_CASES = {
     "image": (_environment(lambda e: e.update(image="registry.example/guess-env:2")), None,
               [ENVIRONMENTS_WHILE_SUSPENDED]),
     "port": (_environment(lambda e: e.update(port=9000)), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
+    "protocol": (_two_environments_by_row("openenv"), _two_environments_by_row("http"),
+                 [ENVIRONMENTS_WHILE_SUSPENDED]),
     "command": (_environment(lambda e: e.update(command=["guess"])), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
     "command-removed": (_environment(lambda e: e.pop("command")), None, [ENVIRONMENTS_WHILE_SUSPENDED]),
     "args": (_environment(lambda e: e.update(args=["--port", "9"])), None, [ENVIRONMENTS_WHILE_SUSPENDED]),

@@ -130,3 +130,15 @@ def test_resolve_loads_the_specs_revisions_and_none_for_unpinned():
         update={"revision": "unpinned"})})
     config = resolve_run_config(run.name, run.namespace, unpinned, placement)
     assert (config.model_revision, config.dataset.revision) == (None, None)
+
+
+def test_resolve_carries_each_environments_protocol_to_the_learner():
+    run, config = resolve("agentic.yaml", weight_sync_dir="/sync", environment_urls={"guess": "http://guess:8765"})
+    assert config.environment_protocols == {"guess": "http"} and config.openenv_environments() == []
+    spec = run.spec.model_copy(deep=True)
+    spec.training.environment_factory = None
+    spec.environments[0].protocol = "openenv"
+    config = resolve_run_config(run.name, run.namespace, spec, RunPlacement(
+        rollout_urls=["http://r:8000"], output_dir="/out", checkpoint_dir=None, weight_sync_dir="/sync",
+        termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH, environment_urls={"guess": "http://guess:8765"}))
+    assert load_run_config(config.model_dump_json(by_alias=True)).openenv_environments() == ["guess"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,13 @@ def test_every_apt_get_of_the_set_up_waits_for_the_dpkg_lock():
     calls = apt_get_calls((REPO / "Makefile").read_text())
     assert len(calls) >= 4  # update and install for Debian's prometheus, the node tier and the image tools
     assert [call for call in calls if APT_LOCK_WAIT not in call] == []
+
+
+def test_makefile_installs_openenv_without_its_dependencies_in_both_learner_venvs():
+    """openenv-core requires gradio, whose pins the CUDA learner's vLLM requirements refuse: it goes in with
+    --no-deps, and the learner extra lists what its client and server import."""
+    makefile = (REPO / "Makefile").read_text()
+    assert makefile.count("--no-deps openenv-core==$(OPENENV_VERSION)") == 2
+    learner = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["learner"]
+    assert not any(requirement.startswith("openenv-core") for requirement in learner)
+    assert any(requirement.startswith("fastmcp==") for requirement in learner)

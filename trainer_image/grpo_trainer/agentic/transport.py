@@ -64,8 +64,9 @@ def call_deadline(deadline: float) -> Iterator[None]:
         _deadline.at = previous
 
 
-def _seconds_left(timeout_s: float) -> tuple[float, bool]:
-    """The seconds a request may take, and whether the call's deadline (not `timeout_s`) is what bounds it."""
+def seconds_left(timeout_s: float) -> tuple[float, bool]:
+    """The seconds a request made now may take, and whether the call's deadline (not `timeout_s`) is what bounds it
+    (an answer that does not come in time is then DeadlinePassed, else EnvironmentFailure)."""
     deadline = getattr(_deadline, "at", None)
     if deadline is None or deadline - time.monotonic() >= timeout_s:
         return timeout_s, False
@@ -96,7 +97,7 @@ class EnvironmentClient:
 
     def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> Any:
         where = f"{method} {self.url}{path}"
-        timeout, by_deadline = _seconds_left(self.timeout_s)
+        timeout, by_deadline = seconds_left(self.timeout_s)
         if timeout <= 0:
             raise DeadlinePassed(f"{where}: the call's deadline had passed")
         try:

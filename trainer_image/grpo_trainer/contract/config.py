@@ -427,6 +427,14 @@ class TrackingConfig(WireModel):
         return [name for name in ("mlflow", "tensorboard", "wandb") if getattr(self, name) is not None]
 
 
+#: How the learner plays an environment server (spec.environments[].protocol).
+#: - `http`: the user's environment factory (training.environmentFactory/environmentFactories) plays it, reaching it
+#:   through grpo_trainer.agentic.transport.EnvironmentClient;
+#: - `openenv`: the learner plays it itself with OpenEnv's client (grpo_trainer.agentic.openenv), no factory needed.
+EnvironmentProtocol = Literal["http", "openenv"]
+DEFAULT_ENVIRONMENT_PROTOCOL: EnvironmentProtocol = "http"
+
+
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
 
@@ -459,6 +467,10 @@ class RunConfig(WireModel):
         description="The run's environment servers (spec.environments) by name: the URL of each one's headless "
                     "Service (under grporun local, its servers' URLs separated by ENVIRONMENT_URL_SEPARATOR). The "
                     "learner's pods also have each as the variable environment_url_variable(name) names.")
+    environment_protocols: dict[str, EnvironmentProtocol] = Field(
+        default_factory=dict,
+        description="The protocol of each environment in `environments` (spec.environments[].protocol; one left "
+                    "out is `http`): an `openenv` one the learner plays itself, with no factory of the user's.")
 
     @field_validator("model")
     @classmethod
@@ -466,6 +478,32 @@ class RunConfig(WireModel):
         if not value.strip():
             raise ValueError("model must name a hub id or a local path")
         return value
+
+    @model_validator(mode="after")
+    def _protocols_of_known_environments(self) -> RunConfig:
+        if unknown := sorted(set(self.environment_protocols) - set(self.environments)):
+            raise ValueError(f"environmentProtocols names {', '.join(unknown)}, which environments does not list")
+        check_openenv_environments(self.training, self.openenv_environments())
+        return self
+
+    def openenv_environments(self) -> list[str]:
+        """The environments the learner plays with OpenEnv's client, in the config's order."""
+        return [name for name in self.environments if self.environment_protocols.get(name) == "openenv"]
+
+
+def check_openenv_environments(training: TrainingConfig, names: list[str]) -> None:
+    """Raise ValueError when the OpenEnv environments `names` cannot be played beside the training's environment
+    factories: rows choose their environment by its name (the dataset's `environment` column), so a single
+    environmentFactory (every row's) leaves no row to an OpenEnv environment, and a name must be one environment's."""
+    if not names:
+        return
+    if training.environment_factory is not None:
+        raise ValueError(f"environment {names[0]!r} has protocol openenv, which training.environmentFactory (every "
+                         "row's environment) leaves no row to: name the factory in training.environmentFactories "
+                         "instead, and each row's environment in the dataset's `environment` column")
+    if clash := sorted(set(names) & set(training.environment_factories or {})):
+        raise ValueError(f"environment {clash[0]!r} has protocol openenv and is also a key of "
+                         "training.environmentFactories: a row's environment must name one of them")
 
 
 #: TRL 1.16's `AsyncGRPOConfig.request_timeout`: how long one generation request may run before it is given up and

@@ -214,6 +214,14 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
     except AttentionUnavailable as error:
         raise ConfigError(str(error)) from None
     logger.info("tree attention: %s (%s)", attention.kernel.value, attention.reason)
+    if config.openenv_environments():  # last: it waits for the environments' servers to list their tools
+        from ..agentic.openenv_play import with_openenv_environments
+
+        try:
+            environment_factory = with_openenv_environments(environment_factory, config,
+                                                            CallBounds.of(config.training))
+        except UserCodeError as error:
+            raise ConfigError(str(error)) from None
     if tools or environment_factory is not None:
         try:
             check_tool_chat_template(tokenizer, spec_config.model)
