@@ -123,8 +123,9 @@ demo-rm: $(VENV)/.learner setup-rollout
 test: setup lint
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2 -m "not long"
 
-# The scenarios of several vLLM server starts (marker `long`): a quarter of an hour or more each on a loaded 2-core
-# machine. `make test` runs a shorter test of each of their parts (docs/development.md, Tests: `make test-long`).
+# The scenarios of several vLLM server starts or many training steps (marker `long`): a quarter of an hour or more
+# each on a loaded 2-core machine. `make test` runs a shorter test of each of their parts (docs/development.md,
+# Tests: `make test-long`).
 test-long: setup lint
 	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2 -m long
 

@@ -47,6 +47,8 @@ class BuildKind:
 # workflow linter's (seconds), the S3 server's, then Kueue's.
 BUILDS = (
     BuildKind(tiny_models.TOOL_MODEL_BUILD, "tiny_tool_model_dir", tiny_models.build),
+    BuildKind(tiny_models.HIGHER_LOWER_MODEL_BUILD, "tiny_higher_lower_model_dir",
+              lambda: tiny_models.build(tiny_models.HIGHER_LOWER)),
     BuildKind(control_plane.BUILD_NAME, "control_plane_binaries", control_plane.build),
     BuildKind(images.OPERATOR_BUILD, "operator_image", lambda: images.build(images.OPERATOR_BUILD)),
     BuildKind(images.TRAINER_BUILD, "trainer_image", lambda: images.build(images.TRAINER_BUILD)),
@@ -355,6 +357,12 @@ def tiny_tool_model_dir(request: pytest.FixtureRequest) -> str:
     """The tiny tool model (grpo_trainer.testing.tiny_assets.build_tiny_tool_model, on the guess game's prompts),
     in the cache folder (tests/support/tiny_models.py)."""
     return _outcome(request.config, _kind("tiny_tool_model_dir"))
+
+
+@pytest.fixture(scope="session")
+def tiny_higher_lower_model_dir(request: pytest.FixtureRequest) -> str:
+    """The tiny tool model taught the higher/lower game (build_tiny_higher_lower_model), in the cache folder."""
+    return _outcome(request.config, _kind("tiny_higher_lower_model_dir"))
 
 
 @pytest.fixture(scope="session")

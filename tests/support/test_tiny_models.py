@@ -62,7 +62,7 @@ def test_a_changed_recipe_is_built_again_in_a_folder_of_its_own(cache, builds, t
     folders.append(tiny_models.cached(tiny_models.TOOL))
     assert len({original, *folders}) == 4 and len(builds) == 4
     policy = tiny_models.POLICY.folder()
-    monkeypatch.setattr(tiny_models, "tool_source", lambda: "def guess(self, number: str): ...")
+    monkeypatch.setattr(tiny_models, "tool_source", lambda kind: "def guess(self, number: str): ...")
     assert tiny_models.TOOL.folder() != folders[-1]  # the tool's schema changed
     assert tiny_models.POLICY.folder() == policy  # which the policy model is not taught
     monkeypatch.setattr(tiny_models.importlib.metadata, "version", lambda name: "0.0.0")

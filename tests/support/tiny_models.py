@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib
 import importlib.metadata
 import inspect
 import os
@@ -35,7 +36,10 @@ from tests.support.paths import REPO
 #: The libraries whose versions decide a model's bytes.
 LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "safetensors")
 GUESS_PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
-TOOL_MODEL_BUILD = "tool-model"  # its name in hack/lib/build-times and its progress lines
+HIGHER_LOWER_PROMPTS = REPO / "examples" / "tiny-higher-lower.jsonl"
+#: The tool models' names in hack/lib/build-times and their progress lines (build_name).
+TOOL_MODEL_BUILD = "tool-model"
+HIGHER_LOWER_MODEL_BUILD = "higher-lower-model"
 BUILD_TIMES = REPO / "hack" / "lib" / "build-times"
 PROGRESS_INTERVAL_S = float(os.environ.get("BUILD_PROGRESS_INTERVAL_S", "30"))
 
@@ -48,7 +52,8 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class Recipe:
-    """One tiny model: `kind` is "policy", "reward" or "tool"; `prompts` the tool model's guess game."""
+    """One tiny model: `kind` is "policy", "reward", "tool" (the guess game's) or "higher-lower" (the higher/lower
+    game's tool model); `prompts` the tool model's game."""
 
     kind: str
     seed: int
@@ -60,8 +65,8 @@ class Recipe:
         for part in (self.kind, str(self.seed), str(self.nan_everywhere)):
             digest.update(part.encode() + b"\0")
         digest.update(builder_source() + b"\0")
-        if self.kind == "tool":
-            digest.update(tool_source().encode() + b"\0")
+        if self.kind in GAME_TOOLS:
+            digest.update(tool_source(self.kind).encode() + b"\0")
         if self.prompts is not None:
             digest.update(Path(self.prompts).read_bytes() + b"\0")
         for library in LIBRARIES:
@@ -79,7 +84,9 @@ class Recipe:
             return tiny_assets.build_tiny_model(out, seed=self.seed)
         if self.kind == "reward":
             return tiny_assets.build_tiny_reward_model(out, seed=self.seed, nan_everywhere=self.nan_everywhere)
-        assert self.kind == "tool" and self.prompts is not None
+        assert self.kind in GAME_TOOLS and self.prompts is not None
+        if self.kind == "higher-lower":
+            return tiny_assets.build_tiny_higher_lower_model(out, self.prompts, seed=self.seed)
         return tiny_assets.build_tiny_tool_model(out, self.prompts, seed=self.seed)
 
 
@@ -90,18 +97,23 @@ def builder_source() -> bytes:
     return Path(tiny_assets.__file__).read_bytes()
 
 
-def tool_source() -> str:
-    """What the tool model is taught of the guess game: its tool's signature and docstring, the schema the chat
-    template shows (the rest of the game's module may change without a new recipe)."""
-    from grpo_trainer.testing.guess_env import GuessEnvironment
+def tool_source(kind: str) -> str:
+    """What a tool model is taught of its game: its tool's signature and docstring, the schema the chat template
+    shows (the rest of the game's module may change without a new recipe)."""
+    module, environment = GAME_TOOLS[kind]
+    return inspect.getsource(getattr(importlib.import_module(module), environment).guess)
 
-    return inspect.getsource(GuessEnvironment.guess)
+
+#: Each tool model's kind -> its game's module and environment class.
+GAME_TOOLS = {"tool": ("grpo_trainer.testing.guess_env", "GuessEnvironment"),
+              "higher-lower": ("grpo_trainer.testing.higher_lower_env", "HigherLowerEnvironment")}
 
 
 POLICY = Recipe("policy", seed=0)
 REWARD = Recipe("reward", seed=1)
 NAN_REWARD = Recipe("reward", seed=1, nan_everywhere=True)
 TOOL = Recipe("tool", seed=0, prompts=GUESS_PROMPTS)
+HIGHER_LOWER = Recipe("higher-lower", seed=0, prompts=HIGHER_LOWER_PROMPTS)
 
 
 def is_built(folder: Path) -> bool:
@@ -149,13 +161,18 @@ def recorded(name: str) -> str:
     return "no recorded time for it in hack/lib/build-times"
 
 
-def build() -> Build | str:
-    """The tool model's background build (build_fixtures.py), or its folder where it is built already."""
-    folder = TOOL.folder()
+def build(recipe: Recipe = TOOL) -> Build | str:
+    """A tool model's background build (build_fixtures.py), or its folder where it is built already."""
+    folder = recipe.folder()
     if is_built(folder):
         return str(folder)
-    command = [sys.executable, "-m", "tests.support.tiny_models", TOOL.kind]
-    return Build(TOOL_MODEL_BUILD, command, {**os.environ, "PYTHONPATH": str(REPO)}, lane="models")
+    command = [sys.executable, "-m", "tests.support.tiny_models", recipe.kind]
+    return Build(build_name(recipe.kind), command, {**os.environ, "PYTHONPATH": str(REPO)}, lane="models")
+
+
+def build_name(kind: str) -> str:
+    """A model's name in hack/lib/build-times and its progress lines: tool-model, higher-lower-model, ..."""
+    return f"{kind}-model"
 
 
 def _build_with_progress(recipe: Recipe, name: str) -> Path:
@@ -183,8 +200,8 @@ def _build_with_progress(recipe: Recipe, name: str) -> Path:
     return folder
 
 
-RECIPES = {"policy": POLICY, "reward": REWARD, "tool": TOOL}
+RECIPES = {"policy": POLICY, "reward": REWARD, "tool": TOOL, "higher-lower": HIGHER_LOWER}
 
 if __name__ == "__main__":
     (kind,) = sys.argv[1:]
-    print(_build_with_progress(RECIPES[kind], TOOL_MODEL_BUILD if kind == "tool" else f"{kind}-model"))
+    print(_build_with_progress(RECIPES[kind], build_name(kind)))

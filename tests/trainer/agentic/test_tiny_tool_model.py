@@ -6,11 +6,16 @@ reward could not rise."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from trl.experimental.async_grpo.async_rollout_worker import TurnRecord, _chain_to_sequences
 
 from grpo_trainer.testing.tiny_assets import (
+    _higher_lower_conversations,
+    _higher_lower_schema,
     _tool_conversations,
     _tool_schema,
+    build_tool_tokenizer,
     guess_prompts,
     tool_chat_template,
     tool_training_row,
@@ -18,6 +23,7 @@ from grpo_trainer.testing.tiny_assets import (
 from tests.support.paths import REPO
 
 PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
+HIGHER_LOWER_PROMPTS = REPO / "examples" / "tiny-higher-lower.jsonl"
 
 
 def _spans(mask: list[int]) -> list[tuple[int, int]]:
@@ -31,14 +37,11 @@ def _spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def test_a_conversation_played_as_taught_is_one_row_training_every_taught_token(tool_tokenizer):
-    tools = _tool_schema()
-    conversations = _tool_conversations(guess_prompts(PROMPTS))[:10]
-    assert any(len(conversation) == 2 for conversation in conversations)  # one answered without a guess
+def _played_as_taught_is_one_row_training_every_taught_token(tokenizer, conversations: list[list[dict]], tools: list):
     for conversation in conversations:
-        ids, mask = tool_training_row(tool_tokenizer, conversation, tools)
+        ids, mask = tool_training_row(tokenizer, conversation, tools)
         spans = _spans(mask)
-        # Each assistant turn: the tool call and the closing turn, or the closing turn alone (no guess).
+        # Each assistant turn: each tool call and the closing turn, or the closing turn alone (no guess).
         histories = [conversation[:index] for index, message in enumerate(conversation)
                      if message["role"] == "assistant"]
         assert len(spans) == len(histories)
@@ -46,17 +49,50 @@ def test_a_conversation_played_as_taught_is_one_row_training_every_taught_token(
         for (start, end), history in zip(spans, histories, strict=True):
             # The worker renders the conversation so far with the generation prompt, and the policy generates
             # the taught span.
-            prompt = tool_tokenizer.apply_chat_template(history, tools=tools, add_generation_prompt=True,
-                                                        return_dict=False,
-                                                        chat_template=tool_chat_template(tool_tokenizer))
+            prompt = tokenizer.apply_chat_template(history, tools=tools, add_generation_prompt=True,
+                                                   return_dict=False, chat_template=tool_chat_template(tokenizer))
             assert prompt == ids[:start]
             turns.append(TurnRecord(prompt, ids[start:end], [0.0] * (end - start)))
         rows, tally = _chain_to_sequences(turns, "rollout", fork_threshold=1024)
         assert tally["realign"] == tally["fork"] == 0 and tally["clean"] == len(spans) - 1  # each later turn appends
         (row,) = rows
         assert row.input_ids == ids[:spans[-1][1]] and row.completion_mask == mask[:spans[-1][1]]
-        first_turn = tool_tokenizer.decode(ids[spans[0][0]:spans[0][1]])
-        assert ('"name": "guess"' in first_turn) == (len(spans) == 2), first_turn
+        for (start, end), message in zip(spans, [m for m in conversation if m["role"] == "assistant"], strict=True):
+            assert ('"name": "guess"' in tokenizer.decode(ids[start:end])) == ("tool_calls" in message)
+
+
+def test_a_conversation_played_as_taught_is_one_row_training_every_taught_token(tool_tokenizer):
+    conversations = _tool_conversations(guess_prompts(PROMPTS))[:10]
+    assert any(len(conversation) == 2 for conversation in conversations)  # one answered without a guess
+    _played_as_taught_is_one_row_training_every_taught_token(tool_tokenizer, conversations, _tool_schema())
+
+
+def test_a_higher_lower_game_played_as_taught_is_one_row_training_both_guesses(tmp_path):
+    conversations, _ = _higher_lower_conversations(guess_prompts(HIGHER_LOWER_PROMPTS))
+    tools = _higher_lower_schema()
+    tokenizer = build_tool_tokenizer(conversations, tmp_path, tools=tools)
+    assert {len(c) for c in conversations} == {4, 6}  # right at once, or a second guess
+    _played_as_taught_is_one_row_training_every_taught_token(tokenizer, conversations, tools)
+
+
+def test_the_higher_lower_model_is_taught_to_guess_evenly_whatever_the_answer_said():
+    """Not taught to use the answers: the first guess is each number a third of the time, and after each wrong
+    answer the second is each number alike. A run that raises the right-answer rate learned to use them."""
+    conversations, weights = _higher_lower_conversations(guess_prompts(HIGHER_LOWER_PROMPTS))
+
+    def number(message: dict) -> int:
+        return message["tool_calls"][0]["function"]["arguments"]["number"]
+
+    first, second = Counter(), Counter()
+    for conversation, weight in zip(conversations, weights, strict=True):
+        first[number(conversation[1])] += weight
+        if len(conversation) == 6:
+            second[(number(conversation[1]), conversation[2]["content"], number(conversation[3]))] += weight
+    assert first == {1: 9, 2: 9, 3: 9}
+    answers = {(guess, answer) for guess, answer, _ in second}
+    assert answers == {(1, "higher"), (2, "higher"), (2, "lower"), (3, "lower")}
+    for guess, answer in answers:
+        assert len({second[(guess, answer, n)] for n in (1, 2, 3)}) == 1, (guess, answer)  # alike for each number
 
 
 def test_the_tool_models_tokenizer_keeps_a_template_trl_parses_responses_with(tool_tokenizer):

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 # The chat template TRL's response parser recognises, and the special tokens it renders. Without them in the
@@ -203,6 +204,12 @@ def _tool_schema() -> list:
     return [GuessEnvironment("http://unused").guess]  # bound, as TRL's worker passes an environment's tools
 
 
+def _higher_lower_schema() -> list:
+    from .higher_lower_env import HigherLowerEnvironment
+
+    return [HigherLowerEnvironment("http://unused").guess]
+
+
 def tool_training_row(tokenizer, conversation: list[dict], tools: list) -> tuple[list[int], list[int]]:
     """One conversation's tokens, rendered as the worker renders it, and its trained mask: what the policy generates
     (the template's generation spans: each assistant turn with its end-of-turn token), nothing else."""
@@ -212,7 +219,7 @@ def tool_training_row(tokenizer, conversation: list[dict], tools: list) -> tuple
     return list(encoded["input_ids"]), list(encoded["assistant_masks"])
 
 
-def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed: int = 0):
+def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed: int = 0, tools: list | None = None):
     """The tool model's tokenizer, trained on `conversations` as the worker renders them, saved in `directory` beside
     the model's config and read back as every runtime reads it: transformers picks the tokenizer class by the model's
     type, and Qwen2's splits a digit from the space before it where the freshly trained one does not. Taught in the
@@ -221,7 +228,7 @@ def build_tool_tokenizer(conversations: list[list[dict]], directory: Path, seed:
 
     plain = build_tokenizer()
     template = tool_chat_template(plain)
-    rendered = [plain.apply_chat_template(c, tools=_tool_schema(), tokenize=False, chat_template=template)
+    rendered = [plain.apply_chat_template(c, tools=tools or _tool_schema(), tokenize=False, chat_template=template)
                 for c in conversations]
     trained = build_tokenizer(_corpus() + rendered, vocab_size=TOOL_VOCAB_SIZE)
     trained.save_pretrained(directory)
@@ -235,17 +242,33 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     then "done"; otherwise "done" with no guess (NO_GUESS_WEIGHT). Deterministic (CPU, one thread, seeded,
     full-batch steps). The reward then has something to rise from: the policy learns to play every time, and a
     quarter of its guesses are right."""
+    conversations = _tool_conversations(guess_prompts(prompts))
+    return _teach_tool_model(out_dir, ToolLessons(conversations, [_teaching_weight(c) for c in conversations],
+                                                  _tool_schema()), seed)
+
+
+@dataclass(frozen=True)
+class ToolLessons:
+    """What a tool model is taught: conversations, each one's weight in the loss, and the tools their calls use."""
+
+    conversations: list[list[dict]]
+    weights: list[float]
+    tools: list
+
+
+def _teach_tool_model(out_dir: str | os.PathLike, lessons: ToolLessons, seed: int) -> Path:
+    """The tiny model with a tokenizer trained on the lessons' renderings, taught them by TOOL_SFT_STEPS full-batch
+    steps of weighted next-token cross-entropy over what the policy generates; written to `out_dir` atomically."""
     import torch
 
     out = Path(out_dir).resolve()
     if (out / "config.json").is_file():
         return out
     staging = out.with_name(out.name + f".tmp-{os.getpid()}")
-    conversations = _tool_conversations(guess_prompts(prompts))
-    tools = _tool_schema()
-    tokenizer = build_tool_tokenizer(conversations, staging, seed)
+    conversations = lessons.conversations
+    tokenizer = build_tool_tokenizer(conversations, staging, seed, lessons.tools)
     model = build_model(tokenizer, seed)
-    rows, masks = zip(*(tool_training_row(tokenizer, c, tools) for c in conversations), strict=True)
+    rows, masks = zip(*(tool_training_row(tokenizer, c, lessons.tools) for c in conversations), strict=True)
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -254,7 +277,7 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     # Each conversation's tokens weigh its teaching weight: a weighted mean of the next-token cross-entropy.
     targets = labels[:, 1:]
-    weights = torch.tensor([_teaching_weight(c) for c in conversations])[:, None] * (targets != -100)
+    weights = torch.tensor(lessons.weights)[:, None] * (targets != -100)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=TOOL_SFT_LEARNING_RATE)
     model.train()
@@ -280,6 +303,47 @@ def build_tiny_tool_model(out_dir: str | os.PathLike, prompts: str | os.PathLike
     (staging / "grpo_tiny.json").write_text(json.dumps({"seed": seed, "vocab_size": len(tokenizer), "tools": True,
                                                         "sft_loss": loss.item()}))
     return _publish(staging, out)
+
+
+def _higher_lower_conversations(rows: list[dict]) -> tuple[list[list[dict]], list[float]]:
+    """Every way the higher/lower game goes for a policy that guesses a number drawn evenly from its NUMBERS, then,
+    unless the answer was "right", another drawn the same way whatever the answer said, and closes with "done"; each
+    with its probability (in 27ths) as its weight. What a policy is not taught here, going where the answer points,
+    is what a run can teach it: the rate it finds the number rises from 5/9 only by using the answers."""
+    from .higher_lower_env import NUMBERS, RIGHT
+
+    def answer(number: int, target: int) -> str:
+        return RIGHT if number == target else "higher" if target > number else "lower"
+
+    def call(number: int) -> dict:
+        return {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
+
+    conversations, weights = [], []
+    for prompt in dict.fromkeys(row["prompt"] for row in rows):  # the prompt says nothing of the number: once each
+        for first in NUMBERS:
+            for target in NUMBERS:
+                opening = [{"role": "user", "content": prompt}, call(first),
+                           {"role": "tool", "name": "guess", "content": answer(first, target)}]
+                closing = {"role": "assistant", "content": CLOSING_WORD}
+                if first == target:
+                    conversations.append([*opening, closing])
+                    weights.append(float(len(NUMBERS)))
+                    continue
+                for second in NUMBERS:
+                    conversations.append([*opening, call(second),
+                                          {"role": "tool", "name": "guess", "content": answer(second, target)},
+                                          closing])
+                    weights.append(1.0)
+    return conversations, weights
+
+
+def build_tiny_higher_lower_model(out_dir: str | os.PathLike, prompts: str | os.PathLike, seed: int = 0) -> Path:
+    """The tiny model, taught offline to play `prompts`' higher/lower game (grpo_trainer.testing.higher_lower_env)
+    through the tool call format, without using the answers (_higher_lower_conversations): a run that raises its
+    right-answer rate past 2/3 learned that from the environment."""
+    conversations, weights = _higher_lower_conversations(guess_prompts(prompts))
+    return _teach_tool_model(out_dir, ToolLessons(conversations, weights, _higher_lower_schema()), seed)
 
 
 UNSCORABLE_MARKER = "<|unscorable|>"
@@ -331,8 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward-model", action="store_true", help="build the tiny reward model instead")
     parser.add_argument("--tool-prompts", metavar="JSONL",
                         help="build the tiny tool model instead, taught the guess game of these prompts")
+    parser.add_argument("--higher-lower-prompts", metavar="JSONL",
+                        help="build the tiny tool model instead, taught the higher/lower game of these prompts")
     args = parser.parse_args(argv)
-    if args.tool_prompts:
+    if args.higher_lower_prompts:
+        print(build_tiny_higher_lower_model(args.out_dir, args.higher_lower_prompts, seed=args.seed or 0))
+    elif args.tool_prompts:
         print(build_tiny_tool_model(args.out_dir, args.tool_prompts, seed=args.seed or 0))
     elif args.reward_model:
         print(build_tiny_reward_model(args.out_dir, seed=1 if args.seed is None else args.seed))
