@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-from ..agentic.episodes import completion_turns, stamp_group
+from ..agentic.episodes import ENVIRONMENT_FAILED_KEY, completion_turns, stamp_group
 from ..agentic.tools import (
     EpisodeRecord,
     GuardedEnvironmentFactory,
@@ -220,7 +220,8 @@ class ReusableEnvironments(list):
 
 
 def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool]) -> None:
-    """Make the failed episodes' rows unscorable (reward NaN, advantage 0, TRL's mark) and renormalise the rest.
+    """Make the failed episodes' rows unscorable (reward NaN, advantage 0, TRL's mark; marked as the environment's
+    failure for the learner's filter) and renormalise the rest.
 
     `samples` are one group's rows in conversation order, `rows_per_episode[i]` for conversation i.
     """
@@ -239,6 +240,8 @@ def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool])
         else:
             sample.advantage = 0.0
             sample.metrics["reward"] = math.nan
+            if failed[owner]:
+                sample.metrics[ENVIRONMENT_FAILED_KEY] = 1.0
         sample.metrics["reward_std"] = std
 
 
