@@ -453,6 +453,9 @@ class TestSampleFilterQueue:
         assert progress.needs(5) and not progress.needs(6)  # the bound moved by two
         report = progress.report(phase=LearnerPhase.RUNNING, global_step=0)
         assert report.regenerated_environment == 2 and counts.report().environment_failures == {"guess": 3}
+        state = ProgressState.from_json(progress.checkpoint_state().to_json())
+        resumed = RolloutProgress.restore(state, set(), stall_groups=0, groups_per_epoch=4, epochs=1)
+        assert resumed.regenerated_for_environment == 2
 
     def test_past_the_budget_a_group_the_environment_failed_is_dropped_and_a_pass_of_them_stalls(self):
         # One slot: the group (0), then its stand-ins 1 and 2 (REGENERATE_LIMIT 2), fail; the third try is dropped.
