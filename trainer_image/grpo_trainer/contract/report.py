@@ -163,6 +163,9 @@ class ProgressReport(ReportModel):
     attention_kernel: known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")
+    environment_wait: str | None = Field(
+        None, max_length=1024, description="Set while an environment has no ready server and no episode starts: "
+        "'waiting for environment guess: 0/2 ready'.")
     message: str = ""
 
     @field_validator("dropped")

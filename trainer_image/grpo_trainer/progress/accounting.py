@@ -145,6 +145,7 @@ class RolloutProgress:
         self._last_drop: int | None = None
         self._last_run: tuple[int, int] | None = None
         self.stop_requested: str | None = None
+        self.environment_stall: str | None = None  # an environment unavailable past its bound (`stop_unavailable`)
         self.last_trained_time: float | None = None
         self.reward_mean: float | None = None
         self._clock = clock
@@ -348,6 +349,16 @@ class RolloutProgress:
             return
         self._last_run = None if self._last_drop == group_id else self._runs.run_of(self._last_drop)
 
+    def stop_unavailable(self, message: str) -> None:
+        """End the stream as stalled: an environment had no ready server for longer than its unavailableSeconds
+        (grpo_trainer.agentic.availability). Only sets a flag, from the watch's thread: the stream raises it."""
+        self.environment_stall = message
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether the stream must stop at its next look, whatever its queue holds."""
+        return self.stop_requested is not None or self.environment_stall is not None
+
     def request_stop(self, reason: str) -> None:
         """Ask the stream to stop as preempted at the next sample or micro-batch (signal-handler safe)."""
         self.stop_requested = reason
@@ -400,9 +411,12 @@ class RolloutProgress:
 
     def stall_verdict(self) -> StallVerdict | None:
         """The stall rules, written here only: the stream stops on them, and every report carries their verdict,
-        which the operator shows as it is. A full pass (the stall limit) of groups in a row consumed without one
-        training, or the whole run consumed and none trained (a run shorter than its stall limit)."""
+        which the operator shows as it is. An environment with no ready server past its unavailableSeconds
+        (`stop_unavailable`), a full pass (the stall limit) of groups in a row consumed without one training, or the
+        whole run consumed and none trained (a run shorter than its stall limit)."""
         with self._lock:
+            if self.environment_stall is not None:
+                return StallVerdict(StallCause.ENVIRONMENT_UNAVAILABLE, f"stalled: {self.environment_stall}")
             streak = self.stall_streak
             if streak >= self.stall_limit:
                 return StallVerdict(StallCause.STREAK, (

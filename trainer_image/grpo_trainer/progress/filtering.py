@@ -126,7 +126,7 @@ class SampleFilterQueue:
         deadline = None
         progress = self.progress
         while True:
-            if progress.stop_requested is not None:  # SIGTERM: stop now, not after the queue's timeout
+            if progress.stop_pending:  # SIGTERM, an environment gone too long: stop now, not at the queue's timeout
                 progress.check()
             try:
                 sample = self.inner.get_nowait()

@@ -17,6 +17,7 @@ and, given `routing`, each generation request sent straight to a rollout server 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import math
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
+from ..agentic.availability import release_waits
 from ..agentic.episodes import ENVIRONMENT_FAILED_KEY, completion_turns, stamp_group
 from ..agentic.tools import (
     EpisodeRecord,
@@ -176,6 +178,19 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         # id(completion list) -> its episode's record, from the end of the conversation to its group's scoring. The
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
+
+    async def _run_loops(self, stop_event) -> None:
+        # TRL's generate loop awaits each reset before it looks at its stop: a reset waiting for an environment's
+        # server (grpo_trainer.agentic.availability) must end at the stop, or the child never does.
+        async def release_at_stop() -> None:
+            await stop_event.wait()
+            release_waits()
+
+        releasing = asyncio.create_task(release_at_stop())
+        try:
+            await super()._run_loops(stop_event)
+        finally:
+            releasing.cancel()
 
     async def _generate_one(self, prompt, tool_dict, tools, group_id=0):
         # TRL hands the episode's environment over only as the bound methods in `tool_dict`.
