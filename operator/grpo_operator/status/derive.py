@@ -193,7 +193,9 @@ def _decide(record: PassRecord) -> None:
         record.actions.append(CreateChildren())
     phase = _running_phase(record, missing)
     _surface_create_error(record)
-    _tick_clock(record, running=phase == Phase.RUNNING)
+    # A learner waiting for an environment's server trains nothing and burns nothing: its clock pauses (the learner
+    # bounds the wait by spec.environments[].unavailableSeconds).
+    _tick_clock(record, running=phase == Phase.RUNNING and _environment_wait(record) is None)
     if _check_deadlines(record, waiting=phase != Phase.RUNNING) or _check_stall(record, running=phase == Phase.RUNNING):
         return
     _set_phase(record, phase)
@@ -331,6 +333,12 @@ def _check_deadlines(record: PassRecord, *, waiting: bool) -> bool:
     return exceeded is not None
 
 
+def _environment_wait(record: PassRecord) -> str | None:
+    """What the learner says it waits for (an environment with no ready server), from its report read this pass."""
+    report = record.seen.progress
+    return report.environment_wait if report is not None else None
+
+
 def _check_stall(record: PassRecord, *, running: bool) -> bool:
     """Set or clear the Stalled condition; True when the stall policy finished the run."""
     idle = clock.idle_seconds(record.new.progress_clock, record.seen.now)
@@ -350,7 +358,11 @@ def _check_stall(record: PassRecord, *, running: bool) -> bool:
                        else "the learner's progress can be read again")
             record.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
             _event(record, "Normal", Reason.PROGRESS_RESUMED, resumed)
-        if running:
+        if running and (waiting := _environment_wait(record)) is not None:
+            if record.conditions.set(ConditionType.PROGRESSING, "False", Reason.WAITING_FOR_ENVIRONMENT, waiting):
+                _event(record, "Warning", Reason.WAITING_FOR_ENVIRONMENT, waiting)
+            record.new.message = waiting
+        elif running:
             percent = f" ({record.new.progress.percent}% consumed)" if record.new.progress else ""
             record.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
                                   f"the learner is training{percent}")
