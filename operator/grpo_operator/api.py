@@ -24,6 +24,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from grpo_trainer.contract.config import (
     DEFAULT_ENVIRONMENT_PROTOCOL,
+    DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS,
+    MAX_ENVIRONMENT_UNAVAILABLE_SECONDS,
     AttentionSetting,
     DatasetConfig,
     EnvironmentProtocol,
@@ -196,6 +198,9 @@ class EnvironmentSpec(WireModel):
     # A core/v1 Probe; free-form like the volume sources. Unset: a TCP connect to `port` (builders).
     readiness_probe: dict[str, Any] | None = None
     pod_template_override: PodTemplateOverride | None = None
+    # How long the learner waits while no server is ready (after one was), before the run ends as stalled.
+    unavailable_seconds: int = Field(DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS, ge=1,
+                                     le=MAX_ENVIRONMENT_UNAVAILABLE_SECONDS)
 
     @field_validator("name")
     @classmethod

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from grpo_operator.api import UNPINNED_REVISION, GRPORunSpec
 from grpo_trainer.contract.config import (
     CheckpointConfig,
+    EnvironmentServersConfig,
     InputsConfig,
     LearnerConfig,
     OutputConfig,
@@ -94,6 +95,9 @@ def resolve_run_config(name: str, namespace: str, spec: GRPORunSpec, placement: 
         termination_message_path=placement.termination_message_path,
         environments=dict(placement.environment_urls),
         environment_protocols={environment.name: environment.protocol for environment in spec.environments or []},
+        environment_servers={environment.name: EnvironmentServersConfig(
+            replicas=environment.replicas, unavailable_seconds=environment.unavailable_seconds)
+            for environment in spec.environments or []},
     )
 
 

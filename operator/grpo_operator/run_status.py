@@ -45,6 +45,9 @@ class Reason:
     PODS_PENDING = "PodsPending"
     STARTING = "Starting"
     TRAINING = "Training"
+    # Progressing=False while the learner waits for an environment with no ready server (its /progress says which):
+    # the progress clock pauses, and the learner itself ends the run past spec.environments[].unavailableSeconds.
+    WAITING_FOR_ENVIRONMENT = "WaitingForEnvironment"
     ROLLOUT_READY = ConditionType.ROLLOUT_READY.value  # the event when every rollout server turns ready
     ALL_REPLICAS_READY = "AllReplicasReady"
     REPLICAS_NOT_READY = "ReplicasNotReady"

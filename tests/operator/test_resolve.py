@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_operator.api import SpecError, parse_spec
 from grpo_operator.manifest import read_grporun
 from grpo_operator.resolve import RunPlacement, resolve_run_config
 from grpo_trainer.contract.codes import DEFAULT_TERMINATION_MESSAGE_PATH
 from grpo_trainer.contract.config import (
+    DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS,
     CheckpointConfig,
+    EnvironmentServersConfig,
     FilterConfig,
     LearnerConfig,
     ProgressConfig,
@@ -142,3 +145,15 @@ def test_resolve_carries_each_environments_protocol_to_the_learner():
         rollout_urls=["http://r:8000"], output_dir="/out", checkpoint_dir=None, weight_sync_dir="/sync",
         termination_message_path=DEFAULT_TERMINATION_MESSAGE_PATH, environment_urls={"guess": "http://guess:8765"}))
     assert load_run_config(config.model_dump_json(by_alias=True)).openenv_environments() == ["guess"]
+def test_resolve_carries_each_environments_servers_and_how_long_the_learner_waits_for_them():
+    run, config = resolve("agentic.yaml", weight_sync_dir="/weights", environment_urls={"guess": "http://guess:8765"})
+    (environment,) = run.spec.environments
+    assert config.environment_servers == {environment.name: EnvironmentServersConfig(
+        replicas=environment.replicas, unavailable_seconds=DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS)}
+    spec = run.spec.model_dump(by_alias=True, exclude_none=True)
+    spec["environments"][0]["unavailableSeconds"] = 5
+    assert parse_spec(spec).environments[0].unavailable_seconds == 5
+    for bad in (0, 86401, "soon"):
+        spec["environments"][0]["unavailableSeconds"] = bad
+        with pytest.raises(SpecError, match=r"^spec\.environments\[0\]\.unavailableSeconds: "):
+            parse_spec(spec)

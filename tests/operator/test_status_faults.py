@@ -293,3 +293,24 @@ def test_a_stuck_weight_sync_restarts_under_policy_report_and_stays_stalled_unti
     assert again.status["phase"] == "Failed"
     assert condition(again.status, "Failed")["reason"] == "BackoffLimitExceeded"
     assert condition(again.status, "Stalled")["reason"] == "WeightSyncStuck"
+
+
+def test_a_learner_waiting_for_an_environment_says_so_and_its_clock_pauses_until_it_trains_again():
+    spec = spec_of(progress={"progressDeadlineSeconds": 30, "stallPolicy": "Fail"})
+    status = running_status(spec)
+    waiting = report(groupsConsumed=3, groupsTrained=3, environmentWait="waiting for environment guess: 0/2 ready")
+    decision = step(spec, status, running_pods(), waiting, now=at(10))
+    assert decision.status["phase"] == "Running"
+    assert decision.status["message"] == "waiting for environment guess: 0/2 ready"
+    assert condition(decision.status, "Progressing")["reason"] == "WaitingForEnvironment"
+    assert "WaitingForEnvironment" in reasons(decision)
+    # Well past progressDeadlineSeconds: the learner bounds this wait itself (unavailableSeconds), not the clock.
+    later = step(spec, decision.status, running_pods(), waiting, now=at(100))
+    assert later.status["phase"] == "Running" and condition(later.status, "Stalled")["status"] == "False"
+    back = step(spec, later.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(110))
+    assert condition(back.status, "Progressing")["reason"] == "Training" and back.status.get("message") is None
+    # The clock counts again from where the wait paused it: 10 s before the wait, 25 s after it.
+    assert condition(step(spec, back.status, running_pods(), report(groupsConsumed=3, groupsTrained=3),
+                          now=at(125)).status, "Stalled")["status"] == "False"
+    gone = step(spec, back.status, running_pods(), report(groupsConsumed=3, groupsTrained=3), now=at(135))
+    assert condition(gone.status, "Stalled")["reason"] == "ProgressDeadlineExceeded"

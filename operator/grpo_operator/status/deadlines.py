@@ -68,4 +68,7 @@ def learner_stall(progress: ProgressStatus) -> Exceeded:
                         "trained")
     if cause == StallCause.WEIGHT_SYNC:
         return Exceeded(Reason.WEIGHT_SYNC_STUCK, "a weight sync outlived rollout.weightSync.deadlineSeconds")
+    if cause == StallCause.ENVIRONMENT_UNAVAILABLE:
+        return Exceeded(Reason.STALLED, "an environment had no ready server for longer than its "
+                        "spec.environments[].unavailableSeconds")
     return Exceeded(Reason.STALLED, "the learner reports that it stalled" + (f" ({cause})" if cause else ""))

@@ -47,12 +47,12 @@ from .decision import (
     Event,
     Observation,
     PodObservation,
-    RecordImages,
     RecreatePods,
     rank,
 )
 from .durability import unkept_work
 from .environments import (
+    environment_wait,
     environments_ready,
     environments_status,
     scale_message,
@@ -61,7 +61,7 @@ from .environments import (
     unready_environments,
 )
 from .exits import Fail, Restart, Succeed, classify_failure, report_from_termination_message
-from .images import images_to_record
+from .images import images_action
 from .invalid import fail_invalid_spec, invalid_spec
 from .messages import (
     exported_message,
@@ -187,7 +187,8 @@ def _decide(record: PassRecord) -> None:
     if _decide_on_exits(record):
         return
     _scale(record)
-    _record_images(record)
+    if (recorded := images_action(record.run.name, record.spec, record.pods, record.seen.configured_images)):
+        record.actions.append(recorded)
     surplus = _scale_environments(record)
     _replace_environment_servers(record, surplus)
     # A pod being deleted still holds its name: its slot is not free until it is gone (a create would be a 409).
@@ -196,7 +197,9 @@ def _decide(record: PassRecord) -> None:
         record.actions.append(CreateChildren())
     phase = _running_phase(record, missing)
     _surface_create_error(record)
-    _tick_clock(record, running=phase == Phase.RUNNING)
+    # A learner waiting for an environment's server trains nothing and burns nothing: its clock pauses (the learner
+    # bounds the wait by spec.environments[].unavailableSeconds).
+    _tick_clock(record, running=phase == Phase.RUNNING and environment_wait(record.seen.progress) is None)
     if _check_deadlines(record, waiting=phase != Phase.RUNNING) or _check_stall(record, running=phase == Phase.RUNNING):
         return
     _set_phase(record, phase)
@@ -354,7 +357,11 @@ def _check_stall(record: PassRecord, *, running: bool) -> bool:
                        else "the learner's progress can be read again")
             record.conditions.set(ConditionType.STALLED, "False", Reason.PROGRESS_RESUMED, resumed)
             _event(record, "Normal", Reason.PROGRESS_RESUMED, resumed)
-        if running:
+        if running and (waiting := environment_wait(record.seen.progress)) is not None:
+            if record.conditions.set(ConditionType.PROGRESSING, "False", Reason.WAITING_FOR_ENVIRONMENT, waiting):
+                _event(record, "Warning", Reason.WAITING_FOR_ENVIRONMENT, waiting)
+            record.new.message = waiting
+        elif running:
             percent = f" ({record.new.progress.percent}% consumed)" if record.new.progress else ""
             record.conditions.set(ConditionType.PROGRESSING, "True", Reason.TRAINING,
                                   f"the learner is training{percent}")
@@ -513,14 +520,6 @@ def _surface_create_error(record: PassRecord) -> None:
     if not _reported(record.old, Reason.CREATE_FAILED):
         _event(record, "Warning", Reason.CREATE_FAILED, error)
     record.new.message = error
-
-
-def _record_images(record: PassRecord) -> None:
-    """Keep the run config's `images` at every digest the run's pods have run (status/images.py)."""
-    environments = [env.name for env in record.spec.environments or ()]
-    images = images_to_record(record.run.name, environments, record.pods, record.seen.configured_images)
-    if images is not None:
-        record.actions.append(RecordImages(images))
 
 
 # --- a live replica change --------------------------------------------------------------------------------------------

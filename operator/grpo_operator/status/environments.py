@@ -6,12 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from grpo_trainer.contract.report import ProgressReport
+
 from ..api import EnvironmentSpec
 from ..builders import environment_pod_name, environment_pod_prefix, environment_readiness_probe
 from ..run_status import ConditionType, EnvironmentStatus, Reason
 from .conditions import Conditions
 from .decision import Event, PodObservation
 from .messages import probe_failure_words
+
+
+def environment_wait(report: ProgressReport | None) -> str | None:
+    """What the learner says it waits for (an environment with no ready server), from its report read this pass."""
+    return report.environment_wait if report is not None else None
 
 
 def server_index(run: str, environment: str, pod: str) -> int | None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..api import GRPORunSpec
 from ..builders import environment_pod_prefix
-from .decision import PodObservation
+from .decision import PodObservation, RecordImages
 
 
 def image_key(run: str, environments: Iterable[str], pod: PodObservation) -> str:
@@ -38,3 +39,12 @@ def images_to_record(run: str, environments: Iterable[str], pods: Iterable[PodOb
             digests.append(pod.image_id)
             digests.sort()
     return None if images == recorded else images
+
+
+def images_action(run: str, spec: GRPORunSpec, pods: Iterable[PodObservation],
+                  configured: Mapping[str, Sequence[str]] | None) -> RecordImages | None:
+    """RecordImages when the run config's `images` lack a digest the run's pods report."""
+    environments = [environment.name for environment in spec.environments or ()]
+    images = images_to_record(run, environments, pods, configured)
+    return RecordImages(images) if images is not None else None
+

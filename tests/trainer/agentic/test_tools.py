@@ -16,7 +16,13 @@ from pydantic import ValidationError
 from transformers.utils import get_json_schema
 from trl.experimental.async_grpo.async_rollout_worker import TrainingSequence
 
-from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
+from grpo_trainer.agentic.episodes import (
+    ENVIRONMENT_FAILED_KEY,
+    EPISODES_KEY,
+    GROUP_ROWS_KEY,
+    EpisodeCounts,
+    EpisodeQueue,
+)
 from grpo_trainer.agentic.tools import (
     CallBounds,
     ToolError,
@@ -190,6 +196,8 @@ def test_a_failed_episode_is_unscorable_and_the_rest_renormalise_over_the_episod
     samples = score_with_loop([0.0, 1.0, 1.0, 0.0], [2, 1, 1, 1], [False, True, False, False])
     assert len(samples) == 5
     assert math.isnan(samples[2].metrics["reward"]) and samples[2].advantage == 0.0
+    # Marked as the environment's failure (the learner regenerates a group it leaves untrained), and only it.
+    assert [ENVIRONMENT_FAILED_KEY in s.metrics for s in samples] == [False, False, True, False, False]
     remaining = np.array([0.0, 1.0, 0.0])
     expected = (remaining - remaining.mean()) / (remaining.std() + 1e-8)
     assert [s.advantage for s in (samples[0], samples[1], samples[3], samples[4])] == pytest.approx(

@@ -180,8 +180,10 @@ def write_size_only_marker(checkpoint: Path, state: dict) -> None:
 
 
 def before_regeneration_attempts() -> dict:
-    """The first marker's progress state: no `version`, no `regeneration_attempts`."""
-    state = {k: v for k, v in progress_state().items() if k not in ("version", "regeneration_attempts")}
+    """The first marker's progress state: no `version`, no `regeneration_attempts` (nor the later
+    `regenerated_environment`)."""
+    state = {k: v for k, v in progress_state().items() if k not in ("version", "regeneration_attempts",
+                                                                       "regenerated_environment")}
     assert set(state) == {"first_unconsumed", "consumed_after", "dropped_after", "prefix_streak", "regenerated",
                           "bound", "transparent_before", "transparent_after", "groups_trained", "dropped",
                           "epochs_done", "model_version", "global_step"}

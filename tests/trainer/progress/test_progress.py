@@ -14,7 +14,13 @@ import torch
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 from trl.experimental.async_grpo.packing import TreeRow
 
-from grpo_trainer.agentic.episodes import EPISODES_KEY, GROUP_ROWS_KEY, EpisodeCounts, EpisodeQueue
+from grpo_trainer.agentic.episodes import (
+    ENVIRONMENT_FAILED_KEY,
+    EPISODES_KEY,
+    GROUP_ROWS_KEY,
+    EpisodeCounts,
+    EpisodeQueue,
+)
 from grpo_trainer.contract.codes import DROP_REASONS, DropReason, LearnerPhase, StallCause
 from grpo_trainer.contract.config import FilterConfig
 from grpo_trainer.contract.report import parse_progress
@@ -423,6 +429,52 @@ class TestSampleFilterQueue:
         mixed[2][0].metrics[EPISODES_KEY] = {"episodes": 2, "rows": 2, "environment_failures": {"guess": 1}}
         error = self.stall_of(mixed)
         assert "unscorable 2" in error and "no_signal 1" in error and "environment" not in error
+
+    def marked_failed(self, group_id, failed_rows=(0, 1)):
+        """A group of two episodes as the episode rollout loop sends it when the environment failed the episodes
+        `failed_rows` (grpo_trainer.rollout.worker.unscore marks their rows; the other one, alone, has no signal)."""
+        rows = [self.unscored(group_id, k) if k in failed_rows else sample(group_id, rewards=(1.0,), k=0)
+                for k in range(2)]
+        for k in failed_rows:
+            rows[k].metrics[ENVIRONMENT_FAILED_KEY] = 1.0
+        rows[0].metrics[EPISODES_KEY] = {"episodes": 2, "rows": 2,
+                                         "environment_failures": {"guess": len(failed_rows)}}
+        return rows
+
+    def test_a_group_an_environment_left_untrained_is_regenerated_within_the_slots_budget(self):
+        progress = make_progress(n=4)
+        counts = EpisodeCounts()
+        fq = filter_queue(progress, [*self.marked_failed(0), *self.marked_failed(1, failed_rows=(1,))])
+        fq.inner = EpisodeQueue(fq.inner, counts)
+        assert drain(fq) == []
+        # Neither trained: both regenerated (the second's one played episode had no signal alone), none dropped.
+        assert progress.regenerated == progress.regenerated_for_environment == 2
+        assert sum(progress.dropped.values()) == 0 and progress.stall_streak == 0
+        assert progress.needs(5) and not progress.needs(6)  # the bound moved by two
+        report = progress.report(phase=LearnerPhase.RUNNING, global_step=0)
+        assert report.regenerated_environment == 2 and counts.report().environment_failures == {"guess": 3}
+        state = ProgressState.from_json(progress.checkpoint_state().to_json())
+        resumed = RolloutProgress.restore(state, set(), stall_groups=0, groups_per_epoch=4, epochs=1)
+        assert resumed.regenerated_for_environment == 2
+
+    def test_past_the_budget_a_group_the_environment_failed_is_dropped_and_a_pass_of_them_stalls(self):
+        # One slot: the group (0), then its stand-ins 1 and 2 (REGENERATE_LIMIT 2), fail; the third try is dropped.
+        progress = make_progress(n=1, stall_groups=1, stall_cause=EpisodeCounts().failed_environments)
+        fq = filter_queue(progress, [row for g in range(3) for row in self.marked_failed(g)])
+        with pytest.raises(RolloutStop) as stop:
+            drain(fq)
+        assert stop.value.code == StopCode.STALLED and "unscorable 1" in stop.value.error
+        assert progress.regenerated_for_environment == 2 and progress.dropped["unscorable"] == 1
+
+    def test_a_group_that_trains_despite_a_failed_episode_is_not_regenerated(self):
+        progress = make_progress(n=4)
+        rows = [self.unscored(0, 0), sample(0, rewards=(0.0, 1.0), k=0), sample(0, rewards=(0.0, 1.0), k=1)]
+        rows[0].metrics[ENVIRONMENT_FAILED_KEY] = 1.0
+        for row in rows:
+            row.metrics[GROUP_ROWS_KEY] = 3.0
+        passed = drain(filter_queue(progress, rows))
+        assert passed == rows[1:] and progress.regenerated == 0
+        assert all(ENVIRONMENT_FAILED_KEY not in row.metrics for row in passed)
 
     def test_stale_uses_trls_exact_rule(self):
         progress = make_progress(n=10)

@@ -26,6 +26,14 @@ from ..contract.report import EpisodeReport
 GROUP_ROWS_KEY = "grpo/group_rows"
 #: The group's first row only: a dict of what its conversations did (`GroupEpisodes.as_stamp`).
 EPISODES_KEY = "grpo/episodes"
+#: The rows of an episode whose environment failed (1.0): SampleFilterQueue regenerates a group that trains nothing
+#: because of one (grpo_trainer.progress.filtering) instead of dropping it.
+ENVIRONMENT_FAILED_KEY = "grpo/environment_failed"
+
+
+def environment_failed(sample: Any) -> bool:
+    """Whether the sample is a row of an episode whose environment failed."""
+    return bool(sample.metrics.get(ENVIRONMENT_FAILED_KEY))
 
 
 def group_rows(sample: Any, default: int) -> int:
@@ -114,6 +122,7 @@ def strip_stamps(sample: Any) -> Any:
     """The sample without the stamps, as TRL's collator must see it (it averages every metric key)."""
     sample.metrics.pop(GROUP_ROWS_KEY, None)
     sample.metrics.pop(EPISODES_KEY, None)
+    sample.metrics.pop(ENVIRONMENT_FAILED_KEY, None)
     return sample
 
 

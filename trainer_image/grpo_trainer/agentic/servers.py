@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: Seconds between resolutions of an environment's address: how soon a server that became ready gets episodes, and
 #: one that left gets none.
 RESOLVE_INTERVAL_S = 5.0
+#: Seconds a probe's connection to a server may take (`reachable`).
+PROBE_TIMEOUT_S = 1.0
 
 T = TypeVar("T", bound=Hashable)
 
@@ -131,6 +133,30 @@ def resolve_servers(address: str) -> list[Server]:
     return servers
 
 
+def reachable(server: Server, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the server accepts a connection now (what a Service's default readiness probe checks)."""
+    parts = urllib.parse.urlsplit(server.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """An environment's servers as a probe found them: `servers` its address resolved to, `ready` of them accepting
+    connections, and what went wrong resolving it (empty when nothing did)."""
+
+    ready: int
+    servers: int
+    problem: str = ""
+
+    def describe(self) -> str:
+        return f"{self.ready}/{self.servers} server(s) accept connections{self.problem}"
+
+
 class NoServer(OSError):
     """An environment's address has no server to start an episode on."""
 
@@ -140,11 +166,16 @@ class ServerPool:
     on each. Thread-safe: every episode of the process's environments of this address shares it."""
 
     def __init__(self, address: str, *, resolve: Callable[[str], list[Server]] = resolve_servers,
-                 clock: Callable[[], float] = time.monotonic, interval_s: float = RESOLVE_INTERVAL_S):
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = RESOLVE_INTERVAL_S,
+                 probe: Callable[[Server], bool] = reachable):
         self.address = address
-        self._resolve, self._clock, self._interval_s = resolve, clock, interval_s
+        self._resolve, self._clock, self._interval_s, self._probe = resolve, clock, interval_s, probe
         self._lock = threading.Lock()
         self._chooser: ServerChooser[Server] = ServerChooser()
+        self._resolved: list[Server] = []
+        # Servers a connection to failed (a call's, or a probe's): no episode starts there until a probe connects.
+        self._unreachable: set[Server] = set()
+        self._probed = False  # whether `readiness` has found a server ready yet (the first episode waits for it)
         self._resolved_at: float | None = None
         self._problem = ""
 
@@ -163,6 +194,39 @@ class ServerPool:
         with self._lock:
             self._chooser.release(server)
 
+    def mark_unreachable(self, server: Server) -> None:
+        """A connection to `server` failed: no new episode starts there until a probe connects to it again."""
+        with self._lock:
+            if server in self._unreachable:
+                return
+            self._unreachable.add(server)
+            self._chooser.update(s for s in self._resolved if s not in self._unreachable)
+        logger.warning("environment %s: %s does not accept connections; no episode starts there until it does",
+                       self.address, server.url)
+
+    def has_ready_server(self) -> bool:
+        """Whether an episode may start now without a probe: a probe found a server ready once, and a server is
+        left that no connection has failed to since (the address resolved again when due)."""
+        with self._lock:
+            now = self._clock()
+            if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
+                self._refresh(now)
+            return self._probed and bool(self._chooser.servers)
+
+    def readiness(self) -> Readiness:
+        """Resolve the address now and probe every server it names: those that accept a connection are the ones
+        episodes start on from here."""
+        with self._lock:
+            self._refresh(self._clock())
+            servers, problem = list(self._resolved), self._problem
+        unreachable = {server for server in servers if not self._probe(server)}
+        with self._lock:
+            self._unreachable = unreachable | (self._unreachable - set(servers))
+            self._chooser.update(s for s in self._resolved if s not in self._unreachable)
+            ready = len(servers) - len(unreachable)
+            self._probed = self._probed or ready > 0
+        return Readiness(ready, len(servers), problem)
+
     def servers(self) -> list[Server]:
         with self._lock:
             return self._chooser.servers
@@ -177,12 +241,16 @@ class ServerPool:
             servers = self._resolve(self.address)
         except OSError as error:  # no ready server behind the name, or DNS down: tried again on the next episode
             self._chooser.update([])
+            self._resolved = []
             self._resolved_at, self._problem = None, f" (resolving it: {type(error).__name__}: {error})"
             return
-        if [server.url for server in servers] != [server.url for server in self._chooser.servers]:
+        if [server.url for server in servers] != [server.url for server in self._resolved]:
             logger.info("environment %s: %d server(s): %s", self.address, len(servers),
                         ", ".join(server.url for server in servers))
-        self._chooser.update(servers)
+        # A server that is unreachable and named again is probed: back in the choice once it accepts a connection.
+        self._unreachable = {server for server in self._unreachable if server in servers and not self._probe(server)}
+        self._resolved = servers
+        self._chooser.update(s for s in servers if s not in self._unreachable)
         self._resolved_at, self._problem = now, ""
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from ..contract.config import TrainingConfig
 from ..learner.rewards import UserCodeError, import_function
 from ..rollout.sync_watchdog import DaemonCall
+from .availability import NO_ENVIRONMENTS, AvailabilityGate
 from .servers import EpisodePins, episode_scope
 from .transport import DeadlinePassed, EnvironmentFailure, call_deadline
 
@@ -232,8 +233,9 @@ def _checked_reward(episode: EpisodeRecord, reward: Any) -> float | None:
 
 
 @functools.cache
-def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
-    """`cls` with its reset, get_reward and tool methods guarded; same name, schema and tool set for TRL."""
+def _guarded_class(cls: type, label: str, bounds: CallBounds, gate: AvailabilityGate) -> type:
+    """`cls` with its reset, get_reward and tool methods guarded; same name, schema and tool set for TRL. A reset
+    first waits at `gate` for the run's environments to have a ready server (grpo_trainer.agentic.availability)."""
     namespace: dict[str, Any] = {"__slots__": (), "__module__": cls.__module__, "__qualname__": cls.__qualname__,
                                  LABEL_ATTRIBUTE: label}
     user_reset = cls.reset
@@ -241,8 +243,17 @@ def _guarded_class(cls: type, label: str, bounds: CallBounds) -> type:
     def reset(self, **kwargs: Any) -> Any:
         if (previous := episode_of(self)) is not None:
             previous.end()  # an environment without get_reward ends its episode here
+        try:
+            gate.wait()  # before the episode's deadline starts: a wait for a server is no episode's time
+        except OSError as error:  # the rollout loop stopped while waiting: this episode is never played out
+            gate_error: OSError | None = error
+        else:
+            gate_error = None
         episode = EpisodeRecord(label, time.monotonic() + bounds.episode_timeout_s)
         setattr(self, EPISODE_ATTRIBUTE, episode)
+        if gate_error is not None:
+            episode.fail("reset", gate_error)
+            return None
         try:
             return _call_bounded(self, "reset", bounds, lambda: user_reset(self, **kwargs))
         except Exception as error:  # noqa: BLE001 - the environment failed: its episode is unscorable, the run goes on
@@ -293,34 +304,36 @@ def _guard_get_reward(user_get_reward: Callable[..., Any], bounds: CallBounds) -
 class GuardedEnvironmentFactory:
     """The user's factory, returning guarded environments. Picklable (a module-level class) for TRL's child."""
 
-    def __init__(self, factory: Callable[[], Any], label: str, spec: str, bounds: CallBounds):
+    def __init__(self, factory: Callable[[], Any], label: str, spec: str, bounds: CallBounds,
+                 gate: AvailabilityGate = NO_ENVIRONMENTS):
         self.factory = factory
         self.label = label
         self.spec = spec
         self.bounds = bounds
+        self.gate = gate
 
     def __call__(self) -> Any:
         environment = self.factory()
         if not callable(getattr(environment, "reset", None)):
             raise ToolError(f"environment factory {self.spec!r} returned {type(environment).__name__}, which has no "
                             "reset method")
-        environment.__class__ = _guarded_class(type(environment), self.label, self.bounds)
+        environment.__class__ = _guarded_class(type(environment), self.label, self.bounds, self.gate)
         return environment
 
 
 def load_environment_factory(
-    value: str | dict[str, str] | None, bounds: CallBounds,
+    value: str | dict[str, str] | None, bounds: CallBounds, gate: AvailabilityGate = NO_ENVIRONMENTS,
 ) -> GuardedEnvironmentFactory | dict[str, GuardedEnvironmentFactory] | None:
     """`training.environmentFactory` (one factory) or `training.environmentFactories` (one per value of the
-    dataset's `environment` column) as TRL takes it, its calls within `bounds`. Raises ToolError (one line) for one
-    that does not import."""
+    dataset's `environment` column) as TRL takes it, its calls within `bounds`, each episode started once `gate` lets
+    it. Raises ToolError (one line) for one that does not import."""
     if value is None:
         return None
     if isinstance(value, str):
         factory = import_function(value, "environment factory", ToolError)
-        return GuardedEnvironmentFactory(factory, value.rpartition(":")[2], value, bounds)
+        return GuardedEnvironmentFactory(factory, value.rpartition(":")[2], value, bounds, gate)
     return {name: GuardedEnvironmentFactory(import_function(spec, f"environment factory {name!r}", ToolError),
-                                            name, spec, bounds)
+                                            name, spec, bounds, gate)
             for name, spec in value.items()}
 
 

@@ -112,7 +112,10 @@ class EnvironmentClient:
         except httpx.TimeoutException:
             raise (DeadlinePassed if by_deadline else EnvironmentFailure)(
                 f"{where}: no answer within {timeout:.3g} s") from None
-        except httpx.HTTPError as error:  # connection refused or reset, DNS, a broken protocol
+        except httpx.ConnectError as error:  # refused, or unreachable: no episode starts there until it answers again
+            self._pool.mark_unreachable(server)
+            raise EnvironmentFailure(f"{where}: {type(error).__name__}: {error}") from None
+        except httpx.HTTPError as error:  # connection reset, DNS, a broken protocol
             raise EnvironmentFailure(f"{where}: {type(error).__name__}: {error}") from None
         if response.is_client_error:  # the call as the policy made it
             raise ToolCallRejected(f"HTTP {response.status_code}: {response.text[:REJECTION_CHARS]}")

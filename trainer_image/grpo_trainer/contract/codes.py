@@ -69,6 +69,8 @@ class StallCause(str, Enum):
     STREAK = "streak"  # progress.stallGroups groups in a row were consumed without one training
     NOTHING_TRAINED = "nothing_trained"  # every group of the run was consumed and none trained
     WEIGHT_SYNC = "weight_sync"  # a weight sync outlived rollout.weightSync.deadlineSeconds (it hung)
+    # an environment had no ready server for longer than its spec.environments[].unavailableSeconds
+    ENVIRONMENT_UNAVAILABLE = "environment_unavailable"
 
 
 class ReplicaState(str, Enum):

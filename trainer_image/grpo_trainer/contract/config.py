@@ -434,6 +434,22 @@ class TrackingConfig(WireModel):
 EnvironmentProtocol = Literal["http", "openenv"]
 DEFAULT_ENVIRONMENT_PROTOCOL: EnvironmentProtocol = "http"
 
+#: spec.environments[].unavailableSeconds' default: how long the learner waits for an environment with no ready
+#: server before the run ends as stalled.
+DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS = 300
+#: Its most: a day, as the other timeouts.
+MAX_ENVIRONMENT_UNAVAILABLE_SECONDS = 86400
+
+
+class EnvironmentServersConfig(WireModel):
+    """What the learner knows of one environment's servers beyond its URL (spec.environments[])."""
+
+    replicas: int = Field(1, ge=0, description="The servers the spec asks for: the learner's `ready/replicas`.")
+    unavailable_seconds: int = Field(
+        DEFAULT_ENVIRONMENT_UNAVAILABLE_SECONDS, ge=1, le=MAX_ENVIRONMENT_UNAVAILABLE_SECONDS,
+        description="Seconds the learner waits while the environment has no ready server, once it had one; past "
+                    "them the run ends as stalled.")
+
 
 class RunConfig(WireModel):
     """Everything the learner and the rollout server need, resolved. One JSON file: the ConfigMap's `run.json`."""
@@ -471,6 +487,10 @@ class RunConfig(WireModel):
         default_factory=dict,
         description="The protocol of each environment in `environments` (spec.environments[].protocol; one left "
                     "out is `http`): an `openenv` one the learner plays itself, with no factory of the user's.")
+    environment_servers: dict[str, EnvironmentServersConfig] = Field(
+        default_factory=dict,
+        description="The same environments' servers (spec.environments[].replicas, .unavailableSeconds), by name; "
+                    "an environment missing here has the defaults.")
 
     @field_validator("model")
     @classmethod

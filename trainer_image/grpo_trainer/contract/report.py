@@ -141,8 +141,10 @@ class ProgressReport(ReportModel):
     stalled: bool | None = Field(None, description="The learner's stall verdict (its rules, which the operator "
                                  "shows as they are); None from a learner older than the field.")
     stall_cause: known_or_text(StallCause) | None = Field(None, description="Set when stalled: what stalled.")
-    regenerated: Count = Field(0, description="Stale groups regenerated: neither trained nor dropped; a later "
-                               "group took each one's place.")
+    regenerated: Count = Field(0, description="Groups regenerated (stale, or left untrained by an environment's "
+                               "failure): neither trained nor dropped; a later group took each one's place.")
+    regenerated_environment: Count = Field(
+        0, description="Of `regenerated`, the groups regenerated because an environment failed their episodes.")
     rollout_wait_seconds: float = Field(0.0, ge=0, description="Seconds this learner process waited for a sample "
                                         "from the rollout queue, the wait in progress included; never decreases.")
     rollout_queue_samples: Count | None = Field(None, description="Scored samples waiting in the rollout queue "
@@ -164,6 +166,9 @@ class ProgressReport(ReportModel):
     attention_kernel: known_or_text(AttentionKernel) | None = Field(
         None, description="The kernel answering the tree attention; None before the learner chose one.")
     episodes: EpisodeReport | None = Field(None, description="Tool calls and environments; None without them.")
+    environment_wait: str | None = Field(
+        None, max_length=1024, description="Set while an environment has no ready server and no episode starts: "
+        "'waiting for environment guess: 0/2 ready'.")
     message: str = ""
 
     @field_validator("dropped")

@@ -75,6 +75,9 @@ class ProgressMarker(BaseModel):
     # Absent from markers written before it: no slot had a regeneration counted.
     regeneration_attempts: dict[int, int] = Field(
         default_factory=dict, description="Absolute position -> regenerations of its slot.")
+    # Absent from markers written before it: none was counted apart.
+    regenerated_environment: int = Field(0, ge=0, description="Of `regenerated`, those an environment's failure "
+                                         "left untrained.")
     groups_trained: int = Field(ge=0)
     dropped: dict[DropReason, int]
     epochs_done: int = Field(ge=0)

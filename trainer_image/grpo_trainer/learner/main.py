@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+from ..agentic.availability import AvailabilityGate, watched_environments
 from ..agentic.tools import (
     CallBounds,
     check_tool_chat_template,
@@ -191,7 +192,7 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
         reward_funcs = load_rewards(config.rewards)
         tools = load_tools(config.training.tools)
         environment_factory = load_environment_factory(environment_factories(config.training),
-                                                       CallBounds.of(config.training))
+                                                       CallBounds.of(config.training), AvailabilityGate.of(config))
     except UserCodeError as error:
         raise ConfigError(str(error)) from None
     dataset = load_prompts(config.dataset)
@@ -269,7 +270,8 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
                                            tracking=tracking_callback, rollout_pool=pool,
                                            checkpoint_uploads=checkpoint_uploads if is_main else None,
-                                           model_digest=loaded_digest(config.model)),
+                                           model_digest=loaded_digest(config.model),
+                                           environments=watched_environments(config) if is_main else ()),
             )
     except BaseException:
         if pool is not None:

@@ -33,6 +33,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 )
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
+from ..agentic.availability import EnvironmentWatch, WatchedEnvironment
 from ..agentic.episodes import EpisodeCounts, EpisodeQueue
 from ..contract.codes import AttentionKernel, LearnerPhase, StallCause
 from ..contract.config import WEIGHT_SYNC_DEADLINE_SECONDS, FilterConfig
@@ -123,6 +124,8 @@ class LearnerReporting:
         checkpoint folder.
     model_digest: the content digest of the model as loaded (grpo_trainer.storage.inputs.loaded_digest), which the
         operator pins the run to; None for a hub model or a folder without an export manifest.
+    environments: the run's environment servers, which rank 0 watches (grpo_trainer.agentic.availability): a wait
+        for one with no ready server goes on /progress, and one unavailable past its bound ends the run as stalled.
     """
 
     server_port: int | None = None
@@ -130,6 +133,7 @@ class LearnerReporting:
     rollout_pool: RolloutPool | None = None
     checkpoint_uploads: CheckpointUploads | None = None
     model_digest: str | None = None
+    environments: tuple[WatchedEnvironment, ...] = ()
 
 
 class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
@@ -232,6 +236,12 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         self.window_groups: set[int] = set()  # rank 0: the groups of the window now training (worker ids)
         self.rollout_wait: RolloutWaitMeter | None = None  # rank 0, once the pipeline is built
         self._progress_server = None
+        self._environment_watch: EnvironmentWatch | None = None
+        if reporting.environments and self.accelerator.is_main_process:
+            # From now: the first episodes may wait for servers that are not ready yet, and /progress says so.
+            self._environment_watch = EnvironmentWatch(
+                list(reporting.environments), on_expired=lambda message: self.progress.stop_unavailable(message))
+            self._environment_watch.start()
         self.step_metrics = StepMetrics()  # TRL's logged step curves, for /metrics
         if reporting.server_port is not None and self.accelerator.is_main_process:
             from .exporter import ProgressServer
@@ -306,6 +316,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
             "attention_kernel": self.attention_kernel,
             "episodes": self.episodes.report() if self.uses_tools else None,
             "model_digest": self.model_digest,
+            "environment_wait": self._environment_watch.waiting() if self._environment_watch is not None else None,
         })
         if self.stall_cause is not None:
             report = report.model_copy(update={"stalled": True, "stall_cause": self.stall_cause})
@@ -539,7 +550,10 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         return super()._inner_training_loop(*args, **kwargs)
 
     def close(self) -> None:
-        """Stop the progress server and the rollout pool; the report still names the pool's servers after."""
+        """Stop the progress server, the environments' watch and the rollout pool; the report still names the pool's
+        servers after."""
+        if self._environment_watch is not None:
+            self._environment_watch.stop()
         if self._progress_server is not None:
             self._progress_server.stop()
             self._progress_server = None

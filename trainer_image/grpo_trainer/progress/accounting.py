@@ -116,6 +116,7 @@ class RolloutProgress:
         self.regenerate_limit = regenerate_limit
         self.stall_cause = stall_cause
         self.regenerated = 0
+        self.regenerated_for_environment = 0  # of `regenerated`: groups an environment's failure left untrained
         # Regenerated ids, and overflow ids the moved bound swallowed: consumed, neither trained nor dropped.
         self._transparent: list[int] = []  # sorted
         self._transparent_set: set[int] = set()
@@ -144,6 +145,7 @@ class RolloutProgress:
         self._last_drop: int | None = None
         self._last_run: tuple[int, int] | None = None
         self.stop_requested: str | None = None
+        self.environment_stall: str | None = None  # an environment unavailable past its bound (`stop_unavailable`)
         self.last_trained_time: float | None = None
         self.reward_mean: float | None = None
         self._clock = clock
@@ -170,6 +172,7 @@ class RolloutProgress:
         bound = self.groups_total if state.bound is None else state.bound
         self.needed_end = None if bound is None else max(bound - start, 0)
         self.regenerated = state.regenerated
+        self.regenerated_for_environment = state.regenerated_environment
         self._transparent_before = state.transparent_before
         self._attempts = {g - start: n for g, n in state.regeneration_attempts.items()}
         self._trained_before = state.groups_trained
@@ -290,11 +293,15 @@ class RolloutProgress:
                 self.consumed.discard(group_id)
                 self._first_unconsumed = min(self._first_unconsumed, group_id)
 
-    def regenerate(self, group_id: int) -> bool:
-        """Take a stale group out of the accounting and let the next group take its place.
+    def regenerate(self, group_id: int, *, for_environment: bool = False) -> bool:
+        """Take a stale group, or (`for_environment`) one an environment's failure left untrained, out of the
+        accounting and let the next group take its place.
 
-        Returns False when its slot was regenerated `regenerate_limit` times already: the caller then drops it (as
-        stale), and it counts toward the stall streak like any drop. A settled group returns True (nothing to do).
+        Both kinds share one budget per slot: a slot is generated at most 1 + `regenerate_limit` times whatever went
+        wrong with each try, so a run generates at most (1 + limit) x its groups however its environments and queue
+        behave. Returns False when the slot's budget is spent: the caller then drops it (as stale, or with the
+        environment's episodes' drop reason), and it counts toward the stall streak like any drop. A settled group
+        returns True (nothing to do).
         """
         with self._lock:
             if group_id < self._folded or group_id in self.consumed:
@@ -303,6 +310,7 @@ class RolloutProgress:
             if attempts >= self.regenerate_limit:
                 return False
             self.regenerated += 1
+            self.regenerated_for_environment += for_environment
             self._make_transparent(group_id)
             if self.needed_end is not None:
                 stand_in = self.needed_end
@@ -340,6 +348,16 @@ class RolloutProgress:
         if self._last_run is None or not self._last_run[0] <= group_id <= self._last_run[1]:
             return
         self._last_run = None if self._last_drop == group_id else self._runs.run_of(self._last_drop)
+
+    def stop_unavailable(self, message: str) -> None:
+        """End the stream as stalled: an environment had no ready server for longer than its unavailableSeconds
+        (grpo_trainer.agentic.availability). Only sets a flag, from the watch's thread: the stream raises it."""
+        self.environment_stall = message
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether the stream must stop at its next look, whatever its queue holds."""
+        return self.stop_requested is not None or self.environment_stall is not None
 
     def request_stop(self, reason: str) -> None:
         """Ask the stream to stop as preempted at the next sample or micro-batch (signal-handler safe)."""
@@ -393,9 +411,12 @@ class RolloutProgress:
 
     def stall_verdict(self) -> StallVerdict | None:
         """The stall rules, written here only: the stream stops on them, and every report carries their verdict,
-        which the operator shows as it is. A full pass (the stall limit) of groups in a row consumed without one
-        training, or the whole run consumed and none trained (a run shorter than its stall limit)."""
+        which the operator shows as it is. An environment with no ready server past its unavailableSeconds
+        (`stop_unavailable`), a full pass (the stall limit) of groups in a row consumed without one training, or the
+        whole run consumed and none trained (a run shorter than its stall limit)."""
         with self._lock:
+            if self.environment_stall is not None:
+                return StallVerdict(StallCause.ENVIRONMENT_UNAVAILABLE, f"stalled: {self.environment_stall}")
             streak = self.stall_streak
             if streak >= self.stall_limit:
                 return StallVerdict(StallCause.STREAK, (
@@ -513,6 +534,7 @@ class RolloutProgress:
                 reward_mean=self.reward_mean,
                 weight_syncs=weight_syncs,
                 regenerated=self.regenerated,
+                regenerated_environment=self.regenerated_for_environment,
                 message=message,
             )
         if report.groups_consumed != report.groups_trained + report.dropped_total:
@@ -555,6 +577,7 @@ class RolloutProgress:
                 dropped_after=dropped_after,
                 prefix_streak=prefix,
                 regenerated=self.regenerated,
+                regenerated_environment=self.regenerated_for_environment,
                 bound=None if self.needed_end is None else self.start_group + self.needed_end,
                 transparent_before=self._transparent_before + bisect.bisect_left(self._transparent, start),
                 transparent_after=[self.start_group + g for g in self._transparent if g > start],

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..agentic.episodes import group_rows, strip_stamps
+from ..agentic.episodes import environment_failed, group_rows, strip_stamps
 from ..contract.codes import DropReason
 from ..contract.config import FilterConfig
 from .accounting import RolloutProgress
@@ -58,7 +58,10 @@ class SampleFilterQueue:
     A group is settled once all its samples were dropped (`num_generations`, or the row count the rollout loop
     stamped: with tools a conversation may be several rows or none, grpo_trainer.agentic.episodes), or when it is given
     up (below). A stale group is regenerated (`RolloutProgress.regenerate`), and dropped as stale only past the
-    regeneration limit.
+    regeneration limit. So is a group that trains nothing and had an episode whose environment failed (its rows are
+    marked: grpo_trainer.agentic.episodes.ENVIRONMENT_FAILED_KEY): the environment, not the policy, took its signal,
+    and a server that went away must not lose the run's groups. Past the limit it is dropped with its first row's
+    reason (unscorable, as every failed episode's row is).
 
     Groups that never arrive (TRL drops rows with no trained token:
     `trl/experimental/async_grpo/async_rollout_worker.py:194 (trl 1.16.0)`) would block "all consumed" forever. A
@@ -108,6 +111,7 @@ class SampleFilterQueue:
         self._dropped: dict[int, int] = {}  # group -> samples dropped
         self._reason: dict[int, str] = {}  # group -> its first dropped sample's reason
         self._rows: dict[int, int] = {}  # group -> the rows it has, where that is not num_generations
+        self._environment_failed: set[int] = set()  # groups with a row of an episode its environment failed
         self._newest = -1
         # Missing group id -> (when a later id revealed it, that later group's version), in id order: both grow
         # with the id, so the first entry is always the first to give up.
@@ -122,7 +126,7 @@ class SampleFilterQueue:
         deadline = None
         progress = self.progress
         while True:
-            if progress.stop_requested is not None:  # SIGTERM: stop now, not after the queue's timeout
+            if progress.stop_pending:  # SIGTERM, an environment gone too long: stop now, not at the queue's timeout
                 progress.check()
             try:
                 sample = self.inner.get_nowait()
@@ -183,6 +187,8 @@ class SampleFilterQueue:
                 self._accepted.add(group_id)
             self._sweep()
             return True
+        if environment_failed(sample):
+            self._environment_failed.add(group_id)
         dropped = self._dropped[group_id] = self._dropped.get(group_id, 0) + 1
         first_reason = self._reason.setdefault(group_id, reason.value)
         if not accepted and dropped >= rows:
@@ -208,12 +214,16 @@ class SampleFilterQueue:
         self._dropped.pop(group_id, None)
         self._reason.pop(group_id, None)
         self._rows.pop(group_id, None)
+        self._environment_failed.discard(group_id)
 
     def _give_up(self, group_id: int, reason: str) -> None:
-        """Settle a group that will not train: regenerate it if stale (within the limit), else drop it."""
+        """Settle a group that will not train: regenerate it if stale or its environment failed (within the limit),
+        else drop it."""
         self._missing.pop(group_id, None)
+        for_environment = group_id in self._environment_failed and reason != DropReason.STALE.value
         self._forget(group_id)
-        if reason == DropReason.STALE.value and self.progress.regenerate(group_id):
+        if ((reason == DropReason.STALE.value or for_environment)
+                and self.progress.regenerate(group_id, for_environment=for_environment)):
             return
         self.progress.drop(group_id, reason)
 

@@ -39,7 +39,7 @@ class ProgressState:
     groups_trained: int
     dropped: dict[str, int]
     epochs_done: int
-    #: Regenerated (stale) groups so far, and the run's bound as moved by their stand-ins (None: unbounded).
+    #: Regenerated groups so far, and the run's bound as moved by their stand-ins (None: unbounded).
     regenerated: int = 0
     bound: int | None = None
     #: Regenerated positions before `first_unconsumed` (counted) and after it (listed).
@@ -47,6 +47,8 @@ class ProgressState:
     transparent_after: list[int] = field(default_factory=list)
     #: Position of a stand-in not settled yet -> how many times its slot was regenerated.
     regeneration_attempts: dict[int, int] = field(default_factory=dict)
+    #: Of `regenerated`, the groups regenerated because an environment failed their episodes.
+    regenerated_environment: int = 0
     version: int = PROGRESS_STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:

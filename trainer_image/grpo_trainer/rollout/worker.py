@@ -17,6 +17,7 @@ and, given `routing`, each generation request sent straight to a rollout server 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import math
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-from ..agentic.episodes import completion_turns, stamp_group
+from ..agentic.availability import release_waits
+from ..agentic.episodes import ENVIRONMENT_FAILED_KEY, completion_turns, stamp_group
 from ..agentic.tools import (
     EpisodeRecord,
     GuardedEnvironmentFactory,
@@ -177,6 +179,19 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         # environment goes back to TRL's pool before then, and its next reset starts a new record.
         self._episodes: dict[int, EpisodeRecord] = {}
 
+    async def _run_loops(self, stop_event) -> None:
+        # TRL's generate loop awaits each reset before it looks at its stop: a reset waiting for an environment's
+        # server (grpo_trainer.agentic.availability) must end at the stop, or the child never does.
+        async def release_at_stop() -> None:
+            await stop_event.wait()
+            release_waits()
+
+        releasing = asyncio.create_task(release_at_stop())
+        try:
+            await super()._run_loops(stop_event)
+        finally:
+            releasing.cancel()
+
     async def _generate_one(self, prompt, tool_dict, tools, group_id=0):
         # TRL hands the episode's environment over only as the bound methods in `tool_dict`.
         environments = {id(owner): owner for owner in (getattr(f, "__self__", None) for f in tool_dict.values())
@@ -220,7 +235,8 @@ class ReusableEnvironments(list):
 
 
 def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool]) -> None:
-    """Make the failed episodes' rows unscorable (reward NaN, advantage 0, TRL's mark) and renormalise the rest.
+    """Make the failed episodes' rows unscorable (reward NaN, advantage 0, TRL's mark; marked as the environment's
+    failure for the learner's filter) and renormalise the rest.
 
     `samples` are one group's rows in conversation order, `rows_per_episode[i]` for conversation i.
     """
@@ -239,6 +255,8 @@ def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool])
         else:
             sample.advantage = 0.0
             sample.metrics["reward"] = math.nan
+            if failed[owner]:
+                sample.metrics[ENVIRONMENT_FAILED_KEY] = 1.0
         sample.metrics["reward_std"] = std
 
 
