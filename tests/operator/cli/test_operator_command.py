@@ -103,6 +103,12 @@ def test_grporun_operator_runs_from_a_kubeconfig_serves_metrics_and_stops_on_sig
             time.sleep(0.2)
         images = {p["spec"]["containers"][0]["image"] for p in client.list(PODS, "default")}
         assert images == {"grpo-trainer:cli"}
+        # The pass that created the pods publishes the run's series when it ends, after its actions: one pass more
+        # than were counted once the pods were seen.
+        seen_at = _passes(metrics_port)
+        while _passes(metrics_port) <= seen_at:
+            assert process.poll() is None, f"the operator exited: {log.read_text()[-3000:]}"
+            time.sleep(0.2)
         metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
         assert 'grpo_operator_run_info{model="/models/tiny",namespace="default",run="cli"} 1.0' in metrics
         assert requests.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=5).status_code == 200
