@@ -2,8 +2,10 @@
 
 `BrokenEnvironmentServer(answers)`: `/reset` answers as a healthy server does; every other path as `answers` says
 (default "ok"): "garbage" (200, not JSON), "5xx" (503), "hang" (no answer until the server stops), "nan" (a reward
-of NaN), "nan_or_hang" (NaN and no answer, in turns). `make_environment` (an `environmentFactory`) is an environment
-with no tool, which any model plays: its reset and reward are calls to the server at $BROKEN_ENVIRONMENT_URL.
+of NaN), "nan_or_hang" (NaN, and no answer once in eight calls: each hang costs its episode the whole call
+timeout, and a group an environment failed is generated again up to twice). `make_environment` (an
+`environmentFactory`) is an environment with no tool, which any model plays: its reset and reward are calls to the
+server at $BROKEN_ENVIRONMENT_URL.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from grpo_trainer.agentic.transport import EnvironmentClient
+
+#: "nan_or_hang": one call in this many hangs.
+HANG_EVERY = 8
 
 URL_ENV = "BROKEN_ENVIRONMENT_URL"
 
@@ -50,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         mode = "ok" if self.path == "/reset" else self.server.answers.get(self.path, "ok")
         if mode == "nan_or_hang":
-            mode = ("nan", "hang")[next(self.server.turns) % 2]
+            mode = "hang" if next(self.server.turns) % HANG_EVERY == 0 else "nan"
         if mode == "hang":
             self.server.release.wait()
             return
