@@ -24,6 +24,7 @@ import sys
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 #: An environment named `guess` in spec.environments: the operator hands its Service's URL to the learner's pods in this
 #: variable (grpo_trainer.contract.pod_env.environment_url_variable; spelled out, as the server imports nothing of
@@ -69,6 +70,18 @@ class GuessGame:
         return 1.0 if last == target else WRONG_GUESS_REWARD
 
 
+class Game(Protocol):
+    """What a game server serves: episodes opened, played and scored by id (GuessGame, and the other games here)."""
+
+    opened: int
+
+    def reset(self, episode: str, target: int) -> str: ...
+
+    def guess(self, episode: str, number: int) -> str: ...
+
+    def reward(self, episode: str) -> float: ...
+
+
 class GameServer(ThreadingHTTPServer):
     """Every client request is a new connection, and a run keeps as many episodes in flight as the rollout worker's
     `max_inflight_tasks`: the standard library's backlog of 5 connections reset the ones past it."""
@@ -76,13 +89,14 @@ class GameServer(ThreadingHTTPServer):
     request_queue_size = 256
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], game: GuessGame):
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], game: Game):
         super().__init__(address, handler)
         self.game = game  # what it serves: its episodes, and how many opened
 
 
-def make_server(port: int, host: str = "127.0.0.1") -> GameServer:
-    game = GuessGame()
+def serve_game(game: Game, port: int, host: str = "127.0.0.1") -> GameServer:
+    """`game` over HTTP: POST /reset, /guess and /reward with the episode's id (a reset's `target` passed when the
+    request names one), GET /health; a request the game refuses (a missing field, a wrong type) answers 400."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -95,7 +109,8 @@ def make_server(port: int, host: str = "127.0.0.1") -> GameServer:
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 if self.path == "/reset":
-                    self._reply(200, {"observation": game.reset(str(body["episode"]), int(body["target"]))})
+                    target = {} if body.get("target") is None else {"target": int(body["target"])}
+                    self._reply(200, {"observation": game.reset(str(body["episode"]), **target)})
                 elif self.path == "/guess":
                     self._reply(200, {"result": game.guess(str(body["episode"]), int(body["number"]))})
                 elif self.path == "/reward":
@@ -117,6 +132,10 @@ def make_server(port: int, host: str = "127.0.0.1") -> GameServer:
             pass  # one line per request would drown the run's logs
 
     return GameServer((host, port), Handler, game)
+
+
+def make_server(port: int, host: str = "127.0.0.1") -> GameServer:
+    return serve_game(GuessGame(), port, host)
 
 
 class GuessEnvironment:

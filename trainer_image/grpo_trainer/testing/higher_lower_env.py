@@ -13,22 +13,23 @@ wins at most 2/3 of its episodes (two different numbers); one that guesses 2 and
 wins every episode. A rate above 2/3 needs the environment's answers. The server also counts, over every episode it
 scored, how many second guesses went where the answer pointed, and logs its tallies every SUMMARY_EVERY episodes.
 
-The server is stdlib only (http.server), like grpo_trainer.testing.guess_env, and holds the episodes; the client
-reaches it through the learner's transport (grpo_trainer.agentic.transport), so a server down, hung or answering
-garbage fails the episode as the environment's, and a guess it refuses (400) is the policy's mistake, shown to it.
+The server is the guess game's (grpo_trainer.testing.guess_env.serve_game: stdlib only) and holds the episodes;
+the client reaches it through the learner's transport (grpo_trainer.agentic.transport), so a server down, hung or
+answering garbage fails the episode as the environment's, and a guess it refuses (400) is the policy's mistake,
+shown to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .guess_env import GameServer, serve_game
 
 #: An environment named `higher-lower` in spec.environments: the operator hands its Service's URL to the learner's
 #: pods in this variable (grpo_trainer.contract.pod_env.environment_url_variable; spelled out, as the server imports
@@ -130,55 +131,9 @@ class HigherLowerGame:
         return 1.0 if state.found else 0.0
 
 
-class GameServer(ThreadingHTTPServer):
-    """As guess_env's: a run keeps many episodes in flight, each request a new connection."""
-
-    request_queue_size = 256
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], game: HigherLowerGame):
-        super().__init__(address, handler)
-        self.game = game
-
-
 def make_server(port: int, host: str = "127.0.0.1", seed: int | None = None) -> GameServer:
-    game = HigherLowerGame(random.Random(seed))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._reply(200, {"ok": True})
-            else:
-                self._reply(404, {"error": f"no {self.path}"})
-
-        def do_POST(self) -> None:
-            try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                episode = str(body["episode"])
-                if self.path == "/reset":
-                    target = body.get("target")
-                    self._reply(200, {"observation": game.reset(episode, None if target is None else int(target))})
-                elif self.path == "/guess":
-                    self._reply(200, {"result": game.guess(episode, int(body["number"]))})
-                elif self.path == "/reward":
-                    self._reply(200, {"reward": game.reward(episode)})
-                else:
-                    self._reply(404, {"error": f"no {self.path}"})
-            except (KeyError, ValueError, TypeError) as error:
-                self._reply(400, {"error": f"{type(error).__name__}: {error}"})
-
-        def _reply(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, fmt: str, *args: object) -> None:
-            pass  # one line per request would drown the run's logs
-
-    return GameServer((host, port), Handler, game)
+    """The game over HTTP as the guess game's server serves it (grpo_trainer.testing.guess_env.serve_game)."""
+    return serve_game(HigherLowerGame(random.Random(seed)), port, host)
 
 
 class HigherLowerEnvironment:
