@@ -73,19 +73,16 @@ class Children:
         self.kube, self.run, self.memory = kube, run, memory
         self.trainer_image, self.clock = trainer_image, clock
 
-    async def configured_urls(self) -> list[str] | None:
-        """The `rollout.urls` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
-        if self.memory.rollout_urls is None:
+    async def configured(self) -> tuple[list[str] | None, dict[str, list[str]] | None]:
+        """The `rollout.urls` and `images` of the run config in the run's ConfigMap, one read for both (once per
+        operator process, then kept as written; None while there is no ConfigMap or it cannot be read)."""
+        memory = self.memory
+        if memory.rollout_urls is None or memory.images is None:
             config_map = await self._owned("v1", "ConfigMap", builders.config_map_name(self.run.name))
-            self.memory.rollout_urls = run_config_map.rollout_urls_of(config_map) if config_map is not None else None
-        return self.memory.rollout_urls
-
-    async def configured_images(self) -> dict[str, list[str]] | None:
-        """The `images` of the run config in the run's ConfigMap (read once per operator process, then kept)."""
-        if self.memory.images is None:
-            config_map = await self._owned("v1", "ConfigMap", builders.config_map_name(self.run.name))
-            self.memory.images = run_config_map.images_of(config_map) if config_map is not None else None
-        return self.memory.images
+            if config_map is not None:
+                memory.rollout_urls = run_config_map.rollout_urls_of(config_map)
+                memory.images = run_config_map.images_of(config_map)
+        return memory.rollout_urls, memory.images
 
     async def record_images(self, images: Mapping[str, Sequence[str]]) -> None:
         """Make the run config's `images` hold these digests (RecordImages). The learner reads them from its mounted

@@ -218,9 +218,8 @@ class ClusterRun:
         spec, refused = in_effect.spec, in_effect.refused
         images = None
         if live and not was_finished:
-            urls = await self.children.configured_urls()
+            urls, images = await self.children.configured()
             configured = None if urls is None else len(urls)
-            images = await self.children.configured_images()
             if refused is None:
                 spec, refused = scaling.gang_scale_in_effect(spec, configured)
         seen = Observation(observed, progress, now, children_exist=memory.children.created,
