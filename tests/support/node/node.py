@@ -398,10 +398,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "resolvConf": str(folder / "resolv.conf"),
             "podLogsDir": str(self.workdir / "pod-logs"),
             "volumePluginDir": str(folder / "volume-plugins"),
+            # No disk-pressure eviction and no image garbage collection ("0%" turns a threshold off): under either
+            # the kubelet removes every image no container runs, the sandbox image included, and here no registry
+            # can give them back, so every later pod fails to start. The disk is this machine's, filled and freed
+            # by other work; a full one fails the write that fills it, naming it.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            # The disk is this machine's, filled and freed by other work: once it has room again, the node takes
-            # pods within seconds instead of the default 5 minutes.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "imagefs.available": "0%"},
             "evictionPressureTransitionPeriod": "10s",
             "maxPods": 30,
         }
