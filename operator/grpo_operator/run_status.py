@@ -143,6 +143,8 @@ class ProgressStatus(_StatusModel):
     groups_total: int = 0
     groups_trained: int = 0
     groups_dropped: int = 0
+    groups_regenerated: int = 0  # ProgressReport.regenerated: neither trained nor dropped
+    groups_regenerated_environment: int = 0  # of those, left untrained by an environment's failure
     # Keys are grpo_trainer.contract.codes.DROP_REASONS (snake_case on the wire, like the learner's /progress).
     dropped: dict[str, int] = Field(default_factory=dict)
     stall_streak: int = 0

@@ -160,7 +160,8 @@ def test_progress_fields_land_in_status():
                   now=at(7))
     progress = decision.status["progress"]
     assert progress == {"epoch": 0, "epochs": 1.0, "groupsConsumed": 10, "groupsTotal": 40, "groupsTrained": 8,
-                        "groupsDropped": 2, "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
+                        "groupsDropped": 2, "groupsRegenerated": 0, "groupsRegeneratedEnvironment": 0,
+                        "dropped": {"no_signal": 2, "truncated": 0, "stale": 0, "too_long": 0,
                                                         "unscorable": 0, "lost": 0, "excluded": 0},
                         "stallStreak": 0, "stallLimit": 0, "stalled": False, "globalStep": 4, "percent": 25.0,
                         "rewardMean": 0.5, "maskedFraction": 0.125,
@@ -196,6 +197,15 @@ def test_a_run_without_tools_has_no_episodes_in_status_progress():
     decision = step(spec, with_tools, running_pods(), report(groupsConsumed=5, groupsTrained=5), now=at(7))
     assert "episodes" not in decision.status["progress"]
     assert decision.status["progress"]["groupsTrained"] == 5
+
+
+def test_regenerated_groups_and_those_an_environment_caused_are_on_status_progress():
+    spec = spec_of()
+    decision = step(spec, running_status(spec), running_pods(),
+                    report(groupsConsumed=4, groupsTrained=4, regenerated=5, regeneratedEnvironment=3,
+                           episodes=EPISODES), now=at(5))
+    progress = decision.status["progress"]
+    assert (progress["groupsRegenerated"], progress["groupsRegeneratedEnvironment"]) == (5, 3)
 
 
 def test_a_newer_learners_report_keeps_the_run_progressing_with_what_status_can_hold():

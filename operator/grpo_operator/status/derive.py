@@ -81,6 +81,7 @@ def progress_status(report: ProgressReport) -> ProgressStatus:
     return ProgressStatus(
         epoch=report.epochs_done, epochs=report.epochs, groups_consumed=report.groups_consumed,
         groups_total=report.groups_total, groups_trained=report.groups_trained, groups_dropped=report.dropped_total,
+        groups_regenerated=report.regenerated, groups_regenerated_environment=report.regenerated_environment,
         dropped={reason: report.dropped[reason] for reason in DROP_REASONS}, stall_streak=report.stall_streak,
         stall_limit=report.stall_limit, stalled=report.stall_verdict,
         stall_cause=getattr(report.stall_cause, "value", report.stall_cause) if report.stall_verdict else None,

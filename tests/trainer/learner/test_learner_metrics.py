@@ -34,6 +34,7 @@ from grpo_trainer.contract.metrics import (
     METRIC_GROUPS_CONSUMED,
     METRIC_GROUPS_DROPPED,
     METRIC_GROUPS_REGENERATED,
+    METRIC_GROUPS_REGENERATED_ENVIRONMENT,
     METRIC_GROUPS_RETURNED,
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_TRAINED,
@@ -416,6 +417,18 @@ def test_counters_start_at_zero_in_a_resumed_process_and_totals_since_the_run_be
     resumed.train([1])  # absolute 5: the first group the resumed process trains
     found = scrape_progress(resumed)
     assert found[(METRIC_GROUPS_COLLATED, ())][1] == 1 and found[(METRIC_GROUPS_TRAINED, ())][1] == 5
+
+
+def test_groups_regenerated_for_an_environment_are_a_gauge_of_their_own():
+    from grpo_trainer.progress import RolloutProgress
+
+    progress = RolloutProgress(set(), epochs_done=0, stall_groups=0, groups_per_epoch=8, epochs=1)
+    progress.train([0, 1])
+    assert progress.regenerate(2)  # stale
+    assert progress.regenerate(3, for_environment=True)
+    found = scrape_progress(progress)
+    assert found[(METRIC_GROUPS_REGENERATED, ())] == ("gauge", 2.0)
+    assert found[(METRIC_GROUPS_REGENERATED_ENVIRONMENT, ())] == ("gauge", 1.0)
 
 
 def test_a_metric_is_a_counter_exactly_when_its_name_ends_in_total():

@@ -14,7 +14,9 @@ METRIC_GROUPS_DROPPED = "grpo_learner_groups_dropped"  # label: reason
 # rate(collated) - rate(returned). Totals since the run began (trained, consumed, regenerated) are gauges.
 METRIC_GROUPS_COLLATED = "grpo_learner_groups_collated_total"
 METRIC_GROUPS_RETURNED = "grpo_learner_groups_returned_total"
-METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated"  # gauge: stale groups another group replaced
+METRIC_GROUPS_REGENERATED = "grpo_learner_groups_regenerated"  # gauge: groups another group replaced
+# Gauge: of those, the groups an environment's failure left untrained (the rest were stale).
+METRIC_GROUPS_REGENERATED_ENVIRONMENT = "grpo_learner_groups_regenerated_environment"
 METRIC_EPOCHS_DONE = "grpo_learner_epochs_done"
 METRIC_EPOCHS = "grpo_learner_epochs"
 METRIC_STALL_STREAK = "grpo_learner_stall_streak_groups"
@@ -95,6 +97,7 @@ LEARNER_METRIC_NAMES: tuple[str, ...] = (
     METRIC_GROUPS_COLLATED,
     METRIC_GROUPS_RETURNED,
     METRIC_GROUPS_REGENERATED,
+    METRIC_GROUPS_REGENERATED_ENVIRONMENT,
     METRIC_EPOCHS_DONE,
     METRIC_EPOCHS,
     METRIC_STALL_STREAK,

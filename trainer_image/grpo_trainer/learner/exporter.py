@@ -42,6 +42,7 @@ from ..contract.metrics import (
     METRIC_GROUPS_CONSUMED,
     METRIC_GROUPS_DROPPED,
     METRIC_GROUPS_REGENERATED,
+    METRIC_GROUPS_REGENERATED_ENVIRONMENT,
     METRIC_GROUPS_RETURNED,
     METRIC_GROUPS_TOTAL,
     METRIC_GROUPS_TRAINED,
@@ -176,8 +177,10 @@ class ProgressCollector:
             counter(METRIC_GROUPS_RETURNED, "Collated groups a stop returned before their optimizer step, in this "
                     "learner process.", report.groups_returned),
             dropped,
-            gauge(METRIC_GROUPS_REGENERATED, "Stale prompt groups regenerated since the run began: neither trained "
-                  "nor dropped.", report.regenerated),
+            gauge(METRIC_GROUPS_REGENERATED, "Prompt groups regenerated since the run began (stale, or left "
+                  "untrained by an environment's failure): neither trained nor dropped.", report.regenerated),
+            gauge(METRIC_GROUPS_REGENERATED_ENVIRONMENT, "Of the regenerated prompt groups, those an environment's "
+                  "failure left untrained.", report.regenerated_environment),
             gauge(METRIC_EPOCHS_DONE, "Full passes over the prompts consumed.", report.epochs_done),
             gauge(METRIC_EPOCHS, "The run's epoch bound.", report.epochs),
             gauge(METRIC_STALL_STREAK, "Groups consumed in a row without one training.", report.stall_streak),
