@@ -3,13 +3,14 @@ prompts, each in one folder the pods can read."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.support import tiny_models
-from tests.support.node.node_runs import shared_folder
+from tests.support.node.node_runs import GUESS_GAME, OPENENV_GAME, TWO_GAMES_PROMPTS, shared_folder
 from tests.support.paths import REPO
 
 
@@ -25,8 +26,12 @@ def tiny_data(tmp_path_factory, tiny_model_dir: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_tool_data(tmp_path_factory, tiny_tool_model_dir: str) -> Path:
     """The tool model (taught offline to call the guess game's tool) and the game's prompts, in one folder readable
-    by the pods' user."""
+    by the pods' user: TWO_GAMES_PROMPTS sends every other row to the game served over OpenEnv (a row's
+    `environment` names the spec.environments[] entry it plays)."""
     data = tmp_path_factory.mktemp("tiny-tool-data")
     shutil.copytree(tiny_tool_model_dir, data / "model")
-    shutil.copy(tiny_models.GUESS_PROMPTS, data / "tiny-guess.jsonl")
+    rows = [json.loads(line) for line in tiny_models.GUESS_PROMPTS.read_text().splitlines() if line.strip()]
+    (data / TWO_GAMES_PROMPTS).write_text("".join(
+        json.dumps({**row, "environment": (GUESS_GAME, OPENENV_GAME)[index % 2]}) + "\n"
+        for index, row in enumerate(rows)))
     return shared_folder(data, writable=False)

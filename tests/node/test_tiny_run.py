@@ -1,10 +1,12 @@
 """The shipped agentic run on the real node, from the user's side: `kubectl apply` of examples/tiny-agentic.yaml into a
 namespace that enforces the `restricted` Pod Security Standard, the operator the chart installed
 (tests/support/node/operator_release.py), rollout, learner and environment pods run as containers from the trainer
-image, and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment server
-(spec.environments: a pod the operator runs behind a Service, whose URL the learner's environment factory gets); the
-test deletes its pod once the first episode is under way, the episodes that meet the game gone are counted as
-environment failures, and the operator creates the pod again while the run goes on to its bound. The restricted
+image, and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment, twice
+(spec.environments: pods the operator runs behind a Service): over HTTP from two servers, which the learner's
+environment factory plays with each episode held on one server, and over OpenEnv from a third, which the learner
+plays itself; the prompts alternate between them. The test deletes the first HTTP server's pod once its first
+episode is under way: the episodes that meet that server gone are counted as the environment's failures, the other
+server goes on serving, and the operator creates the pod again while the run goes on to its bound. The restricted
 policy refuses hostPath volumes, so the model, the weight-sync folder and the folder the trained model goes to
 (spec.output.volume) come from PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes
 from a real S3 server on this machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to
@@ -25,7 +27,10 @@ from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.testing.guess_env import FIRST_EPISODE_LINE
 from tests.support.node.node import Node
 from tests.support.node.node_runs import (
+    GUESS_GAME,
+    OPENENV_GAME,
     RUN,
+    TWO_GAMES_PROMPTS,
     NodeRun,
     read_exported_model,
     shared_folder,
@@ -58,38 +63,52 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
 
 CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
 EXPERIMENT = "node-tiny"
-GAME = "guess"
-GAME_POD = environment_pod_name(RUN, GAME, 0)
+GAME_SERVERS = 2
+GAME_PODS = [environment_pod_name(RUN, GUESS_GAME, index) for index in range(GAME_SERVERS)]
+OPENENV_POD = environment_pod_name(RUN, OPENENV_GAME, 0)
+READY = [{"name": GUESS_GAME, "wanted": GAME_SERVERS, "replicas": GAME_SERVERS, "ready": GAME_SERVERS, "restarts": 0},
+         {"name": OPENENV_GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}]
 EPOCHS = 3  # 24 groups
 
 
-def game_environment(image: str) -> dict:
-    """The guess game as spec.environments[] entry: the trainer image holds it (grpo_trainer.testing.guess_env)."""
-    return {"name": GAME, "image": image, "port": 8000, "command": [
-        "/opt/learner/bin/python", "-m", "grpo_trainer.testing.guess_env", "--host", "0.0.0.0", "--port", "8000"]}
+def game_environments(image: str) -> list[dict]:
+    """The guess game as two spec.environments[] entries, both from the trainer image: over HTTP
+    (grpo_trainer.testing.guess_env, GAME_SERVERS servers, played by the environment factory) and over OpenEnv
+    (grpo_trainer.testing.guess_openenv, played by the learner with OpenEnv's client)."""
+    def server(module: str) -> list[str]:
+        return ["/opt/learner/bin/python", "-m", module, "--host", "0.0.0.0", "--port", "8000"]
+
+    return [{"name": GUESS_GAME, "image": image, "port": 8000, "replicas": GAME_SERVERS,
+             "command": server("grpo_trainer.testing.guess_env")},
+            {"name": OPENENV_GAME, "protocol": "openenv", "image": image, "port": 8000,
+             "command": server("grpo_trainer.testing.guess_openenv")}]
 
 
-def delete_the_game_mid_run(run: NodeRun) -> str:
-    """Once the game's pod has opened the run's first episode (its log says so once), the pod deleted at once, as a
-    lost node or an eviction would. The rollout worker plays the run's 192 episodes 16 at a time, so episodes are in
-    flight (their rewards asked of a server that no longer holds them) and more begin while the game is gone: they
-    fail and are counted (environment failures). Then, the run going on, the operator's new pod Ready and counted in
-    status.environments. The UID the deleted pod had."""
-    ready = [{"name": GAME, "wanted": 1, "replicas": 1, "ready": 1, "restarts": 0}]
-    run.wait_for(lambda: run.status().get("environments") == ready, "the game's pod Ready")
-    uid = run.pod(GAME_POD)["metadata"]["uid"]
-    run.wait_for_log(GAME_POD, FIRST_EPISODE_LINE)
-    run.node.kubectl("delete", "pod", GAME_POD, "-n", run.namespace, "--grace-period=0", "--force")
+def delete_a_game_server_mid_run(run: NodeRun) -> str:
+    """Once the first HTTP game server's pod has opened an episode (its log says so once), the pod deleted at once,
+    as a lost node or an eviction would. The rollout worker plays the run's episodes 16 at a time, so episodes are in
+    flight on it (their rewards asked of a server that no longer holds them): they fail and are counted
+    (environment failures), while the other server, which no episode of the deleted one moves to, goes on. Then,
+    the run going on, the operator's new pod Ready and counted in status.environments. The UID the deleted pod
+    had."""
+    run.wait_for(lambda: run.status().get("environments") == READY, "the games' pods Ready")
+    deleted = GAME_PODS[0]
+    uid = run.pod(deleted)["metadata"]["uid"]
+    run.wait_for_log(deleted, FIRST_EPISODE_LINE)
+    run.node.kubectl("delete", "pod", deleted, "-n", run.namespace, "--grace-period=0", "--force")
     progress = run.status().get("progress", {})
     run.node.report(f"game pod deleted at {progress.get('groupsConsumed', 0)} of {progress.get('groupsTotal')} "
                     f"groups ({time.monotonic() - run.began:.1f} s after apply)")
 
     def replaced() -> bool:
-        pod = run.pod(GAME_POD)
-        return bool(pod and pod["metadata"]["uid"] != uid and run.status().get("environments") == ready)
+        pod = run.pod(deleted)
+        return bool(pod and pod["metadata"]["uid"] != uid and run.status().get("environments") == READY)
 
     run.wait_for(replaced, "the game's new pod Ready in status.environments")
     assert run.phase() not in ("Succeeded", "Failed"), "the run ended before the game's pod came back"
+    # Every server played: the other HTTP server, and the OpenEnv one.
+    for pod in (GAME_PODS[1], OPENENV_POD):
+        run.wait_for_log(pod, FIRST_EPISODE_LINE)
     return uid
 
 
@@ -117,10 +136,11 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             data_claim = claimed_folder(node, namespace, "tiny-data", tiny_tool_data)
             data_claim["persistentVolumeClaim"]["readOnly"] = True
             manifest = tiny_manifest(data_claim, claimed_folder(node, namespace, "tiny-weights", weights),
-                                     example="tiny-agentic.yaml", prompts="tiny-guess.jsonl")
+                                     example="tiny-agentic.yaml", prompts=TWO_GAMES_PROMPTS)
             spec = manifest["spec"]
             spec["training"]["epochs"] = EPOCHS
-            spec["environments"] = [game_environment(operator_release.trainer.reference)]
+            spec["training"]["environmentFactories"] = {GUESS_GAME: spec["training"].pop("environmentFactory")}
+            spec["environments"] = game_environments(operator_release.trainer.reference)
             store = store_for_pods(node, namespace, s3_server, s3_bucket, tiny_tool_data / "model")
             spec["model"] = f"s3://{s3_bucket}/tiny-model"
             spec["inputs"] = dict(store)
@@ -132,19 +152,20 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             # learner starts: a tracker that does not answer at the learner's start is a configuration error (exit 78).
             mlflow.wait_ready()
             run.apply(manifest)
-            deleted_uid = delete_the_game_mid_run(run)
+            deleted_uid = delete_a_game_server_mid_run(run)
             status = run.wait_succeeded()
             # The game's pod came back under its name, created again by the operator, and served the rest of the run;
-            # the episodes it held when it went are counted (environment failures, their groups unscorable).
-            uids = run.history.uids(GAME_POD)
+            # the episodes it held when it went are counted (environment failures, their groups regenerated).
+            uids = run.history.uids(GAME_PODS[0])
             assert uids[0] == deleted_uid and len(uids) == 2, uids
             progress, episodes = status["progress"], status["progress"]["episodes"]
             dropped = sum(progress.get("dropped", {}).values())
             assert progress["groupsTrained"] + dropped == progress["groupsConsumed"], progress
             assert episodes["toolCalls"] > 0 and episodes["episodes"] >= 8 * progress["groupsTrained"], episodes
-            # Counted by the environment factory that met them (training.environmentFactory's function).
+            # Counted under the environment whose server went (training.environmentFactories' key); the OpenEnv
+            # game lost none.
             failures = episodes.get("environmentFailures", {})
-            assert set(failures) == {"make_environment"} and failures["make_environment"] > 0, episodes
+            assert set(failures) == {GUESS_GAME} and failures[GUESS_GAME] > 0, episodes
             node.report(f"agentic run: {progress}")
             tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
                                         epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])
@@ -154,7 +175,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
         for name in CLAIMS:
             node.kubectl("delete", "persistentvolume", f"{namespace}-{name}", "--wait=false", check=False)
     seen = run.history.containers()
-    assert {name.rsplit("-", 2)[-2] for name in seen} == {"rollout", "learner", GAME}, seen  # every role admitted
+    roles = {"rollout", "learner", GUESS_GAME, OPENENV_GAME}
+    assert {name.rsplit("-", 2)[-2] for name in seen} == roles, seen  # every role admitted
     for name, status_ in sorted(seen.items()):
         node.report(f"pod {name} ran as {status_['containerID']}, image {status_['image']}, "
                     f"imageID {status_['imageID']}")
@@ -177,7 +199,8 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
     digests: dict[str, set[str]] = {}
     for name, status_ in seen.items():
         role = name.rsplit("-", 2)[-2]
-        digests.setdefault(f"environment/{GAME}" if role == GAME else role, set()).add(status_["imageID"])
+        environment = role in (GUESS_GAME, OPENENV_GAME)
+        digests.setdefault(f"environment/{role}" if environment else role, set()).add(status_["imageID"])
     assert {key: set(value) for key, value in json.loads(stored)["images"].items()} == digests, digests
     stored_files = {item["Key"] for item in s3_server.client().list_objects_v2(
         Bucket=s3_bucket, Prefix=f"{RUN}/")["Contents"]}

@@ -26,6 +26,11 @@ from tests.support.servers.s3_server import S3Server
 RUN = "tiny"
 DATA_MOUNT = "/data"
 RUN_TIMEOUT_S = 900
+#: The tiny agentic run's two environments, the guess game over HTTP and over OpenEnv, and its prompts file, whose
+#: rows alternate between them.
+GUESS_GAME = "guess"
+OPENENV_GAME = "openguess"
+TWO_GAMES_PROMPTS = "tiny-two-games.jsonl"
 LOG_LINES = 40
 
 
