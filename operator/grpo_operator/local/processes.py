@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.error import URLError
@@ -62,13 +63,15 @@ class LocalProcess:
     popen: subprocess.Popen | None = None
     exit_code: int | None = None
 
-    def start(self) -> None:
+    def start(self, extra_env: Mapping[str, str] | None = None) -> None:
+        """Start the planned command, with `extra_env` over the plan's environment (what the run learned since the
+        plan was made)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing after this returns
         # Own session = own process group: stopping it reaches vLLM's engine core and TRL's rollout worker too.
         self.popen = subprocess.Popen(
-            self.plan.argv, env={**os.environ, **self.plan.env}, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            self.plan.argv, env={**os.environ, **self.plan.env, **(extra_env or {})}, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()
         self.exit_code = None

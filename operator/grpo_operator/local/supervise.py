@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from grpo_trainer.contract.config import RunConfig, load_run_config
+from grpo_trainer.contract.pod_env import MODEL_DIGEST_ENV
 from grpo_trainer.contract.report import ProgressReport
 
 from .. import builders
@@ -34,7 +35,7 @@ from ..manifest import read_grporun
 from ..model_config import HUB_ENDPOINT_ENV, HubAccess
 from ..resolve import RunPlacement, resolve_run_config
 from ..run_ref import RunRef
-from ..run_status import FINISHED_PHASES, Phase, dump_status
+from ..run_status import FINISHED_PHASES, Phase, dump_status, parse_status
 from ..status import revision
 from ..status.decision import rank
 from . import kubelet
@@ -134,11 +135,14 @@ class LocalRun:
         actions = kubelet.decide(self.processes.values(), self.liveness, self.in_place)
         kubelet.act(actions, self.processes, self.in_place, self.hung, log)
 
-    def start_missing(self, log: Callable[[str], None]) -> None:
-        """CreateChildren: start every planned process that is not running (new, or stopped to be recreated)."""
+    def start_missing(self, log: Callable[[str], None], model_digest: str | None = None) -> None:
+        """CreateChildren: start every planned process that is not running (new, or stopped to be recreated). A
+        rollout server or learner started once the run is pinned to its model's content (`model_digest`, from the
+        learner's first report) is held to it, as a pod created then is."""
+        pinned = {} if model_digest is None else {MODEL_DIGEST_ENV: model_digest}
         for process in self.processes.values():
             if process.popen is None:
-                process.start()
+                process.start(pinned if process.plan.role in ("rollout", "learner") else {})
                 self.hung.pop(process.plan.name, None)
                 self.in_place.started(process.plan.name)
                 if self.liveness is not None:
@@ -358,7 +362,7 @@ class LocalPort:
         """A local run's processes run from this machine's environments, not images: nothing to record."""
 
     async def create_children(self, observed: Observed[None], status: dict[str, Any]) -> None:
-        self.local.start_missing(self.log)
+        self.local.start_missing(self.log, revision.pinned_digest(self.local.spec, parse_status(status)))
 
     async def delete_pods(self, observed: Observed[None], pods: tuple[str, ...], reason: str) -> None:
         self.local.stop(pods, recreate=False)

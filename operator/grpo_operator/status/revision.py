@@ -13,7 +13,8 @@ learner reports the digest of what it loaded (its /progress `modelDigest`: the m
 prefix without one a digest of its keys and ETags), the first report goes on status.model (`requested: digest`),
 and every pod built from then on (a rollout server added by a scale-up, a learner restarted) is given it
 (`GRPO_MODEL_DIGEST`) and refuses other content with exit 78, naming the URI and both digests. The pods of the
-run's first start load the model before the digest is known: they are not held to it.
+run's first start load the model before the digest is known: they are not held to it. `grporun local` gives the
+processes it starts later the same variable.
 """
 
 from __future__ import annotations

@@ -4,13 +4,15 @@ the local processes are the operator's pods (same commands and environment) with
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
+import sys
 
 import pytest
 import yaml
 
 from grpo_operator import builders
-from grpo_operator.api import EnvironmentSpec
+from grpo_operator.api import EnvironmentSpec, parse_spec
 from grpo_operator.cli import main as grporun
 from grpo_operator.exit_codes import ExitCode
 from grpo_operator.local.console import final_summary
@@ -26,13 +28,16 @@ from grpo_operator.local.plan import (
     observe,
     plan_processes,
 )
-from grpo_operator.local.supervise import prepare
+from grpo_operator.local.processes import LocalProcess
+from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
 from grpo_trainer.contract.config import load_run_config
+from grpo_trainer.contract.pod_env import MODEL_DIGEST_ENV
 from tests.support.paths import REPO
 from tests.support.ports import LOOPBACK, free_port
 from tests.support.servers.hub_server import commit_of
+from tests.support.specs import minimal_spec
 
 TINY = REPO / "examples" / "tiny.yaml"
 
@@ -381,3 +386,31 @@ def test_a_local_run_pins_its_hub_model_once_and_a_resumed_one_keeps_its_commit(
     path.write_text(yaml.safe_dump(mutate(tiny_manifest, lambda s: s.update(model="pin/local",
                                                                              modelRevision="unpinned"))))
     assert started(resume=False, fresh=True)[1].model_revision is None  # the opt-out asks no hub
+
+
+def test_a_process_started_once_the_run_is_pinned_to_its_models_content_is_held_to_it(tmp_path):
+    """The learner reports the content digest of the model it loaded (a path with an export manifest, or s3://) and
+    the run is pinned to it: a rollout server or learner started after that (a scale-up, a restart) gets it, as a pod
+    created then does, and refuses other content. An environment server loads no model."""
+    spec = parse_spec(minimal_spec(model="/models/exported",
+                                   environments=[{"name": "guess", "image": "g:1", "command": ["x"]}]))
+    says = [sys.executable, "-c", f"import os; print(os.environ.get({MODEL_DIGEST_ENV!r}))"]
+    processes = {name: LocalProcess(ProcessPlan(name, role, says, {}), tmp_path / f"{name}.log")
+                 for name, role in (("tiny-rollout-0", "rollout"), ("tiny-learner-0", "learner"),
+                                    ("tiny-env-guess-0", "environment"))}
+    local = LocalRun("tiny", "default", spec, tmp_path, processes)
+    port = LocalPort(local, lambda line: None)
+
+    def started_with(status: dict) -> dict[str, str]:
+        for process in processes.values():
+            process.log_path.unlink(missing_ok=True)
+        asyncio.run(port.create_children(None, status))
+        for process in processes.values():
+            process.popen.wait(timeout=30)
+        local.stop(tuple(processes), recreate=True)
+        return {name: process.log_path.read_text().strip() for name, process in processes.items()}
+
+    assert set(started_with({}).values()) == {"None"}  # the first start: nothing reported yet
+    digest = "d" * 64
+    pinned = started_with({"model": {"name": "/models/exported", "requested": "digest", "revision": digest}})
+    assert pinned == {"tiny-rollout-0": digest, "tiny-learner-0": digest, "tiny-env-guess-0": "None"}
