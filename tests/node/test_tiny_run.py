@@ -167,6 +167,9 @@ def test_the_tiny_run_succeeds_in_a_restricted_namespace_from_and_to_an_object_s
             failures = episodes.get("environmentFailures", {})
             assert set(failures) == {GUESS_GAME} and failures[GUESS_GAME] > 0, episodes
             node.report(f"agentic run: {progress}")
+            # The tracker was not dropped mid-run (its reason would be here: the learner's log is in tmp_path/logs).
+            degraded = [c for c in status.get("conditions", []) if c["type"] == "TrackingDegraded"]
+            assert all(c["status"] != "True" for c in degraded), degraded
             tracked = check_tracked_run(mlflow.uri, EXPERIMENT, RUN, model=f"s3://{s3_bucket}/tiny-model",
                                         epochs=EPOCHS, groups_trained=status["progress"]["groupsTrained"])
         read = read_exported_model(operator_release, namespace, "tiny-models", RUN)

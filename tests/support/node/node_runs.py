@@ -244,7 +244,14 @@ class NodeRun:
         return status
 
     def close(self) -> None:
+        """Stop watching, keep the log of every pod still there in `workdir/logs/` (the namespace's deletion takes
+        them with it, and a check after the run may need them), and delete the namespace."""
         self.history.stop()
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            (logs / f"{name}.log").write_text(self.logs(name))
         self.node.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
 
 

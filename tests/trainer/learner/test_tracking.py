@@ -245,6 +245,26 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_refusal_by_the_mlflow_server_is_told_from_a_server_that_is_not_there(mlflow_server, monkeypatch):
+    """The guard keeps a tracker whose server refused one call's data (a 400) and drops one it cannot reach."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the closed port answers at once, every time
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from tests.support.ports import LOOPBACK, free_port
+
+    client = MlflowClient(mlflow_server.uri)
+    run_id = client.create_run(client.create_experiment("refusals")).info.run_id
+    client.log_param(run_id, "learning_rate", "3e-06")
+    with pytest.raises(MlflowException) as refused:
+        client.log_param(run_id, "learning_rate", "1e-05")  # MLflow keeps a parameter's first value
+    assert mlflow_tracker.refused_by_server(refused.value)
+    with pytest.raises(MlflowException) as unreachable:
+        MlflowClient(f"http://{LOOPBACK}:{free_port()}").get_run(run_id)
+    assert not mlflow_tracker.refused_by_server(unreachable.value)
+
+
+@pytest.mark.slow
 def test_a_real_mlflow_server_receives_the_spec_and_every_steps_metrics(mlflow_server, tmp_path, monkeypatch):
     """The learner's trackers as it wires them (transformers' MLflow integration from the env `configure` sets, our
     parameters callback after it), fed TRL-shaped logs with our progress numbers, against `mlflow server`."""

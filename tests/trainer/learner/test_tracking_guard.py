@@ -80,6 +80,32 @@ def test_a_tracker_that_fails_mid_run_is_dropped_once_with_a_warning_naming_it_a
     assert warning.startswith(f"tracking: mlflow at {WHERE} dropped for the rest of the run: ConnectionError")
 
 
+class Refused(Exception):
+    """What a tracker's server answers for data it will not take."""
+
+
+def test_a_call_the_server_refuses_loses_its_data_only_and_the_tracker_goes_on(caplog):
+    class Refusing(Integration):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.global_step == 2:
+                raise Refused("INVALID_PARAMETER_VALUE: metric name 'x' is not valid")
+            super().on_log(args, state, control, logs, **kwargs)
+
+    integration, losses = Refusing(), guard.TrackerLosses()
+    hooks = guard.ThreadHooks(refused=lambda error: isinstance(error, Refused))
+    guarded = guard.guarded(integration, "mlflow", WHERE, losses, hooks)
+    state = TrainerState()
+    with caplog.at_level("WARNING", logger=guard.__name__):
+        log(guarded, state, (1, 2, 3))
+        settle(guarded)
+        integration.hang.set()
+        guarded.on_train_end(None, state, TrainerControl())
+    assert integration.steps == [1, 3] and integration.ended and losses.reports() == []
+    (warning,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert warning.startswith(f"tracking: mlflow at {WHERE} refused the data of on_log (step 2): Refused: "
+                              "INVALID_PARAMETER_VALUE")
+
+
 def test_an_end_that_does_not_finish_is_left_behind_at_the_deadline(monkeypatch):
     monkeypatch.setattr(guard, "END_WAIT_S", 1.0)
     integration, losses = Integration(), guard.TrackerLosses()

@@ -2,11 +2,13 @@
 tracking server that stops answering or a directory that stops taking files holds no training step, and the run's
 end waits for a tracker at most END_WAIT_S.
 
-A tracker whose call raises, whose calls are still unfinished STUCK_AFTER_S after they were made, or whose start or
-end does not finish within START_WAIT_S or END_WAIT_S is dropped for the rest of the run: one warning names it and
-where it reports, its thread is left to itself (a daemon: it holds no exit), and the progress report names it with
-the time it was dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The run's metrics
-from then on are not in that tracker.
+A call the tracker's server answered with a refusal of its data (`ThreadHooks.refused`: MLflow's 400 for a value it
+will not take) loses that call's data only: a warning names the tracker and the server's reason, and the tracker goes
+on. A tracker whose call raises otherwise, whose calls are still unfinished STUCK_AFTER_S after they were made, or
+whose start or end does not finish within START_WAIT_S or END_WAIT_S is dropped for the rest of the run: one warning
+names it and where it reports, its thread is left to itself (a daemon: it holds no exit), and the progress report
+names it with the time it was dropped (ProgressReport.tracking_lost; the operator's TrackingDegraded condition). The
+run's metrics from then on are not in that tracker.
 """
 
 from __future__ import annotations
@@ -106,10 +108,13 @@ class ThreadHooks:
     setup: runs first on that thread (what the client keeps per thread: MLflow's active run).
     release: runs once the tracker is dropped: what the client would otherwise still send at exit, let go without a
         call to it (MLflow ends its active run at exit, retrying the lost server).
+    refused: whether an error a call raised is the server's refusal of that call's data (it answered, and will take
+        the next call's): the call's data are lost, the tracker is kept.
     """
 
     setup: Callable[[], None] = lambda: None
     release: Callable[[], None] = lambda: None
+    refused: Callable[[BaseException], bool] = lambda error: False
 
 
 def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses, hooks: ThreadHooks = ThreadHooks()):
@@ -146,7 +151,12 @@ def guarded(integration: Any, tracker: str, where: str, losses: TrackerLosses, h
                 return
             try:
                 getattr(integration, event)(args, state, control, **kwargs)
-            except Exception as error:  # noqa: BLE001 - whatever the tracker's client raises drops it
+            except Exception as error:  # noqa: BLE001 - whatever else the tracker's client raises drops it
+                if hooks.refused(error):
+                    logger.warning(f"tracking: {tracker} at {where} refused the data of {event} (step "
+                                   f"{state.global_step}): {_first_line(error)}; they are not logged, the tracker "
+                                   "goes on")
+                    return
                 self._lose(_first_line(error))
 
         def _check_pending(self) -> None:

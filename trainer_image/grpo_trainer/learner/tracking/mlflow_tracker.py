@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any
 
 from ...contract.config import RunConfig
@@ -140,7 +141,8 @@ class MlflowTracker:
 
         integration.setup = synchronous_setup
         active_runs = fluent._active_run_stack.get()
-        return ThreadHooks(setup=lambda: fluent._active_run_stack.set(active_runs), release=active_runs.clear)
+        return ThreadHooks(setup=lambda: fluent._active_run_stack.set(active_runs), release=active_runs.clear,
+                           refused=refused_by_server)
 
     def directory(self, config: RunConfig) -> str | None:
         return None  # the tracking server keeps the run
@@ -184,6 +186,14 @@ class MlflowTracker:
     def recorded(self, config: RunConfig, run_id: str) -> RecordedMlflowRun:
         return RecordedMlflowRun(runId=run_id, trackingUri=config.tracking.mlflow.tracking_uri,
                                  experiment=mlflow_experiment(config))
+
+
+def refused_by_server(error: BaseException) -> bool:
+    """The tracking server answered 400: it will not take this call's values (a parameter whose value changed, a
+    name or value it does not accept). Its other answers (401, 403, 404, 5xx) and transport errors are not."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(error, MlflowException) and error.get_http_status_code() == HTTPStatus.BAD_REQUEST
 
 
 def tag_export(tracking_uri: str, run_id: str, exported: ExportReport) -> None:
