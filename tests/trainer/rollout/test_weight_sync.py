@@ -15,6 +15,7 @@ import requests
 import torch
 from safetensors.torch import load_file
 
+from grpo_trainer.rollout import weight_sync
 from grpo_trainer.rollout.server_set import ServerSet
 from grpo_trainer.rollout.weight_sync import (
     TIED_EMBEDDING_ALIASES,
@@ -321,3 +322,14 @@ def test_a_server_that_does_not_load_adapters_fails_the_sync_naming_what_it_need
     finally:
         server.close()
     assert "does not load LoRA adapters: it needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in error
+
+
+def test_a_sync_waiting_for_a_ready_server_says_so_once_per_interval_not_each_second(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(weight_sync, "WAIT_LOG_INTERVAL_S", 1.5)
+    url = f"http://127.0.0.1:{free_port()}"  # never admitted: no server is ready
+    transfer = FilesystemWeightTransfer([url], tmp_path, servers=ServerSet([url]), ready_timeout_s=3.0)
+    with caplog.at_level("WARNING", logger=weight_sync.__name__), pytest.raises(WeightSyncError, match="ready within"):
+        transfer.pause()
+    waits = [r.getMessage() for r in caplog.records if "waits for a rollout server" in r.getMessage()]
+    assert len(waits) == 2, waits  # at 0 s and 2 s of the one-second polls
+    assert waits[0] == "weight sync: pause waits for a rollout server to be ready (0 s so far, at most 3 s)"

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 #: Tensors per safetensors shard are cut at this size, so a sync never holds more than one shard in extra memory.
 SHARD_BYTES = 512 * 1024 * 1024
 VERSION_PREFIX = WEIGHT_VERSION_PREFIX
+#: While a sync waits for a ready rollout server, it says so once, then again after this long.
+WAIT_LOG_INTERVAL_S = 30.0
 
 
 class WeightSyncError(RuntimeError):
@@ -315,7 +317,8 @@ class FilesystemWeightTransfer:
                         return []
                     raise
             return self.server_urls
-        deadline = time.monotonic() + self.ready_timeout_s
+        began = time.monotonic()
+        deadline, said_at = began + self.ready_timeout_s, None
         while True:
             done = []
             for url in self.servers.ready_urls():
@@ -337,7 +340,11 @@ class FilesystemWeightTransfer:
             if time.monotonic() > deadline:
                 raise WeightSyncError(f"weight sync: {what}: no rollout server was ready within "
                                       f"{self.ready_timeout_s:.0f}s")
-            logger.warning("weight sync: %s waits for a rollout server to be ready", what)
+            now = time.monotonic()
+            if said_at is None or now - said_at >= WAIT_LOG_INTERVAL_S:  # a server's start takes minutes
+                logger.warning("weight sync: %s waits for a rollout server to be ready (%.0f s so far, at most %.0f s)",
+                               what, now - began, self.ready_timeout_s)
+                said_at = now
             time.sleep(1.0)
 
     def pause(self) -> None:
