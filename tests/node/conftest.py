@@ -3,7 +3,6 @@ prompts, each in one folder the pods can read."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -30,8 +29,5 @@ def tiny_tool_data(tmp_path_factory, tiny_tool_model_dir: str) -> Path:
     `environment` names the spec.environments[] entry it plays)."""
     data = tmp_path_factory.mktemp("tiny-tool-data")
     shutil.copytree(tiny_tool_model_dir, data / "model")
-    rows = [json.loads(line) for line in tiny_models.GUESS_PROMPTS.read_text().splitlines() if line.strip()]
-    (data / TWO_GAMES_PROMPTS).write_text("".join(
-        json.dumps({**row, "environment": (GUESS_GAME, OPENENV_GAME)[index % 2]}) + "\n"
-        for index, row in enumerate(rows)))
+    (data / TWO_GAMES_PROMPTS).write_text(tiny_models.guess_prompts_played_in_turn((GUESS_GAME, OPENENV_GAME)))
     return shared_folder(data, writable=False)

@@ -21,12 +21,13 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import json
 import os
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,14 @@ from tests.support.paths import REPO
 LIBRARIES = ("torch", "transformers", "tokenizers", "trl", "safetensors")
 GUESS_PROMPTS = REPO / "examples" / "tiny-guess.jsonl"
 HIGHER_LOWER_PROMPTS = REPO / "examples" / "tiny-higher-lower.jsonl"
+
+
+def guess_prompts_played_in_turn(environments: Sequence[str]) -> str:
+    """The guess game's prompts (what the tool model was taught on) as JSON lines, each row naming in `environment`
+    the spec.environments[] entry it plays: `environments` in turn."""
+    rows = [json.loads(line) for line in GUESS_PROMPTS.read_text().splitlines() if line.strip()]
+    return "".join(json.dumps({**row, "environment": environments[index % len(environments)]}) + "\n"
+                   for index, row in enumerate(rows))
 #: The tool models' names in hack/lib/build-times and their progress lines (build_name).
 TOOL_MODEL_BUILD = "tool-model"
 HIGHER_LOWER_MODEL_BUILD = "higher-lower-model"

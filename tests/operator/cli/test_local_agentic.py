@@ -12,7 +12,6 @@ rises over the run: the policy learns that playing pays."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import subprocess
@@ -29,7 +28,6 @@ from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 AGENTIC = REPO / "examples" / "tiny-agentic.yaml"
 AGENTIC_OPENENV = REPO / "examples" / "tiny-agentic-openenv.yaml"
-PROMPTS = tiny_models.GUESS_PROMPTS  # what the tool model was taught on
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
 #: How much the environment's reward per step rises over the run, at least, by the least-squares line through every
 #: step. Runs rose 0.12 to 0.33 from the first tenth of steps to the last; without a rise to learn the tenths moved by a
@@ -58,9 +56,7 @@ def test_an_agentic_run_trains_against_its_environment_servers_over_http_and_ope
     training = manifest["spec"]["training"]
     training["environmentFactories"] = {environment["name"]: training.pop("environmentFactory")}
     prompts = tmp_path / "prompts.jsonl"
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
-    prompts.write_text("".join(json.dumps({**row, "environment": (environment, openenv)[index % 2]["name"]}) + "\n"
-                               for index, row in enumerate(rows)))
+    prompts.write_text(tiny_models.guess_prompts_played_in_turn((environment["name"], openenv["name"])))
     manifest["spec"]["dataset"]["path"] = str(prompts)
     path = tmp_path / "agentic.yaml"
     path.write_text(yaml.safe_dump(manifest))

@@ -337,10 +337,10 @@ class FilesystemWeightTransfer:
                         done.append(url)
             if done or self._stopping.is_set():
                 return done
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise WeightSyncError(f"weight sync: {what}: no rollout server was ready within "
                                       f"{self.ready_timeout_s:.0f}s")
-            now = time.monotonic()
             if said_at is None or now - said_at >= WAIT_LOG_INTERVAL_S:  # a server's start takes minutes
                 logger.warning("weight sync: %s waits for a rollout server to be ready (%.0f s so far, at most %.0f s)",
                                what, now - began, self.ready_timeout_s)
