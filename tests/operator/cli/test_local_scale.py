@@ -2,8 +2,8 @@
 
 The command's own checks and the supervisor's side (start the added server through the state machine, rewrite the
 run config the learner watches, stop a removed server once the learner's report no longer lists it) run against
-scripted servers (tests/support/servers/completions_server.py); the slow test scales a real run with real vLLM servers
-1 -> 2 -> 1 while it trains to its exact bound.
+scripted servers (tests/support/servers/completions_server.py); the long test (`make test-long`) scales a real run
+with real vLLM servers 1 -> 2 -> 1 while it trains to its exact bound.
 """
 
 from __future__ import annotations
@@ -270,6 +270,7 @@ def _scale_to(runs: Path, replicas: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.vllm
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_a_real_run_scaled_1_2_1_trains_every_group_once_and_no_sync_waits_on_the_removed_server(

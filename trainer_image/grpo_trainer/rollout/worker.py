@@ -26,6 +26,7 @@ import os
 import queue
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -52,6 +53,8 @@ STOP_EVENT_TIMEOUT_S = 5.0
 #: A live child's time to leave after the stop event, then after SIGTERM (TRL's own 15 s and 5 s).
 STOP_JOIN_S = 15.0
 TERMINATE_JOIN_S = 5.0
+#: How often a stop waiting for the child reads what the child still sends.
+QUEUE_READ_INTERVAL_S = 0.1
 #: The child's time to leave after the stop event once the learner is preempted: the pod's grace period (120 s for
 #: learner pods unless the user sets it) also holds the checkpoint, and the generations in flight are regenerated
 #: after the resume anyway.
@@ -260,6 +263,21 @@ def unscore(samples: list[Any], rows_per_episode: list[int], failed: list[bool])
         sample.metrics["reward_std"] = std
 
 
+def join_reading(process: multiprocessing.process.BaseProcess, queues: tuple[Any, ...], timeout_s: float) -> None:
+    """Wait up to `timeout_s` for `process` to exit, reading (and dropping) what it still sends on `queues`
+    meanwhile. A process exits only once its queues' feeder threads have written all it put: once training ended
+    nothing read the samples the child generated ahead, and a full pipe held it until it was terminated."""
+    deadline = time.monotonic() + timeout_s
+    while process.exitcode is None and time.monotonic() < deadline:
+        for sent in queues:
+            try:
+                while True:
+                    sent.get_nowait()
+            except queue.Empty:
+                pass
+        process.join(min(QUEUE_READ_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+
+
 class SupervisedRolloutWorker(AsyncRolloutWorker):
     """AsyncRolloutWorker whose health check sees a dead child and whose stop cannot hang on one."""
 
@@ -324,7 +342,7 @@ class SupervisedRolloutWorker(AsyncRolloutWorker):
             # returns. Left blocked, it ends with the process.
             if not DaemonCall(self._stop_event_mp.set, "grpo-rollout-worker-stop").join(STOP_EVENT_TIMEOUT_S):
                 logger.warning("the rollout worker child's stop event did not set within %.0fs", STOP_EVENT_TIMEOUT_S)
-            process.join(self._stop_join_s)
+            join_reading(process, (self.rollout_buffer, self.metrics_queue), self._stop_join_s)
         if process.exitcode is None:
             logger.warning("the rollout worker child did not exit within %.0fs; terminating it", self._stop_join_s)
             process.terminate()
