@@ -2,11 +2,11 @@
 namespace that enforces the `restricted` Pod Security Standard, the operator the chart installed
 (tests/support/node/operator_release.py), rollout, learner and environment pods run as containers from the trainer
 image, and `kubectl wait --for=condition=Succeeded`. The guess game is the run's own environment, twice
-(spec.environments: pods the operator runs behind a Service): over HTTP from two servers, which the learner's
-environment factory plays with each episode held on one server, and over OpenEnv from a third, which the learner
+(spec.environments: pods the operator runs behind a Service): over HTTP from three servers, which the learner's
+environment factory plays with each episode held on one server, and over OpenEnv from another, which the learner
 plays itself; the prompts alternate between them. The test deletes the first HTTP server's pod once its first
 episode is under way: the episodes that meet that server gone are counted as the environment's failures, the other
-server goes on serving, and the operator creates the pod again while the run goes on to its bound. The restricted
+servers go on serving, and the operator creates the pod again while the run goes on to its bound. The restricted
 policy refuses hostPath volumes, so the model, the weight-sync folder and the folder the trained model goes to
 (spec.output.volume) come from PersistentVolumeClaims, as a cluster's admin would provide them. The model itself comes
 from a real S3 server on this machine (spec.model `s3://`, downloaded by both roles), and the trained model goes back to
@@ -63,7 +63,7 @@ def claimed_folder(node: Node, namespace: str, name: str, folder: Path) -> dict:
 
 CLAIMS = ("tiny-data", "tiny-weights", "tiny-models")
 EXPERIMENT = "node-tiny"
-GAME_SERVERS = 2
+GAME_SERVERS = 3
 GAME_PODS = [environment_pod_name(RUN, GUESS_GAME, index) for index in range(GAME_SERVERS)]
 OPENENV_POD = environment_pod_name(RUN, OPENENV_GAME, 0)
 READY = [{"name": GUESS_GAME, "wanted": GAME_SERVERS, "replicas": GAME_SERVERS, "ready": GAME_SERVERS, "restarts": 0},
@@ -88,7 +88,7 @@ def delete_a_game_server_mid_run(run: NodeRun) -> str:
     """Once the first HTTP game server's pod has opened an episode (its log says so once), the pod deleted at once,
     as a lost node or an eviction would. The rollout worker plays the run's episodes 16 at a time, so episodes are in
     flight on it (their rewards asked of a server that no longer holds them): they fail and are counted
-    (environment failures), while the other server, which no episode of the deleted one moves to, goes on. Then,
+    (environment failures), while the other servers, to which no episode of the deleted one moves, go on. Then,
     the run going on, the operator's new pod Ready and counted in status.environments. The UID the deleted pod
     had."""
     run.wait_for(lambda: run.status().get("environments") == READY, "the games' pods Ready")
@@ -106,8 +106,8 @@ def delete_a_game_server_mid_run(run: NodeRun) -> str:
 
     run.wait_for(replaced, "the game's new pod Ready in status.environments")
     assert run.phase() not in ("Succeeded", "Failed"), "the run ended before the game's pod came back"
-    # Every server played: the other HTTP server, and the OpenEnv one.
-    for pod in (GAME_PODS[1], OPENENV_POD):
+    # Every server played: the other HTTP servers, and the OpenEnv one.
+    for pod in (*GAME_PODS[1:], OPENENV_POD):
         run.wait_for_log(pod, FIRST_EPISODE_LINE)
     return uid
 
