@@ -4,6 +4,7 @@ real guess game against several servers, which each hold their own episodes."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,7 +18,7 @@ from grpo_trainer.agentic.servers import (
     pool_for,
     resolve_servers,
 )
-from grpo_trainer.agentic.tools import CallBounds, episode_of, load_environment_factory
+from grpo_trainer.agentic.tools import CallBounds, episode_of, is_abandoned, load_environment_factory
 from grpo_trainer.agentic.transport import EnvironmentClient
 from grpo_trainer.contract.pod_env import ENVIRONMENT_URL_SEPARATOR
 from grpo_trainer.testing.guess_env import WRONG_GUESS_REWARD, make_server
@@ -158,3 +159,38 @@ def test_an_ended_episode_releases_its_server_and_a_call_still_running_starts_no
     assert set(pool_for(address).in_flight().values()) == {0}
     with pytest.raises(NoServer, match="the episode has ended"):
         episode.pins.server(pool_for(address))
+
+
+def test_a_call_waiting_on_a_server_that_left_and_refuses_connections_fails_at_once_not_at_its_deadline(
+        monkeypatch):
+    """A deleted pod's connections hang (nothing answers, nothing resets them): the call waiting on it ends once the
+    name no longer lists the server and it accepts no connection, its episode failed as the environment's, naming
+    the server. A server only out of the name (its readiness failing) still finishes what it holds."""
+    from grpo_trainer.agentic import servers as servers_module
+    from grpo_trainer.agentic.transport import DeadlinePassed
+    from tests.support.servers.broken_environment import BrokenEnvironmentServer
+
+    hung = BrokenEnvironmentServer({"/guess": "hang"}).start()
+    try:
+        (server,) = resolve_servers(hung.url)
+        resolver, refusing = Resolver([server]), set()
+        pool = ServerPool(hung.url, resolve=resolver, interval_s=0.1, probe=lambda s: s not in refusing)
+        monkeypatch.setitem(servers_module._pools, hung.url, pool)  # the process's pool of this address
+        environment = load_environment_factory("grpo_trainer.testing.guess_env:make_environment", BOUNDS)()
+        environment.server = EnvironmentClient(hung.url)
+        environment.reset(target=1)
+        resolver.answer = []  # out of the name, still accepting connections: the call goes on waiting
+        timer = threading.Timer(3.0, refusing.add, args=(server,))  # then gone
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(DeadlinePassed):
+            environment.guess(number=1)
+        waited = time.monotonic() - started
+        timer.join()
+    finally:
+        hung.stop()
+    assert waited >= 3.0  # not before it refused connections
+    assert waited < BOUNDS.call_timeout_s  # and not at the deadline
+    assert episode_of(environment).failure == (
+        f"guess was abandoned: its server {server.url} left {hung.url} and does not accept connections")
+    assert is_abandoned(environment)  # its call may still end: the instance is not played again

@@ -9,7 +9,8 @@ address (the URL the learner gets, contract.pod_env) is
 - under `grporun local`, its servers' URLs, separated by ENVIRONMENT_URL_SEPARATOR (one loopback port each).
 A pool (`ServerPool`, one per address in the process) resolves the address again every RESOLVE_INTERVAL_S, so a new
 server gets episodes within seconds of being ready, and one that left gets no new ones: its episodes in flight finish
-there, or fail as the environment's when it is gone.
+there, or fail as the environment's once it is gone (out of the name and refusing connections: a call waiting on it
+then ends at once, not at its deadline).
 
 The guarded environments (grpo_trainer.agentic.tools) run each call of an episode within `episode_scope(pins)`, the
 episode's `EpisodePins`; the transport (grpo_trainer.agentic.transport) sends a request where the pins say.
@@ -231,6 +232,18 @@ class ServerPool:
         with self._lock:
             return self._chooser.servers
 
+    def gone(self, server: Server) -> bool:
+        """Whether `server` has left: the address, resolved again when due, no longer names it, and it does not
+        accept a connection (a deleted pod, a lost node). A server only out of the name (a readiness probe failing, a
+        scale-down's grace period) still finishes the episodes it holds."""
+        with self._lock:
+            now = self._clock()
+            if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
+                self._refresh(now)
+            if server in self._resolved:
+                return False
+        return not self._probe(server)
+
     def in_flight(self) -> dict[str, int]:
         """The episodes in flight on each server now, by its URL."""
         with self._lock:
@@ -283,6 +296,15 @@ class EpisodePins:
                     raise NoServer(f"{pool.address}: the episode has ended")
                 self._held[pool] = pool.acquire()
             return self._held[pool]
+
+    def lost(self) -> str | None:
+        """Which server of the episode has left its pool (ServerPool.gone), in words; None while each is there."""
+        with self._lock:
+            held = list(self._held.items())
+        for pool, server in held:
+            if pool.gone(server):
+                return f"its server {server.url} left {pool.address} and does not accept connections"
+        return None
 
     def release(self) -> None:
         with self._lock:

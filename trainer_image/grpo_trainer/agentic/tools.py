@@ -102,6 +102,9 @@ class EpisodeRecord:
 EPISODE_ATTRIBUTE = "_grpo_episode"
 #: A guarded environment class's attribute: the environment it is (what its failures are counted under).
 LABEL_ATTRIBUTE = "_grpo_environment"
+#: How often a call still running asks whether its episode's server has gone (a deleted pod's connections hang until
+#: the call's deadline: nothing answers, and nothing resets them).
+LOST_SERVER_CHECK_S = 2.0
 #: The attribute set on a guarded environment one of whose calls was abandoned still running: it is not reused.
 ABANDONED_ATTRIBUTE = "_grpo_abandoned"
 
@@ -164,6 +167,15 @@ def _past_deadline(environment: Any, what: str, timeout: float, bounds: CallBoun
     return DeadlinePassed(episode.failure)
 
 
+def _server_lost(environment: Any, what: str, lost: str) -> DeadlinePassed:
+    """Fail the episode for `what`, still running on a server that has gone (the instance is not used again)."""
+    episode = episode_of(environment)
+    setattr(environment, ABANDONED_ATTRIBUTE, True)
+    episode.end()
+    episode.fail_because(f"{what} was abandoned: {lost}")
+    return DeadlinePassed(episode.failure)
+
+
 def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callable[[], Any]) -> Any:
     """`call()` within its deadline, in a thread of its own: the caller (one of TRL's tool threads) is free at the
     deadline whether or not the call ends. Raises DeadlinePassed past it (the call's own request may see the
@@ -177,8 +189,11 @@ def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callabl
             return call()
 
     running = DaemonCall(within_deadline, f"grpo-env-{what}")
-    if not running.join(timeout):
-        raise _past_deadline(environment, what, timeout, bounds, abandoned=True)
+    while not running.join(min(LOST_SERVER_CHECK_S, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            raise _past_deadline(environment, what, timeout, bounds, abandoned=True)
+        if (lost := pins.lost()) is not None:
+            raise _server_lost(environment, what, lost)
     try:
         return running.result()
     except DeadlinePassed as error:
