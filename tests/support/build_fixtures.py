@@ -212,9 +212,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _is_worker(config):
         groups = {item.nodeid: group for item in session.items if (group := _group(item))}
         needs = {item.nodeid: [kind.name for kind in kinds] for item in session.items if (kinds := _needs(item))}
+        slow = [item.nodeid for item in session.items if item.get_closest_marker("slow")]
         board = config.stash[_RUN].board
         partial = board.folder / f".{COLLECTED_FILE}.{config.workerinput['workerid']}"
-        partial.write_text(json.dumps({"needed": needed, "groups": groups, "needs": needs}))
+        partial.write_text(json.dumps({"needed": needed, "groups": groups, "needs": needs, "slow": slow}))
         partial.replace(board.folder / COLLECTED_FILE)
         return
     if not needed:
@@ -245,14 +246,17 @@ class Unit:
 
     scope: str  # a group's name, or the test's nodeid
     needs: frozenset[str]  # the builds its tests wait for
+    slow: bool = False  # a test marked `slow` (a real run, a server): minutes where the others take seconds
 
 
 def next_unit(queue: list[Unit], built: set[str], idle: bool) -> Unit | None:
-    """The unit a worker gets next: the first group, then the first test, whose builds all have an outcome. With
-    none, an idle worker gets the first unit of the queue anyway (it waits for its builds), and a busy one gets
-    nothing until it finishes a test."""
+    """The unit a worker gets next: the first group, then the first slow test, then the first other test, whose
+    builds all have an outcome. With none, an idle worker gets the first unit of the queue anyway (it waits for its
+    builds), and a busy one gets nothing until it finishes a test. The slow tests go before the quick ones so that
+    the run ends on tests of seconds on both workers: a run of minutes handed out last kept one worker busy for
+    minutes after the other had finished."""
     ready = [unit for unit in queue if unit.needs <= built]
-    ready.sort(key=lambda unit: unit.scope not in GROUPS.values())  # stable: groups first, in the queue's order
+    ready.sort(key=lambda unit: (unit.scope not in GROUPS.values(), not unit.slow))  # stable: in the queue's order
     if ready:
         return ready[0]
     return queue[0] if idle and queue else None
@@ -279,8 +283,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _queue(self) -> list[Unit]:
             """The work queue's units, the groups first in `GROUPS`' order (xdist puts the most tests first)."""
             order = list(GROUPS.values())
-            needs = self.collected["needs"]
-            units = [Unit(scope, frozenset(name for nodeid in tests for name in needs.get(nodeid, ())))
+            needs, slow = self.collected["needs"], set(self.collected["slow"])
+            units = [Unit(scope, frozenset(name for nodeid in tests for name in needs.get(nodeid, ())),
+                          slow=bool(slow.intersection(tests)))
                      for scope, tests in self.workqueue.items()]
             return sorted(units, key=lambda unit: order.index(unit.scope) if unit.scope in order else len(order))
 

@@ -241,6 +241,15 @@ def test_a_test_whose_builds_are_done_comes_before_a_group_waiting_for_its_build
     assert next_unit([QUEUE[1], QUEUE[4]], {"operator-image"}, idle=False).scope == "b.py::t2"
 
 
+def test_a_slow_test_whose_builds_are_done_comes_before_the_quick_ones_so_the_run_ends_on_quick_ones():
+    queue = [*units("a.py::quick", "b.py::quick2"), Unit("c.py::slow", frozenset({"tool-model"}), slow=True),
+             Unit("d.py::slow", frozenset(), slow=True)]
+    assert next_unit(queue, set(), idle=False).scope == "d.py::slow"
+    assert next_unit(queue, {"tool-model"}, idle=False).scope == "c.py::slow"
+    assert next_unit(queue[:2], set(), idle=False).scope == "a.py::quick"
+    assert next_unit([*queue, *units("node|node")], {"node"}, idle=False).scope == "node"  # groups still first
+
+
 def test_a_worker_waits_for_a_build_only_when_it_has_nothing_else_to_run():
     waiting = units("node|node", "b.py::t2|operator-image")
     assert next_unit(waiting, set(), idle=False) is None  # it asks again when it finishes a test
