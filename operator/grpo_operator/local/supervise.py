@@ -281,18 +281,18 @@ def prepare(args: argparse.Namespace) -> LocalRun:
         cpu_count=cpu_count,
     )
     processes = {plan.name: LocalProcess(plan, run_dir / "logs" / f"{plan.name}.log") for plan in plans}
-    local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
-                     termination_path, liveness=Liveness(config.model),
-                     notes=[*([output[2]] if output is not None and output[2] else []), *environment_notes(spec)])
+    ref = RunRef(run.name, run.namespace, uid="local")
 
     def plan_server(ordinal: int, port: int):
-        return plan_rollout(local.ref, spec, ordinal, port, str(config_path), rollout_python,
+        return plan_rollout(ref, spec, ordinal, port, str(config_path), rollout_python,
                             cpu_bind(spec, ordinal, ordinal + 1, cpu_count))
 
     bounds = scale_bounds(config, external=len(external), can_start=rollout_python is not None,
                           cpu_count=os.cpu_count())
-    local.scaling = RolloutScaling(run_dir, config_path, config, bounds)
-    local.plan_server = plan_server
+    local = LocalRun(run.name, run.namespace, spec, run_dir, processes, [url for url in urls if external],
+                     termination_path, liveness=Liveness(config.model),
+                     scaling=RolloutScaling(run_dir, config_path, config, bounds), plan_server=plan_server,
+                     notes=[*([output[2]] if output is not None and output[2] else []), *environment_notes(spec)])
     local.scaling.begin()
     if pins.model is not None or pins.dataset is not None:  # before the first pass, which would wait for them
         local.status = dump_status(pins)
