@@ -423,6 +423,11 @@ def test_a_run_never_has_more_pods_than_kueue_admitted_and_a_refused_size_waits_
     so once; it takes effect when Kueue admits the run again, the Workload resized once its quota is given back
     (docs/kueue.md, "Scaling")."""
     _admitted_and_running(cluster, learner, progress_urls, "ks", _scaled_queued_spec())
+    # The run config as the running pods leave it: their images recorded (RecordImages patches it once they report
+    # them, which may come after Running: the comparison below saw it on a loaded machine).
+    cluster.wait_for(lambda: set(run_config_map.images_of(cluster.config_maps("ks")[0]) or {}) == {"rollout",
+                                                                                                   "learner"},
+                     what="the pods' images recorded in the run config")
     config = cluster.config_maps("ks")[0]["data"]["run.json"]
 
     cluster.patch_spec("ks", {"rollout": {"replicas": 3}})
