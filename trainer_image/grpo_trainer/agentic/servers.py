@@ -183,9 +183,7 @@ class ServerPool:
     def acquire(self) -> Server:
         """The server a new episode plays on, counted in flight until `release`. Raises NoServer."""
         with self._lock:
-            now = self._clock()
-            if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
-                self._refresh(now)
+            self._refresh_when_due()
             server = self._chooser.choose()
             if server is None:
                 raise NoServer(f"{self.address}: no ready server to start an episode on{self._problem}")
@@ -209,9 +207,7 @@ class ServerPool:
         """Whether an episode may start now without a probe: a probe found a server ready once, and a server is
         left that no connection has failed to since (the address resolved again when due)."""
         with self._lock:
-            now = self._clock()
-            if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
-                self._refresh(now)
+            self._refresh_when_due()
             return self._probed and bool(self._chooser.servers)
 
     def readiness(self) -> Readiness:
@@ -237,9 +233,7 @@ class ServerPool:
         accept a connection (a deleted pod, a lost node). A server only out of the name (a readiness probe failing, a
         scale-down's grace period) still finishes the episodes it holds."""
         with self._lock:
-            now = self._clock()
-            if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
-                self._refresh(now)
+            self._refresh_when_due()
             if server in self._resolved:
                 return False
         return not self._probe(server)
@@ -248,6 +242,12 @@ class ServerPool:
         """The episodes in flight on each server now, by its URL."""
         with self._lock:
             return {server.url: self._chooser.in_flight(server) for server in self._chooser.servers}
+
+    def _refresh_when_due(self) -> None:
+        """Resolve the address again if it was never resolved or its interval has passed (under the lock)."""
+        now = self._clock()
+        if self._resolved_at is None or now - self._resolved_at >= self._interval_s:
+            self._refresh(now)
 
     def _refresh(self, now: float) -> None:
         try:

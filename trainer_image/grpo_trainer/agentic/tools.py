@@ -157,8 +157,7 @@ def _past_deadline(environment: Any, what: str, timeout: float, bounds: CallBoun
     again)."""
     episode = episode_of(environment)
     if abandoned:
-        setattr(environment, ABANDONED_ATTRIBUTE, True)
-        episode.end()  # the instance makes no other call
+        _abandon(environment)
     bound = (f"within {bounds.call_timeout_s:g} s (training.callTimeoutSeconds)" if timeout >= bounds.call_timeout_s
              else f"by the episode's deadline, {bounds.episode_timeout_s:g} s after its reset "
                   "(training.episodeTimeoutSeconds)")
@@ -169,11 +168,16 @@ def _past_deadline(environment: Any, what: str, timeout: float, bounds: CallBoun
 
 def _server_lost(environment: Any, what: str, lost: str) -> DeadlinePassed:
     """Fail the episode for `what`, still running on a server that has gone (the instance is not used again)."""
+    _abandon(environment)
     episode = episode_of(environment)
-    setattr(environment, ABANDONED_ATTRIBUTE, True)
-    episode.end()
     episode.fail_because(f"{what} was abandoned: {lost}")
     return DeadlinePassed(episode.failure)
+
+
+def _abandon(environment: Any) -> None:
+    """A call of `environment` left running: the instance is not used again, and its episode makes no other call."""
+    setattr(environment, ABANDONED_ATTRIBUTE, True)
+    episode_of(environment).end()
 
 
 def _call_bounded(environment: Any, what: str, bounds: CallBounds, call: Callable[[], Any]) -> Any:
