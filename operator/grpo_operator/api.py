@@ -400,9 +400,6 @@ class GRPORunSpec(WireModel):
     def _checkpoint_store(self) -> GRPORunSpec:
         if self.checkpoint.uri is None:
             return self
-        if self.learner.strategy == "fsdp2":
-            raise ValueError("checkpoint.uri cannot be used with learner.strategy fsdp2 (yet): each rank's optimizer "
-                             "shard is not uploaded; use checkpoint.volume with a persistent volume")
         if self.output is not None and self.output.uri is not None and self.output.access() != self.checkpoint.access():
             # One learner process holds one set of boto3 variables (grpo_operator.builders.object_store_env).
             raise ValueError("checkpoint.uri and output.uri: credentialsSecret, endpoint and region must be the same "

@@ -296,10 +296,6 @@ CEL_CASES = {
     "checkpoint-store-settings-without-uri": (
         _set("spec.checkpoint", {"endpoint": "http://minio:9000"}),
         "spec.checkpoint: credentialsSecret, endpoint and region are only for an object store: set uri too"),
-    "checkpoint-store-with-fsdp2": (
-        _update(lambda m: (m["spec"].update(checkpoint={"uri": "s3://ckpts/run"}),
-                           m["spec"]["learner"].update(strategy="fsdp2"))),
-        "spec.checkpoint.uri: cannot be used with learner.strategy fsdp2"),
     "checkpoint-store-reached-unlike-output": (
         _update(lambda m: m["spec"].update(checkpoint={"uri": "s3://ckpts/run", "credentialsSecret": "a"},
                                            output={"uri": "s3://models/run", "credentialsSecret": "b"})),

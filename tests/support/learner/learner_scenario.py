@@ -165,7 +165,7 @@ def run_scenario(args: argparse.Namespace) -> int:
 
         store = CheckpointStore.from_config(CheckpointConfig(uri=args.checkpoint_uri))
         store.probe()
-        uploads = CheckpointUploads(store) if int(os.environ.get("RANK", "0")) == 0 else None
+        uploads = CheckpointUploads(store)
     transfer = NoWeightTransfer()
     if args.weights_dir:
         from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer
@@ -269,11 +269,16 @@ def run_scenario(args: argparse.Namespace) -> int:
 
         resume = newest_checkpoint(args.resume_newest)
     elif store is not None and resume is None:
-        from grpo_trainer.learner.checkpoint_store import resume_point
+        from grpo_trainer.learner.checkpoint_store import agree_on_resume, resume_point
 
-        resume = resume_point(config.output_dir, store)
+        # The machines torchrun joined (each one's local ranks share its folder), as the pod's learner.nodes.
+        machines = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        resume = resume_point(config.output_dir, store, machines=machines)
+        agree_on_resume(resume)
     try:
         trainer.train(resume_from_checkpoint=resume)
+        if uploads is not None:
+            uploads.wait()  # as the learner's entrypoint: the last checkpoint up before the run ends
         if not args.baseline and trainer.phase.value == "Preempted":
             outcome, message = "Preempted", trainer.message
     except Exception as error:  # noqa: BLE001 - recorded for the test, then re-raised as the exit code

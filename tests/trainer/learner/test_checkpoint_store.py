@@ -4,7 +4,11 @@ only when complete and as its marker vouches."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,9 +18,24 @@ from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG
 from grpo_trainer.contract.config import RunConfig
 from grpo_trainer.contract.report import parse_progress
 from grpo_trainer.contract.store_uri import Location
-from grpo_trainer.learner.checkpoint_store import CheckpointStore, CheckpointUploads, resume_point
-from grpo_trainer.learner.checkpoints import PROGRESS_STATE_FILE, UnusableCheckpoints, read_marker
+from grpo_trainer.learner import checkpoint_store
+from grpo_trainer.learner.checkpoint_store import (
+    PARTS_POLL_S,
+    CheckpointStore,
+    CheckpointUploads,
+    Share,
+    part_name,
+    resume_point,
+)
+from grpo_trainer.learner.checkpoints import (
+    PROGRESS_STATE_FILE,
+    UnusableCheckpoints,
+    checkpoint_files,
+    file_records,
+    read_marker,
+)
 from grpo_trainer.storage.object_store import ObjectStoreError
+from tests.support.ports import free_port
 from tests.trainer.learner.test_checkpoints import complete_checkpoint
 
 PREFIX = "runs/tiny/checkpoints"
@@ -186,3 +205,118 @@ def test_a_preempted_learner_whose_grace_period_is_spent_says_the_upload_did_not
         silent.close()
     assert said.startswith(f"; the upload of {checkpoint} to s3://ckpts/run did not finish within the grace period "
                            "(0 s left of 30 s)"), said
+
+
+# ---------------------------------------------------------------------------------------- a learner of two machines
+def machine_checkpoints(root: Path, step: int) -> tuple[Path, Path, dict[int, dict]]:
+    """Checkpoint `step` as a learner of two machines with a folder each leaves it: machine 0's with the trainer's
+    files and its marker, machine 1's with its own rank's shard and RNG state, no marker. Also what machine 1 tells
+    machine 0 it holds (checkpoint_store.machine_shares)."""
+    first = complete_checkpoint(root / "machine-0", step)
+    second = root / "machine-1" / f"checkpoint-{step}"
+    (second / "optimizer_0").mkdir(parents=True)
+    (second / "optimizer_0" / "__1_0.distcp").write_bytes(b"s" * 300)
+    (second / "rng_state_1.pth").write_bytes(b"q" * 20)
+    return first, second, {1: file_records(str(second), checkpoint_files(str(second)))}
+
+
+def committing(first: Path, peers: dict[int, dict]) -> Share:
+    return Share.committing(str(first), json.loads((first / PROGRESS_STATE_FILE).read_text()), peers)
+
+
+def test_machine_0_commits_only_once_the_other_machines_part_is_up_and_its_marker_vouches_for_both(
+        s3_server, s3_bucket, tmp_path):
+    first, second, peers = machine_checkpoints(tmp_path, 3)
+    store = store_of(s3_server, s3_bucket)
+    committer = CheckpointUploads(store)
+    committer.submit(committing(first, peers))
+    # An older part of machine 1 (a save at the same step, before) lists other digests: not this checkpoint's.
+    s3_server.client().put_object(Bucket=s3_bucket, Key=f"{PREFIX}/checkpoint-3/{part_name(1)}",
+                                  Body=json.dumps({"optimizer_0/__1_0.distcp": {"size": 300, "sha256": "0" * 64}}))
+    assert not committer.wait(timeout_s=3 * PARTS_POLL_S)
+    assert PROGRESS_STATE_FILE not in stored(s3_server, s3_bucket)["checkpoint-3"]  # machine 0's files, unvouched
+
+    part = CheckpointUploads(store)
+    part.submit(Share(str(second), 1, peers[1]))
+    assert part.wait(timeout_s=60) and part.last is None and part.last_error == ""
+    assert committer.wait(timeout_s=60) and committer.last_error == ""
+    assert committer.last is not None and committer.last.step == 3
+    assert stored(s3_server, s3_bucket)["checkpoint-3"] == {
+        PROGRESS_STATE_FILE, "model.safetensors", "trainer_state.json", "sub/rng_state_1.pth",
+        "optimizer_0/__1_0.distcp", "rng_state_1.pth", part_name(1)}
+
+    # A new node gets every machine's files, checked against the one marker.
+    downloaded = Path(store.download_newest(str(tmp_path / "new-node")))
+    vouched = read_marker(str(downloaded))["files"]
+    assert set(vouched) == set(read_marker(str(first))["files"]) | set(peers[1])
+    assert (downloaded / "optimizer_0" / "__1_0.distcp").read_bytes() == b"s" * 300
+
+
+def test_a_part_that_never_comes_leaves_the_checkpoint_uncommitted_naming_the_machine(s3_server, s3_bucket,
+                                                                                     tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_store, "PARTS_WAIT_S", 2 * PARTS_POLL_S)
+    first, _second, peers = machine_checkpoints(tmp_path, 5)
+    committer = CheckpointUploads(store_of(s3_server, s3_bucket))
+    committer.submit(committing(first, peers))
+    assert committer.wait(timeout_s=60)
+    assert committer.last is None
+    assert committer.last_error == (f"s3://{s3_bucket}/{PREFIX}/checkpoint-5 was not committed: the learner's machine "
+                                    "1 did not upload its files within 2 s")
+    assert PROGRESS_STATE_FILE not in stored(s3_server, s3_bucket)["checkpoint-5"]
+
+
+def test_every_machine_of_a_learner_resumes_from_the_stores_newest_whatever_its_folder_holds(s3_server, s3_bucket,
+                                                                                           tmp_path):
+    first, second, peers = machine_checkpoints(tmp_path / "run", 8)
+    store = store_of(s3_server, s3_bucket)
+    part = CheckpointUploads(store)
+    part.submit(Share(str(second), 1, peers[1]))
+    assert store.upload(committing(first, peers)).step == 8
+    assert part.wait(timeout_s=60)
+    complete_checkpoint(tmp_path / "run" / "machine-0", 10)  # saved, not in the store: machine 1 cannot have it
+    every_file = set(read_marker(str(first))["files"]) | set(peers[1])
+
+    for machine in (0, 1):
+        folder = tmp_path / "run" / f"machine-{machine}"
+        resumed = resume_point(str(folder), store, machines=2)
+        assert resumed == str(folder / "checkpoint-8")
+        assert set(read_marker(resumed)["files"]) == every_file
+    # A single machine's own folder comes first, as before.
+    assert resume_point(str(tmp_path / "run" / "machine-0"), store) == str(tmp_path / "run" / "machine-0" /
+                                                                          "checkpoint-10")
+
+    # A folder all machines share holds the checkpoint as the store does: it is used as it is, not downloaded.
+    shared = tmp_path / "shared"
+    copy = Path(store.download_newest(str(shared)))
+    (copy / "not-in-the-store").write_text("x")
+    assert resume_point(str(shared), store, machines=2) == str(copy) and (copy / "not-in-the-store").exists()
+
+
+def test_ranks_that_found_different_checkpoints_do_not_start(tmp_path):
+    """agree_on_resume over a real gloo group of two processes, one of which found checkpoint-8 and the other none."""
+    script = (
+        "import os, sys, torch.distributed as dist\n"
+        "from grpo_trainer.learner.checkpoint_store import agree_on_resume\n"
+        "dist.init_process_group('gloo')\n"
+        "try:\n"
+        "    agree_on_resume(sys.argv[1] or None)\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n"
+        "else:\n"
+        "    print('agreed')\n"
+    )
+    port = str(free_port())
+
+    def ranks(found: tuple[str, str]) -> list[str]:
+        launched = [subprocess.Popen([sys.executable, "-c", script, found[rank]], stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                          "RANK": str(rank), "WORLD_SIZE": "2"})
+                    for rank in (0, 1)]
+        return [process.communicate(timeout=120)[0].strip() for process in launched]
+
+    assert ranks(("/a/checkpoint-8", "/b/checkpoint-8")) == ["agreed", "agreed"]
+    port = str(free_port())
+    said = ranks(("/a/checkpoint-8", ""))
+    assert said == [said[0]] * 2 and said[0] == (
+        "ResumeDisagreement the learner's ranks found different checkpoints to resume from (rank 0: checkpoint-8, "
+        "rank 1: none): checkpoint.directory must be one volume all the learner's pods mount, or checkpoint.uri set")

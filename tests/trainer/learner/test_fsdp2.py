@@ -2,15 +2,16 @@
 sync's gather order.
 
 The real GRPOLearner trains sharded (grpo_trainer.learner.sharding makes accelerate's CPU ranks FSDP2): with the
-scripted rollout worker (tests/support/learner/learner_scenario.py) for an exact resume through the trainer's own
-sharded checkpoint, and as the pod runs it (`python -m grpo_trainer learner`) against the session's vLLM server for the
+scripted rollout worker (tests/support/learner/learner_scenario.py) as a learner of two machines, each with its own
+checkpoint folder, for an exact resume through the trainer's own sharded checkpoint from the object store, and as the
+pod runs it (`python -m grpo_trainer learner`) against the session's vLLM server for the
 consolidated export, with and without LoRA, and for the refusal of a run accelerate does not shard.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import torch
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, LearnerPhase
 from grpo_trainer.contract.config import LoraConfig
 from grpo_trainer.contract.launch import GangLayout, learner_argv
-from grpo_trainer.learner.checkpoints import MarkerError, read_marker
+from grpo_trainer.learner.checkpoints import PROGRESS_STATE_FILE, MarkerError, read_marker
 from grpo_trainer.learner.trainer import GRPOLearner
 from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
 from tests.support.paths import REPO
@@ -105,20 +106,43 @@ def two_ranks(entry: tuple[str, ...], *, config: str = "unused", strategy: str =
                         python=sys.executable, entry=entry, strategy=strategy, device="cpu")
 
 
-def scenario_run(tiny_model_dir: str, out: Path, *args: str) -> list[dict]:
-    """The scripted scenario under fsdp2 on two ranks; each rank's result."""
-    done = subprocess.run(two_ranks((SCENARIO, "--model", tiny_model_dir, "--out", str(out), *args)),
-                          capture_output=True, text=True, timeout=LEARNER_TIMEOUT_S)
-    assert done.returncode == EXIT_SUCCEEDED, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+def two_machines(tiny_model_dir: str, out: Path, store_env: dict[str, str], *args: str) -> list[dict]:
+    """The scripted scenario under fsdp2 as a learner of two machines (pods) of one rank each, both on this machine,
+    each with a checkpoint folder of its own (OUT/machine-K), as pods with an emptyDir each. Each rank's result."""
+    port = free_port()
+    launched = []
+    for machine in range(RANKS):
+        folder = out / f"machine-{machine}"
+        folder.mkdir(parents=True)
+        argv = learner_argv("unused", gang=GangLayout(num_machines=RANKS, machine_rank=machine, main_process_port=port),
+                            python=sys.executable, entry=(SCENARIO, "--model", tiny_model_dir, "--out", str(folder),
+                                                          *args),
+                            strategy="fsdp2", device="cpu")
+        log = (folder / "log").open("w")
+        launched.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **store_env}),
+                         folder))
+    for process, folder in launched:
+        code = process.wait(timeout=LEARNER_TIMEOUT_S)
+        assert code == EXIT_SUCCEEDED, (folder / "log").read_text()[-4000:]
+    return [json.loads((out / f"machine-{rank}" / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
+
+
+def shards(rank: int) -> set[str]:
+    return {f"{folder}/__{rank}_0.distcp" for folder in ("pytorch_model_fsdp_0", "optimizer_0")}
 
 
 @pytest.mark.slow
-def test_fsdp2_ranks_train_sharded_to_the_bound_and_resume_exactly_from_their_sharded_checkpoint(tiny_model_dir,
-                                                                                                 tmp_path):
+@pytest.mark.s3
+def test_fsdp2_machines_train_sharded_upload_their_own_shards_and_resume_exactly_from_the_store(
+        tiny_model_dir, tmp_path, s3_server, s3_bucket):
+    """Two learner machines, each with its own folder (an emptyDir each, nothing shared), checkpoint to the store:
+    each uploads its own rank's shards, and the marker, put once both are up, vouches for all of them. Restarted
+    with empty folders, both resume from the store's newest complete checkpoint and end as the uninterrupted run."""
+    prefix = "runs/fsdp2"
+    run = ("--scenario", "varied", "--prompts", "8", "--save-steps", "2", "--checkpoint-uri",
+           f"s3://{s3_bucket}/{prefix}")
     started = time.monotonic()
-    whole = scenario_run(tiny_model_dir, tmp_path / "whole", "--scenario", "varied", "--prompts", "8",
-                         "--save-steps", "2")
+    whole = two_machines(tiny_model_dir, tmp_path / "whole", s3_server.env(), *run)
     for rank in whole:
         assert rank["outcome"] == "succeeded" and rank["world_size"] == RANKS
         assert rank["sharded_parameters"] == rank["parameters"] > 0  # every parameter an FSDP2 shard (DTensor)
@@ -126,35 +150,44 @@ def test_fsdp2_ranks_train_sharded_to_the_bound_and_resume_exactly_from_their_sh
     progress = whole[0]["progress"]
     assert progress["groupsConsumed"] == progress["groupsTotal"] == progress["groupsTrained"] == 8
     assert progress["epochsDone"] == 1 and whole[0]["consumed_absolute"] == list(range(8))
-    print(f"fsdp2 run to the bound: {time.monotonic() - started:.0f}s")
+    print(f"fsdp2 run of two machines to the bound: {time.monotonic() - started:.0f}s")
 
-    # The trainer's own sharded save: each rank's shard of model and optimizer, all vouched for by the marker.
-    checkpoint = tmp_path / "whole" / "checkpoints" / "checkpoint-2"
-    shards = {f"{folder}/__{r}_0.distcp" for folder in ("pytorch_model_fsdp_0", "optimizer_0") for r in range(RANKS)}
+    # The trainer's own sharded save: each machine's folder holds its own rank's shards of model and optimizer;
+    # machine 0's marker vouches for its folder, and the store's for both machines' files.
     metadata = {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"}
-    assert shards | metadata <= set(read_marker(str(checkpoint))["files"])
+    local = [tmp_path / "whole" / f"machine-{machine}" / "checkpoints" / "checkpoint-2" for machine in range(RANKS)]
+    vouched_locally = set(read_marker(str(local[0]))["files"])
+    assert shards(0) | metadata <= vouched_locally and not shards(1) & vouched_locally
+    assert {p.relative_to(local[1]).as_posix() for p in local[1].rglob("*.distcp")} == shards(1)
+    assert not (local[1] / PROGRESS_STATE_FILE).exists()
+    client = s3_server.client()
+    stored = json.loads(client.get_object(Bucket=s3_bucket,
+                                          Key=f"{prefix}/checkpoint-2/{PROGRESS_STATE_FILE}")["Body"].read())
+    assert shards(0) | shards(1) | metadata <= set(stored["files"])
+    assert stored["digest"] != json.loads((local[0] / PROGRESS_STATE_FILE).read_text())["digest"]
 
-    # A restarted learner finds checkpoint-2 alone, loads it through transformers' sharded load, and ends where the
-    # uninterrupted run ended: every group trained once, the same weights to the bit.
-    restarted = tmp_path / "restarted" / "checkpoints"
-    shutil.copytree(checkpoint, restarted / "checkpoint-2")
+    # The last checkpoint as a kill during its commit leaves it: every file up, no marker. Restarted on new nodes
+    # (empty folders), both machines take checkpoint-2 from the store and end where the uninterrupted run ended:
+    # every group trained once, the same weights to the bit.
+    client.delete_object(Bucket=s3_bucket, Key=f"{prefix}/checkpoint-4/{PROGRESS_STATE_FILE}")
     started = time.monotonic()
-    resumed = scenario_run(tiny_model_dir, tmp_path / "restarted", "--scenario", "varied", "--prompts", "8",
-                           "--save-steps", "2", "--resume-newest", str(restarted))
-    assert resumed[0]["resumed_from"] == str(restarted / "checkpoint-2")
+    resumed = two_machines(tiny_model_dir, tmp_path / "restarted", s3_server.env(), *run)
+    for machine, rank in enumerate(resumed):
+        assert rank["resumed_from"] == str(tmp_path / "restarted" / f"machine-{machine}" / "checkpoints" /
+                                           "checkpoint-2")
     assert [rank["global_step"] for rank in resumed] == [rank["global_step"] for rank in whole]
     before = set(next(entry for entry in whole[0]["timeline"] if entry["step"] == 2)["stepped"])
     after = set(resumed[0]["stepped_groups"])
     assert not before & after and before | after == set(range(8))
     assert [rank["checksum"] for rank in resumed] == [rank["checksum"] for rank in whole]
-    print(f"fsdp2 resume from checkpoint-2: {time.monotonic() - started:.0f}s")
+    print(f"fsdp2 resume of two machines from the store's checkpoint-2: {time.monotonic() - started:.0f}s")
 
-    shard = checkpoint / "optimizer_0" / "__1_0.distcp"
+    shard = local[0] / "optimizer_0" / "__0_0.distcp"
     damaged = bytearray(shard.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     shard.write_bytes(bytes(damaged))
-    with pytest.raises(MarkerError, match="vouches for optimizer_0/__1_0.distcp, whose content changed"):
-        read_marker(str(checkpoint))
+    with pytest.raises(MarkerError, match="vouches for optimizer_0/__0_0.distcp, whose content changed"):
+        read_marker(str(local[0]))
 
 
 def entrypoint_run(config_path: Path, log_path: Path, *, strategy: str = "fsdp2") -> tuple[int, float]:

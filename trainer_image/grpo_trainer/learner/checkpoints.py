@@ -113,16 +113,26 @@ def _hashes(checkpoint_dir: str, names: list[str]) -> dict[str, str]:
         return dict(zip(names, pool.map(sha256_of, paths), strict=True))
 
 
-def write_marker(checkpoint_dir: str, state: dict[str, Any]) -> None:
-    """Vouch for the checkpoint as it is on disk now: call it once every other file is written.
+def file_records(checkpoint_dir: str, sizes: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """What a marker records of these files of the checkpoint: each one's size and SHA-256."""
+    hashes = _hashes(checkpoint_dir, list(sizes))
+    return {name: {"size": size, "sha256": hashes[name]} for name, size in sizes.items()}
+
+
+def marker_payload(state: dict[str, Any], files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A marker for the progress state `state` vouching for `files`, with its digest."""
+    payload = {**state, "files": dict(sorted(files.items()))}
+    payload["digest"] = _digest(payload)
+    return payload
+
+
+def write_marker(checkpoint_dir: str, state: dict[str, Any]) -> dict[str, Any]:
+    """Vouch for the checkpoint as it is on disk now: call it once every other file is written. Returns the marker.
 
     Each file is hashed right after the save, while it is still in the page cache."""
-    sizes = checkpoint_files(checkpoint_dir)
-    hashes = _hashes(checkpoint_dir, list(sizes))
-    files = {name: {"size": size, "sha256": hashes[name]} for name, size in sizes.items()}
-    payload = {**state, "files": files}
-    payload["digest"] = _digest(payload)
+    payload = marker_payload(state, file_records(checkpoint_dir, checkpoint_files(checkpoint_dir)))
     write_json_atomically(os.path.join(checkpoint_dir, PROGRESS_STATE_FILE), payload)
+    return payload
 
 
 def write_json_atomically(path: str, payload: dict[str, Any]) -> None:

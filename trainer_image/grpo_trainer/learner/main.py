@@ -363,7 +363,7 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
     from ..storage.inputs import InputError
     from ..storage.model_export import ExportError
     from ..storage.object_store import ObjectStoreError
-    from .checkpoint_store import CheckpointStore, CheckpointUploads, resume_point
+    from .checkpoint_store import CheckpointStore, CheckpointUploads, agree_on_resume, resume_point
     from .checkpoints import UnusableCheckpoints
 
     learner = None
@@ -378,8 +378,9 @@ def main(config: RunConfig, config_path: str | None = None) -> int:
                 raise ConfigError(str(error)) from None
             uploads = CheckpointUploads(store)
         # Before the model loads: checkpoints that cannot be trusted end the run at once, and the same way each time.
-        resume = resume_point(config.checkpoint.directory, store)
+        resume = resume_point(config.checkpoint.directory, store, machines=config.learner.nodes)
         learner = build_learner(config, config_path, uploads)
+        agree_on_resume(resume)
         route_to(learner.request_preemption)
         # Said out loud because a mis-launched multi-process learner trains alone without any error.
         logger.info("learner world size %d (this is rank %d)", learner.accelerator.num_processes,

@@ -492,16 +492,24 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
         marker = os.path.join(checkpoint_dir, PROGRESS_STATE_FILE)
+        if self.checkpoint_uploads is not None and os.path.isdir(checkpoint_dir):
+            self.checkpoint_uploads.wait()  # its upload reads the files about to be rewritten
         if self.accelerator.is_main_process and os.path.exists(marker):
-            if self.checkpoint_uploads is not None:
-                self.checkpoint_uploads.wait()  # its upload reads the files about to be rewritten
             # Saving again at the same step (the end-of-run or preemption save after a step save) rewrites the
             # directory in place: without its marker until done, a kill meanwhile leaves it skipped, not torn.
             os.remove(marker)
         super()._save_checkpoint(model, trial)
         # Every rank writes its own files (its RNG state): the marker vouches for them all.
         self.accelerator.wait_for_everyone()
+        if self.checkpoint_uploads is not None:
+            from .checkpoint_store import Share, machine_shares  # boto3's import, only for a run with a store
+        machine, peers = None, {}
+        if self.checkpoint_uploads is not None and self.accelerator.num_processes > 1:
+            # Each machine's folder may hold files only it has (its ranks' shards): every machine uploads its own.
+            machine, peers = machine_shares(checkpoint_dir, self.accelerator.is_local_main_process)
         if not self.accelerator.is_main_process:
+            if machine:
+                self.checkpoint_uploads.submit(Share(checkpoint_dir, machine, peers[machine]))
             return
         os.makedirs(checkpoint_dir, exist_ok=True)
         # Collated is not trained: groups only in micro-batches not yet through an optimizer step are left out, so a
@@ -517,9 +525,10 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         write_json_atomically(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE),
                               {"prompt_index": start, "model_version": self.model_version})
         # Written last, and atomically: it marks the checkpoint complete and vouches for its files (checkpoints.py).
-        write_marker(checkpoint_dir, state)
+        vouched = write_marker(checkpoint_dir, state)
         if self.checkpoint_uploads is not None:
-            self.checkpoint_uploads.submit(checkpoint_dir)  # in the background: training goes on
+            # In the background: training goes on.
+            self.checkpoint_uploads.submit(Share.committing(checkpoint_dir, vouched, peers))
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any):
         checkpoint = kwargs.get("resume_from_checkpoint")
