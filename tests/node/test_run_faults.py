@@ -5,14 +5,20 @@ is the chart's, in its container (tests/support/node/operator_release.py); the p
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from grpo_operator.api import RUN_LABEL
 from grpo_trainer.contract.codes import EXIT_PREEMPTED
+from grpo_trainer.learner.checkpoints import PROGRESS_STATE_FILE
 from tests.support.node.node import NODE_NAME
 from tests.support.node.node_runs import RUN, NodeRun, host_folder, shared_folder, store_access, tiny_manifest
 from tests.support.node.operator_release import OperatorRelease
@@ -29,6 +35,8 @@ LONG_HANG_GUARD_S = 3600
 #: A wait of that run with no bound of its own: what it waits for (a liveness verdict, a server's start, an eviction)
 #: has the kubelet's and the operator's bounds, and a run past them fails, which ends the wait (NodeRun.wait_for).
 UNTIL_THE_RUN_FAILS = math.inf
+#: `grporun export --cluster`'s wait for its pod: the trainer image is on the node, the tiny model exports in seconds.
+EXPORT_TIMEOUT_S = 600
 
 
 def _run(release: OperatorRelease, name: str, tmp_path: Path) -> NodeRun:
@@ -100,13 +108,17 @@ def test_a_frozen_server_is_restarted_by_its_liveness_probe_and_a_drained_run_re
 def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gang_from_the_store(
         operator_release: OperatorRelease, tiny_data: Path, tmp_path: Path, s3_server: S3Server, s3_bucket: str):
     """Both ranks' pods created again, as on another node: their checkpoint folders (emptyDir) start empty, and
-    each resumes from the newest checkpoint in the object store (spec.checkpoint.uri)."""
+    each resumes from the newest checkpoint in the object store (spec.checkpoint.uri), which holds each pod's own
+    files (rank 1's RNG state from rank 1's pod). Once the run Succeeded, `grporun export --cluster` exports that
+    store's newest checkpoint again from a pod of its own and records it on status.output."""
     node = operator_release.node
     run = _run(operator_release, "faults-gang", tmp_path)
     manifest = _resumable_manifest(tiny_data, tmp_path)
     checkpoint = manifest["spec"]["checkpoint"]
     del checkpoint["volume"]
-    checkpoint.update(uri=f"s3://{s3_bucket}/checkpoints", **store_access(node, run.namespace, s3_server))
+    store = store_access(node, run.namespace, s3_server)
+    checkpoint.update(uri=f"s3://{s3_bucket}/checkpoints", **store)
+    manifest["spec"]["output"] = {"uri": f"s3://{s3_bucket}/gang-model", **store}
     manifest["spec"]["learner"]["nodes"] = 2
     manifest["spec"]["training"]["epochs"] = 6  # two ranks on two cores: half the steps of the other runs
     rank1 = f"{RUN}-learner-1"
@@ -119,8 +131,27 @@ def test_a_two_pod_learner_meets_by_dns_and_a_deleted_pod_restarts_the_whole_gan
                      timeout=300)
         status = run.wait_succeeded()
         learner = run.pod(LEARNER) or {}
+        began = time.monotonic()
+        exported = subprocess.run(
+            [sys.executable, "-m", "grpo_operator.cli", "export", "--cluster", "-n", run.namespace, RUN,
+             "--trainer-image", operator_release.trainer.reference, "--timeout", str(EXPORT_TIMEOUT_S)],
+            env={**os.environ, "KUBECONFIG": str(node.kubeconfig)}, capture_output=True, text=True,
+            timeout=EXPORT_TIMEOUT_S + 60)
+        node.report(f"grporun export --cluster: {time.monotonic() - began:.0f} s, exit {exported.returncode}")
+        assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+        reexported = run.status()["output"]
     finally:
         run.close()
+    newest = f"checkpoints/checkpoint-{status['checkpoint']['step']}/{PROGRESS_STATE_FILE}"
+    stored = s3_server.client().get_object(Bucket=s3_bucket, Key=newest)["Body"].read()
+    assert "rng_state_1.pth" in json.loads(stored)["files"]  # uploaded by rank 1's pod, vouched for by rank 0's marker
+    # The export pod took the store's newest checkpoint (its own folder was empty) and the status names the new
+    # export: the same step as the learner's own at the end, exported later.
+    output = status["output"]
+    assert reexported["uri"] == output["uri"] == f"s3://{s3_bucket}/gang-model", reexported
+    assert reexported["step"] == output["step"] == status["checkpoint"]["step"], (reexported, status["checkpoint"])
+    assert reexported["time"] > output["time"], (reexported, output)
+    assert f"recorded on GRPORun {run.namespace}/{RUN} status.output" in exported.stdout, exported.stdout
     leader = f"{LEARNER}.{RUN}-learner.{run.namespace}.svc"
     assert any(leader in arg for arg in learner["spec"]["containers"][0]["command"]), learner["spec"]
     assert EXIT_PREEMPTED in _exit_codes(run, rank1), _exits_seen(run)
