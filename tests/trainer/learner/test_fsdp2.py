@@ -21,13 +21,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from grpo_trainer.contract.codes import EXIT_INVALID_CONFIG, EXIT_SUCCEEDED, LearnerPhase
-from grpo_trainer.contract.config import LoraConfig
+from grpo_trainer.contract.config import LoraConfig, OutputConfig, RunConfig
 from grpo_trainer.contract.launch import GangLayout, learner_argv
 from grpo_trainer.learner.checkpoints import PROGRESS_STATE_FILE, MarkerError, read_marker
 from grpo_trainer.learner.trainer import GRPOLearner
 from grpo_trainer.rollout.weight_sync import FilesystemWeightTransfer, gathered_before_sending, gathered_parameters
+from grpo_trainer.storage.model_export import ExportError
+from grpo_trainer.storage.reexport import export_from_checkpoint
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 from tests.trainer.learner.test_e2e_cpu import PROMPTS, termination_report, tiny_run_config
@@ -134,10 +137,11 @@ def shards(rank: int) -> set[str]:
 @pytest.mark.slow
 @pytest.mark.s3
 def test_fsdp2_machines_train_sharded_upload_their_own_shards_and_resume_exactly_from_the_store(
-        tiny_model_dir, tmp_path, s3_server, s3_bucket):
+        tiny_model_dir, tmp_path, s3_server, s3_bucket, monkeypatch):
     """Two learner machines, each with its own folder (an emptyDir each, nothing shared), checkpoint to the store:
     each uploads its own rank's shards, and the marker, put once both are up, vouches for all of them. Restarted
-    with empty folders, both resume from the store's newest complete checkpoint and end as the uninterrupted run."""
+    with empty folders, both resume from the store's newest complete checkpoint and end as the uninterrupted run;
+    an export from the store's newest gathers the shards into the model the run ended with."""
     prefix = "runs/fsdp2"
     run = ("--scenario", "varied", "--prompts", "8", "--save-steps", "2", "--checkpoint-uri",
            f"s3://{s3_bucket}/{prefix}")
@@ -182,6 +186,23 @@ def test_fsdp2_machines_train_sharded_upload_their_own_shards_and_resume_exactly
     assert [rank["checksum"] for rank in resumed] == [rank["checksum"] for rank in whole]
     print(f"fsdp2 resume of two machines from the store's checkpoint-2: {time.monotonic() - started:.0f}s")
 
+    # `grporun export` (the export pod) on a new node: the store's newest checkpoint, every rank's shard of it,
+    # gathered into one transformers model, the weights the learner ended with.
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    config = RunConfig.model_validate({
+        "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "length"}],
+        "checkpoint": {"directory": str(tmp_path / "export-pod"), "uri": f"s3://{s3_bucket}/{prefix}"},
+        "output": {"directory": str(tmp_path / "exported"), "uri": (tmp_path / "exported").as_uri()}})
+    exported = export_from_checkpoint(config)
+    assert exported.step == resumed[0]["global_step"]
+    model = AutoModelForCausalLM.from_pretrained(exported.path, dtype=torch.float32)
+    assert sum(float(p.detach().double().sum()) for p in model.parameters()) == resumed[0]["checksum"]
+    # One machine's folder alone holds its own shard only: the export names the shard it lacks.
+    with pytest.raises(ExportError, match=r"pytorch_model_fsdp_0: the shards could not be gathered into one model: "
+                                          r".*__1_0\.distcp"):
+        export_from_checkpoint(config, str(local[0]))
+
     shard = local[0] / "optimizer_0" / "__0_0.distcp"
     damaged = bytearray(shard.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
@@ -213,10 +234,9 @@ def test_an_fsdp2_learner_pod_trains_to_the_bound_and_vllm_serves_its_consolidat
     that is what the server serves. With training.lora the adapter trains sharded, each sync loads it alone, and
     the export merges it into the base weights (the adapter beside them)."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from grpo_trainer.rollout.weight_sync import adapter_name
-    from tests.support.servers.vllm_server import restore_model_weights
+    from tests.support.servers.vllm_server import restore_model_weights, sync_weights
     from tests.trainer.rollout.test_weight_sync import greedy_logprob_hf, greedy_logprob_vllm
 
     restore_model_weights(vllm_server, tmp_path / "model-weights")  # a fresh server's weights, the adapter's base
@@ -245,6 +265,18 @@ def test_an_fsdp2_learner_pod_trains_to_the_bound_and_vllm_serves_its_consolidat
         served = adapter_name(report.weight_syncs)
     # The last sync followed the last step: the server serves the trained policy, which is the export.
     assert greedy_logprob_vllm(vllm_server.url, served) == pytest.approx(greedy_logprob_hf(exported), abs=1e-4)
+    if lora is not None:
+        # `grporun export` of the run's last checkpoint (its shards of peft's model): the base with the adapter
+        # merged in, the adapter beside it; transformers loads it, and the server serves it, as the run's own export.
+        output = tmp_path / "exported-again"
+        again = export_from_checkpoint(config.model_copy(update={"output": OutputConfig(
+            directory=str(output), uri=output.as_uri())}))
+        reexported = AutoModelForCausalLM.from_pretrained(again.path, dtype=torch.float32)
+        assert (Path(again.path) / "adapter" / "adapter_config.json").exists()
+        assert greedy_logprob_hf(reexported) == pytest.approx(greedy_logprob_hf(exported), abs=1e-5)
+        sync_weights(vllm_server, reexported.named_parameters(), tmp_path / "reexport-weights")
+        assert greedy_logprob_vllm(vllm_server.url, vllm_server.model) == pytest.approx(
+            greedy_logprob_hf(reexported), abs=1e-4)
     print(f"fsdp2 {'LoRA ' if lora else ''}run on {RANKS} ranks reached the bound in {seconds:.0f}s: "
           f"{report.message}")
 

@@ -13,6 +13,7 @@ import fnmatch
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ TRAINING_STATE = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", 
                   "training_args.bin", "grpo_progress.json", "*.tmp")
 #: A LoRA run's checkpoint holds the adapter alone (peft's files, `adapter_*`): the export merges it into the base.
 ADAPTER_CONFIG_FILE = "adapter_config.json"
+#: An fsdp2 learner's checkpoint holds its model as accelerate's sharded save: torch.distributed.checkpoint files,
+#: one per rank, and no config or tokenizer.
+SHARDED_MODEL_FOLDER = "pytorch_model_fsdp_0"
 
 
 def model_files(checkpoint: Path) -> list[Path]:
@@ -79,8 +83,12 @@ def export_from_checkpoint(config: RunConfig, checkpoint: str | None = None) -> 
     path = Path(found)
     provenance, step = _provenance(config, path, marker)
     lora = (path / ADAPTER_CONFIG_FILE).exists()
+    sharded = (path / SHARDED_MODEL_FOLDER).is_dir()
 
     def save(folder: Path) -> None:
+        if sharded:
+            save_consolidated(config, path, folder)
+            return
         if lora:
             save_merged_adapter(config, path, folder)
             return
@@ -117,6 +125,77 @@ def save_merged_adapter(config: RunConfig, checkpoint: Path, folder: Path) -> No
     adapter.mkdir()
     for file in model_files(checkpoint):
         shutil.copy2(file, (adapter if file.name.startswith("adapter_") else folder) / file.name)
+
+
+def save_consolidated(config: RunConfig, checkpoint: Path, folder: Path) -> None:
+    """An fsdp2 checkpoint's model, every rank's shard gathered into one state dict here (without a process group),
+    saved into the run's base model (at its pinned commit) as transformers saves it, with the base's tokenizer, as
+    the learner's own export at the end of an fsdp2 run leaves it. A LoRA run's shards hold peft's model: its
+    adapter is merged in, and saved beside the model in `folder/adapter`."""
+    try:
+        import torch
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as error:
+        raise ExportError(f"{checkpoint}: gathering its sharded model needs torch and transformers, and "
+                          f"{error.name} is not installed here") from None
+    from .inputs import InputError, resolve
+
+    shards = checkpoint / SHARDED_MODEL_FOLDER
+    with tempfile.TemporaryDirectory(prefix=".gather-", dir=folder) as scratch:
+        whole = os.path.join(scratch, "model.pt")
+        try:
+            dcp_to_torch_save(str(shards), whole)
+            state = torch.load(whole, weights_only=True)
+        # torch's reader raises a missing shard as its CheckpointException, a BaseException.
+        except (Exception, CheckpointException) as error:  # noqa: BLE001
+            cause = str(error).strip().splitlines()[-1].strip('" ') if str(error).strip() else repr(error)
+            raise ExportError(f"{shards}: the shards could not be gathered into one model: {cause}") from None
+    state = state.get("model", state)  # accelerate saves the model's state dict under "model"
+    dtype = next(iter(state.values())).dtype if state else None
+    try:
+        source = resolve(config, dataset=False).model  # an s3:// model: through the inputs cache
+        model = AutoModelForCausalLM.from_pretrained(source, revision=config.model_revision, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=config.model_revision)
+    except (InputError, OSError, ValueError) as error:
+        raise ExportError(f"{checkpoint}: the run's model {config.model}, whose architecture takes the shards, could "
+                          f"not be loaded: {error}") from None
+    if any("lora_" in key for key in state):
+        # A LoRA run's shards hold the adapter alone, as peft saves it (without the adapter's name in the keys).
+        from peft import get_peft_model, set_peft_model_state_dict
+
+        from ..learner.lora import FINAL_ADAPTER_FOLDER, peft_config
+
+        if config.training.lora is None:
+            raise ExportError(f"{shards} holds LoRA adapters, but the run config has no training.lora")
+        model = get_peft_model(model, peft_config(config.training.lora))
+        loaded = set_peft_model_state_dict(model, dict(state))
+        missing = [key for key in loaded.missing_keys if "lora_" in key]
+        _refuse_unlike(shards, missing, list(loaded.unexpected_keys))
+        model.save_pretrained(folder / FINAL_ADAPTER_FOLDER)
+        model = model.merge_and_unload()
+    else:
+        _load_whole(model, state, shards)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _load_whole(model: Any, state: Mapping[str, Any], shards: Path) -> None:
+    """`state` into `model`, every parameter of it: a key the shards lack is allowed only for a parameter tied to one
+    they hold (a tied output embedding is saved once)."""
+    missing, unexpected = model.load_state_dict(dict(state), strict=False)
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(parameters[key]) for key in state if key in parameters}
+    _refuse_unlike(shards, [key for key in missing if key not in parameters or id(parameters[key]) not in loaded],
+                   list(unexpected))
+
+
+def _refuse_unlike(shards: Path, missing: list[str], unexpected: list[str]) -> None:
+    if missing or unexpected:
+        raise ExportError(f"{shards} does not hold the run's model: "
+                          + "; ".join(f"{what} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                                      for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys))
 
 
 def write_export_message(text: str, path: str) -> None:
