@@ -156,8 +156,8 @@ def load_reward_models(config: RunConfig) -> list:
 def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_uploads=None):
     """The GRPOLearner for the run (TRL's real rollout worker, CPU support when on CPU). With `config_path`, the
     set of rollout servers follows the file's `rollout.urls` while the learner runs. What the config names is checked
-    before the model and TRL load, so a mistake in it ends the learner at once. `checkpoint_uploads`: rank 0's
-    uploads to checkpoint.uri (grpo_trainer.learner.checkpoint_store)."""
+    before the model and TRL load, so a mistake in it ends the learner at once. `checkpoint_uploads`: this
+    process's uploads to checkpoint.uri (grpo_trainer.learner.checkpoint_store)."""
     from ..storage.inputs import loaded_digest, resolve
     from .attention import AttentionUnavailable, choose_kernel, model_head_dim, precision_problem, probe_device
 
@@ -269,7 +269,8 @@ def build_learner(config: RunConfig, config_path: str | None = None, checkpoint_
                 attention_kernel=attention.kernel,
                 reporting=LearnerReporting(server_port=config.learner.http_port if is_main else None,
                                            tracking=tracking_callback, rollout_pool=pool,
-                                           checkpoint_uploads=checkpoint_uploads if is_main else None,
+                                           # Every rank's: each learner pod uploads the files only it holds.
+                                           checkpoint_uploads=checkpoint_uploads,
                                            model_digest=loaded_digest(config.model),
                                            environments=watched_environments(config) if is_main else ()),
             )

@@ -119,9 +119,9 @@ class LearnerReporting:
         integrations, which it reads, so their runs have started when it looks. None: no trackers.
     rollout_pool: rank 0's rollout servers and their supervision (filesystem sync): TRL's worker routes its requests
         over them, their state goes on /progress; the learner owns the pool from then on and `close()` stops it.
-    checkpoint_uploads: rank 0's uploads of each checkpoint to the object store (checkpoint.uri,
-        grpo_trainer.learner.checkpoint_store); the newest one up goes on /progress. None: checkpoints stay in the
-        checkpoint folder.
+    checkpoint_uploads: this process's uploads of each checkpoint to the object store (checkpoint.uri,
+        grpo_trainer.learner.checkpoint_store), on every rank alike (each learner pod uploads the files only it
+        holds); rank 0's newest one up goes on /progress. None: checkpoints stay in the checkpoint folder.
     model_digest: the content digest of the model as loaded (grpo_trainer.storage.inputs.loaded_digest), which the
         operator pins the run to; None for a hub model or a folder without an export manifest.
     environments: the run's environment servers, which rank 0 watches (grpo_trainer.agentic.availability): a wait
