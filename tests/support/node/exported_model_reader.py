@@ -2,8 +2,11 @@
 python, `python exported_model_reader.py MODEL_DIR`), it checks the files against the manifest, loads the model with
 transformers, then serves the same folder with the vLLM CPU server (the rollout venv, which the image's
 GRPO_ROLLOUT_PYTHON names) and asks it for a completion.
-It prints one JSON line: the manifest's sha256, the step, and both engines' greedy logprob of the next token after
-PROMPT and their greedy continuations. Any failure is a traceback and a non-zero exit (the test shows the pod's log).
+It prints one line, RESULT_PREFIX then JSON: the manifest's sha256, the step, and both engines' greedy logprob of the
+next token after PROMPT and their greedy continuations. The pod's log holds stderr too, where a warning may come after
+that line (multiprocessing's resource tracker, as vLLM's child ends): the prefix finds it
+(tests/support/node/node_runs.reader_result). Any failure is a traceback and
+a non-zero exit (the test shows the pod's log).
 """
 
 from __future__ import annotations
@@ -17,9 +20,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from grpo_trainer.contract.codes import EXPORT_MANIFEST_FILE
 from grpo_trainer.contract.rollout_pod import ROLLOUT_PYTHON_ENV
 from grpo_trainer.server.main import CPU_KVCACHE_SPACE_GIB, SERVER_MODULE, cpu_scheduler_flags
@@ -28,11 +28,15 @@ from grpo_trainer.storage.model_export import verify_export
 PORT = 8011
 PROMPT = [1, 2, 3, 4, 5]  # token ids: the tiny model's tokenizer has no words worth spelling
 NEW_TOKENS = 8
+RESULT_PREFIX = "exported model read: "
 MAX_MODEL_LEN = 256
 SERVER_START_TIMEOUT_S = 600
 
 
 def with_transformers(model_dir: str) -> dict:
+    import torch  # here, not at the top: the tests import RESULT_PREFIX from this file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     AutoTokenizer.from_pretrained(model_dir)  # the tokenizer is part of the export
     with torch.no_grad():
@@ -90,7 +94,7 @@ def main() -> None:
     result = {"sha256": hashlib.sha256((Path(model_dir) / EXPORT_MANIFEST_FILE).read_bytes()).hexdigest(),
               "step": manifest["step"], "files": sorted(entry["path"] for entry in manifest["files"]),
               "transformers": with_transformers(model_dir), "vllm": with_vllm(model_dir)}
-    print(json.dumps(result), flush=True)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from grpo_operator.api import RUN_LABEL
+from tests.support.node.exported_model_reader import RESULT_PREFIX
 from tests.support.node.node import Node
 from tests.support.node.operator_release import OperatorRelease
 from tests.support.paths import REPO
@@ -303,4 +304,12 @@ def read_exported_model(release: OperatorRelease, namespace: str, claim: str, fo
     logs = node.kubectl("logs", READER_POD, "-n", namespace, check=False)
     node.report(f"model reader pod in {namespace}: {time.monotonic() - began:.1f} s, {pod['status']['phase']}")
     assert pod["status"]["phase"] == "Succeeded", f"{READER_POD} {pod['status']}\n{logs.stdout[-6000:]}{logs.stderr}"
-    return json.loads(logs.stdout.strip().splitlines()[-1])
+    return reader_result(logs.stdout)
+
+
+def reader_result(log: str) -> dict:
+    """The reader pod's result from its log: the last line that carries the result prefix. The log holds stderr
+    too, and a warning may follow the result (multiprocessing's resource tracker, as vLLM's child ends)."""
+    lines = [line for line in log.splitlines() if line.startswith(RESULT_PREFIX)]
+    assert lines, f"no result line in the reader's log:\n{log[-6000:]}"
+    return json.loads(lines[-1][len(RESULT_PREFIX):])

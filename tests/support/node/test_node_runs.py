@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.node.node_runs import NodeRun
+from tests.support.node.node_runs import NodeRun, reader_result
 
 
 class ScriptedRun(NodeRun):
@@ -31,3 +31,17 @@ def test_a_run_that_failed_before_what_is_awaited_stops_the_wait_at_once():
     with pytest.raises(AssertionError, match="the learner's log: not seen in 600 s \\(run Failed\\)"):
         run.wait_for(lambda: False, "the learner's log", timeout=600)
     assert run.reads == 1
+
+
+def test_the_readers_result_is_found_with_a_warning_after_it():
+    # The pod's log holds stderr too: multiprocessing's resource tracker warned after the result line, under load.
+    log = ('INFO vllm: serving\nexported model read: {"sha256": "ab", "step": 3}\n'
+           "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There appear"
+           " to be 1 leaked semaphore objects to clean up at shutdown\n"
+           "  warnings.warn('resource_tracker: There appear to be %d '\n")
+    assert reader_result(log) == {"sha256": "ab", "step": 3}
+
+
+def test_a_reader_log_without_a_result_says_so_and_shows_the_log():
+    with pytest.raises(AssertionError, match="no result line in the reader's log:\n.*Traceback"):
+        reader_result("Traceback (most recent call last):\nValueError: no model\n")
