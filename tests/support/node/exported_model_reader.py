@@ -5,8 +5,8 @@ GRPO_ROLLOUT_PYTHON names) and asks it for a completion.
 It prints one line, RESULT_PREFIX then JSON: the manifest's sha256, the step, and both engines' greedy logprob of the
 next token after PROMPT and their greedy continuations. The pod's log holds stderr too, where a warning may come after
 that line (multiprocessing's resource tracker, as vLLM's child ends): the prefix finds it
-(tests/support/node/node_runs.reader_result). Any failure is a traceback and
-a non-zero exit (the test shows the pod's log).
+(tests/support/node/node_runs.reader_result). Any failure is a traceback and a non-zero exit (the test shows the
+pod's log).
 """
 
 from __future__ import annotations
