@@ -1,11 +1,11 @@
-"""`grporun local` on the higher/lower game: the tiny tool model, taught to guess but not to use the game's answers,
+"""`grporun local` on the higher/lower game: the tiny tool model, taught to read the game's answers mostly backwards,
 served by the real vLLM CPU server and trained by the real learner against the real game server, ends at its bound
-with every episode scored by the game, and the right-answer rate is where a user looks for it: the learner's logged
-`rewards/HigherLowerEnvironment` (the game pays 1.0 for a right guess, nothing else) and the server's tallies. The
-rate does not rise measurably in a run of this length (BENCHMARKS.md, "The higher/lower game"), so no rise is
-asserted; the test prints the run's curve. Long (marker `long`): it trains twice the guess game's episodes; the game's
-rules and factory are checked in `make test` (tests/trainer/agentic/test_higher_lower_env.py), its tool model's
-teaching too (tests/trainer/agentic/test_tiny_tool_model.py), and the agentic run itself on the guess game
+with every episode scored by the game, and learns to go where the answers point: its right-answer rate rises over the
+run, both as a user reads it (the learner's logged `rewards/HigherLowerEnvironment`: the game pays 1.0 for a right
+guess, nothing else) and in the server's tallies over every episode. Long (marker `long`): it trains four times the
+guess game's episodes; the game's rules and factory are checked in `make test`
+(tests/trainer/agentic/test_higher_lower_env.py), its tool model's teaching too
+(tests/trainer/agentic/test_tiny_tool_model.py), and the agentic run itself on the guess game
 (tests/operator/cli/test_local_agentic.py)."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tests.support.servers.vllm_server import EAGER_VLLM_ARGS
 
 MANIFEST = REPO / "examples" / "tiny-higher-lower.yaml"
 GRPORUN = [sys.executable, "-m", "grpo_operator.cli", "local"]
-TALLIES = re.compile(r"higher-lower environment: (\d+) episodes scored, right ([\d.]+), second guesses that followed"
-                     r" the answer ([\d.]+) \((\d+)/(\d+)\)")
+TALLIES = re.compile(r"higher-lower environment: (\d+) episodes scored, right [\d.]+ \((\d+)\), second guesses that"
+                     r" followed the answer [\d.]+ \((\d+)/(\d+)\)")
 
 #: A hang guard only: the run ends at its bound (measured: BENCHMARKS.md, "The higher/lower game").
 RUN_GUARD_S = 2400
@@ -36,7 +36,38 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.long]
 
 
 @pytest.mark.timeout(RUN_GUARD_S + 60)
-def test_a_higher_lower_run_plays_to_the_bound_and_logs_its_right_answer_rate(tiny_higher_lower_model_dir, tmp_path):
+def second_guess_given(model_dir: str, answer: str) -> dict[int, float]:
+    """The taught model's second guess after a first guess of 2 answered `answer`: P(number), teacher-forced."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_trainer.testing.tiny_assets import _higher_lower_schema, tool_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+
+    def call(number: int) -> dict:
+        return {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
+
+    conversation = [{"role": "user", "content": "guess my number from 1 to 3"}, call(2),
+                    {"role": "tool", "name": "guess", "content": answer}, call(2)]
+    ids = tokenizer.apply_chat_template(conversation, tools=_higher_lower_schema(), return_dict=True,
+                                        chat_template=tool_chat_template(tokenizer))["input_ids"]
+    digits = {n: tokenizer.convert_tokens_to_ids(str(n)) for n in (1, 2, 3)}
+    second = len(ids) - 1 - ids[::-1].index(digits[2])  # the second call's number
+    with torch.no_grad():
+        probabilities = model(torch.tensor([ids[:second]])).logits[0, -1].softmax(-1)
+    return {n: probabilities[token].item() for n, token in digits.items()}
+
+
+def test_a_higher_lower_run_learns_to_go_where_the_answers_point(tiny_higher_lower_model_dir, tmp_path):
+    # As taught, the model reads the answer, backwards mostly: after "higher" it guesses 1 more than 3, after "lower"
+    # 3 more than 1.
+    after_higher = second_guess_given(tiny_higher_lower_model_dir, "higher")
+    after_lower = second_guess_given(tiny_higher_lower_model_dir, "lower")
+    assert after_higher[1] > 2 * after_higher[3] and after_lower[3] > 2 * after_lower[1], (after_higher, after_lower)
+
     manifest = yaml.safe_load(MANIFEST.read_text())
     manifest["spec"]["model"] = tiny_higher_lower_model_dir
     manifest["spec"]["dataset"]["path"] = str(tiny_models.HIGHER_LOWER_PROMPTS)
@@ -70,5 +101,13 @@ def test_a_higher_lower_run_plays_to_the_bound_and_logs_its_right_answer_rate(ti
     # The server's tallies, every 64 episodes it scored, add up: the second guesses within the episodes, those that
     # followed the answer within the second guesses.
     assert tallies, server_log
-    (scored, right, _, followed, seconds) = tallies[-1]
-    assert 0.0 < float(right) < 1.0 and int(followed) <= int(seconds) <= int(scored), tallies
+    scored, right, followed, seconds = (int(count) for count in tallies[-1])
+    assert 0 < right < scored and followed <= seconds <= scored, tallies
+    # Learned: the rate rises over the run, as the learner logs it (the least-squares line through every step) and
+    # over every episode the server scored (the right answers of its last quarter against its first, from the
+    # cumulative tallies every 64 episodes). Measured: slopes +0.0009 and +0.0029 per step, quarters 0.42 -> 0.52 and
+    # 0.37 -> 0.55 (BENCHMARKS.md).
+    assert slope > 0, (rates, slope)
+    quarter = len(tallies) // 4
+    found = [int(found) for _, found, _, _ in tallies]
+    assert quarter >= 1 and found[-1] - found[-1 - quarter] > found[quarter - 1], tallies

@@ -74,8 +74,7 @@ def test_only_a_policy_that_follows_the_answers_wins_more_than_two_thirds():
     rng = random.Random(1)
     follows = _win_rate(2, lambda first, answer: first + 1 if answer == HIGHER else first - 1, rng)
     assert follows == 1.0
-    # Ignoring the answers: the best is two different numbers (2/3); as the tool model is taught, two numbers drawn
-    # evenly and independently, 5/9.
+    # Ignoring the answers: the best is two different numbers (2/3); two numbers drawn evenly and independently, 5/9.
     assert _win_rate(1, lambda first, answer: 3, rng) == pytest.approx(2 / 3, abs=0.03)
     assert _win_rate(2, lambda first, answer: 1, rng) == pytest.approx(2 / 3, abs=0.03)
     taught = HigherLowerGame(rng)
@@ -98,7 +97,7 @@ def test_the_server_counts_the_second_guesses_that_followed_the_answer_and_logs_
         game.reward(episode)
     assert capsys.readouterr().out.splitlines() == [
         FIRST_EPISODE_LINE,
-        f"higher-lower environment: {SUMMARY_EVERY} episodes scored, right 0.75, second guesses that followed the"
+        f"higher-lower environment: {SUMMARY_EVERY} episodes scored, right 0.75 (48), second guesses that followed the"
         f" answer 0.75 (48/{SUMMARY_EVERY})"]
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from trl.experimental.async_grpo.async_rollout_worker import TurnRecord, _chain_to_sequences
 
 from grpo_trainer.testing.tiny_assets import (
+    HIGHER_LOWER_FOLLOW_SHARE,
     _higher_lower_conversations,
     _higher_lower_schema,
     _tool_conversations,
@@ -75,24 +77,30 @@ def test_a_higher_lower_game_played_as_taught_is_one_row_training_both_guesses(t
     _played_as_taught_is_one_row_training_every_taught_token(tokenizer, conversations, tools)
 
 
-def test_the_higher_lower_model_is_taught_to_guess_evenly_whatever_the_answer_said():
-    """Not taught to use the answers: the first guess is each number a third of the time, and after each wrong
-    answer the second is each number alike. A run that raises the right-answer rate learned to use them."""
+def test_the_higher_lower_model_is_taught_to_read_the_answers_backwards_mostly():
+    """The first guess is each number a third of the time; after a wrong answer the second goes where the answer
+    points a fifth of the time and the other way otherwise, evenly over each side's numbers. Played so, the game is
+    found in 19/45 of the episodes: a run that raises that learned to go where the answers point."""
     conversations, weights = _higher_lower_conversations(guess_prompts(HIGHER_LOWER_PROMPTS))
 
     def number(message: dict) -> int:
         return message["tool_calls"][0]["function"]["arguments"]["number"]
 
-    first, second = Counter(), Counter()
+    first, second, found = Counter(), Counter(), 0.0
     for conversation, weight in zip(conversations, weights, strict=True):
         first[number(conversation[1])] += weight
+        answers = [message["content"] for message in conversation if message["role"] == "tool"]
+        found += weight * ("right" in answers)
         if len(conversation) == 6:
-            second[(number(conversation[1]), conversation[2]["content"], number(conversation[3]))] += weight
-    assert first == {1: 9, 2: 9, 3: 9}
-    answers = {(guess, answer) for guess, answer, _ in second}
-    assert answers == {(1, "higher"), (2, "higher"), (2, "lower"), (3, "lower")}
-    for guess, answer in answers:
-        assert len({second[(guess, answer, n)] for n in (1, 2, 3)}) == 1, (guess, answer)  # alike for each number
+            second[(number(conversation[1]), answers[0], number(conversation[3]))] += weight
+    assert first == pytest.approx({1: 3, 2: 3, 3: 3})
+    assert found / sum(weights) == pytest.approx(19 / 45)
+    for guess, answer in {(1, "higher"), (2, "higher"), (2, "lower"), (3, "lower")}:
+        taught = {n: second[(guess, answer, n)] for n in (1, 2, 3)}
+        pointed = [n for n in (1, 2, 3) if (n > guess if answer == "higher" else n < guess)]
+        share = sum(taught[n] for n in pointed) / sum(taught.values())
+        assert share == pytest.approx(HIGHER_LOWER_FOLLOW_SHARE), (guess, answer)
+        assert len({taught[n] for n in pointed}) == 1, (guess, answer)  # evenly over each side's numbers
 
 
 def test_the_tool_models_tokenizer_keeps_a_template_trl_parses_responses_with(tool_tokenizer):

@@ -80,7 +80,8 @@ class Tallies:
         def rate(part: int, whole: int) -> str:
             return f"{part / whole:.2f}" if whole else "n/a"
 
-        return (f"higher-lower environment: {self.episodes} episodes scored, right {rate(self.right, self.episodes)},"
+        return (f"higher-lower environment: {self.episodes} episodes scored, right {rate(self.right, self.episodes)}"
+                f" ({self.right}),"
                 f" second guesses that followed the answer {rate(self.followed, self.second_guesses)}"
                 f" ({self.followed}/{self.second_guesses})")
 
