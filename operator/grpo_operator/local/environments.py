@@ -17,6 +17,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from urllib.error import URLError
 from urllib.request import urlopen
 
@@ -56,7 +57,7 @@ def probe_passes(plan: ProcessPlan) -> bool:
     try:  # an error status raises HTTPError (a URLError); a redirect is followed, as it passes for the kubelet
         with urlopen(f"http://{LOCAL_HOST}:{port}{probe.path}", timeout=probe.timeout_s) as response:
             return 200 <= response.status < 400
-    except (URLError, OSError, ValueError):
+    except (URLError, OSError, ValueError, HTTPException):  # HTTPException: an answer that is not HTTP
         return False
 
 

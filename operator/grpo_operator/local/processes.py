@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http.client import HTTPException
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
@@ -108,11 +109,11 @@ class LocalProcess:
 
 
 def http_get(url: str, timeout: float = 2.0) -> str | None:
-    """The body of a 200 answer, else None (not up yet, gone, or an error status)."""
+    """The body of a 200 answer, else None (not up yet, gone, gone mid-answer, or an error status)."""
     try:
         with urlopen(url, timeout=timeout) as response:  # noqa: S310 - our own local servers
             return response.read().decode() if response.status == 200 else None
-    except (URLError, OSError, ValueError):
+    except (URLError, OSError, ValueError, HTTPException):  # HTTPException: a process killed mid-answer
         return None
 
 

@@ -28,7 +28,7 @@ from grpo_operator.local.plan import (
     observe,
     plan_processes,
 )
-from grpo_operator.local.processes import LocalProcess
+from grpo_operator.local.processes import LocalProcess, read_progress_blocking
 from grpo_operator.local.supervise import LocalPort, LocalRun, prepare
 from grpo_operator.manifest import read_grporun
 from grpo_operator.run_ref import RunRef
@@ -414,3 +414,26 @@ def test_a_process_started_once_the_run_is_pinned_to_its_models_content_is_held_
     digest = "d" * 64
     pinned = started_with({"model": {"name": "/models/exported", "requested": "digest", "revision": digest}})
     assert pinned == {"tiny-rollout-0": digest, "tiny-learner-0": digest, "tiny-env-guess-0": "None"}
+
+
+def test_a_learner_killed_while_it_answers_progress_reads_as_no_answer():
+    """The supervisor polls /progress while a learner may be killed: an answer cut short is no report, not a crash
+    of `grporun local`."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_then_die():
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1124\r\n\r\n{")
+        connection.close()
+
+    server = threading.Thread(target=answer_then_die, daemon=True)
+    server.start()
+    try:
+        assert read_progress_blocking(f"http://127.0.0.1:{listener.getsockname()[1]}") is None
+    finally:
+        server.join(timeout=5)
+        listener.close()
