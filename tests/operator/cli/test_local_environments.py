@@ -29,6 +29,7 @@ from grpo_operator.local.plan import LocalProbe, ProcessPlan
 from grpo_operator.local.processes import LocalProcess, http_get
 from grpo_operator.local.supervise import LocalPort, LocalRun, prepare, tick
 from tests.support.paths import COMPLETIONS_SERVER, REPO
+from tests.support.servers.raw_answer import answering_once
 from tests.support.specs import minimal_spec
 
 TINY = REPO / "examples" / "tiny.yaml"
@@ -165,23 +166,6 @@ def test_the_engines_pass_only_observes_a_server_that_exited_the_kubelets_step_r
 
 
 def test_an_http_probe_of_a_server_that_answers_what_is_not_http_fails_rather_than_ending_the_run():
-    import socket
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer_garbage():
-        connection, _ = listener.accept()
-        connection.recv(4096)
-        connection.sendall(b"this is not http\r\n\r\n")
-        connection.close()
-
-    server = threading.Thread(target=answer_garbage, daemon=True)
-    server.start()
-    plan = ProcessPlan("game-0", "environment", ["game"], {}, url=f"http://127.0.0.1:{listener.getsockname()[1]}",
-                       probe=LocalProbe("http", path="/health"))
-    try:
+    with answering_once(b"this is not http\r\n\r\n") as url:
+        plan = ProcessPlan("game-0", "environment", ["game"], {}, url=url, probe=LocalProbe("http", path="/health"))
         assert probe_passes(plan) is False
-    finally:
-        server.join(timeout=5)
-        listener.close()

@@ -37,6 +37,7 @@ from grpo_trainer.contract.pod_env import MODEL_DIGEST_ENV
 from tests.support.paths import REPO
 from tests.support.ports import LOOPBACK, free_port
 from tests.support.servers.hub_server import commit_of
+from tests.support.servers.raw_answer import answering_once
 from tests.support.specs import minimal_spec
 
 TINY = REPO / "examples" / "tiny.yaml"
@@ -419,21 +420,6 @@ def test_a_process_started_once_the_run_is_pinned_to_its_models_content_is_held_
 def test_a_learner_killed_while_it_answers_progress_reads_as_no_answer():
     """The supervisor polls /progress while a learner may be killed: an answer cut short is no report, not a crash
     of `grporun local`."""
-    import socket
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer_then_die():
-        connection, _ = listener.accept()
-        connection.recv(4096)
-        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1124\r\n\r\n{")
-        connection.close()
-
-    server = threading.Thread(target=answer_then_die, daemon=True)
-    server.start()
-    try:
-        assert read_progress_blocking(f"http://127.0.0.1:{listener.getsockname()[1]}") is None
-    finally:
-        server.join(timeout=5)
-        listener.close()
+    cut_short = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1124\r\n\r\n{"
+    with answering_once(cut_short) as url:
+        assert read_progress_blocking(url) is None
