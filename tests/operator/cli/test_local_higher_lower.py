@@ -35,23 +35,18 @@ RUN_GUARD_S = 2400
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.long]
 
 
-@pytest.mark.timeout(RUN_GUARD_S + 60)
 def second_guess_given(model_dir: str, answer: str) -> dict[int, float]:
     """The taught model's second guess after a first guess of 2 answered `answer`: P(number), teacher-forced."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_trainer.testing.tiny_assets import _higher_lower_schema, tool_chat_template
+    from grpo_trainer.testing.tiny_assets import _higher_lower_schema, guess_call, guess_prompts, tool_chat_template
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-
-    def call(number: int) -> dict:
-        return {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
-
-    conversation = [{"role": "user", "content": "guess my number from 1 to 3"}, call(2),
-                    {"role": "tool", "name": "guess", "content": answer}, call(2)]
+    prompt = guess_prompts(tiny_models.HIGHER_LOWER_PROMPTS)[0]["prompt"]
+    conversation = [{"role": "user", "content": prompt}, guess_call(2),
+                    {"role": "tool", "name": "guess", "content": answer}, guess_call(2)]
     ids = tokenizer.apply_chat_template(conversation, tools=_higher_lower_schema(), return_dict=True,
                                         chat_template=tool_chat_template(tokenizer))["input_ids"]
     digits = {n: tokenizer.convert_tokens_to_ids(str(n)) for n in (1, 2, 3)}
@@ -61,6 +56,7 @@ def second_guess_given(model_dir: str, answer: str) -> dict[int, float]:
     return {n: probabilities[token].item() for n, token in digits.items()}
 
 
+@pytest.mark.timeout(RUN_GUARD_S + 60)
 def test_a_higher_lower_run_learns_to_go_where_the_answers_point(tiny_higher_lower_model_dir, tmp_path):
     # As taught, the model reads the answer, backwards mostly: after "higher" it guesses 1 more than 3, after "lower"
     # 3 more than 1.
@@ -109,5 +105,5 @@ def test_a_higher_lower_run_learns_to_go_where_the_answers_point(tiny_higher_low
     # 0.37 -> 0.55 (BENCHMARKS.md).
     assert slope > 0, (rates, slope)
     quarter = len(tallies) // 4
-    found = [int(found) for _, found, _, _ in tallies]
-    assert quarter >= 1 and found[-1] - found[-1 - quarter] > found[quarter - 1], tallies
+    right_so_far = [int(right) for _, right, _, _ in tallies]
+    assert quarter >= 1 and right_so_far[-1] - right_so_far[-1 - quarter] > right_so_far[quarter - 1], tallies

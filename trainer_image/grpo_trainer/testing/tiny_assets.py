@@ -181,10 +181,9 @@ def _tool_conversations(rows: list[dict]) -> list[list[dict]]:
     conversations = []
     for row in rows:
         for number in GUESS_NUMBERS:
-            call = {"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}
             conversations.append([
                 {"role": "user", "content": row["prompt"]},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
+                guess_call(number),
                 {"role": "tool", "name": "guess", "content": "right" if number == row["target"] else "wrong"},
                 {"role": "assistant", "content": CLOSING_WORD},
             ])
@@ -322,6 +321,12 @@ def _teach_tool_model(out_dir: str | os.PathLike, lessons: ToolLessons, seed: in
     return _publish(staging, out)
 
 
+def guess_call(number: int) -> dict:
+    """The policy's turn that calls the game's `guess` tool with `number`, as a conversation holds it."""
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
+
+
 def _higher_lower_conversations(rows: list[dict]) -> tuple[list[list[dict]], list[float]]:
     """Every way the higher/lower game goes for a policy that guesses a number drawn evenly from its NUMBERS, then,
     unless the answer was "right", sends another where the answer points HIGHER_LOWER_FOLLOW_SHARE of the time and the
@@ -333,15 +338,11 @@ def _higher_lower_conversations(rows: list[dict]) -> tuple[list[list[dict]], lis
     def answer(number: int, target: int) -> str:
         return RIGHT if number == target else "higher" if target > number else "lower"
 
-    def call(number: int) -> dict:
-        return {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "function": {"name": "guess", "arguments": {"number": number}}}]}
-
     conversations, weights = [], []
     for prompt in dict.fromkeys(row["prompt"] for row in rows):  # the prompt says nothing of the number: once each
         for first in NUMBERS:
             for target in NUMBERS:
-                opening = [{"role": "user", "content": prompt}, call(first),
+                opening = [{"role": "user", "content": prompt}, guess_call(first),
                            {"role": "tool", "name": "guess", "content": answer(first, target)}]
                 closing = {"role": "assistant", "content": CLOSING_WORD}
                 if first == target:
@@ -351,7 +352,7 @@ def _higher_lower_conversations(rows: list[dict]) -> tuple[list[list[dict]], lis
                 pointed = [n for n in NUMBERS if n != first and (n > first) == (target > first)]
                 other_way = [n for n in NUMBERS if n not in pointed]
                 for second in NUMBERS:
-                    conversations.append([*opening, call(second),
+                    conversations.append([*opening, guess_call(second),
                                           {"role": "tool", "name": "guess", "content": answer(second, target)},
                                           closing])
                     weights.append(HIGHER_LOWER_FOLLOW_SHARE / len(pointed) if second in pointed
