@@ -49,6 +49,7 @@ from pathlib import Path
 from .no_signal import REWARD_FUNCTION, write_prompts
 from .report import Context, spread, table
 from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run, require_rollout_assets
+from .traced_learner import PARTS
 
 NAME = "e2e_vs_trl"
 TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
@@ -111,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sample every run with py-spy (the learner, its threads and its children) into "
                             "DIR/<row>-pair-<n>-<ours|trl>.txt, folded stacks, and its step records with each "
                             "thread's CPU seconds beside it (.steps.jsonl); the figures then carry their cost")
+    group.add_argument("--thread-cpu", action="store_true",
+                       help="record each run's CPU by thread, child and part of the trainer, and show where each "
+                            "side's CPU went (the recording's own CPU, a few ms per step, is in both sides' figures)")
     group.add_argument("--keep", type=Path, default=None, metavar="DIR",
                        help="copy every run's folder (its step records with TRL's per-step timings, its log, "
                             "its run config and final report) into DIR/<row>/ when it ends")
@@ -135,7 +139,7 @@ def options(args: argparse.Namespace) -> dict[str, object]:
         raise ValueError("--profile: py-spy is not installed (`.venv/bin/uv pip install --python .venv/bin/python "
                          "py-spy`)")
     return {"pairs": args.pairs, "epochs": args.epochs, "rows": rows, "profile": args.profile, "keep": args.keep,
-            "layout": layout}
+            "layout": layout, "thread_cpu": args.thread_cpu}
 
 
 def py_spy() -> str | None:
@@ -169,6 +173,8 @@ class RunFigures:
     tail_steps: int = 0
     #: Samples trained whose group had no reward signal (TRL trains them; ours drops them before its batch).
     no_signal_samples: float = 0.0
+    #: With `--thread-cpu`: the CPU seconds of `cpu_s` by part (CPU_PARTS' keys), over the same steps.
+    cpu_by_part: dict[str, float] | None = None
 
     @property
     def groups_per_s(self) -> float:
@@ -202,6 +208,12 @@ class RunFigures:
         """Per sample trained: a run that trains the samples another leaves in its queue at the end pays for them."""
         return 1000 * self.cpu_s / self.samples if self.cpu_s is not None and self.samples > 0 else math.nan
 
+    def cpu_ms_per_group(self, part: str) -> float:
+        """CPU milliseconds per group consumed in `part`: one of CPU_PARTS' keys."""
+        if self.cpu_by_part is None or self.groups <= 0:
+            return math.nan
+        return 1000 * self.cpu_by_part.get(part, 0.0) / self.groups
+
     def ms_per_step(self, part: str) -> float:
         """Milliseconds per step spent in `part`: one of STEP_PARTS' attributes."""
         if part == "other_s":
@@ -234,7 +246,31 @@ def run_figures(kind: str, records: Sequence, final=None, num_generations: int =
                       dropped, no_signal, dropped * num_generations,
                       *(None if None in values else sum(values) for values in parts),
                       span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end,
-                      no_signal_samples=last.no_signal - first.no_signal)
+                      no_signal_samples=last.no_signal - first.no_signal, cpu_by_part=cpu_by_part(first, last, cpu_s))
+
+
+def cpu_by_part(first, last, cpu_s: float | None) -> dict[str, float] | None:
+    """The CPU seconds between two step records (`--thread-cpu`'s) by part: the trainer's timed parts, the child
+    processes, and the rest of the learner process (its other threads, ended ones included, and its main thread
+    outside the timed parts). None where the records carry no parts."""
+    if cpu_s is None or None in (first.parts, last.parts, first.threads, last.threads):
+        return None
+    seconds = {part: last.parts.get(part, 0.0) - first.parts.get(part, 0.0) for part in PARTS}
+    seconds["children"] = sum(value - first.threads.get(name, 0.0) for name, value in last.threads.items()
+                              if name.startswith("child "))
+    seconds["rest"] = cpu_s - sum(seconds.values())
+    return seconds
+
+
+#: (column, cpu_by_part key) of the CPU table: where each side's CPU went.
+CPU_PARTS: tuple[tuple[str, str], ...] = (
+    ("training step (forward, loss, backward)", "training_step"),
+    ("fetching a batch", "get_batch_samples"),
+    ("logging", "log"),
+    ("weight sync, the trainer's side", "_sync_weight_merged"),
+    ("the worker child", "children"),
+    ("the rest of the learner process", "rest"),
+)
 
 
 #: (column, RunFigures.ms_per_step part) of the step-time table: where each step's wall time went.
@@ -299,6 +335,10 @@ def ms_spread(runs: Sequence[RunFigures], part: str) -> str:
     return spread([run.ms_per_step(part) for run in runs], "{:.0f}")
 
 
+def cpu_part_spread(runs: Sequence[RunFigures], part: str) -> str:
+    return spread([run.cpu_ms_per_group(part) for run in runs], "{:.2f}")
+
+
 def _server(row: RowResult) -> str:
     seqs = row.kind.max_num_seqs
     return "uncapped" if seqs is None else f"`--max-num-seqs {seqs}`"
@@ -317,7 +357,7 @@ def _cores(cores: frozenset[int] | None) -> str:
 
 def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, generations: int,
            max_completion_length: int, cores: int, layout: Layout = SHARED) -> str:
-    side_rows, ratio_rows, pair_rows, step_rows = [], [], [], []
+    side_rows, ratio_rows, pair_rows, step_rows, cpu_rows = [], [], [], [], []
     for row in rows:
         for label, runs in (("ours", [pair.ours for pair in row.pairs]), ("TRL", [pair.trl for pair in row.pairs])):
             dropped = (f"{figure_spread(runs, 'dropped_groups', '{:.0f}')} "
@@ -333,6 +373,9 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
             step_rows.append([row.name, label, figure_spread(runs, "steps", "{:.0f}"),
                               figure_spread(runs, "tail_steps", "{:.0f}"), figure_spread(runs, "samples", "{:.0f}"),
                               *(ms_spread(runs, part) for _, part in STEP_PARTS)])
+            if all(run.cpu_by_part is not None for run in runs):
+                cpu_rows.append([row.name, label, figure_spread(runs, "cpu_s_per_group", "{:.3f}"),
+                                 *(cpu_part_spread(runs, part) for _, part in CPU_PARTS)])
         ratios = [pair_ratios(pair.ours, pair.trl) for pair in row.pairs]
         ratio_rows.append([row.name, _server(row), len(row.pairs), f"{row.load_start:.1f} → {row.load_end:.1f}",
                            *(spread([r[name] for r in ratios], "{:.2f}") for _, name in RATIOS)])
@@ -371,6 +414,15 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         table(["row", "learner", "steps", "of them after the last group begun", "samples trained",
                *(column for column, _ in STEP_PARTS)], step_rows),
         "",
+        *([
+            "Where each side's CPU went (`--thread-cpu`), in ms per group consumed, median (min–max) over its runs: "
+            "each part is the CPU of the thread that ran it (ours runs the weight sync on a thread of its own, TRL "
+            "on its training thread; both send its HTTP calls from threads of their own, in the rest); the rest is "
+            "the learner process's other CPU, its main thread outside the parts included:",
+            "",
+            table(["row", "learner", "CPU s per group", *(column for column, _ in CPU_PARTS)], cpu_rows),
+            "",
+        ] if cpu_rows else []),
         "Per pair:",
         "",
         table(["row", "pair", "order", "wall s, ours / TRL", *(column for column, _ in RATIOS),
@@ -385,7 +437,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "dataset, trained or not, up to the step that began the last of them. Learner wait share: both trainers "
         "log TRL's `perf/rollout_wait_s`, the seconds "
         "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
-        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound,no-signal] [--layout shared|own-cores]` "
+        "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound,no-signal] [--layout shared|own-cores] "
+        "[--thread-cpu]` "
         "(needs .venv-rollout).",
     ]
     return "\n".join(text)
@@ -495,13 +548,14 @@ def start_row_server(stack: contextlib.ExitStack, config, directory: Path):
 @dataclass(frozen=True)
 class RowPlan:
     """How each row runs: `pairs` of runs to `epochs`, in `layout`; `profile`/`keep`: folders for py-spy's samples
-    and for each run's own files (None: neither)."""
+    and for each run's own files (None: neither); `thread_cpu`: each run records its CPU by thread and part."""
 
     pairs: int
     epochs: int
     layout: Layout = SHARED
     profile: Path | None = None
     keep: Path | None = None
+    thread_cpu: bool = False
 
 
 def row_config(directory: Path, kind: RowKind, epochs: int):
@@ -526,7 +580,7 @@ def run_row(scratch: Path, name: str, row_kind: RowKind, plan: RowPlan) -> tuple
 
     directory = scratch / name
     config = row_config(directory, row_kind, plan.epochs)
-    placement = Placement(plan.layout.learner_cores)
+    placement = Placement(plan.layout.learner_cores, plan.thread_cpu)
     load_start = os.getloadavg()[0]
     started = time.time()
     with contextlib.ExitStack() as stack:
@@ -558,7 +612,8 @@ def run(context: Context) -> str:
     require_rollout_assets()
     chosen = context.options.get(NAME, {})
     plan = RowPlan(chosen.get("pairs") or context.reps(PAIRS, QUICK_PAIRS), chosen.get("epochs", EPOCHS),
-                   chosen.get("layout", SHARED), chosen.get("profile"), chosen.get("keep"))
+                   chosen.get("layout", SHARED), chosen.get("profile"), chosen.get("keep"),
+                   chosen.get("thread_cpu", False))
     rows, config, groups_total = [], None, None
     for name in chosen.get("rows", tuple(ROWS)):
         row, config, groups_total = run_row(context.scratch / NAME, name, ROWS[name], plan)

@@ -79,19 +79,26 @@ class StepRecord:
     threads: dict[str, float] | None = None
     #: Samples without reward signal (their group's reward std 0 or NaN) the trainer took into its batches so far.
     no_signal: float = 0.0
+    #: With `--thread-cpu`: CPU seconds so far in each of the trainer's timed parts (bench.traced_learner.PARTS).
+    parts: dict[str, float] | None = None
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
         data = json.loads(line)
         cpu_s = data.get("cpu_s")
         perf = data.get("perf") if isinstance(data.get("perf"), dict) else {}
-        threads = data.get("threads") if isinstance(data.get("threads"), dict) else None
-        if threads is not None:
-            threads = {name: seconds for name, value in threads.items() if (seconds := _seconds(value)) is not None}
+        threads, parts = (_seconds_by_name(data.get(key)) for key in ("threads", "parts"))
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
                    float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s),
                    *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")),
-                   threads, float(data.get("no_signal", 0.0)))
+                   threads, float(data.get("no_signal", 0.0)), parts)
+
+
+def _seconds_by_name(value: Any) -> dict[str, float] | None:
+    """A logged {name: seconds} map without the entries that are no number; None where none was logged."""
+    if not isinstance(value, dict):
+        return None
+    return {name: seconds for name, item in value.items() if (seconds := _seconds(item)) is not None}
 
 
 def _seconds(value: Any) -> float | None:

@@ -14,7 +14,10 @@ Each step appends one JSON line: the wall time it was logged at, the global step
 learner process and its children (both trainers' rollout worker is a child process) have used so far, and
 `no_signal`: the samples without reward signal the trainer has taken into its batches so far.
 `--thread-cpu` adds `threads`: the CPU seconds each thread of the learner process (by its Python name; threads
-Python did not start, such as torch's, under "native") and each child process has used so far.
+Python did not start, such as torch's, under "native") and each child process has used so far, and `parts`: the CPU
+seconds of the calling thread in each of the trainer's parts that both trainers share (`PARTS`), so far. A thread
+that has ended (ours runs each weight sync on a thread of its own) is in the process's `cpu_s` and in `parts`, no
+longer in `threads`.
 `--wall-bound S` stops training at the first step logged S seconds or more after the first one (TRL has no bound of
 its own short of its epochs).
 """
@@ -98,7 +101,31 @@ class NoSignalSamples:
         RolloutQueueDataset.__iter__ = counted
 
 
-def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = False):
+#: The trainer's methods whose CPU `--thread-cpu` times, on both trainers (each names TRL's method, which ours
+#: overrides or calls): the forward and backward, fetching a batch, logging, and the weight sync's own thread-side work
+#: (on the training thread in TRL, on a thread of its own in ours; its HTTP calls run on threads of their own).
+PARTS = ("training_step", "get_batch_samples", "log", "_sync_weight_merged")
+
+
+def time_parts(trainer) -> dict[str, float]:
+    """Wrap `trainer`'s `PARTS` so that each adds its calling thread's CPU seconds to the returned dict."""
+    seconds = dict.fromkeys(PARTS, 0.0)
+    for name in PARTS:
+        method = getattr(trainer, name)
+
+        def timed(*args, _method=method, _name=name, **kwargs):
+            started = time.thread_time()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                seconds[_name] += time.thread_time() - started
+
+        setattr(trainer, name, timed)
+    return seconds
+
+
+def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = False,
+                  parts: dict[str, float] | None = None):
     from transformers import TrainerCallback
 
     cpu_seconds = ProcessTreeCpu()
@@ -116,6 +143,8 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
                       "perf": {key: value for key, value in logs.items() if key.startswith("perf/")}}
             if thread_cpu:
                 record["threads"] = cpu_by_thread()
+            if parts is not None:
+                record["parts"] = dict(parts)
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             if wall_bound_s and self.deadline is None:
@@ -134,7 +163,8 @@ def run_ours(config_path: str, records: str, wall_bound_s: float | None, thread_
 
     def build_traced(*args, **kwargs):
         learner = build(*args, **kwargs)
-        learner.add_callback(step_recorder(records, wall_bound_s, thread_cpu))
+        parts = time_parts(learner) if thread_cpu else None
+        learner.add_callback(step_recorder(records, wall_bound_s, thread_cpu, parts))
         return learner
 
     learner_main.build_learner = build_traced
@@ -165,7 +195,8 @@ def run_trl(config_path: str, records: str, wall_bound_s: float | None, thread_c
             train_dataset=load_prompts(config.dataset), processing_class=AutoTokenizer.from_pretrained(config.model),
             weight_transfer=transfer,
         )
-    trainer.add_callback(step_recorder(records, wall_bound_s, thread_cpu))
+    parts = time_parts(trainer) if thread_cpu else None
+    trainer.add_callback(step_recorder(records, wall_bound_s, thread_cpu, parts))
     trainer.train()
     return 0
 

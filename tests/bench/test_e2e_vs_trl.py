@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -90,6 +91,35 @@ def test_a_runs_step_time_is_split_into_trls_own_parts_and_the_rest():
     unlogged = run_figures("trl", [*records[:2], StepRecord(110.0, 3, 0.0, 24, 3, 60.0, None, 0.5, 0.5)])
     assert math.isnan(unlogged.ms_per_step("fwd_bwd_s")) and math.isnan(unlogged.ms_per_step("other_s"))
     assert unlogged.ms_per_step("optimizer_s") == 500
+
+
+def test_a_runs_cpu_by_part_is_each_parts_and_childs_growth_and_the_rest_of_the_process():
+    def timed(t, step, cpu_s, training_step, sync, child):
+        return StepRecord(t, step, 0.0, 24, 3, cpu_s, parts={"training_step": training_step, "log": 0.1,
+                                                             "_sync_weight_merged": sync, "not a part": 9.0},
+                          threads={"MainThread": 9.0, "child 41": child, "grpo-rollout-supervisor": 0.5})
+
+    # 6 groups after the first step: 3.0 CPU s, 1.2 of them training, 0.3 syncing, 0.9 in the child, 0.6 the rest.
+    ours = run_figures("ours", [timed(0.0, 1, 10.0, 2.0, 0.5, 4.0), timed(2.0, 2, 11.5, 2.6, 0.65, 4.5),
+                                timed(4.0, 3, 13.0, 3.2, 0.8, 4.9)])
+    assert ours.cpu_by_part == pytest.approx({"training_step": 1.2, "get_batch_samples": 0.0, "log": 0.0,
+                                              "_sync_weight_merged": 0.3, "children": 0.9, "rest": 0.6})
+    assert ours.cpu_ms_per_group("training_step") == pytest.approx(200.0)
+    assert math.isnan(run_figures("trl", [record(0.0, 1, 0, 24, 3, 1.0), record(1.0, 2, 0, 24, 3, 2.0)])
+                      .cpu_ms_per_group("training_step"))  # recorded without --thread-cpu
+
+
+def test_the_section_shows_where_each_sides_cpu_went_when_the_runs_recorded_it():
+    parts = {"training_step": 10.0, "get_batch_samples": 1.0, "log": 0.5, "_sync_weight_merged": 2.0,
+             "children": 4.0, "rest": 2.5}
+    ours = dataclasses.replace(figures("ours", 20.0, 20, 300, 40.0), cpu_by_part=parts)
+    trl = dataclasses.replace(figures("trl", 20.0, 20, 300, 20.0), cpu_by_part={**parts, "rest": 0.5})
+    text = render([RowResult("learner-bound", RowKind(), [Pair(ours, trl, True)], 1.5, 2.5, 300.0)], epochs=6,
+                  groups_total=96, generations=8, max_completion_length=16, cores=2)
+    cpu = text.split("Where each side's CPU went")[1].split("Per pair")[0]
+    # 20 groups: 500 ms per group of training step, 125 of the rest in ours and 25 in TRL's.
+    assert "| learner-bound | ours | 2.000 | 500.00 | 50.00 | 25.00 | 100.00 | 200.00 | 125.00 |" in cpu
+    assert "| learner-bound | TRL | 1.000 | 500.00 | 50.00 | 25.00 | 100.00 | 200.00 | 25.00 |" in cpu
 
 
 def test_a_run_without_cpu_records_has_no_cpu_figure_and_one_step_has_no_figures():
@@ -191,6 +221,7 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
     assert "| learner-bound | TRL | 10 | 0 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps
     assert "6 epochs (96 groups)" in text and "on 2 cores" in text
+    assert "CPU went" not in text  # recorded without --thread-cpu: no CPU by part
     assert "learner-bound 300 s, generation-bound 250 s" in text
 
 
@@ -212,7 +243,8 @@ def test_the_options_default_to_every_row():
     add_arguments(parser)
     assert options(parser.parse_args([])) == {"pairs": None, "epochs": 6, "rows": ("learner-bound",
                                                                                     "generation-bound", "no-signal"),
-                                              "profile": None, "keep": None, "layout": SHARED}
+                                              "profile": None, "keep": None, "layout": SHARED,
+                                              "thread_cpu": False}
 
 
 def test_own_cores_puts_the_server_on_the_first_core_and_the_learners_on_the_rest(monkeypatch):

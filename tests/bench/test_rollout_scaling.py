@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from bench.rollout_scaling import (
     scale_phases,
     window_figures,
 )
-from bench.traced_learner import cpu_by_thread
+from bench.traced_learner import PARTS, cpu_by_thread, time_parts
 
 A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
 
@@ -86,6 +87,33 @@ def test_thread_cpu_names_each_python_thread_and_each_child_process():
         child.wait()
     assert {"MainThread", "bench-spinner", f"child {child.pid}"} <= seconds.keys()
     assert all(value >= 0 for value in seconds.values())
+
+
+def test_each_part_counts_the_cpu_of_the_thread_that_runs_it_and_passes_calls_through():
+    class Trainer:
+        def training_step(self, rounds):
+            return sum(range(rounds))
+
+        def get_batch_samples(self):
+            return "batch"
+
+        def log(self, logs):
+            time.sleep(0.05)  # waiting is no CPU
+
+        def _sync_weight_merged(self):
+            sum(range(2_000_000))
+
+    trainer = Trainer()
+    seconds = time_parts(trainer)
+    assert trainer.training_step(4) == 6 and trainer.get_batch_samples() == "batch"
+    trainer.log({})
+    on_main = seconds["_sync_weight_merged"]
+    worker = threading.Thread(target=trainer._sync_weight_merged)  # as ours runs the sync: on a thread of its own
+    worker.start()
+    worker.join()
+    assert set(seconds) == set(PARTS)
+    assert seconds["_sync_weight_merged"] > on_main == 0.0
+    assert seconds["log"] < 0.02
 
 
 def poll(t: float, **servers: tuple[str, bool, int]) -> Poll:
