@@ -253,13 +253,9 @@ def test_tensorboard_reads_the_runs_curves_progress_and_spec(finished_run):
 def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_close(tiny_model_dir, tmp_path):
     """The rollout pool given to the learner: every report names its servers, and closing the learner stops the
     pool's supervision and removes its route board (the last report still names them)."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
-    from grpo_trainer.learner.trainer import GRPOLearner, LearnerReporting
+    from grpo_trainer.learner.trainer import LearnerReporting
     from grpo_trainer.rollout.pool import start_rollout_pool
-    from grpo_trainer.testing.scripted_worker import NoWeightTransfer, SampleShape, ScriptedRolloutWorker
+    from tests.support.learner.one_prompt import one_prompt_learner
     from tests.support.ports import free_port
 
     server = f"http://127.0.0.1:{free_port()}"  # nothing answers there: the server is in the pool, not ready
@@ -267,16 +263,8 @@ def test_the_learner_reports_the_rollout_pool_it_is_built_with_and_stops_it_on_c
         "model": tiny_model_dir, "dataset": {"path": "p.jsonl"}, "rewards": [{"name": "constant"}],
         "rollout": {"urls": [server], "weightSync": {"mode": "filesystem", "directory": str(tmp_path / "weights")}}})
     pool = start_rollout_pool(run_config, ready_timeout_s=5, tied_embeddings=False)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "p0"}]]})
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, dtype="float32", report_to=[],
-                           num_generations=2, per_device_train_batch_size=2, token_budget=0, save_strategy="no",
-                           disable_tqdm=True)
     try:
-        learner = GRPOLearner(tiny_model_dir, args=args, train_dataset=dataset, processing_class=tokenizer,
-                              rollout_worker=ScriptedRolloutWorker(dataset_size=1, num_generations=2,
-                                                                   shape=SampleShape(vocab_size=len(tokenizer))),
-                              weight_transfer=NoWeightTransfer(), reporting=LearnerReporting(rollout_pool=pool))
+        learner = one_prompt_learner(tiny_model_dir, tmp_path / "out", reporting=LearnerReporting(rollout_pool=pool))
     except BaseException:
         pool.stop()
         raise

@@ -65,6 +65,7 @@ from .checkpoints import (
 )
 from .exporter import StepMetrics
 from .loss import ScoredLoss
+from .package_checks import cache_peft_check
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds
 from .stopping import RunStopping
@@ -169,6 +170,7 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
         reporting: LearnerReporting | None = None,
         **kwargs: Any,
     ):
+        cache_peft_check()  # TRL asks accelerate whether the model is a peft model several times every weight sync
         on_cpu = args is not None and args.use_cpu
         if on_cpu:
             from .cpu import enable_cpu_support
