@@ -306,6 +306,25 @@ def test_a_4xx_goes_back_to_the_policy_as_the_tools_answer_and_the_episode_train
     assert episode_of(environment).failure is None and loop._counters["tools/guess/failure_total"] == 1
 
 
+def test_the_loop_builds_the_response_template_once_and_parses_as_transformers_does(tool_tokenizer, monkeypatch):
+    from transformers.utils.chat_parsing import response_templates
+    from trl.chat_template_utils import parse_response
+
+    loop = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)
+    prompt = tool_tokenizer.apply_chat_template([{"role": "user", "content": "guess"}], add_generation_prompt=True,
+                                                tokenize=False)
+    completion = tool_tokenizer.encode('<tool_call>\n{"name": "guess", "arguments": {"number": 3}}\n</tool_call>',
+                                       add_special_tokens=False)
+    prefix = tool_tokenizer.encode(prompt, add_special_tokens=False)
+    built = []
+    build = response_templates._build_field
+    monkeypatch.setattr(response_templates, "_build_field", lambda *a: built.append(a) or build(*a))
+    parsed = [parse_response(loop.tokenizer, completion, prefix=prefix) for _ in range(3)]
+    assert built == []  # not rebuilt at each parse
+    assert parsed[0]["tool_calls"][0]["function"] == {"name": "guess", "arguments": {"number": 3}}
+    assert parsed[0] == parsed[2]
+
+
 # ---------------------------------------------------------------------------------------------------- deadlines
 RELEASE_HANGING = threading.Event()
 

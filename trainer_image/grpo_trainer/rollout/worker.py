@@ -174,6 +174,7 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
         if self.environment_factories is not None:
             self._environment_pool = {name: ReusableEnvironments(pool)
                                       for name, pool in self._environment_pool.items()}
+        preload_response_template(self.tokenizer)
         if routing is not None and not all(callable(vars(_AsyncRolloutLoop).get(name)) for name in ("_post", "_retry")):
             raise RuntimeError("this TRL's rollout loop sends its requests other than through `_post`: the learner "
                                "cannot route them to its rollout servers (TRL 1.16's loop does)")
@@ -226,6 +227,18 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
                     tool_calls=list(group.tool_call_counts), tool_failures=list(group.tool_failure_counts),
                     failed_environments=failed)
         return samples
+
+
+def preload_response_template(tokenizer: Any) -> None:
+    """Build the tokenizer's response template once. TRL parses every completion (tool calls or not) with
+    transformers' `parse_response`, which rebuilds the template from its dict, regular expressions and all, at each
+    call, and takes a built one as it is: 0.03 ms a parse instead of 0.08 with the tiny model's. A parse only reads
+    the template (each copies its defaults)."""
+    from transformers.utils.chat_parsing.response_templates import load_response_template
+
+    template = getattr(tokenizer, "response_template", None)
+    if isinstance(template, dict):
+        tokenizer.response_template = load_response_template(template)
 
 
 class ReusableEnvironments(list):
