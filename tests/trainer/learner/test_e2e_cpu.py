@@ -7,6 +7,7 @@ that reaches the bound is `grporun local`'s (tests/operator/cli/test_local_run.p
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -168,6 +169,13 @@ def test_a_lora_run_reaches_the_bound_and_the_server_serves_the_adapter_of_each_
     window = config.training.max_staleness + 1
     assert [name for name in served if name.startswith("policy-")] == \
         [adapter_name(v) for v in range(max(report.weight_syncs - window + 1, 1), report.weight_syncs + 1)]
+    # The worker child's rollout metrics (merged there a few times a second) are in the learner's step logs, with
+    # the reductions TRL's log gives them: a mean no longer than the longest, within the completion bound.
+    steps = [ast.literal_eval(line[line.index("{'loss'"):]) for line in log.splitlines() if "{'loss'" in line]
+    lengths = [(float(step["completions/mean_length"]), float(step["completions/max_length"])) for step in steps
+               if "completions/mean_length" in step]
+    assert steps and len(lengths) >= len(steps) / 2, (len(lengths), len(steps))
+    assert all(0 < mean <= longest <= config.training.max_completion_length for mean, longest in lengths), lengths
     checkpoints = sorted(Path(config.checkpoint.directory).glob("checkpoint-*"))
     assert checkpoints
     for checkpoint in checkpoints:

@@ -43,6 +43,7 @@ from ..agentic.tools import (
     is_abandoned,
 )
 from ..learner.rewards import CheckedReward, RewardFunctionError, RewardResultError, UserCodeError
+from .metrics_batch import MetricsBatch
 from .router import RouterSettings, ServerRouter
 from .sync_watchdog import DaemonCall
 
@@ -156,6 +157,10 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
 
     `routing`: the learner's pool of rollout servers; each request then goes to one of them (TRL's `_post`, the one
     place its loop sends from, is where), with TRL's own retries around it.
+
+    Two of TRL's costs per completion are left out: its metrics go to the learner merged a few times a second
+    (grpo_trainer.rollout.metrics_batch), and the tokenizer's response template is built once
+    (`preload_response_template`).
     """
 
     def __init__(self, *, routing: RouterSettings | None = None, **kwargs: Any):
@@ -175,6 +180,7 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
             self._environment_pool = {name: ReusableEnvironments(pool)
                                       for name, pool in self._environment_pool.items()}
         preload_response_template(self.tokenizer)
+        self._metrics_queue = MetricsBatch(self._metrics_queue)
         if routing is not None and not all(callable(vars(_AsyncRolloutLoop).get(name)) for name in ("_post", "_retry")):
             raise RuntimeError("this TRL's rollout loop sends its requests other than through `_post`: the learner "
                                "cannot route them to its rollout servers (TRL 1.16's loop does)")
@@ -195,6 +201,7 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
             await super()._run_loops(stop_event)
         finally:
             releasing.cancel()
+            self._metrics_queue.flush()
 
     async def _generate_one(self, prompt, tool_dict, tools, group_id=0):
         # TRL hands the episode's environment over only as the bound methods in `tool_dict`.
