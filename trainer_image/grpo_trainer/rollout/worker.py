@@ -44,6 +44,7 @@ from ..agentic.tools import (
 )
 from ..learner.rewards import CheckedReward, RewardFunctionError, RewardResultError, UserCodeError
 from .metrics_batch import MetricsBatch
+from .prompt_cache import CachedChatTemplate
 from .router import RouterSettings, ServerRouter
 from .sync_watchdog import DaemonCall
 
@@ -158,8 +159,9 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
     `routing`: the learner's pool of rollout servers; each request then goes to one of them (TRL's `_post`, the one
     place its loop sends from, is where), with TRL's own retries around it.
 
-    Two of TRL's costs per completion are left out: its metrics go to the learner merged a few times a second
-    (grpo_trainer.rollout.metrics_batch), and the tokenizer's response template is built once
+    Three of TRL's costs per completion are left out: its metrics go to the learner merged a few times a second
+    (grpo_trainer.rollout.metrics_batch), a group's prompt is rendered through the chat template once, not once per
+    completion (grpo_trainer.rollout.prompt_cache), and the tokenizer's response template is built once
     (`preload_response_template`).
     """
 
@@ -180,6 +182,7 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
             self._environment_pool = {name: ReusableEnvironments(pool)
                                       for name, pool in self._environment_pool.items()}
         preload_response_template(self.tokenizer)
+        self.tokenizer.apply_chat_template = CachedChatTemplate(self.tokenizer.apply_chat_template)
         self._metrics_queue = MetricsBatch(self._metrics_queue)
         if routing is not None and not all(callable(vars(_AsyncRolloutLoop).get(name)) for name in ("_post", "_retry")):
             raise RuntimeError("this TRL's rollout loop sends its requests other than through `_post`: the learner "
