@@ -7,6 +7,7 @@ import asyncio
 import math
 import threading
 import time
+import uuid
 from types import SimpleNamespace
 
 import numpy as np
@@ -327,14 +328,18 @@ def test_the_loop_builds_the_response_template_once_and_parses_as_transformers_d
 
 def test_the_loop_renders_a_prompt_without_tools_once_as_the_tokenizer_does(tool_tokenizer):
     loop = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)
-    prompt = [{"role": "user", "content": "guess"}]
+    again = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)
+    cache = again.tokenizer.apply_chat_template
+    assert cache.render.__self__ is tool_tokenizer  # one cache on the tokenizer, not a cache of a cache
+    hits_before = cache.hits
+    prompt = [{"role": "user", "content": f"guess ({uuid.uuid4()})"}]  # a prompt no other test rendered
     # TRL's first turn of each completion of a group (async_rollout_worker.py:917 (trl 1.16.0)), here twice.
     rendered = [loop.tokenizer.apply_chat_template(prompt, return_dict=False, add_generation_prompt=True, tools=None,
                                                    chat_template=loop.chat_template, **loop.chat_template_kwargs)
                 for _ in range(2)]
     assert rendered[0] == rendered[1] == type(tool_tokenizer).apply_chat_template(
         tool_tokenizer, prompt, return_dict=False, add_generation_prompt=True)
-    assert loop.tokenizer.apply_chat_template.hits == 1
+    assert cache.hits - hits_before == 1
 
 
 # ---------------------------------------------------------------------------------------------------- deadlines

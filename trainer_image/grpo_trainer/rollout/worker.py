@@ -182,7 +182,8 @@ class EpisodeRolloutLoop(_AsyncRolloutLoop):
             self._environment_pool = {name: ReusableEnvironments(pool)
                                       for name, pool in self._environment_pool.items()}
         preload_response_template(self.tokenizer)
-        self.tokenizer.apply_chat_template = CachedChatTemplate(self.tokenizer.apply_chat_template)
+        if not isinstance(self.tokenizer.apply_chat_template, CachedChatTemplate):  # one cache per tokenizer
+            self.tokenizer.apply_chat_template = CachedChatTemplate(self.tokenizer.apply_chat_template)
         self._metrics_queue = MetricsBatch(self._metrics_queue)
         if routing is not None and not all(callable(vars(_AsyncRolloutLoop).get(name)) for name in ("_post", "_retry")):
             raise RuntimeError("this TRL's rollout loop sends its requests other than through `_post`: the learner "
