@@ -39,6 +39,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ from pathlib import Path
 from .no_signal import REWARD_FUNCTION, write_prompts
 from .report import Context, spread, table
 from .rollout_scaling import MAX_NUM_SEQS, StepRecord, base_config, lay_out_traced_run, require_rollout_assets
-from .traced_learner import PARTS
+from .traced_learner import CHILD_PREFIX, PARTS
 
 NAME = "e2e_vs_trl"
 TITLE = "11. Ours vs TRL 1.16, end to end: interleaved pairs on one vLLM CPU server"
@@ -175,6 +176,9 @@ class RunFigures:
     no_signal_samples: float = 0.0
     #: With `--thread-cpu`: the CPU seconds of `cpu_s` by part (CPU_PARTS' keys), over the same steps.
     cpu_by_part: dict[str, float] | None = None
+    #: The median over the same steps of the completion tokens the worker received per s (NaN: none logged). Where
+    #: the server bounds the run, its own pace: what the runs on one server differ by besides the learners.
+    generated_tok_s: float = math.nan
 
     @property
     def groups_per_s(self) -> float:
@@ -246,7 +250,13 @@ def run_figures(kind: str, records: Sequence, final=None, num_generations: int =
                       dropped, no_signal, dropped * num_generations,
                       *(None if None in values else sum(values) for values in parts),
                       span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end,
-                      no_signal_samples=last.no_signal - first.no_signal, cpu_by_part=cpu_by_part(first, last, cpu_s))
+                      no_signal_samples=last.no_signal - first.no_signal, cpu_by_part=cpu_by_part(first, last, cpu_s),
+                      generated_tok_s=median_or_nan([record.generated_tok_s for record in after
+                                                     if record.generated_tok_s is not None]))
+
+
+def median_or_nan(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def cpu_by_part(first, last, cpu_s: float | None) -> dict[str, float] | None:
@@ -257,7 +267,7 @@ def cpu_by_part(first, last, cpu_s: float | None) -> dict[str, float] | None:
         return None
     seconds = {part: last.parts.get(part, 0.0) - first.parts.get(part, 0.0) for part in PARTS}
     seconds["children"] = sum(value - first.threads.get(name, 0.0) for name, value in last.threads.items()
-                              if name.startswith("child "))
+                              if name.startswith(CHILD_PREFIX))
     seconds["rest"] = cpu_s - sum(seconds.values())
     return seconds
 
@@ -291,6 +301,7 @@ RATIOS: tuple[tuple[str, str], ...] = (
     ("samples per s, ours' dropped counted as trained", "samples_with_dropped_per_s"),
     ("CPU s per group", "cpu_s_per_group"),
     ("CPU per sample trained", "cpu_ms_per_sample"),
+    ("completion tokens generated per s", "generated_tok_s"),
 )
 
 
@@ -369,7 +380,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
                               figure_spread(runs, "useful_samples_per_s", "{:.1f}"),
                               figure_spread(runs, "no_signal_samples", "{:.0f}"),
                               wait_share_spread(runs), figure_spread(runs, "cpu_s_per_group", "{:.3f}"),
-                              figure_spread(runs, "cpu_ms_per_sample", "{:.2f}"), dropped])
+                              figure_spread(runs, "cpu_ms_per_sample", "{:.2f}"), dropped,
+                              figure_spread(runs, "generated_tok_s", "{:.0f}")])
             step_rows.append([row.name, label, figure_spread(runs, "steps", "{:.0f}"),
                               figure_spread(runs, "tail_steps", "{:.0f}"), figure_spread(runs, "samples", "{:.0f}"),
                               *(ms_spread(runs, part) for _, part in STEP_PARTS)])
@@ -405,7 +417,8 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         table(["row", "learner", "runs", "wall s, first to last step", "groups consumed per s",
                "samples trained per s", "useful samples trained per s", "samples trained without signal",
                "learner wait share", "CPU s per group (learner and its children)",
-               "CPU ms per sample trained", "groups dropped (of which no signal)"], side_rows),
+               "CPU ms per sample trained", "groups dropped (of which no signal)",
+               "completion tokens generated per s"], side_rows),
         "",
         "Where each side's steps went, in ms per step from TRL's own timings (`perf/fwd_bwd_s`, `perf/optimizer_s`, "
         "`perf/weight_sync_s`, `perf/rollout_wait_s`; the rest is the wall time none of them covers), median "
@@ -436,7 +449,10 @@ def render(rows: Sequence[RowResult], *, epochs: int, groups_total: int | None, 
         "example scores 0 for every completion). Groups consumed per s counts the groups both sides take from the "
         "dataset, trained or not, up to the step that began the last of them. Learner wait share: both trainers "
         "log TRL's `perf/rollout_wait_s`, the seconds "
-        "the trainer sat on an empty rollout queue. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
+        "the trainer sat on an empty rollout queue. Completion tokens generated per s: the median over the steps of "
+        "TRL's `rollout/generated_tok_s`, the tokens the worker received per s of each step's log window; where the "
+        "server bounds the run (the generation-bound row) it is the server's own pace, which a run's groups per s "
+        "follows. Reproduce: `.venv/bin/python -m bench e2e_vs_trl "
         "[--pairs N] [--epochs N] [--rows learner-bound,generation-bound,no-signal] [--layout shared|own-cores] "
         "[--thread-cpu]` "
         "(needs .venv-rollout).",

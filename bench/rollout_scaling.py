@@ -81,6 +81,8 @@ class StepRecord:
     no_signal: float = 0.0
     #: With `--thread-cpu`: CPU seconds so far in each of the trainer's timed parts (bench.traced_learner.PARTS).
     parts: dict[str, float] | None = None
+    #: The completion tokens the rollout worker received per s over the step's log window (where logged).
+    generated_tok_s: float | None = None
 
     @classmethod
     def from_json(cls, line: str) -> StepRecord:
@@ -90,19 +92,19 @@ class StepRecord:
         threads, parts = (_seconds_by_name(data.get(key)) for key in ("threads", "parts"))
         return cls(float(data["t"]), int(data["step"]), float(data["wait_s"]), float(data["samples"]),
                    float(data.get("groups", 0.0)), None if cpu_s is None else float(cpu_s),
-                   *(_seconds(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")),
-                   threads, float(data.get("no_signal", 0.0)), parts)
+                   *(_finite(perf.get(f"perf/{part}")) for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")),
+                   threads, float(data.get("no_signal", 0.0)), parts, _finite(data.get("generated_tok_s")))
 
 
 def _seconds_by_name(value: Any) -> dict[str, float] | None:
     """A logged {name: seconds} map without the entries that are no number; None where none was logged."""
     if not isinstance(value, dict):
         return None
-    return {name: seconds for name, item in value.items() if (seconds := _seconds(item)) is not None}
+    return {name: seconds for name, item in value.items() if (seconds := _finite(item)) is not None}
 
 
-def _seconds(value: Any) -> float | None:
-    """A logged duration, or None where it is missing or no finite number."""
+def _finite(value: Any) -> float | None:
+    """A logged figure, or None where it is missing or no finite number."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)

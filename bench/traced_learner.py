@@ -35,6 +35,9 @@ import time
 #: TRL's per-step log keys the bench reads (TRL owns the names; trl/experimental/async_grpo/async_grpo_trainer.py).
 WAIT_KEY, SAMPLES_KEY, GROUPS_KEY, STEP_KEY = (
     "perf/rollout_wait_s", "batch/samples_per_step", "batch/groups_per_step", "perf/step_s")
+#: The completion tokens TRL's worker received per s over the step's log window (async_rollout_worker.py): where the
+#: server bounds the run, the server's own pace.
+GENERATED_KEY = "rollout/generated_tok_s"
 
 
 class ProcessTreeCpu:
@@ -58,6 +61,10 @@ class ProcessTreeCpu:
         return total
 
 
+#: How `cpu_by_thread` names a child process's CPU seconds (followed by its pid).
+CHILD_PREFIX = "child "
+
+
 def cpu_by_thread() -> dict[str, float]:
     """CPU seconds so far of each thread of this process by Python thread name, and of each child process."""
     import threading
@@ -73,7 +80,7 @@ def cpu_by_thread() -> dict[str, float]:
     for child in me.children(recursive=True):
         with contextlib.suppress(psutil.Error):
             times = child.cpu_times()
-            totals[f"child {child.pid}"] = times.user + times.system
+            totals[f"{CHILD_PREFIX}{child.pid}"] = times.user + times.system
     return totals
 
 
@@ -140,6 +147,7 @@ def step_recorder(path: str, wall_bound_s: float | None, thread_cpu: bool = Fals
             record = {"t": time.time(), "step": state.global_step, "wait_s": logs[WAIT_KEY],
                       "samples": logs.get(SAMPLES_KEY, 0.0), "groups": logs.get(GROUPS_KEY, 0.0),
                       "step_s": logs.get(STEP_KEY), "cpu_s": cpu_seconds(), "no_signal": no_signal.samples,
+                      "generated_tok_s": logs.get(GENERATED_KEY),
                       "perf": {key: value for key, value in logs.items() if key.startswith("perf/")}}
             if thread_cpu:
                 record["threads"] = cpu_by_thread()

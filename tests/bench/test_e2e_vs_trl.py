@@ -122,6 +122,26 @@ def test_the_section_shows_where_each_sides_cpu_went_when_the_runs_recorded_it()
     assert "| learner-bound | TRL | 1.000 | 500.00 | 50.00 | 25.00 | 100.00 | 200.00 | 25.00 |" in cpu
 
 
+def test_the_servers_pace_is_the_median_of_the_completion_tokens_per_s_the_steps_after_the_first_logged():
+    def logged(t, step, tokens_per_s):
+        return dataclasses.replace(record(t, step, 0.0, 24, 3, None), generated_tok_s=tokens_per_s)
+
+    ours = run_figures("ours", [logged(0.0, 1, 9000.0), logged(1.0, 2, 400.0), logged(2.0, 3, None),
+                                logged(3.0, 4, 600.0), logged(4.0, 5, 500.0)])
+    assert ours.generated_tok_s == 500.0  # the first step's (start-up) and a step that logged none left out
+    trl = run_figures("trl", [logged(0.0, 1, None), logged(1.0, 2, 1000.0), logged(2.0, 3, 1000.0)])
+    assert pair_ratios(ours, trl)["generated_tok_s"] == 0.5
+    assert math.isnan(run_figures("trl", [record(0.0, 1, 0, 24, 3, None), record(1.0, 2, 0, 24, 3, None)])
+                      .generated_tok_s)
+    text = render([RowResult("generation-bound", RowKind(2), [Pair(ours, trl, True)], 1.5, 2.5, 300.0)], epochs=6,
+                  groups_total=96, generations=8, max_completion_length=16, cores=2)
+    ratio_table = text.split("Ratios ours / TRL")[1].split("Each side's")[0]
+    assert ratio_table.splitlines()[2].endswith("| completion tokens generated per s |")
+    assert ratio_table.splitlines()[4].endswith("| 0.50 |")
+    sides = text.split("Each side's")[1].split("Where each side's")[0]
+    assert "| 0 (0) | 500 |" in sides and "| — (trains all) | 1000 |" in sides
+
+
 def test_a_run_without_cpu_records_has_no_cpu_figure_and_one_step_has_no_figures():
     records = [record(0.0, 1, 1.0, 8, 1, None), record(2.0, 2, 0.0, 8, 1, None)]
     assert math.isnan(run_figures("trl", records).cpu_s_per_group)
@@ -215,8 +235,8 @@ def test_the_section_shows_each_rows_median_and_spread_of_the_ratios_and_its_loa
     assert ("| learner-bound | TRL | 3 | 20.0 | 1.00 | 15.0 | 15.0 | 0 | 10 % | 2.000 | 133.33 | — (trains all) |"
             in sides)
     per_pair = text.split("Per pair")[1]
-    assert ("| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.50 | 0.66 | 1.00 | 2.00 | 6 (5) |"
-            in per_pair)
+    assert ("| learner-bound | 2 | TRL, ours | 20.0 / 20.0 | 1.00 | 0.50 | 0.50 | 0.66 | 1.00 | 2.00 | n/a | 6 (5) |"
+            in per_pair)  # no completion tokens logged: no ratio
     steps = text.split("Where each side's")[1].split("Per pair")[0]
     # These figures log no step parts: only the wait (a tenth of the wall time) is known, per step of 10.
     assert "| learner-bound | TRL | 10 | 0 | 300 | n/a | n/a | n/a | 200 | n/a |" in steps

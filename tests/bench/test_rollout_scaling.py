@@ -24,7 +24,17 @@ from bench.rollout_scaling import (
     scale_phases,
     window_figures,
 )
-from bench.traced_learner import PARTS, cpu_by_thread, time_parts
+from bench.traced_learner import (
+    GENERATED_KEY,
+    GROUPS_KEY,
+    PARTS,
+    SAMPLES_KEY,
+    STEP_KEY,
+    WAIT_KEY,
+    cpu_by_thread,
+    step_recorder,
+    time_parts,
+)
 
 A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
 
@@ -58,12 +68,27 @@ def test_too_few_steps_give_no_rate_rather_than_a_division_error():
     assert figures.steps == 0 and math.isnan(figures.wait_share) and math.isnan(figures.samples_per_s)
 
 
-def test_a_step_record_reads_back_what_the_traced_learner_writes():
+def test_a_step_record_reads_back_what_the_traced_learner_writes(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    recorder = step_recorder(str(path), None)
+    logs = {WAIT_KEY: 0.25, SAMPLES_KEY: 24.0, GROUPS_KEY: 3.0, STEP_KEY: 1.0, GENERATED_KEY: 512.0,
+            "perf/fwd_bwd_s": 0.5, "loss": 1.0}
+    recorder.on_log(None, SimpleNamespace(global_step=3), SimpleNamespace(should_training_stop=False), logs=logs)
+    recorder.on_log(None, SimpleNamespace(global_step=4), SimpleNamespace(should_training_stop=False),
+                    logs={"loss": 1.0})  # not a step's log: no record
+    (line,) = path.read_text().splitlines()
+    written = StepRecord.from_json(line)
+    assert (written.step, written.wait_s, written.samples, written.groups, written.fwd_bwd_s,
+            written.generated_tok_s) == (3, 0.25, 24.0, 3.0, 0.5, 512.0)
+    assert written.cpu_s is not None and written.cpu_s >= 0
+
     line = json.dumps({"t": 12.5, "step": 3, "wait_s": 0.25, "samples": 24.0, "groups": 3.0, "step_s": 1.0})
     assert StepRecord.from_json(line) == StepRecord(12.5, 3, 0.25, 24.0, 3.0)
     perf = {"perf/fwd_bwd_s": 0.5, "perf/optimizer_s": float("nan"), "perf/weight_sync_s": "0.1", "perf/x": 1}
-    timed = StepRecord.from_json(json.dumps({"t": 1, "step": 2, "wait_s": 0, "samples": 8, "perf": perf}))
+    timed = StepRecord.from_json(json.dumps({"t": 1, "step": 2, "wait_s": 0, "samples": 8, "perf": perf,
+                                             "generated_tok_s": "fast"}))
     assert (timed.fwd_bwd_s, timed.optimizer_s, timed.weight_sync_s) == (0.5, None, None)  # no number: no figure
+    assert timed.generated_tok_s is None
 
 
 def test_thread_cpu_names_each_python_thread_and_each_child_process():
