@@ -326,6 +326,16 @@ def test_the_loop_builds_the_response_template_once_and_parses_as_transformers_d
     assert parsed[0] == parsed[2]
 
 
+def test_the_loop_sends_the_learner_no_metric_of_a_tool_name_the_policy_made_up(tool_tokenizer):
+    """TRL names a per-tool metric after whatever name the policy wrote; MLflow refuses a step's whole batch, loss
+    included, over a name like `tools//call_total`, so such a key never leaves the worker child."""
+    loop = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)
+    loop._push_metrics({"tools/guess/call_total": 1.0, "tools//call_total": 1.0, "tools/guess(/latency_s": 0.2,
+                        "tools/unknown_name_total": 2.0})
+    loop._metrics_queue.flush()
+    assert loop._metrics_queue.inner.get_nowait() == {"tools/guess/call_total": 1.0, "tools/unknown_name_total": 2.0}
+
+
 def test_the_loop_renders_a_prompt_without_tools_once_as_the_tokenizer_does(tool_tokenizer):
     loop = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)
     again = rollout_loop(tool_tokenizer, "grpo_trainer.testing.guess_env:make_environment", BOUNDS)

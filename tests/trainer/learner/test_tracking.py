@@ -15,6 +15,7 @@ from grpo_trainer.learner import tracking
 from grpo_trainer.learner.main import trainer_arguments
 from grpo_trainer.learner.tracking import base, mlflow_tracker, runs_file
 from grpo_trainer.learner.tracking.registry import TRACKERS
+from grpo_trainer.rollout.metrics_batch import is_invented_tool_metric
 
 
 def config(tmp_path=None, **fields) -> RunConfig:
@@ -233,17 +234,6 @@ def test_a_runs_report_too_long_for_the_status_is_left_out_with_a_warning(caplog
     assert "tensorboard run 'tiny'" in caplog.text
 
 
-def test_per_tool_metrics_of_tool_names_the_policy_made_up_are_not_logged():
-    logs = {"tools/guess/call_total": 3.0, "tools/guess/latency_s": 0.1, "tools/make-move/failure_total": 1.0,
-            "tools//call_total": 1.0, "tools/guess//call_total": 1.0, "tools/../call_total": 1.0,
-            "tools/a/b/latency_s": 0.2, "tools/guess(/failure_total": 1.0, "tools/gu ess/call_total": 1.0,
-            "tools/unknown_name_total": 6.0, "tools/latency_s": 0.1, "tools/call_frequency": 0.5, "loss": 0.3}
-    taken = tracking.drop_invented_tool_metrics(logs)
-    assert sorted(logs) == ["loss", "tools/call_frequency", "tools/guess/call_total", "tools/guess/latency_s",
-                            "tools/latency_s", "tools/make-move/failure_total", "tools/unknown_name_total"]
-    assert len(taken) == 6
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     from tests.support.servers.mlflow_server import MISSING, MLFLOW, running_mlflow_server
@@ -277,7 +267,7 @@ def test_a_refusal_by_the_mlflow_server_is_told_from_a_server_that_is_not_there(
     with pytest.raises(MlflowException) as invented:
         client.log_batch(run_id, metrics=[Metric(key, value, 0, 1) for key, value in step.items()])
     assert mlflow_tracker.refused_by_server(invented.value)
-    tracking.drop_invented_tool_metrics(step)
+    step = {key: value for key, value in step.items() if not is_invented_tool_metric(key)}
     client.log_batch(run_id, metrics=[Metric(key, value, 0, 1) for key, value in step.items()])
     assert set(client.get_run(run_id).data.metrics) == {"loss", "tools/guess/call_total"}
     with pytest.raises(MlflowException) as unreachable:

@@ -67,3 +67,16 @@ def test_nothing_is_sent_before_the_interval_nor_an_empty_payload_and_a_full_que
     clock.now = 0.5
     batch.put_nowait(completion(0.5, 12))  # the learner has not drained the queue: dropped, generation goes on
     assert sent.qsize() == 1 and logged([sent.get_nowait()])["completions/max_length"] == 12.0
+
+
+def test_per_tool_metrics_of_tool_names_the_policy_made_up_are_not_sent():
+    sent = queue.Queue()
+    batch = MetricsBatch(sent, interval_s=60.0)
+    batch.put_nowait({"tools/guess/call_total": 3.0, "tools/guess/latency_s": 0.1, "tools/make-move/failure_total": 1.0,
+                      "tools//call_total": 1.0, "tools/guess//call_total": 1.0, "tools/../call_total": 1.0,
+                      "tools/a/b/latency_s": 0.2, "tools/guess(/failure_total": 1.0, "tools/gu ess/call_total": 1.0,
+                      "tools/unknown_name_total": 6.0, "tools/latency_s": (0.1, 1.0), "tools/call_frequency": 0.5})
+    batch.flush()
+    assert sorted(sent.get_nowait()) == ["tools/call_frequency", "tools/guess/call_total", "tools/guess/latency_s",
+                                         "tools/latency_s", "tools/make-move/failure_total",
+                                         "tools/unknown_name_total"]

@@ -69,7 +69,7 @@ from .package_checks import cache_peft_check
 from .scoring import RewardModel, ScoringQueue
 from .step_scoring import ExclusionTracker, ImportanceBounds
 from .stopping import RunStopping
-from .tracking import drop_invented_tool_metrics, progress_logs
+from .tracking import progress_logs
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -345,7 +345,6 @@ class GRPOLearner(ScoredLoss, RunStopping, AsyncGRPOTrainer):
                 logs.update(progress_logs(self.progress_report()))
             except AccountingError:
                 pass  # the run's end reports the broken accounting; a log line must not end the run
-        drop_invented_tool_metrics(logs)
         super().log(logs, start_time)
         self.step_metrics.record(logs)
 

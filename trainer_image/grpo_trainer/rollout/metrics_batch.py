@@ -8,18 +8,36 @@ have: TRL reduces a logging window by each value's shape and key (`_reduce_metri
 async_grpo_trainer.py:81 (trl 1.16.0)): a (numerator, denominator) pair is a rate, summed; a key with the word
 `total` is a counter, summed; `max`/`min` are extrema; anything else is a gauge, whose window mean this sends as a
 (sum, count) pair, which TRL reduces to the same mean. A NaN that is no rate is left out, as TRL's log leaves it out.
+
+TRL also makes a metric of each tool name the policy writes (`tools/NAME/call_total`, `failure_total`,
+`latency_s`, async_rollout_worker.py:968 (trl 1.16.0)), whatever it wrote: `tools/guess(/call_total`,
+`tools//latency_s`. Such a key is one more series per made-up name, and a tracker may refuse it: MLflow answers a
+name that reads as another path (`tools//call_total`) with a 400 for the whole step's metrics, loss included. Those
+keys are not sent; TRL counts the calls in `tools/unknown_name_total` all the same.
 """
 
 from __future__ import annotations
 
 import math
 import queue
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 #: How often the merged metrics go to the learner: it logs them at its next step, as it logged TRL's.
 METRICS_INTERVAL_S = 0.25
+
+
+#: TRL's per-tool metrics whose NAME could be a tool's: a function or method name, or an MCP tool's.
+_TOOL_METRIC = re.compile(r"^tools/(?P<name>[^/]*(?:/.*)?)/(?:call_total|failure_total|latency_s)$")
+_TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def is_invented_tool_metric(key: str) -> bool:
+    """A per-tool metric of a tool name no tool can have: the policy made it up."""
+    found = _TOOL_METRIC.match(key)
+    return found is not None and _TOOL_NAME.match(found["name"]) is None
 
 
 def _reduction(key: str, value: Any) -> str:
@@ -61,6 +79,8 @@ class MetricsBatch:
             pass
 
     def _merge(self, key: str, value: Any) -> None:
+        if is_invented_tool_metric(key):
+            return
         kind = _reduction(key, value)
         if kind != "rate":
             value = float(value)

@@ -25,7 +25,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -171,24 +170,6 @@ def record_export(config: RunConfig, report: ProgressReport, exported: ExportRep
     except Exception as error:  # noqa: BLE001 - any failure of the tracker's client; the export stands
         logger.warning("tracking: MLflow (%s) refused the export's tags for run %s: %s", uri, run.run_id,
                        str(error).splitlines()[0] if str(error) else type(error).__name__)
-
-
-#: TRL's per-tool metrics (`tools/NAME/call_total`, `failure_total`, `latency_s`) whose NAME could be a tool's: a
-#: function or method name, or an MCP tool's. The rest came from a tool name the policy made up.
-_TOOL_METRIC = re.compile(r"^tools/(?P<name>[^/]*(?:/.*)?)/(?:call_total|failure_total|latency_s)$")
-_TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-
-
-def drop_invented_tool_metrics(logs: MutableMapping[str, Any]) -> list[str]:
-    """Take out of `logs` TRL's per-tool metrics of tool names no tool can have: the policy writes the name of each
-    tool call, and TRL makes a metric of whatever it wrote (`tools/guess(/call_total`, `tools//latency_s`). Such a
-    key is one more series per made-up name, and a tracker may refuse it (MLflow answers a name that reads as another
-    path, `tools//call_total`, with a 400 for the whole step's metrics). TRL counts those calls in
-    `tools/unknown_name_total` all the same. Returns the keys taken out."""
-    invented = [key for key in logs if (found := _TOOL_METRIC.match(key)) and not _TOOL_NAME.match(found["name"])]
-    for key in invented:
-        del logs[key]
-    return invented
 
 
 def progress_logs(report: ProgressReport) -> dict[str, float]:
