@@ -245,18 +245,14 @@ def run_figures(kind: str, records: Sequence, final=None, num_generations: int =
     span_end = max(beginning[-1], 1) if beginning else len(ordered) - 1
     cpu_s = last.cpu_s - first.cpu_s if first.cpu_s is not None and last.cpu_s is not None else None
     parts = [[getattr(record, part) for record in after] for part in ("fwd_bwd_s", "optimizer_s", "weight_sync_s")]
+    tokens_per_s = [record.generated_tok_s for record in after if record.generated_tok_s is not None]
     return RunFigures(kind, last.t - first.t, len(after), sum(record.groups for record in after) + dropped,
                       sum(record.samples for record in after), sum(record.wait_s for record in after), cpu_s,
                       dropped, no_signal, dropped * num_generations,
                       *(None if None in values else sum(values) for values in parts),
                       span_s=ordered[span_end].t - first.t, tail_steps=len(ordered) - 1 - span_end,
                       no_signal_samples=last.no_signal - first.no_signal, cpu_by_part=cpu_by_part(first, last, cpu_s),
-                      generated_tok_s=median_or_nan([record.generated_tok_s for record in after
-                                                     if record.generated_tok_s is not None]))
-
-
-def median_or_nan(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
+                      generated_tok_s=statistics.median(tokens_per_s) if tokens_per_s else math.nan)
 
 
 def cpu_by_part(first, last, cpu_s: float | None) -> dict[str, float] | None:
